@@ -1,0 +1,107 @@
+# baton: flat Makefile (STYLE.md rule 14).
+#   make                 build build/baton and build/libbaton.a
+#   make test            build and run the test suite (last line: N passed, N failed)
+#   make run             install missing packages, build, run the default job
+#   make SAN=address,undefined test    sanitizer build in build/san-address,undefined
+#   make fuzz            libFuzzer targets (clang) in build/fuzz
+#   make deps            install Debian packages (needs root)
+
+CC      ?= cc
+SAN     ?=
+O       ?= 2
+ifeq ($(SAN),)
+BUILD   ?= build
+else
+BUILD   ?= build/san-$(SAN)
+endif
+
+PKGS    := libev-dev libmsgpack-dev libucx-dev ucx-utils libyaml-dev libjansson-dev \
+           libopenblas-dev libxxhash-dev libssl-dev libpng-dev pkg-config clang \
+           libclang-rt-14-dev python3
+HAVE_UCX  := $(shell pkg-config --exists ucx 2>/dev/null && echo 1)
+HAVE_NVCC := $(shell command -v nvcc >/dev/null 2>&1 && echo 1)
+
+WARN    := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wstrict-prototypes
+CFLAGS  += -std=c11 -D_GNU_SOURCE -O$(O) -g $(WARN) -I. -MMD -MP -pthread
+LDLIBS  := -lev -lmsgpackc -ljansson -lyaml -lopenblas -lxxhash -lcrypto -lpng -lm -lpthread -ldl
+ifeq ($(HAVE_UCX),1)
+CFLAGS  += -DBT_HAVE_UCX=1 $(shell pkg-config --cflags ucx)
+LDLIBS  += $(shell pkg-config --libs ucx)
+endif
+ifneq ($(SAN),)
+CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=$(SAN)
+endif
+
+LIB_DIRS := base transport actors kernels kernels/cpu model ckpt launch bench
+LIB_SRC  := $(filter-out launch/main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+ifneq ($(HAVE_UCX),1)
+LIB_SRC  := $(filter-out transport/ucx.c,$(LIB_SRC))
+endif
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+
+# CUDA twins: compiled when nvcc exists, behind C launchers (kernels/cuda/*.cu).
+CU_SRC   := $(wildcard kernels/cuda/*.cu)
+ifeq ($(HAVE_NVCC),1)
+ifneq ($(CU_SRC),)
+NVCCFLAGS ?= -O3 -std=c++17 -arch=sm_90 -I. -Xcompiler -fPIC
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+CFLAGS   += -DBT_HAVE_CUDA=1
+LDLIBS   += -L$(dir $(shell command -v nvcc))../lib64 -lcudart -lcublasLt -lcublas -lnccl
+endif
+endif
+
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_HELPER_SRC := $(wildcard tests/helpers/*.c)
+TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+
+.PHONY: all test run deps fuzz clean bench
+.SECONDARY:
+all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	nvcc $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libbaton.a: $(LIB_OBJ) $(CU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/baton: $(BUILD)/obj/launch/main.o $(BUILD)/libbaton.a
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELPER_OBJ) $(BUILD)/libbaton.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+test: all
+	@BUILD=$(BUILD) tests/run.sh $(T)
+
+deps:
+	@tools/install-deps.sh $(PKGS)
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	@tools/run-default-job.sh $(BUILD)
+
+# libFuzzer: every tests/fuzz/fuzz_X.c becomes build/fuzz/fuzz_X, linked
+# against the library sources built with clang and the fuzzer sanitizers.
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -I. -fsanitize=fuzzer-no-link,address,undefined \
+               $(if $(filter 1,$(HAVE_UCX)),-DBT_HAVE_UCX=1)
+fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
+build/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -c $< -o $@
+build/fuzz/%: build/fuzz/obj/tests/fuzz/%.o $(LIB_SRC:%.c=build/fuzz/obj/%.o)
+	clang -fsanitize=fuzzer,address,undefined $^ -o $@ $(LDLIBS)
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,67 @@
+/* A tensor is dtype, shape, strides, device and data (STYLE.md rule 9).
+ * Tensors do not own memory: a view into an allocation someone else owns
+ * (the model's parameter block, an activation arena, a message payload). */
+#ifndef BT_KERNELS_TENSOR_H
+#define BT_KERNELS_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    DT_F32 = 0,
+    DT_F16,
+    DT_BF16,
+    DT_F64,
+    DT_I32,
+    DT_I64,
+    DT_U8,
+    DT_COUNT,
+} dtype_t;
+
+typedef enum { DEV_CPU = 0, DEV_CUDA, DEV_COUNT } device_kind_t;
+
+typedef struct {
+    device_kind_t kind;
+    int           index; /* CUDA ordinal; 0 on CPU */
+} device_t;
+
+#define TENSOR_MAX_DIMS 4
+
+typedef struct tensor {
+    dtype_t  dtype;
+    int      ndim;
+    int64_t  shape[TENSOR_MAX_DIMS];
+    int64_t  stride[TENSOR_MAX_DIMS]; /* in elements */
+    device_t device;
+    void    *data;
+} tensor_t;
+
+static const device_t DEVICE_CPU = {DEV_CPU, 0};
+
+size_t      dtype_size(dtype_t dt);
+const char *dtype_name(dtype_t dt);        /* "f32", "bf16", ... */
+int         dtype_parse(const char *name); /* -1 when unknown */
+
+/* A contiguous view; ndim in 1..TENSOR_MAX_DIMS. */
+tensor_t tensor_make(void *data, dtype_t dt, device_t dev, int ndim, const int64_t *shape);
+tensor_t tensor_1d(void *data, dtype_t dt, int64_t d0);
+tensor_t tensor_2d(void *data, dtype_t dt, int64_t d0, int64_t d1);
+tensor_t tensor_3d(void *data, dtype_t dt, int64_t d0, int64_t d1, int64_t d2);
+tensor_t tensor_4d(void *data, dtype_t dt, int64_t d0, int64_t d1, int64_t d2, int64_t d3);
+
+int64_t tensor_numel(const tensor_t *t);
+size_t  tensor_nbytes(const tensor_t *t);
+bool    tensor_is_contiguous(const tensor_t *t);
+bool    tensor_same_shape(const tensor_t *a, const tensor_t *b);
+/* rows = product of all but the last dim; cols = last dim */
+int64_t tensor_rows(const tensor_t *t);
+int64_t tensor_cols(const tensor_t *t);
+
+/* bf16/f16 <-> f32 scalar conversions (round to nearest even). */
+float    bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);
+float    f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+#endif

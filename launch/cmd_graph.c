@@ -1,0 +1,11 @@
+#include "launch/cli.h"
+
+#include <stdio.h>
+
+/* Placeholder until the issue that owns this command lands it. */
+int cmd_graph(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    fprintf(stderr, "baton graph: not built yet\n");
+    return 2;
+}

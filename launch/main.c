@@ -1,0 +1,43 @@
+/* baton: one binary, many subcommands. Only main() may exit. */
+#include "launch/cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} cli_cmd_t;
+
+static const cli_cmd_t commands[] = {
+    {"run", cmd_run, "JOB.yaml [--set key=value ...]   train as described by a job file"},
+    {"graph", cmd_graph, "JOB.yaml                          print the actor graph without running"},
+    {"eval", cmd_eval, "--model DIR (--ids F | --text F) [--json]  loss and perplexity"},
+    {"generate", cmd_generate, "--model DIR --prompt TEXT --max-new N   generate text"},
+    {"data", cmd_data, "prepare --tokenizer DIR --input F... --output DIR   tokenize a corpus"},
+    {"trace", cmd_trace, "DIR [--summary]                   merge traces into Perfetto JSON"},
+    {"bench", cmd_bench, "transport|train ...               benchmarks"},
+    {"worker", cmd_worker, "(internal) one rank process of a job"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: baton COMMAND [ARGS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
+        !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "baton: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
