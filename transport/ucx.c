@@ -690,6 +690,7 @@ static void ucx_rx_start(ucx_ep_t *ep, ucx_rx_t *r)
     };
     void *desc = r->desc;
     r->desc = NULL; /* UCX owns it now, whatever happens */
+    log_debug("ucx: rendezvous receive of %zu bytes from %s", r->len, ep->base.peer_addr);
     ucs_status_ptr_t q = ucp_am_recv_data_nbx(x->worker, desc, p, r->len, &prm);
     if (q == NULL) {
         r->ready = true;
