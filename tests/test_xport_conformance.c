@@ -387,6 +387,8 @@ struct parent {
     uint64_t        error_ns;
     int             allocs, frees;
     uint64_t        sends_done, send_fail;
+    uint64_t        recv_count;
+    xport_ep_t     *close_at;       /* close_in_callback case */
     uint64_t        send_refused;   /* send() returned a peer error at once */
     bt_status_t     last_send_status;
     child_proc_t    kids[MAX_CHILDREN];
@@ -430,6 +432,10 @@ static void parent_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
 static void parent_on_error(void *arg, xport_ep_t *ep, bt_status_t why)
 {
     parent_t *p = arg;
+    static test_hdr_t late = {.tag = T_DATA};
+    /* inside the error callback: a send is refused, a close is a no-op */
+    CHECK(xport_send(ep, &late, sizeof late, NULL, 0, NULL, NULL) != BT_IN_PROGRESS);
+    xport_close(ep);
     p->errors_cb++;
     p->last_error = why;
     p->error_ns = clock_now_ns();
@@ -893,6 +899,100 @@ static void case_kill_send_inproc(void)
     ev_loop_destroy(p.loop);
 }
 
+/* ---- case: close from inside a recv callback, frames and sends pending --- */
+
+static void closecb_on_recv(parent_t *p, xport_ep_t *ep, xport_rx_t *rx, const test_hdr_t *h)
+{
+    p->recv_count++;
+    xport_rx_release(rx);
+    if (p->recv_count == 5) {
+        xport_close(ep); /* replies and sends are still in flight */
+        for (int i = 0; i < p->n_eps; i++) if (p->eps[i] == ep) p->eps[i] = NULL;
+        static test_hdr_t h2 = {.tag = T_DATA};
+        CHECK(xport_send(ep, &h2, sizeof h2, NULL, 0, NULL, NULL) != BT_IN_PROGRESS);
+    }
+}
+
+static bool cond_sends_done(parent_t *p) { return p->sends_done >= g_sends_want && cond_all_exited(p); }
+
+static void case_close_in_callback(xport_kind_t kind)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, kind));
+    p.on_recv = closecb_on_recv;
+    child_proc_t *k = parent_spawn(&p, "echo", 0, 0);
+    REQUIRE(parent_run(&p, cond_one_peer, 30));
+    enum { N = 200 };
+    static test_hdr_t hdrs[N];
+    for (int i = 0; i < N; i++) {
+        hdrs[i] = (test_hdr_t){.tag = T_DATA, .seq = (uint64_t)i, .len = 4096};
+        struct iovec iov = {.iov_base = g_pattern, .iov_len = 4096};
+        CHECK(xport_send(p.eps[0], &hdrs[i], sizeof hdrs[i], &iov, 1, parent_send_done, &p) == BT_IN_PROGRESS);
+    }
+    g_sends_want = N;
+    CHECK(parent_run(&p, cond_sends_done, 20)); /* every send completes, OK or canceled */
+    CHECK_MSG(p.sends_done == N, "%llu of %d sends completed", (unsigned long long)p.sends_done, N);
+    CHECK_MSG(p.recv_count == 5, "%llu frames after the close", (unsigned long long)p.recv_count);
+    CHECK_MSG(p.errors_cb == 0, "a local close must not call the error callback");
+    CHECK_MSG(k->exited && k->status == 1, "the echo child should have seen its peer go (status %d)",
+              k->status);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+    CHECK(p.allocs == p.frees);
+}
+
+/* ---- case: connect to an address where nobody listens ------------------ */
+
+static bt_status_t g_conn_status;
+static int g_conn_calls;
+static void unreach_connected(void *arg, xport_ep_t *ep, bt_status_t st)
+{
+    g_conn_status = st;
+    g_conn_calls++;
+}
+static bool cond_conn_called(parent_t *p) { return g_conn_calls > 0; }
+
+static void case_unreachable(xport_kind_t kind)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, kind));
+    char dead[XPORT_ADDR_MAX];
+    if (kind == XPORT_INPROC) {
+        snprintf(dead, sizeof dead, "inproc:nobody-here");
+    } else {
+        /* a port that was just free */
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t al = sizeof a;
+        REQUIRE(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+        getsockname(fd, (struct sockaddr *)&a, &al);
+        close(fd);
+        snprintf(dead, sizeof dead, "127.0.0.1:%u", ntohs(a.sin_port));
+    }
+    xport_destroy(p.x);
+    xport_config_t cfg = base_cfg(p.loop, 1);
+    cfg.cbs = (xport_cbs_t){.arg = &p, .connected = unreach_connected, .error = parent_on_error};
+    REQUIRE(xport_create(xport_ops_get(kind), &cfg, &p.x) == BT_OK);
+    g_conn_calls = 0;
+    xport_ep_t *ep = NULL;
+    uint64_t t0 = clock_now_ns();
+    bt_status_t st = xport_connect(p.x, dead, &ep);
+    if (st == BT_IN_PROGRESS) {
+        static test_hdr_t h = {.tag = T_DATA};
+        bt_status_t s2 = xport_send(ep, &h, sizeof h, NULL, 0, parent_send_done, &p);
+        CHECK(parent_run(&p, cond_conn_called, 10));
+        CHECK(g_conn_calls == 1);
+        CHECK_MSG(bt_status_is_peer(g_conn_status), "connected(%s)", bt_status_str(g_conn_status));
+        if (s2 == BT_IN_PROGRESS) CHECK(p.sends_done == 1 && p.send_fail == 1);
+    } else {
+        CHECK(bt_status_is_peer(st)); /* refused at once */
+    }
+    CHECK_MSG(clock_now_ns() - t0 < 3000000000ull, "took %.0f ms", (double)(clock_now_ns() - t0) / 1e6);
+    CHECK(p.errors_cb == 0);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+}
+
 /* ---- case: bad handshake (wrong secret / wrong job id) ----------------- */
 
 static void case_bad_handshake(xport_kind_t kind)
@@ -1163,6 +1263,34 @@ static void test_tcp_bad_handshake_raw(void)
     check_kids_ok(&p);
 }
 
+static void test_tcp_ipv6(void)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, XPORT_TCP));
+    xport_destroy(p.x);
+    xport_config_t cfg = base_cfg(p.loop, 1);
+    cfg.listen_addr = "[::1]:0";
+    cfg.cbs = (xport_cbs_t){.arg = &p, .accept = parent_on_accept, .alloc = parent_on_alloc,
+                            .free = parent_on_free, .recv = parent_on_recv, .error = parent_on_error};
+    REQUIRE(xport_create(&xport_tcp_ops, &cfg, &p.x) == BT_OK);
+    bt_status_t st = xport_listen(p.x, p.addr, sizeof p.addr);
+    if (st != BT_OK) { /* host without IPv6 loopback */
+        CHECK_MSG(0, "cannot listen on [::1]");
+        xport_destroy(p.x);
+        ev_loop_destroy(p.loop);
+        return;
+    }
+    CHECK(!strncmp(p.addr, "[::1]:", 6));
+    stream_ctx_t s = {.want = 500, .max = 1000};
+    p.ctx = &s;
+    p.on_recv = stream_on_recv;
+    parent_spawn(&p, "stream", s.want, s.max);
+    CHECK(parent_run(&p, cond_stream_done, 30));
+    CHECK(s.got == s.want && s.bad == 0);
+    parent_finish(&p);
+    check_kids_ok(&p);
+}
+
 /* ---- handshake unit checks --------------------------------------------- */
 
 static void test_handshake_messages(void)
@@ -1267,7 +1395,7 @@ static void test_kind_table(void)
 
 #define XPORT_CASES(X, kind) \
     X(order, kind) X(sizes, kind) X(bidir, kind) X(peers64, kind) X(kill_recv, kind) \
-    X(bad_handshake, kind)
+    X(bad_handshake, kind) X(close_in_callback, kind) X(unreachable, kind)
 
 #define DEFINE_CASE(name, kind) \
     static void test_##name##_##kind(void) { case_##name(XPORT_##kind##_KIND); }
@@ -1293,6 +1421,7 @@ static void test_kill_send_ucx(void) { case_kill_send(XPORT_UCX); }
     test_kind_table, test_handshake_messages, test_secret_file, \
     XPORT_CASES(NAME_CASE, inproc) test_kill_send_inproc, \
     XPORT_CASES(NAME_CASE, tcp) test_kill_send_tcp, test_tcp_bad_frames, test_tcp_bad_handshake_raw, \
+    test_tcp_ipv6, \
     UCX_TESTS
 #define TEST_RUN_EXPANDED(...) TEST_RUN(__VA_ARGS__)
 
