@@ -152,6 +152,7 @@ static bt_status_t child_send(child_t *c, xport_ep_t *ep, test_hdr_t h, const vo
     bt_status_t st = xport_send(ep, &s->hdr, sizeof s->hdr, &iov, n ? 1 : 0, child_send_done, s);
     if (st != BT_IN_PROGRESS) {
         free(s);
+        if (rx) xport_rx_release(rx);
         c->send_errors++;
     }
     return st;
