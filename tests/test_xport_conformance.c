@@ -299,9 +299,16 @@ static void child_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
 }
 
 /* argv: kind addr mode n size */
+#ifdef BT_HAVE_UCX
+static int raw_ucx_main(const char *addr, int variant);
+#endif
+
 static int child_main(int argc, char **argv)
 {
     if (argc < 5) return 2;
+#ifdef BT_HAVE_UCX
+    if (!strcmp(argv[2], "ucxraw")) return raw_ucx_main(argv[1], atoi(argv[4]));
+#endif
     child_t *c = calloc(1, sizeof *c);
     bool is_auto;
     xport_kind_parse(argv[0], &c->kind, &is_auto);
@@ -1292,6 +1299,108 @@ static void test_tcp_ipv6(void)
     check_kids_ok(&p);
 }
 
+#ifdef BT_HAVE_UCX
+/* ---- ucx only: a raw UCP client that skips or garbles the handshake ----- */
+#include <ucp/api/ucp.h>
+
+/* the AM ids of transport/ucx.c: 1 handshake, 2 data */
+static volatile int g_raw_ucx_failed;
+static void raw_ucx_err(void *arg, ucp_ep_h ep, ucs_status_t st) { g_raw_ucx_failed = 1; }
+static ucs_status_t raw_ucx_am(void *arg, const void *h, size_t hl, void *d, size_t l,
+                               const ucp_am_recv_param_t *p)
+{
+    return UCS_OK; /* the server's hello: ignored (UCX 1.13 crashes on an id with no handler) */
+}
+
+/* child: exit 0 when the server dropped us */
+static int raw_ucx_main(const char *addr, int variant)
+{
+    ucp_config_t *ucfg;
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    ucp_ep_h ep;
+    if (ucp_config_read(NULL, NULL, &ucfg) != UCS_OK) return 2;
+    ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+    if (ucp_init(&prm, ucfg, &ctx) != UCS_OK) return 2;
+    ucp_config_release(ucfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    if (ucp_worker_create(ctx, &wp, &w) != UCS_OK) return 2;
+    for (unsigned id = 1; id <= 2; id++) {
+        ucp_am_handler_param_t hp = {
+            .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
+            .id = id, .cb = raw_ucx_am,
+        };
+        if (ucp_worker_set_am_recv_handler(w, &hp) != UCS_OK) return 2;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    if (xport_sockaddr_parse(addr, &ss, &sl) != BT_OK) return 2;
+    ucp_ep_params_t ep_prm = {
+        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR
+                      | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+        .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = raw_ucx_err, .arg = NULL},
+    };
+    if (ucp_ep_create(w, &ep_prm, &ep) != UCS_OK) return 2;
+    static uint8_t hdr[64], payload[64];
+    memset(hdr, 0x77, sizeof hdr);
+    ucp_request_param_t sp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_AM_SEND_FLAG_REPLY};
+    /* 0: a data frame with no handshake; 1: a garbled hello */
+    ucs_status_ptr_t req = variant == 2 ? ucp_am_send_nbx(ep, 9, hdr, 40, payload, sizeof payload, &sp)
+                         : variant == 0 ? ucp_am_send_nbx(ep, 2, hdr, 40, payload, sizeof payload, &sp)
+                                        : ucp_am_send_nbx(ep, 1, hdr, 17, NULL, 0, &sp);
+    uint64_t deadline = clock_now_ns() + 5000000000ull;
+    while (!g_raw_ucx_failed && clock_now_ns() < deadline) {
+        ucp_worker_progress(w);
+        usleep(100);
+    }
+    if (req && !UCS_PTR_IS_ERR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && clock_now_ns() < deadline + 1000000000ull)
+            ucp_worker_progress(w);
+        ucp_request_free(req);
+    }
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t creq = ucp_ep_close_nbx(ep, &cp);
+    if (creq && !UCS_PTR_IS_ERR(creq)) {
+        while (ucp_request_check_status(creq) == UCS_INPROGRESS) ucp_worker_progress(w);
+        ucp_request_free(creq);
+    }
+    ucp_worker_destroy(w);
+    ucp_cleanup(ctx);
+    return g_raw_ucx_failed ? 0 : 1;
+}
+
+static void test_ucx_raw_bad_peers(void)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, XPORT_UCX));
+    sizes_ctx_t s = {0};
+    p.ctx = &s;
+    p.on_recv = sizes_on_recv;
+    parent_spawn(&p, "echo", 0, 0);
+    REQUIRE(parent_run(&p, cond_one_peer, 30));
+    child_proc_t *nohs = parent_spawn(&p, "ucxraw", 0, 0);
+    child_proc_t *garbled = parent_spawn(&p, "ucxraw", 0, 1);
+    child_proc_t *unknown = parent_spawn(&p, "ucxraw", 0, 2);
+    uint64_t deadline = clock_now_ns() + 20ull * 1000000000ull;
+    while (clock_now_ns() < deadline && !(child_poll(nohs) && child_poll(garbled) && child_poll(unknown)))
+        ev_run(p.loop, EVRUN_NOWAIT), usleep(1000);
+    CHECK_MSG(nohs->exited && nohs->status == 0, "frame-before-handshake client status %d", nohs->status);
+    CHECK_MSG(garbled->exited && garbled->status == 0, "garbled-hello client status %d", garbled->status);
+    /* an AM id we never registered: UCX drops it; the peer then fails the
+     * handshake deadline */
+    CHECK_MSG(unknown->exited && unknown->status == 0, "unknown-id client status %d", unknown->status);
+    CHECK_MSG(p.n_eps == 1, "accepted %d", p.n_eps);
+    CHECK_MSG(p.allocs == 0, "a payload of an unauthenticated peer reached cbs.alloc");
+    good_peer_check(&p, &s);
+    parent_finish(&p);
+    check_kids_ok(&p);
+}
+#endif
+
 /* ---- handshake unit checks --------------------------------------------- */
 
 static void test_handshake_messages(void)
@@ -1414,7 +1523,7 @@ static void test_kill_send_ucx(void) { case_kill_send(XPORT_UCX); }
 
 #define NAME_CASE(name, kind) test_##name##_##kind,
 #ifdef BT_HAVE_UCX
-#define UCX_TESTS XPORT_CASES(NAME_CASE, ucx) test_kill_send_ucx,
+#define UCX_TESTS XPORT_CASES(NAME_CASE, ucx) test_kill_send_ucx, test_ucx_raw_bad_peers,
 #else
 #define UCX_TESTS
 #endif
