@@ -65,14 +65,16 @@ typedef struct {
     actor_addr_t actor;
     uint64_t     t0;        /* ns, CLOCK_MONOTONIC */
     uint64_t     t1;        /* span end; == t0 otherwise */
-    uint64_t     bytes;     /* send/recv: header + payload bytes */
+    union {
+        uint64_t bytes;     /* send/recv: header + payload bytes */
+        double   value;     /* counters */
+    };
     uint64_t     seq;       /* send/recv: envelope seq */
     int64_t      step;
     actor_addr_t peer;
     int32_t      mb;
     uint32_t     name_id;   /* trace_intern id; 0 = none (spans use msg type name) */
-    uint32_t     reserved;
-    double       value;     /* counters */
+    uint32_t     reserved;  /* 0 */
 } trace_rec_t;
 _Static_assert(sizeof(trace_rec_t) == 64, "trace record is 64 bytes on disk");
 
