@@ -129,6 +129,10 @@ typedef struct {
 
 extern const msg_type_info_t msg_types[MSG_TYPE_COUNT];
 
+/* Field-by-field equality of two bodies of `type` (floats bitwise, strings
+ * up to their NUL); for tests and the fuzzer's round-trip property. */
+bool msg_body_equal(uint32_t type, const void *a, const void *b);
+
 /* "PING" ..., or "?" for an unknown value. */
 const char *msg_type_name(uint32_t type);
 
