@@ -443,55 +443,55 @@ static void test_trace_corrupt_files(void)
 
 /* Cost of one recording call, disabled and enabled (ring never full; the
  * flush between batches is not timed). Runs on a fresh thread so that its
- * ring has the configured size. */
-enum { COST_BATCH = 1 << 14, COST_ROUNDS = 40 };
-static double g_on_ns, g_best_ns;
-static uint64_t g_cost_dropped;
+ * ring has the configured size. Reports the median and best batch: the
+ * machine is shared, so a mean mostly measures the neighbours. */
+enum { COST_BATCH = 1 << 14, COST_ROUNDS = 41 };
+static double g_cost[COST_ROUNDS];
+
+static int dbl_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
 
 static void *cost_main(void *p)
 {
-    (void)p;
-    uint64_t recorded = 0, busy = 0;
-    g_best_ns = 1e9;
+    bool flush = p != NULL;
     for (int r = 0; r < COST_ROUNDS; r++) {
         uint64_t a = clock_now_ns();
         for (int k = 0; k < COST_BATCH; k++)
             trace_send(ACTOR_ADDR(0, 1), ACTOR_ADDR(0, 2), MSG_PING, (uint64_t)k, 64, 1, 0, (uint64_t)k);
-        uint64_t d = clock_now_ns() - a;
-        busy += d;
-        if ((double)d / COST_BATCH < g_best_ns) g_best_ns = (double)d / COST_BATCH;
-        recorded += COST_BATCH;
-        trace_flush();
+        g_cost[r] = (double)(clock_now_ns() - a) / COST_BATCH;
+        if (flush) trace_flush();
     }
-    g_on_ns = (double)busy / (double)recorded;
+    qsort(g_cost, COST_ROUNDS, sizeof g_cost[0], dbl_cmp);
     return NULL;
 }
 
 static void test_trace_cost(void)
 {
-    uint64_t t0 = clock_now_ns();
-    for (int k = 0; k < COST_BATCH * COST_ROUNDS; k++)
-        trace_send(ACTOR_ADDR(0, 1), ACTOR_ADDR(0, 2), MSG_PING, (uint64_t)k, 64, 1, 0, (uint64_t)k);
-    double off_ns = (double)(clock_now_ns() - t0) / (COST_BATCH * COST_ROUNDS);
+    cost_main(NULL);
+    double off_med = g_cost[COST_ROUNDS / 2], off_best = g_cost[0];
 
     dir_make();
     trace_config_t cfg = {.ring_records = 2 * COST_BATCH, .no_flusher = true};
     REQUIRE(trace_start(g_dir, 0, &cfg) == BT_OK);
     pthread_t th;
-    pthread_create(&th, NULL, cost_main, NULL);
+    pthread_create(&th, NULL, cost_main, (void *)1);
     pthread_join(th, NULL);
-    g_cost_dropped = trace_dropped();
+    uint64_t dropped = trace_dropped();
     trace_stop();
+    double on_med = g_cost[COST_ROUNDS / 2], on_best = g_cost[0];
     trace_set_t set;
     char err[512];
     REQUIRE(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
     CHECK(set.files[0].nrecs == (size_t)COST_BATCH * COST_ROUNDS);
     trace_set_free(&set);
-    printf("trace cost: disabled %.2f ns/event, enabled %.2f ns/event (mean), %.2f (best batch of %d)\n",
-           off_ns, g_on_ns, g_best_ns, COST_BATCH);
-    CHECK(g_cost_dropped == 0);
-    CHECK(off_ns < 20.0);
-    CHECK(g_best_ns < 200.0);
+    printf("trace cost per event: disabled median %.2f ns (best %.2f), enabled median %.2f ns (best %.2f); "
+           "batches of %d, timestamps passed in\n", off_med, off_best, on_med, on_best, COST_BATCH);
+    CHECK(dropped == 0);
+    CHECK(off_best < 10.0);
+    CHECK(on_best < 100.0);
     dir_remove();
 }
 
