@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <sys/stat.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "tests/test.h"
 /* The fuzz target itself: its LLVMFuzzerTestOneInput aborts on a property
@@ -685,9 +686,49 @@ static void test_wire_corpus_mutations(void)
     for (int i = 0; i < n; i++) free(corpus[i].data);
 }
 
+/* Cost of encoding and decoding one envelope (reported; the loose bound
+ * only catches a pathological regression). */
+static void test_wire_cost(void)
+{
+    enum { N = 4000 };
+    msg_frame_t f;
+    msg_frame_init(&f);
+    wire_env_t env = env_make(MSG_ACTIVATION), denv;
+    msg_body_t body, got;
+    bodies_fill(&body, MSG_ACTIVATION);
+    tensor_t ts[2] = {view_2d(g_x, DT_F32, 3, 2), view_1d(g_ids, DT_I32, 5)};
+    const char *names[2] = {"x", "ids"};
+    wire_err_t err;
+    double enc[2], dec[2];
+    for (int nt = 0; nt < 2; nt++) {
+        int ntens = nt ? 2 : 0;
+        enc[nt] = dec[nt] = 1e12;
+        /* best of several rounds: the machine is shared */
+        for (int round = 0; round < 7; round++) {
+            uint64_t t0 = clock_now_ns();
+            for (int i = 0; i < N; i++) {
+                env.seq = (uint64_t)i;
+                if (msg_frame_build(&f, &env, &body, ts, names, ntens, &err) != BT_OK) BT_PANIC("%s", err.reason);
+            }
+            uint64_t t1 = clock_now_ns();
+            int ok = 0;
+            for (int i = 0; i < N; i++)
+                ok += msg_decode(f.hdr.data, f.hdr.size, f.payload_len, NULL, &denv, &got, &err) == BT_OK;
+            uint64_t t2 = clock_now_ns();
+            CHECK(ok == N);
+            if ((double)(t1 - t0) / N < enc[nt]) enc[nt] = (double)(t1 - t0) / N;
+            if ((double)(t2 - t1) / N < dec[nt]) dec[nt] = (double)(t2 - t1) / N;
+        }
+        printf("wire cost, ACTIVATION with %d tensors (%zu header bytes): encode %.0f ns, decode %.0f ns (best of 7)\n",
+               ntens, f.hdr.size, enc[nt], dec[nt]);
+    }
+    CHECK(dec[1] < 50000.0 && enc[1] < 50000.0);
+    msg_frame_fini(&f);
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_wire_addr, test_wire_roundtrip_all_types, test_wire_rejects_lies,
              test_wire_unknown_keys_skipped, test_wire_truncated_and_trailing, test_wire_hostile_counts,
-             test_wire_limits, test_wire_encoder_refuses, test_wire_corpus_mutations);
+             test_wire_limits, test_wire_encoder_refuses, test_wire_corpus_mutations, test_wire_cost);
 }
