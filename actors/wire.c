@@ -15,6 +15,7 @@
  */
 #include "actors/wire.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -602,6 +603,7 @@ bt_status_t wire_tensors_layout(wire_env_t *env, const tensor_t *ts, const char 
 
 tensor_t wire_tensor_view(const wire_env_t *env, uint32_t i, void *payload)
 {
+    assert(i < env->ntensors);
     const wire_tensor_desc_t *d = &env->tensors[i];
     tensor_t t;
     memset(&t, 0, sizeof t);
