@@ -303,7 +303,7 @@ static void inproc_ep_fail(inproc_ep_t *ep, bt_status_t status, const char *why)
     if (ep->dead) return;
     inproc_xport_t *x = ep->x;
     bool was_open = ep->open;
-    if (status == BT_ERR_PEER_CLOSED) log_info("inproc: peer %s closed", ep->base.peer_addr);
+    if (status == BT_ERR_PEER_CLOSED) log_debug("inproc: peer %s closed", ep->base.peer_addr);
     else log_error("inproc: dropping peer %s: %s [%s]", ep->base.peer_addr, why, bt_status_str(status));
     inproc_ep_hold(ep);
     inproc_ep_shutdown(ep, status);

@@ -222,7 +222,9 @@ static void tcp_ep_fail(tcp_ep_t *ep, bt_status_t status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    if (was == EP_OPEN && status == BT_ERR_PEER_CLOSED)
+    if (was == EP_OPEN && status == BT_ERR_PEER_CLOSED && !strcmp(why, "connection closed"))
+        log_info("tcp: peer %s (id %u) closed the connection", ep->base.peer_addr, ep->base.peer_id);
+    else if (was == EP_OPEN && status == BT_ERR_PEER_CLOSED)
         log_warn("tcp: peer %s (id %u) closed: %s", ep->base.peer_addr, ep->base.peer_id, why);
     else
         log_error("tcp: dropping peer %s (id %d, %s): %s [%s]", ep->base.peer_addr,
