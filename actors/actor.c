@@ -20,6 +20,41 @@ static _Thread_local int actor_depth;
 
 /* ---- messages ------------------------------------------------------------ */
 
+/* Local view arithmetic (the runtime needs no more of kernels/). */
+static size_t msg_view_nbytes(const tensor_t *t)
+{
+    size_t n = wire_dtype_size(t->dtype);
+    for (int k = 0; k < t->ndim; k++) n *= (size_t)t->shape[k];
+    return n;
+}
+
+static bool msg_view_contiguous(const tensor_t *t)
+{
+    int64_t want = 1;
+    for (int k = t->ndim - 1; k >= 0; k--) {
+        if (t->shape[k] != 1 && t->stride[k] != want) return false;
+        want *= t->shape[k];
+    }
+    return true;
+}
+
+static tensor_t msg_view_make(void *data, dtype_t dt, int ndim, const int64_t *shape)
+{
+    tensor_t t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dt;
+    t.ndim = ndim;
+    t.device = DEVICE_CPU;
+    t.data = data;
+    int64_t stride = 1;
+    for (int k = TENSOR_MAX_DIMS - 1; k >= 0; k--) {
+        t.shape[k] = k < ndim ? shape[k] : 1;
+        t.stride[k] = stride;
+        stride *= t.shape[k];
+    }
+    return t;
+}
+
 actor_msg_t *actor_msg_new(uint32_t type)
 {
     actor_msg_t *m = malloc(sizeof *m);
@@ -71,7 +106,7 @@ static void msg_tensor_set(actor_msg_t *m, const char *name, const tensor_t *vie
     d->dtype = view->dtype;
     d->ndim = view->ndim;
     for (int k = 0; k < view->ndim; k++) d->shape[k] = view->shape[k];
-    d->nbytes = tensor_nbytes(view);
+    d->nbytes = msg_view_nbytes(view);
     m->tensors[i] = *view;
 }
 
@@ -79,8 +114,12 @@ tensor_t *actor_msg_tensor_new(actor_msg_t *m, const char *name, dtype_t dt, int
                                const int64_t *shape)
 {
     if (msg_tensor_name_check(m, name) != BT_OK) return NULL;
-    tensor_t t = tensor_make(NULL, dt, DEVICE_CPU, ndim, shape);
-    size_t nbytes = tensor_nbytes(&t);
+    if (ndim < 1 || ndim > TENSOR_MAX_DIMS || !wire_dtype_size(dt)) {
+        log_error("message %s: tensor '%s': bad dtype or ndim %d", msg_type_name(m->env.type), name, ndim);
+        return NULL;
+    }
+    tensor_t t = msg_view_make(NULL, dt, ndim, shape);
+    size_t nbytes = msg_view_nbytes(&t);
     size_t cap = (size_t)wire_align_up(nbytes ? nbytes : 1);
     void *buf = aligned_alloc(WIRE_ALIGN, cap);
     if (!buf) return NULL;
@@ -96,7 +135,7 @@ bt_status_t actor_msg_tensor_add(actor_msg_t *m, const char *name, const tensor_
 {
     bt_status_t st = msg_tensor_name_check(m, name);
     if (st != BT_OK) return st;
-    if (!tensor_is_contiguous(view)) {
+    if (!msg_view_contiguous(view) || !wire_dtype_size(view->dtype)) {
         log_error("message %s: tensor '%s' is not contiguous", msg_type_name(m->env.type), name);
         return BT_ERR_INVALID;
     }
@@ -120,7 +159,7 @@ tensor_t *actor_msg_tensor(actor_msg_t *m, const char *name)
 size_t actor_msg_payload_bytes(const actor_msg_t *m)
 {
     size_t n = 0;
-    for (uint32_t i = 0; i < m->env.ntensors; i++) n += m->env.tensors[i].nbytes;
+    for (uint32_t i = 0; i < m->env.ntensors; i++) n += (size_t)m->env.tensors[i].nbytes;
     return n;
 }
 

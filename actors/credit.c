@@ -66,8 +66,8 @@ actor_msg_t *actor_credit_tx_grant(actor_credit_tx_t *tx, uint32_t n, actor_t **
     *nwaiters = 0;
     pthread_mutex_lock(&tx->mu);
     tx->avail += n;
-    actor_msg_t *out = NULL;
-    actor_item_t **out_tail = (actor_item_t **)&out;
+    actor_item_t *out = NULL; /* not an actor_msg_t*: the tail pointer writes it as an item */
+    actor_item_t **out_tail = &out;
     while (tx->avail > 0 && tx->head) {
         actor_item_t *it = tx->head;
         tx->head = it->next;
@@ -85,7 +85,7 @@ actor_msg_t *actor_credit_tx_grant(actor_credit_tx_t *tx, uint32_t n, actor_t **
         tx->nwaiters = tx->capwaiters = 0;
     }
     pthread_mutex_unlock(&tx->mu);
-    return out;
+    return (actor_msg_t *)out;
 }
 
 actor_msg_t *actor_credit_tx_drain(actor_credit_tx_t *tx)

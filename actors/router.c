@@ -280,6 +280,8 @@ static void edge_frame_send(edge_t *e, actor_msg_t *m, const wire_env_t *env, co
         if (m) actor_msg_free(m);
         return;
     }
+    log_debug("rank %u: sent %s to %08x (%zu+%zu bytes)", rt->cfg.rank, msg_type_name(env->type), env->dst,
+              c->frame.hdr.size, c->frame.payload_len);
     if (m) {
         atomic_fetch_add_explicit(&e->n_sent, 1, memory_order_relaxed);
         if (trace_enabled())
@@ -338,7 +340,10 @@ bt_status_t actor_router_send_remote_(actor_router_t *rt, actor_t *from, actor_m
         actor_msg_free(m);
         return why < 0 ? why : BT_ERR_PEER_CLOSED;
     }
-    if (!actor_credit_tx_take(&e->ctx_tx, from, m)) return BT_ERR_BUSY;
+    if (!actor_credit_tx_take(&e->ctx_tx, from, m)) {
+        log_debug("rank %u: %s to rank %u held (no credit)", rt->cfg.rank, msg_type_name(m->env.type), rank);
+        return BT_ERR_BUSY;
+    }
     edge_submit(e, m);
     return BT_OK;
 }
@@ -349,6 +354,8 @@ static void edge_credit_recv(edge_t *e, uint32_t n)
     actor_t **waiters;
     uint32_t nwaiters;
     actor_msg_t *m = actor_credit_tx_grant(&e->ctx_tx, n, &waiters, &nwaiters);
+    log_debug("rank %u: %u credits from rank %u: releases %s, wakes %u", e->rt->cfg.rank, n, e->rank,
+              m ? "some" : "none", nwaiters);
     while (m) {
         actor_msg_t *next = (actor_msg_t *)m->item.next;
         m->item.next = NULL;
@@ -432,6 +439,7 @@ static void router_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
         }
         return;
     }
+    log_debug("rank %u: got %s from %08x", rt->cfg.rank, msg_type_name(m->env.type), m->env.src);
     if (m->env.type == MSG_CREDIT) {
         xport_rx_release(rx);
         uint32_t n = m->body.credit.credits;
@@ -500,8 +508,8 @@ static void router_on_connected(void *arg, xport_ep_t *ep, bt_status_t status)
         edge_up(e);
         return;
     }
-    e->ep = NULL; /* freed by the transport after we return */
     if (e->is_auto && e->kind == XPORT_UCX && !e->fell_back) {
+        e->ep = NULL; /* freed by the transport after we return */
         log_warn("rank %u: ucx connect to rank %u failed (%s); falling back to tcp", rt->cfg.rank,
                  e->rank, bt_status_str(status));
         e->fell_back = true;
@@ -517,7 +525,7 @@ static void router_on_error(void *arg, xport_ep_t *ep, bt_status_t why)
     (void)arg;
     edge_t *e = ep->user;
     if (!e || e->ep != ep) return;
-    e->ep = NULL; /* freed by the transport after we return */
+    /* ep is freed by the transport after we return; edge_fail forgets it */
     edge_fail(e, why, why == BT_ERR_PEER_CLOSED ? "peer closed the connection or died" : "transport error",
               false);
 }
