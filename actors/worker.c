@@ -118,8 +118,18 @@ void actor_worker_destroy(actor_worker_t *w)
     if (!w) return;
     pthread_mutex_lock(&w->mu);
     w->stopping = true;
+    worker_job_t *j = w->head;
+    w->head = NULL;
+    w->tail = &w->head;
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    /* Jobs that never started are canceled: their args go back through cleanup. */
+    while (j) {
+        worker_job_t *next = j->next;
+        if (j->cleanup) j->cleanup(j->arg);
+        free(j);
+        j = next;
+    }
     pthread_join(w->thread, NULL);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);

@@ -8,8 +8,8 @@
  * completion message.
  *
  * arg belongs to the actor again when the completion arrives. If the actor
- * stopped before that, the message is dropped and cleanup(arg) runs (when
- * given) so nothing leaks.
+ * stopped before that, or the worker is destroyed before the job started,
+ * cleanup(arg) runs instead (when given) so nothing leaks.
  */
 #ifndef BT_ACTORS_WORKER_H
 #define BT_ACTORS_WORKER_H
@@ -26,7 +26,9 @@ bt_status_t actor_worker_submit(actor_worker_t *w, actor_t *self, actor_work_fn 
                                 actor_free_fn cleanup, uint64_t tag);
 /* Jobs queued or running now. */
 uint32_t    actor_worker_backlog(actor_worker_t *w);
-/* Run the queued jobs to the end, then join the thread and free. */
+/* Stop: the running job finishes (its completion is delivered or dropped),
+ * queued jobs that never started are canceled with cleanup(arg); then the
+ * thread is joined and the worker freed. */
 void        actor_worker_destroy(actor_worker_t *w);
 
 #endif
