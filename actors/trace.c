@@ -22,7 +22,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 
-volatile bool trace_on_;
+_Atomic bool trace_on_;
 
 typedef struct trace_ring {
     trace_rec_t      *buf;
@@ -198,7 +198,7 @@ static void trace_drain_locked(void)
     ok &= fflush(g_file) == 0;
     if (!ok) {
         log_error("trace: writing %s failed: %s; tracing stops", g_path, strerror(errno));
-        trace_on_ = false;
+        atomic_store(&trace_on_, false);
     }
 }
 
@@ -300,7 +300,7 @@ bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cf
             g_flusher_running = true;
         }
     }
-    trace_on_ = true;
+    atomic_store(&trace_on_, true);
     pthread_mutex_unlock(&g_mu);
     return BT_OK;
 }
@@ -312,7 +312,7 @@ void trace_stop(void)
         pthread_mutex_unlock(&g_mu);
         return;
     }
-    trace_on_ = false;
+    atomic_store(&trace_on_, false);
     bool running = g_flusher_running;
     g_flusher_running = false;
     pthread_mutex_unlock(&g_mu);

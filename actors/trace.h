@@ -26,6 +26,7 @@
 #ifndef BT_ACTORS_TRACE_H
 #define BT_ACTORS_TRACE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -109,8 +110,12 @@ void trace_actor_name(actor_addr_t actor, const char *name);
  * Names longer than 47 bytes are truncated. */
 uint32_t trace_intern(const char *name);
 
-extern volatile bool trace_on_;  /* read through trace_enabled() */
-static inline bool trace_enabled(void) { return __builtin_expect(trace_on_, 0); }
+extern _Atomic bool trace_on_;  /* read through trace_enabled() */
+/* A relaxed load is a plain load on every target we build for. */
+static inline bool trace_enabled(void)
+{
+    return __builtin_expect(atomic_load_explicit(&trace_on_, memory_order_relaxed), 0);
+}
 
 void trace_record_(const trace_rec_t *r);
 

@@ -120,6 +120,7 @@ typedef struct {
     uint64_t        send_errors;
     bool            report_sent;
     bool            inproc_drop; /* inproc "kill": destroy with frames queued */
+    void           *held_send;   /* holdsend: abandoned by destroy (documented) */
 } child_t;
 
 typedef struct {
@@ -137,10 +138,13 @@ static void child_send_done(void *arg, bt_status_t st)
     free(s);
 }
 
+static child_send_t *g_last_send; /* per process/thread use only in holdsend */
+
 static bt_status_t child_send(child_t *c, xport_ep_t *ep, test_hdr_t h, const void *p, size_t n,
                               xport_rx_t *rx)
 {
     child_send_t *s = malloc(sizeof *s);
+    g_last_send = s;
     s->hdr = h;
     s->rx = rx;
     s->c = c;
@@ -204,6 +208,7 @@ static void child_on_connected(void *arg, xport_ep_t *ep, bt_status_t st)
          * while the parent still holds it */
         test_hdr_t h = {.tag = T_DATA, .len = PATTERN_LEN};
         child_send(c, ep, h, g_pattern, PATTERN_LEN, NULL);
+        c->held_send = g_last_send;
     }
 }
 
@@ -244,8 +249,10 @@ static void child_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
         return;
     }
     if (!strcmp(c->mode, "killrecv") && c->kind == XPORT_INPROC) {
-        /* inproc stand-in for a killed peer: vanish with frames still queued */
+        /* inproc stand-in for a killed peer: close from inside the callback
+         * with frames still queued behind this one, then vanish */
         c->inproc_drop = true;
+        xport_close(ep);
         xport_rx_release(rx);
         ev_break(c->loop, EVBREAK_ALL);
         return;
@@ -339,6 +346,9 @@ static int child_main(int argc, char **argv)
     ev_timer_stop(c->loop, &tick);
     ev_prepare_stop(c->loop, &prep);
     xport_destroy(c->x);
+    /* inproc: a send whose frame the receiver still holds never completes
+     * once the sender's xport is gone; its context is ours to free */
+    if (c->held_send && c->sent_done == 0) free(c->held_send);
     ev_loop_destroy(c->loop);
     int rc = c->rc;
     if (c->errors || c->send_errors) rc = rc ? rc : 7;
