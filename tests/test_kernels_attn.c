@@ -1,7 +1,7 @@
 /* Grouped-query causal attention against a naive float64 reference
  * (forward, lse, backward) at many shapes: GQA ratios 1-4, Dv != D, Tq < Tk
  * with q_offset, non-causal, and sequence lengths that cross the kernel's
- * 128-row query blocks. The kernel's gradients are also checked against
+ * 64-row query blocks. The kernel's gradients are also checked against
  * central differences of the float64 forward, and for accumulation. */
 #include "tests/test_kernels_common.h"
 
@@ -180,7 +180,7 @@ static void test_attention_small_shapes_fd(void)
 static void test_attention_long_blocks(void)
 {
     const attn_shape_t shapes[] = {
-        {1, 300, 300, 4, 2, 16, 12, true, 0}, /* crosses two 128-row query blocks */
+        {1, 300, 300, 4, 2, 16, 12, true, 0}, /* crosses several 64-row query blocks */
         {2, 130, 200, 2, 1, 8, 8, true, 70},  /* context-parallel shard: Tq + q_offset == Tk */
         {1, 65, 65, 3, 3, 64, 64, true, 0},
         {1, 129, 129, 1, 1, 32, 32, false, 0},
