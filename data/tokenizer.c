@@ -956,6 +956,54 @@ const uint8_t *tok_token_bytes(const tok_t *tok, uint32_t id, size_t *len)
     return tok->tokens[id].bytes;
 }
 
+/* A pattern splits "x\nA" into "...x\n" | "A..." whatever surrounds it when
+ * it has branches taking letters, numbers, other symbols and whitespace
+ * (every character is then in some match: no gap piece can span the cut),
+ * none of them lets a letter follow a newline, and the lookahead of
+ * \s+(?!\S) sees the same single "\n" either way. */
+static int tok_pattern_covers(const tok_pattern_t *p)
+{
+    unsigned have = 0;
+    for (size_t k = 0; k < p->n; k++) {
+        switch (p->br[k].kind) {
+        case BR_OPTSPACE_LETTERS: case BR_PREFIX_LETTERS: have |= 1; break;
+        case BR_OPTSPACE_NUMBERS: case BR_NUMBERS: have |= 2; break;
+        case BR_OPTSPACE_OTHER: case BR_OPTSPACE_OTHER_NL: have |= 4; break;
+        case BR_WS: have |= 8; break;
+        case BR_WS_NEWLINES: case BR_WS_NOT_BEFORE_NONWS: break;
+        case BR_LITERAL: case BR_LITERALS_CI:
+            for (size_t j = 0; j < p->br[k].n_lits; j++)
+                if (memchr(p->br[k].lits[j], '\n', p->br[k].lit_lens[j])) return 0;
+            break;
+        }
+    }
+    return have == 15;
+}
+
+size_t tok_safe_cut(const tok_t *tok, const char *text, size_t len, size_t want)
+{
+    int covered = 0;
+    for (size_t i = 0; i < tok->n_pre; i++) {
+        const tok_pre_t *p = &tok->pre[i];
+        if ((p->kind == PRE_SPLIT || (p->kind == PRE_BYTELEVEL && p->use_regex)) &&
+            tok_pattern_covers(&p->pat))
+            covered = 1;
+        if (p->kind == PRE_BYTELEVEL && p->add_prefix_space) return len;
+    }
+    if (!covered) return len;
+    /* an added token that spans the cut or strips the newline away */
+    for (size_t i = 0; i < tok->n_added; i++) {
+        const tok_added_t *a = &tok->added[i];
+        if (memchr(a->content, '\n', a->len) || a->lstrip) return len;
+    }
+    const uint8_t *s = (const uint8_t *)text;
+    for (size_t i = want < 2 ? 2 : want; i < len; i++)
+        if (s[i - 1] == '\n' && s[i - 2] > ' ' && s[i - 2] < 0x7f && ((s[i] | 0x20) >= 'a' &&
+            (s[i] | 0x20) <= 'z'))
+            return i;
+    return len;
+}
+
 tok_special_t tok_special(const tok_t *tok) { return tok->special; }
 uint32_t tok_vocab_size(const tok_t *tok) { return tok->n_tokens; }
 uint64_t tok_hash(const tok_t *tok) { return tok->file_hash; }

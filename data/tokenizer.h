@@ -58,6 +58,14 @@ bt_status_t tok_decode(const tok_t *tok, const uint32_t *ids, size_t n, char **t
 /* The bytes of one token (not NUL-terminated); NULL for an unused id. */
 const uint8_t *tok_token_bytes(const tok_t *tok, uint32_t id, size_t *len);
 
+/* A byte offset in [want, len] at which text can be cut so that encoding the
+ * two parts separately gives the ids of the whole: just after a "\n" that
+ * follows a printable ASCII character and precedes an ASCII letter, and only
+ * for tokenizers whose pre-tokenizer always splits there (docs/DATA.md).
+ * Returns len when there is no such place. Lets long inputs be encoded in
+ * chunks. */
+size_t tok_safe_cut(const tok_t *tok, const char *text, size_t len, size_t want);
+
 tok_special_t tok_special(const tok_t *tok);
 /* One more than the largest id (the embedding table needs this many rows). */
 uint32_t tok_vocab_size(const tok_t *tok);
