@@ -106,6 +106,31 @@ static void test_adamw_rule_f64(void)
     free(p), free(m), free(v), free(rp), free(rm), free(rv);
 }
 
+/* Whole-tensor calls (vector lanes where the CPU has AVX2) and one-element
+ * calls (always the scalar loop) give the same bits. */
+static void test_adamw_vector_equals_scalar(void)
+{
+    kt_rng_t rng = {31};
+    int64_t n = 203;
+    float *p1 = kt_rand(&rng, n, -1, 1), *m1 = kt_rand(&rng, n, -0.1, 0.1);
+    float *v1 = kt_rand(&rng, n, 0, 0.01);
+    float *p2 = kt_dup(p1, n), *m2 = kt_dup(m1, n), *v2 = kt_dup(v1, n);
+    float *g = kt_rand(&rng, n, -1, 1);
+    adamw_args_t a = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                      .weight_decay = 0.1f, .step = 7};
+    tensor_t P = tensor_1d(p1, DT_F32, n), M = tensor_1d(m1, DT_F32, n);
+    tensor_t V = tensor_1d(v1, DT_F32, n), G = tensor_1d(g, DT_F32, n);
+    kern_adamw(&P, &G, &M, &V, &a);
+    for (int64_t i = 0; i < n; i++) {
+        tensor_t Pi = tensor_1d(p2 + i, DT_F32, 1), Mi = tensor_1d(m2 + i, DT_F32, 1);
+        tensor_t Vi = tensor_1d(v2 + i, DT_F32, 1), Gi = tensor_1d(g + i, DT_F32, 1);
+        kern_adamw(&Pi, &Gi, &Mi, &Vi, &a);
+    }
+    CHECK(!memcmp(p1, p2, (size_t)n * 4) && !memcmp(m1, m2, (size_t)n * 4) &&
+          !memcmp(v1, v2, (size_t)n * 4));
+    free(p1), free(m1), free(v1), free(p2), free(m2), free(v2), free(g);
+}
+
 static void bad_moment_dtype(void *arg)
 {
     float p[4] = {0}, g[4] = {0};
@@ -133,5 +158,6 @@ static void test_adamw_misuse_panics(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_adamw_matches_torch, test_adamw_rule_f64, test_adamw_misuse_panics);
+    TEST_RUN(argc, argv, test_adamw_matches_torch, test_adamw_rule_f64,
+             test_adamw_vector_equals_scalar, test_adamw_misuse_panics);
 }
