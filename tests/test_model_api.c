@@ -152,8 +152,61 @@ static void test_model_positions_and_errors(void)
     model_destroy(m);
 }
 
+/* A large vocabulary makes the head run in several row chunks (4M logits
+ * each): a padded batch (rows 0-58, 59-117 and 118-119, the last chunk all
+ * padding and skipped) must give the loss and gradients of the sequences run one by one
+ * (one chunk each). */
+static void test_model_head_chunks(void)
+{
+    model_config_t c = cfg_small();
+    c.vocab_size = 70000; /* 4M / 70000 = 59 rows per chunk */
+    c.num_layers = 1;
+    c.qkv_bias = c.mlp_bias = false;
+    model_t *m = NULL;
+    REQUIRE(model_create(&c, NULL, &m) == BT_OK);
+    model_init_random(m, 3, 0.05f);
+    int64_t B = 4, T = 30, lens[4] = {30, 25, 28, 2};
+    int32_t ids[120], tg[120], tg1[30];
+    for (int i = 0; i < 120; i++) ids[i] = (int32_t)((i * 7919 + 11) % 70000);
+    model_targets_from_ids(tg, ids, lens, B, T);
+    int64_t total = model_count_scored(tg, B * T);
+    CHECK(total == 29 + 24 + 27 + 1);
+    float dloss = 1.0f / (float)total;
+
+    model_acts_t *a = NULL;
+    REQUIRE(model_acts_create(m, B, T, &a) == BT_OK);
+    model_batch_t b = {.B = B, .T = T, .ids = ids, .targets = tg};
+    model_loss_t lb;
+    REQUIRE(model_forward_backward(m, a, &b, dloss, &lb) == BT_OK);
+    float *g_batch = malloc(m->n_elems * sizeof(float));
+    memcpy(g_batch, m->grad_mem, m->n_elems * sizeof(float));
+    model_acts_destroy(a);
+
+    model_grads_zero(m);
+    REQUIRE(model_acts_create(m, 1, T, &a) == BT_OK);
+    double sum = 0;
+    for (int64_t s = 0; s < B; s++) {
+        model_targets_from_ids(tg1, ids + s * T, NULL, 1, lens[s]);
+        model_batch_t b1 = {.B = 1, .T = lens[s], .ids = ids + s * T, .targets = tg1};
+        model_loss_t l;
+        REQUIRE(model_forward_backward(m, a, &b1, dloss, &l) == BT_OK);
+        sum += l.loss_sum;
+    }
+    CHECK(lb.n_scored == total);
+    CHECK_NEAR(lb.loss_sum, sum, 1e-6, 0);
+    double md = 0, mg = 0;
+    for (size_t i = 0; i < m->n_elems; i++) {
+        md = fmax(md, fabs((double)g_batch[i] - (double)m->grad_mem[i]));
+        mg = fmax(mg, fabs((double)m->grad_mem[i]));
+    }
+    CHECK_MSG(mg > 0 && md / mg <= 1e-5, "chunked head gradients differ: %.3g", md / mg);
+    free(g_batch);
+    model_acts_destroy(a);
+    model_destroy(m);
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_model_block_layout, test_model_stage_init,
-             test_model_positions_and_errors);
+             test_model_positions_and_errors, test_model_head_chunks);
 }
