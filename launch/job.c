@@ -414,6 +414,12 @@ static bt_status_t doc_apply(job_t *job, const char *file, yaml_document_t *doc,
         if (key->type != YAML_SCALAR_NODE)
             return fail_at(err, errlen, &wk, "(top level)", "keys must be plain names");
         const char *k = scalar_text(key);
+        for (yaml_node_pair_t *q = root->data.mapping.pairs.start; q < p; q++) {
+            yaml_node_t *prev = yaml_document_get_node(doc, q->key);
+            if (prev->type == YAML_SCALAR_NODE && !strcmp(scalar_text(prev), k))
+                return fail_at(err, errlen, &wk, k, "duplicate section (first on line %d)",
+                               (int)prev->start_mark.line + 1);
+        }
         bt_status_t st;
         if (field_find(k) >= 0) {
             if ((st = node_field(job, file, k, doc, key, val, err, errlen))) return st;
