@@ -159,6 +159,12 @@ model_stage_t model_stage_full(const model_config_t *cfg);
  * embedding, 1 for norm weights, 0 for biases; deterministic in seed. */
 void model_init_random(model_t *m, uint64_t seed, float std);
 
+/* The parameter layout of `stage` of cfg (NULL: whole model), in HF order:
+ * fills out[i].name and out[i].t's shape (data NULL) when out is non-NULL and
+ * returns the count. ckpt/ uses it with the whole model to know every valid
+ * tensor name. */
+int model_layout(const model_config_t *cfg, const model_stage_t *stage, model_param_t *out);
+
 /* Index of the parameter named `name`, or -1. */
 int model_param_find(const model_t *m, const char *name);
 
