@@ -1,0 +1,33 @@
+/* From a validated job to the pieces of a single-process training run:
+ * the model (HF directory or random init) and the token streams.
+ *
+ * HF import here is a minimal fallback (Llama-family config.json keys and a
+ * single model.safetensors, f32/bf16/f16) until ckpt/ ships the full importer;
+ * anything it does not understand is an error, never a silent default. */
+#ifndef BT_LAUNCH_RUN_SETUP_H
+#define BT_LAUNCH_RUN_SETUP_H
+
+#include <stdint.h>
+
+#include "base/status.h"
+#include "launch/job.h"
+#include "model/model.h"
+#include "model/train.h"
+
+/* model_config_t for the job's model (dims from the job; for model.hf the
+ * remaining config.json keys: architecture, head_dim, rope, biases). */
+bt_status_t run_model_config(const job_t *job, model_config_t *cfg);
+/* Whole model: HF weights, or model_init_random(init_seed, init_std). */
+bt_status_t run_model_create(const job_t *job, model_t **out);
+
+/* Token stream of a data directory, as int32 ids. Formats accepted:
+ *   DIR/tokens.txt   ids separated by white space (fixtures, small tests)
+ * The tail fraction `split` becomes the validation stream (*val points into
+ * the same allocation, which *tokens owns; free(*tokens) frees both). */
+bt_status_t run_tokens_load(const char *dir, double split, int32_t **tokens, int64_t *n_train,
+                            const int32_t **val, int64_t *n_val);
+
+/* train_config_t of the job. */
+void run_train_config(const job_t *job, train_config_t *out);
+
+#endif
