@@ -103,7 +103,11 @@ def build(outdir, idx, name, cls, cfg, dtype, shard):
     gen = os.path.join(d, "generation_config.json")  # not needed, keeps fixtures small
     if os.path.exists(gen):
         os.remove(gen)
-    model = stored.float()  # what the C loader sees: stored weights widened to f32
+    # The reference is what transformers computes from the stored files loaded
+    # in float32 (as the C loader widens them); loading afresh also recomputes
+    # the rotary inv_freq buffer in f32 (model.to(f16) would have rounded it).
+    del stored, model
+    model = cls.from_pretrained(d, dtype=torch.float32).eval()
 
     seqs = make_sequences(cfg.vocab_size, 7 + idx)
     model.zero_grad()
