@@ -10,11 +10,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include <jansson.h>
-
 #include "base/clock.h"
 #include "base/log.h"
-#include "ckpt/safetensors.h"
+#include "ckpt/hf.h"
 #include "launch/job.h"
 #include "launch/plot.h"
 #include "launch/run_setup.h"
@@ -67,44 +65,8 @@ static bt_status_t model_export(const model_t *m, const char *dir, int64_t step)
 {
     bt_status_t st = dir_make(dir);
     if (st) return st;
-    const model_config_t *c = &m->cfg;
-    json_t *cfg = json_pack("{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:b, "
-                            "s:b, s:b, s:s, s:s}",
-                            "architectures", model_arch_name(c->arch), "model_type",
-                            c->arch == MODEL_ARCH_QWEN2 ? "qwen2" : c->arch == MODEL_ARCH_MISTRAL ? "mistral" : "llama",
-                            "vocab_size", (json_int_t)c->vocab_size, "hidden_size", (json_int_t)c->hidden_size,
-                            "intermediate_size", (json_int_t)c->intermediate_size,
-                            "num_hidden_layers", (json_int_t)c->num_layers,
-                            "num_attention_heads", (json_int_t)c->num_heads,
-                            "num_key_value_heads", (json_int_t)c->num_kv_heads,
-                            "head_dim", (json_int_t)c->head_dim,
-                            "max_position_embeddings", (json_int_t)c->max_position_embeddings,
-                            "rms_norm_eps", c->rms_norm_eps, "rope_theta", c->rope.theta,
-                            "tie_word_embeddings", c->tie_word_embeddings,
-                            "attention_bias", c->qkv_bias, "mlp_bias", c->mlp_bias,
-                            "hidden_act", "silu", "torch_dtype", "float32");
-    if (!cfg) return BT_ERR_NOMEM;
-    char path[JOB_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (json_dump_file(cfg, path, JSON_INDENT(2)) != 0) {
-        log_error("cannot write %s", path);
-        json_decref(cfg);
-        return BT_ERR_IO;
-    }
-    json_decref(cfg);
-    ckpt_st_entry_t *e = calloc((size_t)m->n_params, sizeof *e);
-    if (!e) return BT_ERR_NOMEM;
-    int n = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        if (c->tie_word_embeddings && !strcmp(m->params[i].name, "lm_head.weight")) continue;
-        e[n++] = (ckpt_st_entry_t){.name = m->params[i].name, .t = m->params[i].t};
-    }
-    char stepbuf[32];
-    snprintf(stepbuf, sizeof stepbuf, "%lld", (long long)step);
-    const char *meta[] = {"format", "pt", "baton_step", stepbuf};
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    st = ckpt_st_write(path, e, n, meta, 2);
-    free(e);
+    st = ckpt_hf_save(m, dir);
+    if (st == BT_OK) log_debug("model of step %lld written to %s", (long long)step, dir);
     return st;
 }
 

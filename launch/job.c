@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "ckpt/hf.h"
 
-#include <jansson.h>
 #include <yaml.h>
 
 /* ---- schema ------------------------------------------------------------- */
@@ -568,7 +568,7 @@ static bool field_is_set(const job_t *job, const char *name)
     return fi >= 0 && job->origin[fi].set;
 }
 
-/* Fill the model dimensions from model.hf/config.json. */
+/* Fill the model dimensions from model.hf/config.json (ckpt/hf.h reads it). */
 static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
 {
     static const char *const shape_fields[] = {
@@ -580,45 +580,22 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
             return vfail(job, shape_fields[i], err, errlen,
                          "cannot be set together with model.hf (its config.json decides)");
 
-    char path[JOB_PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/config.json", job->model.hf);
-    json_error_t jerr;
-    json_t *cfg = json_load_file(path, 0, &jerr);
-    if (!cfg) return vfail(job, "model.hf", err, errlen, "cannot read %s: %s (line %d)", path,
-                           jerr.text, jerr.line);
-    bt_status_t st = BT_OK;
-    struct { const char *key; int64_t *dst; bool required; } ints[] = {
-        {"num_hidden_layers", &job->model.layers, true},
-        {"hidden_size", &job->model.hidden, true},
-        {"num_attention_heads", &job->model.heads, true},
-        {"num_key_value_heads", &job->model.kv_heads, false},
-        {"intermediate_size", &job->model.ffn, true},
-        {"vocab_size", &job->model.vocab, true},
-        {"max_position_embeddings", &job->model.seq, false},
-    };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        json_t *v = json_object_get(cfg, ints[i].key);
-        if (!v && !ints[i].required) continue;
-        if (!json_is_integer(v) || json_integer_value(v) <= 0) {
-            st = vfail(job, "model.hf", err, errlen, "%s: \"%s\" missing or not a positive integer",
-                       path, ints[i].key);
-            goto out_cfg;
-        }
-        if (ints[i].dst == &job->model.seq && field_is_set(job, "model.seq")) continue;
-        *ints[i].dst = json_integer_value(v);
-    }
-    json_t *v;
-    if ((v = json_object_get(cfg, "rope_theta")) && json_is_number(v))
-        job->model.rope_theta = json_number_value(v);
-    if ((v = json_object_get(cfg, "rms_norm_eps")) && json_is_number(v))
-        job->model.norm_eps = json_number_value(v);
-    if ((v = json_object_get(cfg, "initializer_range")) && json_is_number(v))
-        job->model.init_std = json_number_value(v);
-    if ((v = json_object_get(cfg, "tie_word_embeddings")) && json_is_boolean(v))
-        job->model.tie_embeddings = json_is_true(v);
-out_cfg:
-    json_decref(cfg);
-    return st;
+    model_config_t cfg;
+    if (ckpt_hf_config_load(job->model.hf, &cfg) != BT_OK)
+        return vfail(job, "model.hf", err, errlen, "cannot use %s/config.json (the error above says why)",
+                     job->model.hf);
+    job_model_t *m = &job->model;
+    m->layers = cfg.num_layers;
+    m->hidden = cfg.hidden_size;
+    m->heads = cfg.num_heads;
+    m->kv_heads = cfg.num_kv_heads;
+    m->ffn = cfg.intermediate_size;
+    m->vocab = cfg.vocab_size;
+    if (!field_is_set(job, "model.seq")) m->seq = cfg.max_position_embeddings;
+    m->rope_theta = cfg.rope.theta;
+    m->norm_eps = cfg.rms_norm_eps;
+    m->tie_embeddings = cfg.tie_word_embeddings;
+    return BT_OK;
 }
 
 bt_status_t job_validate(job_t *job, char *err, size_t errlen)
@@ -633,10 +610,10 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     if (m->seq == 0) m->seq = job->data.seq_len;
     if (m->init_seed < 0) m->init_seed = job->train.seed;
 
-    if (m->hidden % m->heads)
+    if (!m->hf[0] && m->hidden % m->heads)
         return vfail(job, "model.heads", err, errlen, "%lld heads do not divide hidden %lld",
                      (long long)m->heads, (long long)m->hidden);
-    if ((m->hidden / m->heads) % 2)
+    if (!m->hf[0] && (m->hidden / m->heads) % 2)
         return vfail(job, "model.heads", err, errlen, "head dimension %lld must be even (rotary)",
                      (long long)(m->hidden / m->heads));
     if (m->heads % m->kv_heads)

@@ -5,63 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <jansson.h>
-
 #include "base/log.h"
-#include "ckpt/safetensors.h"
-
-static bt_status_t hf_extra_read(const char *dir, model_config_t *cfg)
-{
-    char path[JOB_PATH_MAX + 16];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    json_error_t jerr;
-    json_t *j = json_load_file(path, 0, &jerr);
-    if (!j) {
-        log_error("%s: %s (line %d)", path, jerr.text, jerr.line);
-        return BT_ERR_INVALID;
-    }
-    bt_status_t st = BT_OK;
-    const char *arch = NULL;
-    json_t *a = json_object_get(j, "architectures");
-    if (json_is_array(a) && json_array_size(a) > 0) arch = json_string_value(json_array_get(a, 0));
-    if (!arch) arch = "LlamaForCausalLM";
-    cfg->arch = MODEL_ARCH_COUNT;
-    for (int i = 0; i < MODEL_ARCH_COUNT; i++)
-        if (!strcmp(arch, model_arch_name((model_arch_t)i))) cfg->arch = (model_arch_t)i;
-    if (cfg->arch == MODEL_ARCH_COUNT) {
-        log_error("%s: architecture %s is not supported", path, arch);
-        st = BT_ERR_UNSUPPORTED;
-        goto out;
-    }
-    json_t *v;
-    if ((v = json_object_get(j, "head_dim")) && json_is_integer(v)) cfg->head_dim = json_integer_value(v);
-    json_t *rp = json_object_get(j, "rope_parameters");
-    if (!rp) rp = json_object_get(j, "rope_scaling");
-    if ((v = json_object_get(j, "rope_theta")) && json_is_number(v)) cfg->rope.theta = json_number_value(v);
-    if (json_is_object(rp)) {
-        if ((v = json_object_get(rp, "rope_theta")) && json_is_number(v))
-            cfg->rope.theta = json_number_value(v);
-        const char *type = json_string_value(json_object_get(rp, "rope_type"));
-        if (!type) type = json_string_value(json_object_get(rp, "type"));
-        if (type && strcmp(type, "default")) {
-            log_error("%s: rope type %s needs the full HF importer (ckpt/)", path, type);
-            st = BT_ERR_UNSUPPORTED;
-            goto out;
-        }
-    }
-    if ((v = json_object_get(j, "attention_bias")) && json_is_true(v)) cfg->qkv_bias = cfg->o_bias = true;
-    if ((v = json_object_get(j, "mlp_bias")) && json_is_true(v)) cfg->mlp_bias = true;
-    if (cfg->arch == MODEL_ARCH_QWEN2) cfg->qkv_bias = true;
-    if ((v = json_object_get(j, "sliding_window")) && json_is_integer(v) &&
-        (cfg->arch != MODEL_ARCH_QWEN2 || json_is_true(json_object_get(j, "use_sliding_window"))))
-        cfg->sliding_window = json_integer_value(v);
-out:
-    json_decref(j);
-    return st;
-}
+#include "ckpt/hf.h"
 
 bt_status_t run_model_config(const job_t *job, model_config_t *cfg)
 {
+    if (job->model.hf[0]) return ckpt_hf_config_load(job->model.hf, cfg);
     const job_model_t *m = &job->model;
     *cfg = (model_config_t){
         .arch = MODEL_ARCH_LLAMA, .vocab_size = m->vocab, .hidden_size = m->hidden,
@@ -71,56 +20,18 @@ bt_status_t run_model_config(const job_t *job, model_config_t *cfg)
         .rope = {.kind = MODEL_ROPE_DEFAULT, .theta = m->rope_theta},
         .tie_word_embeddings = m->tie_embeddings,
     };
-    if (m->hf[0]) {
-        bt_status_t st = hf_extra_read(m->hf, cfg);
-        if (st) return st;
-    }
     return model_config_validate(cfg);
-}
-
-static bt_status_t hf_weights_load(const char *dir, model_t *m)
-{
-    char path[JOB_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    ckpt_st_file_t *f;
-    bt_status_t st = ckpt_st_open(path, &f);
-    if (st) return st;
-    for (int i = 0; i < m->n_params && st == BT_OK; i++) {
-        model_param_t *p = &m->params[i];
-        const ckpt_st_tensor_t *t = ckpt_st_find(f, p->name);
-        /* tied embeddings: HF stores no lm_head.weight */
-        if (!t && m->cfg.tie_word_embeddings && !strcmp(p->name, "lm_head.weight"))
-            t = ckpt_st_find(f, "model.embed_tokens.weight");
-        if (!t) {
-            log_error("%s: tensor %s is missing", path, p->name);
-            st = BT_ERR_INVALID;
-            break;
-        }
-        if (t->numel != tensor_numel(&p->t) || t->ndim != p->t.ndim) {
-            log_error("%s: tensor %s has %lld elements, the model expects %lld", path, p->name,
-                      (long long)t->numel, (long long)tensor_numel(&p->t));
-            st = BT_ERR_INVALID;
-            break;
-        }
-        st = ckpt_st_read_f32(f, t, p->t.data);
-    }
-    ckpt_st_close(f);
-    return st;
 }
 
 bt_status_t run_model_create(const job_t *job, model_t **out)
 {
+    if (job->model.hf[0]) return ckpt_hf_load(job->model.hf, NULL, out);
     model_config_t cfg;
     bt_status_t st = run_model_config(job, &cfg);
     if (st) return st;
     model_t *m;
     if ((st = model_create(&cfg, NULL, &m))) return st;
-    if (job->model.hf[0]) st = hf_weights_load(job->model.hf, m);
-    else model_init_random(m, (uint64_t)job->model.init_seed, (float)job->model.init_std);
-    if (st) {
-        model_destroy(m);
-        return st;
-    }
+    model_init_random(m, (uint64_t)job->model.init_seed, (float)job->model.init_std);
     *out = m;
     return BT_OK;
 }

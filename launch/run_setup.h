@@ -1,9 +1,6 @@
 /* From a validated job to the pieces of a single-process training run:
  * the model (HF directory or random init) and the token streams.
- *
- * HF import here is a minimal fallback (Llama-family config.json keys and a
- * single model.safetensors, f32/bf16/f16) until ckpt/ ships the full importer;
- * anything it does not understand is an error, never a silent default. */
+ * HF directories go through ckpt/hf.h. */
 #ifndef BT_LAUNCH_RUN_SETUP_H
 #define BT_LAUNCH_RUN_SETUP_H
 
@@ -14,8 +11,7 @@
 #include "model/model.h"
 #include "model/train.h"
 
-/* model_config_t for the job's model (dims from the job; for model.hf the
- * remaining config.json keys: architecture, head_dim, rope, biases). */
+/* model_config_t for the job's model (model.hf: its config.json). */
 bt_status_t run_model_config(const job_t *job, model_config_t *cfg);
 /* Whole model: HF weights, or model_init_random(init_seed, init_std). */
 bt_status_t run_model_create(const job_t *job, model_t **out);

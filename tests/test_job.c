@@ -225,7 +225,7 @@ static void test_job_hf_config(void)
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     REQUIRE(f);
-    fprintf(f, "{\"num_hidden_layers\": 3, \"hidden_size\": 48, \"num_attention_heads\": 6,"
+    fprintf(f, "{\"model_type\": \"llama\", \"num_hidden_layers\": 3, \"hidden_size\": 48, \"num_attention_heads\": 6,"
                " \"num_key_value_heads\": 2, \"intermediate_size\": 100, \"vocab_size\": 77,"
                " \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6}\n");
     fclose(f);
