@@ -147,14 +147,38 @@ int cmd_run(int argc, char **argv)
     if (job.trace_dir[0]) log_warn("trace.dir: tracing of single-process runs is not built yet; ignored");
 
     int rc = 1;
-    int32_t *tokens = NULL;
+    int32_t *tokens = NULL, *val_tokens = NULL;
     const int32_t *val = NULL;
     int64_t n_train = 0, n_val = 0;
     model_t *m = NULL;
     train_t *t = NULL;
     FILE *metrics = NULL;
     series_t curve = {0}, val_curve = {0};
-    if (run_tokens_load(job.data.dir, job.data.split, &tokens, &n_train, &val, &n_val)) goto out;
+    uint32_t data_vocab = 0, val_vocab = 0;
+    if (job.data.val_dir[0]) {
+        if (run_stream_load(job.data.dir, &tokens, &n_train, &data_vocab)) goto out;
+        if (run_stream_load(job.data.val_dir, &val_tokens, &n_val, &val_vocab)) goto out;
+        val = val_tokens;
+    } else {
+        if (run_tokens_load(job.data.dir, job.data.split, &tokens, &n_train, &val, &n_val,
+                            &data_vocab))
+            goto out;
+    }
+    if (val_vocab > data_vocab) data_vocab = val_vocab;
+    if (!job.model.hf[0] && job.model.vocab == 0) {
+        if (data_vocab == 0) {
+            fprintf(stderr, "baton run: %s: model.vocab: required when the data (tokens.txt) "
+                            "does not state its vocabulary\n", job.path);
+            goto out;
+        }
+        job.model.vocab = data_vocab;
+    }
+    if (data_vocab > (uint32_t)job.model.vocab) {
+        fprintf(stderr, "baton run: %s: the data's tokenizer has %u ids but the model's vocabulary "
+                        "is %lld (model.vocab or model.hf)\n", job.path, data_vocab,
+                (long long)job.model.vocab);
+        goto out;
+    }
     if (run_model_create(&job, &m)) goto out;
     train_config_t tc;
     run_train_config(&job, &tc);
@@ -163,11 +187,11 @@ int cmd_run(int argc, char **argv)
         log_error("metrics.file: cannot create %s: %s", job.metrics.file, strerror(errno));
         goto out;
     }
-    printf("baton run %s: %s model, %lld params, %lld layers, hidden %lld | %lld train tokens, "
+    printf("baton run %s: %s model, %lld params, %lld layers, hidden %lld, vocab %lld | %lld train tokens, "
            "%lld val tokens | %lld steps x %lld tokens\n",
            job.path, job.model.hf[0] ? job.model.hf : "random-init",
            (long long)model_num_params(&m->cfg), (long long)m->cfg.num_layers,
-           (long long)m->cfg.hidden_size, (long long)n_train, (long long)n_val,
+           (long long)m->cfg.hidden_size, (long long)m->cfg.vocab_size, (long long)n_train, (long long)n_val,
            (long long)tc.steps, (long long)(tc.micro_batch * tc.grad_accum * tc.seq_len));
     fflush(stdout);
 
@@ -229,6 +253,7 @@ out:
     train_destroy(t);
     model_destroy(m);
     free(tokens);
+    free(val_tokens);
     return rc;
 bad_job:
     fprintf(stderr, "baton run: %s\n", err);

@@ -76,6 +76,7 @@ static const field_t fields[] = {
     BOOL("model.tie_embeddings", model.tie_embeddings),
 
     STR("data.dir", data.dir),
+    STR("data.val_dir", data.val_dir),
     INT("data.seq_len", data.seq_len, 1, 1 << 24),
     FLT("data.split", data.split, 0, 0.9),
 
@@ -625,6 +626,9 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
                      (long long)job->data.seq_len, (long long)m->seq);
     if (!job->data.dir[0])
         return vfail(job, "data.dir", err, errlen, "required (a token shard directory)");
+    if (job->data.val_dir[0] && field_is_set(job, "data.split") && job->data.split > 0)
+        return vfail(job, "data.split", err, errlen,
+                     "holds out part of data.dir, but data.val_dir already names the validation data");
 
     if (job->optim.min_lr > job->optim.lr)
         return vfail(job, "optim.min_lr", err, errlen, "%g is larger than optim.lr %g",

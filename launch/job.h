@@ -51,7 +51,8 @@ typedef struct {
 } job_model_t;
 
 typedef struct {
-    char    dir[JOB_PATH_MAX];    /* token shard directory */
+    char    dir[JOB_PATH_MAX];    /* token shard directory (training stream) */
+    char    val_dir[JOB_PATH_MAX];/* separate validation shards; "" = hold out `split` */
     int64_t seq_len;
     double  split;                /* fraction of the token stream held out (its tail) */
 } job_data_t;

@@ -4,9 +4,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "ckpt/hf.h"
+#include "data/shard.h"
 
 bt_status_t run_model_config(const job_t *job, model_config_t *cfg)
 {
@@ -76,20 +78,72 @@ static bt_status_t tokens_txt_read(const char *path, int32_t **out, int64_t *n_o
     return BT_OK;
 }
 
-bt_status_t run_tokens_load(const char *dir, double split, int32_t **tokens, int64_t *n_train,
-                            const int32_t **val, int64_t *n_val)
+/* A shard set (data/shard.h) as int32 ids. */
+static bt_status_t shard_stream_read(const char *dir, int32_t **out, int64_t *n_out, uint32_t *vocab)
+{
+    shard_set_t *set;
+    bt_status_t st = shard_set_open(dir, &set);
+    if (st) return st;
+    uint64_t n = shard_set_count(set);
+    if (n > (uint64_t)INT64_MAX / 8) {
+        log_error("data: %s: %llu tokens is more than this build reads into memory", dir,
+                  (unsigned long long)n);
+        shard_set_close(set);
+        return BT_ERR_UNSUPPORTED;
+    }
+    uint32_t *v = malloc((size_t)n * sizeof *v + 1);
+    if (!v) {
+        shard_set_close(set);
+        return BT_ERR_NOMEM;
+    }
+    st = shard_set_tokens(set, 0, (size_t)n, v);
+    *vocab = shard_set_vocab_size(set);
+    shard_set_close(set);
+    if (st) {
+        free(v);
+        return st;
+    }
+    for (uint64_t i = 0; i < n; i++)
+        if (v[i] > INT32_MAX) {
+            log_error("data: %s: token %llu is %u, not a valid id", dir, (unsigned long long)i, v[i]);
+            free(v);
+            return BT_ERR_INVALID;
+        }
+    /* u32 -> i32 in place (same size, values checked above) */
+    *out = (int32_t *)v;
+    *n_out = (int64_t)n;
+    return BT_OK;
+}
+
+bt_status_t run_stream_load(const char *dir, int32_t **tokens, int64_t *n, uint32_t *vocab)
 {
     char path[JOB_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    if (access(path, F_OK) == 0) return shard_stream_read(dir, tokens, n, vocab);
     snprintf(path, sizeof path, "%s/tokens.txt", dir);
+    if (access(path, F_OK) != 0) {
+        log_error("data: %s holds neither a shard set (index.json, see `baton data prepare`) "
+                  "nor tokens.txt", dir);
+        return BT_ERR_NOT_FOUND;
+    }
+    *vocab = 0;
+    return tokens_txt_read(path, tokens, n);
+}
+
+bt_status_t run_tokens_load(const char *dir, double split, int32_t **tokens, int64_t *n_train,
+                            const int32_t **val, int64_t *n_val, uint32_t *vocab_out)
+{
     int32_t *all;
     int64_t n;
-    bt_status_t st = tokens_txt_read(path, &all, &n);
+    uint32_t vocab;
+    bt_status_t st = run_stream_load(dir, &all, &n, &vocab);
     if (st) return st;
     int64_t nv = (int64_t)((double)n * split);
     *tokens = all;
     *n_train = n - nv;
     *val = all + (n - nv);
     *n_val = nv;
+    if (vocab_out) *vocab_out = vocab;
     return BT_OK;
 }
 

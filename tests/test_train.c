@@ -63,7 +63,7 @@ static void test_train_matches_torch(void)
     const int32_t *val;
     int64_t n_train, n_val;
     if (fixture_job(ex, &job) || run_model_create(&job, &m) ||
-        run_tokens_load(job.data.dir, 0.0, &tokens, &n_train, &val, &n_val)) {
+        run_tokens_load(job.data.dir, 0.0, &tokens, &n_train, &val, &n_val, NULL)) {
         CHECK(!"fixture setup");
         goto out;
     }
@@ -229,7 +229,7 @@ static void test_train_accumulation_equivalence(void)
     const int32_t *val;
     int64_t n_train, n_val;
     if (fixture_job(ex, &job) || run_model_create(&job, &m1) || run_model_create(&job, &m2) ||
-        run_tokens_load(job.data.dir, 0.0, &tokens, &n_train, &val, &n_val)) {
+        run_tokens_load(job.data.dir, 0.0, &tokens, &n_train, &val, &n_val, NULL)) {
         CHECK(!"fixture setup");
         goto out;
     }
@@ -275,7 +275,7 @@ static void test_train_nan_and_eval(void)
     const int32_t *val;
     int64_t n_train, n_val;
     if (fixture_job(ex, &job) || run_model_create(&job, &m) ||
-        run_tokens_load(job.data.dir, 0.25, &tokens, &n_train, &val, &n_val)) {
+        run_tokens_load(job.data.dir, 0.25, &tokens, &n_train, &val, &n_val, NULL)) {
         CHECK(!"fixture setup");
         goto out;
     }
