@@ -91,7 +91,7 @@ static void series_push(series_t *s, double x, double y)
     s->y[s->n++] = y;
 }
 
-static bt_status_t eval_report(train_t *t, const job_t *job, FILE *metrics, int64_t step,
+static bt_status_t eval_report(train_t *t, FILE *metrics, int64_t step,
                                series_t *val_curve, double *loss, double *ppl)
 {
     bt_status_t st = train_eval(t, loss, ppl);
@@ -104,7 +104,6 @@ static bt_status_t eval_report(train_t *t, const job_t *job, FILE *metrics, int6
                 (long long)step, *loss, *ppl);
         fflush(metrics);
     }
-    (void)job;
     return BT_OK;
 }
 
@@ -223,13 +222,13 @@ int cmd_run(int argc, char **argv)
         }
         if (n_val > tc.seq_len && job.train.eval_every && info.step % job.train.eval_every == 0 &&
             info.step != tc.steps)
-            if (eval_report(t, &job, metrics, info.step, &val_curve, &vloss, &vppl)) goto out;
+            if (eval_report(t, metrics, info.step, &val_curve, &vloss, &vppl)) goto out;
         if (job.checkpoint.dir[0] && job.checkpoint.every && info.step % job.checkpoint.every == 0 &&
             info.step != tc.steps)
             if (model_export(m, job.checkpoint.dir, info.step)) goto out;
     }
     if (n_val > tc.seq_len) {
-        if (eval_report(t, &job, metrics, tc.steps, &val_curve, &vloss, &vppl)) goto out;
+        if (eval_report(t, metrics, tc.steps, &val_curve, &vloss, &vppl)) goto out;
         printf("final validation loss %.4f, perplexity %.2f\n", vloss, vppl);
     } else {
         printf("no validation split (data.split = %g): no validation perplexity\n", job.data.split);

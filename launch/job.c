@@ -352,10 +352,11 @@ static bt_status_t field_set(job_t *job, int fi, yaml_document_t *doc, yaml_node
         if (n->type != YAML_SEQUENCE_NODE)
             return fail_at(err, errlen, w, f->name, "expected %s", field_type_desc[f->type]);
         int count = (int)(n->data.sequence.items.top - n->data.sequence.items.start);
-        if ((size_t)count > f->cap || (f->type == F_FLOAT_PAIR && count != 2))
-            return fail_at(err, errlen, w, f->name, "expected %s%s, got %d entries",
-                           f->type == F_FLOAT_PAIR ? "exactly 2 entries" : "at most ",
-                           f->type == F_FLOAT_PAIR ? "" : "the capacity", count);
+        if (f->type == F_FLOAT_PAIR && count != 2)
+            return fail_at(err, errlen, w, f->name, "expected exactly 2 entries, got %d", count);
+        if ((size_t)count > f->cap)
+            return fail_at(err, errlen, w, f->name, "expected at most %zu entries, got %d", f->cap,
+                           count);
         for (int i = 0; i < count; i++) {
             yaml_node_t *item = yaml_document_get_node(doc, n->data.sequence.items.start[i]);
             where_t wi = w->override ? *w : where_node(w->file, item);
