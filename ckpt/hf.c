@@ -303,10 +303,8 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
     if ((st = cfg_num(&c, root, "attention_dropout", 0, false, &drop)) != BT_OK) goto free_root;
     if (drop != 0)
         log_warn("%s: attention_dropout=%g is ignored (no dropout is applied)", what, drop);
-    if ((st = model_config_validate(&m)) != BT_OK) {
-        log_error("%s: invalid model config (see above)", what);
-        goto free_root;
-    }
+    /* model_config_validate logs the offending field */
+    if ((st = model_config_validate(&m)) != BT_OK) goto free_root;
     *out = m;
     st = BT_OK;
 free_root:

@@ -374,11 +374,15 @@ bt_status_t shard_set_open(const char *dir, shard_set_t **out)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/index.json", dir);
+    if (access(path, F_OK)) {
+        log_error("%s: no shard index (%s); run `baton data prepare` first", path, strerror(errno));
+        return BT_ERR_NOT_FOUND;
+    }
     json_error_t jerr;
     json_t *idx = json_load_file(path, 0, &jerr);
     if (!idx) {
         log_error("%s: cannot read index: %s (line %d)", path, jerr.text, jerr.line);
-        return access(path, F_OK) ? BT_ERR_NOT_FOUND : BT_ERR_CORRUPT;
+        return BT_ERR_CORRUPT;
     }
     bt_status_t st = BT_ERR_CORRUPT;
     shard_set_t *set = calloc(1, sizeof *set);

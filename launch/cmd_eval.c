@@ -25,6 +25,7 @@
 
 #include "base/log.h"
 #include "ckpt/hf.h"
+#include "data/tokenizer.h"
 #include "model/model.h"
 
 typedef struct {
@@ -138,6 +139,74 @@ done:
     return rc;
 }
 
+/* Reads the --text file and tokenizes it with DIR's tokenizer.json into one
+ * sequence (no special tokens added). */
+static int eval_text_read(const char *path, const char *dir, int64_t vocab, eval_seqs_t *s)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        log_error("%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    int rc = -1;
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 65536 > cap) {
+            cap = cap ? cap * 2 : 1u << 20;
+            char *t = realloc(text, cap);
+            if (!t) {
+                log_error("%s: out of memory", path);
+                goto free_text;
+            }
+            text = t;
+        }
+        size_t r = fread(text + len, 1, cap - len, f);
+        len += r;
+        if (r == 0) break;
+    }
+    if (ferror(f)) {
+        log_error("%s: read error", path);
+        goto free_text;
+    }
+    tok_t *tok = NULL;
+    if (tok_load(dir, &tok) != BT_OK) goto free_text; /* tok_load said why */
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    if (tok_encode(tok, text ? text : "", len, &ids, &n) != BT_OK) {
+        log_error("%s: tokenization failed", path);
+        goto free_tok;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((int64_t)ids[i] >= vocab) {
+            log_error("%s: token %zu has id %u, outside the model's vocabulary (%lld): the "
+                      "tokenizer does not match the model", path, i, ids[i], (long long)vocab);
+            goto free_ids;
+        }
+        if (eval_seqs_push_id(s, (int32_t)ids[i]) != 0) {
+            log_error("%s: out of memory", path);
+            goto free_ids;
+        }
+    }
+    if (n == 0) {
+        log_error("%s: the text has no tokens", path);
+        goto free_ids;
+    }
+    if (eval_seqs_push_seq(s, 0, (int64_t)n) != 0) {
+        log_error("%s: out of memory", path);
+        goto free_ids;
+    }
+    rc = 0;
+free_ids:
+    free(ids);
+free_tok:
+    tok_free(tok);
+free_text:
+    free(text);
+    fclose(f);
+    return rc;
+}
+
 /* Cuts every sequence longer than window into windows of at most `window`. */
 static int eval_seqs_window(eval_seqs_t *s, int64_t window)
 {
@@ -224,15 +293,10 @@ int cmd_eval(int argc, char **argv)
     model_acts_t *a = NULL;
     eval_seqs_t seqs = {0};
     int32_t *targets = NULL;
-    if (ckpt_hf_load(dir, NULL, &m) != BT_OK) {
-        fprintf(stderr, "baton eval: cannot load model from %s (see above)\n", dir);
-        return 1;
-    }
-    if (text_path) {
-        log_error("%s: --text: tokenizer not available in this build (use --ids)", text_path);
-        goto destroy_model;
-    }
-    if (eval_ids_read(ids_path, m->cfg.vocab_size, &seqs) != 0) goto free_seqs;
+    if (ckpt_hf_load(dir, NULL, &m) != BT_OK) return 1; /* the loader said why */
+    if (text_path ? eval_text_read(text_path, dir, m->cfg.vocab_size, &seqs) != 0
+                  : eval_ids_read(ids_path, m->cfg.vocab_size, &seqs) != 0)
+        goto free_seqs;
     if (window == 0) window = m->cfg.max_position_embeddings;
     if (eval_seqs_window(&seqs, window) != 0) {
         log_error("eval: out of memory");
@@ -244,7 +308,8 @@ int cmd_eval(int argc, char **argv)
         total += seqs.len[i] - 1;
     }
     if (total == 0) {
-        log_error("%s: no scored positions (every sequence has a single token)", ids_path);
+        log_error("%s: no scored positions (every sequence has a single token)",
+                  text_path ? text_path : ids_path);
         goto free_seqs;
     }
     if (model_acts_create(m, 1, tmax, &a) != BT_OK) goto free_seqs;
@@ -283,7 +348,6 @@ destroy_acts:
     model_acts_destroy(a);
 free_seqs:
     eval_seqs_free(&seqs);
-destroy_model:
     model_destroy(m);
     return rc;
 }

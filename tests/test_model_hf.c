@@ -9,6 +9,7 @@
 
 #include "ckpt/hf.h"
 #include "ckpt/safetensors.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 #include "tests/test.h"
 
@@ -232,9 +233,72 @@ static void test_hf_stages(void)
     ref_close(&r);
 }
 
+/* Tied embeddings split over two stages: the head stage holds its own copy
+ * of model.embed_tokens.weight; the two stages' gradients of it sum to the
+ * whole model's (what the distributed code must all-reduce). */
+static void test_hf_stages_tied(void)
+{
+    const char *name = "llama_tied_llama3";
+    ref_t r;
+    REQUIRE(ref_open(name, &r) == 0);
+    model_stage_t s0 = {.first_layer = 0, .last_layer = 1, .has_embedding = true};
+    model_stage_t s1 = {.first_layer = 1, .last_layer = 2, .has_head = true};
+    model_t *m0 = NULL, *m1 = NULL;
+    REQUIRE(ckpt_hf_load(FIX "llama_tied_llama3", &s0, &m0) == BT_OK);
+    REQUIRE(ckpt_hf_load(FIX "llama_tied_llama3", &s1, &m1) == BT_OK);
+    CHECK(m0->embed >= 0 && m0->lm_head < 0 && m0->final_norm < 0);
+    CHECK(m1->embed < 0 && m1->lm_head >= 0 && m1->final_norm >= 0);
+    CHECK(!strcmp(m1->params[m1->lm_head].name, "model.embed_tokens.weight"));
+    model_acts_t *a0 = NULL, *a1 = NULL;
+    REQUIRE(model_acts_create(m0, 1, r.Tmax, &a0) == BT_OK);
+    REQUIRE(model_acts_create(m1, 1, r.Tmax, &a1) == BT_OK);
+    int64_t C = m0->cfg.hidden_size;
+    float *x = malloc((size_t)(r.Tmax * C) * 4), *dx = malloc((size_t)(r.Tmax * C) * 4);
+    int32_t *targets = malloc((size_t)r.Tmax * 4);
+    double sum = 0;
+    for (int64_t s = 0; s < r.S; s++) {
+        int64_t T = r.lens[s];
+        const int32_t *ids = r.ids + s * r.Tmax;
+        model_targets_from_ids(targets, ids, NULL, 1, T);
+        model_batch_t b = {.B = 1, .T = T, .ids = ids, .targets = targets};
+        model_loss_t l;
+        float dloss = 1.0f / (float)r.n_scored;
+        REQUIRE(model_stage_forward(m0, a0, &b, NULL, dloss, x, NULL) == BT_OK);
+        REQUIRE(model_stage_forward(m1, a1, &b, x, dloss, NULL, &l) == BT_OK);
+        REQUIRE(model_stage_backward(m1, a1, NULL, dx) == BT_OK);
+        REQUIRE(model_stage_backward(m0, a0, dx, NULL) == BT_OK);
+        sum += l.loss_sum;
+    }
+    CHECK_NEAR(sum / (double)r.n_scored, r.loss, LOSS_RTOL, 0);
+    /* sum the two embedding gradients into stage 0's, then compare all */
+    tensor_t *g0 = &m0->grads[m0->embed].t;
+    kern_axpy(g0, 1.0f, &m1->grads[m1->lm_head].t);
+    grads_check(m0, &r, "tied stage 0 (+ head copy)");
+    for (int i = 0; i < m1->n_params; i++) {
+        if (i == m1->lm_head) continue;
+        char key[160];
+        snprintf(key, sizeof key, "grad.%s", m1->params[i].name);
+        const ckpt_st_tensor_t *g = ckpt_st_find(r.ref, key);
+        REQUIRE(g != NULL);
+        float *want = malloc((size_t)g->numel * 4);
+        memcpy(want, g->data, (size_t)g->numel * 4);
+        double e = rel_err(m1->grads[i].t.data, want, g->numel);
+        CHECK_MSG(e <= TENSOR_RTOL, "tied stage 1: %s rel err %.3g", m1->params[i].name, e);
+        free(want);
+    }
+    free(targets);
+    free(x);
+    free(dx);
+    model_acts_destroy(a0);
+    model_acts_destroy(a1);
+    model_destroy(m0);
+    model_destroy(m1);
+    ref_close(&r);
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_hf_llama, test_hf_llama_tied_llama3, test_hf_mistral, test_hf_qwen2,
              test_hf_llama_f16, test_hf_qwen2_bf16, test_hf_llama_sharded, test_hf_padded_batch,
-             test_hf_stages);
+             test_hf_stages, test_hf_stages_tied);
 }

@@ -103,14 +103,18 @@ static void check_text(const char *style, const char *text, size_t len, const ch
 
 static void check_sample(const char *style)
 {
-    size_t len;
-    char *text = read_all("tests/fixtures/tok/sample.txt", &len);
-    REQUIRE(text != NULL);
-    char ids[256], what[64];
-    snprintf(ids, sizeof ids, "tests/fixtures/tok/%s/sample.ids", style);
-    snprintf(what, sizeof what, "%s sample.txt", style);
-    check_text(style, text, len, ids, what);
-    free(text);
+    static const char *const names[] = {"sample", "unicode"};
+    for (int k = 0; k < 2; k++) {
+        size_t len;
+        char path[256], ids[256], what[64];
+        snprintf(path, sizeof path, "tests/fixtures/tok/%s.txt", names[k]);
+        char *text = read_all(path, &len);
+        REQUIRE(text != NULL);
+        snprintf(ids, sizeof ids, "tests/fixtures/tok/%s/%s.ids", style, names[k]);
+        snprintf(what, sizeof what, "%s %s.txt", style, names[k]);
+        check_text(style, text, len, ids, what);
+        free(text);
+    }
 }
 
 static void test_sample_gpt2(void) { check_sample("gpt2"); }
@@ -217,6 +221,72 @@ static void test_invalid_utf8_roundtrip(void)
     }
 }
 
+/* Encoding in pieces cut by tok_safe_cut gives the ids of the whole text. */
+static void test_safe_cut_equivalence(void)
+{
+    size_t slen;
+    char *sample = read_all("tests/fixtures/tok/sample.txt", &slen);
+    REQUIRE(sample != NULL);
+    for (size_t s = 0; s < sizeof styles / sizeof styles[0]; s++) {
+        char path[256];
+        snprintf(path, sizeof path, "tests/fixtures/tok/%s", styles[s]);
+        tok_t *tok = NULL;
+        REQUIRE(tok_load(path, &tok) == BT_OK);
+        uint32_t *whole = NULL, *part = NULL;
+        size_t n_whole = 0, n_cat = 0, cuts = 0;
+        CHECK(tok_encode(tok, sample, slen, &whole, &n_whole) == BT_OK);
+        uint32_t *cat = malloc((n_whole + 1) * 2 * sizeof *cat);
+        for (size_t pos = 0; pos < slen;) {
+            size_t end = pos + tok_safe_cut(tok, sample + pos, slen - pos, 97);
+            size_t n = 0;
+            CHECK(tok_encode(tok, sample + pos, end - pos, &part, &n) == BT_OK);
+            if (n_cat + n <= 2 * (n_whole + 1)) memcpy(cat + n_cat, part, n * sizeof *part);
+            n_cat += n;
+            free(part);
+            pos = end;
+            cuts++;
+        }
+        CHECK_MSG(cuts > 20, "%s: only %zu pieces", styles[s], cuts);
+        CHECK(n_cat <= 2 * (n_whole + 1) && ids_compare(tok, styles[s], cat, n_cat, whole, n_whole));
+        free(cat);
+        free(whole);
+        tok_free(tok);
+    }
+    free(sample);
+}
+
+/* Random byte strings (biased to the characters the patterns care about)
+ * decode back to themselves. */
+static void test_random_bytes_roundtrip(void)
+{
+    static const char alphabet[] = " \t\r\n'sSdDlLaZ09!.<|>\xc3\xa9\xe2\x80\xa8\xf0\x9f\x98\x80\xff\x85";
+    uint64_t x = 88172645463325252ull;
+    for (size_t s = 0; s < 2; s++) {
+        char path[256];
+        snprintf(path, sizeof path, "tests/fixtures/tok/%s", styles[s]);
+        tok_t *tok = NULL;
+        REQUIRE(tok_load(path, &tok) == BT_OK);
+        for (int it = 0; it < 300; it++) {
+            char buf[256];
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            size_t n = x % sizeof buf;
+            for (size_t i = 0; i < n; i++) {
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                buf[i] = (x >> 60) ? alphabet[(x >> 8) % (sizeof alphabet - 1)] : (char)(x >> 16);
+            }
+            uint32_t *ids = NULL;
+            size_t ni = 0, bl = 0;
+            char *back = NULL;
+            CHECK(tok_encode(tok, buf, n, &ids, &ni) == BT_OK);
+            CHECK(ids && tok_decode(tok, ids, ni, &back, &bl) == BT_OK);
+            CHECK_MSG(back && bl == n && !memcmp(back, buf, n), "%s iteration %d", styles[s], it);
+            free(back);
+            free(ids);
+        }
+        tok_free(tok);
+    }
+}
+
 /* Special ids are those the tokenizer.json names. */
 static void test_special_ids(void)
 {
@@ -318,6 +388,7 @@ static void test_load_errors(void)
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_nfc, test_load_errors, test_special_ids, test_invalid_utf8_roundtrip,
+             test_random_bytes_roundtrip, test_safe_cut_equivalence,
              test_sample_gpt2, test_sample_llama3, test_sample_qwen2, test_corpus_gpt2,
              test_corpus_llama3, test_corpus_qwen2);
 }

@@ -18,7 +18,11 @@ RAW=$DATADIR/raw
 OUT=$DATADIR/austen
 
 [ -s "$OUT/val.txt" ] && [ -s "$OUT/train.txt" ] && exit 0
-mkdir -p "$RAW" "$OUT"
+mkdir -p "$RAW"
+# concurrent callers (parallel test runs) wait for the first one
+exec 9>"$RAW/.lock"
+flock 9
+[ -s "$OUT/val.txt" ] && [ -s "$OUT/train.txt" ] && exit 0
 
 deb=$(ls "$RAW"/${PKG}_*.deb 2>/dev/null | head -n1 || true)
 if [ -z "$deb" ]; then

@@ -150,11 +150,51 @@ def build(outdir, idx, name, cls, cfg, dtype, shard):
     print(f"{name}: loss {loss:.6f} tokens {total_n} params {sum(p.numel() for p in params.values())}")
 
 
+TEXT = ("It is a truth universally acknowledged that a tiny random model\n"
+        "knows nothing at all; its perplexity says so, token by token.\n"
+        "Caf\u00e9 na\u00efve \u2014 bytes, windows & 123 numbers.\n")
+
+
+def text_fixture(outdir, name="llama"):
+    """A byte-level tokenizer.json (the 256 byte tokens, no merges, so ids fit
+    the fixtures' vocabulary of 256) beside the `name` fixture, text.txt, and
+    expected_text_w<T>.json: the pooled loss of `baton eval --text` with
+    --window T, computed as transformers does on each window of the
+    tokenizers-encoded text (add_special_tokens=False)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    d = os.path.join(outdir, name)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "text.txt"), "w", encoding="utf-8", newline="") as f:
+        f.write(TEXT)
+    ids = Tokenizer.from_file(os.path.join(d, "tokenizer.json")).encode(
+        TEXT, add_special_tokens=False).ids
+    model = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    for window in (64, 16):
+        nll, n = 0.0, 0
+        with torch.no_grad():
+            for o in range(0, len(ids), window):
+                w = torch.tensor(ids[o:o + window])[None, :]
+                if w.shape[1] < 2:
+                    continue
+                k = w.shape[1] - 1
+                nll += model(input_ids=w, labels=w).loss.item() * k
+                n += k
+        with open(os.path.join(d, f"expected_text_w{window}.json"), "w") as f:
+            json.dump({"tokens": n, "loss": nll / n, "ppl": math.exp(nll / n)}, f, indent=1)
+            f.write("\n")
+        print(f"{name} text: {len(ids)} ids, window {window}: loss {nll / n:.6f} over {n}")
+
+
 def main():
     outdir = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
     torch.set_num_threads(1)
     for idx, spec in enumerate(fixture_specs()):
         build(outdir, idx, *spec)
+    text_fixture(outdir)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ makes it), save its tokenizer.json, and record the ids that HF produces
   - sample.txt: our own non-corpus text (numbers, unicode, CRLF, tabs, emoji,
     whitespace runs, special tokens), generated here from a fixed seed and
     committed; its ids go to <style>/sample.ids (u32 little-endian);
+  - unicode.txt: random code points of every plane (committed), ids in
+    <style>/unicode.ids (u16 little-endian);
   - the first VAL_SLICE bytes of data/austen/val.txt: ids to <style>/val_head.ids
     (u16 little-endian; the text itself is not committed);
   - the whole of data/austen/train.txt and val.txt: token count and SHA-256 of
@@ -111,6 +113,31 @@ def sample_text():
     return "".join(out)
 
 
+def unicode_text():
+    """Random code points from every plane (assigned or not, no surrogates),
+    in short runs between spaces, digits and newlines: checks the letter,
+    number and space tables and NFC against HF's regex engine."""
+    rng = random.Random(7)
+    out = []
+    for _ in range(4000):
+        r = rng.random()
+        if r < 0.5:
+            cp = rng.randrange(0x80, 0x3400)
+        elif r < 0.8:
+            cp = rng.randrange(0x3400, 0x30000)
+        else:
+            cp = rng.randrange(0x30000, 0x110000)
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        out.append(chr(cp))
+        k = rng.random()
+        if k < 0.2:
+            out.append(" ")
+        elif k < 0.25:
+            out.append(rng.choice(["\n", "1", "a", "'s", "  ", "\t", "!", "\u0301", "\u00a0"]))
+    return "".join(out)
+
+
 def ids_u32(ids):
     return struct.pack("<%dI" % len(ids), *ids)
 
@@ -128,6 +155,9 @@ def main():
     sample = sample_text()
     with open(os.path.join(FIX, "sample.txt"), "w", encoding="utf-8", newline="") as f:
         f.write(sample)
+    uni = unicode_text()
+    with open(os.path.join(FIX, "unicode.txt"), "w", encoding="utf-8", newline="") as f:
+        f.write(uni)
     val_head = val.encode("utf-8")[:VAL_SLICE].decode("utf-8", "ignore")
     for name in sys.argv[1:] or STYLES:
         tok, vocab, specials, added = STYLES[name]()
@@ -150,6 +180,7 @@ def main():
         enc = lambda s: tok.encode(s, add_special_tokens=False).ids
         s_ids = enc(sample)
         open(os.path.join(d, "sample.ids"), "wb").write(ids_u16(s_ids))
+        open(os.path.join(d, "unicode.ids"), "wb").write(ids_u16(enc(uni)))
         v_ids = enc(val_head)
         open(os.path.join(d, "val_head.ids"), "wb").write(ids_u16(v_ids))
         corpus = {"val_head_bytes": len(val_head.encode("utf-8"))}

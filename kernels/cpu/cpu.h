@@ -10,6 +10,20 @@
 
 #include <stdint.h>
 
+/* vmath.c: vectorized row primitives (AVX2+FMA when the CPU has it).
+ * exp here is within 2 ulp of expf; see vmath.c for its range contract. */
+float  cpu_expf_fast(float x);
+/* y[n] = exp(x[n] - shift) (y may alias x); returns sum(y) accumulated in double */
+double cpu_vexp_sum(float *y, const float *x, int64_t n, float shift);
+float  cpu_vmax(const float *x /* [n] */, int64_t n); /* -inf when n == 0 */
+void   cpu_vscale(float *y /* [n] */, int64_t n, float s);
+/* y[n] = y * (a[n] - c) */
+void   cpu_vmul_sub(float *y, const float *a, int64_t n, float c);
+/* out[n] = silu(g) * u, and its backward (accumulating, NULL skipped) */
+void   cpu_vsilu_mul(float *out, const float *g, const float *u, int64_t n);
+void   cpu_vsilu_mul_bwd(float *dgate, float *dup, const float *dout, const float *g,
+                         const float *u, int64_t n);
+
 /* matmul.c (OpenBLAS) */
 void cpu_set_threads(int n);
 void cpu_matmul(float *c,       /* [M,N] */

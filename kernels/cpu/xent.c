@@ -9,26 +9,26 @@
 #include <math.h>
 #include <string.h>
 
-static float cpu_row_max(const float *x, int64_t V)
-{
-    float m = -INFINITY;
-    for (int64_t j = 0; j < V; j++) m = x[j] > m ? x[j] : m;
-    return m;
-}
+static float cpu_row_max(const float *x, int64_t V) { return cpu_vmax(x, V); }
 
+/* sum exp(x - max) without keeping the exponentials: a small stack buffer */
 static double cpu_row_sumexp(const float *x, float max, int64_t V)
 {
+    float buf[1024];
     double s = 0.0;
-    for (int64_t j = 0; j < V; j++) s += expf(x[j] - max);
+    for (int64_t j = 0; j < V; j += 1024) {
+        int64_t n = V - j < 1024 ? V - j : 1024;
+        s += cpu_vexp_sum(buf, x + j, n, max);
+    }
     return s;
 }
 
-/* d[j] = dloss * exp(x[j] - max) / sumexp, minus dloss at column tcol (if in range). */
+/* d[j] = exp(x[j] - max) * (dloss / sumexp), minus dloss at column tcol (if in range). */
 static void cpu_row_dlogits(float *d, const float *x, float max, float sumexp, int64_t tcol,
                             int64_t V, float dloss)
 {
-    float inv = 1.0f / sumexp;
-    for (int64_t j = 0; j < V; j++) d[j] = dloss * (expf(x[j] - max) * inv);
+    cpu_vexp_sum(d, x, V, max);
+    cpu_vscale(d, V, dloss / sumexp);
     if (tcol >= 0 && tcol < V) d[tcol] -= dloss;
 }
 

@@ -63,6 +63,17 @@ b=$("$BATON" eval --model $d --ids "$tmp/split.txt" --json)
 if [ "$(field tokens "$a")" = 17 ] && [ "$a" = "$b" ]; then pass eval_window
 else fail eval_window "$a vs $b"; fi
 
+# --text: tokenized with the fixture's byte-level tokenizer.json, scored in
+# windows; references from transformers + tokenizers (expected_text_w*.json).
+for w in 64 16; do
+    exp=$(tr -d '\n' <$d/expected_text_w$w.json)
+    args=(); [ $w = 16 ] && args=(--window 16)   # 64 is the default (max_position_embeddings)
+    out=$("$BATON" eval --model $d --text $d/text.txt "${args[@]}" --json 2>"$tmp/err")
+    if [ "$(field tokens "$out")" = "$(field tokens "$exp")" ] &&
+       close "$(field loss "$out")" "$(field loss "$exp")" 1e-5; then pass eval_text_w$w
+    else fail eval_text_w$w "got $out want $exp $(cat "$tmp/err")"; fi
+done
+
 # Error cases: non-zero exit and a message that says what and where.
 expect_err() { # name pattern args...
     local name=$1 pat=$2; shift 2
@@ -89,3 +100,6 @@ expect_err eval_err_no_weights "model.safetensors" --model "$tmp/nomodel" --ids 
 # Mistral fixture has sliding_window 32: a 40-token sequence is refused, clearly.
 seq 1 40 | tr '\n' ' ' >"$tmp/long.txt"; echo >>"$tmp/long.txt"
 expect_err eval_err_sliding_window "sliding_window=32" --model $FIX/mistral --ids "$tmp/long.txt" --window 64
+expect_err eval_err_text_no_tokenizer "tokenizer.json" --model $FIX/qwen2 --text $d/text.txt
+expect_err eval_err_text_missing "nothing.txt" --model $d --text "$tmp/nothing.txt"
+expect_err eval_err_bad_window "window" --model $d --ids $d/ids.txt --window 1

@@ -1,0 +1,238 @@
+/* Grouped-query causal attention against a naive float64 reference
+ * (forward, lse, backward) at many shapes: GQA ratios 1-4, Dv != D, Tq < Tk
+ * with q_offset, non-causal, and sequence lengths that cross the kernel's
+ * 64-row query blocks. The kernel's gradients are also checked against
+ * central differences of the float64 forward, and for accumulation. */
+#include "tests/test_kernels_common.h"
+
+typedef struct {
+    int64_t B, Tq, Tk, Hq, Hkv, D, Dv;
+    bool    causal;
+    int64_t q_offset;
+} attn_shape_t;
+
+typedef struct {
+    attn_shape_t s;
+    double       scale;
+    double      *q, *k, *v, *R; /* R: weights of the loss sum(out * R) */
+} attn_ctx_t;
+
+static int64_t ref_limit(const attn_shape_t *s, int64_t i)
+{
+    if (!s->causal) return s->Tk;
+    return s->q_offset + i + 1 < s->Tk ? s->q_offset + i + 1 : s->Tk;
+}
+
+#define QI(b, i, h, d) ((((b) * s->Tq + (i)) * s->Hq + (h)) * s->D + (d))
+#define KI(b, j, h, d) ((((b) * s->Tk + (j)) * s->Hkv + (h)) * s->D + (d))
+#define VI(b, j, h, d) ((((b) * s->Tk + (j)) * s->Hkv + (h)) * s->Dv + (d))
+#define OI(b, i, h, d) ((((b) * s->Tq + (i)) * s->Hq + (h)) * s->Dv + (d))
+
+/* probs[Tk] of query (b, i, h); returns lse */
+static double ref_probs(double *probs, const attn_ctx_t *c, int64_t b, int64_t i, int64_t h)
+{
+    const attn_shape_t *s = &c->s;
+    int64_t kvh = h / (s->Hq / s->Hkv), lim = ref_limit(s, i);
+    double m = -INFINITY;
+    for (int64_t j = 0; j < lim; j++) {
+        double d = 0;
+        for (int64_t e = 0; e < s->D; e++) d += c->q[QI(b, i, h, e)] * c->k[KI(b, j, kvh, e)];
+        probs[j] = c->scale * d;
+        m = probs[j] > m ? probs[j] : m;
+    }
+    double z = 0;
+    for (int64_t j = 0; j < lim; j++) z += (probs[j] = exp(probs[j] - m));
+    for (int64_t j = 0; j < s->Tk; j++) probs[j] = j < lim ? probs[j] / z : 0;
+    return m + log(z);
+}
+
+static void ref_attn_fwd(double *out, double *lse, const attn_ctx_t *c)
+{
+    const attn_shape_t *s = &c->s;
+    double *p = kt_alloc_d(s->Tk);
+    for (int64_t b = 0; b < s->B; b++)
+        for (int64_t h = 0; h < s->Hq; h++)
+            for (int64_t i = 0; i < s->Tq; i++) {
+                int64_t kvh = h / (s->Hq / s->Hkv);
+                double l = ref_probs(p, c, b, i, h);
+                if (lse) lse[(b * s->Hq + h) * s->Tq + i] = l;
+                for (int64_t e = 0; e < s->Dv; e++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < s->Tk; j++) acc += p[j] * c->v[VI(b, j, kvh, e)];
+                    out[OI(b, i, h, e)] = acc;
+                }
+            }
+    free(p);
+}
+
+static void ref_attn_bwd(double *dq, double *dk, double *dv, const double *out, const attn_ctx_t *c)
+{
+    const attn_shape_t *s = &c->s;
+    double *p = kt_alloc_d(s->Tk);
+    for (int64_t b = 0; b < s->B; b++)
+        for (int64_t h = 0; h < s->Hq; h++)
+            for (int64_t i = 0; i < s->Tq; i++) {
+                int64_t kvh = h / (s->Hq / s->Hkv);
+                ref_probs(p, c, b, i, h);
+                const double *g = c->R + OI(b, i, h, 0);
+                double di = 0;
+                for (int64_t e = 0; e < s->Dv; e++) di += g[e] * out[OI(b, i, h, e)];
+                for (int64_t j = 0; j < s->Tk; j++) {
+                    if (p[j] == 0) continue;
+                    double dp = 0;
+                    for (int64_t e = 0; e < s->Dv; e++) {
+                        dp += g[e] * c->v[VI(b, j, kvh, e)];
+                        dv[VI(b, j, kvh, e)] += p[j] * g[e];
+                    }
+                    double ds = p[j] * (dp - di) * c->scale;
+                    for (int64_t e = 0; e < s->D; e++) {
+                        dq[QI(b, i, h, e)] += ds * c->k[KI(b, j, kvh, e)];
+                        dk[KI(b, j, kvh, e)] += ds * c->q[QI(b, i, h, e)];
+                    }
+                }
+            }
+    free(p);
+}
+
+static double attn_loss(void *p)
+{
+    attn_ctx_t *c = p;
+    int64_t n = c->s.B * c->s.Tq * c->s.Hq * c->s.Dv;
+    double *out = kt_alloc_d(n), l = 0;
+    ref_attn_fwd(out, NULL, c);
+    for (int64_t i = 0; i < n; i++) l += out[i] * c->R[i];
+    free(out);
+    return l;
+}
+
+/* One shape: kernel forward/lse vs reference; backward vs reference (and
+ * vs finite differences when fd is set); accumulation into pre-filled grads. */
+static void attn_case(const attn_shape_t *s, bool fd, uint64_t seed)
+{
+    kt_rng_t rng = {seed};
+    int64_t nq = s->B * s->Tq * s->Hq * s->D, nk = s->B * s->Tk * s->Hkv * s->D;
+    int64_t nv = s->B * s->Tk * s->Hkv * s->Dv, no = s->B * s->Tq * s->Hq * s->Dv;
+    int64_t nl = s->B * s->Hq * s->Tq;
+    float scale = (float)(1.0 / sqrt((double)s->D));
+    float *q = kt_rand(&rng, nq, -1.5, 1.5), *k = kt_rand(&rng, nk, -1.5, 1.5);
+    float *v = kt_rand(&rng, nv, -1, 1), *dout = kt_rand(&rng, no, -1, 1);
+    float *out = kt_rand(&rng, no, -9, 9), *lse = kt_alloc(nl);
+    float *dq0 = kt_rand(&rng, nq, -1, 1), *dk0 = kt_rand(&rng, nk, -1, 1);
+    float *dv0 = kt_rand(&rng, nv, -1, 1);
+    float *dq = kt_dup(dq0, nq), *dk = kt_dup(dk0, nk), *dv = kt_dup(dv0, nv);
+    attn_ctx_t c = {*s, scale, kt_to_d(q, nq), kt_to_d(k, nk), kt_to_d(v, nv), kt_to_d(dout, no)};
+    double *rout = kt_alloc_d(no), *rlse = kt_alloc_d(nl);
+    double *rdq = kt_alloc_d(nq), *rdk = kt_alloc_d(nk), *rdv = kt_alloc_d(nv);
+    ref_attn_fwd(rout, rlse, &c);
+    ref_attn_bwd(rdq, rdk, rdv, rout, &c);
+
+    tensor_t Q = tensor_4d(q, DT_F32, s->B, s->Tq, s->Hq, s->D);
+    tensor_t K = tensor_4d(k, DT_F32, s->B, s->Tk, s->Hkv, s->D);
+    tensor_t V = tensor_4d(v, DT_F32, s->B, s->Tk, s->Hkv, s->Dv);
+    tensor_t O = tensor_4d(out, DT_F32, s->B, s->Tq, s->Hq, s->Dv);
+    tensor_t dO = tensor_4d(dout, DT_F32, s->B, s->Tq, s->Hq, s->Dv);
+    tensor_t L = tensor_3d(lse, DT_F32, s->B, s->Hq, s->Tq);
+    tensor_t dQ = tensor_4d(dq, DT_F32, s->B, s->Tq, s->Hq, s->D);
+    tensor_t dK = tensor_4d(dk, DT_F32, s->B, s->Tk, s->Hkv, s->D);
+    tensor_t dV = tensor_4d(dv, DT_F32, s->B, s->Tk, s->Hkv, s->Dv);
+    kern_attention_fwd(&O, &L, &Q, &K, &V, scale, s->causal, s->q_offset);
+    char what[160];
+    snprintf(what, sizeof what, "B%lld Tq%lld Tk%lld Hq%lld Hkv%lld D%lld Dv%lld %s off%lld",
+             (long long)s->B, (long long)s->Tq, (long long)s->Tk, (long long)s->Hq,
+             (long long)s->Hkv, (long long)s->D, (long long)s->Dv,
+             s->causal ? "causal" : "full", (long long)s->q_offset);
+    int before = test_case_failures;
+    kt_close("attn out", out, rout, no, 1e-5);
+    kt_close("attn lse", lse, rlse, nl, 1e-5);
+    kern_attention_bwd(&dQ, &dK, &dV, &dO, &Q, &K, &V, &O, &L, scale, s->causal, s->q_offset);
+    kt_close_base("attn dq", dq, dq0, rdq, nq, 1e-4);
+    kt_close_base("attn dk", dk, dk0, rdk, nk, 1e-4);
+    kt_close_base("attn dv", dv, dv0, rdv, nv, 1e-4);
+    if (fd) {
+        kt_fd_check("attn dq fd", c.q, nq, dq, dq0, attn_loss, &c, 120, 1e-4, &rng);
+        kt_fd_check("attn dk fd", c.k, nk, dk, dk0, attn_loss, &c, 120, 1e-4, &rng);
+        kt_fd_check("attn dv fd", c.v, nv, dv, dv0, attn_loss, &c, 120, 1e-4, &rng);
+    }
+    /* NULL gradients are skipped and do not change the others */
+    float *dk2 = kt_dup(dk0, nk);
+    tensor_t dK2 = tensor_4d(dk2, DT_F32, s->B, s->Tk, s->Hkv, s->D);
+    kern_attention_bwd(NULL, &dK2, NULL, &dO, &Q, &K, &V, &O, &L, scale, s->causal, s->q_offset);
+    CHECK(!memcmp(dk2, dk, (size_t)nk * sizeof *dk));
+    if (test_case_failures != before) fprintf(stderr, "  ^ in attention case %s\n", what);
+
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq0), free(dk0), free(dv0);
+    free(dq), free(dk), free(dv), free(dk2), free(c.q), free(c.k), free(c.v), free(c.R);
+    free(rout), free(rlse), free(rdq), free(rdk), free(rdv);
+}
+
+static void test_attention_small_shapes_fd(void)
+{
+    const attn_shape_t shapes[] = {
+        {1, 1, 1, 1, 1, 1, 1, true, 0},    {2, 3, 3, 2, 1, 4, 4, true, 0},
+        {1, 7, 7, 3, 1, 8, 5, true, 0},    {2, 17, 17, 4, 1, 8, 8, false, 0},
+        {1, 5, 12, 4, 2, 6, 6, true, 7},   {1, 5, 9, 2, 2, 4, 3, false, 0},
+        {1, 33, 40, 4, 4, 16, 16, true, 3}, {1, 3, 3, 6, 2, 2, 7, true, 0},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        attn_case(&shapes[i], true, 100 + i);
+}
+
+static void test_attention_long_blocks(void)
+{
+    const attn_shape_t shapes[] = {
+        {1, 300, 300, 4, 2, 16, 12, true, 0}, /* crosses several 64-row query blocks */
+        {2, 130, 200, 2, 1, 8, 8, true, 70},  /* context-parallel shard: Tq + q_offset == Tk */
+        {1, 65, 65, 3, 3, 64, 64, true, 0},
+        {1, 129, 129, 1, 1, 32, 32, false, 0},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        attn_case(&shapes[i], false, 200 + i);
+}
+
+/* Two context-parallel shards of the queries ([0,Tq/2) with q_offset 0 and
+ * [Tq/2,Tq) with q_offset Tq/2, both over all keys) give exactly the rows of
+ * the unsharded call, and their dK, dV add up to the unsharded ones. */
+static void test_attention_context_parallel_split(void)
+{
+    kt_rng_t rng = {300};
+    const int64_t B = 1, T = 40, H = 2, D = 8, half = 20;
+    float scale = 0.35f;
+    float *q = kt_rand(&rng, B * T * H * D, -1, 1), *k = kt_rand(&rng, B * T * H * D, -1, 1);
+    float *v = kt_rand(&rng, B * T * H * D, -1, 1), *dout = kt_rand(&rng, B * T * H * D, -1, 1);
+    float *out = kt_alloc(T * H * D), *lse = kt_alloc(H * T);
+    float *dk = kt_alloc(T * H * D), *dv = kt_alloc(T * H * D);
+    tensor_t Q = tensor_4d(q, DT_F32, B, T, H, D), K = tensor_4d(k, DT_F32, B, T, H, D);
+    tensor_t V = tensor_4d(v, DT_F32, B, T, H, D), O = tensor_4d(out, DT_F32, B, T, H, D);
+    tensor_t dO = tensor_4d(dout, DT_F32, B, T, H, D), L = tensor_3d(lse, DT_F32, B, H, T);
+    tensor_t dK = tensor_4d(dk, DT_F32, B, T, H, D), dV = tensor_4d(dv, DT_F32, B, T, H, D);
+    kern_attention_fwd(&O, &L, &Q, &K, &V, scale, true, 0);
+    kern_attention_bwd(NULL, &dK, &dV, &dO, &Q, &K, &V, &O, &L, scale, true, 0);
+
+    float *sout = kt_alloc(T * H * D), *slse = kt_alloc(H * half);
+    float *sdk = kt_alloc(T * H * D), *sdv = kt_alloc(T * H * D);
+    tensor_t sdK = tensor_4d(sdk, DT_F32, B, T, H, D), sdV = tensor_4d(sdv, DT_F32, B, T, H, D);
+    for (int part = 0; part < 2; part++) {
+        int64_t off = part * half;
+        tensor_t Qs = tensor_4d(q + off * H * D, DT_F32, B, half, H, D);
+        tensor_t Os = tensor_4d(sout + off * H * D, DT_F32, B, half, H, D);
+        tensor_t dOs = tensor_4d(dout + off * H * D, DT_F32, B, half, H, D);
+        tensor_t Ls = tensor_3d(slse, DT_F32, B, H, half);
+        kern_attention_fwd(&Os, &Ls, &Qs, &K, &V, scale, true, off);
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < half; i++)
+                CHECK_NEAR(slse[h * half + i], lse[h * T + off + i], 1e-6, 1e-6);
+        kern_attention_bwd(NULL, &sdK, &sdV, &dOs, &Qs, &K, &V, &Os, &Ls, scale, true, off);
+    }
+    double *ro = kt_to_d(out, T * H * D), *rk = kt_to_d(dk, T * H * D), *rv = kt_to_d(dv, T * H * D);
+    kt_close("cp out", sout, ro, T * H * D, 1e-6);
+    kt_close("cp dk", sdk, rk, T * H * D, 1e-5);
+    kt_close("cp dv", sdv, rv, T * H * D, 1e-5);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(dk), free(dv);
+    free(sout), free(slse), free(sdk), free(sdv), free(ro), free(rk), free(rv);
+}
+
+int main(int argc, char **argv)
+{
+    TEST_RUN(argc, argv, test_attention_small_shapes_fd, test_attention_long_blocks,
+             test_attention_context_parallel_split);
+}
