@@ -155,7 +155,8 @@ void kern_matmul(tensor_t *c, const tensor_t *a, const tensor_t *b, bool trans_a
                  op, kern_shape_str(a).s, trans_a ? "^T" : "", (long long)M, (long long)K,
                  kern_shape_str(b).s, trans_b ? "^T" : "", (long long)Kb, (long long)N);
     kern_req_rows_cols(op, "c", c, M, N);
-    if (c->data == a->data || c->data == b->data) BT_PANIC("%s: c aliases an input", op);
+    if (c->data && (c->data == a->data || c->data == b->data))
+        BT_PANIC("%s: c aliases an input", op);
     kern_compute(op, c)->matmul(c->data, a->data, b->data, c->dtype, M, N, K, trans_a, trans_b,
                                 alpha, beta);
 }
@@ -177,7 +178,7 @@ void kern_linear_fwd(tensor_t *out, const tensor_t *x, const tensor_t *w, const 
         kern_req_dtype(op, "bias", bias, out->dtype);
         kern_req_numel(op, "bias", bias, OC);
     }
-    if (out->data == x->data) BT_PANIC("%s: out aliases x", op);
+    if (out->data && out->data == x->data) BT_PANIC("%s: out aliases x", op);
     kern_compute(op, out)->linear_fwd(out->data, x->data, w->data, bias ? bias->data : NULL,
                                       out->dtype, N, IC, OC);
 }

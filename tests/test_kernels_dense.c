@@ -217,6 +217,32 @@ static void test_copy_conversions(void)
     free(f), free(bf), free(hf), free(d), free(back), free(h2);
 }
 
+/* Empty tensors (NULL data) are valid no-ops, not aliasing or OOM panics. */
+static void test_empty_tensors(void)
+{
+    float w[12], b[3], dw[12], q[16];
+    for (int i = 0; i < 12; i++) w[i] = (float)i, dw[i] = 1.0f;
+    tensor_t X = tensor_2d(NULL, DT_F32, 0, 4), W = tensor_2d(w, DT_F32, 3, 4);
+    tensor_t O = tensor_2d(NULL, DT_F32, 0, 3), Bt = tensor_1d(b, DT_F32, 3);
+    tensor_t dW = tensor_2d(dw, DT_F32, 3, 4), dX = tensor_2d(NULL, DT_F32, 0, 4);
+    kern_linear_fwd(&O, &X, &W, &Bt);
+    kern_linear_bwd(&dX, &dW, NULL, &O, &X, &W);
+    int bad = 0;
+    for (int i = 0; i < 12; i++) bad += dw[i] != 1.0f; /* += of an empty sum */
+    CHECK(bad == 0);
+    tensor_t A = tensor_2d(NULL, DT_F32, 0, 5), Bm = tensor_2d(NULL, DT_F32, 5, 0);
+    tensor_t C = tensor_2d(NULL, DT_F32, 0, 0);
+    kern_matmul(&C, &A, &Bm, false, false, 1, 0);
+    tensor_t Q = tensor_4d(NULL, DT_F32, 1, 0, 2, 4), K = tensor_4d(q, DT_F32, 1, 2, 2, 4);
+    tensor_t Oa = tensor_4d(NULL, DT_F32, 1, 0, 2, 4), L = tensor_3d(NULL, DT_F32, 1, 2, 0);
+    kern_attention_fwd(&Oa, &L, &Q, &K, &K, 0.5f, true, 2);
+    kern_attention_bwd(NULL, NULL, NULL, &Oa, &Q, &K, &K, &Oa, &L, 0.5f, true, 2);
+    tensor_t Lg = tensor_2d(NULL, DT_F32, 0, 7), Tg = tensor_1d(NULL, DT_I32, 0);
+    tensor_t Ls = tensor_1d(NULL, DT_F32, 0);
+    CHECK(kern_xent_fwd_bwd(&Ls, NULL, &Lg, &Tg, 1, -100) == 0);
+    CHECK(kern_sumsq(&X) == 0.0 && kern_count_nonfinite(&X) == 0);
+}
+
 /* ---- dispatch argument checks ---------------------------------------------- */
 
 static void bad_matmul_inner(void *arg)
@@ -289,5 +315,6 @@ int main(int argc, char **argv)
 {
     kern_cpu_set_threads(2);
     TEST_RUN(argc, argv, test_matmul_shapes_transposes_beta, test_linear_fwd_bwd,
-             test_elementwise_ops, test_copy_conversions, test_dispatch_misuse_panics);
+             test_elementwise_ops, test_copy_conversions, test_empty_tensors,
+             test_dispatch_misuse_panics);
 }

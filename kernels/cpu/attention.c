@@ -55,7 +55,7 @@ static int64_t cpu_attn_limit(const kern_attn_shape_t *s, int64_t i)
 
 static float *cpu_attn_scratch(int64_t n, const char *op)
 {
-    float *p = malloc((size_t)n * sizeof *p);
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
     if (!p) BT_PANIC("%s: out of memory for %lld scratch floats", op, (long long)n);
     return p;
 }
