@@ -825,12 +825,17 @@ static void tok_pre_run(tok_enc_t *e, size_t step, const uint8_t *s, size_t n)
         }
         return;
     case PRE_DIGITS: {
+        /* HF's Digits uses Rust's char::is_numeric, not the regex \p{N} */
         size_t i = 0, start = 0;
         while (i < n) {
             size_t len;
-            unsigned c = tok_class_at(s, n, i, &len);
-            if (c & C_N) {
-                size_t r = p->individual ? len : tok_run(s, n, i, C_N, C_N, 0, NULL);
+            if (uni_is_numeric(utf8_decode(s + i, n - i, &len))) {
+                size_t r = len;
+                while (!p->individual && i + r < n) {
+                    size_t l2;
+                    if (!uni_is_numeric(utf8_decode(s + i + r, n - i - r, &l2))) break;
+                    r += l2;
+                }
                 tok_pre_emit(e, step + 1, s + start, i - start);
                 tok_pre_emit(e, step + 1, s + i, r);
                 i += r;
