@@ -107,6 +107,7 @@ typedef struct {
     uint8_t *bytes;
     uint32_t len;
     int present;
+    int raw; /* vocab string outside the byte-level alphabet, kept as UTF-8 */
 } tok_token_t;
 
 struct tok {
@@ -236,16 +237,14 @@ static inline const tok_merge_slot_t *tok_merge_find(const tok_t *tok, uint32_t 
     }
 }
 
-/* First occurrence of a pair wins, as in HF (later duplicates are ignored). */
+/* A pair listed twice keeps its last rank: HF collects the merges into a
+ * hash map, so later entries overwrite earlier ones. */
 static void tok_merge_insert(tok_t *tok, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged)
 {
     uint64_t key = (((uint64_t)a << 32) | b) + 1;
     size_t mask = tok->merges.cap - 1;
     size_t i = tok_mix64(key) & mask;
-    while (tok->merges.slots[i].key) {
-        if (tok->merges.slots[i].key == key) return;
-        i = (i + 1) & mask;
-    }
+    while (tok->merges.slots[i].key && tok->merges.slots[i].key != key) i = (i + 1) & mask;
     tok->merges.slots[i] = (tok_merge_slot_t){.key = key, .rank = rank, .merged = merged};
 }
 
@@ -1252,14 +1251,17 @@ static bt_status_t tok_load_model(tok_t *tok, json_t *model, const char *path)
         size_t kl = strlen(key), bl;
         uint8_t *buf = malloc(kl + 1);
         if (!buf) return BT_ERR_NOMEM;
-        bt_status_t st = tok_unmap_bytes(key, kl, cp_to_byte, buf, &bl)
-                             ? tok_set_token(tok, (uint32_t)id, buf, bl)
-                             : tok_set_token(tok, (uint32_t)id, (const uint8_t *)key, kl);
+        int mapped = tok_unmap_bytes(key, kl, cp_to_byte, buf, &bl);
+        bt_status_t st = mapped ? tok_set_token(tok, (uint32_t)id, buf, bl)
+                                : tok_set_token(tok, (uint32_t)id, (const uint8_t *)key, kl);
         free(buf);
+        if (st == BT_OK && !mapped) tok->tokens[id].raw = 1;
         if (st != BT_OK) return st;
     }
+    /* raw entries stay out of the map: HF looks pieces up by their byte-level
+     * spelling, which a raw entry's UTF-8 bytes could collide with */
     for (uint32_t id = 0; id < tok->n_tokens; id++)
-        if (tok->tokens[id].present) tok_vocab_insert(tok, id);
+        if (tok->tokens[id].present && !tok->tokens[id].raw) tok_vocab_insert(tok, id);
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
         int64_t id = tok_vocab_find(tok, &c, 1);

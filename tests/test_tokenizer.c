@@ -392,6 +392,23 @@ static void test_load_errors(void)
     snprintf(buf, sizeof buf, base, "null", "null", "\"a c\"");
     CHECK(load_json_text(buf, "merge") == BT_ERR_INVALID);
     CHECK(load_json_text("{\"model\": {", "trunc") == BT_ERR_INVALID);
+    /* a merge listed twice keeps its last rank: HF tokenizers 0.23 encodes
+     * "abc" with merges [a b, b c, a b] as [a, bc] */
+    FILE *f = fopen("build/test_tok_dup.json", "w");
+    REQUIRE(f != NULL);
+    fputs("{\"added_tokens\":[],\"normalizer\":null,\"pre_tokenizer\":null,\"decoder\":null,"
+          "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"bc\":4},"
+          "\"merges\":[\"a b\",\"b c\",\"a b\"]}}", f);
+    fclose(f);
+    tok_t *dup = NULL;
+    REQUIRE(tok_load("build/test_tok_dup.json", &dup) == BT_OK);
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    CHECK(tok_encode(dup, "abc", 3, &ids, &n) == BT_OK);
+    CHECK(n == 2 && ids[0] == 0 && ids[1] == 4);
+    free(ids);
+    tok_free(dup);
+    remove("build/test_tok_dup.json");
     tok_t *tok = NULL;
     CHECK(tok_load("tests/fixtures/tok/no-such-dir", &tok) == BT_ERR_NOT_FOUND);
 }
