@@ -1190,6 +1190,12 @@ static void tok_find_special(tok_t *tok, json_t *root, const char *json_path)
     }
     /* 2. a post-processor template that starts with a special token = BOS */
     json_t *pp = json_object_get(root, "post_processor");
+    if (pp && !strcmp(tok_json_type(pp), "Sequence")) { /* Llama-3.1: [ByteLevel, Template] */
+        size_t k;
+        json_t *sub;
+        json_array_foreach(json_object_get(pp, "processors"), k, sub)
+            if (!strcmp(tok_json_type(sub), "TemplateProcessing")) pp = sub;
+    }
     if (tok->special.bos < 0 && pp && !strcmp(tok_json_type(pp), "TemplateProcessing")) {
         json_t *first = json_array_get(json_object_get(pp, "single"), 0);
         const char *name = json_string_value(

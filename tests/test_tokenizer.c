@@ -15,6 +15,8 @@
 #include <jansson.h>
 #include <openssl/evp.h>
 #include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *const styles[] = {"gpt2", "llama3", "qwen2", "digits_prefix"};
 /* styles whose decode(encode(x)) is x: no NFC, no prefix space */
@@ -331,6 +333,51 @@ static void test_special_ids(void)
     }
 }
 
+static int64_t added_id(json_t *root, const char *content)
+{
+    size_t i;
+    json_t *a;
+    json_array_foreach(json_object_get(root, "added_tokens"), i, a)
+        if (!strcmp(json_string_value(json_object_get(a, "content")), content))
+            return json_integer_value(json_object_get(a, "id"));
+    return -1;
+}
+
+/* BOS/EOS from a post-processor template (inside a Sequence, as Llama-3.1
+ * has it) and from tokenizer_config.json, which wins over names. */
+static void test_special_sources(void)
+{
+    json_t *root = json_load_file("tests/fixtures/tok/llama3/tokenizer.json", 0, NULL);
+    REQUIRE(root != NULL);
+    json_t *pp = json_pack("{s:s, s:[{s:s}, {s:s, s:[{s:{s:s, s:i}}, {s:{s:s, s:i}}], s:[], s:{}}]}",
+                           "type", "Sequence", "processors", "type", "ByteLevel",
+                           "type", "TemplateProcessing", "single",
+                           "SpecialToken", "id", "<|start_header_id|>", "type_id", 0,
+                           "Sequence", "id", "A", "type_id", 0, "pair", "special_tokens");
+    REQUIRE(pp != NULL);
+    json_object_set_new(root, "post_processor", pp);
+    mkdir("build/test_tok_pp", 0755);
+    REQUIRE(json_dump_file(root, "build/test_tok_pp/tokenizer.json", 0) == 0);
+    tok_t *tok = NULL;
+    REQUIRE(tok_load("build/test_tok_pp", &tok) == BT_OK);
+    CHECK(tok_special(tok).bos == added_id(root, "<|start_header_id|>"));
+    CHECK(tok_special(tok).eos == added_id(root, "<|end_of_text|>"));
+    tok_free(tok);
+    FILE *f = fopen("build/test_tok_pp/tokenizer_config.json", "w");
+    REQUIRE(f != NULL);
+    fputs("{\"bos_token\": {\"content\": \"<|begin_of_text|>\"}, \"eos_token\": \"<|eot_id|>\"}", f);
+    fclose(f);
+    REQUIRE(tok_load("build/test_tok_pp/tokenizer.json", &tok) == BT_OK);
+    CHECK(tok_special(tok).bos == added_id(root, "<|begin_of_text|>"));
+    CHECK(tok_special(tok).eos == added_id(root, "<|eot_id|>"));
+    CHECK(tok_special(tok).eos >= 0 && tok_special(tok).bos >= 0);
+    tok_free(tok);
+    remove("build/test_tok_pp/tokenizer_config.json");
+    remove("build/test_tok_pp/tokenizer.json");
+    rmdir("build/test_tok_pp");
+    json_decref(root);
+}
+
 /* Reference NFC results from the Unicode standard's own examples. */
 static void test_nfc(void)
 {
@@ -415,7 +462,8 @@ static void test_load_errors(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_nfc, test_load_errors, test_special_ids, test_invalid_utf8_roundtrip,
+    TEST_RUN(argc, argv, test_nfc, test_load_errors, test_special_ids, test_special_sources,
+             test_invalid_utf8_roundtrip,
              test_random_bytes_roundtrip, test_safe_cut_equivalence,
              test_sample_gpt2, test_sample_llama3, test_sample_qwen2, test_sample_digits_prefix,
              test_corpus_gpt2, test_corpus_llama3, test_corpus_qwen2, test_corpus_digits_prefix);
