@@ -107,6 +107,7 @@ typedef struct {
     uint8_t *bytes;
     uint32_t len;
     int present;
+    int raw; /* vocab string outside the byte-level alphabet, kept as UTF-8 */
 } tok_token_t;
 
 struct tok {
@@ -236,16 +237,14 @@ static inline const tok_merge_slot_t *tok_merge_find(const tok_t *tok, uint32_t 
     }
 }
 
-/* First occurrence of a pair wins, as in HF (later duplicates are ignored). */
+/* A pair listed twice keeps its last rank: HF collects the merges into a
+ * hash map, so later entries overwrite earlier ones. */
 static void tok_merge_insert(tok_t *tok, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged)
 {
     uint64_t key = (((uint64_t)a << 32) | b) + 1;
     size_t mask = tok->merges.cap - 1;
     size_t i = tok_mix64(key) & mask;
-    while (tok->merges.slots[i].key) {
-        if (tok->merges.slots[i].key == key) return;
-        i = (i + 1) & mask;
-    }
+    while (tok->merges.slots[i].key && tok->merges.slots[i].key != key) i = (i + 1) & mask;
     tok->merges.slots[i] = (tok_merge_slot_t){.key = key, .rank = rank, .merged = merged};
 }
 
@@ -825,12 +824,17 @@ static void tok_pre_run(tok_enc_t *e, size_t step, const uint8_t *s, size_t n)
         }
         return;
     case PRE_DIGITS: {
+        /* HF's Digits uses Rust's char::is_numeric, not the regex \p{N} */
         size_t i = 0, start = 0;
         while (i < n) {
             size_t len;
-            unsigned c = tok_class_at(s, n, i, &len);
-            if (c & C_N) {
-                size_t r = p->individual ? len : tok_run(s, n, i, C_N, C_N, 0, NULL);
+            if (uni_is_numeric(utf8_decode(s + i, n - i, &len))) {
+                size_t r = len;
+                while (!p->individual && i + r < n) {
+                    size_t l2;
+                    if (!uni_is_numeric(utf8_decode(s + i + r, n - i - r, &l2))) break;
+                    r += l2;
+                }
                 tok_pre_emit(e, step + 1, s + start, i - start);
                 tok_pre_emit(e, step + 1, s + i, r);
                 i += r;
@@ -1186,6 +1190,12 @@ static void tok_find_special(tok_t *tok, json_t *root, const char *json_path)
     }
     /* 2. a post-processor template that starts with a special token = BOS */
     json_t *pp = json_object_get(root, "post_processor");
+    if (pp && !strcmp(tok_json_type(pp), "Sequence")) { /* Llama-3.1: [ByteLevel, Template] */
+        size_t k;
+        json_t *sub;
+        json_array_foreach(json_object_get(pp, "processors"), k, sub)
+            if (!strcmp(tok_json_type(sub), "TemplateProcessing")) pp = sub;
+    }
     if (tok->special.bos < 0 && pp && !strcmp(tok_json_type(pp), "TemplateProcessing")) {
         json_t *first = json_array_get(json_object_get(pp, "single"), 0);
         const char *name = json_string_value(
@@ -1247,14 +1257,17 @@ static bt_status_t tok_load_model(tok_t *tok, json_t *model, const char *path)
         size_t kl = strlen(key), bl;
         uint8_t *buf = malloc(kl + 1);
         if (!buf) return BT_ERR_NOMEM;
-        bt_status_t st = tok_unmap_bytes(key, kl, cp_to_byte, buf, &bl)
-                             ? tok_set_token(tok, (uint32_t)id, buf, bl)
-                             : tok_set_token(tok, (uint32_t)id, (const uint8_t *)key, kl);
+        int mapped = tok_unmap_bytes(key, kl, cp_to_byte, buf, &bl);
+        bt_status_t st = mapped ? tok_set_token(tok, (uint32_t)id, buf, bl)
+                                : tok_set_token(tok, (uint32_t)id, (const uint8_t *)key, kl);
         free(buf);
+        if (st == BT_OK && !mapped) tok->tokens[id].raw = 1;
         if (st != BT_OK) return st;
     }
+    /* raw entries stay out of the map: HF looks pieces up by their byte-level
+     * spelling, which a raw entry's UTF-8 bytes could collide with */
     for (uint32_t id = 0; id < tok->n_tokens; id++)
-        if (tok->tokens[id].present) tok_vocab_insert(tok, id);
+        if (tok->tokens[id].present && !tok->tokens[id].raw) tok_vocab_insert(tok, id);
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
         int64_t id = tok_vocab_find(tok, &c, 1);

@@ -75,6 +75,12 @@ int uni_is_space(uint32_t cp)
     return cp != UNI_INVALID_BYTE && uni_range_find(uni_space, uni_space_len, cp);
 }
 
+int uni_is_numeric(uint32_t cp)
+{
+    if (cp < 0x80) return cp >= '0' && cp <= '9';
+    return cp != UNI_INVALID_BYTE && uni_range_find(uni_numeric, uni_numeric_len, cp);
+}
+
 /* ---- NFC ---- */
 
 enum { HANGUL_SBASE = 0xAC00, HANGUL_LBASE = 0x1100, HANGUL_VBASE = 0x1161,

@@ -1,7 +1,9 @@
 /* Unicode properties and NFC for the tokenizer's pre-tokenizer and normalizer.
  *
- * Tables come from tools/gen_unicode_tables.py (Python's unicodedata); the
- * generated data/unicode_tables.c is committed. Invalid UTF-8 is never an
+ * Tables come from tools/gen_unicode_tables.py (Python's unicodedata, with
+ * the class membership of characters newer than its Unicode 14 measured from
+ * HF tokenizers' own regex engine and Rust std); the generated
+ * data/unicode_tables.c is committed. Invalid UTF-8 is never an
  * error here: utf8_decode() returns one byte as the code point
  * UNI_INVALID_BYTE, which has no letter/number/space property, so that byte
  * runs still split and round-trip byte for byte. */
@@ -19,8 +21,8 @@ typedef struct { uint32_t cp; uint32_t off; uint32_t len; } uni_decomp_t;
 typedef struct { uint32_t first, second, composite; } uni_comp_t;
 
 extern const char uni_table_version[];
-extern const uni_range_t uni_letter[], uni_number[], uni_space[];
-extern const size_t uni_letter_len, uni_number_len, uni_space_len;
+extern const uni_range_t uni_letter[], uni_number[], uni_space[], uni_numeric[];
+extern const size_t uni_letter_len, uni_number_len, uni_space_len, uni_numeric_len;
 extern const uni_ccc_range_t uni_ccc[];
 extern const size_t uni_ccc_len;
 extern const uint32_t uni_decomp_pool[];
@@ -37,6 +39,7 @@ size_t utf8_encode(uint32_t cp, uint8_t *out);
 int uni_is_letter(uint32_t cp);  /* \p{L} */
 int uni_is_number(uint32_t cp);  /* \p{N} */
 int uni_is_space(uint32_t cp);   /* \s (White_Space) */
+int uni_is_numeric(uint32_t cp); /* Rust's char::is_numeric (HF's Digits) */
 
 /* NFC of s[0..n) into a malloc'd buffer *out of *out_len bytes (not
  * NUL-terminated). Returns 0, or -1 when out of memory. */
