@@ -223,9 +223,12 @@ bt_status_t gguf_llama_tensor_to_hf_f32(const gguf_t *g, const gguf_llama_config
  * GGUF vocabulary (tokenizer.ggml.model "gpt2"): tokens -> model.vocab,
  * merges -> model.merges (pairs), CONTROL tokens (token_type 3) -> special
  * added tokens, USER_DEFINED (4) -> added tokens. The pre-tokenizer follows
- * tokenizer.ggml.pre: "smollm" (and the other single-digit-split vocabularies
- * of llama.cpp's list, see docs/GGUF.md) -> Digits(individual) + ByteLevel,
- * anything else -> ByteLevel with the GPT-2 split, as transformers does. */
+ * tokenizer.ggml.pre as llama.cpp reads it: "smollm" (and the other names
+ * llama.cpp splits into single digits first, see docs/GGUF.md) ->
+ * Digits(individual) + ByteLevel; "gpt2"/"default"/absent -> ByteLevel with
+ * the GPT-2 split; any other name -> BT_ERR_UNSUPPORTED. transformers'
+ * converter writes plain ByteLevel for "smollm", which tokenizes runs of
+ * spaces before a digit differently from the model's own tokenizer. */
 bt_status_t gguf_tokenizer_write_json(const gguf_t *g, const char *path);
 
 #endif

@@ -341,21 +341,35 @@ static json_t *byte_level_json(bool add_prefix_space)
                      "trim_offsets", 1, "use_regex", 1);
 }
 
-/* llama.cpp splits "smollm" text into single digits before the GPT-2 regex;
- * in tokenizers terms that is Digits(individual) then ByteLevel. */
+/* llama.cpp pre-tokenizer names (tokenizer.ggml.pre) we can express. Those
+ * of the first list split text into single digits (regex "\p{N}") before the
+ * GPT-2 regex, which in tokenizers terms is Digits(individual) then
+ * ByteLevel; those of the second use the GPT-2 regex alone. */
+static const char *const pre_digits_then_gpt2[] = {
+    "smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b",
+};
+static const char *const pre_gpt2[] = {"default", "gpt2", "gpt-2", "mpt", "olmo", "jais"};
+
+static bool pre_in(gguf_str_t pre, const char *const *list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (gguf_str_eq(pre, list[i])) return true;
+    return false;
+}
+
 static json_t *pre_tokenizer_json(const gguf_t *g, bt_status_t *st)
 {
     gguf_str_t pre = {"default", 7};
     *st = gguf_get_str(g, "tokenizer.ggml.pre", &pre);
     if (*st != BT_OK && *st != BT_ERR_NOT_FOUND) return NULL;
     *st = BT_OK;
-    if (gguf_str_eq(pre, "default") || gguf_str_eq(pre, "gpt2") || gguf_str_eq(pre, "gpt-2"))
+    if (pre_in(pre, pre_gpt2, sizeof pre_gpt2 / sizeof pre_gpt2[0]))
         return byte_level_json(false);
-    if (gguf_str_eq(pre, "smollm"))
+    if (pre_in(pre, pre_digits_then_gpt2, sizeof pre_digits_then_gpt2 / sizeof pre_digits_then_gpt2[0]))
         return json_pack("{s:s, s:[{s:s, s:b}, o]}", "type", "Sequence", "pretokenizers", "type",
                          "Digits", "individual_digits", 1, byte_level_json(false));
-    log_error("gguf: %s: tokenizer.ggml.pre '%.*s' is not supported (default, gpt2, smollm)", g->path,
-              (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
+    log_error("gguf: %s: tokenizer.ggml.pre '%.*s' is not supported (see docs/GGUF.md for the list)",
+              g->path, (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
     *st = BT_ERR_UNSUPPORTED;
     return NULL;
 }
@@ -381,12 +395,13 @@ static json_t *post_processor_json(json_t *vocab_keys, int64_t bos, bool add_bos
         json_decref(seq_b);
         return NULL;
     }
-    json_t *bos_item = json_pack("{s:{s:s, s:i}}", "SpecialToken", "id", bos_str, "type_id", 0);
+    json_t *bos0 = json_pack("{s:{s:s, s:i}}", "SpecialToken", "id", bos_str, "type_id", 0);
+    json_t *bos1 = json_pack("{s:{s:s, s:i}}", "SpecialToken", "id", bos_str, "type_id", 1);
     json_t *special = json_pack("{s:{s:s, s:[I], s:[s]}}", bos_str, "id", bos_str, "ids",
                                 (json_int_t)bos, "tokens", bos_str);
     return json_pack("{s:s, s:[o, o], s:[o, o, o, o], s:o}", "type", "TemplateProcessing", "single",
-                     bos_item, seq_a, "pair", json_deep_copy(bos_item), json_deep_copy(seq_a),
-                     json_deep_copy(bos_item), seq_b, "special_tokens", special);
+                     bos0, seq_a, "pair", json_deep_copy(bos0), json_deep_copy(seq_a), bos1, seq_b,
+                     "special_tokens", special);
 }
 
 bt_status_t gguf_tokenizer_write_json(const gguf_t *g, const char *path)
