@@ -88,6 +88,14 @@ bt_status_t gguf_llama_config(const gguf_t *g, gguf_llama_config_t *cfg)
         return BT_ERR_INVALID;
     }
 
+    int64_t rot;
+    if ((st = opt_i64(g, "llama.rope.dimension_count", c.head_dim, &rot)) != BT_OK) return st;
+    if (rot != c.head_dim) {
+        log_error("gguf: %s: llama.rope.dimension_count %" PRId64 " != head dimension %" PRId64
+                  " (partial rotary embeddings are not supported)", g->path, rot, c.head_dim);
+        return BT_ERR_UNSUPPORTED;
+    }
+
     st = gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &c.rms_norm_eps);
     if (st == BT_ERR_NOT_FOUND)
         log_error("gguf: %s: llama metadata 'llama.attention.layer_norm_rms_epsilon' is missing", g->path);

@@ -6,6 +6,7 @@
  * on synthetic files and on excerpts of the real SmolLM2-135M GGUF. */
 #include <fcntl.h>
 #include <jansson.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -476,6 +477,54 @@ static void test_gguf_llama_config(void)
     CHECK(mapped == json_array_size(keys));
     gguf_close(g);
     json_decref(j);
+}
+
+/* Opens a patched copy of tiny_llama.gguf and runs the llama config (or the
+ * tokenizer writer), expecting `want` and a message containing `needle`. */
+static void check_llama_patch(const char *name, const char *key, ptrdiff_t value_off, const void *bytes,
+                              size_t n, bool tokenizer, bt_status_t want, const char *needle)
+{
+    size_t size;
+    uint8_t *buf = file_read(FIX "tiny_llama.gguf", &size);
+    REQUIRE(buf);
+    size_t p = find_after_str(buf, size, 24, key);
+    REQUIRE(p);
+    memcpy(buf + (ptrdiff_t)p + value_off, bytes, n);
+    gguf_t *g;
+    REQUIRE(gguf_open_mem(buf, size, name, &g) == BT_OK);
+    capture_t cap;
+    capture_begin(&cap);
+    gguf_llama_config_t cfg;
+    bt_status_t st = tokenizer ? gguf_tokenizer_write_json(g, "/tmp/baton_gguf_never_written.json")
+                               : gguf_llama_config(g, &cfg);
+    char *msg = capture_end(&cap);
+    CHECK_MSG(st == want, "%s: %s", name, bt_status_str(st));
+    CHECK_MSG(strstr(msg, name) && strstr(msg, needle), "%s: message '%s'", name, msg);
+    free(msg);
+    gguf_close(g);
+    free(buf);
+}
+
+static void test_gguf_llama_config_errors(void)
+{
+    uint8_t u32[4];
+    /* string values: u32 type | u64 length | bytes, so the bytes start at +12 */
+    check_llama_patch("arch", "general.architecture", 12, "llamb", 5, false, BT_ERR_UNSUPPORTED, "llamb");
+    check_llama_patch("missing", "llama.block_count", -5, "cxunt", 5, false, BT_ERR_INVALID,
+                      "'llama.block_count' is missing");
+    put_u32(u32, 3);
+    check_llama_patch("kvheads", "llama.attention.head_count_kv", 4, u32, 4, false, BT_ERR_INVALID,
+                      "head_count_kv 3");
+    put_u32(u32, 8);
+    check_llama_patch("rotary", "llama.rope.dimension_count", 4, u32, 4, false, BT_ERR_UNSUPPORTED,
+                      "partial rotary");
+    put_u32(u32, GGUF_TYPE_U32); /* rms epsilon read as an integer: wrong type */
+    check_llama_patch("epstype", "llama.attention.layer_norm_rms_epsilon", 0, u32, 4, false,
+                      BT_ERR_INVALID, "expected f32 or f64");
+    check_llama_patch("pre", "tokenizer.ggml.pre", 12, "gpt3", 4, true, BT_ERR_UNSUPPORTED, "gpt3");
+    check_llama_patch("tokmodel", "tokenizer.ggml.model", 12, "bert", 4, true, BT_ERR_UNSUPPORTED, "bert");
+    check_llama_patch("merge", "tokenizer.ggml.merges", 24, "a_b", 3, true, BT_ERR_INVALID,
+                      "not two tokens");
 }
 
 static void test_gguf_llama_names(void)
@@ -955,7 +1004,8 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_gguf_metadata_all_types, test_gguf_tiny_tensors, test_gguf_version2,
              test_gguf_dequant_types, test_gguf_dequant_real, test_gguf_f16_all_patterns,
-             test_gguf_dequant_errors, test_gguf_llama_config, test_gguf_llama_names,
+             test_gguf_dequant_errors, test_gguf_llama_config, test_gguf_llama_config_errors,
+             test_gguf_llama_names,
              test_gguf_unpermute_tiny, test_gguf_smollm2_excerpt,
              test_gguf_tokenizer_matches_transformers, test_gguf_tokenizer_smollm_pre,
              test_gguf_truncated_everywhere, test_gguf_bad_header, test_gguf_bad_tensor_infos,
