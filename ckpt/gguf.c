@@ -727,9 +727,10 @@ static bt_status_t gguf_parse(gguf_t *g)
     g->version = version;
     if ((st = cursor_u64(&c, "tensor count", &n_tensors)) != BT_OK) return st;
     if ((st = cursor_u64(&c, "metadata count", &n_kv)) != BT_OK) return st;
-    /* a key/value takes at least 8 + 1 + 4 + 1 bytes, a tensor info 8 + 1 + 4 + 4 + 8 */
-    if ((st = cursor_count_fits(&c, n_kv, 14, 16, "metadata count")) != BT_OK) return st;
-    if ((st = cursor_count_fits(&c, n_tensors, 25, 8, "tensor count")) != BT_OK) return st;
+    /* a key/value takes at least 8 (key length) + 4 (type) + 1 (a u8), a
+     * tensor info 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset) */
+    if ((st = cursor_count_fits(&c, n_kv, 13, 16, "metadata count")) != BT_OK) return st;
+    if ((st = cursor_count_fits(&c, n_tensors, 24, 8, "tensor count")) != BT_OK) return st;
 
     if ((st = parse_kvs(g, &c, n_kv)) != BT_OK) return st;
     if ((st = parse_alignment(g)) != BT_OK) return st;
