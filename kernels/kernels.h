@@ -18,6 +18,13 @@
 
 #include "kernels/tensor.h"
 
+/* ---- backend control (added by the kernels helper) --------------------- */
+
+/* Threads the CPU backend may use inside one kernel call (OpenBLAS's pool);
+ * n <= 0 means "all cores". Several rank processes sharing a host should each
+ * ask for their share (cores / local ranks). Process-wide. */
+void kern_cpu_set_threads(int n);
+
 /* ---- dense algebra ---------------------------------------------------- */
 
 /* C[M,N] = alpha * op(A) @ op(B) + beta * C, with op(X) = X or X^T.

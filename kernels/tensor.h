@@ -58,6 +58,14 @@ bool    tensor_same_shape(const tensor_t *a, const tensor_t *b);
 int64_t tensor_rows(const tensor_t *t);
 int64_t tensor_cols(const tensor_t *t);
 
+/* Views (added by the kernels helper). Both panic on misuse.
+ * tensor_narrow: rows [start, start+len) of dim 0 of a contiguous tensor; the
+ *   result is contiguous and shares t's data.
+ * tensor_reshape: the same contiguous data seen with another shape of equal
+ *   numel (e.g. [B,T,H,D] as [B*T, H*D]). */
+tensor_t tensor_narrow(const tensor_t *t, int64_t start, int64_t len);
+tensor_t tensor_reshape(const tensor_t *t, int ndim, const int64_t *shape);
+
 /* bf16/f16 <-> f32 scalar conversions (round to nearest even). */
 float    bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);

@@ -1,0 +1,144 @@
+/* CPU fp32 kernels, one layer per file, forward beside backward (STYLE.md
+ * rule 8). Arguments go outputs, inputs, dimensions; shapes are in the
+ * comments; backward functions accumulate into their gradients (+=) and skip
+ * NULL ones. Inputs are trusted: kernels.c has checked them.
+ * These are the reference twins that CUDA kernels are tested against. */
+#ifndef BT_KERNELS_CPU_CPU_H
+#define BT_KERNELS_CPU_CPU_H
+
+#include "kernels/backend.h"
+
+#include <stdint.h>
+
+/* matmul.c (OpenBLAS) */
+void cpu_set_threads(int n);
+void cpu_matmul(float *c,       /* [M,N] */
+                const float *a, /* [M,K], or [K,M] when trans_a */
+                const float *b, /* [K,N], or [N,K] when trans_b */
+                int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, float alpha,
+                float beta);
+/* cpu_matmul on strided row-major views: rows of a, b, c are lda, ldb, ldc apart. */
+void cpu_matmul_ld(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K,
+                   int64_t lda, int64_t ldb, int64_t ldc, bool trans_a, bool trans_b, float alpha,
+                   float beta);
+void cpu_linear_fwd(float *out,        /* [N,OC] */
+                    const float *x,    /* [N,IC] */
+                    const float *w,    /* [OC,IC] */
+                    const float *bias, /* [OC] or NULL */
+                    int64_t N, int64_t IC, int64_t OC);
+void cpu_linear_bwd(float *dx,         /* [N,IC] or NULL, += */
+                    float *dw,         /* [OC,IC] or NULL, += */
+                    float *dbias,      /* [OC] or NULL, += */
+                    const float *dout, /* [N,OC] */
+                    const float *x,    /* [N,IC] */
+                    const float *w,    /* [OC,IC] */
+                    int64_t N, int64_t IC, int64_t OC);
+
+/* elementwise.c; the dtype-generic ones take any float dtype */
+void    cpu_zero(void *p, size_t nbytes);
+void    cpu_copy(void *dst, dtype_t dst_dt, const void *src, dtype_t src_dt, int64_t n);
+void    cpu_add(float *out /* [n] */, const float *a /* [n] */, const float *b /* [n] */,
+                int64_t n);
+void    cpu_axpy(float *y /* [n] */, float alpha, const float *x /* [n] */, int64_t n);
+void    cpu_scale(float *p /* [n] */, float s, int64_t n);
+double  cpu_sumsq(const void *p /* [n] */, dtype_t dt, int64_t n);
+int64_t cpu_count_nonfinite(const void *p /* [n] */, dtype_t dt, int64_t n);
+
+/* embedding.c: ids outside [vocab_start, vocab_start+V) give zero rows / no gradient */
+void cpu_embedding_fwd(float *out,         /* [N,C] */
+                       const float *table, /* [V,C] */
+                       const int32_t *ids, /* [N] */
+                       int64_t N, int64_t V, int64_t C, int64_t vocab_start);
+void cpu_embedding_bwd(float *dtable,      /* [V,C] += */
+                       const float *dout,  /* [N,C] */
+                       const int32_t *ids, /* [N] */
+                       int64_t N, int64_t V, int64_t C, int64_t vocab_start);
+
+/* rmsnorm.c */
+void cpu_rmsnorm_fwd(float *out,     /* [N,C] */
+                     float *rstd,    /* [N] */
+                     const float *x, /* [N,C] */
+                     const float *w, /* [C] */
+                     int64_t N, int64_t C, float eps);
+void cpu_rmsnorm_bwd(float *dx,         /* [N,C] or NULL, += */
+                     float *dw,         /* [C] or NULL, += */
+                     const float *dout, /* [N,C] */
+                     const float *x,    /* [N,C] */
+                     const float *w,    /* [C] */
+                     const float *rstd, /* [N] */
+                     int64_t N, int64_t C);
+
+/* rope.c */
+void cpu_rope_fwd(float *out,         /* [BT,H,D], may alias x */
+                  const float *x,     /* [BT,H,D] */
+                  const float *cos,   /* [P,D/2] */
+                  const float *sin,   /* [P,D/2] */
+                  const int32_t *pos, /* [BT], each in [0,P) */
+                  int64_t BT, int64_t H, int64_t D, int64_t P);
+void cpu_rope_bwd(float *dx,          /* [BT,H,D] += */
+                  const float *dout,  /* [BT,H,D] */
+                  const float *cos,   /* [P,D/2] */
+                  const float *sin,   /* [P,D/2] */
+                  const int32_t *pos, /* [BT], each in [0,P) */
+                  int64_t BT, int64_t H, int64_t D, int64_t P);
+
+/* attention.c */
+void cpu_attention_fwd(float *out,     /* [B,Tq,Hq,Dv] */
+                       float *lse,     /* [B,Hq,Tq] */
+                       const float *q, /* [B,Tq,Hq,D] */
+                       const float *k, /* [B,Tk,Hkv,D] */
+                       const float *v, /* [B,Tk,Hkv,Dv] */
+                       const kern_attn_shape_t *s);
+void cpu_attention_bwd(float *dq,         /* [B,Tq,Hq,D] or NULL, += */
+                       float *dk,         /* [B,Tk,Hkv,D] or NULL, += */
+                       float *dv,         /* [B,Tk,Hkv,Dv] or NULL, += */
+                       const float *dout, /* [B,Tq,Hq,Dv] */
+                       const float *q,    /* [B,Tq,Hq,D] */
+                       const float *k,    /* [B,Tk,Hkv,D] */
+                       const float *v,    /* [B,Tk,Hkv,Dv] */
+                       const float *out,  /* [B,Tq,Hq,Dv] */
+                       const float *lse,  /* [B,Hq,Tq] */
+                       const kern_attn_shape_t *s);
+
+/* swiglu.c */
+void cpu_swiglu_fwd(float *out /* [n] */, const float *gate /* [n] */, const float *up /* [n] */,
+                    int64_t n);
+void cpu_swiglu_bwd(float *dgate,      /* [n] or NULL, += */
+                    float *dup,        /* [n] or NULL, += */
+                    const float *dout, /* [n] */
+                    const float *gate, /* [n] */
+                    const float *up,   /* [n] */
+                    int64_t n);
+
+/* xent.c */
+int64_t cpu_xent_fwd_bwd(float *losses,          /* [N] */
+                         float *dlogits,         /* [N,V] or NULL, overwritten */
+                         const float *logits,    /* [N,V] */
+                         const int32_t *targets, /* [N] */
+                         int64_t N, int64_t V, float dloss, int32_t ignore_index);
+void    cpu_xent_vp_max(float *row_max /* [N] */, const float *logits /* [N,V] */, int64_t N,
+                        int64_t V);
+void    cpu_xent_vp_sum(float *sumexp,          /* [N] */
+                        float *tgt_logit,       /* [N] */
+                        const float *logits,    /* [N,V] shard */
+                        const float *gmax,      /* [N] */
+                        const int32_t *targets, /* [N] */
+                        int64_t N, int64_t V, int64_t vocab_start, int32_t ignore_index);
+int64_t cpu_xent_vp_finish(float *losses,          /* [N] */
+                           float *dlogits,         /* [N,V] shard or NULL, overwritten */
+                           const float *logits,    /* [N,V] shard */
+                           const float *gmax,      /* [N] */
+                           const float *sumexp,    /* [N] */
+                           const float *tgt_logit, /* [N] */
+                           const int32_t *targets, /* [N] */
+                           int64_t N, int64_t V, int64_t vocab_start, float dloss,
+                           int32_t ignore_index);
+
+/* adamw.c */
+void cpu_adamw(float *param,      /* [n] */
+               const float *grad, /* [n] */
+               float *m,          /* [n] */
+               float *v,          /* [n] */
+               int64_t n, const adamw_args_t *args);
+
+#endif

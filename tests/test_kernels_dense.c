@@ -1,0 +1,293 @@
+/* Dense algebra, elementwise ops, conversions, reductions and the dispatch's
+ * argument checks, against float64 references. */
+#include "tests/test_kernels_common.h"
+
+/* ---- matmul ---------------------------------------------------------------- */
+
+static void ref_matmul(double *c, const double *a, const double *b, int64_t M, int64_t N,
+                       int64_t K, bool ta, bool tb, double alpha, double beta)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0;
+            for (int64_t k = 0; k < K; k++)
+                s += (ta ? a[k * M + i] : a[i * K + k]) * (tb ? b[j * K + k] : b[k * N + j]);
+            c[i * N + j] = alpha * s + beta * c[i * N + j];
+        }
+}
+
+static void test_matmul_shapes_transposes_beta(void)
+{
+    kt_rng_t rng = {1};
+    const int64_t shapes[][3] = {{1, 1, 1}, {3, 7, 17}, {17, 33, 7}, {65, 1, 33}, {1, 65, 3},
+                                 {33, 17, 65}, {128, 96, 80}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        for (int t = 0; t < 4; t++) {
+            bool ta = t & 1, tb = t & 2;
+            float alpha = t == 3 ? -0.5f : 1.0f, beta = (float)(t % 3) * 0.75f;
+            float *a = kt_rand(&rng, M * K, -1, 1), *b = kt_rand(&rng, K * N, -1, 1);
+            float *c = kt_rand(&rng, M * N, -1, 1);
+            if (beta == 0.0f) c[0] = NAN; /* beta 0 must overwrite, not scale */
+            double *ad = kt_to_d(a, M * K), *bd = kt_to_d(b, K * N), *cd = kt_to_d(c, M * N);
+            if (beta == 0.0f) cd[0] = 0;
+            ref_matmul(cd, ad, bd, M, N, K, ta, tb, alpha, beta);
+            tensor_t A = ta ? tensor_2d(a, DT_F32, K, M) : tensor_2d(a, DT_F32, M, K);
+            tensor_t B = tb ? tensor_2d(b, DT_F32, N, K) : tensor_2d(b, DT_F32, K, N);
+            tensor_t C = tensor_2d(c, DT_F32, M, N);
+            kern_matmul(&C, &A, &B, ta, tb, alpha, beta);
+            char what[64];
+            snprintf(what, sizeof what, "matmul %lldx%lldx%lld t%d", (long long)M, (long long)N,
+                     (long long)K, t);
+            kt_close(what, c, cd, M * N, 1e-5);
+            free(a), free(b), free(c), free(ad), free(bd), free(cd);
+        }
+    }
+    /* a 3-D operand is flattened to rows x cols */
+    float a[2 * 3 * 4], b[4 * 5], c[6 * 5];
+    for (int i = 0; i < 24; i++) a[i] = (float)(i % 7) - 3;
+    for (int i = 0; i < 20; i++) b[i] = (float)(i % 5) - 2;
+    double ad[24], bd[20], cd[30] = {0};
+    for (int i = 0; i < 24; i++) ad[i] = a[i];
+    for (int i = 0; i < 20; i++) bd[i] = b[i];
+    ref_matmul(cd, ad, bd, 6, 5, 4, false, false, 1, 0);
+    tensor_t A = tensor_3d(a, DT_F32, 2, 3, 4), B = tensor_2d(b, DT_F32, 4, 5);
+    tensor_t C = tensor_3d(c, DT_F32, 2, 3, 5);
+    kern_matmul(&C, &A, &B, false, false, 1, 0);
+    kt_close("matmul 3-D", c, cd, 30, 1e-6);
+}
+
+/* ---- linear ---------------------------------------------------------------- */
+
+typedef struct {
+    double *x, *w, *b, *R; /* R: weights of the scalar loss sum(out * R) */
+    int64_t N, IC, OC;
+} linear_ctx_t;
+
+static void ref_linear(double *out, const linear_ctx_t *c)
+{
+    for (int64_t n = 0; n < c->N; n++)
+        for (int64_t o = 0; o < c->OC; o++) {
+            double s = c->b ? c->b[o] : 0;
+            for (int64_t i = 0; i < c->IC; i++) s += c->x[n * c->IC + i] * c->w[o * c->IC + i];
+            out[n * c->OC + o] = s;
+        }
+}
+
+static double linear_loss(void *p)
+{
+    linear_ctx_t *c = p;
+    double *out = kt_alloc_d(c->N * c->OC), l = 0;
+    ref_linear(out, c);
+    for (int64_t i = 0; i < c->N * c->OC; i++) l += out[i] * c->R[i];
+    free(out);
+    return l;
+}
+
+static void test_linear_fwd_bwd(void)
+{
+    kt_rng_t rng = {2};
+    const int64_t shapes[][3] = {{1, 1, 1}, {3, 7, 5}, {17, 33, 7}, {7, 17, 65}, {64, 48, 40}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t N = shapes[s][0], IC = shapes[s][1], OC = shapes[s][2];
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            float *x = kt_rand(&rng, N * IC, -1, 1), *w = kt_rand(&rng, OC * IC, -1, 1);
+            float *b = kt_rand(&rng, OC, -1, 1), *out = kt_rand(&rng, N * OC, -9, 9);
+            float *dout = kt_rand(&rng, N * OC, -1, 1);
+            /* gradients start non-zero: backward must add */
+            float *dx0 = kt_rand(&rng, N * IC, -1, 1), *dw0 = kt_rand(&rng, OC * IC, -1, 1);
+            float *db0 = kt_rand(&rng, OC, -1, 1);
+            float *dx = kt_dup(dx0, N * IC), *dw = kt_dup(dw0, OC * IC), *db = kt_dup(db0, OC);
+            linear_ctx_t c = {kt_to_d(x, N * IC), kt_to_d(w, OC * IC),
+                              with_bias ? kt_to_d(b, OC) : NULL, kt_to_d(dout, N * OC), N, IC, OC};
+            double *ref = kt_alloc_d(N * OC);
+            ref_linear(ref, &c);
+            tensor_t X = tensor_2d(x, DT_F32, N, IC), W = tensor_2d(w, DT_F32, OC, IC);
+            tensor_t Bt = tensor_1d(b, DT_F32, OC), O = tensor_2d(out, DT_F32, N, OC);
+            tensor_t dO = tensor_2d(dout, DT_F32, N, OC), dX = tensor_2d(dx, DT_F32, N, IC);
+            tensor_t dW = tensor_2d(dw, DT_F32, OC, IC), dB = tensor_1d(db, DT_F32, OC);
+            kern_linear_fwd(&O, &X, &W, with_bias ? &Bt : NULL);
+            kt_close("linear fwd", out, ref, N * OC, 1e-5);
+            kern_linear_bwd(&dX, &dW, with_bias ? &dB : NULL, &dO, &X, &W);
+            kt_fd_check("linear dx", c.x, N * IC, dx, dx0, linear_loss, &c, 200, 1e-4, &rng);
+            kt_fd_check("linear dw", c.w, OC * IC, dw, dw0, linear_loss, &c, 200, 1e-4, &rng);
+            if (with_bias)
+                kt_fd_check("linear db", c.b, OC, db, db0, linear_loss, &c, 200, 1e-4, &rng);
+            else
+                CHECK(!memcmp(db, db0, (size_t)OC * sizeof *db)); /* NULL dbias: untouched */
+            /* NULL dx and dw are skipped */
+            float *dw2 = kt_dup(dw0, OC * IC);
+            tensor_t dW2 = tensor_2d(dw2, DT_F32, OC, IC);
+            kern_linear_bwd(NULL, &dW2, NULL, &dO, &X, &W);
+            CHECK(!memcmp(dw2, dw, (size_t)(OC * IC) * sizeof *dw));
+            free(x), free(w), free(b), free(out), free(dout), free(dx0), free(dw0), free(db0);
+            free(dx), free(dw), free(db), free(dw2), free(ref);
+            free(c.x), free(c.w), free(c.b), free(c.R);
+        }
+    }
+}
+
+/* ---- elementwise ----------------------------------------------------------- */
+
+static void test_elementwise_ops(void)
+{
+    kt_rng_t rng = {3};
+    int64_t n = 1001;
+    float *a = kt_rand(&rng, n, -2, 2), *b = kt_rand(&rng, n, -2, 2), *o = kt_alloc(n);
+    double *ref = kt_alloc_d(n);
+    tensor_t A = tensor_1d(a, DT_F32, n), B = tensor_1d(b, DT_F32, n), O = tensor_1d(o, DT_F32, n);
+    kern_add(&O, &A, &B);
+    for (int64_t i = 0; i < n; i++) ref[i] = (double)a[i] + b[i];
+    kt_close("add", o, ref, n, 1e-7);
+    float *a2 = kt_dup(a, n);
+    tensor_t A2 = tensor_2d(a2, DT_F32, 7, 143);
+    tensor_t B2 = tensor_2d(b, DT_F32, 7, 143);
+    kern_add(&A2, &A2, &B2); /* out aliases a */
+    kt_close("add in place", a2, ref, n, 1e-7);
+
+    float *y = kt_dup(a, n);
+    tensor_t Y = tensor_1d(y, DT_F32, n);
+    kern_axpy(&Y, -0.375f, &B);
+    for (int64_t i = 0; i < n; i++) ref[i] = (double)a[i] - 0.375 * b[i];
+    kt_close("axpy", y, ref, n, 1e-6);
+    kern_scale(&Y, 3.0f);
+    for (int64_t i = 0; i < n; i++) ref[i] *= 3.0;
+    kt_close("scale", y, ref, n, 1e-6);
+    kern_zero(&Y);
+    int nz = 0;
+    for (int64_t i = 0; i < n; i++) nz += y[i] != 0.0f;
+    CHECK(nz == 0);
+
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)a[i] * a[i];
+    CHECK_NEAR(kern_sumsq(&A), ss, 1e-12, 0);
+    CHECK(kern_count_nonfinite(&A) == 0);
+    a[5] = NAN, a[17] = INFINITY, a[1000] = -INFINITY;
+    CHECK(kern_count_nonfinite(&A) == 3);
+    free(a), free(b), free(o), free(ref), free(a2), free(y);
+}
+
+static void test_copy_conversions(void)
+{
+    kt_rng_t rng = {4};
+    int64_t n = 333;
+    float *f = kt_rand(&rng, n, -100, 100);
+    f[0] = NAN, f[1] = INFINITY, f[2] = -0.0f, f[3] = 1e-30f;
+    uint16_t *bf = calloc((size_t)n, 2), *hf = calloc((size_t)n, 2);
+    double *d = kt_alloc_d(n);
+    float *back = kt_alloc(n);
+    tensor_t F = tensor_1d(f, DT_F32, n), BF = tensor_1d(bf, DT_BF16, n);
+    tensor_t HF = tensor_2d(hf, DT_F16, 3, 111), D = tensor_1d(d, DT_F64, n);
+    tensor_t BK = tensor_1d(back, DT_F32, n);
+    kern_copy(&BF, &F);
+    kern_copy(&HF, &F);
+    kern_copy(&D, &F);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bad += bf[i] != f32_to_bf16(f[i]);
+        bad += hf[i] != f32_to_f16(f[i]);
+        bad += !(d[i] == (double)f[i] || (isnan(d[i]) && isnan(f[i])));
+    }
+    CHECK_MSG(bad == 0, "%d converted elements differ", bad);
+    kern_copy(&BK, &BF);
+    for (int64_t i = 0; i < n; i++) bad += !(back[i] == bf16_to_f32(bf[i]) || isnan(back[i]));
+    kern_copy(&BK, &HF);
+    for (int64_t i = 0; i < n; i++) bad += !(back[i] == f16_to_f32(hf[i]) || isnan(back[i]));
+    kern_copy(&BK, &D);
+    for (int64_t i = 0; i < n; i++) bad += !(back[i] == f[i] || (isnan(back[i]) && isnan(f[i])));
+    CHECK_MSG(bad == 0, "%d round-tripped elements differ", bad);
+    /* bf16 -> f16 goes through f32 */
+    uint16_t *h2 = calloc((size_t)n, 2);
+    tensor_t H2 = tensor_1d(h2, DT_F16, n);
+    kern_copy(&H2, &BF);
+    for (int64_t i = 4; i < n; i++) bad += h2[i] != f32_to_f16(bf16_to_f32(bf[i]));
+    CHECK(bad == 0);
+    /* reductions over other float dtypes */
+    double ss = 0;
+    for (int64_t i = 4; i < n; i++) ss += (double)bf16_to_f32(bf[i]) * bf16_to_f32(bf[i]);
+    tensor_t BFtail = tensor_1d(bf + 4, DT_BF16, n - 4);
+    CHECK_NEAR(kern_sumsq(&BFtail), ss, 1e-12, 0);
+    CHECK(kern_count_nonfinite(&BF) == 2 && kern_count_nonfinite(&HF) == 2);
+    CHECK(kern_count_nonfinite(&D) == 2);
+    /* same-dtype copy of integers */
+    int32_t ia[5] = {1, -2, 3, 1 << 30, 5}, ib[5] = {0};
+    tensor_t IA = tensor_1d(ia, DT_I32, 5), IB = tensor_1d(ib, DT_I32, 5);
+    kern_copy(&IB, &IA);
+    CHECK(!memcmp(ia, ib, sizeof ia));
+    free(f), free(bf), free(hf), free(d), free(back), free(h2);
+}
+
+/* ---- dispatch argument checks ---------------------------------------------- */
+
+static void bad_matmul_inner(void *arg)
+{
+    float buf[64];
+    tensor_t a = tensor_2d(buf, DT_F32, 3, 4), b = tensor_2d(buf, DT_F32, 5, 2);
+    tensor_t c = tensor_2d(buf + 32, DT_F32, 3, 2);
+    kern_matmul(&c, &a, &b, false, false, 1, 0);
+}
+
+static void bad_linear_dtype(void *arg)
+{
+    float buf[64];
+    tensor_t x = tensor_2d(buf, DT_F32, 2, 4), w = tensor_2d(buf, DT_BF16, 3, 4);
+    tensor_t o = tensor_2d(buf + 32, DT_F32, 2, 3);
+    kern_linear_fwd(&o, &x, &w, NULL);
+}
+
+static void bad_noncontig(void *arg)
+{
+    float buf[64];
+    tensor_t a = tensor_2d(buf, DT_F32, 4, 4);
+    a.stride[0] = 1, a.stride[1] = 4;
+    kern_scale(&a, 2);
+}
+
+static void bad_cuda(void *arg)
+{
+    float buf[4];
+    tensor_t a = tensor_1d(buf, DT_F32, 4);
+    a.device.kind = DEV_CUDA;
+    kern_scale(&a, 2);
+}
+
+static void bad_bf16_compute(void *arg)
+{
+    uint16_t buf[4];
+    tensor_t a = tensor_1d(buf, DT_BF16, 4);
+    kern_scale(&a, 2);
+}
+
+static void bad_gqa(void *arg)
+{
+    float buf[256];
+    tensor_t q = tensor_4d(buf, DT_F32, 1, 2, 3, 4), k = tensor_4d(buf, DT_F32, 1, 2, 2, 4);
+    tensor_t o = tensor_4d(buf, DT_F32, 1, 2, 3, 4), l = tensor_3d(buf, DT_F32, 1, 3, 2);
+    kern_attention_fwd(&o, &l, &q, &k, &k, 1, true, 0);
+}
+
+static void bad_device_mix(void *arg)
+{
+    float buf[8];
+    tensor_t a = tensor_1d(buf, DT_F32, 4), b = tensor_1d(buf + 4, DT_F32, 4);
+    b.device.index = 1;
+    kern_axpy(&a, 1, &b);
+}
+
+static void test_dispatch_misuse_panics(void)
+{
+    CHECK(kt_panics(bad_matmul_inner, NULL, "kern_matmul: inner dims differ"));
+    CHECK(kt_panics(bad_linear_dtype, NULL, "kern_linear_fwd: w is bf16, expected f32"));
+    CHECK(kt_panics(bad_noncontig, NULL, "kern_scale: t f32[4,4] is not contiguous"));
+    CHECK(kt_panics(bad_cuda, NULL, "kern_scale: cuda kernels are not built"));
+    CHECK(kt_panics(bad_bf16_compute, NULL, "kern_scale: the cpu backend has no bf16 kernel"));
+    CHECK(kt_panics(bad_gqa, NULL, "3 query heads are not a multiple of 2 kv heads"));
+    CHECK(kt_panics(bad_device_mix, NULL, "kern_axpy: x is on cpu:1"));
+}
+
+int main(int argc, char **argv)
+{
+    kern_cpu_set_threads(2);
+    TEST_RUN(argc, argv, test_matmul_shapes_transposes_beta, test_linear_fwd_bwd,
+             test_elementwise_ops, test_copy_conversions, test_dispatch_misuse_panics);
+}
