@@ -29,10 +29,20 @@
  *    cbs.error(ep) fires once, then ep is freed. For an outgoing connection
  *    that fails before its handshake completed, cbs.connected(ep, error) fires
  *    instead of cbs.error and ep is freed after it returns.
- *  - close(ep): no error callback; sends not yet handed to the wire complete
- *    with BT_ERR_CANCELED (from the loop, not from inside close()).
+ *  - close(ep): no error callback; every pending send still completes, from
+ *    the loop and not from inside close(): with BT_ERR_CANCELED (tcp: not yet
+ *    written; ucx: whatever UCX reports after flushing) or a peer error
+ *    (inproc: frames the peer had not taken yet), or BT_OK when it had left.
+ *    The peer sees BT_ERR_PEER_CLOSED through its error callback.
+ *  - destroy(x): closes every endpoint and completes their pending sends
+ *    (done() may run inside destroy()). Exception, inproc zero-copy: a frame
+ *    the receiver still holds keeps the sender's buffer, and its done() never
+ *    fires once the sender's xport is destroyed.
  *  - Received payloads (xport_rx_t) outlive their endpoint: release them any
  *    time before destroy() of the xport that delivered them.
+ *  - Errors are logged by the transport once, with the peer's address and
+ *    the reason (bad magic, oversized frame, HMAC mismatch, handshake
+ *    deadline...); callers need not log them again.
  */
 #ifndef BT_TRANSPORT_XPORT_H
 #define BT_TRANSPORT_XPORT_H
