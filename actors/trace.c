@@ -230,6 +230,34 @@ static void *trace_flusher_main(void *arg)
 
 static void trace_atexit(void) { trace_stop(); }
 
+/* fork(): the child must neither write into the parent's file (the FILE's
+ * buffer and offset are copies) nor wait for a flusher it does not have, and
+ * no lock may be held by a thread that does not exist in it. So the locks
+ * are taken around fork and the child starts with tracing off and no file;
+ * it may call trace_start itself. */
+static void trace_fork_prepare(void)
+{
+    pthread_mutex_lock(&g_mu);
+    pthread_mutex_lock(&g_wake_mu);
+}
+
+static void trace_fork_parent(void)
+{
+    pthread_mutex_unlock(&g_wake_mu);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void trace_fork_child(void)
+{
+    atomic_store(&trace_on_, false);
+    g_file = NULL; /* the parent's FILE is not ours to flush or close */
+    g_flusher_running = false;
+    g_stopping = false;
+    atomic_store(&g_wake, 0);
+    pthread_mutex_unlock(&g_wake_mu);
+    pthread_mutex_unlock(&g_mu);
+}
+
 bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cfg)
 {
     trace_config_t c = cfg ? *cfg : (trace_config_t){0};
@@ -284,6 +312,7 @@ bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cf
     }
     if (!g_atexit_registered) {
         atexit(trace_atexit);
+        pthread_atfork(trace_fork_prepare, trace_fork_parent, trace_fork_child);
         g_atexit_registered = true;
     }
     g_stopping = false;

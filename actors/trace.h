@@ -89,8 +89,10 @@ typedef struct {
 } trace_config_t;
 
 /* Start tracing into DIR/trace-<rank>-<pid>.bin (DIR is created if missing).
- * cfg NULL -> defaults. BT_ERR_IO when the file cannot be created.
- * Tracing may be started again after trace_stop (new file). */
+ * cfg NULL -> defaults. BT_ERR_IO when the file cannot be created,
+ * BT_ERR_BUSY when already started. Tracing may be started again after
+ * trace_stop (new file, trace-<rank>-<pid>.<n>.bin). A child created by
+ * fork() starts with tracing off and no file; it may call trace_start. */
 bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cfg);
 /* Drain all rings, write the file's trailer, close it, stop the flusher.
  * Idempotent; registered with atexit by trace_start. Events recorded after

@@ -511,6 +511,39 @@ static void test_wire_roundtrip_all_types(void)
     msgpack_sbuffer_destroy(&buf);
 }
 
+/* The exact bytes of one envelope, written out by hand from the msgpack
+ * spec: the format is a contract with other processes (and other builds),
+ * so an encoder change that alters them must be deliberate. */
+static void test_wire_golden_bytes(void)
+{
+    static const uint8_t want[] = {
+        0x89,                                     /* map of 9 */
+        0xa3, 'v', 'e', 'r', 0x01,
+        0xa4, 't', 'y', 'p', 'e', 0x00,           /* PING */
+        0xa3, 's', 'r', 'c', 0xce, 0x00, 0x01, 0x00, 0x02, /* rank 1 slot 2 */
+        0xa3, 'd', 's', 't', 0xce, 0x00, 0x03, 0x00, 0x04,
+        0xa3, 's', 'e', 'q', 0x4d,                /* 77 */
+        0xa4, 's', 't', 'e', 'p', 0x05,
+        0xa2, 'm', 'b', 0x02,
+        0xa7, 't', 'e', 'n', 's', 'o', 'r', 's', 0x90,
+        0xa4, 'm', 'e', 't', 'a', 0x82,
+        0xa2, 'i', 'd', 0x09,
+        0xa4, 't', '_', 'n', 's', 0xce, 0x07, 0x5b, 0xcd, 0x15, /* 123456789 */
+    };
+    msgpack_sbuffer buf;
+    msgpack_sbuffer_init(&buf);
+    wire_env_t e = env_make(MSG_PING);
+    wire_err_t err;
+    REQUIRE(msg_encode(&buf, &e, &g_ping, &err) == BT_OK);
+    CHECK(buf.size == sizeof want);
+    CHECK(buf.size == sizeof want && !memcmp(buf.data, want, sizeof want));
+    wire_env_t d;
+    msg_body_t b;
+    CHECK(msg_decode(want, sizeof want, 0, NULL, &d, &b, &err) == BT_OK);
+    CHECK(d.src == ACTOR_ADDR(1, 2) && b.ping.t_ns == 123456789);
+    msgpack_sbuffer_destroy(&buf);
+}
+
 static void test_wire_addr(void)
 {
     actor_addr_t a = ACTOR_ADDR(513, 7);
@@ -728,7 +761,7 @@ static void test_wire_cost(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_wire_addr, test_wire_roundtrip_all_types, test_wire_rejects_lies,
+    TEST_RUN(argc, argv, test_wire_addr, test_wire_golden_bytes, test_wire_roundtrip_all_types, test_wire_rejects_lies,
              test_wire_unknown_keys_skipped, test_wire_truncated_and_trailing, test_wire_hostile_counts,
              test_wire_limits, test_wire_encoder_refuses, test_wire_corpus_mutations, test_wire_cost);
 }
