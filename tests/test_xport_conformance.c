@@ -152,6 +152,7 @@ static bt_status_t child_send(child_t *c, xport_ep_t *ep, test_hdr_t h, const vo
     bt_status_t st = xport_send(ep, &s->hdr, sizeof s->hdr, &iov, n ? 1 : 0, child_send_done, s);
     if (st != BT_IN_PROGRESS) {
         free(s);
+        if (rx) xport_rx_release(rx);
         c->send_errors++;
     }
     return st;
@@ -298,9 +299,16 @@ static void child_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
 }
 
 /* argv: kind addr mode n size */
+#ifdef BT_HAVE_UCX
+static int raw_ucx_main(const char *addr, int variant);
+#endif
+
 static int child_main(int argc, char **argv)
 {
     if (argc < 5) return 2;
+#ifdef BT_HAVE_UCX
+    if (!strcmp(argv[2], "ucxraw")) return raw_ucx_main(argv[1], atoi(argv[4]));
+#endif
     child_t *c = calloc(1, sizeof *c);
     bool is_auto;
     xport_kind_parse(argv[0], &c->kind, &is_auto);
@@ -387,6 +395,8 @@ struct parent {
     uint64_t        error_ns;
     int             allocs, frees;
     uint64_t        sends_done, send_fail;
+    uint64_t        recv_count;
+    xport_ep_t     *close_at;       /* close_in_callback case */
     uint64_t        send_refused;   /* send() returned a peer error at once */
     bt_status_t     last_send_status;
     child_proc_t    kids[MAX_CHILDREN];
@@ -430,6 +440,10 @@ static void parent_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
 static void parent_on_error(void *arg, xport_ep_t *ep, bt_status_t why)
 {
     parent_t *p = arg;
+    static test_hdr_t late = {.tag = T_DATA};
+    /* inside the error callback: a send is refused, a close is a no-op */
+    CHECK(xport_send(ep, &late, sizeof late, NULL, 0, NULL, NULL) != BT_IN_PROGRESS);
+    xport_close(ep);
     p->errors_cb++;
     p->last_error = why;
     p->error_ns = clock_now_ns();
@@ -893,6 +907,100 @@ static void case_kill_send_inproc(void)
     ev_loop_destroy(p.loop);
 }
 
+/* ---- case: close from inside a recv callback, frames and sends pending --- */
+
+static void closecb_on_recv(parent_t *p, xport_ep_t *ep, xport_rx_t *rx, const test_hdr_t *h)
+{
+    p->recv_count++;
+    xport_rx_release(rx);
+    if (p->recv_count == 5) {
+        xport_close(ep); /* replies and sends are still in flight */
+        for (int i = 0; i < p->n_eps; i++) if (p->eps[i] == ep) p->eps[i] = NULL;
+        static test_hdr_t h2 = {.tag = T_DATA};
+        CHECK(xport_send(ep, &h2, sizeof h2, NULL, 0, NULL, NULL) != BT_IN_PROGRESS);
+    }
+}
+
+static bool cond_sends_done(parent_t *p) { return p->sends_done >= g_sends_want && cond_all_exited(p); }
+
+static void case_close_in_callback(xport_kind_t kind)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, kind));
+    p.on_recv = closecb_on_recv;
+    child_proc_t *k = parent_spawn(&p, "echo", 0, 0);
+    REQUIRE(parent_run(&p, cond_one_peer, 30));
+    enum { N = 200 };
+    static test_hdr_t hdrs[N];
+    for (int i = 0; i < N; i++) {
+        hdrs[i] = (test_hdr_t){.tag = T_DATA, .seq = (uint64_t)i, .len = 4096};
+        struct iovec iov = {.iov_base = g_pattern, .iov_len = 4096};
+        CHECK(xport_send(p.eps[0], &hdrs[i], sizeof hdrs[i], &iov, 1, parent_send_done, &p) == BT_IN_PROGRESS);
+    }
+    g_sends_want = N;
+    CHECK(parent_run(&p, cond_sends_done, 20)); /* every send completes, OK or canceled */
+    CHECK_MSG(p.sends_done == N, "%llu of %d sends completed", (unsigned long long)p.sends_done, N);
+    CHECK_MSG(p.recv_count == 5, "%llu frames after the close", (unsigned long long)p.recv_count);
+    CHECK_MSG(p.errors_cb == 0, "a local close must not call the error callback");
+    CHECK_MSG(k->exited && k->status == 1, "the echo child should have seen its peer go (status %d)",
+              k->status);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+    CHECK(p.allocs == p.frees);
+}
+
+/* ---- case: connect to an address where nobody listens ------------------ */
+
+static bt_status_t g_conn_status;
+static int g_conn_calls;
+static void unreach_connected(void *arg, xport_ep_t *ep, bt_status_t st)
+{
+    g_conn_status = st;
+    g_conn_calls++;
+}
+static bool cond_conn_called(parent_t *p) { return g_conn_calls > 0; }
+
+static void case_unreachable(xport_kind_t kind)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, kind));
+    char dead[XPORT_ADDR_MAX];
+    if (kind == XPORT_INPROC) {
+        snprintf(dead, sizeof dead, "inproc:nobody-here");
+    } else {
+        /* a port that was just free */
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t al = sizeof a;
+        REQUIRE(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+        getsockname(fd, (struct sockaddr *)&a, &al);
+        close(fd);
+        snprintf(dead, sizeof dead, "127.0.0.1:%u", ntohs(a.sin_port));
+    }
+    xport_destroy(p.x);
+    xport_config_t cfg = base_cfg(p.loop, 1);
+    cfg.cbs = (xport_cbs_t){.arg = &p, .connected = unreach_connected, .error = parent_on_error};
+    REQUIRE(xport_create(xport_ops_get(kind), &cfg, &p.x) == BT_OK);
+    g_conn_calls = 0;
+    xport_ep_t *ep = NULL;
+    uint64_t t0 = clock_now_ns();
+    bt_status_t st = xport_connect(p.x, dead, &ep);
+    if (st == BT_IN_PROGRESS) {
+        static test_hdr_t h = {.tag = T_DATA};
+        bt_status_t s2 = xport_send(ep, &h, sizeof h, NULL, 0, parent_send_done, &p);
+        CHECK(parent_run(&p, cond_conn_called, 10));
+        CHECK(g_conn_calls == 1);
+        CHECK_MSG(bt_status_is_peer(g_conn_status), "connected(%s)", bt_status_str(g_conn_status));
+        if (s2 == BT_IN_PROGRESS) CHECK(p.sends_done == 1 && p.send_fail == 1);
+    } else {
+        CHECK(bt_status_is_peer(st)); /* refused at once */
+    }
+    CHECK_MSG(clock_now_ns() - t0 < 3000000000ull, "took %.0f ms", (double)(clock_now_ns() - t0) / 1e6);
+    CHECK(p.errors_cb == 0);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+}
+
 /* ---- case: bad handshake (wrong secret / wrong job id) ----------------- */
 
 static void case_bad_handshake(xport_kind_t kind)
@@ -1163,6 +1271,136 @@ static void test_tcp_bad_handshake_raw(void)
     check_kids_ok(&p);
 }
 
+static void test_tcp_ipv6(void)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, XPORT_TCP));
+    xport_destroy(p.x);
+    xport_config_t cfg = base_cfg(p.loop, 1);
+    cfg.listen_addr = "[::1]:0";
+    cfg.cbs = (xport_cbs_t){.arg = &p, .accept = parent_on_accept, .alloc = parent_on_alloc,
+                            .free = parent_on_free, .recv = parent_on_recv, .error = parent_on_error};
+    REQUIRE(xport_create(&xport_tcp_ops, &cfg, &p.x) == BT_OK);
+    bt_status_t st = xport_listen(p.x, p.addr, sizeof p.addr);
+    if (st != BT_OK) { /* host without IPv6 loopback */
+        CHECK_MSG(0, "cannot listen on [::1]");
+        xport_destroy(p.x);
+        ev_loop_destroy(p.loop);
+        return;
+    }
+    CHECK(!strncmp(p.addr, "[::1]:", 6));
+    stream_ctx_t s = {.want = 500, .max = 1000};
+    p.ctx = &s;
+    p.on_recv = stream_on_recv;
+    parent_spawn(&p, "stream", s.want, s.max);
+    CHECK(parent_run(&p, cond_stream_done, 30));
+    CHECK(s.got == s.want && s.bad == 0);
+    parent_finish(&p);
+    check_kids_ok(&p);
+}
+
+#ifdef BT_HAVE_UCX
+/* ---- ucx only: a raw UCP client that skips or garbles the handshake ----- */
+#include <ucp/api/ucp.h>
+
+/* the AM ids of transport/ucx.c: 1 handshake, 2 data */
+static volatile int g_raw_ucx_failed;
+static void raw_ucx_err(void *arg, ucp_ep_h ep, ucs_status_t st) { g_raw_ucx_failed = 1; }
+static ucs_status_t raw_ucx_am(void *arg, const void *h, size_t hl, void *d, size_t l,
+                               const ucp_am_recv_param_t *p)
+{
+    return UCS_OK; /* the server's hello: ignored (UCX 1.13 crashes on an id with no handler) */
+}
+
+/* child: exit 0 when the server dropped us */
+static int raw_ucx_main(const char *addr, int variant)
+{
+    ucp_config_t *ucfg;
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    ucp_ep_h ep;
+    if (ucp_config_read(NULL, NULL, &ucfg) != UCS_OK) return 2;
+    ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+    if (ucp_init(&prm, ucfg, &ctx) != UCS_OK) return 2;
+    ucp_config_release(ucfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    if (ucp_worker_create(ctx, &wp, &w) != UCS_OK) return 2;
+    for (unsigned id = 1; id <= 2; id++) {
+        ucp_am_handler_param_t hp = {
+            .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
+            .id = id, .cb = raw_ucx_am,
+        };
+        if (ucp_worker_set_am_recv_handler(w, &hp) != UCS_OK) return 2;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    if (xport_sockaddr_parse(addr, &ss, &sl) != BT_OK) return 2;
+    ucp_ep_params_t ep_prm = {
+        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR
+                      | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+        .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = raw_ucx_err, .arg = NULL},
+    };
+    if (ucp_ep_create(w, &ep_prm, &ep) != UCS_OK) return 2;
+    static uint8_t hdr[64], payload[64];
+    memset(hdr, 0x77, sizeof hdr);
+    ucp_request_param_t sp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_AM_SEND_FLAG_REPLY};
+    /* 0: a data frame with no handshake; 1: a garbled hello */
+    ucs_status_ptr_t req = variant == 2 ? ucp_am_send_nbx(ep, 9, hdr, 40, payload, sizeof payload, &sp)
+                         : variant == 0 ? ucp_am_send_nbx(ep, 2, hdr, 40, payload, sizeof payload, &sp)
+                                        : ucp_am_send_nbx(ep, 1, hdr, 17, NULL, 0, &sp);
+    uint64_t deadline = clock_now_ns() + 5000000000ull;
+    while (!g_raw_ucx_failed && clock_now_ns() < deadline) {
+        ucp_worker_progress(w);
+        usleep(100);
+    }
+    if (req && !UCS_PTR_IS_ERR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && clock_now_ns() < deadline + 1000000000ull)
+            ucp_worker_progress(w);
+        ucp_request_free(req);
+    }
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t creq = ucp_ep_close_nbx(ep, &cp);
+    if (creq && !UCS_PTR_IS_ERR(creq)) {
+        while (ucp_request_check_status(creq) == UCS_INPROGRESS) ucp_worker_progress(w);
+        ucp_request_free(creq);
+    }
+    ucp_worker_destroy(w);
+    ucp_cleanup(ctx);
+    return g_raw_ucx_failed ? 0 : 1;
+}
+
+static void test_ucx_raw_bad_peers(void)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, XPORT_UCX));
+    sizes_ctx_t s = {0};
+    p.ctx = &s;
+    p.on_recv = sizes_on_recv;
+    parent_spawn(&p, "echo", 0, 0);
+    REQUIRE(parent_run(&p, cond_one_peer, 30));
+    child_proc_t *nohs = parent_spawn(&p, "ucxraw", 0, 0);
+    child_proc_t *garbled = parent_spawn(&p, "ucxraw", 0, 1);
+    child_proc_t *unknown = parent_spawn(&p, "ucxraw", 0, 2);
+    uint64_t deadline = clock_now_ns() + 20ull * 1000000000ull;
+    while (clock_now_ns() < deadline && !(child_poll(nohs) && child_poll(garbled) && child_poll(unknown)))
+        ev_run(p.loop, EVRUN_NOWAIT), usleep(1000);
+    CHECK_MSG(nohs->exited && nohs->status == 0, "frame-before-handshake client status %d", nohs->status);
+    CHECK_MSG(garbled->exited && garbled->status == 0, "garbled-hello client status %d", garbled->status);
+    /* an AM id we never registered: UCX drops it; the peer then fails the
+     * handshake deadline */
+    CHECK_MSG(unknown->exited && unknown->status == 0, "unknown-id client status %d", unknown->status);
+    CHECK_MSG(p.n_eps == 1, "accepted %d", p.n_eps);
+    CHECK_MSG(p.allocs == 0, "a payload of an unauthenticated peer reached cbs.alloc");
+    good_peer_check(&p, &s);
+    parent_finish(&p);
+    check_kids_ok(&p);
+}
+#endif
+
 /* ---- handshake unit checks --------------------------------------------- */
 
 static void test_handshake_messages(void)
@@ -1267,7 +1505,7 @@ static void test_kind_table(void)
 
 #define XPORT_CASES(X, kind) \
     X(order, kind) X(sizes, kind) X(bidir, kind) X(peers64, kind) X(kill_recv, kind) \
-    X(bad_handshake, kind)
+    X(bad_handshake, kind) X(close_in_callback, kind) X(unreachable, kind)
 
 #define DEFINE_CASE(name, kind) \
     static void test_##name##_##kind(void) { case_##name(XPORT_##kind##_KIND); }
@@ -1285,7 +1523,7 @@ static void test_kill_send_ucx(void) { case_kill_send(XPORT_UCX); }
 
 #define NAME_CASE(name, kind) test_##name##_##kind,
 #ifdef BT_HAVE_UCX
-#define UCX_TESTS XPORT_CASES(NAME_CASE, ucx) test_kill_send_ucx,
+#define UCX_TESTS XPORT_CASES(NAME_CASE, ucx) test_kill_send_ucx, test_ucx_raw_bad_peers,
 #else
 #define UCX_TESTS
 #endif
@@ -1293,6 +1531,7 @@ static void test_kill_send_ucx(void) { case_kill_send(XPORT_UCX); }
     test_kind_table, test_handshake_messages, test_secret_file, \
     XPORT_CASES(NAME_CASE, inproc) test_kill_send_inproc, \
     XPORT_CASES(NAME_CASE, tcp) test_kill_send_tcp, test_tcp_bad_frames, test_tcp_bad_handshake_raw, \
+    test_tcp_ipv6, \
     UCX_TESTS
 #define TEST_RUN_EXPANDED(...) TEST_RUN(__VA_ARGS__)
 
