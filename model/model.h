@@ -78,7 +78,7 @@ typedef struct {
 } model_rope_t;
 
 /* Everything the model needs from a Hugging Face config.json
- * (ckpt/hf_config.c fills it and rejects what we do not implement). */
+ * (ckpt/hf.c fills it from config.json and rejects what we do not implement). */
 typedef struct {
     model_arch_t arch;
     int64_t vocab_size;
