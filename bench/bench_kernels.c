@@ -1,5 +1,7 @@
 /* Kernel micro-benchmarks; see bench/bench_kernels.h. Each runs for a fixed
- * number of repetitions after one warm-up call and reports the median. */
+ * number of repetitions after one warm-up call and reports the median wall
+ * time, and the process CPU time of that repetition (all threads): on a
+ * shared, oversubscribed host the CPU time is the stabler number. */
 #include "bench/bench_kernels.h"
 
 #include "base/clock.h"
@@ -8,6 +10,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { BENCH_REPS = 5 };
 
@@ -30,18 +33,31 @@ static int bench_cmp(const void *a, const void *b)
 
 typedef void (*bench_body_fn)(void *ctx);
 
-/* median seconds of BENCH_REPS calls of body */
-static double bench_time(bench_body_fn body, void *ctx)
+static double bench_cpu_s(void)
 {
-    double t[BENCH_REPS];
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    double wall, cpu; /* seconds: median wall time, median process CPU time */
+} bench_result_t;
+
+static bench_result_t bench_time(bench_body_fn body, void *ctx)
+{
+    double w[BENCH_REPS], c[BENCH_REPS];
     body(ctx);
     for (int r = 0; r < BENCH_REPS; r++) {
+        double c0 = bench_cpu_s();
         uint64_t t0 = clock_now_ns();
         body(ctx);
-        t[r] = (double)(clock_now_ns() - t0) * 1e-9;
+        w[r] = (double)(clock_now_ns() - t0) * 1e-9;
+        c[r] = bench_cpu_s() - c0;
     }
-    qsort(t, BENCH_REPS, sizeof t[0], bench_cmp);
-    return t[BENCH_REPS / 2];
+    qsort(w, BENCH_REPS, sizeof w[0], bench_cmp);
+    qsort(c, BENCH_REPS, sizeof c[0], bench_cmp);
+    return (bench_result_t){w[BENCH_REPS / 2], c[BENCH_REPS / 2]};
 }
 
 /* ---- sgemm ---------------------------------------------------------------- */
@@ -62,9 +78,11 @@ static void bench_gemm(FILE *out, int64_t M, int64_t N, int64_t K)
     if (a && b && c) {
         bench_gemm_t g = {tensor_2d(a, DT_F32, M, K), tensor_2d(b, DT_F32, N, K),
                           tensor_2d(c, DT_F32, M, N)};
-        double s = bench_time(bench_gemm_body, &g);
-        fprintf(out, "sgemm %lldx%lldx%lld (A B^T): %.3f ms, %.1f GFLOP/s\n", (long long)M,
-                (long long)N, (long long)K, s * 1e3, 2.0 * (double)M * N * K / s * 1e-9);
+        bench_result_t r = bench_time(bench_gemm_body, &g);
+        double flop = 2.0 * (double)M * N * K;
+        fprintf(out, "sgemm %lldx%lldx%lld (A B^T): wall %.3f ms (%.1f GFLOP/s), cpu %.3f ms "
+                "(%.1f GFLOP/cpu-s)\n", (long long)M, (long long)N, (long long)K, r.wall * 1e3,
+                flop / r.wall * 1e-9, r.cpu * 1e3, flop / r.cpu * 1e-9);
     }
     free(a), free(b), free(c);
 }
@@ -103,15 +121,13 @@ static void bench_attention(FILE *out, int64_t B, int64_t T, int64_t Hq, int64_t
             .dq = tensor_4d(dq, DT_F32, B, T, Hq, D), .dk = tensor_4d(dk, DT_F32, B, T, Hkv, D),
             .dv = tensor_4d(dv, DT_F32, B, T, Hkv, D), .scale = 1.0f / sqrtf((float)D),
         };
-        double f = bench_time(bench_attn_fwd_body, &a);
-        double b = bench_time(bench_attn_bwd_body, &a);
-        /* causal: half of the 2 (fwd) and 5 (bwd) T x T x D products */
-        double flops = 2.0 * (double)B * Hq * T * T * D / 2;
+        bench_result_t f = bench_time(bench_attn_fwd_body, &a);
+        bench_result_t b = bench_time(bench_attn_bwd_body, &a);
         fprintf(out,
-                "attention B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal: fwd %.3f ms, bwd %.3f ms, "
-                "fwd+bwd %.3f ms (%.1f GFLOP/s useful)\n",
-                (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D, f * 1e3,
-                b * 1e3, (f + b) * 1e3, flops * 7 / (f + b) * 1e-9);
+                "attention B=%lld T=%lld Hq=%lld Hkv=%lld D=%lld causal: wall fwd %.3f bwd %.3f "
+                "ms; cpu fwd %.3f bwd %.3f fwd+bwd %.3f ms\n",
+                (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D,
+                f.wall * 1e3, b.wall * 1e3, f.cpu * 1e3, b.cpu * 1e3, (f.cpu + b.cpu) * 1e3);
     }
     free(q), free(k), free(v), free(o), free(l), free(dout), free(dq), free(dk), free(dv);
 }
@@ -156,15 +172,22 @@ static void bench_rows(FILE *out, const char *filter)
             .logits = tensor_2d(lg, DT_F32, N, V), .losses = tensor_1d(ls, DT_F32, N),
             .dlogits = tensor_2d(dl, DT_F32, N, V), .targets = tensor_1d(t, DT_I32, N),
         };
-        if (!filter || strstr("rmsnorm", filter))
-            fprintf(out, "rmsnorm fwd N=%lld C=%lld: %.3f ms\n", (long long)N, (long long)C,
-                    bench_time(bench_rmsnorm_body, &r) * 1e3);
-        if (!filter || strstr("swiglu", filter))
-            fprintf(out, "swiglu fwd N=%lld F=%lld: %.3f ms\n", (long long)N, (long long)C,
-                    bench_time(bench_swiglu_body, &r) * 1e3);
-        if (!filter || strstr("xent", filter))
-            fprintf(out, "xent fwd+bwd N=%lld V=%lld: %.3f ms\n", (long long)N, (long long)V,
-                    bench_time(bench_xent_body, &r) * 1e3);
+        bench_result_t tm;
+        if (!filter || strstr("rmsnorm", filter)) {
+            tm = bench_time(bench_rmsnorm_body, &r);
+            fprintf(out, "rmsnorm fwd N=%lld C=%lld: wall %.3f ms, cpu %.3f ms\n", (long long)N,
+                    (long long)C, tm.wall * 1e3, tm.cpu * 1e3);
+        }
+        if (!filter || strstr("swiglu", filter)) {
+            tm = bench_time(bench_swiglu_body, &r);
+            fprintf(out, "swiglu fwd N=%lld F=%lld: wall %.3f ms, cpu %.3f ms\n", (long long)N,
+                    (long long)C, tm.wall * 1e3, tm.cpu * 1e3);
+        }
+        if (!filter || strstr("xent", filter)) {
+            tm = bench_time(bench_xent_body, &r);
+            fprintf(out, "xent fwd+bwd N=%lld V=%lld: wall %.3f ms, cpu %.3f ms\n", (long long)N,
+                    (long long)V, tm.wall * 1e3, tm.cpu * 1e3);
+        }
     }
     free(x), free(w), free(o), free(rs), free(g), free(u), free(lg), free(ls), free(dl), free(t);
 }
