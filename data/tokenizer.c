@@ -425,7 +425,8 @@ static void tok_pattern_free(tok_pattern_t *p)
     p->n = 0;
 }
 
-/* Splits s[0..n) at '|' outside (), [] and escapes; calls fn per part. */
+/* Splits s[0..n) at the '|' that are outside (), [] and escapes into parts;
+ * returns the count, or max_parts + 1 when there are more. */
 static size_t tok_split_alternation(const char *s, size_t n, const char **parts, size_t *lens,
                                     size_t max_parts)
 {
