@@ -181,7 +181,7 @@ static int tok_unmap_bytes(const char *s, size_t n, const int16_t cp_to_byte[324
     size_t o = 0;
     for (size_t i = 0; i < n;) {
         size_t len;
-        uint32_t cp = utf8_decode((const uint8_t *)s + i, n - i, &len);
+        uint32_t cp = uni_utf8_decode((const uint8_t *)s + i, n - i, &len);
         if (cp >= 324 || cp_to_byte[cp] < 0) return 0;
         out[o++] = (uint8_t)cp_to_byte[cp];
         i += len;
@@ -280,7 +280,7 @@ static inline unsigned tok_class_at(const uint8_t *s, size_t n, size_t i, size_t
         *len = 1;
         return tok_ascii_class[s[i]];
     }
-    uint32_t cp = utf8_decode(s + i, n - i, len);
+    uint32_t cp = uni_utf8_decode(s + i, n - i, len);
     return (uni_is_letter(cp) ? C_L : 0) | (uni_is_number(cp) ? C_N : 0) |
            (uni_is_space(cp) ? C_S : 0);
 }
@@ -329,15 +329,12 @@ static size_t tok_branch_match(const tok_branch_t *b, const uint8_t *s, size_t n
         return 0;
     case BR_OPTSPACE_LETTERS:
     case BR_OPTSPACE_NUMBERS: {
+        /* after a space that the class does not follow, backing off the
+         * optional space cannot help: the space itself is not in the class */
         unsigned want = b->kind == BR_OPTSPACE_LETTERS ? C_L : C_N;
         size_t j = i + (s[i] == ' ' && i + 1 < n ? 1 : 0);
-        size_t r = j < n ? tok_run(s, n, j, want, want, 0, NULL) : 0;
-        if (r) return j + r - i;
-        if (j != i) { /* optional space taken but nothing after it: try without */
-            r = tok_run(s, n, i, want, want, 0, NULL);
-            return r;
-        }
-        return 0;
+        size_t r = tok_run(s, n, j, want, want, 0, NULL);
+        return r ? j + r - i : 0;
     }
     case BR_OPTSPACE_OTHER:
     case BR_OPTSPACE_OTHER_NL: {
@@ -428,7 +425,8 @@ static void tok_pattern_free(tok_pattern_t *p)
     p->n = 0;
 }
 
-/* Splits s[0..n) at '|' outside (), [] and escapes; calls fn per part. */
+/* Splits s[0..n) at the '|' that are outside (), [] and escapes into parts;
+ * returns the count, or max_parts + 1 when there are more. */
 static size_t tok_split_alternation(const char *s, size_t n, const char **parts, size_t *lens,
                                     size_t max_parts)
 {
@@ -791,7 +789,7 @@ static void tok_pre_split(tok_enc_t *e, size_t step, const tok_pattern_t *p, con
             gap = i;
         } else {
             size_t len;
-            utf8_decode(s + i, n - i, &len);
+            uni_utf8_decode(s + i, n - i, &len);
             i += len;
         }
     }
@@ -828,11 +826,11 @@ static void tok_pre_run(tok_enc_t *e, size_t step, const uint8_t *s, size_t n)
         size_t i = 0, start = 0;
         while (i < n) {
             size_t len;
-            if (uni_is_numeric(utf8_decode(s + i, n - i, &len))) {
+            if (uni_is_numeric(uni_utf8_decode(s + i, n - i, &len))) {
                 size_t r = len;
                 while (!p->individual && i + r < n) {
                     size_t l2;
-                    if (!uni_is_numeric(utf8_decode(s + i + r, n - i - r, &l2))) break;
+                    if (!uni_is_numeric(uni_utf8_decode(s + i + r, n - i - r, &l2))) break;
                     r += l2;
                 }
                 tok_pre_emit(e, step + 1, s + start, i - start);
@@ -886,7 +884,7 @@ static size_t tok_space_before(const uint8_t *s, size_t lo, size_t i)
         size_t k = j - 1;
         while (k > lo && (s[k] & 0xC0) == 0x80) k--;
         size_t len;
-        if (!uni_is_space(utf8_decode(s + k, j - k, &len)) || k + len != j) break;
+        if (!uni_is_space(uni_utf8_decode(s + k, j - k, &len)) || k + len != j) break;
         j = k;
     }
     return j;

@@ -4,7 +4,7 @@
  * the class membership of characters newer than its Unicode 14 measured from
  * HF tokenizers' own regex engine and Rust std); the generated
  * data/unicode_tables.c is committed. Invalid UTF-8 is never an
- * error here: utf8_decode() returns one byte as the code point
+ * error here: uni_utf8_decode() returns one byte as the code point
  * UNI_INVALID_BYTE, which has no letter/number/space property, so that byte
  * runs still split and round-trip byte for byte. */
 #ifndef BT_DATA_UNICODE_H
@@ -32,9 +32,9 @@ extern const uni_comp_t uni_comp[];
 extern const size_t uni_comp_len;
 
 /* Decodes one code point at s[0..n) (n >= 1); stores its byte length. */
-uint32_t utf8_decode(const uint8_t *s, size_t n, size_t *len);
+uint32_t uni_utf8_decode(const uint8_t *s, size_t n, size_t *len);
 /* Encodes cp into out (4 bytes room); returns the byte count. */
-size_t utf8_encode(uint32_t cp, uint8_t *out);
+size_t uni_utf8_encode(uint32_t cp, uint8_t *out);
 
 int uni_is_letter(uint32_t cp);  /* \p{L} */
 int uni_is_number(uint32_t cp);  /* \p{N} */

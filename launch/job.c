@@ -530,7 +530,10 @@ bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t e
     } else {
         st = field_set(job, fi, &doc, root, &w, err, errlen);
     }
-    if (st == BT_OK) job->origin[fi] = (job_origin_t){.set = true, .from_override = true};
+    if (st == BT_OK) {
+        job->origin[fi] = (job_origin_t){.set = true, .from_override = true};
+        snprintf(job->origin[fi].value, sizeof job->origin[fi].value, "%s", value);
+    }
 out_doc:
     yaml_document_delete(&doc);
 out_parser:
@@ -551,7 +554,7 @@ static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t 
     where_t w = {.file = job->path};
     char ov[160];
     if (o->set && o->from_override) {
-        snprintf(ov, sizeof ov, "%s=...", field);
+        snprintf(ov, sizeof ov, "%s=%s", field, o->value);
         w.override = ov;
     } else if (o->set) {
         w.line = o->line;

@@ -95,6 +95,7 @@ typedef struct {
     bool set;
     int  line, col;
     bool from_override;
+    char value[64];   /* an override's value text (truncated), for messages */
 } job_origin_t;
 
 typedef struct {

@@ -133,21 +133,21 @@ bt_status_t train_create(const train_config_t *cfg, model_t *m, const int32_t *t
     t->val_tokens = val_tokens;
     t->n_val = n_val;
     bt_status_t st;
-    if ((st = model_grads_alloc(m))) goto fail;
+    if ((st = model_grads_alloc(m))) goto destroy_train;
     model_grads_zero(m);
-    if ((st = model_acts_create(m, cfg->micro_batch, T, &t->acts))) goto fail;
-    if ((st = optim_create_for_model(&cfg->optim, m, &t->optim))) goto fail;
-    if ((st = train_sampler_init(&t->sampler, cfg->seed, (n_train - 1) / T))) goto fail;
+    if ((st = model_acts_create(m, cfg->micro_batch, T, &t->acts))) goto destroy_train;
+    if ((st = optim_create_for_model(&cfg->optim, m, &t->optim))) goto destroy_train;
+    if ((st = train_sampler_init(&t->sampler, cfg->seed, (n_train - 1) / T))) goto destroy_train;
     size_t n = (size_t)(cfg->grad_accum * cfg->micro_batch * T);
     t->ids = malloc(n * sizeof *t->ids);
     t->targets = malloc(n * sizeof *t->targets);
     if (!t->ids || !t->targets) {
         st = BT_ERR_NOMEM;
-        goto fail;
+        goto destroy_train;
     }
     *out = t;
     return BT_OK;
-fail:
+destroy_train:
     train_destroy(t);
     return st;
 }

@@ -213,7 +213,7 @@ static void test_job_overrides(void)
     REQUIRE(job_load_string("good.yaml", good, &job, err, sizeof err) == BT_OK);
     CHECK(job_override(&job, "parallel.tp=3", err, sizeof err) == BT_OK);
     CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID);
-    CHECK_MSG(strstr(err, "--set parallel.tp") && strstr(err, "does not divide 8 attention heads"),
+    CHECK_MSG(strstr(err, "--set parallel.tp=3: parallel.tp:") && strstr(err, "does not divide 8 attention heads"),
               "%s", err);
 }
 

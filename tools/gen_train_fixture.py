@@ -52,6 +52,9 @@ def main():
     model = LlamaForCausalLM(cfg).float()
     os.makedirs(OUT, exist_ok=True)
     model.save_pretrained(OUT, safe_serialization=True)
+    gen_cfg = os.path.join(OUT, "generation_config.json")  # not needed by baton
+    if os.path.exists(gen_cfg):
+        os.remove(gen_cfg)
     # 401 tokens = 25 windows of 16: the 40 samples of 10 steps cross an epoch.
     tokens = token_stream(401, cfg.vocab_size, 7)
     with open(os.path.join(OUT, "tokens.txt"), "w") as f:

@@ -52,6 +52,33 @@ if cmp -s <(sed 's/, "tokens_per_s.*//' "$tmp/a.jsonl") <(sed 's/, "tokens_per_s
 cmp -s <(sed 's/, "tokens_per_s.*//' "$tmp/a.jsonl") <(sed 's/, "tokens_per_s.*//' "$tmp/c.jsonl") \
     && fail run_seed_matters "seed 2 gave the same run" || pass run_seed_matters
 
+# The CLI path (job file -> schedule/optimizer settings -> loop) reproduces
+# the PyTorch reference of tests/fixtures/train_llama (tools/gen_train_fixture.py
+# hyper-parameters) step by step, and exports the model every 5 steps.
+fx=tests/fixtures/train_llama
+cat > "$tmp/fixture.yaml" <<YAML
+model: {hf: $fx}
+data: {dir: $fx, seq_len: 16, split: 0}
+train: {steps: 10, micro_batch: 2, grad_accum: 2, seed: 1234, log_every: 100}
+optim: {lr: 0.01, min_lr: 0.001, warmup: 3, warmup_from: zero, betas: [0.9, 0.95], eps: 1e-8,
+        weight_decay: 0.1, clip: 3.0, decay: matrices}
+checkpoint: {dir: $tmp/ck, every: 5}
+metrics: {file: $tmp/fx.jsonl}
+YAML
+"$BATON" run "$tmp/fixture.yaml" --quiet > "$tmp/fx.txt" 2>&1 || { fail run_cli_matches_torch "rc $?"; cat "$tmp/fx.txt"; }
+sed -n 's/.*"loss": \([0-9.e+-]*\),.*/\1/p' "$tmp/fx.jsonl" > "$tmp/fx_baton"
+sed -n 's/^ *"loss": \([0-9.e+-]*\),*$/\1/p' "$fx/expected.json" > "$tmp/fx_torch"
+if [ "$(wc -l < "$tmp/fx_torch")" -eq 10 ] && paste "$tmp/fx_baton" "$tmp/fx_torch" |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad++; n++ } END { exit !(n == 10 && !bad) }'; then
+    pass run_cli_matches_torch; else fail run_cli_matches_torch "$(paste "$tmp/fx_baton" "$tmp/fx_torch" | tr '\n' ' ')"; fi
+[ -s "$tmp/ck/config.json" ] && [ -s "$tmp/ck/model.safetensors" ] && grep -q '"num_hidden_layers": 2' "$tmp/ck/config.json" \
+    && pass run_checkpoint_export || fail run_checkpoint_export "no HF export in $tmp/ck"
+# the exported model loads back as the HF input of another run (step-10 weights)
+printf 'model: {hf: %s}\ndata: {dir: %s, seq_len: 16, split: 0.25}\ntrain: {steps: 1, micro_batch: 2}\n' \
+    "$tmp/ck" "$fx" > "$tmp/reload.yaml"
+"$BATON" run "$tmp/reload.yaml" > "$tmp/reload.txt" 2>&1 && grep -q '^final validation loss' "$tmp/reload.txt" \
+    && pass run_export_reloads || fail run_export_reloads "$(tail -2 "$tmp/reload.txt")"
+
 # errors: file:line:field for a bad value, unsupported layouts refused
 printf 'data: {dir: x}\ntrain:\n  steps: many\n' > "$tmp/bad.yaml"
 out=$("$BATON" run "$tmp/bad.yaml" 2>&1); rc=$?
