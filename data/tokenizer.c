@@ -617,9 +617,8 @@ static void tok_cache_put(tok_cache_t *c, const uint8_t *s, size_t n, uint64_t h
 
 typedef struct {
     uint32_t rank;
-    uint32_t pos;  /* left symbol */
-    uint32_t right;
-    uint32_t merged;
+    uint32_t pos;    /* left symbol */
+    uint32_t merged; /* token the pair at pos made when pushed */
 } tok_heap_ent_t;
 
 static int tok_heap_less(const tok_heap_ent_t *a, const tok_heap_ent_t *b)
@@ -687,7 +686,7 @@ static void tok_bpe_try_pair(const tok_t *tok, tok_bpe_scratch_t *w, size_t *hn,
     const tok_merge_slot_t *m = tok_merge_find(tok, w->id[a], w->id[b]);
     if (!m) return;
     tok_heap_push(w->heap, hn, (tok_heap_ent_t){.rank = m->rank, .pos = (uint32_t)a,
-                                                .right = (uint32_t)b, .merged = m->merged});
+                                                .merged = m->merged});
 }
 
 /* BPE of one piece (raw bytes) appended to out. */
@@ -737,9 +736,13 @@ static bt_status_t tok_bpe_piece(tok_t *tok, tok_bpe_scratch_t *w, const uint8_t
     for (size_t i = 0; i + 1 < m; i++) tok_bpe_try_pair(tok, w, &hn, (int32_t)i);
     while (hn) {
         tok_heap_ent_t e = tok_heap_pop(w->heap, &hn);
-        int32_t a = (int32_t)e.pos, b = (int32_t)e.right;
-        /* stale entry: a or b was merged away or changed since the push */
-        if (w->next[a] != b || w->id[a] == UINT32_MAX || w->id[b] == UINT32_MAX) continue;
+        int32_t a = (int32_t)e.pos, b = w->next[a];
+        /* An entry is stale when a was merged away or is last, or when the
+         * pair now at a no longer makes the same token. HF judges it by the
+         * made token alone (not by the neighbour it was pushed with), so an
+         * entry whose pair changed but still makes that token is applied at
+         * its old rank; we do the same to give the same ids. */
+        if (w->id[a] == UINT32_MAX || b < 0) continue;
         const tok_merge_slot_t *cur = tok_merge_find(tok, w->id[a], w->id[b]);
         if (!cur || cur->merged != e.merged) continue;
         w->id[a] = e.merged;
