@@ -179,6 +179,7 @@ typedef struct {
     double  rope_linear_factor;      /* llama.rope.scaling.factor for type "linear"; 0 = none */
     double  rms_norm_eps;            /* llama.attention.layer_norm_rms_epsilon */
     bool    tie_word_embeddings;     /* no output.weight tensor */
+    bool    attention_bias;          /* blk.0.attn_q.bias exists */
     int64_t bos_token_id;            /* tokenizer.ggml.*_token_id; -1 when absent */
     int64_t eos_token_id;
     int64_t pad_token_id;
@@ -189,6 +190,11 @@ typedef struct {
  * keys, inconsistent values and unsupported RoPE scaling are logged errors
  * (BT_ERR_INVALID / BT_ERR_UNSUPPORTED). */
 bt_status_t gguf_llama_config(const gguf_t *g, gguf_llama_config_t *cfg);
+
+/* cfg as Hugging Face config.json text (LlamaForCausalLM, the fields
+ * transformers writes, "rope_parameters" plus the legacy "rope_theta" /
+ * "rope_scaling"), e.g. for ckpt_hf_config_parse(). *out_text is malloc'd. */
+bt_status_t gguf_llama_config_json(const gguf_llama_config_t *cfg, char **out_text);
 
 /* How a GGUF llama tensor's rows must be reordered to get the HF layout.
  * llama.cpp's converter stores q_proj / k_proj (weights and biases) with the

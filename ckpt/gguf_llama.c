@@ -143,12 +143,48 @@ bt_status_t gguf_llama_config(const gguf_t *g, gguf_llama_config_t *cfg)
         return BT_ERR_INVALID;
     }
     c.tie_word_embeddings = gguf_tensor_find(g, "output.weight") == NULL;
+    c.attention_bias = gguf_tensor_find(g, "blk.0.attn_q.bias") != NULL;
 
     if ((st = opt_i64(g, "tokenizer.ggml.bos_token_id", -1, &c.bos_token_id)) != BT_OK) return st;
     if ((st = opt_i64(g, "tokenizer.ggml.eos_token_id", -1, &c.eos_token_id)) != BT_OK) return st;
     if ((st = opt_i64(g, "tokenizer.ggml.padding_token_id", -1, &c.pad_token_id)) != BT_OK) return st;
     if ((st = opt_i64(g, "tokenizer.ggml.unknown_token_id", -1, &c.unk_token_id)) != BT_OK) return st;
     *cfg = c;
+    return BT_OK;
+}
+
+static json_t *token_id_json(int64_t id) { return id < 0 ? json_null() : json_integer((json_int_t)id); }
+
+bt_status_t gguf_llama_config_json(const gguf_llama_config_t *c, char **out_text)
+{
+    json_t *rope = c->rope_linear_factor > 0
+        ? json_pack("{s:f, s:s, s:f}", "rope_theta", c->rope_theta, "rope_type", "linear", "factor",
+                    c->rope_linear_factor)
+        : json_pack("{s:f, s:s}", "rope_theta", c->rope_theta, "rope_type", "default");
+    json_t *scaling = c->rope_linear_factor > 0
+        ? json_pack("{s:s, s:f}", "rope_type", "linear", "factor", c->rope_linear_factor)
+        : json_null();
+    json_t *j = json_pack(
+        "{s:[s], s:s, s:b, s:f, s:o, s:o, s:I, s:s, s:I, s:I, s:I, s:b, s:I, s:I, s:I,"
+        " s:o, s:f, s:o, s:f, s:o, s:b, s:o, s:I}",
+        "architectures", "LlamaForCausalLM", "model_type", "llama", "attention_bias", c->attention_bias,
+        "attention_dropout", 0.0, "bos_token_id", token_id_json(c->bos_token_id), "eos_token_id",
+        token_id_json(c->eos_token_id), "head_dim", (json_int_t)c->head_dim, "hidden_act", "silu",
+        "hidden_size", (json_int_t)c->hidden_size, "intermediate_size", (json_int_t)c->intermediate_size,
+        "max_position_embeddings", (json_int_t)c->max_position_embeddings, "mlp_bias", 0,
+        "num_attention_heads", (json_int_t)c->num_attention_heads, "num_hidden_layers",
+        (json_int_t)c->num_hidden_layers, "num_key_value_heads", (json_int_t)c->num_key_value_heads,
+        "pad_token_id", token_id_json(c->pad_token_id), "rms_norm_eps", c->rms_norm_eps,
+        "rope_parameters", rope, "rope_theta", c->rope_theta, "rope_scaling", scaling,
+        "tie_word_embeddings", c->tie_word_embeddings, "unk_token_id", token_id_json(c->unk_token_id),
+        "vocab_size", (json_int_t)c->vocab_size);
+    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(j);
+    if (!text) {
+        log_error("gguf: out of memory writing config.json");
+        return BT_ERR_NOMEM;
+    }
+    *out_text = text;
     return BT_OK;
 }
 

@@ -456,6 +456,41 @@ static void test_gguf_llama_config(void)
     CHECK(cfg.rope_linear_factor == 0);
     CHECK(cfg.unk_token_id == 0);
 
+    /* config.json text: every field we write that transformers also writes
+     * has its value; the two legacy RoPE fields are extra */
+    char *text;
+    REQUIRE(gguf_llama_config_json(&cfg, &text) == BT_OK);
+    json_error_t jerr;
+    json_t *mine = json_loads(text, 0, &jerr), *theirs = json_object_get(j, "config_json");
+    free(text);
+    REQUIRE(mine && theirs);
+    const char *key;
+    json_t *v;
+    size_t n_same = 0;
+    json_object_foreach(mine, key, v) {
+        json_t *t = json_object_get(theirs, key);
+        if (!t) {
+            CHECK_MSG(!strcmp(key, "rope_theta") || !strcmp(key, "rope_scaling"), "extra key %s", key);
+            continue;
+        }
+        bool same = json_is_number(v) && json_is_number(t) ? json_number_value(v) == json_number_value(t)
+                                                           : json_equal(v, t);
+        if (json_is_object(v)) { /* rope_parameters: numbers inside */
+            const char *k2;
+            json_t *v2;
+            same = json_object_size(v) == json_object_size(t);
+            json_object_foreach(v, k2, v2) {
+                json_t *t2 = json_object_get(t, k2);
+                same &= t2 && (json_is_number(v2) ? json_number_value(v2) == json_number_value(t2)
+                                                  : json_equal(v2, t2));
+            }
+        }
+        CHECK_MSG(same, "config.json '%s' differs from transformers'", key);
+        n_same++;
+    }
+    CHECK(n_same >= 20);
+    json_decref(mine);
+
     /* every tensor maps to exactly the HF names transformers loaded */
     json_t *keys = json_object_get(j, "hf_keys");
     size_t mapped = 0;

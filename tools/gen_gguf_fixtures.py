@@ -345,6 +345,12 @@ def gen_tiny():
         "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
         "pad_token_id": cfg.pad_token_id,
     }
+    # the config.json transformers writes for it (minus the loader's own bookkeeping)
+    cj = json.loads(cfg.to_json_string())
+    for k in ("quantization_config", "transformers_version", "_name_or_path", "_model_name_or_path"):
+        cj.pop(k, None)
+    cj["architectures"] = [type(m).__name__]  # save_pretrained adds it
+    expect["config_json"] = cj
     sd = m.state_dict()
     expect["hf_keys"] = sorted(sd.keys())
     q = sd["model.layers.0.self_attn.q_proj.weight"].numpy()
