@@ -608,7 +608,7 @@ static void tok_cache_put(tok_cache_t *c, const uint8_t *s, size_t n, uint64_t h
                                      .n_ids = (uint32_t)n_ids, .used = 1};
     memcpy(c->keys + c->keys_len, s, n);
     c->keys_len += n;
-    memcpy(c->ids + c->ids_len, ids, n_ids * sizeof *ids);
+    if (n_ids) memcpy(c->ids + c->ids_len, ids, n_ids * sizeof *ids);
     c->ids_len += n_ids;
     c->count++;
 }
@@ -756,7 +756,8 @@ static bt_status_t tok_bpe_piece(tok_t *tok, tok_bpe_scratch_t *w, const uint8_t
     size_t first = out->n;
     for (int32_t i = m ? 0 : -1; i >= 0; i = w->next[i]) tok_ids_push(out, w->id[i]);
     if (out->oom) return BT_ERR_NOMEM;
-    if (cacheable) tok_cache_put(&tok->cache, s, n, h, out->v + first, out->n - first);
+    if (cacheable) tok_cache_put(&tok->cache, s, n, h, out->n > first ? out->v + first : NULL,
+                                 out->n - first);
     return BT_OK;
 }
 
