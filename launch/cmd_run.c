@@ -196,13 +196,15 @@ int cmd_run(int argc, char **argv)
 
     uint64_t t0 = clock_now_ns();
     int64_t tokens_done = 0;
+    double train_seconds = 0; /* step time only: evaluations and exports excluded */
     double vloss = NAN, vppl = NAN;
     for (int64_t s = 0; s < tc.steps; s++) {
         train_step_info_t info;
         if (train_step(t, &info)) goto out;
         tokens_done += info.tokens;
+        train_seconds += info.seconds;
         double elapsed = (double)(clock_now_ns() - t0) * 1e-9;
-        double tps = (double)tokens_done / elapsed;
+        double tps = (double)tokens_done / train_seconds;
         double eta = elapsed / (double)info.step * (double)(tc.steps - info.step);
         series_push(&curve, (double)info.step, info.loss);
         if (metrics) {
