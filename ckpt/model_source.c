@@ -29,9 +29,10 @@ bt_status_t ckpt_source_kind(const char *path, ckpt_source_kind_t *out)
 {
     struct stat sb;
     if (stat(path, &sb) != 0) {
+        int e = errno;
         log_error("%s: cannot use as a model: %s (expected a Hugging Face directory or a .gguf "
-                  "file)", path, strerror(errno));
-        return errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO;
+                  "file)", path, strerror(e));
+        return e == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO;
     }
     if (S_ISDIR(sb.st_mode)) {
         *out = CKPT_SOURCE_HF_DIR;

@@ -26,6 +26,7 @@ val=data/austen/val.txt
 for split in train val; do
     if [ ! -s $out/data/$split/index.json ]; then
         rm -rf $out/data/$split
+        mkdir -p $out/data
         nice "$BATON" data prepare --tokenizer $hf --input data/austen/$split.txt --output $out/data/$split --quiet
     fi
 done
