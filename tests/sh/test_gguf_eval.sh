@@ -58,3 +58,17 @@ err_case source_err_missing "No such file" "$tmp/nothing.gguf"
 cp $F/tiny.gguf "$tmp/v9.gguf"
 printf '\x09' | dd of="$tmp/v9.gguf" bs=1 seek=4 conv=notrunc 2>/dev/null
 err_case gguf_err_version "version" "$tmp/v9.gguf"
+
+# 4. baton run takes a GGUF as model.hf: the same training run as from its HF twin.
+for m in tiny.gguf hf; do
+    "$BATON" run jobs/tiny_hf.yaml --quiet --set model.hf=$F/$m --set train.steps=6 --set train.eval_every=3 \
+        --set metrics.file="$tmp/metrics_${m%%.*}.jsonl" --set metrics.plot="" >"$tmp/run_${m%%.*}.out" 2>&1 ||
+        fail run_from_gguf "$m: $(tail -3 "$tmp/run_${m%%.*}.out")"
+done
+first=$(sed -n 's/.*"loss": \([-0-9.eE+]*\).*/\1/p' "$tmp/metrics_tiny.jsonl" | head -1)
+last=$(sed -n 's/.*"val_loss": \([-0-9.eE+]*\).*/\1/p' "$tmp/metrics_tiny.jsonl" | tail -1)
+if [ -s "$tmp/metrics_tiny.jsonl" ] &&
+   diff <(grep -o '"[a-z_]*loss": [-0-9.eE+]*' "$tmp/metrics_tiny.jsonl") \
+        <(grep -o '"[a-z_]*loss": [-0-9.eE+]*' "$tmp/metrics_hf.jsonl") >/dev/null &&
+   awk -v a="$last" -v b="$first" 'BEGIN { exit !(a < b) }'; then pass run_from_gguf_equals_hf_twin
+else fail run_from_gguf_equals_hf_twin "first $first last val $last; $(head -c 400 "$tmp/metrics_tiny.jsonl") vs $(head -c 400 "$tmp/metrics_hf.jsonl")"; fi
