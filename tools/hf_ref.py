@@ -3,7 +3,7 @@
 (torch on CPU, fp32). Prints one JSON object on stdout.
 
     python3 tools/hf_ref.py eval --model DIR (--text FILE | --ids FILE) [--window 1024] [--max-tokens N]
-    python3 tools/hf_ref.py generate --model DIR --prompt TEXT --max-new 32 [--bos]
+    python3 tools/hf_ref.py generate --model DIR --prompt TEXT --max-new 32 [--bos] [--ignore-eos]
 
 eval: the text is tokenized with DIR/tokenizer.json (HF `tokenizers`, no
 special tokens), the first N ids are kept, cut into consecutive windows of
@@ -14,7 +14,7 @@ NLL over all scored positions of all windows: exactly what
 
 generate: greedy decoding (do_sample=False) of max-new tokens after the
 prompt's ids (no special tokens unless --bos), stopping at the model's EOS
-like `baton generate`; prints the new ids and their text.
+like `baton generate` (not with --ignore-eos); prints the new ids and their text.
 """
 import argparse
 import json
@@ -71,10 +71,11 @@ def cmd_generate(a):
     if a.bos:
         ids = [m.config.bos_token_id] + ids
     x = torch.tensor([ids])
-    eos = m.generation_config.eos_token_id
+    eos = None if a.ignore_eos else m.generation_config.eos_token_id
     with torch.no_grad():
         out = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=a.max_new,
-                         min_new_tokens=0, eos_token_id=eos, pad_token_id=eos if eos is not None else 0,
+                         min_new_tokens=0, eos_token_id=eos,
+                         pad_token_id=m.generation_config.pad_token_id or 0,
                          temperature=None, top_p=None, top_k=None)
     new = out[0, len(ids):].tolist()
     print(json.dumps({"prompt_ids": ids, "ids": new, "text": tok.decode(new, skip_special_tokens=False)},
@@ -95,6 +96,7 @@ def main():
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new", type=int, default=32)
     g.add_argument("--bos", action="store_true")
+    g.add_argument("--ignore-eos", action="store_true")
     a = ap.parse_args()
     if a.cmd == "eval":
         if bool(a.text) == bool(a.ids):

@@ -12,8 +12,9 @@
 #      transformers (torch CPU fp32) on the HF directory   tools/hf_ref.py eval
 #      baton eval --model models/smollm2-135m-hf           (HF directory)
 #      baton eval --model models/smollm2/...Q4_1.gguf      (GGUF read in C)
-# 4. Greedy generation of 32 tokens after "The capital of France is" with
-#    transformers and with baton generate (HF directory and GGUF).
+# 4. Greedy generation of 32 tokens after "The capital of France is" (stopping
+#    at EOS) and after "It is a truth universally acknowledged" (--ignore-eos)
+#    with transformers and with baton generate (HF directory and GGUF).
 # Results go to runs/smollm2/*.json; a step whose result file exists is not
 # run again (delete runs/smollm2/ to redo everything). Prints a summary with
 # the relative differences of the losses.
@@ -29,6 +30,7 @@ hf=models/smollm2-135m-hf
 tools/fetch_austen.sh
 val=data/austen/val.txt
 prompt="The capital of France is"
+prompt2="It is a truth universally acknowledged"
 run() { # run FILE CMD...: CMD's stdout into FILE unless FILE exists
     local f=$1; shift
     if [ ! -s "$f" ]; then
@@ -43,6 +45,9 @@ run $out/baton_eval_gguf.json "$BATON" eval --model "$gguf" --text $val --window
 run $out/hf_generate.json python3 tools/hf_ref.py generate --model $hf --prompt "$prompt" --max-new 32
 run $out/baton_generate_hf.json "$BATON" generate --model $hf --prompt "$prompt" --max-new 32 --json
 run $out/baton_generate_gguf.json "$BATON" generate --model "$gguf" --prompt "$prompt" --max-new 32 --json
+run $out/hf_generate2.json python3 tools/hf_ref.py generate --model $hf --prompt "$prompt2" --max-new 32 --ignore-eos
+run $out/baton_generate2_hf.json "$BATON" generate --model $hf --prompt "$prompt2" --max-new 32 --ignore-eos --json
+run $out/baton_generate2_gguf.json "$BATON" generate --model "$gguf" --prompt "$prompt2" --max-new 32 --ignore-eos --json
 
 python3 - "$out" <<'PY'
 import json, sys
@@ -57,12 +62,14 @@ print(f"  baton GGUF vs baton HF dir: rel.diff {abs(bg['loss'] - bh['loss']) / a
 ok = all(r["tokens"] == ref["tokens"] for r in (bh, bg)) and \
      abs(bh["loss"] - ref["loss"]) <= 1e-4 * abs(ref["loss"]) and \
      abs(bg["loss"] - bh["loss"]) <= 1e-5 * abs(bh["loss"])
-gr, gh, gg = ld("hf_generate"), ld("baton_generate_hf"), ld("baton_generate_gguf")
-print("greedy, 32 new tokens after 'The capital of France is':")
-print("  transformers:", gr["ids"], json.dumps(gr["text"]))
-print("  baton (HF):  ", gh["ids"], json.dumps(gh["text"]))
-print("  baton (GGUF):", gg["ids"], json.dumps(gg["text"]))
-gen_ok = gh["ids"] == gr["ids"] and gg["ids"] == gr["ids"]
+gen_ok = True
+for sfx, prompt in (("", "The capital of France is"), ("2", "It is a truth universally acknowledged")):
+    gr, gh, gg = ld("hf_generate" + sfx), ld("baton_generate" + sfx + "_hf"), ld("baton_generate" + sfx + "_gguf")
+    print(f"greedy, up to 32 new tokens after {prompt!r}:")
+    print("  transformers:", gr["ids"], json.dumps(gr["text"]))
+    print("  baton (HF):  ", gh["ids"], json.dumps(gh["text"]))
+    print("  baton (GGUF):", gg["ids"], json.dumps(gg["text"]))
+    gen_ok = gen_ok and gh["ids"] == gr["ids"] and gg["ids"] == gr["ids"]
 print("parity:", "OK" if ok and gen_ok else "MISMATCH")
 sys.exit(0 if ok and gen_ok else 1)
 PY
