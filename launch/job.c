@@ -587,9 +587,12 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
                          "cannot be set together with model.hf (its config.json decides)");
 
     model_config_t cfg;
-    if (ckpt_source_config(job->model.hf, &cfg) != BT_OK)
-        return vfail(job, "model.hf", err, errlen, "cannot use %s (the error above says why)",
-                     job->model.hf);
+    if (ckpt_source_config(job->model.hf, &cfg) != BT_OK) {
+        size_t n = strlen(job->model.hf);
+        bool gguf = n >= 5 && !strcmp(job->model.hf + n - 5, ".gguf");
+        return vfail(job, "model.hf", err, errlen, "cannot use %s%s (the error above says why)",
+                     job->model.hf, gguf ? "" : "/config.json");
+    }
     job_model_t *m = &job->model;
     m->layers = cfg.num_layers;
     m->hidden = cfg.hidden_size;
