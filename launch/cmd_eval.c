@@ -1,11 +1,353 @@
+/* baton eval: loss and perplexity of a Hugging Face model directory.
+ *
+ *   baton eval --model DIR (--ids FILE | --text FILE) [--window T] [--grad-norm] [--json]
+ *
+ * --ids FILE: one sequence per line, whitespace-separated token ids; blank
+ * lines are ignored. Each sequence is scored on its own exactly as
+ * transformers does with labels = input ids (next-token NLL at positions
+ * 0..len-2), and the loss is the mean over all scored positions of all
+ * sequences. A sequence longer than the window is cut into consecutive
+ * windows of at most T tokens, each scored as its own sequence.
+ * --text FILE: the text tokenized with the model directory's tokenizer.json,
+ * then cut into windows the same way.
+ * --window T: default max_position_embeddings of the config.
+ * --grad-norm: also the global L2 norm of d(mean loss)/d(parameters).
+ * --json: one JSON object {"tokens", "loss", "ppl"[, "grad_norm"]} on stdout.
+ */
 #include "launch/cli.h"
 
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-/* Placeholder until the issue that owns this command lands it. */
+#include "base/log.h"
+#include "ckpt/hf.h"
+#include "data/tokenizer.h"
+#include "model/model.h"
+
+typedef struct {
+    int32_t *ids;   /* all tokens, sequences back to back */
+    int64_t  n_ids, cap_ids;
+    int64_t *start; /* [n_seq] offset of each sequence in ids */
+    int64_t *len;   /* [n_seq] */
+    int64_t  n_seq, cap_seq;
+} eval_seqs_t;
+
+static void eval_seqs_free(eval_seqs_t *s)
+{
+    free(s->ids);
+    free(s->start);
+    free(s->len);
+    memset(s, 0, sizeof *s);
+}
+
+static int eval_seqs_push_id(eval_seqs_t *s, int32_t id)
+{
+    if (s->n_ids == s->cap_ids) {
+        int64_t cap = s->cap_ids ? s->cap_ids * 2 : 4096;
+        int32_t *p = realloc(s->ids, (size_t)cap * sizeof *p);
+        if (!p) return -1;
+        s->ids = p;
+        s->cap_ids = cap;
+    }
+    s->ids[s->n_ids++] = id;
+    return 0;
+}
+
+static int eval_seqs_push_seq(eval_seqs_t *s, int64_t start, int64_t len)
+{
+    if (s->n_seq == s->cap_seq) {
+        int64_t cap = s->cap_seq ? s->cap_seq * 2 : 64;
+        int64_t *a = realloc(s->start, (size_t)cap * sizeof *a);
+        if (!a) return -1;
+        s->start = a;
+        int64_t *b = realloc(s->len, (size_t)cap * sizeof *b);
+        if (!b) return -1;
+        s->len = b;
+        s->cap_seq = cap;
+    }
+    s->start[s->n_seq] = start;
+    s->len[s->n_seq] = len;
+    s->n_seq++;
+    return 0;
+}
+
+/* Reads the --ids file. Errors name the file, line and column. */
+static int eval_ids_read(const char *path, int64_t vocab, eval_seqs_t *s)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        log_error("%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int64_t lineno = 0;
+    int rc = -1;
+    while ((n = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        int64_t start = s->n_ids;
+        char *p = line;
+        for (;;) {
+            while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n' || *p == '\v' || *p == '\f')
+                p++;
+            if (!*p) break;
+            char *tok = p;
+            while (*p && !(*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n' || *p == '\v' ||
+                           *p == '\f'))
+                p++;
+            char save = *p;
+            *p = '\0';
+            char *end;
+            errno = 0;
+            long long v = strtoll(tok, &end, 10);
+            long col = (long)(tok - line) + 1;
+            if (*end || end == tok || errno || tok[0] == '+') {
+                log_error("%s:%lld:%ld: bad token '%.40s' (expected a token id)", path,
+                          (long long)lineno, col, tok);
+                goto done;
+            }
+            if (v < 0 || v >= vocab) {
+                log_error("%s:%lld:%ld: token id %lld outside the vocabulary [0, %lld)", path,
+                          (long long)lineno, col, v, (long long)vocab);
+                goto done;
+            }
+            if (eval_seqs_push_id(s, (int32_t)v) != 0) goto oom;
+            *p = save;
+        }
+        if (s->n_ids > start && eval_seqs_push_seq(s, start, s->n_ids - start) != 0) goto oom;
+    }
+    if (ferror(f)) {
+        log_error("%s: read error", path);
+        goto done;
+    }
+    if (s->n_seq == 0) {
+        log_error("%s: no sequences (only blank lines)", path);
+        goto done;
+    }
+    rc = 0;
+    goto done;
+oom:
+    log_error("%s: out of memory", path);
+done:
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+/* Reads the --text file and tokenizes it with DIR's tokenizer.json into one
+ * sequence (no special tokens added). */
+static int eval_text_read(const char *path, const char *dir, int64_t vocab, eval_seqs_t *s)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        log_error("%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    int rc = -1;
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len + 65536 > cap) {
+            cap = cap ? cap * 2 : 1u << 20;
+            char *t = realloc(text, cap);
+            if (!t) {
+                log_error("%s: out of memory", path);
+                goto free_text;
+            }
+            text = t;
+        }
+        size_t r = fread(text + len, 1, cap - len, f);
+        len += r;
+        if (r == 0) break;
+    }
+    if (ferror(f)) {
+        log_error("%s: read error", path);
+        goto free_text;
+    }
+    tok_t *tok = NULL;
+    if (tok_load(dir, &tok) != BT_OK) goto free_text; /* tok_load said why */
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    if (tok_encode(tok, text ? text : "", len, &ids, &n) != BT_OK) {
+        log_error("%s: tokenization failed", path);
+        goto free_tok;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((int64_t)ids[i] >= vocab) {
+            log_error("%s: token %zu has id %u, outside the model's vocabulary (%lld): the "
+                      "tokenizer does not match the model", path, i, ids[i], (long long)vocab);
+            goto free_ids;
+        }
+        if (eval_seqs_push_id(s, (int32_t)ids[i]) != 0) {
+            log_error("%s: out of memory", path);
+            goto free_ids;
+        }
+    }
+    if (n == 0) {
+        log_error("%s: the text has no tokens", path);
+        goto free_ids;
+    }
+    if (eval_seqs_push_seq(s, 0, (int64_t)n) != 0) {
+        log_error("%s: out of memory", path);
+        goto free_ids;
+    }
+    rc = 0;
+free_ids:
+    free(ids);
+free_tok:
+    tok_free(tok);
+free_text:
+    free(text);
+    fclose(f);
+    return rc;
+}
+
+/* Cuts every sequence longer than window into windows of at most `window`. */
+static int eval_seqs_window(eval_seqs_t *s, int64_t window)
+{
+    eval_seqs_t w = *s;
+    w.start = NULL;
+    w.len = NULL;
+    w.n_seq = w.cap_seq = 0;
+    for (int64_t i = 0; i < s->n_seq; i++)
+        for (int64_t o = 0; o < s->len[i]; o += window) {
+            int64_t n = s->len[i] - o < window ? s->len[i] - o : window;
+            if (eval_seqs_push_seq(&w, s->start[i] + o, n) != 0) {
+                free(w.start);
+                free(w.len);
+                return -1;
+            }
+        }
+    free(s->start);
+    free(s->len);
+    s->start = w.start;
+    s->len = w.len;
+    s->n_seq = w.n_seq;
+    s->cap_seq = w.cap_seq;
+    return 0;
+}
+
+static void eval_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: baton eval --model DIR (--ids FILE | --text FILE) [--window T]\n"
+            "                  [--grad-norm] [--json]\n"
+            "  --model DIR    Hugging Face model directory (config.json + safetensors)\n"
+            "  --ids FILE     one sequence per line, whitespace-separated token ids\n"
+            "  --text FILE    text, tokenized with DIR/tokenizer.json\n"
+            "  --window T     score sequences in windows of at most T tokens\n"
+            "                 (default: max_position_embeddings)\n"
+            "  --grad-norm    also print the global L2 norm of the loss gradient\n"
+            "  --json         print one JSON object: {\"tokens\", \"loss\", \"ppl\"[, \"grad_norm\"]}\n");
+}
+
 int cmd_eval(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "baton eval: not built yet\n");
-    return 2;
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'}, {"ids", required_argument, NULL, 'i'},
+        {"text", required_argument, NULL, 't'},  {"window", required_argument, NULL, 'w'},
+        {"grad-norm", no_argument, NULL, 'g'},   {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0},
+    };
+    const char *dir = NULL, *ids_path = NULL, *text_path = NULL;
+    int64_t window = 0;
+    bool grad_norm = false, json = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': dir = optarg; break;
+        case 'i': ids_path = optarg; break;
+        case 't': text_path = optarg; break;
+        case 'w': {
+            char *end;
+            long long v = strtoll(optarg, &end, 10);
+            if (*end || v < 2) {
+                fprintf(stderr, "baton eval: --window needs an integer >= 2, got '%s'\n", optarg);
+                return 2;
+            }
+            window = v;
+            break;
+        }
+        case 'g': grad_norm = true; break;
+        case 'j': json = true; break;
+        case 'h': eval_usage(stdout); return 0;
+        default: eval_usage(stderr); return 2;
+        }
+    }
+    if (optind < argc || !dir || (!ids_path == !text_path)) {
+        if (optind < argc) fprintf(stderr, "baton eval: unexpected argument '%s'\n", argv[optind]);
+        else if (!dir) fprintf(stderr, "baton eval: --model DIR is required\n");
+        else fprintf(stderr, "baton eval: give exactly one of --ids FILE and --text FILE\n");
+        eval_usage(stderr);
+        return 2;
+    }
+
+    int rc = 1;
+    model_t *m = NULL;
+    model_acts_t *a = NULL;
+    eval_seqs_t seqs = {0};
+    int32_t *targets = NULL;
+    if (ckpt_hf_load(dir, NULL, &m) != BT_OK) return 1; /* the loader said why */
+    if (text_path ? eval_text_read(text_path, dir, m->cfg.vocab_size, &seqs) != 0
+                  : eval_ids_read(ids_path, m->cfg.vocab_size, &seqs) != 0)
+        goto free_seqs;
+    if (window == 0) window = m->cfg.max_position_embeddings;
+    if (eval_seqs_window(&seqs, window) != 0) {
+        log_error("eval: out of memory");
+        goto free_seqs;
+    }
+    int64_t tmax = 0, total = 0;
+    for (int64_t i = 0; i < seqs.n_seq; i++) {
+        if (seqs.len[i] > tmax) tmax = seqs.len[i];
+        total += seqs.len[i] - 1;
+    }
+    if (total == 0) {
+        log_error("%s: no scored positions (every sequence has a single token)",
+                  text_path ? text_path : ids_path);
+        goto free_seqs;
+    }
+    if (model_acts_create(m, 1, tmax, &a) != BT_OK) goto free_seqs;
+    targets = malloc((size_t)tmax * sizeof *targets);
+    if (!targets) goto destroy_acts;
+    float dloss = grad_norm ? (float)(1.0 / (double)total) : 0.0f;
+    double sum = 0;
+    int64_t scored = 0;
+    for (int64_t i = 0; i < seqs.n_seq; i++) {
+        int64_t T = seqs.len[i];
+        const int32_t *ids = seqs.ids + seqs.start[i];
+        model_targets_from_ids(targets, ids, NULL, 1, T);
+        model_batch_t b = {.B = 1, .T = T, .ids = ids, .targets = targets};
+        model_loss_t l;
+        if (model_forward_backward(m, a, &b, dloss, &l) != BT_OK) goto free_targets;
+        sum += l.loss_sum;
+        scored += l.n_scored;
+    }
+    if (scored != total) BT_PANIC("eval: scored %lld of %lld positions", (long long)scored,
+                                  (long long)total);
+    double loss = sum / (double)scored, ppl = exp(loss);
+    double gn = grad_norm ? sqrt(model_grads_sumsq(m)) : 0.0;
+    if (json) {
+        printf("{\"tokens\": %lld, \"loss\": %.17g, \"ppl\": %.17g", (long long)scored, loss, ppl);
+        if (grad_norm) printf(", \"grad_norm\": %.17g", gn);
+        printf("}\n");
+    } else {
+        printf("tokens %lld  loss %.6f nats  ppl %.4f", (long long)scored, loss, ppl);
+        if (grad_norm) printf("  grad_norm %.6g", gn);
+        printf("  (%lld sequences, window %lld)\n", (long long)seqs.n_seq, (long long)window);
+    }
+    rc = 0;
+free_targets:
+    free(targets);
+destroy_acts:
+    model_acts_destroy(a);
+free_seqs:
+    eval_seqs_free(&seqs);
+    model_destroy(m);
+    return rc;
 }

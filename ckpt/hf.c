@@ -1,0 +1,734 @@
+#include "ckpt/hf.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/log.h"
+#include "ckpt/safetensors.h"
+
+/* ---- config.json ----------------------------------------------------------- */
+
+typedef struct {
+    const char *what;
+    json_t     *root;
+} hf_cfg_t;
+
+/* An integer field; absent or null -> def (def < 0: required). */
+static bt_status_t cfg_int(const hf_cfg_t *c, json_t *obj, const char *key, int64_t def,
+                           int64_t *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (def < 0) {
+            log_error("%s: required field '%s' is missing", c->what, key);
+            return BT_ERR_INVALID;
+        }
+        *out = def;
+        return BT_OK;
+    }
+    if (json_is_integer(v)) {
+        *out = (int64_t)json_integer_value(v);
+        return BT_OK;
+    }
+    if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
+        fabs(json_real_value(v)) < 9e15) {
+        *out = (int64_t)json_real_value(v);
+        return BT_OK;
+    }
+    log_error("%s: field '%s' must be an integer", c->what, key);
+    return BT_ERR_INVALID;
+}
+
+static bt_status_t cfg_num(const hf_cfg_t *c, json_t *obj, const char *key, double def,
+                           bool required, double *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (required) {
+            log_error("%s: required field '%s' is missing", c->what, key);
+            return BT_ERR_INVALID;
+        }
+        *out = def;
+        return BT_OK;
+    }
+    if (!json_is_number(v)) {
+        log_error("%s: field '%s' must be a number", c->what, key);
+        return BT_ERR_INVALID;
+    }
+    *out = json_number_value(v);
+    return BT_OK;
+}
+
+static bt_status_t cfg_bool(const hf_cfg_t *c, json_t *obj, const char *key, bool def, bool *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return BT_OK;
+    }
+    if (!json_is_boolean(v)) {
+        log_error("%s: field '%s' must be true or false", c->what, key);
+        return BT_ERR_INVALID;
+    }
+    *out = json_is_true(v);
+    return BT_OK;
+}
+
+/* RoPE from the new "rope_parameters" or the legacy "rope_theta" +
+ * "rope_scaling" fields; type key "rope_type" or "type". */
+static bt_status_t cfg_rope(const hf_cfg_t *c, int64_t max_pos, model_rope_t *r)
+{
+    bt_status_t st;
+    json_t *root = c->root;
+    const char *field = "rope_parameters";
+    json_t *rp = json_object_get(root, "rope_parameters");
+    if (!rp || json_is_null(rp)) {
+        field = "rope_scaling";
+        rp = json_object_get(root, "rope_scaling");
+    }
+    if (rp && !json_is_null(rp) && !json_is_object(rp)) {
+        log_error("%s: '%s' must be an object or null", c->what, field);
+        return BT_ERR_INVALID;
+    }
+    if (rp && json_is_null(rp)) rp = NULL;
+    memset(r, 0, sizeof *r);
+    if ((st = cfg_num(c, root, "rope_theta", 10000.0, false, &r->theta)) != BT_OK) return st;
+    double prf = 1.0;
+    if ((st = cfg_num(c, root, "partial_rotary_factor", 1.0, false, &prf)) != BT_OK) return st;
+    if (!rp) goto check_partial;
+    if ((st = cfg_num(c, rp, "rope_theta", r->theta, false, &r->theta)) != BT_OK) return st;
+    if ((st = cfg_num(c, rp, "partial_rotary_factor", prf, false, &prf)) != BT_OK) return st;
+    json_t *jt = json_object_get(rp, "rope_type");
+    const char *tkey = "rope_type";
+    if (!jt) {
+        jt = json_object_get(rp, "type");
+        tkey = "type";
+    }
+    const char *type = jt && json_is_string(jt) ? json_string_value(jt) : "default";
+    if (jt && !json_is_string(jt)) {
+        log_error("%s: '%s.%s' must be a string", c->what, field, tkey);
+        return BT_ERR_INVALID;
+    }
+    if (!strcmp(type, "default")) {
+        r->kind = MODEL_ROPE_DEFAULT;
+    } else if (!strcmp(type, "linear")) {
+        r->kind = MODEL_ROPE_LINEAR;
+        if ((st = cfg_num(c, rp, "factor", 0, true, &r->factor)) != BT_OK) return st;
+    } else if (!strcmp(type, "llama3")) {
+        r->kind = MODEL_ROPE_LLAMA3;
+        if ((st = cfg_num(c, rp, "factor", 0, true, &r->factor)) != BT_OK ||
+            (st = cfg_num(c, rp, "low_freq_factor", 0, true, &r->low_freq_factor)) != BT_OK ||
+            (st = cfg_num(c, rp, "high_freq_factor", 0, true, &r->high_freq_factor)) != BT_OK)
+            return st;
+        int64_t omp;
+        if ((st = cfg_int(c, root, "original_max_position_embeddings", max_pos, &omp)) != BT_OK ||
+            (st = cfg_int(c, rp, "original_max_position_embeddings", omp, &omp)) != BT_OK)
+            return st;
+        r->original_max_position = omp;
+    } else {
+        log_error("%s: %s.%s='%s' is not supported (supported: default, linear, llama3)",
+                  c->what, field, tkey, type);
+        return BT_ERR_UNSUPPORTED;
+    }
+check_partial:
+    if (prf != 1.0) {
+        log_error("%s: partial_rotary_factor=%g is not supported (only 1.0)", c->what, prf);
+        return BT_ERR_UNSUPPORTED;
+    }
+    return BT_OK;
+}
+
+static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
+{
+    json_t *archs = json_object_get(c->root, "architectures");
+    const char *name = NULL;
+    if (archs && json_is_array(archs) && json_array_size(archs) > 0) {
+        json_t *a0 = json_array_get(archs, 0);
+        if (!json_is_string(a0)) {
+            log_error("%s: architectures[0] must be a string", c->what);
+            return BT_ERR_INVALID;
+        }
+        if (json_array_size(archs) > 1) {
+            log_error("%s: architectures lists %zu classes; exactly one is supported", c->what,
+                      json_array_size(archs));
+            return BT_ERR_UNSUPPORTED;
+        }
+        name = json_string_value(a0);
+        for (int i = 0; i < MODEL_ARCH_COUNT; i++)
+            if (!strcmp(name, model_arch_name((model_arch_t)i))) {
+                *arch = (model_arch_t)i;
+                return BT_OK;
+            }
+        log_error("%s: architectures[0]='%s' is not supported (supported: LlamaForCausalLM, "
+                  "MistralForCausalLM, Qwen2ForCausalLM)", c->what, name);
+        return BT_ERR_UNSUPPORTED;
+    }
+    json_t *mt = json_object_get(c->root, "model_type");
+    static const char *const types[] = {
+        [MODEL_ARCH_LLAMA] = "llama", [MODEL_ARCH_MISTRAL] = "mistral", [MODEL_ARCH_QWEN2] = "qwen2",
+    };
+    _Static_assert(sizeof types / sizeof types[0] == MODEL_ARCH_COUNT, "model_type per arch");
+    if (mt && json_is_string(mt)) {
+        for (int i = 0; i < MODEL_ARCH_COUNT; i++)
+            if (!strcmp(json_string_value(mt), types[i])) {
+                *arch = (model_arch_t)i;
+                return BT_OK;
+            }
+        log_error("%s: model_type='%s' is not supported (supported: llama, mistral, qwen2)",
+                  c->what, json_string_value(mt));
+        return BT_ERR_UNSUPPORTED;
+    }
+    log_error("%s: neither 'architectures' nor 'model_type' names the model class", c->what);
+    return BT_ERR_INVALID;
+}
+
+/* Sliding window: Mistral applies sliding_window (when set) to every layer;
+ * Qwen2 only when use_sliding_window, to the layers layer_types marks
+ * "sliding_attention" (or, in older configs, layers >= max_window_layers).
+ * We do not implement the window: cfg->sliding_window records it and
+ * sequences longer than it are rejected. */
+static bt_status_t cfg_sliding(const hf_cfg_t *c, model_arch_t arch, int64_t layers,
+                               int64_t *out)
+{
+    bt_status_t st;
+    int64_t w = 0;
+    *out = 0;
+    if (arch == MODEL_ARCH_LLAMA) return BT_OK;
+    if ((st = cfg_int(c, c->root, "sliding_window", 0, &w)) != BT_OK) return st;
+    if (arch == MODEL_ARCH_QWEN2) {
+        bool use = false;
+        if ((st = cfg_bool(c, c->root, "use_sliding_window", false, &use)) != BT_OK) return st;
+        bool any = false;
+        json_t *lt = json_object_get(c->root, "layer_types");
+        if (lt && json_is_array(lt)) {
+            size_t i;
+            json_t *e;
+            json_array_foreach(lt, i, e) {
+                const char *s = json_is_string(e) ? json_string_value(e) : "";
+                if (!strcmp(s, "sliding_attention")) any = true;
+                else if (strcmp(s, "full_attention")) {
+                    log_error("%s: layer_types[%zu]='%s' is not supported", c->what, i, s);
+                    return BT_ERR_UNSUPPORTED;
+                }
+            }
+        } else if (use) {
+            int64_t mwl;
+            if ((st = cfg_int(c, c->root, "max_window_layers", 0, &mwl)) != BT_OK) return st;
+            any = mwl < layers;
+        }
+        if (!use || !any) w = 0;
+    }
+    if (w < 0) {
+        log_error("%s: sliding_window=%lld must be >= 0", c->what, (long long)w);
+        return BT_ERR_INVALID;
+    }
+    *out = w;
+    return BT_OK;
+}
+
+bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
+                                 model_config_t *out)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, 0, &jerr);
+    if (!root) {
+        log_error("%s: not valid JSON: %s (line %d column %d)", what, jerr.text, jerr.line,
+                  jerr.column);
+        return BT_ERR_INVALID;
+    }
+    bt_status_t st = BT_ERR_INVALID;
+    hf_cfg_t c = {.what = what, .root = root};
+    model_config_t m;
+    memset(&m, 0, sizeof m);
+    if (!json_is_object(root)) {
+        log_error("%s: not a JSON object", what);
+        goto free_root;
+    }
+    if ((st = cfg_arch(&c, &m.arch)) != BT_OK) goto free_root;
+    if ((st = cfg_int(&c, root, "vocab_size", -1, &m.vocab_size)) != BT_OK ||
+        (st = cfg_int(&c, root, "hidden_size", -1, &m.hidden_size)) != BT_OK ||
+        (st = cfg_int(&c, root, "intermediate_size", -1, &m.intermediate_size)) != BT_OK ||
+        (st = cfg_int(&c, root, "num_hidden_layers", -1, &m.num_layers)) != BT_OK ||
+        (st = cfg_int(&c, root, "num_attention_heads", -1, &m.num_heads)) != BT_OK ||
+        (st = cfg_int(&c, root, "num_key_value_heads", m.num_heads, &m.num_kv_heads)) != BT_OK ||
+        (st = cfg_int(&c, root, "max_position_embeddings", 2048, &m.max_position_embeddings)) !=
+            BT_OK ||
+        (st = cfg_num(&c, root, "rms_norm_eps", 1e-6, false, &m.rms_norm_eps)) != BT_OK ||
+        (st = cfg_bool(&c, root, "tie_word_embeddings", false, &m.tie_word_embeddings)) != BT_OK)
+        goto free_root;
+    if (m.num_heads <= 0 || m.hidden_size <= 0) {
+        log_error("%s: hidden_size=%lld and num_attention_heads=%lld must be > 0", what,
+                  (long long)m.hidden_size, (long long)m.num_heads);
+        st = BT_ERR_INVALID;
+        goto free_root;
+    }
+    if ((st = cfg_int(&c, root, "head_dim", m.hidden_size / m.num_heads, &m.head_dim)) != BT_OK)
+        goto free_root;
+
+    json_t *act = json_object_get(root, "hidden_act");
+    const char *act_s = act && json_is_string(act) ? json_string_value(act) : (act ? "?" : "silu");
+    if (strcmp(act_s, "silu") && strcmp(act_s, "swish")) {
+        log_error("%s: hidden_act='%s' is not supported (only silu)", what, act_s);
+        st = BT_ERR_UNSUPPORTED;
+        goto free_root;
+    }
+    bool attn_bias = false, mlp_bias = false;
+    if ((st = cfg_bool(&c, root, "attention_bias", false, &attn_bias)) != BT_OK ||
+        (st = cfg_bool(&c, root, "mlp_bias", false, &mlp_bias)) != BT_OK)
+        goto free_root;
+    switch (m.arch) {
+    case MODEL_ARCH_LLAMA:
+        m.qkv_bias = m.o_bias = attn_bias;
+        m.mlp_bias = mlp_bias;
+        break;
+    case MODEL_ARCH_MISTRAL: /* transformers' Mistral has no biases at all */
+    case MODEL_ARCH_QWEN2:   /* q/k/v biases always, no o/MLP bias */
+        m.qkv_bias = m.arch == MODEL_ARCH_QWEN2;
+        if (attn_bias || mlp_bias)
+            log_warn("%s: attention_bias/mlp_bias are ignored by %s (as transformers does)",
+                     what, model_arch_name(m.arch));
+        break;
+    default:
+        BT_PANIC("unhandled arch %d", (int)m.arch);
+    }
+    if ((st = cfg_rope(&c, m.max_position_embeddings, &m.rope)) != BT_OK) goto free_root;
+    if ((st = cfg_sliding(&c, m.arch, m.num_layers, &m.sliding_window)) != BT_OK) goto free_root;
+    double drop = 0;
+    if ((st = cfg_num(&c, root, "attention_dropout", 0, false, &drop)) != BT_OK) goto free_root;
+    if (drop != 0)
+        log_warn("%s: attention_dropout=%g is ignored (no dropout is applied)", what, drop);
+    /* model_config_validate logs the offending field */
+    if ((st = model_config_validate(&m)) != BT_OK) goto free_root;
+    *out = m;
+    st = BT_OK;
+free_root:
+    json_decref(root);
+    return st;
+}
+
+/* Reads a whole small file (config, index) into a NUL-terminated buffer. */
+static bt_status_t hf_file_read(const char *path, char **buf, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        log_error("%s: cannot open: %s", path, strerror(errno));
+        return errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO;
+    }
+    bt_status_t st = BT_ERR_IO;
+    char *b = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            if (cap > (256u << 20)) {
+                log_error("%s: larger than 256 MB; not a config file", path);
+                st = BT_ERR_INVALID;
+                goto fail;
+            }
+            char *nb = realloc(b, cap);
+            if (!nb) {
+                st = BT_ERR_NOMEM;
+                goto fail;
+            }
+            b = nb;
+        }
+        size_t r = fread(b + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) break;
+    }
+    if (ferror(f)) {
+        log_error("%s: read error", path);
+        goto fail;
+    }
+    fclose(f);
+    b[n] = '\0';
+    *buf = b;
+    *len = n;
+    return BT_OK;
+fail:
+    free(b);
+    fclose(f);
+    return st;
+}
+
+static char *hf_path(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+bt_status_t ckpt_hf_config_load(const char *dir, model_config_t *out)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        log_error("%s: not a model directory (%s)", dir,
+                  stat(dir, &sb) != 0 ? strerror(errno) : "not a directory");
+        return BT_ERR_NOT_FOUND;
+    }
+    char *path = hf_path(dir, "config.json");
+    if (!path) return BT_ERR_NOMEM;
+    char *text;
+    size_t len;
+    bt_status_t st = hf_file_read(path, &text, &len);
+    if (st == BT_OK) {
+        st = ckpt_hf_config_parse(text, len, path, out);
+        free(text);
+    }
+    free(path);
+    return st;
+}
+
+/* ---- weights ----------------------------------------------------------------- */
+
+typedef struct {
+    int              n_files;
+    ckpt_st_file_t **files;
+    /* index: weight_map name -> file number (single file: NULL, all in file 0) */
+    int              n_map;
+    char           **map_names;
+    int             *map_file;
+} hf_weights_t;
+
+static void hf_weights_close(hf_weights_t *w)
+{
+    for (int i = 0; i < w->n_files; i++) ckpt_st_close(w->files[i]);
+    for (int i = 0; i < w->n_map; i++) free(w->map_names[i]);
+    free(w->files);
+    free(w->map_names);
+    free(w->map_file);
+    memset(w, 0, sizeof *w);
+}
+
+static bt_status_t hf_weights_open_index(const char *dir, const char *ipath, hf_weights_t *w)
+{
+    char *text;
+    size_t len;
+    bt_status_t st = hf_file_read(ipath, &text, &len);
+    if (st != BT_OK) return st;
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, 0, &jerr);
+    free(text);
+    if (!root) {
+        log_error("%s: not valid JSON: %s (line %d)", ipath, jerr.text, jerr.line);
+        return BT_ERR_INVALID;
+    }
+    st = BT_ERR_INVALID;
+    json_t *map = json_object_get(root, "weight_map");
+    if (!json_is_object(map)) {
+        log_error("%s: no 'weight_map' object", ipath);
+        goto free_root;
+    }
+    size_t n = json_object_size(map);
+    char **fnames = calloc(n ? n : 1, sizeof *fnames);
+    w->map_names = calloc(n ? n : 1, sizeof *w->map_names);
+    w->map_file = calloc(n ? n : 1, sizeof *w->map_file);
+    w->files = calloc(n ? n : 1, sizeof *w->files);
+    if (!fnames || !w->map_names || !w->map_file || !w->files) {
+        free(fnames);
+        st = BT_ERR_NOMEM;
+        goto free_root;
+    }
+    int nf = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(map, key, val) {
+        const char *fn = json_is_string(val) ? json_string_value(val) : NULL;
+        if (!fn || !*fn || strchr(fn, '/') || !strcmp(fn, "..") || !strcmp(fn, ".")) {
+            log_error("%s: weight_map['%s'] must be a plain file name in the model directory",
+                      ipath, key);
+            goto free_fnames;
+        }
+        int fi = 0;
+        while (fi < nf && strcmp(fnames[fi], fn)) fi++;
+        if (fi == nf) fnames[nf++] = (char *)fn;
+        w->map_names[w->n_map] = strdup(key);
+        w->map_file[w->n_map] = fi;
+        if (!w->map_names[w->n_map]) {
+            st = BT_ERR_NOMEM;
+            goto free_fnames;
+        }
+        w->n_map++;
+    }
+    for (int i = 0; i < nf; i++) {
+        char *p = hf_path(dir, fnames[i]);
+        if (!p) {
+            st = BT_ERR_NOMEM;
+            goto free_fnames;
+        }
+        st = ckpt_st_open(p, &w->files[i]);
+        free(p);
+        if (st != BT_OK) goto free_fnames;
+        w->n_files++;
+    }
+    /* Every mapped tensor must be in the file the index names. */
+    for (int i = 0; i < w->n_map; i++) {
+        if (!ckpt_st_find(w->files[w->map_file[i]], w->map_names[i])) {
+            log_error("%s: tensor '%s' is missing (%s maps it there)",
+                      w->files[w->map_file[i]]->path, w->map_names[i], ipath);
+            st = BT_ERR_CORRUPT;
+            goto free_fnames;
+        }
+    }
+    st = BT_OK;
+free_fnames:
+    free(fnames);
+free_root:
+    json_decref(root);
+    if (st != BT_OK) hf_weights_close(w);
+    return st;
+}
+
+static bt_status_t hf_weights_open(const char *dir, hf_weights_t *w)
+{
+    memset(w, 0, sizeof *w);
+    char *ipath = hf_path(dir, "model.safetensors.index.json");
+    if (!ipath) return BT_ERR_NOMEM;
+    struct stat sb;
+    bt_status_t st;
+    if (stat(ipath, &sb) == 0) {
+        st = hf_weights_open_index(dir, ipath, w);
+        free(ipath);
+        return st;
+    }
+    free(ipath);
+    char *path = hf_path(dir, "model.safetensors");
+    w->files = calloc(1, sizeof *w->files);
+    if (!path || !w->files) {
+        free(path);
+        free(w->files);
+        return BT_ERR_NOMEM;
+    }
+    st = ckpt_st_open(path, &w->files[0]);
+    if (st == BT_ERR_NOT_FOUND)
+        log_error("%s: no model.safetensors or model.safetensors.index.json", dir);
+    free(path);
+    if (st != BT_OK) {
+        free(w->files);
+        w->files = NULL;
+        return st;
+    }
+    w->n_files = 1;
+    return BT_OK;
+}
+
+/* The file holding `name` and the tensor, or NULL. */
+static const ckpt_st_tensor_t *hf_weights_find(const hf_weights_t *w, const char *name,
+                                               const ckpt_st_file_t **file)
+{
+    if (w->n_map == 0) {
+        *file = w->files[0];
+        return ckpt_st_find(w->files[0], name);
+    }
+    for (int i = 0; i < w->n_map; i++)
+        if (!strcmp(w->map_names[i], name)) {
+            *file = w->files[w->map_file[i]];
+            return ckpt_st_find(*file, name);
+        }
+    return NULL;
+}
+
+static bool hf_name_ignorable(const char *name)
+{
+    size_t n = strlen(name);
+    const char *suffix = "rotary_emb.inv_freq"; /* buffers some old checkpoints saved */
+    size_t k = strlen(suffix);
+    return n >= k && !strcmp(name + n - k, suffix);
+}
+
+/* Rejects file tensors that no parameter of the whole model has. */
+static bt_status_t hf_check_extra(const model_t *m, const hf_weights_t *w)
+{
+    int n = model_layout(&m->cfg, NULL, NULL);
+    model_param_t *all = calloc((size_t)n, sizeof *all);
+    if (!all) return BT_ERR_NOMEM;
+    model_layout(&m->cfg, NULL, all);
+    bt_status_t st = BT_OK;
+    for (int f = 0; f < w->n_files && st == BT_OK; f++)
+        for (int i = 0; i < w->files[f]->n; i++) {
+            const char *name = w->files[f]->tensors[i].name;
+            bool known = hf_name_ignorable(name) ||
+                         (m->cfg.tie_word_embeddings && !strcmp(name, "lm_head.weight"));
+            for (int j = 0; j < n && !known; j++) known = !strcmp(all[j].name, name);
+            if (!known) {
+                log_error("%s: unexpected tensor '%s' (not a parameter of this %s config)",
+                          w->files[f]->path, name, model_arch_name(m->cfg.arch));
+                st = BT_ERR_INVALID;
+                break;
+            }
+        }
+    free(all);
+    return st;
+}
+
+static void hf_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t o = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < ndim && o < cap; d++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+}
+
+bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
+{
+    hf_weights_t w;
+    bt_status_t st = hf_weights_open(dir, &w);
+    if (st != BT_OK) return st;
+    if ((st = hf_check_extra(m, &w)) != BT_OK) goto close_weights;
+    for (int i = 0; i < m->n_params; i++) {
+        model_param_t *p = &m->params[i];
+        const ckpt_st_file_t *f = NULL;
+        const ckpt_st_tensor_t *t = hf_weights_find(&w, p->name, &f);
+        if (!t) {
+            log_error("%s: tensor '%s' is missing from %s", dir, p->name,
+                      w.n_map ? "model.safetensors.index.json" : "model.safetensors");
+            st = BT_ERR_NOT_FOUND;
+            goto close_weights;
+        }
+        bool same = t->ndim == p->t.ndim;
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == p->t.shape[d];
+        if (!same) {
+            char got[128], want[128];
+            hf_shape_str(got, sizeof got, t->ndim, t->shape);
+            hf_shape_str(want, sizeof want, p->t.ndim, p->t.shape);
+            log_error("%s: tensor '%s' has shape %s, the config needs %s", f->path, p->name, got,
+                      want);
+            st = BT_ERR_INVALID;
+            goto close_weights;
+        }
+        if ((st = ckpt_st_read_f32(f, t, p->t.data)) != BT_OK) goto close_weights;
+    }
+close_weights:
+    hf_weights_close(&w);
+    return st;
+}
+
+bt_status_t ckpt_hf_load(const char *dir, const model_stage_t *stage, model_t **out)
+{
+    model_config_t cfg;
+    bt_status_t st = ckpt_hf_config_load(dir, &cfg);
+    if (st != BT_OK) return st;
+    model_t *m;
+    if ((st = model_create(&cfg, stage, &m)) != BT_OK) return st;
+    if ((st = ckpt_hf_weights_load(m, dir)) != BT_OK) {
+        model_destroy(m);
+        return st;
+    }
+    *out = m;
+    return BT_OK;
+}
+
+/* ---- export ------------------------------------------------------------------ */
+
+static json_t *hf_config_json(const model_config_t *c)
+{
+    static const char *const types[] = {
+        [MODEL_ARCH_LLAMA] = "llama", [MODEL_ARCH_MISTRAL] = "mistral", [MODEL_ARCH_QWEN2] = "qwen2",
+    };
+    _Static_assert(sizeof types / sizeof types[0] == MODEL_ARCH_COUNT, "model_type per arch");
+    json_t *j = json_object();
+    json_object_set_new(j, "architectures", json_pack("[s]", model_arch_name(c->arch)));
+    json_object_set_new(j, "model_type", json_string(types[c->arch]));
+    json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
+    json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size));
+    json_object_set_new(j, "num_hidden_layers", json_integer(c->num_layers));
+    json_object_set_new(j, "num_attention_heads", json_integer(c->num_heads));
+    json_object_set_new(j, "num_key_value_heads", json_integer(c->num_kv_heads));
+    json_object_set_new(j, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position_embeddings));
+    json_object_set_new(j, "rms_norm_eps", json_real(c->rms_norm_eps));
+    json_object_set_new(j, "hidden_act", json_string("silu"));
+    json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
+    json_object_set_new(j, "torch_dtype", json_string("float32"));
+    if (c->arch == MODEL_ARCH_LLAMA) {
+        json_object_set_new(j, "attention_bias", json_boolean(c->qkv_bias));
+        json_object_set_new(j, "mlp_bias", json_boolean(c->mlp_bias));
+    }
+    if (c->arch == MODEL_ARCH_MISTRAL)
+        json_object_set_new(j, "sliding_window",
+                            c->sliding_window ? json_integer(c->sliding_window) : json_null());
+    json_object_set_new(j, "rope_theta", json_real(c->rope.theta));
+    json_t *rp = json_object();
+    json_object_set_new(rp, "rope_theta", json_real(c->rope.theta));
+    switch (c->rope.kind) {
+    case MODEL_ROPE_DEFAULT:
+        json_object_set_new(rp, "rope_type", json_string("default"));
+        break;
+    case MODEL_ROPE_LINEAR:
+        json_object_set_new(rp, "rope_type", json_string("linear"));
+        json_object_set_new(rp, "factor", json_real(c->rope.factor));
+        break;
+    case MODEL_ROPE_LLAMA3:
+        json_object_set_new(rp, "rope_type", json_string("llama3"));
+        json_object_set_new(rp, "factor", json_real(c->rope.factor));
+        json_object_set_new(rp, "low_freq_factor", json_real(c->rope.low_freq_factor));
+        json_object_set_new(rp, "high_freq_factor", json_real(c->rope.high_freq_factor));
+        json_object_set_new(rp, "original_max_position_embeddings",
+                            json_integer(c->rope.original_max_position));
+        break;
+    default:
+        BT_PANIC("unhandled rope kind %d", (int)c->rope.kind);
+    }
+    /* Both spellings: transformers >= 5 reads rope_parameters, older ones
+     * rope_scaling (null means default there). */
+    json_object_set(j, "rope_parameters", rp);
+    json_object_set_new(j, "rope_scaling",
+                        c->rope.kind == MODEL_ROPE_DEFAULT ? json_null() : json_incref(rp));
+    json_decref(rp);
+    return j;
+}
+
+bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
+{
+    if (!m->stage.has_embedding || !m->stage.has_head ||
+        m->stage.first_layer != 0 || m->stage.last_layer != m->cfg.num_layers) {
+        log_error("ckpt: HF export needs a whole model, not stage [%d,%d)", m->stage.first_layer,
+                  m->stage.last_layer);
+        return BT_ERR_INVALID;
+    }
+    bt_status_t st = BT_ERR_NOMEM;
+    ckpt_st_entry_t *e = calloc((size_t)m->n_params, sizeof *e);
+    char *cpath = hf_path(dir, "config.json"), *wpath = hf_path(dir, "model.safetensors");
+    char *text = NULL;
+    if (!e || !cpath || !wpath) goto free_all;
+    for (int i = 0; i < m->n_params; i++) {
+        e[i].name = m->params[i].name;
+        e[i].t = m->params[i].t;
+    }
+    const char *meta[] = {"format", "pt"};
+    if ((st = ckpt_st_write(wpath, e, m->n_params, meta, 1)) != BT_OK) goto free_all;
+    json_t *j = hf_config_json(&m->cfg);
+    text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (!text) {
+        st = BT_ERR_NOMEM;
+        goto free_all;
+    }
+    FILE *f = fopen(cpath, "w");
+    if (!f) {
+        log_error("%s: cannot create: %s", cpath, strerror(errno));
+        st = BT_ERR_IO;
+        goto free_all;
+    }
+    bool ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    if (fclose(f) != 0 || !ok) {
+        log_error("%s: write failed", cpath);
+        st = BT_ERR_IO;
+        goto free_all;
+    }
+    st = BT_OK;
+free_all:
+    free(text);
+    free(wpath);
+    free(cpath);
+    free(e);
+    return st;
+}

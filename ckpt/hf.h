@@ -1,0 +1,33 @@
+/* Hugging Face model directories: config.json + model.safetensors, or a
+ * sharded model.safetensors.index.json with its shard files.
+ *
+ * Import maps HF tensors onto the model's named parameter views by name
+ * (weights memory-mapped, F32/F16/BF16/F64 widened to f32). Every problem is
+ * an error naming the file and the field or tensor: unsupported architecture
+ * or config value, missing, unexpected or wrongly shaped tensors, corrupt
+ * safetensors files. Export writes a directory transformers can load. */
+#ifndef BT_CKPT_HF_H
+#define BT_CKPT_HF_H
+
+#include <stddef.h>
+
+#include "base/status.h"
+#include "model/model.h"
+
+/* Parses config.json text; `what` names the file in errors. */
+bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
+                                 model_config_t *out);
+/* Reads DIR/config.json. */
+bt_status_t ckpt_hf_config_load(const char *dir, model_config_t *out);
+
+/* Fills m's parameters (m may hold one stage) from the safetensors in dir. */
+bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir);
+
+/* config + model_create(stage; NULL = whole model) + weights. */
+bt_status_t ckpt_hf_load(const char *dir, const model_stage_t *stage, model_t **out);
+
+/* Writes DIR/config.json and DIR/model.safetensors (f32) for a whole model;
+ * dir must exist. */
+bt_status_t ckpt_hf_save(const model_t *m, const char *dir);
+
+#endif

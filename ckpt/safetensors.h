@@ -1,0 +1,74 @@
+/* safetensors files: read (memory-mapped, header validated as hostile
+ * input) and write.
+ *
+ * Format (https://huggingface.co/docs/safetensors): u64 little-endian header
+ * length N, N bytes of JSON {"name": {"dtype", "shape", "data_offsets":
+ * [begin, end]}, ..., "__metadata__": {str: str}}, then the data section;
+ * offsets are relative to the data section. The format's own magic is that
+ * JSON header (the format predates baton; we keep it as is so that any
+ * safetensors reader opens our checkpoints).
+ *
+ * The parser rejects, with an error naming the file and the tensor: a header
+ * length past the end of the file, non-JSON or non-object headers, unknown or
+ * unsupported dtypes, bad shapes, offsets out of range or not matching the
+ * shape, and tensors that overlap. */
+#ifndef BT_CKPT_SAFETENSORS_H
+#define BT_CKPT_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "kernels/tensor.h"
+
+#define CKPT_ST_MAX_DIMS 8
+#define CKPT_ST_MAX_HEADER (100u << 20) /* as the reference implementation */
+
+typedef struct {
+    char       *name;
+    dtype_t     dtype;
+    int         ndim;
+    int64_t     shape[CKPT_ST_MAX_DIMS];
+    int64_t     numel;
+    uint64_t    begin, end;  /* byte offsets in the data section */
+    const void *data;        /* begin of the bytes (maybe unaligned) */
+} ckpt_st_tensor_t;
+
+typedef struct {
+    char             *path;     /* for messages */
+    void             *map;      /* mmap of the whole file (NULL: parsed from a buffer) */
+    size_t            map_size;
+    const uint8_t    *data;     /* data section */
+    uint64_t          data_size;
+    int               n;
+    ckpt_st_tensor_t *tensors;  /* sorted by begin offset */
+} ckpt_st_file_t;
+
+/* Parses a complete file image buf[size]; `what` names it in errors. The
+ * tensors point into buf, which must outlive the result. */
+bt_status_t ckpt_st_parse(const uint8_t *buf, size_t size, const char *what,
+                          ckpt_st_file_t **out);
+/* Opens and memory-maps path, then parses it. */
+bt_status_t ckpt_st_open(const char *path, ckpt_st_file_t **out);
+void        ckpt_st_close(ckpt_st_file_t *f);
+const ckpt_st_tensor_t *ckpt_st_find(const ckpt_st_file_t *f, const char *name);
+
+/* Copies tensor t into dst[numel] f32, converting F32/F16/BF16/F64.
+ * BT_ERR_UNSUPPORTED (logged, naming file and tensor) for other dtypes. */
+bt_status_t ckpt_st_read_f32(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t, float *dst);
+
+/* "F32" etc. for a dtype_t; NULL when safetensors has no name for it. */
+const char *ckpt_st_dtype_name(dtype_t dt);
+
+typedef struct {
+    const char *name;
+    tensor_t    t;    /* contiguous, CPU */
+} ckpt_st_entry_t;
+
+/* Writes entries[n] (and optional metadata pairs meta[2*i] = key,
+ * meta[2*i+1] = value, n_meta pairs) to path atomically: a temporary file in
+ * the same directory, fsync, rename. */
+bt_status_t ckpt_st_write(const char *path, const ckpt_st_entry_t *entries, int n,
+                          const char *const *meta, int n_meta);
+
+#endif

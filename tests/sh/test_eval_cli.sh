@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# baton eval CLI against the transformers fixtures (tests/fixtures/*/expected.json,
+# written by tools/gen_fixtures.py) and its error cases.
+# Loss and ppl: relative error <= 1e-5; grad_norm: <= 1e-4.
+set -u
+BATON=${BATON:-build/baton}
+FIX=tests/fixtures
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+
+# field NAME JSON -> the number after "NAME":
+field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" <<<"$2" | head -1; }
+# relerr A B -> |A-B|/|B|
+close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d;
+    m = b < 0 ? -b : b; exit !(a != "" && d <= t * m) }'; }
+
+for dir in "$FIX"/*/; do
+    name=$(basename "$dir")
+    [ -f "$dir/expected.json" ] || continue
+    exp=$(tr -d '\n' <"$dir/expected.json")
+    out=$("$BATON" eval --model "$dir" --ids "$dir/ids.txt" --json --grad-norm 2>"$tmp/err")
+    rc=$?
+    if [ $rc -ne 0 ]; then fail "eval_json_$name" "exit $rc: $(cat "$tmp/err")"; continue; fi
+    if [ "$(grep -c . <<<"$out")" -ne 1 ]; then fail "eval_json_$name" "not one line: $out"; continue; fi
+    ok=1
+    [ "$(field tokens "$out")" = "$(field tokens "$exp")" ] || ok=0
+    close "$(field loss "$out")" "$(field loss "$exp")" 1e-5 || ok=0
+    close "$(field ppl "$out")" "$(field ppl "$exp")" 1e-5 || ok=0
+    close "$(field grad_norm "$out")" "$(field grad_norm "$exp")" 1e-4 || ok=0
+    if [ $ok = 1 ]; then pass "eval_json_$name"; else fail "eval_json_$name" "got $out want $exp"; fi
+done
+
+# Without --grad-norm: no grad_norm key; the same loss.
+d=$FIX/llama
+out=$("$BATON" eval --model $d --ids $d/ids.txt --json)
+exp=$(tr -d '\n' <$d/expected.json)
+if ! grep -q grad_norm <<<"$out" && close "$(field loss "$out")" "$(field loss "$exp")" 1e-5; then
+    pass eval_json_no_grad_norm; else fail eval_json_no_grad_norm "$out"; fi
+
+# Readable output names tokens, loss and ppl.
+out=$("$BATON" eval --model $d --ids $d/ids.txt)
+if [ $? -eq 0 ] && grep -q "tokens 37" <<<"$out" && grep -q "ppl" <<<"$out"; then
+    pass eval_readable; else fail eval_readable "$out"; fi
+
+# Blank lines are ignored.
+{ echo; sed -n 1p $d/ids.txt; echo "   "; sed -n '2,$p' $d/ids.txt; echo; } >"$tmp/blank.txt"
+out=$("$BATON" eval --model $d --ids "$tmp/blank.txt" --json)
+ref=$("$BATON" eval --model $d --ids $d/ids.txt --json)
+if [ -n "$out" ] && [ "$out" = "$ref" ]; then pass eval_blank_lines
+else fail eval_blank_lines "$out"; fi
+
+# --window T scores each T-token window as its own sequence: a 20-token line
+# with --window 8 equals its windows 8+8+4 given as three lines.
+first=$(sed -n 1p $d/ids.txt)
+read -ra tok <<<"$first"
+echo "$first" >"$tmp/one.txt"
+{ echo "${tok[*]:0:8}"; echo "${tok[*]:8:8}"; echo "${tok[*]:16}"; } >"$tmp/split.txt"
+a=$("$BATON" eval --model $d --ids "$tmp/one.txt" --window 8 --json)
+b=$("$BATON" eval --model $d --ids "$tmp/split.txt" --json)
+if [ "$(field tokens "$a")" = 17 ] && [ "$a" = "$b" ]; then pass eval_window
+else fail eval_window "$a vs $b"; fi
+
+# --text: tokenized with the fixture's byte-level tokenizer.json, scored in
+# windows; references from transformers + tokenizers (expected_text_w*.json).
+for w in 64 16; do
+    exp=$(tr -d '\n' <$d/expected_text_w$w.json)
+    args=(); [ $w = 16 ] && args=(--window 16)   # 64 is the default (max_position_embeddings)
+    out=$("$BATON" eval --model $d --text $d/text.txt "${args[@]}" --json 2>"$tmp/err")
+    if [ "$(field tokens "$out")" = "$(field tokens "$exp")" ] &&
+       close "$(field loss "$out")" "$(field loss "$exp")" 1e-5; then pass eval_text_w$w
+    else fail eval_text_w$w "got $out want $exp $(cat "$tmp/err")"; fi
+done
+
+# Error cases: non-zero exit and a message that says what and where.
+expect_err() { # name pattern args...
+    local name=$1 pat=$2; shift 2
+    "$BATON" eval "$@" >"$tmp/out" 2>"$tmp/err"
+    local rc=$?
+    if [ $rc -ne 0 ] && grep -q -- "$pat" "$tmp/err" && [ ! -s "$tmp/out" ]; then pass "$name"
+    else fail "$name" "rc=$rc stderr: $(head -3 "$tmp/err")"; fi
+}
+expect_err eval_err_missing_dir "no_such_dir" --model "$tmp/no_such_dir" --ids $d/ids.txt
+expect_err eval_err_missing_ids "nope.txt" --model $d --ids "$tmp/nope.txt"
+printf '1 2 3\n4 x5 6\n' >"$tmp/bad_tok.txt"
+expect_err eval_err_bad_token "bad_tok.txt:2:3: bad token 'x5'" --model $d --ids "$tmp/bad_tok.txt"
+printf '1 2 3\n\n7 8 256 9\n' >"$tmp/big.txt"
+expect_err eval_err_id_range "big.txt:3:5: token id 256 outside the vocabulary" --model $d --ids "$tmp/big.txt"
+printf '1 -2\n' >"$tmp/neg.txt"
+expect_err eval_err_negative "neg.txt:1:3: token id -2" --model $d --ids "$tmp/neg.txt"
+printf '\n\n' >"$tmp/empty.txt"
+expect_err eval_err_empty "no sequences" --model $d --ids "$tmp/empty.txt"
+printf '5\n7\n' >"$tmp/single.txt"
+expect_err eval_err_no_scored "no scored positions" --model $d --ids "$tmp/single.txt"
+expect_err eval_err_usage "exactly one of" --model $d
+mkdir -p "$tmp/nomodel" && cp $d/config.json "$tmp/nomodel/"
+expect_err eval_err_no_weights "model.safetensors" --model "$tmp/nomodel" --ids $d/ids.txt
+# Mistral fixture has sliding_window 32: a 40-token sequence is refused, clearly.
+seq 1 40 | tr '\n' ' ' >"$tmp/long.txt"; echo >>"$tmp/long.txt"
+expect_err eval_err_sliding_window "sliding_window=32" --model $FIX/mistral --ids "$tmp/long.txt" --window 64
+expect_err eval_err_text_no_tokenizer "tokenizer.json" --model $FIX/qwen2 --text $d/text.txt
+expect_err eval_err_text_missing "nothing.txt" --model $d --text "$tmp/nothing.txt"
+expect_err eval_err_bad_window "window" --model $d --ids $d/ids.txt --window 1

@@ -1,0 +1,212 @@
+/* Model API contracts: the one parameter block and its named views, the
+ * gradient twin, stage layouts, deterministic init, explicit positions, and
+ * caller errors reported rather than crashed on. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/hf.h"
+#include "model/model.h"
+#include "tests/test.h"
+
+static model_config_t cfg_small(void)
+{
+    model_config_t c = {
+        .arch = MODEL_ARCH_LLAMA, .vocab_size = 64, .hidden_size = 16, .intermediate_size = 24,
+        .num_layers = 3, .num_heads = 4, .num_kv_heads = 2, .head_dim = 4,
+        .max_position_embeddings = 32, .rms_norm_eps = 1e-6,
+        .rope = {.kind = MODEL_ROPE_DEFAULT, .theta = 10000.0},
+        .qkv_bias = true, .mlp_bias = true,
+    };
+    return c;
+}
+
+static void test_model_block_layout(void)
+{
+    model_config_t c = cfg_small();
+    model_t *m = NULL;
+    REQUIRE(model_create(&c, NULL, &m) == BT_OK);
+    REQUIRE(model_grads_alloc(m) == BT_OK);
+    CHECK(m->n_params == model_layout(&c, NULL, NULL));
+    int64_t total = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const tensor_t *t = &m->params[i].t;
+        float *p = t->data;
+        int64_t n = tensor_numel(t);
+        total += n;
+        CHECK(p >= m->param_mem && p + n <= m->param_mem + m->n_elems);
+        CHECK((uintptr_t)p % 64 == 0);
+        CHECK(tensor_is_contiguous(t) && t->dtype == DT_F32);
+        /* views do not overlap: each ends before the next begins */
+        if (i + 1 < m->n_params) CHECK(p + n <= (float *)m->params[i + 1].t.data);
+        /* the gradient twin sits at the same offset with the same name and shape */
+        CHECK((float *)m->grads[i].t.data - m->grad_mem == p - m->param_mem);
+        CHECK(!strcmp(m->grads[i].name, m->params[i].name));
+        CHECK(tensor_same_shape(&m->grads[i].t, t));
+        CHECK(model_param_find(m, m->params[i].name) == i);
+    }
+    CHECK(total == model_num_params(&c));
+    CHECK(!strcmp(m->params[0].name, "model.embed_tokens.weight"));
+    CHECK(!strcmp(m->params[m->n_params - 1].name, "lm_head.weight"));
+    int q = model_param_find(m, "model.layers.2.self_attn.q_proj.bias");
+    CHECK(q >= 0 && m->params[q].t.shape[0] == 16);
+    int k = model_param_find(m, "model.layers.1.self_attn.k_proj.weight");
+    CHECK(k >= 0 && m->params[k].t.shape[0] == 8 && m->params[k].t.shape[1] == 16);
+    CHECK(model_param_find(m, "model.layers.3.self_attn.q_proj.weight") < 0);
+    CHECK(model_param_find(m, "model.layers.0.self_attn.o_proj.bias") < 0);
+    model_destroy(m);
+
+    /* HF parameter counts of the fixtures (printed by tools/gen_fixtures.py) */
+    model_config_t f;
+    REQUIRE(ckpt_hf_config_load("tests/fixtures/llama", &f) == BT_OK);
+    CHECK(model_num_params(&f) == 106816);
+    REQUIRE(ckpt_hf_config_load("tests/fixtures/llama_tied_llama3", &f) == BT_OK);
+    CHECK(model_num_params(&f) == 32512);
+    REQUIRE(ckpt_hf_config_load("tests/fixtures/qwen2", &f) == BT_OK);
+    CHECK(model_num_params(&f) == 71232);
+}
+
+static void test_model_stage_init(void)
+{
+    model_config_t c = cfg_small();
+    model_t *full = NULL, *mid = NULL;
+    model_stage_t s = {.first_layer = 1, .last_layer = 2};
+    REQUIRE(model_create(&c, NULL, &full) == BT_OK);
+    REQUIRE(model_create(&c, &s, &mid) == BT_OK);
+    CHECK(mid->embed < 0 && mid->lm_head < 0 && mid->final_norm < 0);
+    CHECK(mid->n_params * 3 == full->n_params - 3); /* embed, norm, lm_head */
+    model_init_random(full, 42, 0.02f);
+    model_init_random(mid, 42, 0.02f);
+    for (int i = 0; i < mid->n_params; i++) {
+        int j = model_param_find(full, mid->params[i].name);
+        REQUIRE(j >= 0);
+        CHECK(memcmp(mid->params[i].t.data, full->params[j].t.data,
+                     tensor_nbytes(&mid->params[i].t)) == 0);
+    }
+    /* norms start at 1, biases at 0, matrices ~ N(0, 0.02) */
+    int n = model_param_find(full, "model.norm.weight");
+    CHECK(((float *)full->params[n].t.data)[3] == 1.0f);
+    int b = model_param_find(full, "model.layers.0.mlp.up_proj.bias");
+    CHECK(((float *)full->params[b].t.data)[5] == 0.0f);
+    int e = full->embed;
+    double ss = 0;
+    int64_t ne = tensor_numel(&full->params[e].t);
+    for (int64_t i = 0; i < ne; i++) ss += pow(((float *)full->params[e].t.data)[i], 2);
+    CHECK_NEAR(sqrt(ss / (double)ne), 0.02, 0.1, 0);
+    model_destroy(mid);
+    model_destroy(full);
+
+    model_stage_t bad = {.first_layer = 2, .last_layer = 4};
+    model_t *m = NULL;
+    CHECK(model_create(&c, &bad, &m) == BT_ERR_INVALID);
+    c.num_kv_heads = 3;
+    CHECK(model_create(&c, NULL, &m) == BT_ERR_INVALID);
+}
+
+static void test_model_positions_and_errors(void)
+{
+    model_config_t c = cfg_small();
+    model_t *m = NULL;
+    REQUIRE(model_create(&c, NULL, &m) == BT_OK);
+    model_init_random(m, 7, 0.1f);
+    model_acts_t *a = NULL;
+    REQUIRE(model_acts_create(m, 2, 8, &a) == BT_OK);
+    int32_t ids[16], tg[16], pos[16];
+    for (int i = 0; i < 16; i++) {
+        ids[i] = (i * 37 + 5) % 64;
+        pos[i] = i % 8;
+    }
+    model_targets_from_ids(tg, ids, NULL, 2, 8);
+    CHECK(tg[7] == MODEL_IGNORE_INDEX && tg[6] == ids[7] && tg[8] == ids[9]);
+    model_batch_t b = {.B = 2, .T = 8, .ids = ids, .targets = tg};
+    model_loss_t l1, l2;
+    REQUIRE(model_forward_backward(m, a, &b, 0, &l1) == BT_OK);
+    b.pos = pos;
+    REQUIRE(model_forward_backward(m, a, &b, 0, &l2) == BT_OK);
+    CHECK(l1.n_scored == 14 && l2.n_scored == 14);
+    CHECK(l1.loss_sum == l2.loss_sum);
+    /* shifting every position changes RoPE angles but not relative ones:
+     * attention scores, hence the loss, stay the same up to rounding */
+    for (int i = 0; i < 16; i++) pos[i] = i % 8 + 5;
+    model_acts_t *a2 = NULL;
+    REQUIRE(model_acts_create(m, 2, 16, &a2) == BT_OK);
+    REQUIRE(model_forward_backward(m, a2, &b, 0, &l2) == BT_OK);
+    CHECK_NEAR(l2.loss_sum, l1.loss_sum, 1e-5, 0);
+    model_acts_destroy(a2);
+    pos[3] = 8; /* outside the 8-position rope table of a */
+    CHECK(model_forward_backward(m, a, &b, 0, &l2) == BT_ERR_INVALID);
+    b.pos = NULL;
+    ids[4] = 64;
+    CHECK(model_forward_backward(m, a, &b, 0, &l2) == BT_ERR_INVALID);
+    ids[4] = 3;
+    tg[2] = 99;
+    CHECK(model_forward_backward(m, a, &b, 0, &l2) == BT_ERR_INVALID);
+    tg[2] = 1;
+    b.T = 9; /* larger than the arena */
+    CHECK(model_forward_backward(m, a, &b, 0, &l2) == BT_ERR_INVALID);
+    b.T = 8;
+    float x[16 * 16];
+    CHECK(model_stage_backward(m, a, x, NULL) == BT_ERR_INVALID); /* no forward with dloss */
+    CHECK(model_acts_create(m, 0, 8, &a2) == BT_ERR_INVALID);
+    model_acts_destroy(a);
+    model_destroy(m);
+}
+
+/* A large vocabulary makes the head run in several row chunks (4M logits
+ * each): a padded batch (rows 0-58, 59-117 and 118-119, the last chunk all
+ * padding and skipped) must give the loss and gradients of the sequences run one by one
+ * (one chunk each). */
+static void test_model_head_chunks(void)
+{
+    model_config_t c = cfg_small();
+    c.vocab_size = 70000; /* 4M / 70000 = 59 rows per chunk */
+    c.num_layers = 1;
+    c.qkv_bias = c.mlp_bias = false;
+    model_t *m = NULL;
+    REQUIRE(model_create(&c, NULL, &m) == BT_OK);
+    model_init_random(m, 3, 0.05f);
+    int64_t B = 4, T = 30, lens[4] = {30, 25, 28, 2};
+    int32_t ids[120], tg[120], tg1[30];
+    for (int i = 0; i < 120; i++) ids[i] = (int32_t)((i * 7919 + 11) % 70000);
+    model_targets_from_ids(tg, ids, lens, B, T);
+    int64_t total = model_count_scored(tg, B * T);
+    CHECK(total == 29 + 24 + 27 + 1);
+    float dloss = 1.0f / (float)total;
+
+    model_acts_t *a = NULL;
+    REQUIRE(model_acts_create(m, B, T, &a) == BT_OK);
+    model_batch_t b = {.B = B, .T = T, .ids = ids, .targets = tg};
+    model_loss_t lb;
+    REQUIRE(model_forward_backward(m, a, &b, dloss, &lb) == BT_OK);
+    float *g_batch = malloc(m->n_elems * sizeof(float));
+    memcpy(g_batch, m->grad_mem, m->n_elems * sizeof(float));
+    model_acts_destroy(a);
+
+    model_grads_zero(m);
+    REQUIRE(model_acts_create(m, 1, T, &a) == BT_OK);
+    double sum = 0;
+    for (int64_t s = 0; s < B; s++) {
+        model_targets_from_ids(tg1, ids + s * T, NULL, 1, lens[s]);
+        model_batch_t b1 = {.B = 1, .T = lens[s], .ids = ids + s * T, .targets = tg1};
+        model_loss_t l;
+        REQUIRE(model_forward_backward(m, a, &b1, dloss, &l) == BT_OK);
+        sum += l.loss_sum;
+    }
+    CHECK(lb.n_scored == total);
+    CHECK_NEAR(lb.loss_sum, sum, 1e-6, 0);
+    double md = 0, mg = 0;
+    for (size_t i = 0; i < m->n_elems; i++) {
+        md = fmax(md, fabs((double)g_batch[i] - (double)m->grad_mem[i]));
+        mg = fmax(mg, fabs((double)m->grad_mem[i]));
+    }
+    CHECK_MSG(mg > 0 && md / mg <= 1e-5, "chunked head gradients differ: %.3g", md / mg);
+    free(g_batch);
+    model_acts_destroy(a);
+    model_destroy(m);
+}
+
+int main(int argc, char **argv)
+{
+    TEST_RUN(argc, argv, test_model_block_layout, test_model_stage_init,
+             test_model_positions_and_errors, test_model_head_chunks);
+}

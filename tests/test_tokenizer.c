@@ -1,0 +1,394 @@
+/* Tokenizer against Hugging Face `tokenizers` ids.
+ *
+ * Fixtures (tools/gen_tok_fixtures.py): three small byte-level BPEs trained
+ * on the Austen corpus in GPT-2, Llama-3 and Qwen2 styles, and the ids HF
+ * gives for tests/fixtures/tok/sample.txt (our own text: digits, unicode,
+ * CRLF, tabs, emoji, special tokens), for the first 200 kB of the held-out
+ * Austen text, and SHA-256 digests of the ids of the whole train and val
+ * splits. The corpus cases fetch the corpus with tools/fetch_austen.sh and
+ * fail (not skip) when it cannot be had. */
+#include "data/tokenizer.h"
+#include "data/unicode.h"
+#include "base/clock.h"
+#include "tests/test.h"
+
+#include <jansson.h>
+#include <openssl/evp.h>
+#include <stdint.h>
+
+static const char *const styles[] = {"gpt2", "llama3", "qwen2"};
+
+static char *read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "cannot open %s\n", path);
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    size_t got = fread(b, 1, (size_t)n, f);
+    fclose(f);
+    b[got] = '\0';
+    *len = got;
+    return b;
+}
+
+static uint32_t *read_ids_u16(const char *path, size_t *n)
+{
+    size_t len;
+    char *raw = read_all(path, &len);
+    if (!raw) return NULL;
+    *n = len / 2;
+    uint32_t *ids = malloc((*n + 1) * sizeof *ids);
+    for (size_t i = 0; i < *n; i++)
+        ids[i] = (uint32_t)(uint8_t)raw[2 * i] | (uint32_t)(uint8_t)raw[2 * i + 1] << 8;
+    free(raw);
+    return ids;
+}
+
+/* Prints the first mismatch with the tokens around it; returns 1 if equal. */
+static int ids_compare(const tok_t *tok, const char *what, const uint32_t *got, size_t n_got,
+                       const uint32_t *want, size_t n_want)
+{
+    size_t i = 0;
+    while (i < n_got && i < n_want && got[i] == want[i]) i++;
+    if (i == n_got && i == n_want) return 1;
+    fprintf(stderr, "%s: first mismatch at token %zu (got %zu tokens, HF %zu)\n", what, i, n_got,
+            n_want);
+    size_t lo = i > 5 ? i - 5 : 0;
+    for (int side = 0; side < 2; side++) {
+        const uint32_t *v = side ? want : got;
+        size_t n = side ? n_want : n_got;
+        fprintf(stderr, "  %-4s", side ? "HF" : "C");
+        for (size_t k = lo; k < i + 6 && k < n; k++) {
+            size_t bl = 0;
+            const uint8_t *b = tok_token_bytes(tok, v[k], &bl);
+            fprintf(stderr, " %s%u'", k == i ? ">>" : "", v[k]);
+            for (size_t c = 0; b && c < bl; c++)
+                fprintf(stderr, b[c] >= 0x20 && b[c] < 0x7f ? "%c" : "\\x%02x", b[c]);
+            fprintf(stderr, "'");
+        }
+        fprintf(stderr, "\n");
+    }
+    return 0;
+}
+
+static void check_text(const char *style, const char *text, size_t len, const char *ids_path,
+                       const char *what)
+{
+    char path[512];
+    snprintf(path, sizeof path, "tests/fixtures/tok/%s/tokenizer.json", style);
+    tok_t *tok = NULL;
+    REQUIRE(tok_load(path, &tok) == BT_OK);
+    size_t n_want = 0;
+    uint32_t *want = read_ids_u16(ids_path, &n_want);
+    uint32_t *got = NULL;
+    size_t n_got = 0;
+    CHECK(want != NULL);
+    CHECK(tok_encode(tok, text, len, &got, &n_got) == BT_OK);
+    if (want && got) CHECK_MSG(ids_compare(tok, what, got, n_got, want, n_want), "%s", what);
+    char *back = NULL;
+    size_t blen = 0;
+    CHECK(got && tok_decode(tok, got, n_got, &back, &blen) == BT_OK);
+    /* decode(encode(x)) == x except where NFC changed the text */
+    if (back && strcmp(style, "qwen2")) CHECK(blen == len && !memcmp(back, text, len));
+    free(back);
+    free(got);
+    free(want);
+    tok_free(tok);
+}
+
+static void check_sample(const char *style)
+{
+    static const char *const names[] = {"sample", "unicode"};
+    for (int k = 0; k < 2; k++) {
+        size_t len;
+        char path[256], ids[256], what[64];
+        snprintf(path, sizeof path, "tests/fixtures/tok/%s.txt", names[k]);
+        char *text = read_all(path, &len);
+        REQUIRE(text != NULL);
+        snprintf(ids, sizeof ids, "tests/fixtures/tok/%s/%s.ids", style, names[k]);
+        snprintf(what, sizeof what, "%s %s.txt", style, names[k]);
+        check_text(style, text, len, ids, what);
+        free(text);
+    }
+}
+
+static void test_sample_gpt2(void) { check_sample("gpt2"); }
+static void test_sample_llama3(void) { check_sample("llama3"); }
+static void test_sample_qwen2(void) { check_sample("qwen2"); }
+
+static int corpus_ready(void)
+{
+    int rc = system("tools/fetch_austen.sh >/dev/null");
+    if (rc != 0) fprintf(stderr, "tools/fetch_austen.sh failed (status %d)\n", rc);
+    return rc == 0;
+}
+
+static void sha256_ids(const uint32_t *ids, size_t n, char hex[65])
+{
+    uint8_t *le = malloc(n * 4 + 1);
+    for (size_t i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) le[4 * i + (size_t)b] = (uint8_t)(ids[i] >> (8 * b));
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    EVP_Digest(le, n * 4, md, &mdlen, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++) sprintf(hex + 2 * i, "%02x", md[i]);
+    free(le);
+}
+
+static void check_corpus(const char *style)
+{
+    REQUIRE(corpus_ready());
+    char path[512];
+    snprintf(path, sizeof path, "tests/fixtures/tok/%s/corpus.json", style);
+    json_t *ref = json_load_file(path, 0, NULL);
+    REQUIRE(ref != NULL);
+    size_t vlen;
+    char *val = read_all("data/austen/val.txt", &vlen);
+    REQUIRE(val != NULL);
+    size_t head = (size_t)json_integer_value(json_object_get(ref, "val_head_bytes"));
+    CHECK(head > 0 && head <= vlen);
+    char ids[256], what[64];
+    snprintf(ids, sizeof ids, "tests/fixtures/tok/%s/val_head.ids", style);
+    snprintf(what, sizeof what, "%s val.txt[0:%zu]", style, head);
+    if (head <= vlen) check_text(style, val, head, ids, what);
+    free(val);
+
+    snprintf(path, sizeof path, "tests/fixtures/tok/%s/tokenizer.json", style);
+    tok_t *tok = NULL;
+    REQUIRE(tok_load(path, &tok) == BT_OK);
+    static const char *const parts[] = {"train", "val"};
+    for (int p = 0; p < 2; p++) {
+        char file[256];
+        snprintf(file, sizeof file, "data/austen/%s.txt", parts[p]);
+        size_t len;
+        char *text = read_all(file, &len);
+        CHECK(text != NULL);
+        if (!text) continue;
+        uint32_t *got = NULL;
+        size_t n = 0;
+        uint64_t t0 = clock_now_ns();
+        CHECK(tok_encode(tok, text, len, &got, &n) == BT_OK);
+        double s = (double)(clock_now_ns() - t0) / 1e9;
+        json_t *r = json_object_get(ref, parts[p]);
+        size_t want_n = (size_t)json_integer_value(json_object_get(r, "tokens"));
+        const char *want_sha = json_string_value(json_object_get(r, "sha256_u32le"));
+        char hex[65];
+        sha256_ids(got, n, hex);
+        CHECK_MSG(n == want_n, "%s %s: %zu tokens, HF %zu", style, file, n, want_n);
+        CHECK_MSG(want_sha && !strcmp(hex, want_sha), "%s %s: ids digest differs from HF", style,
+                  file);
+        printf("  %s %s: %zu bytes -> %zu tokens in %.3f s (%.2f M tokens/s, %.1f MB/s)\n", style,
+               file, len, n, s, (double)n / s / 1e6, (double)len / s / 1e6);
+        free(got);
+        free(text);
+    }
+    tok_free(tok);
+    json_decref(ref);
+}
+
+static void test_corpus_gpt2(void) { check_corpus("gpt2"); }
+static void test_corpus_llama3(void) { check_corpus("llama3"); }
+static void test_corpus_qwen2(void) { check_corpus("qwen2"); }
+
+/* Bytes that are not UTF-8 still round-trip (each is its own character). */
+static void test_invalid_utf8_roundtrip(void)
+{
+    for (size_t s = 0; s < sizeof styles / sizeof styles[0]; s++) {
+        char path[256];
+        snprintf(path, sizeof path, "tests/fixtures/tok/%s", styles[s]);
+        tok_t *tok = NULL;
+        REQUIRE(tok_load(path, &tok) == BT_OK);
+        static const char text[] = "ok \xff\xfe bad \xc3 half \xed\xa0\x80 surrogate \xe2\x82 end\x80";
+        uint32_t *ids = NULL;
+        size_t n = 0;
+        CHECK(tok_encode(tok, text, sizeof text - 1, &ids, &n) == BT_OK);
+        char *back = NULL;
+        size_t blen = 0;
+        CHECK(ids && tok_decode(tok, ids, n, &back, &blen) == BT_OK);
+        CHECK(back && blen == sizeof text - 1 && !memcmp(back, text, blen));
+        uint32_t bad = tok_vocab_size(tok);
+        char *x = NULL;
+        size_t xl;
+        CHECK(tok_decode(tok, &bad, 1, &x, &xl) == BT_ERR_INVALID);
+        free(back);
+        free(ids);
+        tok_free(tok);
+    }
+}
+
+/* Encoding in pieces cut by tok_safe_cut gives the ids of the whole text. */
+static void test_safe_cut_equivalence(void)
+{
+    size_t slen;
+    char *sample = read_all("tests/fixtures/tok/sample.txt", &slen);
+    REQUIRE(sample != NULL);
+    for (size_t s = 0; s < sizeof styles / sizeof styles[0]; s++) {
+        char path[256];
+        snprintf(path, sizeof path, "tests/fixtures/tok/%s", styles[s]);
+        tok_t *tok = NULL;
+        REQUIRE(tok_load(path, &tok) == BT_OK);
+        uint32_t *whole = NULL, *part = NULL;
+        size_t n_whole = 0, n_cat = 0, cuts = 0;
+        CHECK(tok_encode(tok, sample, slen, &whole, &n_whole) == BT_OK);
+        uint32_t *cat = malloc((n_whole + 1) * 2 * sizeof *cat);
+        for (size_t pos = 0; pos < slen;) {
+            size_t end = pos + tok_safe_cut(tok, sample + pos, slen - pos, 97);
+            size_t n = 0;
+            CHECK(tok_encode(tok, sample + pos, end - pos, &part, &n) == BT_OK);
+            if (n_cat + n <= 2 * (n_whole + 1)) memcpy(cat + n_cat, part, n * sizeof *part);
+            n_cat += n;
+            free(part);
+            pos = end;
+            cuts++;
+        }
+        CHECK_MSG(cuts > 20, "%s: only %zu pieces", styles[s], cuts);
+        CHECK(n_cat <= 2 * (n_whole + 1) && ids_compare(tok, styles[s], cat, n_cat, whole, n_whole));
+        free(cat);
+        free(whole);
+        tok_free(tok);
+    }
+    free(sample);
+}
+
+/* Random byte strings (biased to the characters the patterns care about)
+ * decode back to themselves. */
+static void test_random_bytes_roundtrip(void)
+{
+    static const char alphabet[] = " \t\r\n'sSdDlLaZ09!.<|>\xc3\xa9\xe2\x80\xa8\xf0\x9f\x98\x80\xff\x85";
+    uint64_t x = 88172645463325252ull;
+    for (size_t s = 0; s < 2; s++) {
+        char path[256];
+        snprintf(path, sizeof path, "tests/fixtures/tok/%s", styles[s]);
+        tok_t *tok = NULL;
+        REQUIRE(tok_load(path, &tok) == BT_OK);
+        for (int it = 0; it < 300; it++) {
+            char buf[256];
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            size_t n = x % sizeof buf;
+            for (size_t i = 0; i < n; i++) {
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                buf[i] = (x >> 60) ? alphabet[(x >> 8) % (sizeof alphabet - 1)] : (char)(x >> 16);
+            }
+            uint32_t *ids = NULL;
+            size_t ni = 0, bl = 0;
+            char *back = NULL;
+            CHECK(tok_encode(tok, buf, n, &ids, &ni) == BT_OK);
+            CHECK(ids && tok_decode(tok, ids, ni, &back, &bl) == BT_OK);
+            CHECK_MSG(back && bl == n && !memcmp(back, buf, n), "%s iteration %d", styles[s], it);
+            free(back);
+            free(ids);
+        }
+        tok_free(tok);
+    }
+}
+
+/* Special ids are those the tokenizer.json names. */
+static void test_special_ids(void)
+{
+    static const struct { const char *style, *bos, *eos; } want[] = {
+        {"gpt2", NULL, "<|endoftext|>"},
+        {"llama3", "<|begin_of_text|>", "<|end_of_text|>"},
+        {"qwen2", NULL, "<|endoftext|>"},
+    };
+    for (size_t s = 0; s < 3; s++) {
+        char path[256];
+        snprintf(path, sizeof path, "tests/fixtures/tok/%s/tokenizer.json", want[s].style);
+        tok_t *tok = NULL;
+        REQUIRE(tok_load(path, &tok) == BT_OK);
+        json_t *root = json_load_file(path, 0, NULL);
+        REQUIRE(root != NULL);
+        int64_t bos = -1, eos = -1;
+        size_t i;
+        json_t *a;
+        json_array_foreach(json_object_get(root, "added_tokens"), i, a) {
+            const char *c = json_string_value(json_object_get(a, "content"));
+            int64_t id = json_integer_value(json_object_get(a, "id"));
+            if (want[s].bos && !strcmp(c, want[s].bos)) bos = id;
+            if (!strcmp(c, want[s].eos)) eos = id;
+        }
+        tok_special_t sp = tok_special(tok);
+        CHECK_MSG(sp.bos == bos && sp.eos == eos, "%s: bos %ld eos %ld, want %ld %ld",
+                  want[s].style, (long)sp.bos, (long)sp.eos, (long)bos, (long)eos);
+        CHECK(eos >= 0);
+        json_decref(root);
+        tok_free(tok);
+    }
+}
+
+/* Reference NFC results from the Unicode standard's own examples. */
+static void test_nfc(void)
+{
+    static const struct { const char *in, *out; } cases[] = {
+        {"e\xcc\x81", "\xc3\xa9"},                              /* e + acute -> é */
+        {"\xe2\x84\xab", "\xc3\x85"},                           /* angstrom sign -> Å */
+        {"A\xcc\x8a", "\xc3\x85"},                              /* A + ring -> Å */
+        {"\xe1\xba\x9b\xcc\xa3", "\xe1\xba\x9b\xcc\xa3"},       /* ẛ̣ stays (UAX #15) */
+        {"q\xcc\x87\xcc\xa3", "q\xcc\xa3\xcc\x87"},             /* reorder by class */
+        {"\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xea\xb0\x81"}, /* jamo -> 각 */
+        {"\xea\xb0\x80\xe1\x86\xa8", "\xea\xb0\x81"},           /* 가 + jamo T -> 각 */
+        {"plain ascii", "plain ascii"},
+        {"\xef\xac\x81", "\xef\xac\x81"},                       /* ligature: compatibility only */
+        {"a\xff\xcc\x81", "a\xff\xcc\x81"},                     /* invalid byte blocks */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint8_t *out = NULL;
+        size_t n = 0;
+        REQUIRE(uni_nfc((const uint8_t *)cases[i].in, strlen(cases[i].in), &out, &n) == 0);
+        CHECK_MSG(n == strlen(cases[i].out) && !memcmp(out, cases[i].out, n), "case %zu", i);
+        free(out);
+    }
+}
+
+static int load_json_text(const char *json, const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof path, "build/test_tok_%s.json", name);
+    FILE *f = fopen(path, "w");
+    if (!f) return -99;
+    fputs(json, f);
+    fclose(f);
+    tok_t *tok = NULL;
+    bt_status_t st = tok_load(path, &tok);
+    tok_free(tok);
+    remove(path);
+    return st;
+}
+
+/* Unsupported or malformed tokenizer.json files are refused with an error. */
+static void test_load_errors(void)
+{
+    static const char base[] =
+        "{\"added_tokens\":[],\"normalizer\":%s,\"pre_tokenizer\":%s,\"decoder\":null,"
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[%s]}}";
+    char buf[1024];
+    snprintf(buf, sizeof buf, base, "null", "null", "\"a b\"");
+    CHECK(load_json_text(buf, "ok") == BT_OK);
+    snprintf(buf, sizeof buf, base, "null", "null", "[\"a\",\"b\"]");
+    CHECK(load_json_text(buf, "oklist") == BT_OK);
+    snprintf(buf, sizeof buf, base, "{\"type\":\"Lowercase\"}", "null", "\"a b\"");
+    CHECK(load_json_text(buf, "norm") == BT_ERR_UNSUPPORTED);
+    snprintf(buf, sizeof buf, base, "null",
+             "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\w+|[0-9]\"},\"behavior\":\"Isolated\","
+             "\"invert\":false}", "\"a b\"");
+    CHECK(load_json_text(buf, "regex") == BT_ERR_UNSUPPORTED);
+    snprintf(buf, sizeof buf, base, "null", "{\"type\":\"Metaspace\"}", "\"a b\"");
+    CHECK(load_json_text(buf, "meta") == BT_ERR_UNSUPPORTED);
+    snprintf(buf, sizeof buf, base, "null", "null", "\"a c\"");
+    CHECK(load_json_text(buf, "merge") == BT_ERR_INVALID);
+    CHECK(load_json_text("{\"model\": {", "trunc") == BT_ERR_INVALID);
+    tok_t *tok = NULL;
+    CHECK(tok_load("tests/fixtures/tok/no-such-dir", &tok) == BT_ERR_NOT_FOUND);
+}
+
+int main(int argc, char **argv)
+{
+    TEST_RUN(argc, argv, test_nfc, test_load_errors, test_special_ids, test_invalid_utf8_roundtrip,
+             test_random_bytes_roundtrip, test_safe_cut_equivalence,
+             test_sample_gpt2, test_sample_llama3, test_sample_qwen2, test_corpus_gpt2,
+             test_corpus_llama3, test_corpus_qwen2);
+}
