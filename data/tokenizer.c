@@ -1,8 +1,9 @@
 /* Byte-level BPE from tokenizer.json; contract in data/tokenizer.h.
  *
- * Pipeline per encode, as HF does it: split the raw text on added tokens;
- * for each remaining segment: normalize, run the pre-tokenizer steps (each
- * splits every piece of the previous step), then BPE each final piece.
+ * Pipeline per encode, as HF does it: split the raw text on the added tokens
+ * that are not normalized; normalize each remaining segment and split it on
+ * the normalized added tokens; run the pre-tokenizer steps on what is left
+ * (each splits every piece of the previous step), then BPE each final piece.
  * Vocabulary entries are kept as raw bytes (the GPT-2 byte-to-unicode
  * mapping is undone at load), so BPE starts from one symbol per byte and
  * decode is plain concatenation. */
