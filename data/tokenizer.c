@@ -1,8 +1,9 @@
 /* Byte-level BPE from tokenizer.json; contract in data/tokenizer.h.
  *
- * Pipeline per encode, as HF does it: split the raw text on added tokens;
- * for each remaining segment: normalize, run the pre-tokenizer steps (each
- * splits every piece of the previous step), then BPE each final piece.
+ * Pipeline per encode, as HF does it: split the raw text on the added tokens
+ * that are not normalized; normalize each remaining segment and split it on
+ * the normalized added tokens; run the pre-tokenizer steps on what is left
+ * (each splits every piece of the previous step), then BPE each final piece.
  * Vocabulary entries are kept as raw bytes (the GPT-2 byte-to-unicode
  * mapping is undone at load), so BPE starts from one symbol per byte and
  * decode is plain concatenation. */
@@ -101,12 +102,14 @@ typedef struct {
     size_t len;
     uint32_t id;
     int lstrip, rstrip, special;
+    int normalized; /* matched after normalization, on its normalized content */
 } tok_added_t;
 
 typedef struct {
     uint8_t *bytes;
     uint32_t len;
     int present;
+    int raw; /* vocab string outside the byte-level alphabet, kept as UTF-8 */
 } tok_token_t;
 
 struct tok {
@@ -180,7 +183,7 @@ static int tok_unmap_bytes(const char *s, size_t n, const int16_t cp_to_byte[324
     size_t o = 0;
     for (size_t i = 0; i < n;) {
         size_t len;
-        uint32_t cp = utf8_decode((const uint8_t *)s + i, n - i, &len);
+        uint32_t cp = uni_utf8_decode((const uint8_t *)s + i, n - i, &len);
         if (cp >= 324 || cp_to_byte[cp] < 0) return 0;
         out[o++] = (uint8_t)cp_to_byte[cp];
         i += len;
@@ -236,16 +239,14 @@ static inline const tok_merge_slot_t *tok_merge_find(const tok_t *tok, uint32_t 
     }
 }
 
-/* First occurrence of a pair wins, as in HF (later duplicates are ignored). */
+/* A pair listed twice keeps its last rank: HF collects the merges into a
+ * hash map, so later entries overwrite earlier ones. */
 static void tok_merge_insert(tok_t *tok, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged)
 {
     uint64_t key = (((uint64_t)a << 32) | b) + 1;
     size_t mask = tok->merges.cap - 1;
     size_t i = tok_mix64(key) & mask;
-    while (tok->merges.slots[i].key) {
-        if (tok->merges.slots[i].key == key) return;
-        i = (i + 1) & mask;
-    }
+    while (tok->merges.slots[i].key && tok->merges.slots[i].key != key) i = (i + 1) & mask;
     tok->merges.slots[i] = (tok_merge_slot_t){.key = key, .rank = rank, .merged = merged};
 }
 
@@ -281,7 +282,7 @@ static inline unsigned tok_class_at(const uint8_t *s, size_t n, size_t i, size_t
         *len = 1;
         return tok_ascii_class[s[i]];
     }
-    uint32_t cp = utf8_decode(s + i, n - i, len);
+    uint32_t cp = uni_utf8_decode(s + i, n - i, len);
     return (uni_is_letter(cp) ? C_L : 0) | (uni_is_number(cp) ? C_N : 0) |
            (uni_is_space(cp) ? C_S : 0);
 }
@@ -330,15 +331,12 @@ static size_t tok_branch_match(const tok_branch_t *b, const uint8_t *s, size_t n
         return 0;
     case BR_OPTSPACE_LETTERS:
     case BR_OPTSPACE_NUMBERS: {
+        /* after a space that the class does not follow, backing off the
+         * optional space cannot help: the space itself is not in the class */
         unsigned want = b->kind == BR_OPTSPACE_LETTERS ? C_L : C_N;
         size_t j = i + (s[i] == ' ' && i + 1 < n ? 1 : 0);
-        size_t r = j < n ? tok_run(s, n, j, want, want, 0, NULL) : 0;
-        if (r) return j + r - i;
-        if (j != i) { /* optional space taken but nothing after it: try without */
-            r = tok_run(s, n, i, want, want, 0, NULL);
-            return r;
-        }
-        return 0;
+        size_t r = tok_run(s, n, j, want, want, 0, NULL);
+        return r ? j + r - i : 0;
     }
     case BR_OPTSPACE_OTHER:
     case BR_OPTSPACE_OTHER_NL: {
@@ -429,7 +427,8 @@ static void tok_pattern_free(tok_pattern_t *p)
     p->n = 0;
 }
 
-/* Splits s[0..n) at '|' outside (), [] and escapes; calls fn per part. */
+/* Splits s[0..n) at the '|' that are outside (), [] and escapes into parts;
+ * returns the count, or max_parts + 1 when there are more. */
 static size_t tok_split_alternation(const char *s, size_t n, const char **parts, size_t *lens,
                                     size_t max_parts)
 {
@@ -611,7 +610,7 @@ static void tok_cache_put(tok_cache_t *c, const uint8_t *s, size_t n, uint64_t h
                                      .n_ids = (uint32_t)n_ids, .used = 1};
     memcpy(c->keys + c->keys_len, s, n);
     c->keys_len += n;
-    memcpy(c->ids + c->ids_len, ids, n_ids * sizeof *ids);
+    if (n_ids) memcpy(c->ids + c->ids_len, ids, n_ids * sizeof *ids);
     c->ids_len += n_ids;
     c->count++;
 }
@@ -620,9 +619,8 @@ static void tok_cache_put(tok_cache_t *c, const uint8_t *s, size_t n, uint64_t h
 
 typedef struct {
     uint32_t rank;
-    uint32_t pos;  /* left symbol */
-    uint32_t right;
-    uint32_t merged;
+    uint32_t pos;    /* left symbol */
+    uint32_t merged; /* token the pair at pos made when pushed */
 } tok_heap_ent_t;
 
 static int tok_heap_less(const tok_heap_ent_t *a, const tok_heap_ent_t *b)
@@ -690,7 +688,7 @@ static void tok_bpe_try_pair(const tok_t *tok, tok_bpe_scratch_t *w, size_t *hn,
     const tok_merge_slot_t *m = tok_merge_find(tok, w->id[a], w->id[b]);
     if (!m) return;
     tok_heap_push(w->heap, hn, (tok_heap_ent_t){.rank = m->rank, .pos = (uint32_t)a,
-                                                .right = (uint32_t)b, .merged = m->merged});
+                                                .merged = m->merged});
 }
 
 /* BPE of one piece (raw bytes) appended to out. */
@@ -740,9 +738,13 @@ static bt_status_t tok_bpe_piece(tok_t *tok, tok_bpe_scratch_t *w, const uint8_t
     for (size_t i = 0; i + 1 < m; i++) tok_bpe_try_pair(tok, w, &hn, (int32_t)i);
     while (hn) {
         tok_heap_ent_t e = tok_heap_pop(w->heap, &hn);
-        int32_t a = (int32_t)e.pos, b = (int32_t)e.right;
-        /* stale entry: a or b was merged away or changed since the push */
-        if (w->next[a] != b || w->id[a] == UINT32_MAX || w->id[b] == UINT32_MAX) continue;
+        int32_t a = (int32_t)e.pos, b = w->next[a];
+        /* An entry is stale when a was merged away or is last, or when the
+         * pair now at a no longer makes the same token. HF judges it by the
+         * made token alone (not by the neighbour it was pushed with), so an
+         * entry whose pair changed but still makes that token is applied at
+         * its old rank; we do the same to give the same ids. */
+        if (w->id[a] == UINT32_MAX || b < 0) continue;
         const tok_merge_slot_t *cur = tok_merge_find(tok, w->id[a], w->id[b]);
         if (!cur || cur->merged != e.merged) continue;
         w->id[a] = e.merged;
@@ -756,7 +758,8 @@ static bt_status_t tok_bpe_piece(tok_t *tok, tok_bpe_scratch_t *w, const uint8_t
     size_t first = out->n;
     for (int32_t i = m ? 0 : -1; i >= 0; i = w->next[i]) tok_ids_push(out, w->id[i]);
     if (out->oom) return BT_ERR_NOMEM;
-    if (cacheable) tok_cache_put(&tok->cache, s, n, h, out->v + first, out->n - first);
+    if (cacheable) tok_cache_put(&tok->cache, s, n, h, out->n > first ? out->v + first : NULL,
+                                 out->n - first);
     return BT_OK;
 }
 
@@ -792,7 +795,7 @@ static void tok_pre_split(tok_enc_t *e, size_t step, const tok_pattern_t *p, con
             gap = i;
         } else {
             size_t len;
-            utf8_decode(s + i, n - i, &len);
+            uni_utf8_decode(s + i, n - i, &len);
             i += len;
         }
     }
@@ -825,12 +828,17 @@ static void tok_pre_run(tok_enc_t *e, size_t step, const uint8_t *s, size_t n)
         }
         return;
     case PRE_DIGITS: {
+        /* HF's Digits uses Rust's char::is_numeric, not the regex \p{N} */
         size_t i = 0, start = 0;
         while (i < n) {
             size_t len;
-            unsigned c = tok_class_at(s, n, i, &len);
-            if (c & C_N) {
-                size_t r = p->individual ? len : tok_run(s, n, i, C_N, C_N, 0, NULL);
+            if (uni_is_numeric(uni_utf8_decode(s + i, n - i, &len))) {
+                size_t r = len;
+                while (!p->individual && i + r < n) {
+                    size_t l2;
+                    if (!uni_is_numeric(uni_utf8_decode(s + i + r, n - i - r, &l2))) break;
+                    r += l2;
+                }
                 tok_pre_emit(e, step + 1, s + start, i - start);
                 tok_pre_emit(e, step + 1, s + i, r);
                 i += r;
@@ -845,31 +853,16 @@ static void tok_pre_run(tok_enc_t *e, size_t step, const uint8_t *s, size_t n)
     }
 }
 
-static void tok_segment_encode(tok_enc_t *e, const uint8_t *s, size_t n)
-{
-    if (!n || e->st != BT_OK) return;
-    if (e->tok->nfc) {
-        uint8_t *norm;
-        size_t nn;
-        if (uni_nfc(s, n, &norm, &nn)) {
-            e->st = BT_ERR_NOMEM;
-            return;
-        }
-        tok_pre_emit(e, 0, norm, nn);
-        free(norm);
-    } else {
-        tok_pre_emit(e, 0, s, n);
-    }
-}
-
-/* Added token at s[i], longest first; index into tok->added or -1. */
-static int64_t tok_added_at(const tok_t *tok, const uint8_t *s, size_t n, size_t i)
+/* Added token of the given kind (normalized or not) at s[i], longest first;
+ * index into tok->added or -1. */
+static int64_t tok_added_at(const tok_t *tok, const uint8_t *s, size_t n, size_t i, int normalized)
 {
     uint32_t k = tok->n_added_by_byte[s[i]];
     const uint32_t *cand = tok->added_by_byte[s[i]];
     for (uint32_t j = 0; j < k; j++) {
         const tok_added_t *a = &tok->added[cand[j]];
-        if (a->len <= n - i && !memcmp(s + i, a->content, a->len)) return cand[j];
+        if (a->normalized == normalized && a->len <= n - i && !memcmp(s + i, a->content, a->len))
+            return cand[j];
     }
     return -1;
 }
@@ -882,19 +875,23 @@ static size_t tok_space_before(const uint8_t *s, size_t lo, size_t i)
         size_t k = j - 1;
         while (k > lo && (s[k] & 0xC0) == 0x80) k--;
         size_t len;
-        if (!uni_is_space(utf8_decode(s + k, j - k, &len)) || k + len != j) break;
+        if (!uni_is_space(uni_utf8_decode(s + k, j - k, &len)) || k + len != j) break;
         j = k;
     }
     return j;
 }
 
-bt_status_t tok_encode(tok_t *tok, const char *text, size_t len, uint32_t **ids, size_t *n)
+typedef void (*tok_gap_fn)(tok_enc_t *e, const uint8_t *s, size_t n);
+
+/* Splits s[0..n) on the added tokens of one kind, leftmost-longest, pushing
+ * their ids; the text between them goes to gap. */
+static void tok_split_added(tok_enc_t *e, const uint8_t *s, size_t n, int normalized,
+                            tok_gap_fn gap)
 {
-    tok_enc_t e = {.tok = tok, .st = BT_OK};
-    const uint8_t *s = (const uint8_t *)text;
+    const tok_t *tok = e->tok;
     size_t seg = 0, i = 0;
-    while (i < len && e.st == BT_OK) {
-        int64_t a = tok->n_added_by_byte[s[i]] ? tok_added_at(tok, s, len, i) : -1;
+    while (i < n && e->st == BT_OK) {
+        int64_t a = tok->n_added_by_byte[s[i]] ? tok_added_at(tok, s, n, i, normalized) : -1;
         if (a < 0) {
             i++;
             continue;
@@ -902,12 +899,41 @@ bt_status_t tok_encode(tok_t *tok, const char *text, size_t len, uint32_t **ids,
         const tok_added_t *t = &tok->added[a];
         size_t start = t->lstrip ? tok_space_before(s, seg, i) : i;
         size_t end = i + t->len;
-        if (t->rstrip) end += tok_run(s, len, end, C_S, C_S, 0, NULL);
-        tok_segment_encode(&e, s + seg, start - seg);
-        tok_ids_push(&e.out, t->id);
+        if (t->rstrip) end += tok_run(s, n, end, C_S, C_S, 0, NULL);
+        if (start > seg) gap(e, s + seg, start - seg);
+        tok_ids_push(&e->out, t->id);
         seg = i = end;
     }
-    tok_segment_encode(&e, s + seg, len - seg);
+    if (n > seg && e->st == BT_OK) gap(e, s + seg, n - seg);
+}
+
+static void tok_gap_pretokenize(tok_enc_t *e, const uint8_t *s, size_t n)
+{
+    tok_pre_emit(e, 0, s, n);
+}
+
+/* A segment free of non-normalized added tokens: normalize it, then split
+ * it on the normalized added tokens (HF's two passes). */
+static void tok_gap_normalize(tok_enc_t *e, const uint8_t *s, size_t n)
+{
+    if (e->tok->nfc) {
+        uint8_t *norm;
+        size_t nn;
+        if (uni_nfc(s, n, &norm, &nn)) {
+            e->st = BT_ERR_NOMEM;
+            return;
+        }
+        tok_split_added(e, norm, nn, 1, tok_gap_pretokenize);
+        free(norm);
+    } else {
+        tok_split_added(e, s, n, 1, tok_gap_pretokenize);
+    }
+}
+
+bt_status_t tok_encode(tok_t *tok, const char *text, size_t len, uint32_t **ids, size_t *n)
+{
+    tok_enc_t e = {.tok = tok, .st = BT_OK};
+    tok_split_added(&e, (const uint8_t *)text, len, 0, tok_gap_normalize);
     if (e.out.oom && e.st == BT_OK) e.st = BT_ERR_NOMEM;
     free(e.w.id);
     free(e.w.prev);
@@ -1169,15 +1195,20 @@ static const char *tok_config_token(json_t *cfg, const char *key)
     return json_string_value(json_object_get(v, "content"));
 }
 
+/* json_path: the file, for its tokenizer_config.json neighbour; NULL: none. */
 static void tok_find_special(tok_t *tok, json_t *root, const char *json_path)
 {
     tok->special.bos = tok->special.eos = -1;
     /* 1. tokenizer_config.json beside the file */
-    char cfg_path[4096];
-    const char *slash = strrchr(json_path, '/');
-    int dl = slash ? (int)(slash - json_path) : 1;
-    snprintf(cfg_path, sizeof cfg_path, "%.*s/tokenizer_config.json", dl, slash ? json_path : ".");
-    json_t *cfg = json_load_file(cfg_path, 0, NULL);
+    json_t *cfg = NULL;
+    if (json_path) {
+        char cfg_path[4096];
+        const char *slash = strrchr(json_path, '/');
+        int dl = slash ? (int)(slash - json_path) : 1;
+        snprintf(cfg_path, sizeof cfg_path, "%.*s/tokenizer_config.json", dl,
+                 slash ? json_path : ".");
+        cfg = json_load_file(cfg_path, 0, NULL);
+    }
     if (cfg) {
         const char *b = tok_config_token(cfg, "bos_token"), *e = tok_config_token(cfg, "eos_token");
         if (b) tok->special.bos = tok_lookup_text(tok, b);
@@ -1186,6 +1217,12 @@ static void tok_find_special(tok_t *tok, json_t *root, const char *json_path)
     }
     /* 2. a post-processor template that starts with a special token = BOS */
     json_t *pp = json_object_get(root, "post_processor");
+    if (pp && !strcmp(tok_json_type(pp), "Sequence")) { /* Llama-3.1: [ByteLevel, Template] */
+        size_t k;
+        json_t *sub;
+        json_array_foreach(json_object_get(pp, "processors"), k, sub)
+            if (!strcmp(tok_json_type(sub), "TemplateProcessing")) pp = sub;
+    }
     if (tok->special.bos < 0 && pp && !strcmp(tok_json_type(pp), "TemplateProcessing")) {
         json_t *first = json_array_get(json_object_get(pp, "single"), 0);
         const char *name = json_string_value(
@@ -1247,14 +1284,17 @@ static bt_status_t tok_load_model(tok_t *tok, json_t *model, const char *path)
         size_t kl = strlen(key), bl;
         uint8_t *buf = malloc(kl + 1);
         if (!buf) return BT_ERR_NOMEM;
-        bt_status_t st = tok_unmap_bytes(key, kl, cp_to_byte, buf, &bl)
-                             ? tok_set_token(tok, (uint32_t)id, buf, bl)
-                             : tok_set_token(tok, (uint32_t)id, (const uint8_t *)key, kl);
+        int mapped = tok_unmap_bytes(key, kl, cp_to_byte, buf, &bl);
+        bt_status_t st = mapped ? tok_set_token(tok, (uint32_t)id, buf, bl)
+                                : tok_set_token(tok, (uint32_t)id, (const uint8_t *)key, kl);
         free(buf);
+        if (st == BT_OK && !mapped) tok->tokens[id].raw = 1;
         if (st != BT_OK) return st;
     }
+    /* raw entries stay out of the map: HF looks pieces up by their byte-level
+     * spelling, which a raw entry's UTF-8 bytes could collide with */
     for (uint32_t id = 0; id < tok->n_tokens; id++)
-        if (tok->tokens[id].present) tok_vocab_insert(tok, id);
+        if (tok->tokens[id].present && !tok->tokens[id].raw) tok_vocab_insert(tok, id);
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
         int64_t id = tok_vocab_find(tok, &c, 1);
@@ -1350,6 +1390,7 @@ static bt_status_t tok_load_added(tok_t *tok, json_t *added, const char *path)
         t->lstrip = tok_json_true(a, "lstrip", 0);
         t->rstrip = tok_json_true(a, "rstrip", 0);
         t->special = tok_json_true(a, "special", 0);
+        t->normalized = tok_json_true(a, "normalized", !t->special);
         bt_status_t st = tok_set_token(tok, t->id, t->content, t->len);
         if (st != BT_OK) return st;
         uint8_t b0 = t->content[0];
@@ -1357,6 +1398,41 @@ static bt_status_t tok_load_added(tok_t *tok, json_t *added, const char *path)
         if (!v) return BT_ERR_NOMEM;
         tok->added_by_byte[b0] = v;
         v[tok->n_added_by_byte[b0]++] = (uint32_t)(tok->n_added - 1);
+    }
+    for (int b = 0; b < 256; b++)
+        if (tok->n_added_by_byte[b] > 1)
+            qsort_r(tok->added_by_byte[b], tok->n_added_by_byte[b], sizeof(uint32_t),
+                    tok_added_cmp_len, tok);
+    return BT_OK;
+}
+
+/* Normalized added tokens are matched on normalized text, so their content
+ * is normalized too, as HF does; the per-byte index follows the new first
+ * bytes. Decoding keeps the token's original text. */
+static bt_status_t tok_normalize_added(tok_t *tok)
+{
+    if (!tok->nfc) return BT_OK;
+    for (size_t i = 0; i < tok->n_added; i++) {
+        tok_added_t *t = &tok->added[i];
+        if (!t->normalized) continue;
+        uint8_t *norm;
+        size_t nn;
+        if (uni_nfc(t->content, t->len, &norm, &nn)) return BT_ERR_NOMEM;
+        if (nn == t->len && !memcmp(norm, t->content, nn)) {
+            free(norm);
+            continue;
+        }
+        free(t->content);
+        t->content = norm;
+        t->len = nn;
+    }
+    for (int b = 0; b < 256; b++) tok->n_added_by_byte[b] = 0;
+    for (size_t i = 0; i < tok->n_added; i++) {
+        uint8_t b0 = tok->added[i].content[0];
+        uint32_t *v = realloc(tok->added_by_byte[b0], (tok->n_added_by_byte[b0] + 1) * sizeof *v);
+        if (!v) return BT_ERR_NOMEM;
+        tok->added_by_byte[b0] = v;
+        v[tok->n_added_by_byte[b0]++] = (uint32_t)i;
     }
     for (int b = 0; b < 256; b++)
         if (tok->n_added_by_byte[b] > 1)
@@ -1395,28 +1471,19 @@ static bt_status_t tok_read_file(const char *path, char **buf, size_t *len)
     return BT_OK;
 }
 
-bt_status_t tok_load(const char *path, tok_t **out)
+/* json_path names the source in errors; with a real path, a
+ * tokenizer_config.json beside it is consulted for BOS/EOS. */
+static bt_status_t tok_load_buffer(const char *buf, size_t len, const char *json_path,
+                                   int beside_config, tok_t **out)
 {
     static int class_ready;
     if (!class_ready) {
         tok_ascii_class_init();
         class_ready = 1;
     }
-    char json_path[4096];
-    struct stat sb;
-    if (!stat(path, &sb) && S_ISDIR(sb.st_mode))
-        snprintf(json_path, sizeof json_path, "%s/tokenizer.json", path);
-    else
-        snprintf(json_path, sizeof json_path, "%s", path);
-
-    char *buf;
-    size_t len;
-    bt_status_t st = tok_read_file(json_path, &buf, &len);
-    if (st != BT_OK) return st;
+    bt_status_t st;
     json_error_t jerr;
     json_t *root = json_loadb(buf, len, 0, &jerr);
-    uint64_t file_hash = XXH64(buf, len, 0);
-    free(buf);
     if (!root) {
         log_error("%s:%d:%d: not valid JSON: %s", json_path, jerr.line, jerr.column, jerr.text);
         return BT_ERR_INVALID;
@@ -1426,7 +1493,7 @@ bt_status_t tok_load(const char *path, tok_t **out)
         st = BT_ERR_NOMEM;
         goto fail_root;
     }
-    tok->file_hash = file_hash;
+    tok->file_hash = XXH64(buf, len, 0);
     json_t *model = json_object_get(root, "model");
     json_t *vocab = json_object_get(model, "vocab");
     json_t *added = json_object_get(root, "added_tokens");
@@ -1441,7 +1508,7 @@ bt_status_t tok_load(const char *path, tok_t **out)
         json_int_t id = json_integer_value(json_object_get(v, "id"));
         if (id > max_id) max_id = id;
     }
-    if (max_id < 0 || max_id >= (json_int_t)UINT32_MAX - 1) {
+    if (max_id < 0 || max_id >= (json_int_t)1 << 31) {
         log_error("%s: no vocabulary (or ids out of range)", json_path);
         st = BT_ERR_INVALID;
         goto fail_tok;
@@ -1461,13 +1528,14 @@ bt_status_t tok_load(const char *path, tok_t **out)
         goto fail_tok;
     if ((st = tok_load_pre(tok, json_object_get(root, "pre_tokenizer"), json_path)) != BT_OK)
         goto fail_tok;
+    if ((st = tok_normalize_added(tok)) != BT_OK) goto fail_tok;
     json_t *dec = json_object_get(root, "decoder");
     if (dec && !json_is_null(dec) && strcmp(tok_json_type(dec), "ByteLevel")) {
         log_error("%s: decoder '%s' is not supported (only ByteLevel)", json_path, tok_json_type(dec));
         st = BT_ERR_UNSUPPORTED;
         goto fail_tok;
     }
-    tok_find_special(tok, root, json_path);
+    tok_find_special(tok, root, beside_config ? json_path : NULL);
     json_decref(root);
     *out = tok;
     return BT_OK;
@@ -1477,5 +1545,27 @@ fail_tok:
     tok_free(tok);
 fail_root:
     json_decref(root);
+    return st;
+}
+
+bt_status_t tok_load_json(const char *json, size_t len, tok_t **out)
+{
+    return tok_load_buffer(json, len, "(tokenizer json)", 0, out);
+}
+
+bt_status_t tok_load(const char *path, tok_t **out)
+{
+    char json_path[4096];
+    struct stat sb;
+    if (!stat(path, &sb) && S_ISDIR(sb.st_mode))
+        snprintf(json_path, sizeof json_path, "%s/tokenizer.json", path);
+    else
+        snprintf(json_path, sizeof json_path, "%s", path);
+    char *buf;
+    size_t len;
+    bt_status_t st = tok_read_file(json_path, &buf, &len);
+    if (st != BT_OK) return st;
+    st = tok_load_buffer(buf, len, json_path, 1, out);
+    free(buf);
     return st;
 }

@@ -6,9 +6,9 @@
  *   model          BPE with vocab + merges ("a b" strings or [a, b] lists),
  *                  ignore_merges, unk_token/fuse_unk; not dropout,
  *                  continuing_subword_prefix, end_of_word_suffix, byte_fallback
- *   added tokens   matched on the raw text before normalization and
- *                  pre-tokenization, leftmost-longest; lstrip/rstrip honoured,
- *                  single_word refused
+ *   added tokens   matched before pre-tokenization, leftmost-longest: those
+ *                  with normalized=false on the raw text, the others on the
+ *                  normalized text; lstrip/rstrip honoured, single_word refused
  *   normalizer     none, NFC (also inside a Sequence)
  *   pre-tokenizer  ByteLevel (add_prefix_space, use_regex with the GPT-2
  *                  pattern), Split (Isolated, not inverted) with a Regex made
@@ -43,6 +43,8 @@ typedef struct {
 
 /* path: a tokenizer.json file or a directory holding one. */
 bt_status_t tok_load(const char *path, tok_t **out);
+/* The same from the JSON text in memory (no tokenizer_config.json lookup). */
+bt_status_t tok_load_json(const char *json, size_t len, tok_t **out);
 void tok_free(tok_t *tok);
 
 /* Encodes text[0..len) into a malloc'd array *ids of *n ids (caller frees;

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint32_t utf8_decode(const uint8_t *s, size_t n, size_t *len)
+uint32_t uni_utf8_decode(const uint8_t *s, size_t n, size_t *len)
 {
     uint8_t b = s[0];
     *len = 1;
@@ -24,7 +24,7 @@ uint32_t utf8_decode(const uint8_t *s, size_t n, size_t *len)
     return cp;
 }
 
-size_t utf8_encode(uint32_t cp, uint8_t *out)
+size_t uni_utf8_encode(uint32_t cp, uint8_t *out)
 {
     if (cp < 0x80) { out[0] = (uint8_t)cp; return 1; }
     if (cp < 0x800) {
@@ -73,6 +73,12 @@ int uni_is_space(uint32_t cp)
 {
     if (cp < 0x80) return cp == ' ' || (cp >= 0x09 && cp <= 0x0D);
     return cp != UNI_INVALID_BYTE && uni_range_find(uni_space, uni_space_len, cp);
+}
+
+int uni_is_numeric(uint32_t cp)
+{
+    if (cp < 0x80) return cp >= '0' && cp <= '9';
+    return cp != UNI_INVALID_BYTE && uni_range_find(uni_numeric, uni_numeric_len, cp);
 }
 
 /* ---- NFC ---- */
@@ -152,7 +158,7 @@ int uni_nfc(const uint8_t *s, size_t n, uint8_t **out, size_t *out_len)
     size_t m = 0;
     for (i = 0; i < n;) {
         size_t len;
-        uint32_t cp = utf8_decode(s + i, n - i, &len);
+        uint32_t cp = uni_utf8_decode(s + i, n - i, &len);
         if (cp == UNI_INVALID_BYTE) {
             cps[m++] = NFC_RAW_BYTE | s[i];
         } else if (cp >= HANGUL_SBASE && cp < HANGUL_SBASE + HANGUL_SCOUNT) {
@@ -214,7 +220,7 @@ int uni_nfc(const uint8_t *s, size_t n, uint8_t **out, size_t *out_len)
     size_t o = 0;
     for (size_t k = 0; k < w; k++) {
         if (cps[k] & NFC_RAW_BYTE) res[o++] = (uint8_t)(cps[k] & 0xFF);
-        else o += utf8_encode(cps[k], res + o);
+        else o += uni_utf8_encode(cps[k], res + o);
     }
     free(cps);
     *out = res;

@@ -212,10 +212,13 @@ def attr_get(attr, name):
 
 def read_index(path):
     raw = open(path, "rb").read()
-    if raw[:2] == b"\x1f\x8b":
-        data = gzip.decompress(raw)
-    else:  # 4-byte length + zlib, the lazy-load record form
-        data = zlib.decompress(raw[4:])
+    try:
+        if raw[:2] == b"\x1f\x8b":
+            data = gzip.decompress(raw)
+        else:  # 4-byte length + zlib, the lazy-load record form
+            data = zlib.decompress(raw[4:])
+    except (OSError, EOFError, zlib.error) as e:
+        raise RFormatError("%s: corrupt compressed index: %s" % (path, e))
     idx = RReader(data, path).header()
     if idx[0] != "list":
         raise RFormatError("%s: index is not a list" % path)
@@ -236,7 +239,10 @@ def read_record(rdb, name, off, length):
     if len(rec) != length or length < 5:
         raise RFormatError("record %s: truncated at offset %d" % (name, off))
     want = struct.unpack(">I", rec[:4])[0]
-    data = zlib.decompress(rec[4:])
+    try:
+        data = zlib.decompress(rec[4:])
+    except zlib.error as e:
+        raise RFormatError("record %s at offset %d: corrupt zlib stream: %s" % (name, off, e))
     if len(data) != want:
         raise RFormatError("record %s: inflated to %d bytes, header says %d" %
                            (name, len(data), want))

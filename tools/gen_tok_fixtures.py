@@ -8,8 +8,11 @@ makes it), save its tokenizer.json, and record the ids that HF produces
   - sample.txt: our own non-corpus text (numbers, unicode, CRLF, tabs, emoji,
     whitespace runs, special tokens), generated here from a fixed seed and
     committed; its ids go to <style>/sample.ids (u32 little-endian);
-  - unicode.txt: random code points of every plane (committed), ids in
-    <style>/unicode.ids (u16 little-endian);
+  - unicode.txt: words of letters/digits new in Unicode 15/16 and older
+    non-ASCII ones, then random code points of every plane (committed), ids in
+    <style>/unicode.ids (u16 little-endian); all styles but gpt2 are also
+    trained on more text of the same kind (not committed, made from a seed)
+    so that their merges span these characters;
   - the first VAL_SLICE bytes of data/austen/val.txt: ids to <style>/val_head.ids
     (u16 little-endian; the text itself is not committed);
   - the whole of data/austen/train.txt and val.txt: token count and SHA-256 of
@@ -23,6 +26,8 @@ import random
 import struct
 import subprocess
 import sys
+import tempfile
+import unicodedata
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import AddedToken
@@ -56,7 +61,7 @@ def style_llama3():
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
                 "<|start_header_id|>", "<|end_header_id|>"]
     # a non-special added token: matched like the specials, before pre-tokenization
-    added = ["<tool>"]
+    added = [("<tool>", False)]
     return tok, 3000, specials, added
 
 
@@ -69,10 +74,25 @@ def style_qwen2():
     ])
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    return tok, 2048, specials, []
+    # normalized added tokens: HF matches them after NFC, so a decomposed
+    # "cafe\u0301" in the text must still find "café"
+    added = [("café", True), ("Ångström", True)]
+    return tok, 2048, specials, added
 
 
-STYLES = {"gpt2": style_gpt2, "llama3": style_llama3, "qwen2": style_qwen2}
+def style_digits_prefix():
+    """SmolLM/StarCoder's Digits + ByteLevel, here with add_prefix_space (RoBERTa)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    return tok, 2048, ["<|endoftext|>", "<s>"], []
+
+
+STYLES = {"gpt2": style_gpt2, "llama3": style_llama3, "qwen2": style_qwen2,
+          "digits_prefix": style_digits_prefix}
 
 
 def sample_text():
@@ -87,7 +107,8 @@ def sample_text():
              "a.b,c;d:e!f?g", "$12.50", "€9,99", "100%", "#hash", "@user", "foo_bar",
              "snake-case", "CamelCase", "URL:https://example.invalid/a?b=c&d=e", "e-mail",
              "x\u00a0y", "nb\u202fsp", "zero\u200bwidth", "\ufeffbom", "tab\tsep",
-             "\x1cfs\x1dgs", "\x85nel", "line\u2028sep", "para\u2029sep", "\x0bvt\x0cff"]
+             "\x1cfs\x1dgs", "\x85nel", "line\u2028sep", "para\u2029sep", "\x0bvt\x0cff",
+             "cafe\u0301", "A\u030angstro\u0308m", "\u212bngström", "Ångström"]
     numbers = ["0", "7", "42", "123", "1234", "12345", "3.14159", "2026", "1,000,000",
                "0x1F", "9876543210", "007", "1e-5", "٣٤٥", "１２３"]
     spaces = [" ", " ", " ", " ", "  ", "   ", "    ", "\t", "\t\t", " \t ", "\n", "\r\n",
@@ -113,13 +134,38 @@ def sample_text():
     return "".join(out)
 
 
-def unicode_text():
-    """Random code points from every plane (assigned or not, no surrogates),
-    in short runs between spaces, digits and newlines: checks the letter,
-    number and space tables and NFC against HF's regex engine."""
-    rng = random.Random(7)
+def unicode_pool():
+    """Characters whose class HF's engines know but Python's Unicode 14 does
+    not (letters and digits added in Unicode 15/16), plus older non-ASCII
+    letters, digits and marks. Training on text made of them gives merges
+    across them, so a class error in our tables changes the ids."""
+    rng = random.Random(11)
+    unassigned = [c for c in range(0x80, 0x110000)
+                  if not 0xD800 <= c <= 0xDFFF and unicodedata.category(chr(c)) == "Cn"]
+    def hf_isolated(pre, cands):
+        s = "".join(chr(c) + "\x01" for c in cands)
+        return sorted(ord(x) for x, _ in pre.pre_tokenize_str(s) if len(x) == 1 and x != "\x01")
+    new_l = hf_isolated(pre_tokenizers.Split(Regex(r"\p{L}"), behavior="isolated"), unassigned)
+    new_n = hf_isolated(pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"), unassigned)
+    new_d = hf_isolated(pre_tokenizers.Digits(individual_digits=True), unassigned)
+    old = [c for c in range(0x80, 0x30000) if unicodedata.category(chr(c))[0] in "LNM"]
+    pool = (rng.sample(new_l, 120) + rng.sample(new_n, 40) + rng.sample(new_d, 40) +
+            rng.sample(old, 150))
+    return [chr(c) for c in pool]
+
+
+def unicode_text(pool, seed, words):
+    """Words of pool characters between spaces, ASCII letters, digits,
+    apostrophes and newlines; then random code points of every plane."""
+    rng = random.Random(seed)
     out = []
-    for _ in range(4000):
+    for _ in range(words):
+        w = "".join(rng.choice(pool) for _ in range(rng.randint(1, 4)))
+        if rng.random() < 0.2:
+            w = rng.choice(["a", "The", "1", "42", "'s", "x"]) + w
+        out.append(w)
+        out.append(rng.choice([" ", " ", " ", "  ", "\n", " 7", "'d ", "\t", "1", "q"]))
+    for _ in range(3000):
         r = rng.random()
         if r < 0.5:
             cp = rng.randrange(0x80, 0x3400)
@@ -155,18 +201,24 @@ def main():
     sample = sample_text()
     with open(os.path.join(FIX, "sample.txt"), "w", encoding="utf-8", newline="") as f:
         f.write(sample)
-    uni = unicode_text()
+    pool = unicode_pool()
+    uni = unicode_text(pool, 7, 3000)
+    uni_train = os.path.join(tempfile.mkdtemp(), "unicode_train.txt")
+    with open(uni_train, "w", encoding="utf-8") as f:
+        f.write(unicode_text(pool, 8, 60000))
     with open(os.path.join(FIX, "unicode.txt"), "w", encoding="utf-8", newline="") as f:
         f.write(uni)
     val_head = val.encode("utf-8")[:VAL_SLICE].decode("utf-8", "ignore")
     for name in sys.argv[1:] or STYLES:
         tok, vocab, specials, added = STYLES[name]()
+        # gpt2 learns from Austen alone; the others also from the unicode pool
+        files = [train_path] if name == "gpt2" else [train_path, uni_train]
         trainer = trainers.BpeTrainer(vocab_size=vocab, min_frequency=2, show_progress=False,
                                       special_tokens=specials,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        tok.train([train_path], trainer)
+        tok.train(files, trainer)
         if added:
-            tok.add_tokens([AddedToken(a, special=False, normalized=False) for a in added])
+            tok.add_tokens([AddedToken(a, special=False, normalized=norm) for a, norm in added])
         d = os.path.join(FIX, name)
         os.makedirs(d, exist_ok=True)
         tok.save(os.path.join(d, "tokenizer.json"))
