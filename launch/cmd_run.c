@@ -1,11 +1,287 @@
+/* baton run JOB.yaml [--set section.key=value ...]: single-process training
+ * from a job file (docs/JOBS.md). Layouts with tp/pp/dp > 1 are parsed and
+ * validated but refused here until the distributed runtime lands. */
 #include "launch/cli.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
-/* Placeholder until the issue that owns this command lands it. */
+#include "base/clock.h"
+#include "base/log.h"
+#include "ckpt/hf.h"
+#include "launch/job.h"
+#include "launch/plot.h"
+#include "launch/run_setup.h"
+#include "model/train.h"
+
+static void run_usage(FILE *f)
+{
+    fprintf(f, "usage: baton run JOB.yaml [--set section.key=value ...] [--quiet]\n"
+               "  trains as the job file says (docs/JOBS.md lists every field)\n");
+}
+
+/* The distributed layouts this build cannot run yet: say so instead of
+ * silently training something else. */
+static bool layout_supported(const job_t *job)
+{
+    const job_parallel_t *p = &job->parallel;
+    bool local = job->n_hosts == 1 && (!strcmp(job->hosts[0], "local") ||
+                                       !strcmp(job->hosts[0], "localhost") ||
+                                       !strcmp(job->hosts[0], "127.0.0.1"));
+    if (p->tp == 1 && p->pp == 1 && p->dp == 1 && p->virtual_stages == 1 && !p->zero1 && local)
+        return true;
+    fprintf(stderr,
+            "baton run: %s: the layout tp=%lld pp=%lld dp=%lld virtual_stages=%lld zero1=%s "
+            "hosts=%d (%s...) is valid, but this build runs single-process training only "
+            "(tp=pp=dp=1 on host local); multi-process layouts are not supported yet\n",
+            job->path, (long long)p->tp, (long long)p->pp, (long long)p->dp,
+            (long long)p->virtual_stages, p->zero1 ? "true" : "false", job->n_hosts, job->hosts[0]);
+    return false;
+}
+
+static void eta_fmt(char *buf, size_t len, double s)
+{
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, len, "%lds", t);
+}
+
+/* mkdir -p dir */
+static bt_status_t dir_make(const char *dir)
+{
+    char buf[JOB_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+            log_error("cannot create directory %s: %s", buf, strerror(errno));
+            return BT_ERR_IO;
+        }
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) == 0 || errno == EEXIST) return BT_OK;
+    log_error("cannot create directory %s: %s", buf, strerror(errno));
+    return BT_ERR_IO;
+}
+
+/* The directory part of an output file path, created when missing. */
+static bt_status_t parent_make(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path) return BT_OK;
+    char dir[JOB_PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    return dir_make(dir);
+}
+
+/* Hugging Face directory (config.json + model.safetensors) that
+ * `baton eval --model DIR` and transformers can load. */
+static bt_status_t model_export(const model_t *m, const char *dir, int64_t step)
+{
+    bt_status_t st = dir_make(dir);
+    if (st) return st;
+    st = ckpt_hf_save(m, dir);
+    if (st == BT_OK) log_debug("model of step %lld written to %s", (long long)step, dir);
+    return st;
+}
+
+typedef struct {
+    double *x, *y;
+    int n, cap;
+} series_t;
+
+static void series_push(series_t *s, double x, double y)
+{
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 256;
+        double *nx = realloc(s->x, (size_t)cap * sizeof *nx);
+        if (!nx) return;
+        s->x = nx;
+        double *ny = realloc(s->y, (size_t)cap * sizeof *ny);
+        if (!ny) return;
+        s->y = ny;
+        s->cap = cap;
+    }
+    s->x[s->n] = x;
+    s->y[s->n++] = y;
+}
+
+static bt_status_t eval_report(train_t *t, FILE *metrics, int64_t step,
+                               series_t *val_curve, double *loss, double *ppl)
+{
+    bt_status_t st = train_eval(t, loss, ppl);
+    if (st) return st;
+    printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)step, *loss, *ppl);
+    fflush(stdout);
+    series_push(val_curve, (double)step, *loss);
+    if (metrics) {
+        fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.7g, \"val_ppl\": %.7g}\n",
+                (long long)step, *loss, *ppl);
+        fflush(metrics);
+    }
+    return BT_OK;
+}
+
 int cmd_run(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    fprintf(stderr, "baton run: not built yet\n");
-    return 2;
+    const char *job_path = NULL;
+    const char *sets[256];
+    int n_sets = 0;
+    bool quiet = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            run_usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--set") && i + 1 < argc && n_sets < 256) {
+            sets[n_sets++] = argv[++i];
+        } else if (!strncmp(argv[i], "--set=", 6) && n_sets < 256) {
+            sets[n_sets++] = argv[i] + 6;
+        } else if (!strcmp(argv[i], "--quiet")) {
+            quiet = true;
+        } else if (argv[i][0] != '-' && !job_path) {
+            job_path = argv[i];
+        } else {
+            fprintf(stderr, "baton run: unexpected argument '%s'\n", argv[i]);
+            run_usage(stderr);
+            return 2;
+        }
+    }
+    if (!job_path) {
+        run_usage(stderr);
+        return 2;
+    }
+
+    static job_t job;
+    char err[JOB_ERR_MAX];
+    if (job_load(job_path, &job, err, sizeof err)) goto bad_job;
+    for (int i = 0; i < n_sets; i++)
+        if (job_override(&job, sets[i], err, sizeof err)) goto bad_job;
+    if (job_validate(&job, err, sizeof err)) goto bad_job;
+    if (!layout_supported(&job)) return 1;
+    if (job.trace_dir[0]) log_warn("trace.dir: tracing of single-process runs is not built yet; ignored");
+
+    int rc = 1;
+    int32_t *tokens = NULL, *val_tokens = NULL;
+    const int32_t *val = NULL;
+    int64_t n_train = 0, n_val = 0;
+    model_t *m = NULL;
+    train_t *t = NULL;
+    FILE *metrics = NULL;
+    series_t curve = {0}, val_curve = {0};
+    uint32_t data_vocab = 0, val_vocab = 0;
+    if (job.data.val_dir[0]) {
+        if (run_stream_load(job.data.dir, &tokens, &n_train, &data_vocab)) goto out;
+        if (run_stream_load(job.data.val_dir, &val_tokens, &n_val, &val_vocab)) goto out;
+        val = val_tokens;
+    } else {
+        if (run_tokens_load(job.data.dir, job.data.split, &tokens, &n_train, &val, &n_val,
+                            &data_vocab))
+            goto out;
+    }
+    if (val_vocab > data_vocab) data_vocab = val_vocab;
+    if (!job.model.hf[0] && job.model.vocab == 0) {
+        if (data_vocab == 0) {
+            fprintf(stderr, "baton run: %s: model.vocab: required when the data (tokens.txt) "
+                            "does not state its vocabulary\n", job.path);
+            goto out;
+        }
+        job.model.vocab = data_vocab;
+    }
+    if (data_vocab > (uint32_t)job.model.vocab) {
+        fprintf(stderr, "baton run: %s: the data's tokenizer has %u ids but the model's vocabulary "
+                        "is %lld (model.vocab or model.hf)\n", job.path, data_vocab,
+                (long long)job.model.vocab);
+        goto out;
+    }
+    if (run_model_create(&job, &m)) goto out;
+    train_config_t tc;
+    run_train_config(&job, &tc);
+    if (train_create(&tc, m, tokens, n_train, val, n_val, &t)) goto out;
+    if ((job.metrics.file[0] && parent_make(job.metrics.file)) ||
+        (job.metrics.plot[0] && parent_make(job.metrics.plot)))
+        goto out;
+    if (job.metrics.file[0] && !(metrics = fopen(job.metrics.file, "w"))) {
+        log_error("metrics.file: cannot create %s: %s", job.metrics.file, strerror(errno));
+        goto out;
+    }
+    printf("baton run %s: %s model, %lld params, %lld layers, hidden %lld, vocab %lld | %lld train tokens, "
+           "%lld val tokens | %lld steps x %lld tokens\n",
+           job.path, job.model.hf[0] ? job.model.hf : "random-init",
+           (long long)model_num_params(&m->cfg), (long long)m->cfg.num_layers,
+           (long long)m->cfg.hidden_size, (long long)m->cfg.vocab_size, (long long)n_train, (long long)n_val,
+           (long long)tc.steps, (long long)(tc.micro_batch * tc.grad_accum * tc.seq_len));
+    fflush(stdout);
+
+    uint64_t t0 = clock_now_ns();
+    int64_t tokens_done = 0;
+    double train_seconds = 0; /* step time only: evaluations and exports excluded */
+    double vloss = NAN, vppl = NAN;
+    for (int64_t s = 0; s < tc.steps; s++) {
+        train_step_info_t info;
+        if (train_step(t, &info)) goto out;
+        tokens_done += info.tokens;
+        train_seconds += info.seconds;
+        double elapsed = (double)(clock_now_ns() - t0) * 1e-9;
+        double tps = (double)tokens_done / train_seconds;
+        double eta = elapsed / (double)info.step * (double)(tc.steps - info.step);
+        series_push(&curve, (double)info.step, info.loss);
+        if (metrics) {
+            fprintf(metrics, "{\"step\": %lld, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, "
+                             "\"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+                    (long long)info.step, info.loss, info.lr, info.grad_norm,
+                    (long long)tokens_done, tps, elapsed);
+            fflush(metrics);
+        }
+        if (!quiet && (info.step == 1 || info.step % job.train.log_every == 0 || info.step == tc.steps)) {
+            char etab[32];
+            eta_fmt(etab, sizeof etab, eta);
+            printf("step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | ETA %s\n",
+                   (long long)info.step, (long long)tc.steps, info.loss, info.lr, info.grad_norm,
+                   tps, etab);
+            fflush(stdout);
+        }
+        if (n_val > tc.seq_len && job.train.eval_every && info.step % job.train.eval_every == 0 &&
+            info.step != tc.steps)
+            if (eval_report(t, metrics, info.step, &val_curve, &vloss, &vppl)) goto out;
+        if (job.checkpoint.dir[0] && job.checkpoint.every && info.step % job.checkpoint.every == 0 &&
+            info.step != tc.steps)
+            if (model_export(m, job.checkpoint.dir, info.step)) goto out;
+    }
+    if (n_val > tc.seq_len) {
+        if (eval_report(t, metrics, tc.steps, &val_curve, &vloss, &vppl)) goto out;
+        printf("final validation loss %.4f, perplexity %.2f\n", vloss, vppl);
+    } else {
+        printf("no validation split (data.split = %g): no validation perplexity\n", job.data.split);
+    }
+    if (job.checkpoint.dir[0]) {
+        if (model_export(m, job.checkpoint.dir, tc.steps)) goto out;
+        printf("model written to %s (HF format)\n", job.checkpoint.dir);
+    }
+    if (job.metrics.plot[0]) {
+        plot_series_t tr = {curve.x, curve.y, curve.n}, va = {val_curve.x, val_curve.y, val_curve.n};
+        if (plot_loss_png(job.metrics.plot, &tr, &va, NULL)) goto out;
+        printf("loss curve written to %s\n", job.metrics.plot);
+    }
+    rc = 0;
+out:
+    if (metrics) fclose(metrics);
+    free(curve.x);
+    free(curve.y);
+    free(val_curve.x);
+    free(val_curve.y);
+    train_destroy(t);
+    model_destroy(m);
+    free(tokens);
+    free(val_tokens);
+    return rc;
+bad_job:
+    fprintf(stderr, "baton run: %s\n", err);
+    return 1;
 }

@@ -1,0 +1,709 @@
+/* Job files: schema-driven YAML reader, overrides and validation (job.h). */
+#include "launch/job.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "ckpt/hf.h"
+
+#include <yaml.h>
+
+/* ---- schema ------------------------------------------------------------- */
+
+typedef enum {
+    F_INT = 0, F_FLOAT, F_BOOL, F_STR, F_ENUM, F_INT_LIST, F_FLOAT_PAIR, F_STR_LIST, F_TYPE_COUNT
+} field_type_t;
+
+static const char *const field_type_desc[] = {
+    [F_INT] = "an integer", [F_FLOAT] = "a number", [F_BOOL] = "true or false",
+    [F_STR] = "a string", [F_ENUM] = "one of", [F_INT_LIST] = "a list of integers",
+    [F_FLOAT_PAIR] = "a list of two numbers", [F_STR_LIST] = "a list of strings",
+};
+_Static_assert(sizeof field_type_desc / sizeof field_type_desc[0] == F_TYPE_COUNT,
+               "field_type_desc must cover every field type");
+
+typedef struct {
+    const char *name;             /* "section.key", or "key" for a top-level field */
+    field_type_t type;
+    size_t off;                   /* offset of the value in job_t */
+    double min, max;              /* inclusive range (numbers, list elements) */
+    const char *const *enums;     /* F_ENUM names, indexed by the enum value */
+    int n_enums;
+    size_t cap;                   /* F_STR bytes; list capacity */
+    size_t count_off;             /* lists: offset of the int element count */
+} field_t;
+
+static const char *const xport_names[] = {"auto", "inproc", "tcp", "ucx"};
+_Static_assert(sizeof xport_names / sizeof xport_names[0] == JOB_XPORT_COUNT, "xport_names");
+static const char *const sched_names[] = {"1f1b", "interleaved"};
+_Static_assert(sizeof sched_names / sizeof sched_names[0] == JOB_SCHED_COUNT, "sched_names");
+static const char *const warmup_names[] = {"zero", "min_lr"};
+_Static_assert(sizeof warmup_names / sizeof warmup_names[0] == JOB_WARMUP_FROM_COUNT, "warmup_names");
+static const char *const decay_names[] = {"matrices", "all", "none"};
+_Static_assert(sizeof decay_names / sizeof decay_names[0] == JOB_DECAY_COUNT, "decay_names");
+static const char *const edge_names[] = {"control", "pipeline", "data_parallel",
+                                         "tensor_parallel", "checkpoint"};
+_Static_assert(sizeof edge_names / sizeof edge_names[0] == JOB_EDGE_COUNT, "edge_names");
+
+#define BIG 9.0e15
+#define OFF(member) offsetof(job_t, member)
+#define INT(n, m, lo, hi)   {n, F_INT, OFF(m), lo, hi, NULL, 0, 0, 0}
+#define FLT(n, m, lo, hi)   {n, F_FLOAT, OFF(m), lo, hi, NULL, 0, 0, 0}
+#define BOOL(n, m)          {n, F_BOOL, OFF(m), 0, 0, NULL, 0, 0, 0}
+#define STR(n, m)           {n, F_STR, OFF(m), 0, 0, NULL, 0, sizeof(((job_t *)0)->m), 0}
+#define ENUM(n, m, names)   {n, F_ENUM, OFF(m), 0, 0, names, (int)(sizeof names / sizeof names[0]), 0, 0}
+#define EDGE(n, e)          ENUM("transport." n, transport[e], xport_names)
+
+static const field_t fields[] = {
+    STR("model.hf", model.hf),
+    INT("model.layers", model.layers, 1, 4096),
+    INT("model.hidden", model.hidden, 1, 1 << 20),
+    INT("model.heads", model.heads, 1, 4096),
+    INT("model.kv_heads", model.kv_heads, 0, 4096),
+    INT("model.ffn", model.ffn, 0, 1 << 22),
+    INT("model.vocab", model.vocab, 0, 1 << 24),
+    INT("model.seq", model.seq, 0, 1 << 24),
+    FLT("model.rope_theta", model.rope_theta, 1e-6, 1e12),
+    FLT("model.norm_eps", model.norm_eps, 1e-30, 1),
+    FLT("model.init_std", model.init_std, 0, 10),
+    INT("model.init_seed", model.init_seed, -1, BIG),
+    BOOL("model.tie_embeddings", model.tie_embeddings),
+
+    STR("data.dir", data.dir),
+    STR("data.val_dir", data.val_dir),
+    INT("data.seq_len", data.seq_len, 1, 1 << 24),
+    FLT("data.split", data.split, 0, 0.9),
+
+    INT("train.steps", train.steps, 1, BIG),
+    INT("train.micro_batch", train.micro_batch, 1, 1 << 20),
+    INT("train.grad_accum", train.grad_accum, 1, 1 << 20),
+    INT("train.seed", train.seed, 0, BIG),
+    INT("train.eval_every", train.eval_every, 0, BIG),
+    INT("train.eval_batches", train.eval_batches, 0, 1 << 20),
+    INT("train.log_every", train.log_every, 1, BIG),
+
+    FLT("optim.lr", optim.lr, 0, 10),
+    FLT("optim.min_lr", optim.min_lr, 0, 10),
+    INT("optim.warmup", optim.warmup, 0, BIG),
+    ENUM("optim.warmup_from", optim.warmup_from, warmup_names),
+    {"optim.betas", F_FLOAT_PAIR, OFF(optim.betas), 0, 0.999999999, NULL, 0, 2, 0},
+    FLT("optim.eps", optim.eps, 1e-30, 1),
+    FLT("optim.weight_decay", optim.weight_decay, 0, 10),
+    FLT("optim.clip", optim.clip, 0, 1e9),
+    ENUM("optim.decay", optim.decay, decay_names),
+
+    INT("parallel.tp", parallel.tp, 1, 4096),
+    INT("parallel.pp", parallel.pp, 1, 4096),
+    INT("parallel.dp", parallel.dp, 1, 1 << 20),
+    {"parallel.split", F_INT_LIST, OFF(parallel.split), 1, 4096, NULL, 0, JOB_MAX_STAGES,
+     OFF(parallel.n_split)},
+    INT("parallel.virtual_stages", parallel.virtual_stages, 1, 64),
+    ENUM("parallel.schedule", parallel.schedule, sched_names),
+    INT("parallel.microbatches", parallel.microbatches, 0, 1 << 20),
+    BOOL("parallel.zero1", parallel.zero1),
+
+    EDGE("control", JOB_EDGE_CONTROL),
+    EDGE("pipeline", JOB_EDGE_PIPELINE),
+    EDGE("data_parallel", JOB_EDGE_DATA_PARALLEL),
+    EDGE("tensor_parallel", JOB_EDGE_TENSOR_PARALLEL),
+    EDGE("checkpoint", JOB_EDGE_CKPT),
+
+    {"hosts", F_STR_LIST, OFF(hosts), 0, 0, NULL, 0, JOB_MAX_HOSTS, OFF(n_hosts)},
+
+    STR("checkpoint.dir", checkpoint.dir),
+    INT("checkpoint.every", checkpoint.every, 0, BIG),
+    STR("trace.dir", trace_dir),
+    STR("metrics.file", metrics.file),
+    STR("metrics.plot", metrics.plot),
+};
+#define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
+_Static_assert(sizeof fields / sizeof fields[0] <= JOB_MAX_FIELDS, "raise JOB_MAX_FIELDS");
+
+int job_field_count(void) { return N_FIELDS; }
+const char *job_field_name(int i) { return i >= 0 && i < N_FIELDS ? fields[i].name : NULL; }
+const char *job_xport_name(job_xport_t x) { return x < JOB_XPORT_COUNT ? xport_names[x] : "?"; }
+const char *job_edge_name(job_edge_t e) { return e < JOB_EDGE_COUNT ? edge_names[e] : "?"; }
+
+static int field_find(const char *name)
+{
+    for (int i = 0; i < N_FIELDS; i++)
+        if (!strcmp(fields[i].name, name)) return i;
+    return -1;
+}
+
+/* A top-level key that names a section ("optim") rather than a field. */
+static bool section_exists(const char *name)
+{
+    size_t n = strlen(name);
+    for (int i = 0; i < N_FIELDS; i++)
+        if (!strncmp(fields[i].name, name, n) && fields[i].name[n] == '.') return true;
+    return false;
+}
+
+void job_defaults(job_t *job)
+{
+    memset(job, 0, sizeof *job);
+    job->model = (job_model_t){
+        .layers = 2, .hidden = 64, .heads = 4, .kv_heads = 0, .ffn = 0, .vocab = 0, .seq = 0,
+        .rope_theta = 10000.0, .norm_eps = 1e-5, .init_std = 0.02, .init_seed = -1,
+        .tie_embeddings = false,
+    };
+    job->data = (job_data_t){.seq_len = 128, .split = 0.1};
+    job->train = (job_train_t){.steps = 100, .micro_batch = 4, .grad_accum = 1, .seed = 1234,
+                               .eval_every = 0, .eval_batches = 8, .log_every = 10};
+    job->optim = (job_optim_t){.lr = 3e-4, .min_lr = 3e-5, .warmup = 0,
+                               .warmup_from = JOB_WARMUP_FROM_ZERO, .betas = {0.9, 0.95},
+                               .eps = 1e-8, .weight_decay = 0.1, .clip = 1.0,
+                               .decay = JOB_DECAY_MATRICES};
+    job->parallel = (job_parallel_t){.tp = 1, .pp = 1, .dp = 1, .n_split = 0,
+                                     .virtual_stages = 1, .schedule = JOB_SCHED_1F1B,
+                                     .microbatches = 0, .zero1 = false};
+    for (int e = 0; e < JOB_EDGE_COUNT; e++) job->transport[e] = JOB_XPORT_AUTO;
+    snprintf(job->hosts[0], JOB_HOST_MAX, "local");
+    job->n_hosts = 1;
+}
+
+/* ---- errors ------------------------------------------------------------- */
+
+/* Where a message points: the file position of a YAML node, or an override. */
+typedef struct {
+    const char *file;     /* job file name, NULL for an override */
+    const char *override; /* the --set text */
+    int line, col;        /* 1-based */
+} where_t;
+
+static void where_fmt(char *err, size_t errlen, const where_t *w, const char *field,
+                      const char *fmt, va_list ap)
+{
+    int n;
+    if (w->override)
+        n = snprintf(err, errlen, "--set %s: %s: ", w->override, field);
+    else if (w->line > 0)
+        n = snprintf(err, errlen, "%s:%d:%d: %s: ", w->file, w->line, w->col, field);
+    else
+        n = snprintf(err, errlen, "%s: %s: ", w->file, field);
+    if (n < 0 || (size_t)n >= errlen) return;
+    vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+}
+
+static bt_status_t fail_at(char *err, size_t errlen, const where_t *w, const char *field,
+                           const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static bt_status_t fail_at(char *err, size_t errlen, const where_t *w, const char *field,
+                           const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && errlen) where_fmt(err, errlen, w, field, fmt, ap);
+    va_end(ap);
+    return BT_ERR_INVALID;
+}
+
+static where_t where_node(const char *file, const yaml_node_t *node)
+{
+    return (where_t){.file = file, .line = (int)node->start_mark.line + 1,
+                     .col = (int)node->start_mark.column + 1};
+}
+
+/* ---- scalar conversion -------------------------------------------------- */
+
+static bool scalar_is_plain(const yaml_node_t *n)
+{
+    return n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE ||
+           n->data.scalar.style == YAML_ANY_SCALAR_STYLE;
+}
+
+static const char *scalar_text(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+
+static bool parse_int(const char *s, int64_t *out)
+{
+    if (!*s) return false;
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 0);
+    if (errno || *end) {
+        /* Accept integral values written as 1e3 or 2.0. */
+        double d = strtod(s, &end);
+        if (*end || !isfinite(d) || d != floor(d) || fabs(d) > 9.2e18) return false;
+        v = (long long)d;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_float(const char *s, double *out)
+{
+    if (!*s) return false;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno == ERANGE || *end || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_bool(const char *s, bool *out)
+{
+    static const char *const yes[] = {"true", "True", "TRUE", "yes", "on"};
+    static const char *const no[] = {"false", "False", "FALSE", "no", "off"};
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++)
+        if (!strcmp(s, yes[i])) { *out = true; return true; }
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        if (!strcmp(s, no[i])) { *out = false; return true; }
+    return false;
+}
+
+static bt_status_t number_check(double v, const field_t *f, const where_t *w, const char *text,
+                                char *err, size_t errlen)
+{
+    if (v < f->min || v > f->max)
+        return fail_at(err, errlen, w, f->name, "%s is out of range [%g, %g]", text, f->min, f->max);
+    return BT_OK;
+}
+
+/* One scalar element of a numeric field (or list element). */
+static bt_status_t scalar_number(const field_t *f, bool integral, const yaml_node_t *n,
+                                 const where_t *w, double *out, char *err, size_t errlen)
+{
+    const char *want = integral ? "an integer" : "a number";
+    if (n->type != YAML_SCALAR_NODE)
+        return fail_at(err, errlen, w, f->name, "expected %s, got a %s", want,
+                       n->type == YAML_MAPPING_NODE ? "mapping" : "list");
+    const char *s = scalar_text(n);
+    if (!scalar_is_plain(n))
+        return fail_at(err, errlen, w, f->name, "expected %s, got the quoted string '%s'", want, s);
+    if (integral) {
+        int64_t v;
+        if (!parse_int(s, &v)) return fail_at(err, errlen, w, f->name, "expected %s, got '%s'", want, s);
+        *out = (double)v;
+    } else if (!parse_float(s, out)) {
+        return fail_at(err, errlen, w, f->name, "expected %s, got '%s'", want, s);
+    }
+    return number_check(*out, f, w, s, err, errlen);
+}
+
+/* Store a YAML node into field f of job. */
+static bt_status_t field_set(job_t *job, int fi, yaml_document_t *doc, yaml_node_t *n,
+                             const where_t *w, char *err, size_t errlen)
+{
+    const field_t *f = &fields[fi];
+    char *base = (char *)job + f->off;
+    bt_status_t st = BT_OK;
+    double d;
+
+    switch (f->type) {
+    case F_INT:
+        if ((st = scalar_number(f, true, n, w, &d, err, errlen))) return st;
+        *(int64_t *)base = (int64_t)d;
+        break;
+    case F_FLOAT:
+        if ((st = scalar_number(f, false, n, w, &d, err, errlen))) return st;
+        *(double *)base = d;
+        break;
+    case F_BOOL:
+        if (n->type != YAML_SCALAR_NODE || !scalar_is_plain(n) ||
+            !parse_bool(scalar_text(n), (bool *)base))
+            return fail_at(err, errlen, w, f->name, "expected true or false, got %s%s%s",
+                           n->type == YAML_SCALAR_NODE ? "'" : "a ",
+                           n->type == YAML_SCALAR_NODE ? scalar_text(n) :
+                           n->type == YAML_MAPPING_NODE ? "mapping" : "list",
+                           n->type == YAML_SCALAR_NODE ? "'" : "");
+        break;
+    case F_STR:
+        if (n->type != YAML_SCALAR_NODE)
+            return fail_at(err, errlen, w, f->name, "expected a string, got a %s",
+                           n->type == YAML_MAPPING_NODE ? "mapping" : "list");
+        if (n->data.scalar.length >= f->cap)
+            return fail_at(err, errlen, w, f->name, "string longer than %zu bytes", f->cap - 1);
+        memcpy(base, n->data.scalar.value, n->data.scalar.length);
+        base[n->data.scalar.length] = '\0';
+        break;
+    case F_ENUM: {
+        if (n->type == YAML_SCALAR_NODE) {
+            for (int i = 0; i < f->n_enums; i++)
+                if (!strcmp(scalar_text(n), f->enums[i])) { *(int *)base = i; return BT_OK; }
+        }
+        char names[256] = "";
+        for (int i = 0; i < f->n_enums; i++) {
+            strncat(names, f->enums[i], sizeof names - strlen(names) - 1);
+            if (i + 1 < f->n_enums) strncat(names, "|", sizeof names - strlen(names) - 1);
+        }
+        return fail_at(err, errlen, w, f->name, "expected one of %s, got %s%s%s", names,
+                       n->type == YAML_SCALAR_NODE ? "'" : "a ",
+                       n->type == YAML_SCALAR_NODE ? scalar_text(n) : "non-scalar",
+                       n->type == YAML_SCALAR_NODE ? "'" : "");
+    }
+    case F_INT_LIST:
+    case F_FLOAT_PAIR:
+    case F_STR_LIST: {
+        if (n->type == YAML_SCALAR_NODE && f->type == F_STR_LIST) {
+            /* hosts: local  ==  hosts: [local] */
+            if (n->data.scalar.length >= JOB_HOST_MAX)
+                return fail_at(err, errlen, w, f->name, "name longer than %d bytes", JOB_HOST_MAX - 1);
+            snprintf(base, JOB_HOST_MAX, "%s", scalar_text(n));
+            *(int *)((char *)job + f->count_off) = 1;
+            break;
+        }
+        if (n->type != YAML_SEQUENCE_NODE)
+            return fail_at(err, errlen, w, f->name, "expected %s", field_type_desc[f->type]);
+        int count = (int)(n->data.sequence.items.top - n->data.sequence.items.start);
+        if (f->type == F_FLOAT_PAIR && count != 2)
+            return fail_at(err, errlen, w, f->name, "expected exactly 2 entries, got %d", count);
+        if ((size_t)count > f->cap)
+            return fail_at(err, errlen, w, f->name, "expected at most %zu entries, got %d", f->cap,
+                           count);
+        for (int i = 0; i < count; i++) {
+            yaml_node_t *item = yaml_document_get_node(doc, n->data.sequence.items.start[i]);
+            where_t wi = w->override ? *w : where_node(w->file, item);
+            if (f->type == F_STR_LIST) {
+                if (item->type != YAML_SCALAR_NODE || item->data.scalar.length == 0 ||
+                    item->data.scalar.length >= JOB_HOST_MAX)
+                    return fail_at(err, errlen, &wi, f->name, "entry %d: expected a non-empty name", i);
+                snprintf(base + (size_t)i * JOB_HOST_MAX, JOB_HOST_MAX, "%s", scalar_text(item));
+            } else if (f->type == F_INT_LIST) {
+                if ((st = scalar_number(f, true, item, &wi, &d, err, errlen))) return st;
+                ((int64_t *)base)[i] = (int64_t)d;
+            } else {
+                if ((st = scalar_number(f, false, item, &wi, &d, err, errlen))) return st;
+                ((double *)base)[i] = d;
+            }
+        }
+        if (f->count_off) *(int *)((char *)job + f->count_off) = count;
+        break;
+    }
+    default:
+        BT_PANIC("field type %d", (int)f->type);
+    }
+    return BT_OK;
+}
+
+/* ---- documents ---------------------------------------------------------- */
+
+static bt_status_t node_field(job_t *job, const char *file, const char *name, yaml_document_t *doc,
+                              yaml_node_t *key, yaml_node_t *val, char *err, size_t errlen)
+{
+    where_t wk = where_node(file, key);
+    int fi = field_find(name);
+    if (fi < 0) return fail_at(err, errlen, &wk, name, "unknown key");
+    if (job->origin[fi].set && !job->origin[fi].from_override)
+        return fail_at(err, errlen, &wk, name, "duplicate key (first set on line %d)",
+                       job->origin[fi].line);
+    where_t wv = where_node(file, val);
+    bt_status_t st = field_set(job, fi, doc, val, &wv, err, errlen);
+    if (st) return st;
+    job->origin[fi] = (job_origin_t){.set = true, .line = wk.line, .col = wk.col};
+    return BT_OK;
+}
+
+static bt_status_t doc_apply(job_t *job, const char *file, yaml_document_t *doc, char *err,
+                             size_t errlen)
+{
+    yaml_node_t *root = yaml_document_get_root_node(doc);
+    if (!root) return fail_at(err, errlen, &(where_t){.file = file}, "(file)", "empty job file");
+    if (root->type != YAML_MAPPING_NODE) {
+        where_t w = where_node(file, root);
+        return fail_at(err, errlen, &w, "(top level)", "expected a mapping of sections");
+    }
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start; p < root->data.mapping.pairs.top; p++) {
+        yaml_node_t *key = yaml_document_get_node(doc, p->key);
+        yaml_node_t *val = yaml_document_get_node(doc, p->value);
+        where_t wk = where_node(file, key);
+        if (key->type != YAML_SCALAR_NODE)
+            return fail_at(err, errlen, &wk, "(top level)", "keys must be plain names");
+        const char *k = scalar_text(key);
+        for (yaml_node_pair_t *q = root->data.mapping.pairs.start; q < p; q++) {
+            yaml_node_t *prev = yaml_document_get_node(doc, q->key);
+            if (prev->type == YAML_SCALAR_NODE && !strcmp(scalar_text(prev), k))
+                return fail_at(err, errlen, &wk, k, "duplicate section (first on line %d)",
+                               (int)prev->start_mark.line + 1);
+        }
+        bt_status_t st;
+        if (field_find(k) >= 0) {
+            if ((st = node_field(job, file, k, doc, key, val, err, errlen))) return st;
+            continue;
+        }
+        if (!section_exists(k))
+            return fail_at(err, errlen, &wk, k, "unknown section (known: model, data, train, "
+                           "optim, parallel, transport, hosts, checkpoint, trace, metrics)");
+        if (val->type == YAML_SCALAR_NODE && val->data.scalar.length == 0) continue; /* "trace:" */
+        if (val->type != YAML_MAPPING_NODE) {
+            where_t wv = where_node(file, val);
+            return fail_at(err, errlen, &wv, k, "expected a mapping of %s.* keys", k);
+        }
+        for (yaml_node_pair_t *q = val->data.mapping.pairs.start; q < val->data.mapping.pairs.top; q++) {
+            yaml_node_t *sk = yaml_document_get_node(doc, q->key);
+            yaml_node_t *sv = yaml_document_get_node(doc, q->value);
+            if (sk->type != YAML_SCALAR_NODE) {
+                where_t w = where_node(file, sk);
+                return fail_at(err, errlen, &w, k, "keys must be plain names");
+            }
+            char name[128];
+            snprintf(name, sizeof name, "%s.%s", k, scalar_text(sk));
+            if ((st = node_field(job, file, name, doc, sk, sv, err, errlen))) return st;
+        }
+    }
+    return BT_OK;
+}
+
+static bt_status_t parser_run(yaml_parser_t *parser, job_t *job, const char *file, char *err,
+                              size_t errlen)
+{
+    yaml_document_t doc;
+    if (!yaml_parser_load(parser, &doc)) {
+        where_t w = {.file = file, .line = (int)parser->problem_mark.line + 1,
+                     .col = (int)parser->problem_mark.column + 1};
+        return fail_at(err, errlen, &w, "(syntax)", "%s%s%s", parser->problem ? parser->problem : "YAML error",
+                       parser->context ? " " : "", parser->context ? parser->context : "");
+    }
+    bt_status_t st = doc_apply(job, file, &doc, err, errlen);
+    yaml_document_delete(&doc);
+    return st;
+}
+
+bt_status_t job_load_string(const char *name, const char *yaml, job_t *job, char *err, size_t errlen)
+{
+    job_defaults(job);
+    snprintf(job->path, sizeof job->path, "%s", name);
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser)) BT_PANIC("yaml_parser_initialize");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, strlen(yaml));
+    bt_status_t st = parser_run(&parser, job, name, err, errlen);
+    yaml_parser_delete(&parser);
+    return st;
+}
+
+bt_status_t job_load(const char *path, job_t *job, char *err, size_t errlen)
+{
+    job_defaults(job);
+    snprintf(job->path, sizeof job->path, "%s", path);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open job file: %s", path, strerror(errno));
+        return BT_ERR_INVALID;
+    }
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser)) BT_PANIC("yaml_parser_initialize");
+    yaml_parser_set_input_file(&parser, f);
+    bt_status_t st = parser_run(&parser, job, path, err, errlen);
+    yaml_parser_delete(&parser);
+    fclose(f);
+    return st;
+}
+
+bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t errlen)
+{
+    where_t w = {.file = job->path, .override = assignment};
+    const char *eq = strchr(assignment, '=');
+    char name[128];
+    if (!eq || eq == assignment || (size_t)(eq - assignment) >= sizeof name)
+        return fail_at(err, errlen, &w, "(override)", "expected section.key=value");
+    memcpy(name, assignment, (size_t)(eq - assignment));
+    name[eq - assignment] = '\0';
+    int fi = field_find(name);
+    if (fi < 0) return fail_at(err, errlen, &w, name, "unknown key");
+    const char *value = eq + 1;
+
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&parser)) BT_PANIC("yaml_parser_initialize");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)value, strlen(value));
+    bt_status_t st;
+    if (!yaml_parser_load(&parser, &doc)) {
+        st = fail_at(err, errlen, &w, name, "cannot parse value: %s",
+                     parser.problem ? parser.problem : "YAML error");
+        goto out_parser;
+    }
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (!root) {
+        /* An empty value: only meaningful for strings ("--set trace.dir="). */
+        if (fields[fi].type != F_STR) {
+            st = fail_at(err, errlen, &w, name, "empty value");
+            goto out_doc;
+        }
+        ((char *)job + fields[fi].off)[0] = '\0';
+        st = BT_OK;
+    } else {
+        st = field_set(job, fi, &doc, root, &w, err, errlen);
+    }
+    if (st == BT_OK) {
+        job->origin[fi] = (job_origin_t){.set = true, .from_override = true};
+        snprintf(job->origin[fi].value, sizeof job->origin[fi].value, "%s", value);
+    }
+out_doc:
+    yaml_document_delete(&doc);
+out_parser:
+    yaml_parser_delete(&parser);
+    return st;
+}
+
+/* ---- validation --------------------------------------------------------- */
+
+static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t errlen,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t errlen,
+                         const char *fmt, ...)
+{
+    int fi = field_find(field);
+    if (fi < 0) BT_PANIC("validation names unknown field %s", field);
+    const job_origin_t *o = &job->origin[fi];
+    where_t w = {.file = job->path};
+    char ov[160];
+    if (o->set && o->from_override) {
+        snprintf(ov, sizeof ov, "%s=%s", field, o->value);
+        w.override = ov;
+    } else if (o->set) {
+        w.line = o->line;
+        w.col = o->col;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && errlen) where_fmt(err, errlen, &w, field, fmt, ap);
+    va_end(ap);
+    return BT_ERR_INVALID;
+}
+
+static bool field_is_set(const job_t *job, const char *name)
+{
+    int fi = field_find(name);
+    return fi >= 0 && job->origin[fi].set;
+}
+
+/* Fill the model dimensions from model.hf/config.json (ckpt/hf.h reads it). */
+static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
+{
+    static const char *const shape_fields[] = {
+        "model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.ffn",
+        "model.vocab", "model.rope_theta", "model.norm_eps", "model.tie_embeddings",
+        "model.init_std", "model.init_seed"};
+    for (size_t i = 0; i < sizeof shape_fields / sizeof shape_fields[0]; i++)
+        if (field_is_set(job, shape_fields[i]))
+            return vfail(job, shape_fields[i], err, errlen,
+                         "cannot be set together with model.hf (its config.json decides)");
+
+    model_config_t cfg;
+    if (ckpt_hf_config_load(job->model.hf, &cfg) != BT_OK)
+        return vfail(job, "model.hf", err, errlen, "cannot use %s/config.json (the error above says why)",
+                     job->model.hf);
+    job_model_t *m = &job->model;
+    m->layers = cfg.num_layers;
+    m->hidden = cfg.hidden_size;
+    m->heads = cfg.num_heads;
+    m->kv_heads = cfg.num_kv_heads;
+    m->ffn = cfg.intermediate_size;
+    m->vocab = cfg.vocab_size;
+    if (!field_is_set(job, "model.seq")) m->seq = cfg.max_position_embeddings;
+    m->rope_theta = cfg.rope.theta;
+    m->norm_eps = cfg.rms_norm_eps;
+    m->tie_embeddings = cfg.tie_word_embeddings;
+    return BT_OK;
+}
+
+bt_status_t job_validate(job_t *job, char *err, size_t errlen)
+{
+    job_model_t *m = &job->model;
+    job_parallel_t *p = &job->parallel;
+    bt_status_t st;
+
+    if (m->hf[0] && (st = hf_config_read(job, err, errlen))) return st;
+    if (m->kv_heads == 0) m->kv_heads = m->heads;
+    if (m->ffn == 0) m->ffn = ((8 * m->hidden / 3) + 63) / 64 * 64;
+    if (m->seq == 0) m->seq = job->data.seq_len;
+    if (m->init_seed < 0) m->init_seed = job->train.seed;
+
+    if (!m->hf[0] && m->hidden % m->heads)
+        return vfail(job, "model.heads", err, errlen, "%lld heads do not divide hidden %lld",
+                     (long long)m->heads, (long long)m->hidden);
+    if (!m->hf[0] && (m->hidden / m->heads) % 2)
+        return vfail(job, "model.heads", err, errlen, "head dimension %lld must be even (rotary)",
+                     (long long)(m->hidden / m->heads));
+    if (m->heads % m->kv_heads)
+        return vfail(job, "model.kv_heads", err, errlen, "%lld kv_heads do not divide %lld heads",
+                     (long long)m->kv_heads, (long long)m->heads);
+    if (job->data.seq_len > m->seq)
+        return vfail(job, "data.seq_len", err, errlen,
+                     "%lld is longer than the model's maximum sequence %lld (model.seq)",
+                     (long long)job->data.seq_len, (long long)m->seq);
+    if (!job->data.dir[0])
+        return vfail(job, "data.dir", err, errlen, "required (a token shard directory)");
+    if (job->data.val_dir[0] && field_is_set(job, "data.split") && job->data.split > 0)
+        return vfail(job, "data.split", err, errlen,
+                     "holds out part of data.dir, but data.val_dir already names the validation data");
+
+    if (job->optim.min_lr > job->optim.lr)
+        return vfail(job, "optim.min_lr", err, errlen, "%g is larger than optim.lr %g",
+                     job->optim.min_lr, job->optim.lr);
+    if (job->optim.warmup > job->train.steps)
+        return vfail(job, "optim.warmup", err, errlen, "%lld warmup steps exceed train.steps %lld",
+                     (long long)job->optim.warmup, (long long)job->train.steps);
+
+    if (m->heads % p->tp)
+        return vfail(job, "parallel.tp", err, errlen, "tp %lld does not divide %lld attention heads",
+                     (long long)p->tp, (long long)m->heads);
+    if (m->kv_heads % p->tp)
+        return vfail(job, "parallel.tp", err, errlen, "tp %lld does not divide %lld KV heads",
+                     (long long)p->tp, (long long)m->kv_heads);
+    if (m->ffn % p->tp)
+        return vfail(job, "parallel.tp", err, errlen, "tp %lld does not divide ffn %lld",
+                     (long long)p->tp, (long long)m->ffn);
+    int64_t stages = p->pp * p->virtual_stages;
+    if (stages > m->layers)
+        return vfail(job, p->virtual_stages > 1 ? "parallel.virtual_stages" : "parallel.pp", err, errlen,
+                     "%lld pipeline stages (pp %lld x virtual_stages %lld) for only %lld layers",
+                     (long long)stages, (long long)p->pp, (long long)p->virtual_stages,
+                     (long long)m->layers);
+    if (p->virtual_stages > 1 && p->schedule != JOB_SCHED_INTERLEAVED)
+        return vfail(job, "parallel.schedule", err, errlen,
+                     "virtual_stages %lld needs schedule: interleaved", (long long)p->virtual_stages);
+    if (p->schedule == JOB_SCHED_INTERLEAVED && p->virtual_stages < 2)
+        return vfail(job, "parallel.virtual_stages", err, errlen,
+                     "schedule interleaved needs virtual_stages >= 2");
+    if (p->n_split) {
+        if (p->n_split != stages)
+            return vfail(job, "parallel.split", err, errlen,
+                         "%d entries, but there are %lld stages (pp x virtual_stages)",
+                         p->n_split, (long long)stages);
+        int64_t sum = 0;
+        for (int i = 0; i < p->n_split; i++) sum += p->split[i];
+        if (sum != m->layers)
+            return vfail(job, "parallel.split", err, errlen,
+                         "the stage layer counts sum to %lld, but the model has %lld layers",
+                         (long long)sum, (long long)m->layers);
+    }
+    int64_t mbs = p->microbatches ? p->microbatches : job->train.grad_accum;
+    if (p->pp > 1 && mbs < p->pp)
+        return vfail(job, p->microbatches ? "parallel.microbatches" : "train.grad_accum", err, errlen,
+                     "%lld microbatches cannot fill %lld pipeline stages", (long long)mbs,
+                     (long long)p->pp);
+    if (p->schedule == JOB_SCHED_INTERLEAVED && mbs % p->pp)
+        return vfail(job, p->microbatches ? "parallel.microbatches" : "train.grad_accum", err, errlen,
+                     "interleaved schedule needs microbatches (%lld) divisible by pp %lld",
+                     (long long)mbs, (long long)p->pp);
+    if (p->zero1 && p->dp < 2)
+        return vfail(job, "parallel.zero1", err, errlen, "ZeRO-1 shards over data parallelism: needs dp >= 2");
+#ifndef BT_HAVE_UCX
+    for (int e = 0; e < JOB_EDGE_COUNT; e++)
+        if (job->transport[e] == JOB_XPORT_UCX) {
+            char name[64];
+            snprintf(name, sizeof name, "transport.%s", edge_names[e]);
+            return vfail(job, name, err, errlen, "ucx requested but this build has no UCX");
+        }
+#endif
+    if (job->n_hosts < 1) return vfail(job, "hosts", err, errlen, "needs at least one host");
+    return BT_OK;
+}
+
+int job_stage_layers(const job_t *job, int64_t *out, int max)
+{
+    const job_parallel_t *p = &job->parallel;
+    int stages = (int)(p->pp * p->virtual_stages);
+    if (stages > max) return -1;
+    for (int s = 0; s < stages; s++)
+        out[s] = p->n_split ? p->split[s]
+                            : job->model.layers / stages + (s < job->model.layers % stages);
+    return stages;
+}

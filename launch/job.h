@@ -1,0 +1,140 @@
+/* Job files: the YAML that describes one training job (docs/JOBS.md).
+ *
+ * A job is read in three passes:
+ *   job_load()      defaults, then the YAML file (libyaml document API); every
+ *                   field is typed and range-checked by one schema table, and
+ *                   where it was set (file, line, column) is remembered;
+ *   job_override()  `--set section.key=value`, typed by the same schema (the
+ *                   value is parsed as a YAML flow node, so lists work too);
+ *   job_validate()  cross-field rules (tp divides heads, the pipeline split
+ *                   sums to the layer count, ...). When model.hf names a
+ *                   Hugging Face directory its config.json supplies the
+ *                   model dimensions first.
+ * Each returns BT_OK or BT_ERR_INVALID with one message in `err` of the form
+ *   FILE:LINE:COL: FIELD: what is wrong
+ * ("--set" stands in for FILE for an override). Nothing is logged: the caller
+ * prints the message once.
+ */
+#ifndef BT_LAUNCH_JOB_H
+#define BT_LAUNCH_JOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+#define JOB_PATH_MAX   512
+#define JOB_MAX_STAGES 256
+#define JOB_MAX_HOSTS  64
+#define JOB_HOST_MAX   128
+#define JOB_MAX_FIELDS 96  /* >= number of schema fields (static-asserted in job.c) */
+#define JOB_ERR_MAX    768
+
+typedef enum { JOB_XPORT_AUTO = 0, JOB_XPORT_INPROC, JOB_XPORT_TCP, JOB_XPORT_UCX, JOB_XPORT_COUNT } job_xport_t;
+typedef enum { JOB_SCHED_1F1B = 0, JOB_SCHED_INTERLEAVED, JOB_SCHED_COUNT } job_schedule_t;
+/* Where the linear warmup starts: 0, or min_lr (= lr * min_lr/lr). */
+typedef enum { JOB_WARMUP_FROM_ZERO = 0, JOB_WARMUP_FROM_MIN, JOB_WARMUP_FROM_COUNT } job_warmup_from_t;
+/* Which parameters get weight decay: matrices (ndim >= 2: linear weights and
+ * embeddings; norms and biases none, as common practice), all, or none. */
+typedef enum { JOB_DECAY_MATRICES = 0, JOB_DECAY_ALL, JOB_DECAY_NONE, JOB_DECAY_COUNT } job_decay_t;
+/* Edge classes a transport is chosen for. */
+typedef enum { JOB_EDGE_CONTROL = 0, JOB_EDGE_PIPELINE, JOB_EDGE_DATA_PARALLEL,
+               JOB_EDGE_TENSOR_PARALLEL, JOB_EDGE_CKPT, JOB_EDGE_COUNT } job_edge_t;
+
+typedef struct {
+    char    hf[JOB_PATH_MAX];     /* HF directory (config.json + safetensors); "" = init */
+    int64_t layers, hidden, heads, kv_heads, ffn, vocab, seq;
+    double  rope_theta, norm_eps, init_std;
+    int64_t init_seed;            /* -1: use train.seed */
+    bool    tie_embeddings;
+} job_model_t;
+
+typedef struct {
+    char    dir[JOB_PATH_MAX];    /* token shard directory (training stream) */
+    char    val_dir[JOB_PATH_MAX];/* separate validation shards; "" = hold out `split` */
+    int64_t seq_len;
+    double  split;                /* fraction of the token stream held out (its tail) */
+} job_data_t;
+
+typedef struct {
+    int64_t steps, micro_batch, grad_accum, seed, eval_every, eval_batches, log_every;
+} job_train_t;
+
+typedef struct {
+    double  lr, min_lr;
+    int64_t warmup;
+    job_warmup_from_t warmup_from;
+    double  betas[2];
+    double  eps, weight_decay, clip;  /* clip <= 0: no clipping */
+    job_decay_t decay;
+} job_optim_t;
+
+typedef struct {
+    int64_t tp, pp, dp;
+    int64_t split[JOB_MAX_STAGES];    /* layers per pipeline stage (virtual stages included) */
+    int     n_split;                  /* 0: even split */
+    int64_t virtual_stages;
+    job_schedule_t schedule;
+    int64_t microbatches;             /* pipeline microbatches per step; 0 = train.grad_accum */
+    bool    zero1;
+} job_parallel_t;
+
+typedef struct {
+    char    dir[JOB_PATH_MAX];
+    int64_t every;                    /* steps; 0 = only at the end (when dir is set) */
+} job_checkpoint_t;
+
+typedef struct {
+    char file[JOB_PATH_MAX];          /* JSON lines, one per logged step / eval */
+    char plot[JOB_PATH_MAX];          /* loss-curve PNG written at the end */
+} job_metrics_t;
+
+/* Where a field got its value: file and line/column (1-based), or "--set". */
+typedef struct {
+    bool set;
+    int  line, col;
+    bool from_override;
+    char value[64];   /* an override's value text (truncated), for messages */
+} job_origin_t;
+
+typedef struct {
+    char             path[JOB_PATH_MAX];   /* the job file */
+    job_model_t      model;
+    job_data_t       data;
+    job_train_t      train;
+    job_optim_t      optim;
+    job_parallel_t   parallel;
+    job_xport_t      transport[JOB_EDGE_COUNT];
+    char             hosts[JOB_MAX_HOSTS][JOB_HOST_MAX];
+    int              n_hosts;
+    job_checkpoint_t checkpoint;
+    char             trace_dir[JOB_PATH_MAX];
+    job_metrics_t    metrics;
+    job_origin_t     origin[JOB_MAX_FIELDS];  /* indexed by schema field */
+} job_t;
+
+/* Defaults (docs/JOBS.md lists them). */
+void job_defaults(job_t *job);
+
+/* Defaults, then the file. */
+bt_status_t job_load(const char *path, job_t *job, char *err, size_t errlen);
+/* Same from a string (tests); `name` stands for the file name in messages. */
+bt_status_t job_load_string(const char *name, const char *yaml, job_t *job,
+                            char *err, size_t errlen);
+/* One "section.key=value" override. */
+bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t errlen);
+/* Cross-field checks; reads model.hf's config.json when set. */
+bt_status_t job_validate(job_t *job, char *err, size_t errlen);
+
+/* Layers per pipeline stage (pp * virtual_stages entries): the explicit split
+ * or an even one (the first layers % stages stages get one more). */
+int job_stage_layers(const job_t *job, int64_t *out, int max);
+
+const char *job_xport_name(job_xport_t x);
+const char *job_edge_name(job_edge_t e);
+/* Number of schema fields and their dotted names (documentation, tests). */
+int         job_field_count(void);
+const char *job_field_name(int i);
+
+#endif

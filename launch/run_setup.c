@@ -1,0 +1,165 @@
+#include "launch/run_setup.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "ckpt/hf.h"
+#include "data/shard.h"
+
+bt_status_t run_model_config(const job_t *job, model_config_t *cfg)
+{
+    if (job->model.hf[0]) return ckpt_hf_config_load(job->model.hf, cfg);
+    const job_model_t *m = &job->model;
+    *cfg = (model_config_t){
+        .arch = MODEL_ARCH_LLAMA, .vocab_size = m->vocab, .hidden_size = m->hidden,
+        .intermediate_size = m->ffn, .num_layers = m->layers, .num_heads = m->heads,
+        .num_kv_heads = m->kv_heads, .head_dim = m->hidden / m->heads,
+        .max_position_embeddings = m->seq, .rms_norm_eps = m->norm_eps,
+        .rope = {.kind = MODEL_ROPE_DEFAULT, .theta = m->rope_theta},
+        .tie_word_embeddings = m->tie_embeddings,
+    };
+    return model_config_validate(cfg);
+}
+
+bt_status_t run_model_create(const job_t *job, model_t **out)
+{
+    if (job->model.hf[0]) return ckpt_hf_load(job->model.hf, NULL, out);
+    model_config_t cfg;
+    bt_status_t st = run_model_config(job, &cfg);
+    if (st) return st;
+    model_t *m;
+    if ((st = model_create(&cfg, NULL, &m))) return st;
+    model_init_random(m, (uint64_t)job->model.init_seed, (float)job->model.init_std);
+    *out = m;
+    return BT_OK;
+}
+
+static bt_status_t tokens_txt_read(const char *path, int32_t **out, int64_t *n_out)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        log_error("data: cannot open %s: %s", path, strerror(errno));
+        return BT_ERR_IO;
+    }
+    size_t cap = 4096, n = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    bt_status_t st = v ? BT_OK : BT_ERR_NOMEM;
+    long long x;
+    int r;
+    while (st == BT_OK && (r = fscanf(f, "%lld", &x)) == 1) {
+        if (x < 0 || x > INT32_MAX) {
+            log_error("data: %s: token %zu is %lld, not a token id", path, n, x);
+            st = BT_ERR_INVALID;
+            break;
+        }
+        if (n == cap) {
+            int32_t *nv = realloc(v, 2 * cap * sizeof *v);
+            if (!nv) { st = BT_ERR_NOMEM; break; }
+            v = nv;
+            cap *= 2;
+        }
+        v[n++] = (int32_t)x;
+    }
+    if (st == BT_OK && !feof(f)) {
+        log_error("data: %s: not a token id after %zu tokens", path, n);
+        st = BT_ERR_INVALID;
+    }
+    fclose(f);
+    if (st) {
+        free(v);
+        return st;
+    }
+    *out = v;
+    *n_out = (int64_t)n;
+    return BT_OK;
+}
+
+/* A shard set (data/shard.h) as int32 ids. */
+static bt_status_t shard_stream_read(const char *dir, int32_t **out, int64_t *n_out, uint32_t *vocab)
+{
+    shard_set_t *set;
+    bt_status_t st = shard_set_open(dir, &set);
+    if (st) return st;
+    uint64_t n = shard_set_count(set);
+    if (n > (uint64_t)INT64_MAX / 8) {
+        log_error("data: %s: %llu tokens is more than this build reads into memory", dir,
+                  (unsigned long long)n);
+        shard_set_close(set);
+        return BT_ERR_UNSUPPORTED;
+    }
+    uint32_t *v = malloc((size_t)n * sizeof *v + 1);
+    if (!v) {
+        shard_set_close(set);
+        return BT_ERR_NOMEM;
+    }
+    st = shard_set_tokens(set, 0, (size_t)n, v);
+    *vocab = shard_set_vocab_size(set);
+    shard_set_close(set);
+    if (st) {
+        free(v);
+        return st;
+    }
+    for (uint64_t i = 0; i < n; i++)
+        if (v[i] > INT32_MAX) {
+            log_error("data: %s: token %llu is %u, not a valid id", dir, (unsigned long long)i, v[i]);
+            free(v);
+            return BT_ERR_INVALID;
+        }
+    /* u32 -> i32 in place (same size, values checked above) */
+    *out = (int32_t *)v;
+    *n_out = (int64_t)n;
+    return BT_OK;
+}
+
+bt_status_t run_stream_load(const char *dir, int32_t **tokens, int64_t *n, uint32_t *vocab)
+{
+    char path[JOB_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    if (access(path, F_OK) == 0) return shard_stream_read(dir, tokens, n, vocab);
+    snprintf(path, sizeof path, "%s/tokens.txt", dir);
+    if (access(path, F_OK) != 0) {
+        log_error("data: %s holds neither a shard set (index.json, see `baton data prepare`) "
+                  "nor tokens.txt", dir);
+        return BT_ERR_NOT_FOUND;
+    }
+    *vocab = 0;
+    return tokens_txt_read(path, tokens, n);
+}
+
+bt_status_t run_tokens_load(const char *dir, double split, int32_t **tokens, int64_t *n_train,
+                            const int32_t **val, int64_t *n_val, uint32_t *vocab_out)
+{
+    int32_t *all;
+    int64_t n;
+    uint32_t vocab;
+    bt_status_t st = run_stream_load(dir, &all, &n, &vocab);
+    if (st) return st;
+    int64_t nv = (int64_t)((double)n * split);
+    *tokens = all;
+    *n_train = n - nv;
+    *val = all + (n - nv);
+    *n_val = nv;
+    if (vocab_out) *vocab_out = vocab;
+    return BT_OK;
+}
+
+void run_train_config(const job_t *job, train_config_t *out)
+{
+    const job_optim_t *o = &job->optim;
+    *out = (train_config_t){
+        .steps = job->train.steps, .micro_batch = job->train.micro_batch,
+        .grad_accum = job->train.grad_accum, .seq_len = job->data.seq_len,
+        .seed = (uint64_t)job->train.seed, .eval_batches = job->train.eval_batches,
+        .lr = {.lr = o->lr, .min_lr = o->min_lr, .warmup = o->warmup, .total = job->train.steps,
+               .warmup_from_min = o->warmup_from == JOB_WARMUP_FROM_MIN},
+        .optim = {.beta1 = o->betas[0], .beta2 = o->betas[1], .eps = o->eps,
+                  .weight_decay = o->weight_decay,
+                  .decay = o->decay == JOB_DECAY_ALL ? OPTIM_DECAY_ALL
+                         : o->decay == JOB_DECAY_NONE ? OPTIM_DECAY_NONE : OPTIM_DECAY_MATRICES},
+        .clip = o->clip,
+    };
+}

@@ -1,0 +1,32 @@
+/* From a validated job to the pieces of a single-process training run:
+ * the model (HF directory or random init) and the token streams.
+ * HF directories go through ckpt/hf.h. */
+#ifndef BT_LAUNCH_RUN_SETUP_H
+#define BT_LAUNCH_RUN_SETUP_H
+
+#include <stdint.h>
+
+#include "base/status.h"
+#include "launch/job.h"
+#include "model/model.h"
+#include "model/train.h"
+
+/* model_config_t for the job's model (model.hf: its config.json). */
+bt_status_t run_model_config(const job_t *job, model_config_t *cfg);
+/* Whole model: HF weights, or model_init_random(init_seed, init_std). */
+bt_status_t run_model_create(const job_t *job, model_t **out);
+
+/* Token stream of a data directory, as int32 ids. Formats accepted:
+ *   DIR/index.json   a shard set (data/shard.h, `baton data prepare`)
+ *   DIR/tokens.txt   ids separated by white space (fixtures, small tests)
+ * *vocab: the shard set's vocabulary size (0 for tokens.txt). */
+bt_status_t run_stream_load(const char *dir, int32_t **tokens, int64_t *n, uint32_t *vocab);
+/* run_stream_load, then the tail fraction `split` becomes the validation stream (*val points into
+ * the same allocation, which *tokens owns; free(*tokens) frees both). */
+bt_status_t run_tokens_load(const char *dir, double split, int32_t **tokens, int64_t *n_train,
+                            const int32_t **val, int64_t *n_val, uint32_t *vocab);
+
+/* train_config_t of the job. */
+void run_train_config(const job_t *job, train_config_t *out);
+
+#endif

@@ -1,0 +1,263 @@
+#include "model/train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+
+/* ---- PRNG ------------------------------------------------------------------ */
+
+uint64_t train_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void train_rng_seed(train_rng_t *r, uint64_t seed)
+{
+    for (int i = 0; i < 4; i++) r->s[i] = train_splitmix64(&seed);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t train_rng_next(train_rng_t *r)
+{
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+uint64_t train_rng_below(train_rng_t *r, uint64_t bound)
+{
+    return (uint64_t)(((unsigned __int128)train_rng_next(r) * bound) >> 64);
+}
+
+/* ---- sampler --------------------------------------------------------------- */
+
+bt_status_t train_sampler_init(train_sampler_t *s, uint64_t seed, int64_t n_windows)
+{
+    memset(s, 0, sizeof *s);
+    if (n_windows <= 0) return BT_ERR_INVALID;
+    s->perm = malloc((size_t)n_windows * sizeof *s->perm);
+    if (!s->perm) return BT_ERR_NOMEM;
+    s->seed = seed;
+    s->n_windows = n_windows;
+    s->epoch = -1;
+    return BT_OK;
+}
+
+void train_sampler_free(train_sampler_t *s)
+{
+    free(s->perm);
+    s->perm = NULL;
+}
+
+int64_t train_sampler_window(train_sampler_t *s, int64_t g)
+{
+    int64_t epoch = g / s->n_windows;
+    if (epoch != s->epoch) {
+        train_rng_t r;
+        train_rng_seed(&r, s->seed ^ ((uint64_t)epoch * 0x9E3779B97F4A7C15ull));
+        for (int64_t i = 0; i < s->n_windows; i++) s->perm[i] = i;
+        for (int64_t i = s->n_windows - 1; i > 0; i--) {
+            int64_t j = (int64_t)train_rng_below(&r, (uint64_t)i + 1);
+            int64_t tmp = s->perm[i];
+            s->perm[i] = s->perm[j];
+            s->perm[j] = tmp;
+        }
+        s->epoch = epoch;
+    }
+    return s->perm[g % s->n_windows];
+}
+
+/* ---- loop ------------------------------------------------------------------ */
+
+struct train {
+    train_config_t  cfg;
+    model_t        *model;
+    model_acts_t   *acts;
+    optim_t        *optim;
+    const int32_t  *tokens, *val_tokens;
+    int64_t         n_tokens, n_val;
+    train_sampler_t sampler;
+    int32_t        *ids, *targets; /* [grad_accum][micro_batch * seq_len] */
+    int64_t         step;          /* optimizer steps done */
+};
+
+bt_status_t train_create(const train_config_t *cfg, model_t *m, const int32_t *train_tokens,
+                         int64_t n_train, const int32_t *val_tokens, int64_t n_val,
+                         train_t **out)
+{
+    if (!m->stage.has_embedding || !m->stage.has_head) {
+        log_error("train: single-process training needs the whole model");
+        return BT_ERR_INVALID;
+    }
+    int64_t T = cfg->seq_len;
+    if (n_train < T + 1) {
+        log_error("train: the training stream has %lld tokens, fewer than one window of "
+                  "seq_len + 1 = %lld", (long long)n_train, (long long)(T + 1));
+        return BT_ERR_INVALID;
+    }
+    for (int64_t i = 0; i < n_train; i++)
+        if (train_tokens[i] < 0 || train_tokens[i] >= m->cfg.vocab_size) {
+            log_error("train: token %lld of the training stream is %d, outside the model's "
+                      "vocabulary [0, %lld)", (long long)i, train_tokens[i],
+                      (long long)m->cfg.vocab_size);
+            return BT_ERR_INVALID;
+        }
+    for (int64_t i = 0; i < n_val; i++)
+        if (val_tokens[i] < 0 || val_tokens[i] >= m->cfg.vocab_size) {
+            log_error("train: token %lld of the validation stream is %d, outside the model's "
+                      "vocabulary [0, %lld)", (long long)i, val_tokens[i],
+                      (long long)m->cfg.vocab_size);
+            return BT_ERR_INVALID;
+        }
+
+    train_t *t = calloc(1, sizeof *t);
+    if (!t) return BT_ERR_NOMEM;
+    t->cfg = *cfg;
+    t->model = m;
+    t->tokens = train_tokens;
+    t->n_tokens = n_train;
+    t->val_tokens = val_tokens;
+    t->n_val = n_val;
+    bt_status_t st;
+    if ((st = model_grads_alloc(m))) goto destroy_train;
+    model_grads_zero(m);
+    if ((st = model_acts_create(m, cfg->micro_batch, T, &t->acts))) goto destroy_train;
+    if ((st = optim_create_for_model(&cfg->optim, m, &t->optim))) goto destroy_train;
+    if ((st = train_sampler_init(&t->sampler, cfg->seed, (n_train - 1) / T))) goto destroy_train;
+    size_t n = (size_t)(cfg->grad_accum * cfg->micro_batch * T);
+    t->ids = malloc(n * sizeof *t->ids);
+    t->targets = malloc(n * sizeof *t->targets);
+    if (!t->ids || !t->targets) {
+        st = BT_ERR_NOMEM;
+        goto destroy_train;
+    }
+    *out = t;
+    return BT_OK;
+destroy_train:
+    train_destroy(t);
+    return st;
+}
+
+void train_destroy(train_t *t)
+{
+    if (!t) return;
+    free(t->targets);
+    free(t->ids);
+    train_sampler_free(&t->sampler);
+    optim_destroy(t->optim);
+    model_acts_destroy(t->acts);
+    free(t);
+}
+
+int64_t train_steps_done(const train_t *t) { return t->step; }
+optim_t *train_optimizer(train_t *t) { return t->optim; }
+
+/* Copy window w of `tokens` into one batch row: ids = w*T .. w*T+T-1,
+ * targets = the next token of each. */
+static void window_copy(int32_t *ids, int32_t *targets, const int32_t *tokens, int64_t w, int64_t T)
+{
+    const int32_t *src = tokens + w * T;
+    memcpy(ids, src, (size_t)T * sizeof *ids);
+    memcpy(targets, src + 1, (size_t)T * sizeof *targets);
+}
+
+bt_status_t train_step(train_t *t, train_step_info_t *info)
+{
+    const train_config_t *c = &t->cfg;
+    int64_t B = c->micro_batch, T = c->seq_len, K = c->grad_accum;
+    uint64_t t0 = clock_now_ns();
+
+    /* Gather the whole global batch first: dloss needs its scored count. */
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t b = 0; b < B; b++) {
+            int64_t g = (t->step * K + k) * B + b;
+            int64_t w = train_sampler_window(&t->sampler, g);
+            size_t row = (size_t)((k * B + b) * T);
+            window_copy(t->ids + row, t->targets + row, t->tokens, w, T);
+        }
+    int64_t scored = model_count_scored(t->targets, K * B * T);
+    float dloss = 1.0f / (float)scored;
+
+    model_grads_zero(t->model);
+    double loss_sum = 0.0;
+    for (int64_t k = 0; k < K; k++) {
+        model_batch_t batch = {.B = B, .T = T, .ids = t->ids + k * B * T,
+                               .targets = t->targets + k * B * T};
+        model_loss_t loss;
+        bt_status_t st = model_forward_backward(t->model, t->acts, &batch, dloss, &loss);
+        if (st) {
+            log_error("train: step %lld microbatch %lld: forward/backward failed (%s)",
+                      (long long)(t->step + 1), (long long)k, bt_status_str(st));
+            return st;
+        }
+        loss_sum += loss.loss_sum;
+    }
+    double loss = loss_sum / (double)scored;
+    int64_t step = t->step + 1;
+    if (!isfinite(loss)) {
+        log_error("train: step %lld: loss is %s; stopping before the update (lower optim.lr, "
+                  "check the data)", (long long)step, isnan(loss) ? "NaN" : "Inf");
+        return BT_ERR_NUMERIC;
+    }
+    double norm = optim_grad_norm(t->optim);
+    if (!isfinite(norm)) {
+        const char *bad = optim_find_nonfinite_grad(t->optim);
+        log_error("train: step %lld: gradient norm is %s (first non-finite gradient: %s); "
+                  "stopping before the update", (long long)step, isnan(norm) ? "NaN" : "Inf",
+                  bad ? bad : "none: the sum of squares overflowed");
+        return BT_ERR_NUMERIC;
+    }
+    double lr = lr_schedule_at(&c->lr, t->step);
+    optim_step(t->optim, lr, optim_clip_coef(norm, c->clip));
+    t->step = step;
+
+    if (info)
+        *info = (train_step_info_t){.step = step, .loss = loss, .lr = lr, .grad_norm = norm,
+                                    .tokens = scored,
+                                    .seconds = (double)(clock_now_ns() - t0) * 1e-9};
+    return BT_OK;
+}
+
+bt_status_t train_eval(train_t *t, double *loss, double *ppl)
+{
+    int64_t B = t->cfg.micro_batch, T = t->cfg.seq_len;
+    int64_t n_windows = t->n_val > T ? (t->n_val - 1) / T : 0;
+    if (n_windows == 0) {
+        log_error("train: no validation window (%lld held-out tokens, seq_len %lld)",
+                  (long long)t->n_val, (long long)T);
+        return BT_ERR_INVALID;
+    }
+    double sum = 0.0;
+    int64_t scored = 0, w = 0;
+    for (int64_t k = 0; (t->cfg.eval_batches == 0 || k < t->cfg.eval_batches) && w < n_windows; k++) {
+        int64_t rows = 0;
+        for (; rows < B && w < n_windows; rows++, w++)
+            window_copy(t->ids + rows * T, t->targets + rows * T, t->val_tokens, w, T);
+        model_batch_t batch = {.B = rows, .T = T, .ids = t->ids, .targets = t->targets};
+        model_loss_t l;
+        bt_status_t st = model_forward_backward(t->model, t->acts, &batch, 0.0f, &l);
+        if (st) {
+            log_error("train: validation forward failed (%s)", bt_status_str(st));
+            return st;
+        }
+        sum += l.loss_sum;
+        scored += l.n_scored;
+    }
+    *loss = sum / (double)scored;
+    *ppl = exp(*loss);
+    return BT_OK;
+}

@@ -1,0 +1,319 @@
+/* Job files: parsing, types, overrides and every validation rule, each
+ * failure checked for the file, line and field it names. */
+#include "launch/job.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/test.h"
+
+static char err[JOB_ERR_MAX];
+
+static const char *good =
+    "model:\n"
+    "  layers: 4\n"
+    "  hidden: 256\n"
+    "  heads: 8\n"
+    "  kv_heads: 4\n"
+    "  vocab: 1000\n"
+    "  seq: 512\n"
+    "data:\n"
+    "  dir: /tmp/shards\n"
+    "  seq_len: 256\n"
+    "  split: 0.05\n"
+    "train: {steps: 50, micro_batch: 2, grad_accum: 4, seed: 7, eval_every: 10, log_every: 5}\n"
+    "optim:\n"
+    "  lr: 1e-3\n"
+    "  min_lr: 1.0e-4\n"
+    "  warmup: 5\n"
+    "  warmup_from: min_lr\n"
+    "  betas: [0.9, 0.99]\n"
+    "  eps: 1e-8\n"
+    "  weight_decay: 0.05\n"
+    "  clip: 0.5\n"
+    "  decay: all\n"
+    "parallel:\n"
+    "  tp: 2\n"
+    "  pp: 2\n"
+    "  dp: 1\n"
+    "  split: [1, 3]\n"
+    "  schedule: 1f1b\n"
+    "  microbatches: 4\n"
+    "  zero1: false\n"
+    "transport: {control: tcp, pipeline: inproc, data_parallel: auto}\n"
+    "hosts: [local]\n"
+    "checkpoint: {dir: /tmp/ck, every: 10}\n"
+    "trace: {dir: /tmp/tr}\n"
+    "metrics: {file: m.jsonl, plot: loss.png}\n";
+
+static void test_job_parse_all_sections(void)
+{
+    job_t job;
+    REQUIRE(job_load_string("good.yaml", good, &job, err, sizeof err) == BT_OK);
+    CHECK(job_validate(&job, err, sizeof err) == BT_OK);
+    CHECK(job.model.layers == 4 && job.model.hidden == 256 && job.model.heads == 8);
+    CHECK(job.model.kv_heads == 4 && job.model.vocab == 1000 && job.model.seq == 512);
+    CHECK(!strcmp(job.data.dir, "/tmp/shards") && job.data.seq_len == 256);
+    CHECK_NEAR(job.data.split, 0.05, 0, 0);
+    CHECK(job.train.steps == 50 && job.train.micro_batch == 2 && job.train.grad_accum == 4);
+    CHECK(job.train.seed == 7 && job.train.eval_every == 10 && job.train.log_every == 5);
+    CHECK_NEAR(job.optim.lr, 1e-3, 0, 0);
+    CHECK_NEAR(job.optim.min_lr, 1e-4, 0, 0);
+    CHECK(job.optim.warmup == 5 && job.optim.warmup_from == JOB_WARMUP_FROM_MIN);
+    CHECK_NEAR(job.optim.betas[1], 0.99, 0, 0);
+    CHECK_NEAR(job.optim.clip, 0.5, 0, 0);
+    CHECK(job.optim.decay == JOB_DECAY_ALL);
+    CHECK(job.parallel.tp == 2 && job.parallel.pp == 2 && job.parallel.n_split == 2);
+    CHECK(job.parallel.split[0] == 1 && job.parallel.split[1] == 3);
+    CHECK(job.transport[JOB_EDGE_CONTROL] == JOB_XPORT_TCP);
+    CHECK(job.transport[JOB_EDGE_PIPELINE] == JOB_XPORT_INPROC);
+    CHECK(job.transport[JOB_EDGE_TENSOR_PARALLEL] == JOB_XPORT_AUTO);
+    CHECK(job.n_hosts == 1 && !strcmp(job.hosts[0], "local"));
+    CHECK(!strcmp(job.checkpoint.dir, "/tmp/ck") && job.checkpoint.every == 10);
+    CHECK(!strcmp(job.trace_dir, "/tmp/tr") && !strcmp(job.metrics.plot, "loss.png"));
+    int64_t layers[8];
+    CHECK(job_stage_layers(&job, layers, 8) == 2 && layers[0] == 1 && layers[1] == 3);
+}
+
+static void test_job_defaults_and_derived(void)
+{
+    job_t job;
+    REQUIRE(job_load_string("d.yaml", "data: {dir: x}\nmodel: {hidden: 96, heads: 3, vocab: 50}\n",
+                            &job, err, sizeof err) == BT_OK);
+    REQUIRE(job_validate(&job, err, sizeof err) == BT_OK);
+    CHECK(job.model.kv_heads == 3);                /* = heads */
+    CHECK(job.model.ffn == 256);                   /* 8*96/3 = 256, multiple of 64 */
+    CHECK(job.model.seq == job.data.seq_len);
+    CHECK(job.model.init_seed == job.train.seed);
+    int64_t layers[4];
+    job.model.layers = 5;
+    job.parallel.pp = 2;
+    CHECK(job_stage_layers(&job, layers, 4) == 2 && layers[0] == 3 && layers[1] == 2);
+}
+
+/* Expect `yaml` to fail in job_load_string (or in validate when load passes)
+ * with a message containing every one of the given fragments. */
+static void expect_error(const char *yaml, const char *frag1, const char *frag2, const char *frag3)
+{
+    job_t job;
+    err[0] = '\0';
+    bt_status_t st = job_load_string("bad.yaml", yaml, &job, err, sizeof err);
+    if (st == BT_OK) st = job_validate(&job, err, sizeof err);
+    CHECK_MSG(st == BT_ERR_INVALID, "accepted:\n%s", yaml);
+    CHECK_MSG(strstr(err, frag1) != NULL, "'%s' lacks '%s'", err, frag1);
+    if (frag2) CHECK_MSG(strstr(err, frag2) != NULL, "'%s' lacks '%s'", err, frag2);
+    if (frag3) CHECK_MSG(strstr(err, frag3) != NULL, "'%s' lacks '%s'", err, frag3);
+}
+
+#define BASE "data: {dir: x}\n"
+
+static void test_job_unknown_key(void)
+{
+    expect_error(BASE "optim:\n  lr: 0.1\n  lrr: 0.2\n", "bad.yaml:4:3:", "optim.lrr", "unknown key");
+    expect_error(BASE "optimizer:\n  lr: 0.1\n", "bad.yaml:2:1:", "optimizer", "unknown section");
+    expect_error(BASE "optim:\n  lr: 1\n  lr: 2\n", "bad.yaml:4:3:", "optim.lr", "duplicate");
+}
+
+static void test_job_wrong_type(void)
+{
+    expect_error(BASE "train:\n  steps: ten\n", "bad.yaml:3:10:", "train.steps", "expected an integer");
+    expect_error(BASE "train:\n  steps: 1.5\n", "bad.yaml:3:10:", "train.steps", "expected an integer");
+    expect_error(BASE "optim:\n  lr: \"0.1\"\n", "bad.yaml:3:7:", "optim.lr", "quoted");
+    expect_error(BASE "parallel:\n  zero1: maybe\n", "bad.yaml:3:10:", "parallel.zero1", "true or false");
+    expect_error(BASE "parallel:\n  schedule: gpipe\n", "bad.yaml:3:13:", "parallel.schedule",
+                 "1f1b|interleaved");
+    expect_error(BASE "optim:\n  betas: [0.9]\n", "bad.yaml:3:10:", "optim.betas", "exactly 2");
+    expect_error(BASE "parallel:\n  split: [1, x]\n", "bad.yaml:3:14:", "parallel.split", "integer");
+    expect_error(BASE "transport:\n  pipeline: carrier-pigeon\n", "bad.yaml:3:13:",
+                 "transport.pipeline", "auto|inproc|tcp|ucx");
+    expect_error(BASE "model: 3\n", "bad.yaml:2:8:", "model", "mapping");
+    expect_error(BASE "optim:\n  lr: [1, 2\n", "bad.yaml:", "(syntax)", NULL);
+}
+
+static void test_job_out_of_range(void)
+{
+    expect_error(BASE "train:\n  micro_batch: 0\n", "bad.yaml:3:16:", "train.micro_batch", "out of range");
+    expect_error(BASE "optim:\n  betas: [0.9, 1.5]\n", "bad.yaml:3:16:", "optim.betas", "out of range");
+    expect_error(BASE "data:\n  split: -0.1\n", "bad.yaml", "data", "duplicate"); /* data twice */
+    expect_error("data: {dir: x, split: 0.95}\n", "bad.yaml:1:23:", "data.split", "out of range");
+    expect_error(BASE "optim: {lr: 0.001, min_lr: 0.01}\n", "bad.yaml:2:20:", "optim.min_lr",
+                 "larger than optim.lr");
+    expect_error(BASE "train: {steps: 10}\noptim: {warmup: 11}\n", "bad.yaml:3:9:", "optim.warmup",
+                 "exceed");
+}
+
+static void test_job_model_shape_rules(void)
+{
+    expect_error(BASE "model:\n  hidden: 64\n  heads: 6\n", "bad.yaml:4:3:", "model.heads",
+                 "do not divide hidden");
+    expect_error(BASE "model:\n  heads: 4\n  kv_heads: 3\n", "bad.yaml:4:3:", "model.kv_heads",
+                 "do not divide");
+    expect_error(BASE "model: {seq: 64}\ndata: {seq_len: 128}\n", "bad.yaml", "data", "duplicate");
+    expect_error("data: {dir: x, seq_len: 128}\nmodel: {seq: 64}\n", "bad.yaml:1:16:",
+                 "data.seq_len", "longer than");
+    expect_error("train: {steps: 3}\n", "bad.yaml: data.dir", "required", NULL);
+}
+
+static void test_job_parallel_rules(void)
+{
+    /* tp must divide both head counts */
+    expect_error(BASE "model: {hidden: 64, heads: 4, kv_heads: 2}\nparallel:\n  tp: 4\n",
+                 "bad.yaml:4:3:", "parallel.tp", "4 does not divide 2 KV heads");
+    expect_error(BASE "model: {hidden: 96, heads: 6, kv_heads: 6}\nparallel:\n  tp: 4\n",
+                 "bad.yaml:4:3:", "parallel.tp", "6 attention heads");
+    /* a split must cover every layer exactly: never a silently dropped one */
+    expect_error(BASE "model: {layers: 4}\nparallel:\n  pp: 2\n  split: [1, 2]\n", "bad.yaml:5:3:",
+                 "parallel.split", "sum to 3, but the model has 4 layers");
+    expect_error(BASE "model: {layers: 4}\nparallel:\n  pp: 2\n  split: [4]\n", "bad.yaml:5:3:",
+                 "parallel.split", "1 entries, but there are 2 stages");
+    expect_error(BASE "model: {layers: 4}\nparallel:\n  pp: 2\n  split: [0, 4]\n", "bad.yaml:5:11:",
+                 "parallel.split", "out of range");
+    /* more stages than layers */
+    expect_error(BASE "model: {layers: 2}\ntrain: {grad_accum: 8}\nparallel:\n  pp: 3\n",
+                 "bad.yaml:5:3:", "parallel.pp", "3 pipeline stages");
+    expect_error(BASE "model: {layers: 4}\ntrain: {grad_accum: 8}\n"
+                 "parallel: {pp: 2, virtual_stages: 3, schedule: interleaved}\n",
+                 "bad.yaml:4:19:", "parallel.virtual_stages", "6 pipeline stages");
+    expect_error(BASE "model: {layers: 4}\nparallel: {pp: 2, virtual_stages: 2}\n", "bad.yaml",
+                 "parallel.schedule", "interleaved");
+    expect_error(BASE "model: {layers: 8}\nparallel: {pp: 4, microbatches: 2}\n", "bad.yaml:3:19:",
+                 "parallel.microbatches", "cannot fill");
+    expect_error(BASE "parallel: {zero1: true}\n", "bad.yaml:2:12:", "parallel.zero1", "dp >= 2");
+    expect_error(BASE "hosts: {a: 1}\n", "bad.yaml:2:8:", "hosts", "list of strings");
+}
+
+static void test_job_overrides(void)
+{
+    job_t job;
+    REQUIRE(job_load_string("good.yaml", good, &job, err, sizeof err) == BT_OK);
+    CHECK(job_override(&job, "optim.lr=0.01", err, sizeof err) == BT_OK);
+    CHECK_NEAR(job.optim.lr, 0.01, 0, 0);
+    CHECK(job_override(&job, "train.steps=7", err, sizeof err) == BT_OK && job.train.steps == 7);
+    CHECK(job_override(&job, "parallel.split=[2, 2]", err, sizeof err) == BT_OK);
+    CHECK(job.parallel.n_split == 2 && job.parallel.split[0] == 2);
+    CHECK(job_override(&job, "optim.betas=[0.8,0.9]", err, sizeof err) == BT_OK);
+    CHECK_NEAR(job.optim.betas[0], 0.8, 0, 0);
+    CHECK(job_override(&job, "parallel.zero1=true", err, sizeof err) == BT_OK && job.parallel.zero1);
+    CHECK(job_override(&job, "transport.pipeline=tcp", err, sizeof err) == BT_OK);
+    CHECK(job.transport[JOB_EDGE_PIPELINE] == JOB_XPORT_TCP);
+    CHECK(job_override(&job, "trace.dir=", err, sizeof err) == BT_OK && job.trace_dir[0] == '\0');
+    CHECK(job_override(&job, "hosts=[local, local]", err, sizeof err) == BT_OK && job.n_hosts == 2);
+
+    CHECK(job_override(&job, "optim.lr=fast", err, sizeof err) == BT_ERR_INVALID);
+    CHECK(strstr(err, "--set optim.lr=fast") && strstr(err, "expected a number"));
+    CHECK(job_override(&job, "optim.nope=1", err, sizeof err) == BT_ERR_INVALID);
+    CHECK(strstr(err, "optim.nope") && strstr(err, "unknown key"));
+    CHECK(job_override(&job, "train.steps", err, sizeof err) == BT_ERR_INVALID);
+    CHECK(strstr(err, "section.key=value"));
+    CHECK(job_override(&job, "train.steps=-3", err, sizeof err) == BT_ERR_INVALID);
+    CHECK(strstr(err, "out of range"));
+
+    /* a validation failure caused by an override names the override */
+    REQUIRE(job_load_string("good.yaml", good, &job, err, sizeof err) == BT_OK);
+    CHECK(job_override(&job, "parallel.tp=3", err, sizeof err) == BT_OK);
+    CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "--set parallel.tp=3: parallel.tp:") && strstr(err, "does not divide 8 attention heads"),
+              "%s", err);
+}
+
+static void test_job_hf_config(void)
+{
+    char dir[] = "/tmp/test_job_hfXXXXXX";
+    REQUIRE(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    REQUIRE(f);
+    fprintf(f, "{\"model_type\": \"llama\", \"num_hidden_layers\": 3, \"hidden_size\": 48, \"num_attention_heads\": 6,"
+               " \"num_key_value_heads\": 2, \"intermediate_size\": 100, \"vocab_size\": 77,"
+               " \"max_position_embeddings\": 64, \"rms_norm_eps\": 1e-6}\n");
+    fclose(f);
+    char yaml[512];
+    job_t job;
+    snprintf(yaml, sizeof yaml, "data: {dir: x, seq_len: 32}\nmodel:\n  hf: %s\nparallel: {pp: 3}\ntrain: {grad_accum: 3}\n", dir);
+    REQUIRE(job_load_string("hf.yaml", yaml, &job, err, sizeof err) == BT_OK);
+    CHECK_MSG(job_validate(&job, err, sizeof err) == BT_OK, "%s", err);
+    CHECK(job.model.layers == 3 && job.model.heads == 6 && job.model.kv_heads == 2);
+    CHECK(job.model.ffn == 100 && job.model.vocab == 77 && job.model.seq == 64);
+    CHECK_NEAR(job.model.norm_eps, 1e-6, 0, 0);
+
+    /* pp 4 > 3 layers read from config.json */
+    snprintf(yaml, sizeof yaml, "data: {dir: x, seq_len: 32}\nmodel:\n  hf: %s\nparallel: {pp: 4}\ntrain: {grad_accum: 4}\n", dir);
+    expect_error(yaml, "bad.yaml:4:12:", "parallel.pp", "only 3 layers");
+    /* tp 4 does not divide 2 KV heads from config.json */
+    snprintf(yaml, sizeof yaml, "data: {dir: x, seq_len: 32}\nmodel:\n  hf: %s\nparallel: {tp: 3}\n", dir);
+    expect_error(yaml, "parallel.tp", "does not divide 2 KV heads", NULL);
+    /* shape keys conflict with hf */
+    snprintf(yaml, sizeof yaml, "data: {dir: x, seq_len: 32}\nmodel:\n  hf: %s\n  layers: 2\n", dir);
+    expect_error(yaml, "bad.yaml:4:3:", "model.layers", "model.hf");
+    /* missing directory */
+    expect_error(BASE "model:\n  hf: /nonexistent/dir\n", "bad.yaml:3:3:", "model.hf",
+                 "/nonexistent/dir/config.json");
+    unlink(path);
+    rmdir(dir);
+}
+
+static void test_job_file_errors(void)
+{
+    job_t job;
+    CHECK(job_load("/nonexistent/job.yaml", &job, err, sizeof err) == BT_ERR_INVALID);
+    CHECK(strstr(err, "/nonexistent/job.yaml") && strstr(err, "cannot open"));
+    char path[] = "/tmp/test_job_XXXXXX";
+    int fd = mkstemp(path);
+    REQUIRE(fd >= 0);
+    const char *text = "data:\n  dir: d\ntrain:\n  log_every: 0\n";
+    CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    CHECK(job_load(path, &job, err, sizeof err) == BT_ERR_INVALID);
+    char want[64];
+    snprintf(want, sizeof want, "%s:4:14:", path);
+    CHECK_MSG(strstr(err, want) && strstr(err, "train.log_every"), "%s", err);
+    unlink(path);
+    CHECK(job_load_string("e.yaml", "", &job, err, sizeof err) == BT_ERR_INVALID);
+    CHECK(strstr(err, "empty"));
+    CHECK(job_load_string("l.yaml", "- a\n- b\n", &job, err, sizeof err) == BT_ERR_INVALID);
+    CHECK(strstr(err, "l.yaml:1:1:") && strstr(err, "mapping"));
+}
+
+static void test_job_schema_names(void)
+{
+    /* every schema field is reachable by override with its own name */
+    int n = job_field_count();
+    CHECK(n > 40);
+    for (int i = 0; i < n; i++) CHECK(job_field_name(i) && strchr(job_field_name(i), ' ') == NULL);
+    CHECK(job_field_name(n) == NULL);
+}
+
+/* The example job files under jobs/ stay valid. */
+static void test_job_examples_valid(void)
+{
+    static const char *const files[] = {"jobs/austen_small.yaml", "jobs/tiny_hf.yaml",
+                                        "jobs/layout_example.yaml"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        job_t job;
+        bt_status_t st = job_load(files[i], &job, err, sizeof err);
+        if (st == BT_OK) st = job_validate(&job, err, sizeof err);
+        CHECK_MSG(st == BT_OK, "%s: %s", files[i], err);
+    }
+    job_t job;
+    REQUIRE(job_load("jobs/layout_example.yaml", &job, err, sizeof err) == BT_OK);
+    REQUIRE(job_validate(&job, err, sizeof err) == BT_OK);
+    CHECK(job.parallel.tp == 2 && job.parallel.pp == 2 && job.parallel.dp == 2);
+    CHECK(job.parallel.schedule == JOB_SCHED_INTERLEAVED && job.parallel.zero1);
+    CHECK(job.transport[JOB_EDGE_TENSOR_PARALLEL] == JOB_XPORT_INPROC);
+    int64_t layers[8];
+    CHECK(job_stage_layers(&job, layers, 8) == 4 && layers[3] == 2);
+    /* one layer short in the split: an error naming the file and line */
+    CHECK(job_override(&job, "parallel.split=[2,2,2,1]", err, sizeof err) == BT_OK);
+    CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID && strstr(err, "sum to 7"));
+}
+
+int main(int argc, char **argv)
+{
+    TEST_RUN(argc, argv, test_job_parse_all_sections, test_job_defaults_and_derived,
+             test_job_unknown_key, test_job_wrong_type, test_job_out_of_range,
+             test_job_model_shape_rules, test_job_parallel_rules, test_job_overrides,
+             test_job_hf_config, test_job_file_errors, test_job_schema_names,
+             test_job_examples_valid);
+}
