@@ -193,6 +193,10 @@ static void child_on_connected(void *arg, xport_ep_t *ep, bt_status_t st)
         return;
     }
     c->connected++;
+    if (ep->peer_id != 1 || ep->ops->ep_peer_id(ep) != 1) {
+        fprintf(stderr, "child: listener's id %u, expected 1\n", ep->peer_id);
+        c->errors++;
+    }
     if (!strcmp(c->mode, "stream") || !strcmp(c->mode, "bidir")) {
         child_stream_start(c, ep, 0);
     } else if (!strcmp(c->mode, "multi")) {
@@ -407,9 +411,14 @@ struct parent {
     void           *ctx;
 };
 
+static uint32_t xport_ep_peer_id_get(const xport_ep_t *ep) { return ep->ops->ep_peer_id(ep); }
+
 static void parent_on_accept(void *arg, xport_ep_t *ep, uint32_t peer_id)
 {
     parent_t *p = arg;
+    /* children say 7, raw test clients 99 */
+    CHECK_MSG(peer_id == 7 || peer_id == 99, "peer id %u", peer_id);
+    CHECK(xport_ep_peer_id_get(ep) == peer_id);
     if (p->n_eps < 128) p->eps[p->n_eps++] = ep;
 }
 
