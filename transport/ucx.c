@@ -561,9 +561,10 @@ static void ucx_close(xport_ep_t *base)
 static void ucx_hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     ucx_ep_t *ep = w->data;
+    ucx_xport_t *x = ep->x; /* ep is freed by the failure */
     ucx_ep_fail(ep, BT_ERR_PEER_TIMEOUT, "handshake not finished within %u ms",
-                ep->x->cfg.handshake_ms);
-    ucx_dispatch(ep->x);
+                x->cfg.handshake_ms);
+    ucx_dispatch(x);
 }
 
 static void ucx_hs_finish(ucx_ep_t *ep)
