@@ -1010,6 +1010,66 @@ static void case_unreachable(xport_kind_t kind)
     ev_loop_destroy(p.loop);
 }
 
+/* ---- case: one xport connects to its own listener ---------------------- */
+
+typedef struct {
+    xport_ep_t *client, *server;
+    int         connected, accepted;
+    uint64_t    at_client, at_server, bad;
+} self_ctx_t;
+
+static void self_accept(void *arg, xport_ep_t *ep, uint32_t id) { ((self_ctx_t *)arg)->server = ep; ((self_ctx_t *)arg)->accepted++; }
+static void self_connected(void *arg, xport_ep_t *ep, bt_status_t st) { if (st == BT_OK) ((self_ctx_t *)arg)->connected++; }
+static void self_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
+{
+    self_ctx_t *c = arg;
+    test_hdr_t h;
+    memcpy(&h, rx->hdr, sizeof h);
+    /* frames sent by the client carry tag DATA, by the server REPLY */
+    if (ep == c->server && h.tag == T_DATA && h.seq == c->at_server) c->at_server++;
+    else if (ep == c->client && h.tag == T_REPLY && h.seq == c->at_client) c->at_client++;
+    else c->bad++;
+    xport_rx_release(rx);
+}
+
+static self_ctx_t *g_self;
+static bool cond_self_connected(parent_t *p) { return g_self->connected && g_self->accepted; }
+static bool cond_self_done(parent_t *p) { return g_self->at_client >= 100 && g_self->at_server >= 100; }
+
+static void case_self_connect(xport_kind_t kind)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, kind));
+    self_ctx_t c = {0};
+    g_self = &c;
+    char addr[XPORT_ADDR_MAX];
+    snprintf(addr, sizeof addr, "%s", p.addr);
+    xport_destroy(p.x);
+    xport_config_t cfg = base_cfg(p.loop, 1);
+    char name[XPORT_ADDR_MAX];
+    snprintf(name, sizeof name, "%.80s-self", addr);
+    if (kind == XPORT_INPROC) cfg.listen_addr = name;
+    cfg.cbs = (xport_cbs_t){.arg = &c, .accept = self_accept, .connected = self_connected,
+                            .recv = self_recv};
+    REQUIRE(xport_create(xport_ops_get(kind), &cfg, &p.x) == BT_OK);
+    REQUIRE(xport_listen(p.x, addr, sizeof addr) == BT_OK);
+    REQUIRE(xport_connect(p.x, addr, &c.client) == BT_IN_PROGRESS);
+    REQUIRE(parent_run(&p, cond_self_connected, 10));
+    static test_hdr_t up[100], down[100];
+    for (int i = 0; i < 100; i++) {
+        up[i] = (test_hdr_t){.tag = T_DATA, .seq = (uint64_t)i};
+        down[i] = (test_hdr_t){.tag = T_REPLY, .seq = (uint64_t)i};
+        struct iovec iov = {.iov_base = g_pattern, .iov_len = (size_t)i * 100};
+        CHECK(xport_send(c.client, &up[i], sizeof up[i], &iov, i ? 1 : 0, NULL, NULL) == BT_IN_PROGRESS);
+        CHECK(xport_send(c.server, &down[i], sizeof down[i], &iov, i ? 1 : 0, NULL, NULL) == BT_IN_PROGRESS);
+    }
+    CHECK(parent_run(&p, cond_self_done, 20));
+    CHECK(c.bad == 0);
+    CHECK(xport_ep_peer_id_get(c.client) == 1 && xport_ep_peer_id_get(c.server) == 1);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+}
+
 /* ---- case: bad handshake (wrong secret / wrong job id) ----------------- */
 
 static void case_bad_handshake(xport_kind_t kind)
@@ -1514,7 +1574,8 @@ static void test_kind_table(void)
 
 #define XPORT_CASES(X, kind) \
     X(order, kind) X(sizes, kind) X(bidir, kind) X(peers64, kind) X(kill_recv, kind) \
-    X(bad_handshake, kind) X(close_in_callback, kind) X(unreachable, kind)
+    X(bad_handshake, kind) X(close_in_callback, kind) X(unreachable, kind) \
+    X(self_connect, kind)
 
 #define DEFINE_CASE(name, kind) \
     static void test_##name##_##kind(void) { case_##name(XPORT_##kind##_KIND); }
