@@ -1010,6 +1010,33 @@ static void case_unreachable(xport_kind_t kind)
     ev_loop_destroy(p.loop);
 }
 
+/* ---- case: a frame over the receiver's limit ---------------------------- */
+
+static void case_frame_limit(xport_kind_t kind)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, kind));
+    char addr[XPORT_ADDR_MAX];
+    snprintf(addr, sizeof addr, "%s", p.addr);
+    xport_destroy(p.x);
+    xport_config_t cfg = base_cfg(p.loop, 1);
+    cfg.max_frame = 1u << 20; /* the child sends 64 MiB */
+    char name[XPORT_ADDR_MAX];
+    snprintf(name, sizeof name, "%.80s-lim", addr);
+    if (kind == XPORT_INPROC) cfg.listen_addr = name;
+    cfg.cbs = (xport_cbs_t){.arg = &p, .accept = parent_on_accept, .alloc = parent_on_alloc,
+                            .free = parent_on_free, .recv = parent_on_recv, .error = parent_on_error};
+    REQUIRE(xport_create(xport_ops_get(kind), &cfg, &p.x) == BT_OK);
+    REQUIRE(xport_listen(p.x, p.addr, sizeof p.addr) == BT_OK);
+    child_proc_t *k = parent_spawn(&p, "sendbig", 0, 0);
+    CHECK(parent_run(&p, cond_error_and_exit, 20));
+    CHECK(p.errors_cb == 1 && p.last_error == BT_ERR_PEER_PROTO);
+    CHECK_MSG(p.allocs == 0, "an oversized payload reached cbs.alloc");
+    CHECK(k->exited);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+}
+
 /* ---- case: one xport connects to its own listener ---------------------- */
 
 typedef struct {
@@ -1575,7 +1602,7 @@ static void test_kind_table(void)
 #define XPORT_CASES(X, kind) \
     X(order, kind) X(sizes, kind) X(bidir, kind) X(peers64, kind) X(kill_recv, kind) \
     X(bad_handshake, kind) X(close_in_callback, kind) X(unreachable, kind) \
-    X(self_connect, kind)
+    X(self_connect, kind) X(frame_limit, kind)
 
 #define DEFINE_CASE(name, kind) \
     static void test_##name##_##kind(void) { case_##name(XPORT_##kind##_KIND); }

@@ -337,6 +337,15 @@ static void inproc_rx_release(xport_rx_t *rx)
 
 static void inproc_frame_deliver(inproc_xport_t *x, inproc_ep_t *ep, inproc_item_t *it)
 {
+    /* the sender checked its own limit; ours may be smaller */
+    if (it->hdr_len > x->cfg.max_frame || it->payload_len > x->cfg.max_frame - it->hdr_len) {
+        char why[128];
+        snprintf(why, sizeof why, "frame of %zu+%zu bytes exceeds our limit of %zu", it->hdr_len,
+                 it->payload_len, x->cfg.max_frame);
+        inproc_frame_complete(it, BT_ERR_PEER_PROTO);
+        inproc_ep_fail(ep, BT_ERR_PEER_PROTO, why);
+        return;
+    }
     it->rx = (xport_rx_t){
         .hdr = it->hdr_len ? it->hdr : NULL, .hdr_len = it->hdr_len,
         .payload = NULL, .payload_len = it->payload_len,

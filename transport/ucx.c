@@ -99,6 +99,7 @@ struct ucx_ep {
     bool            is_server;
     bt_status_t     fail_pending;    /* set by the UCX error callback */
     ucs_status_t    fail_ucs;        /* what UCX said, for the log line */
+    size_t          bad_hdr, bad_len; /* an oversized frame, for the log line */
     ev_timer        hs_timer;
     xport_hs_t      hs;
     int             hs_step;
@@ -279,6 +280,8 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     if (header_length > XPORT_HDR_MAX || header_length > x->cfg.max_frame
         || length > x->cfg.max_frame - header_length) {
         ep->fail_pending = BT_ERR_PEER_PROTO;
+        ep->bad_hdr = header_length;
+        ep->bad_len = length;
         return UCS_OK;
     }
     ucx_rx_t *r = calloc(1, sizeof *r + header_length);
@@ -711,9 +714,11 @@ static void ucx_ep_dispatch(ucx_ep_t *ep)
         if (ep->fail_ucs != UCS_OK)
             ucx_ep_fail(ep, ep->fail_pending, "UCX reports the endpoint failed: %s",
                         ucs_status_string(ep->fail_ucs));
+        else if (ep->fail_pending == BT_ERR_PEER_PROTO)
+            ucx_ep_fail(ep, ep->fail_pending, "frame of %zu+%zu bytes exceeds the limit (hdr %u, frame %zu)",
+                        ep->bad_hdr, ep->bad_len, XPORT_HDR_MAX, x->cfg.max_frame);
         else
-            ucx_ep_fail(ep, ep->fail_pending, ep->fail_pending == BT_ERR_PEER_PROTO
-                        ? "frame exceeds the size limits" : "out of memory for a frame");
+            ucx_ep_fail(ep, ep->fail_pending, "out of memory for a frame");
         return;
     }
     while (ep->rx_head && ep->state != UEP_DEAD) {
