@@ -121,6 +121,7 @@ typedef struct {
     bool            report_sent;
     bool            inproc_drop; /* inproc "kill": destroy with frames queued */
     void           *held_send;   /* holdsend: abandoned by destroy (documented) */
+    uint8_t        *big;         /* sendbig payload */
 } child_t;
 
 typedef struct {
@@ -204,10 +205,10 @@ static void child_on_connected(void *arg, xport_ep_t *ep, bt_status_t st)
         for (int i = 0; i < c->n_eps; i++) if (c->eps[i] == ep) conn = (uint32_t)i;
         child_stream_start(c, ep, conn);
     } else if (!strcmp(c->mode, "sendbig")) {
-        uint8_t *big = malloc(BIG_KILL);
-        pattern_fill(big, BIG_KILL, 7);
+        c->big = malloc(BIG_KILL);
+        pattern_fill(c->big, BIG_KILL, 7);
         test_hdr_t h = {.tag = T_DATA, .len = BIG_KILL};
-        child_send(c, ep, h, big, BIG_KILL, NULL); /* the parent kills us meanwhile */
+        child_send(c, ep, h, c->big, BIG_KILL, NULL); /* the parent kills us or drops it */
     } else if (!strcmp(c->mode, "holdsend")) {
         /* inproc: send one frame from a static buffer, then destroy our xport
          * while the parent still holds it */
@@ -362,6 +363,7 @@ static int child_main(int argc, char **argv)
      * once the sender's xport is gone; its context is ours to free */
     if (c->held_send && c->sent_done == 0) free(c->held_send);
     ev_loop_destroy(c->loop);
+    free(c->big);
     int rc = c->rc;
     if (c->errors || c->send_errors) rc = rc ? rc : 7;
     free(c);
