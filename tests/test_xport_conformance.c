@@ -1099,6 +1099,45 @@ static void case_self_connect(xport_kind_t kind)
     ev_loop_destroy(p.loop);
 }
 
+/* inproc: closing takes back the frames the peer has not picked up; they
+ * complete with CANCELED from the loop (their buffers are free again) */
+static int g_tb_cancel, g_tb_other, g_tb_err, g_tb_recv;
+static void tb_done(void *arg, bt_status_t st) { if (st == BT_ERR_CANCELED) g_tb_cancel++; else g_tb_other++; }
+static void tb_error(void *arg, xport_ep_t *ep, bt_status_t st) { g_tb_err++; }
+static void tb_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx) { g_tb_recv++; xport_rx_release(rx); }
+static bool cond_tb(parent_t *p) { return g_tb_cancel + g_tb_other >= 50 && g_tb_err >= 1; }
+
+static void test_inproc_close_takes_back(void)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, XPORT_INPROC));
+    self_ctx_t c = {0};
+    g_self = &c;
+    char addr[XPORT_ADDR_MAX];
+    snprintf(addr, sizeof addr, "%.80s-tb", p.addr);
+    xport_destroy(p.x);
+    xport_config_t cfg = base_cfg(p.loop, 1);
+    cfg.listen_addr = addr;
+    cfg.cbs = (xport_cbs_t){.arg = &c, .accept = self_accept, .connected = self_connected,
+                            .recv = tb_recv, .error = tb_error};
+    REQUIRE(xport_create(&xport_inproc_ops, &cfg, &p.x) == BT_OK);
+    REQUIRE(xport_listen(p.x, addr, sizeof addr) == BT_OK);
+    REQUIRE(xport_connect(p.x, addr, &c.client) == BT_IN_PROGRESS);
+    REQUIRE(parent_run(&p, cond_self_connected, 10));
+    static test_hdr_t h = {.tag = T_DATA};
+    struct iovec iov = {.iov_base = g_pattern, .iov_len = 1000};
+    for (int i = 0; i < 50; i++)
+        CHECK(xport_send(c.client, &h, sizeof h, &iov, 1, tb_done, NULL) == BT_IN_PROGRESS);
+    xport_close(c.client); /* before the loop let the listener side take any */
+    CHECK(g_tb_cancel == 0); /* never inside close() */
+    CHECK(parent_run(&p, cond_tb, 10));
+    CHECK_MSG(g_tb_cancel == 50 && g_tb_other == 0, "%d canceled, %d other", g_tb_cancel, g_tb_other);
+    CHECK(g_tb_recv == 0);
+    CHECK(g_tb_err == 1);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+}
+
 /* ---- case: bad handshake (wrong secret / wrong job id) ----------------- */
 
 static void case_bad_handshake(xport_kind_t kind)
@@ -1628,7 +1667,7 @@ static void test_kill_send_ucx(void) { case_kill_send(XPORT_UCX); }
 #endif
 #define ALL_TESTS \
     test_kind_table, test_handshake_messages, test_secret_file, \
-    XPORT_CASES(NAME_CASE, inproc) test_kill_send_inproc, \
+    XPORT_CASES(NAME_CASE, inproc) test_kill_send_inproc, test_inproc_close_takes_back, \
     XPORT_CASES(NAME_CASE, tcp) test_kill_send_tcp, test_tcp_bad_frames, test_tcp_bad_handshake_raw, \
     test_tcp_ipv6, \
     UCX_TESTS
