@@ -31,8 +31,9 @@
  *    instead of cbs.error and ep is freed after it returns.
  *  - close(ep): no error callback; every pending send still completes, from
  *    the loop and not from inside close(): with BT_ERR_CANCELED (tcp: not yet
- *    written; ucx: whatever UCX reports after flushing) or a peer error
- *    (inproc: frames the peer had not taken yet), or BT_OK when it had left.
+ *    written; inproc: not yet picked up by the peer's loop; ucx: whatever UCX
+ *    reports after flushing), or BT_OK when it had left (inproc: when the
+ *    peer releases a frame it had already received).
  *    The peer sees BT_ERR_PEER_CLOSED through its error callback.
  *  - destroy(x): closes every endpoint and completes their pending sends
  *    (done() may run inside destroy()). Exception, inproc zero-copy: a frame
