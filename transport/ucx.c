@@ -229,11 +229,14 @@ static void ucx_send_cb(void *request, ucs_status_t status, void *user_data)
     ucx_done_push(s->x, s, ucx_status_map(status));
 }
 
+/* The endpoint memory stays until UCX has finished closing it, so an error
+ * callback UCX might still deliver for it lands on a (dead) endpoint. */
 static void ucx_close_cb(void *request, ucs_status_t status, void *user_data)
 {
-    ucx_xport_t *x = user_data;
+    ucx_ep_t *ep = user_data;
     ucp_request_free(request);
-    x->inflight--;
+    ep->x->inflight--;
+    ucx_ep_unref(ep);
 }
 
 static void ucx_rx_free_buf(ucx_xport_t *x, void *buf, size_t len)
@@ -508,11 +511,14 @@ static void ucx_ep_teardown(ucx_ep_t *ep, bt_status_t status, bool force, bool r
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA
                             | (force ? UCP_OP_ATTR_FIELD_FLAGS : 0),
             .cb.send = ucx_close_cb,
-            .user_data = x,
+            .user_data = ep,
             .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
         };
         ucs_status_ptr_t r = ucp_ep_close_nbx(ep->uep, &prm);
-        if (r && !UCS_PTR_IS_ERR(r)) x->inflight++;
+        if (r && !UCS_PTR_IS_ERR(r)) {
+            x->inflight++;
+            ucx_ep_hold(ep); /* released by ucx_close_cb */
+        }
         ep->uep = NULL;
     }
     ucx_wake(x);
