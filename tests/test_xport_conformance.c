@@ -80,15 +80,18 @@ static const uint8_t *stream_bytes(uint64_t seq) { return g_pattern + (seq % 251
 
 static uint8_t g_secret[XPORT_SECRET_MAX];
 static size_t g_secret_len;
+static char g_secret_path[128];
+
+static void secret_cleanup(void) { if (g_secret_path[0]) unlink(g_secret_path); }
 
 static void secret_setup(void)
 {
     if (g_secret_len) return;
-    char path[128];
-    snprintf(path, sizeof path, "/tmp/baton-conf-secret-%d", (int)getpid());
-    unlink(path);
-    bt_status_t st = xport_secret_get(path, g_secret, sizeof g_secret, &g_secret_len);
+    snprintf(g_secret_path, sizeof g_secret_path, "/tmp/baton-conf-secret-%d", (int)getpid());
+    unlink(g_secret_path);
+    bt_status_t st = xport_secret_get(g_secret_path, g_secret, sizeof g_secret, &g_secret_len);
     if (st != BT_OK) BT_PANIC("secret setup failed: %s", bt_status_str(st));
+    atexit(secret_cleanup); /* children exec'd later read it before we exit */
 }
 
 static xport_config_t base_cfg(struct ev_loop *loop, uint32_t self_id)
