@@ -1411,6 +1411,51 @@ static void test_tcp_bad_handshake_raw(void)
     check_kids_ok(&p);
 }
 
+/* More unauthenticated connections than XPORT_HS_PENDING_MAX: the extra
+ * ones are closed at once (no hello), the others got the server's hello. */
+static bool g_true_after;
+static void cap_tick(struct ev_loop *loop, ev_timer *w, int revents) { g_true_after = true; }
+static bool cond_cap(parent_t *p) { return g_true_after; }
+
+static void test_tcp_pending_handshake_cap(void)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, XPORT_TCP));
+    enum { N = XPORT_HS_PENDING_MAX + 4 };
+    static int fds[N];
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    REQUIRE(xport_sockaddr_parse(p.addr, &ss, &sl) == BT_OK);
+    int opened = 0;
+    for (int i = 0; i < N; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (fds[i] < 0) break;
+        if (connect(fds[i], (struct sockaddr *)&ss, sl) != 0 && errno != EINPROGRESS) break;
+        opened++;
+        if (i % 32 == 31) ev_run(p.loop, EVRUN_NOWAIT); /* let the listener accept */
+    }
+    REQUIRE(opened == N);
+    ev_timer t;
+    g_true_after = false;
+    ev_timer_init(&t, cap_tick, 0.5, 0);
+    ev_timer_start(p.loop, &t);
+    parent_run(&p, cond_cap, 5);
+    int hello = 0, refused = 0, other = 0;
+    for (int i = 0; i < N; i++) {
+        uint8_t b[XPORT_HS_HELLO_LEN];
+        ssize_t r = recv(fds[i], b, sizeof b, MSG_DONTWAIT);
+        if (r == (ssize_t)sizeof b) hello++;
+        else if (r == 0 || (r < 0 && errno == ECONNRESET)) refused++;
+        else other++;
+        close(fds[i]);
+    }
+    CHECK_MSG(hello == XPORT_HS_PENDING_MAX && refused == 4 && other == 0,
+              "%d got a hello, %d refused, %d neither", hello, refused, other);
+    CHECK(p.n_eps == 0);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+}
+
 static void test_tcp_ipv6(void)
 {
     parent_t p;
@@ -1672,7 +1717,7 @@ static void test_kill_send_ucx(void) { case_kill_send(XPORT_UCX); }
     test_kind_table, test_handshake_messages, test_secret_file, \
     XPORT_CASES(NAME_CASE, inproc) test_kill_send_inproc, test_inproc_close_takes_back, \
     XPORT_CASES(NAME_CASE, tcp) test_kill_send_tcp, test_tcp_bad_frames, test_tcp_bad_handshake_raw, \
-    test_tcp_ipv6, \
+    test_tcp_ipv6, test_tcp_pending_handshake_cap, \
     UCX_TESTS
 #define TEST_RUN_EXPANDED(...) TEST_RUN(__VA_ARGS__)
 

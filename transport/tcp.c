@@ -745,6 +745,16 @@ static void tcp_lio_cb(struct ev_loop *loop, ev_io *w, int revents)
                 log_error("tcp: accept on %s: %s", x->laddr, strerror(errno));
             break;
         }
+        unsigned pending = 0;
+        for (tcp_ep_t *o = x->eps; o; o = o->next) pending += o->is_server && o->state != EP_OPEN;
+        if (pending >= XPORT_HS_PENDING_MAX) {
+            char who[XPORT_ADDR_MAX];
+            xport_sockaddr_format((struct sockaddr *)&ss, who, sizeof who);
+            log_warn("tcp: refusing %s on %s: %u peers already in their handshake", who, x->laddr,
+                     pending);
+            close(fd);
+            continue;
+        }
         tcp_sock_tune(fd);
         tcp_ep_t *ep = tcp_ep_new(x, fd, true);
         if (!ep) {

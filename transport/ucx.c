@@ -801,6 +801,15 @@ static void ucx_accept_pending(ucx_xport_t *x)
     while (x->conn_reqs) {
         ucx_conn_req_t *c = x->conn_reqs;
         x->conn_reqs = c->next;
+        unsigned pending = 0;
+        for (ucx_ep_t *o = x->eps; o; o = o->next) pending += o->is_server && o->state != UEP_OPEN;
+        if (pending >= XPORT_HS_PENDING_MAX) {
+            log_warn("ucx: refusing a peer on %s: %u peers already in their handshake", x->laddr,
+                     pending);
+            ucp_listener_reject(x->listener, c->req);
+            free(c);
+            continue;
+        }
         ucx_ep_t *ep = ucx_ep_new(x, true);
         if (!ep) {
             ucp_listener_reject(x->listener, c->req);

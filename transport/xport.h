@@ -74,6 +74,10 @@ typedef enum {
 #define XPORT_HDR_MAX   (256u * 1024u)
 #define XPORT_ADDR_MAX  96           /* "inproc:<name>", "host:port", "[v6]:port" */
 #define XPORT_PEER_ID_UNKNOWN UINT32_MAX
+/* Incoming connections still in their handshake, per listener; more are
+ * refused at once (each unauthenticated one holds an fd and buffers until
+ * its handshake deadline). */
+#define XPORT_HS_PENDING_MAX 256
 
 typedef struct xport xport_t;       /* one instance: (process, loop, kind) */
 typedef struct xport_ep xport_ep_t; /* one connection to one peer */
