@@ -18,6 +18,32 @@
  * Every connection starts with an authenticated handshake (job id + HMAC over
  * a per-job secret, see handshake.h); only a peer that passes it is reported
  * through accept/connected, and no frame of a peer that failed it is delivered.
+ *
+ * Callback contracts (all transports):
+ *  - send() returns BT_IN_PROGRESS and then calls done() exactly once, never
+ *    from inside send() itself; any other return means the send was not
+ *    started and done() will not be called.
+ *  - A callback may call send() and close() on any endpoint of its xport
+ *    (the endpoint it was called for included). It must not call destroy().
+ *  - Endpoint failure: pending sends complete with the failure status, then
+ *    cbs.error(ep) fires once, then ep is freed. For an outgoing connection
+ *    that fails before its handshake completed, cbs.connected(ep, error) fires
+ *    instead of cbs.error and ep is freed after it returns.
+ *  - close(ep): no error callback; every pending send still completes, from
+ *    the loop and not from inside close(): with BT_ERR_CANCELED (tcp: not yet
+ *    written; inproc: not yet picked up by the peer's loop; ucx: whatever UCX
+ *    reports after flushing), or BT_OK when it had left (inproc: when the
+ *    peer releases a frame it had already received).
+ *    The peer sees BT_ERR_PEER_CLOSED through its error callback.
+ *  - destroy(x): closes every endpoint and completes their pending sends
+ *    (done() may run inside destroy()). Exception, inproc zero-copy: a frame
+ *    the receiver still holds keeps the sender's buffer, and its done() never
+ *    fires once the sender's xport is destroyed.
+ *  - Received payloads (xport_rx_t) outlive their endpoint: release them any
+ *    time before destroy() of the xport that delivered them.
+ *  - Errors are logged by the transport once, with the peer's address and
+ *    the reason (bad magic, oversized frame, HMAC mismatch, handshake
+ *    deadline...); callers need not log them again.
  */
 #ifndef BT_TRANSPORT_XPORT_H
 #define BT_TRANSPORT_XPORT_H
@@ -43,14 +69,47 @@ typedef enum {
 #define XPORT_CAP_CUDA_MEM  (1u << 1) /* payload may be device memory (UCX built with CUDA) */
 #define XPORT_CAP_ZERO_COPY (1u << 2) /* receiver sees the sender's buffer (inproc) */
 
+/* Largest frame header (msgpack envelope) any transport accepts; checked
+ * before anything is allocated. */
+#define XPORT_HDR_MAX   (256u * 1024u)
+#define XPORT_ADDR_MAX  96           /* "inproc:<name>", "host:port", "[v6]:port" */
+#define XPORT_PEER_ID_UNKNOWN UINT32_MAX
+/* Incoming connections still in their handshake, per listener; more are
+ * refused at once (each unauthenticated one holds an fd and buffers until
+ * its handshake deadline). */
+#define XPORT_HS_PENDING_MAX 256
+
 typedef struct xport xport_t;       /* one instance: (process, loop, kind) */
 typedef struct xport_ep xport_ep_t; /* one connection to one peer */
+struct xport_ops;
+
+/* The public head of every transport's instance and endpoint: each
+ * transport's own struct embeds these as its first member. Callers may read
+ * them and own the `user` fields (e.g. to map an endpoint to an actor edge);
+ * everything else is the transport's. */
+struct xport {
+    const struct xport_ops *ops;
+    void                   *user;
+    unsigned                caps;     /* ops->caps plus what create() found
+                                       * (XPORT_CAP_CUDA_MEM only when UCX
+                                       * reports CUDA memory support) */
+};
+struct xport_ep {
+    const struct xport_ops *ops;
+    xport_t                *x;        /* the instance this endpoint belongs to */
+    void                   *user;     /* free for the caller */
+    uint32_t                peer_id;  /* peer's self_id once the handshake passed */
+    char                    peer_addr[XPORT_ADDR_MAX]; /* for log lines */
+};
 
 /* A received frame. The header is valid only during the recv callback; the
  * payload belongs to the receiver until it calls xport_rx_release(), which
  * returns it to whoever allocated it (the receiver's alloc callback's buffer
  * is released through cbs.free; for zero-copy inproc the sender's send
- * completion fires on release). */
+ * completion fires on release). Inproc is zero-copy when the sender gave one
+ * iovec: payload then points into the sender's buffer and cbs.alloc is not
+ * called. release() may be called from the callback or later, on the loop
+ * thread of the xport that delivered it. */
 typedef struct xport_rx {
     const void *hdr;
     size_t      hdr_len;
@@ -90,7 +149,11 @@ typedef struct {
     uint32_t        self_id;      /* our id, sent in the handshake (e.g. rank) */
     const char     *listen_addr;  /* "host:port"; NULL -> "127.0.0.1:0" */
     size_t          max_frame;    /* bytes of header+payload; 0 -> 1 GiB */
-    bool            busy_poll;    /* spin on progress while sends are in flight */
+    unsigned        handshake_ms; /* a peer that has not finished the handshake
+                                   * by then is dropped; 0 -> 5000 */
+    bool            busy_poll;    /* the caller spins on progress(): the transport
+                                   * then polls sockets/workers itself and does not
+                                   * wait for the loop to report readiness */
     xport_cbs_t     cbs;
 } xport_config_t;
 
@@ -116,6 +179,30 @@ typedef struct xport_ops {
     int         (*progress)(xport_t *x);
     uint32_t    (*ep_peer_id)(const xport_ep_t *ep);
 } xport_ops_t;
+
+/* Small wrappers so callers do not touch the ops table (STYLE.md rule 2). */
+static inline bt_status_t xport_create(const xport_ops_t *ops, const xport_config_t *cfg,
+                                       xport_t **out)
+{
+    return ops->create(cfg, out);
+}
+static inline void xport_destroy(xport_t *x) { x->ops->destroy(x); }
+static inline bt_status_t xport_listen(xport_t *x, char *addr, size_t addr_cap)
+{
+    return x->ops->listen(x, addr, addr_cap);
+}
+static inline bt_status_t xport_connect(xport_t *x, const char *addr, xport_ep_t **ep)
+{
+    return x->ops->connect(x, addr, ep);
+}
+static inline bt_status_t xport_send(xport_ep_t *ep, const void *hdr, size_t hdr_len,
+                                     const struct iovec *iov, int iovcnt,
+                                     xport_send_done_fn done, void *arg)
+{
+    return ep->ops->send(ep, hdr, hdr_len, iov, iovcnt, done, arg);
+}
+static inline void xport_close(xport_ep_t *ep) { ep->ops->close(ep); }
+static inline int  xport_progress(xport_t *x) { return x->ops->progress(x); }
 
 extern const xport_ops_t xport_inproc_ops;
 extern const xport_ops_t xport_tcp_ops;

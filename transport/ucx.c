@@ -1,0 +1,1155 @@
+/* UCX transport: UCP active messages, one worker per xport.
+ *
+ * Connections: ucp_listener_create on a "host:port" sockaddr; peers connect
+ * by that address (client-server endpoints). Every endpoint is created with
+ * UCP_ERR_HANDLING_MODE_PEER and an error callback, so a dead peer becomes an
+ * error callback, never a hang. UCX picks its transports itself (UCX_TLS is
+ * left alone): where an RDMA device exists it uses verbs (rc/ud/dc) and
+ * rendezvous zero-copy; on this host there is none, so it runs over shared
+ * memory / tcp.
+ *
+ * Messages: AM id HS carries handshake messages (handshake.h) in the AM
+ * header; AM id DATA carries the frame header as the AM header and the
+ * payload as AM data (iovec datatype when the sender gave several pieces).
+ * A DATA message before the handshake passed drops the peer.
+ *
+ * Receive: the AM callback (inside ucp_worker_progress) only records the
+ * message on its endpoint's FIFO, keeping UCX's data (persistent eager data
+ * or the rendezvous descriptor). Outside progress, each FIFO head gets its
+ * buffer from cbs.alloc; eager data is copied into it, rendezvous data is
+ * fetched with ucp_am_recv_data_nbx straight into it. Frames are delivered in
+ * arrival order. No user callback ever runs inside ucp_worker_progress.
+ *
+ * Loop integration: the worker's event fd (ucp_worker_get_efd) is an ev_io;
+ * an ev_prepare progresses and re-arms (ucp_worker_arm) before the loop
+ * blocks, and while operations are in flight a short ev_timer polls as well
+ * in case a transport reports completions without an event. In busy_poll
+ * mode progress() calls ucp_worker_progress directly.
+ *
+ * Memory: host memory. XPORT_CAP_CUDA_MEM is set only when UCX reports CUDA
+ * memory support (ucp_context_query); Debian's UCX has none, so GPU payloads
+ * must be staged through pinned host memory by the caller.
+ */
+#include "transport/xport.h"
+
+#include "base/log.h"
+#include "transport/handshake.h"
+#include "transport/sockaddr.h"
+
+#include <ev.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucp/api/ucp.h>
+
+#define UCX_AM_HS   1u
+#define UCX_AM_DATA 2u
+#define UCX_DEFAULT_MAX_FRAME (1ull << 30)
+#define UCX_DEFAULT_HS_MS 5000u
+#define UCX_POLL_S  0.002
+
+typedef struct ucx_xport ucx_xport_t;
+typedef struct ucx_ep ucx_ep_t;
+
+typedef struct ucx_send {
+    struct ucx_send   *prev, *next;   /* ep's pending or in-flight list */
+    struct ucx_send   *done_next;
+    ucx_xport_t       *x;
+    ucx_ep_t          *ep;            /* NULL once the endpoint is gone */
+    xport_send_done_fn done;
+    void              *arg;
+    bt_status_t        status;
+    bool               reported;      /* done() already fired (endpoint failure) */
+    unsigned           am_id;
+    const void        *hdr;
+    size_t             hdr_len;
+    size_t             payload_len;
+    int                iovcnt;
+    ucp_dt_iov_t       iov[];
+} ucx_send_t;
+
+typedef struct ucx_rx {
+    xport_rx_t     rx;               /* first: release() gets this back */
+    struct ucx_rx *next;
+    ucx_xport_t   *x;
+    bool           is_hs;
+    bool           rndv;
+    bool           started;          /* buffer chosen, data moving */
+    bool           ready;            /* data in the buffer */
+    bool           orphan;           /* endpoint died while a rndv receive was in flight */
+    bt_status_t    status;
+    void          *desc;             /* UCX data or rndv descriptor not yet consumed */
+    void          *req;
+    void          *buf;
+    size_t         len;
+    size_t         hdr_len;
+    uint8_t        hdr[];
+} ucx_rx_t;
+
+typedef enum { UEP_HANDSHAKE, UEP_OPEN, UEP_DEAD } ucx_ep_state_t;
+
+struct ucx_ep {
+    xport_ep_t      base;            /* first */
+    ucx_xport_t    *x;
+    ucx_ep_t       *prev, *next;
+    int             refs;
+    ucp_ep_h        uep;
+    ucx_ep_state_t  state;
+    bool            is_server;
+    bt_status_t     fail_pending;    /* set by the UCX error callback */
+    ucs_status_t    fail_ucs;        /* what UCX said, for the log line */
+    size_t          bad_hdr, bad_len; /* an oversized frame, for the log line */
+    ev_timer        hs_timer;
+    xport_hs_t      hs;
+    int             hs_step;
+    uint8_t         hs_hello[XPORT_HS_HELLO_LEN];
+    uint8_t         hs_proof[XPORT_HS_PROOF_LEN];
+    ucx_send_t     *pending_head, *pending_tail; /* user sends before OPEN */
+    ucx_send_t     *inflight;        /* doubly linked */
+    ucx_rx_t       *rx_head, *rx_tail;
+};
+
+typedef struct ucx_conn_req {
+    struct ucx_conn_req *next;
+    ucp_conn_request_h   req;
+} ucx_conn_req_t;
+
+struct ucx_xport {
+    xport_t         base;            /* first */
+    xport_config_t  cfg;
+    char           *job_id;
+    uint8_t        *secret;
+    char           *listen_addr;
+    ucp_context_h   ctx;
+    ucp_worker_h    worker;
+    ucp_listener_h  listener;
+    char            laddr[XPORT_ADDR_MAX];
+    int             efd;
+    ev_io           efd_io;
+    ev_prepare      prepare;
+    ev_idle         idle;
+    ev_timer        poll;
+    ucx_ep_t       *eps;
+    ucx_ep_t       *last_hit;        /* lookup cache */
+    ucx_conn_req_t *conn_reqs;
+    ucx_send_t     *done_head, *done_tail;
+    unsigned        inflight;        /* sends + rndv receives + closes in UCX's hands */
+    unsigned        events;
+    int             dispatching;
+};
+
+static void ucx_dispatch(ucx_xport_t *x);
+
+/* ---- helpers ---------------------------------------------------------- */
+
+static bt_status_t ucx_status_map(ucs_status_t s)
+{
+    switch (s) {
+    case UCS_OK: return BT_OK;
+    case UCS_ERR_CANCELED: return BT_ERR_CANCELED;
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED: return BT_ERR_PEER_UNREACH;
+    case UCS_ERR_TIMED_OUT: return BT_ERR_PEER_TIMEOUT;
+    /* UCS_ERR_ENDPOINT_TIMEOUT, CONNECTION_RESET, IO_ERROR: how UCX reports
+     * a peer that closed or died */
+    case UCS_ERR_NO_MEMORY: return BT_ERR_NOMEM;
+    default: return BT_ERR_PEER_CLOSED;
+    }
+}
+
+static void ucx_ep_hold(ucx_ep_t *ep) { ep->refs++; }
+
+static void ucx_ep_unref(ucx_ep_t *ep)
+{
+    if (--ep->refs > 0) return;
+    xport_hs_clear(&ep->hs);
+    free(ep);
+}
+
+static void ucx_done_push(ucx_xport_t *x, ucx_send_t *s, bt_status_t st)
+{
+    s->status = st;
+    s->done_next = NULL;
+    if (x->done_tail) x->done_tail->done_next = s;
+    else x->done_head = s;
+    x->done_tail = s;
+}
+
+static int ucx_done_flush(ucx_xport_t *x)
+{
+    int n = 0;
+    while (x->done_head) {
+        ucx_send_t *s = x->done_head;
+        x->done_head = s->done_next;
+        if (!x->done_head) x->done_tail = NULL;
+        if (s->done && !s->reported) s->done(s->arg, s->status);
+        free(s);
+        n++;
+    }
+    return n;
+}
+
+static void ucx_inflight_unlink(ucx_send_t *s)
+{
+    ucx_ep_t *ep = s->ep;
+    if (!ep) return;
+    if (s->prev) s->prev->next = s->next;
+    else ep->inflight = s->next;
+    if (s->next) s->next->prev = s->prev;
+    s->prev = s->next = NULL;
+}
+
+static ucx_ep_t *ucx_ep_lookup(ucx_xport_t *x, ucp_ep_h uep)
+{
+    if (x->last_hit && x->last_hit->uep == uep) return x->last_hit;
+    for (ucx_ep_t *ep = x->eps; ep; ep = ep->next) {
+        if (ep->uep == uep) {
+            x->last_hit = ep;
+            return ep;
+        }
+    }
+    return NULL;
+}
+
+static void ucx_wake(ucx_xport_t *x)
+{
+    if (!ev_is_active(&x->idle)) ev_idle_start(x->cfg.loop, &x->idle);
+}
+
+/* ---- UCX callbacks (inside ucp_worker_progress: record only) ----------- */
+
+static void ucx_send_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_send_t *s = user_data;
+    ucp_request_free(request);
+    s->x->inflight--;
+    ucx_inflight_unlink(s);
+    ucx_done_push(s->x, s, ucx_status_map(status));
+}
+
+/* The endpoint memory stays until UCX has finished closing it, so an error
+ * callback UCX might still deliver for it lands on a (dead) endpoint. */
+static void ucx_close_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_ep_t *ep = user_data;
+    ucp_request_free(request);
+    ep->x->inflight--;
+    ucx_ep_unref(ep);
+}
+
+static void ucx_rx_free_buf(ucx_xport_t *x, void *buf, size_t len)
+{
+    if (!buf) return;
+    if (x->cfg.cbs.free) x->cfg.cbs.free(x->cfg.cbs.arg, buf, len);
+    else free(buf);
+}
+
+static void ucx_recv_data_cb(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    ucx_rx_t *r = user_data;
+    ucp_request_free(request);
+    r->x->inflight--;
+    r->req = NULL;
+    if (r->orphan) {
+        ucx_rx_free_buf(r->x, r->buf, r->len);
+        free(r);
+        return;
+    }
+    r->status = status == UCS_OK && length == r->len ? BT_OK
+              : status == UCS_OK ? BT_ERR_PEER_PROTO : ucx_status_map(status);
+    r->ready = true;
+}
+
+static void ucx_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
+{
+    ucx_ep_t *ep = arg;
+    if (ep->fail_pending == BT_OK) {
+        ep->fail_pending = ucx_status_map(status);
+        ep->fail_ucs = status;
+    }
+    if (ep->fail_pending == BT_ERR_CANCELED) ep->fail_pending = BT_ERR_PEER_CLOSED;
+}
+
+static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_length, void *data,
+                              size_t length, const ucp_am_recv_param_t *param, bool is_hs)
+{
+    ucx_xport_t *x = arg;
+    ucx_ep_t *ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+                   ? ucx_ep_lookup(x, param->reply_ep) : NULL;
+    if (!ep || ep->state == UEP_DEAD || ep->fail_pending != BT_OK) return UCS_OK; /* dropped */
+    bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if (header_length > XPORT_HDR_MAX || header_length > x->cfg.max_frame
+        || length > x->cfg.max_frame - header_length) {
+        ep->fail_pending = BT_ERR_PEER_PROTO;
+        ep->bad_hdr = header_length;
+        ep->bad_len = length;
+        return UCS_OK;
+    }
+    ucx_rx_t *r = calloc(1, sizeof *r + header_length);
+    if (!r) {
+        ep->fail_pending = BT_ERR_NOMEM;
+        return UCS_OK;
+    }
+    r->x = x;
+    r->is_hs = is_hs;
+    r->rndv = rndv;
+    r->len = is_hs ? 0 : length;
+    r->hdr_len = header_length;
+    memcpy(r->hdr, header, header_length);
+    ucs_status_t ret = UCS_OK;
+    if (!is_hs && length > 0) {
+        if (rndv || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA)) {
+            r->desc = data; /* kept: released or received outside progress */
+            ret = UCS_INPROGRESS;
+        } else {
+            /* not persistent (should not happen with PERSISTENT_DATA): copy now */
+            r->buf = malloc(length);
+            if (!r->buf) {
+                free(r);
+                ep->fail_pending = BT_ERR_NOMEM;
+                return UCS_OK;
+            }
+            memcpy(r->buf, data, length);
+            r->desc = NULL;
+        }
+    }
+    if (ep->rx_tail) ep->rx_tail->next = r;
+    else ep->rx_head = r;
+    ep->rx_tail = r;
+    return ret;
+}
+
+static ucs_status_t ucx_am_data_cb(void *arg, const void *header, size_t header_length,
+                                   void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    return ucx_am_cb(arg, header, header_length, data, length, param, false);
+}
+
+static ucs_status_t ucx_am_hs_cb(void *arg, const void *header, size_t header_length,
+                                 void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    return ucx_am_cb(arg, header, header_length, data, 0, param, true);
+}
+
+static void ucx_conn_cb(ucp_conn_request_h req, void *arg)
+{
+    ucx_xport_t *x = arg;
+    ucx_conn_req_t *c = malloc(sizeof *c);
+    if (!c) {
+        ucp_listener_reject(x->listener, req);
+        return;
+    }
+    c->req = req;
+    c->next = x->conn_reqs;
+    x->conn_reqs = c;
+}
+
+/* ---- sends ------------------------------------------------------------ */
+
+/* Hand a send to UCX. On immediate completion or error it goes to the done
+ * list; otherwise it waits in the endpoint's in-flight list. */
+static bt_status_t ucx_send_post(ucx_ep_t *ep, ucx_send_t *s)
+{
+    ucx_xport_t *x = ep->x;
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA
+                        | UCP_OP_ATTR_FIELD_FLAGS,
+        .cb.send = ucx_send_cb,
+        .user_data = s,
+        .flags = UCP_AM_SEND_FLAG_REPLY,
+    };
+    const void *buf = NULL;
+    size_t count = 0;
+    if (s->iovcnt == 1) {
+        buf = s->iov[0].buffer;
+        count = s->iov[0].length;
+    } else if (s->iovcnt > 1) {
+        prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        prm.datatype = ucp_dt_make_iov();
+        buf = s->iov;
+        count = (size_t)s->iovcnt;
+    }
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep->uep, s->am_id, s->hdr, s->hdr_len, buf, count, &prm);
+    if (r == NULL) {
+        ucx_done_push(x, s, BT_OK);
+        ucx_wake(x);
+        return BT_OK;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+        bt_status_t st = ucx_status_map(UCS_PTR_STATUS(r));
+        log_error("ucx: send to %s failed: %s", ep->base.peer_addr,
+                  ucs_status_string(UCS_PTR_STATUS(r)));
+        return st;
+    }
+    s->ep = ep;
+    s->prev = NULL;
+    s->next = ep->inflight;
+    if (ep->inflight) ep->inflight->prev = s;
+    ep->inflight = s;
+    x->inflight++;
+    return BT_IN_PROGRESS;
+}
+
+static ucx_send_t *ucx_send_new(ucx_xport_t *x, unsigned am_id, const void *hdr, size_t hdr_len,
+                                const struct iovec *iov, int iovcnt,
+                                xport_send_done_fn done, void *arg)
+{
+    ucx_send_t *s = calloc(1, sizeof *s + (size_t)iovcnt * sizeof(ucp_dt_iov_t));
+    if (!s) return NULL;
+    s->x = x;
+    s->am_id = am_id;
+    s->hdr = hdr;
+    s->hdr_len = hdr_len;
+    s->done = done;
+    s->arg = arg;
+    for (int i = 0; i < iovcnt; i++) {
+        if (!iov[i].iov_len) continue;
+        s->iov[s->iovcnt++] = (ucp_dt_iov_t){.buffer = iov[i].iov_base, .length = iov[i].iov_len};
+        s->payload_len += iov[i].iov_len;
+    }
+    return s;
+}
+
+static bt_status_t ucx_send(xport_ep_t *base, const void *hdr, size_t hdr_len,
+                            const struct iovec *iov, int iovcnt,
+                            xport_send_done_fn done, void *arg)
+{
+    ucx_ep_t *ep = (ucx_ep_t *)base;
+    ucx_xport_t *x = ep->x;
+    if (ep->state == UEP_DEAD || ep->fail_pending != BT_OK) return BT_ERR_PEER_CLOSED;
+    if (iovcnt < 0 || (iovcnt > 0 && !iov) || (hdr_len > 0 && !hdr)) return BT_ERR_INVALID;
+    size_t payload_len = 0;
+    for (int i = 0; i < iovcnt; i++) payload_len += iov[i].iov_len;
+    if (hdr_len > XPORT_HDR_MAX || hdr_len > x->cfg.max_frame
+        || payload_len > x->cfg.max_frame - hdr_len) {
+        log_error("ucx: send of %zu+%zu bytes to %s exceeds the frame limit", hdr_len,
+                  payload_len, ep->base.peer_addr);
+        return BT_ERR_INVALID;
+    }
+    ucx_send_t *s = ucx_send_new(x, UCX_AM_DATA, hdr, hdr_len, iov, iovcnt, done, arg);
+    if (!s) return BT_ERR_NOMEM;
+    if (ep->state != UEP_OPEN) { /* frames wait for the handshake */
+        if (ep->pending_tail) ep->pending_tail->next = s;
+        else ep->pending_head = s;
+        ep->pending_tail = s;
+        return BT_IN_PROGRESS;
+    }
+    bt_status_t st = ucx_send_post(ep, s);
+    if (st != BT_OK && st != BT_IN_PROGRESS) {
+        free(s);
+        return st;
+    }
+    return BT_IN_PROGRESS;
+}
+
+static bt_status_t ucx_hs_send(ucx_ep_t *ep, const uint8_t *msg, size_t len)
+{
+    ucx_send_t *s = ucx_send_new(ep->x, UCX_AM_HS, msg, len, NULL, 0, NULL, NULL);
+    if (!s) return BT_ERR_NOMEM;
+    bt_status_t st = ucx_send_post(ep, s);
+    if (st != BT_OK && st != BT_IN_PROGRESS) free(s);
+    return st == BT_IN_PROGRESS ? BT_OK : st;
+}
+
+/* ---- endpoint teardown ------------------------------------------------ */
+
+static void ucx_ep_unlink(ucx_ep_t *ep)
+{
+    ucx_xport_t *x = ep->x;
+    if (x->last_hit == ep) x->last_hit = NULL;
+    if (ep->prev) ep->prev->next = ep->next;
+    else if (x->eps == ep) x->eps = ep->next;
+    if (ep->next) ep->next->prev = ep->prev;
+    ep->prev = ep->next = NULL;
+}
+
+/* Close the UCX endpoint and drop everything the endpoint still owns.
+ * force: discard (failure, destroy); otherwise flush what was sent. */
+static void ucx_ep_teardown(ucx_ep_t *ep, bt_status_t status, bool force, bool report_now)
+{
+    ucx_xport_t *x = ep->x;
+    ev_timer_stop(x->cfg.loop, &ep->hs_timer);
+    ucx_ep_unlink(ep);
+    /* sends that never reached UCX */
+    while (ep->pending_head) {
+        ucx_send_t *s = ep->pending_head;
+        ep->pending_head = s->next;
+        ucx_done_push(x, s, status);
+    }
+    ep->pending_tail = NULL;
+    /* sends in UCX's hands: their UCX completion frees them; on failure the
+     * owner hears about them now, before the error callback */
+    for (ucx_send_t *s = ep->inflight; s;) {
+        ucx_send_t *next = s->next;
+        s->ep = NULL;
+        s->prev = s->next = NULL;
+        if (report_now && s->done && !s->reported) {
+            s->reported = true;
+            s->done(s->arg, status);
+        }
+        s = next;
+    }
+    ep->inflight = NULL;
+    /* received messages not yet delivered */
+    while (ep->rx_head) {
+        ucx_rx_t *r = ep->rx_head;
+        ep->rx_head = r->next;
+        if (r->started && !r->ready && r->req) {
+            r->orphan = true; /* its completion frees it */
+            ucp_request_cancel(x->worker, r->req);
+            continue;
+        }
+        if (r->desc) ucp_am_data_release(x->worker, r->desc);
+        ucx_rx_free_buf(x, r->buf, r->len);
+        free(r);
+    }
+    ep->rx_tail = NULL;
+    if (ep->uep) {
+        ucp_request_param_t prm = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA
+                            | (force ? UCP_OP_ATTR_FIELD_FLAGS : 0),
+            .cb.send = ucx_close_cb,
+            .user_data = ep,
+            .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
+        };
+        ucs_status_ptr_t r = ucp_ep_close_nbx(ep->uep, &prm);
+        if (r && !UCS_PTR_IS_ERR(r)) {
+            x->inflight++;
+            ucx_ep_hold(ep); /* released by ucx_close_cb */
+        }
+        ep->uep = NULL;
+    }
+    ucx_wake(x);
+}
+
+static void ucx_ep_fail(ucx_ep_t *ep, bt_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void ucx_ep_fail(ucx_ep_t *ep, bt_status_t status, const char *fmt, ...)
+{
+    if (ep->state == UEP_DEAD) return;
+    ucx_xport_t *x = ep->x;
+    ucx_ep_state_t was = ep->state;
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (was == UEP_OPEN && status == BT_ERR_PEER_CLOSED)
+        log_warn("ucx: peer %s (id %u) gone: %s", ep->base.peer_addr, ep->base.peer_id, why);
+    else
+        log_error("ucx: dropping peer %s (id %d, %s): %s [%s]", ep->base.peer_addr,
+                  ep->base.peer_id == XPORT_PEER_ID_UNKNOWN ? -1 : (int)ep->base.peer_id,
+                  was == UEP_OPEN ? "open" : "handshake", why, bt_status_str(status));
+    ep->state = UEP_DEAD;
+    ucx_ep_hold(ep);
+    ucx_done_flush(x);                    /* earlier completions first */
+    ucx_ep_teardown(ep, status, true, true);
+    ucx_done_flush(x);
+    if (was == UEP_OPEN) {
+        if (x->cfg.cbs.error) x->cfg.cbs.error(x->cfg.cbs.arg, &ep->base, status);
+    } else if (!ep->is_server) {
+        if (x->cfg.cbs.connected) x->cfg.cbs.connected(x->cfg.cbs.arg, &ep->base, status);
+    }
+    ep->refs--;                           /* the list's reference */
+    ucx_ep_unref(ep);
+}
+
+static void ucx_close(xport_ep_t *base)
+{
+    ucx_ep_t *ep = (ucx_ep_t *)base;
+    if (ep->state == UEP_DEAD) return;
+    ep->state = UEP_DEAD;
+    ucx_ep_teardown(ep, BT_ERR_CANCELED, false, false);
+    ucx_ep_unref(ep);
+}
+
+/* ---- handshake -------------------------------------------------------- */
+
+static void ucx_hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    ucx_ep_t *ep = w->data;
+    ucx_xport_t *x = ep->x; /* ep is freed by the failure */
+    ucx_ep_fail(ep, BT_ERR_PEER_TIMEOUT, "handshake not finished within %u ms",
+                x->cfg.handshake_ms);
+    ucx_dispatch(x);
+}
+
+static void ucx_hs_finish(ucx_ep_t *ep)
+{
+    ucx_xport_t *x = ep->x;
+    ev_timer_stop(x->cfg.loop, &ep->hs_timer);
+    ep->state = UEP_OPEN;
+    ep->base.peer_id = ep->hs.peer_id;
+    xport_hs_clear(&ep->hs);
+    /* sends queued before the handshake go out first, in order */
+    while (ep->pending_head && ep->state == UEP_OPEN) {
+        ucx_send_t *s = ep->pending_head;
+        ep->pending_head = s->next;
+        if (!ep->pending_head) ep->pending_tail = NULL;
+        s->next = NULL;
+        bt_status_t st = ucx_send_post(ep, s);
+        if (st != BT_OK && st != BT_IN_PROGRESS) ucx_done_push(x, s, st);
+    }
+    if (ep->is_server) {
+        if (x->cfg.cbs.accept) x->cfg.cbs.accept(x->cfg.cbs.arg, &ep->base, ep->base.peer_id);
+    } else {
+        if (x->cfg.cbs.connected) x->cfg.cbs.connected(x->cfg.cbs.arg, &ep->base, BT_OK);
+    }
+}
+
+static void ucx_hs_consume(ucx_ep_t *ep, const ucx_rx_t *r)
+{
+    char why[160];
+    bt_status_t st;
+    if (ep->state != UEP_HANDSHAKE) {
+        ucx_ep_fail(ep, BT_ERR_PEER_PROTO, "handshake message after the handshake");
+        return;
+    }
+    if (ep->hs_step == 0) {
+        if (r->hdr_len != XPORT_HS_HELLO_LEN) {
+            ucx_ep_fail(ep, BT_ERR_PEER_PROTO, "handshake hello of %zu bytes", r->hdr_len);
+            return;
+        }
+        st = xport_hs_hello_read(&ep->hs, r->hdr, why, sizeof why);
+        if (st != BT_OK) {
+            ucx_ep_fail(ep, st, "%s", why);
+            return;
+        }
+        ep->hs_step = 1;
+        if (!ep->is_server) {
+            xport_hs_proof_write(&ep->hs, ep->hs_proof);
+            st = ucx_hs_send(ep, ep->hs_proof, sizeof ep->hs_proof);
+            if (st != BT_OK) ucx_ep_fail(ep, st, "cannot send the handshake proof");
+        }
+        return;
+    }
+    if (r->hdr_len != XPORT_HS_PROOF_LEN) {
+        ucx_ep_fail(ep, BT_ERR_PEER_AUTH, "handshake proof of %zu bytes", r->hdr_len);
+        return;
+    }
+    st = xport_hs_proof_check(&ep->hs, r->hdr, why, sizeof why);
+    if (st != BT_OK) {
+        ucx_ep_fail(ep, st, "%s", why);
+        return;
+    }
+    if (ep->is_server) {
+        xport_hs_proof_write(&ep->hs, ep->hs_proof);
+        st = ucx_hs_send(ep, ep->hs_proof, sizeof ep->hs_proof);
+        if (st != BT_OK) {
+            ucx_ep_fail(ep, st, "cannot send the handshake proof");
+            return;
+        }
+    }
+    ucx_hs_finish(ep);
+}
+
+/* ---- receive (outside progress) -------------------------------------- */
+
+static void ucx_rx_release(xport_rx_t *rx)
+{
+    ucx_rx_t *r = (ucx_rx_t *)rx;
+    ucx_rx_free_buf(r->x, r->buf, r->len);
+    free(r);
+}
+
+/* Choose the buffer for the FIFO head and start moving its data. */
+static void ucx_rx_start(ucx_ep_t *ep, ucx_rx_t *r)
+{
+    ucx_xport_t *x = ep->x;
+    r->started = true;
+    if (r->len == 0) {
+        r->ready = true;
+        return;
+    }
+    if (r->buf) { /* copied in the callback already */
+        void *p = x->cfg.cbs.alloc
+            ? x->cfg.cbs.alloc(x->cfg.cbs.arg, &ep->base, r->hdr, r->hdr_len, r->len)
+            : malloc(r->len);
+        if (p) memcpy(p, r->buf, r->len);
+        free(r->buf);
+        r->buf = p;
+        if (!p) {
+            r->status = BT_ERR_PEER_PROTO;
+            r->len = 0;
+        }
+        r->ready = true;
+        return;
+    }
+    void *p = x->cfg.cbs.alloc
+        ? x->cfg.cbs.alloc(x->cfg.cbs.arg, &ep->base, r->hdr, r->hdr_len, r->len)
+        : malloc(r->len);
+    if (!p) {
+        r->status = BT_ERR_PEER_PROTO;
+        r->ready = true;
+        return;
+    }
+    r->buf = p;
+    if (!r->rndv) {
+        memcpy(p, r->desc, r->len);
+        ucp_am_data_release(x->worker, r->desc);
+        r->desc = NULL;
+        r->ready = true;
+        return;
+    }
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.recv_am = ucx_recv_data_cb,
+        .user_data = r,
+    };
+    void *desc = r->desc;
+    r->desc = NULL; /* UCX owns it now, whatever happens */
+    log_debug("ucx: rendezvous receive of %zu bytes from %s", r->len, ep->base.peer_addr);
+    ucs_status_ptr_t q = ucp_am_recv_data_nbx(x->worker, desc, p, r->len, &prm);
+    if (q == NULL) {
+        r->ready = true;
+    } else if (UCS_PTR_IS_ERR(q)) {
+        r->status = ucx_status_map(UCS_PTR_STATUS(q));
+        r->ready = true;
+    } else {
+        r->req = q;
+        x->inflight++;
+    }
+}
+
+static void ucx_ep_dispatch(ucx_ep_t *ep)
+{
+    ucx_xport_t *x = ep->x;
+    if (ep->fail_pending != BT_OK && ep->state != UEP_DEAD) {
+        if (ep->fail_ucs != UCS_OK)
+            ucx_ep_fail(ep, ep->fail_pending, "UCX reports the endpoint failed: %s",
+                        ucs_status_string(ep->fail_ucs));
+        else if (ep->fail_pending == BT_ERR_PEER_PROTO)
+            ucx_ep_fail(ep, ep->fail_pending, "frame of %zu+%zu bytes exceeds the limit (hdr %u, frame %zu)",
+                        ep->bad_hdr, ep->bad_len, XPORT_HDR_MAX, x->cfg.max_frame);
+        else
+            ucx_ep_fail(ep, ep->fail_pending, "out of memory for a frame");
+        return;
+    }
+    while (ep->rx_head && ep->state != UEP_DEAD) {
+        ucx_rx_t *r = ep->rx_head;
+        if (r->is_hs) {
+            ep->rx_head = r->next;
+            if (!ep->rx_head) ep->rx_tail = NULL;
+            ucx_hs_consume(ep, r);
+            free(r);
+            continue;
+        }
+        if (ep->state != UEP_OPEN) {
+            ucx_ep_fail(ep, BT_ERR_PEER_AUTH, "frame before the handshake finished");
+            return;
+        }
+        if (!r->started) ucx_rx_start(ep, r);
+        if (ep->state == UEP_DEAD) return; /* alloc() closed it */
+        if (!r->ready) return;             /* rendezvous still moving */
+        ep->rx_head = r->next;
+        if (!ep->rx_head) ep->rx_tail = NULL;
+        if (r->status != BT_OK) {
+            bt_status_t st = r->status;
+            ucx_rx_free_buf(x, r->buf, r->len);
+            free(r);
+            ucx_ep_fail(ep, st, st == BT_ERR_PEER_PROTO ? "receiver refused a payload"
+                                                        : "payload receive failed");
+            return;
+        }
+        r->rx = (xport_rx_t){
+            .hdr = r->hdr, .hdr_len = r->hdr_len,
+            .payload = r->len ? r->buf : NULL, .payload_len = r->len,
+            .release = ucx_rx_release, .priv = NULL,
+        };
+        x->events++;
+        if (x->cfg.cbs.recv) x->cfg.cbs.recv(x->cfg.cbs.arg, &ep->base, &r->rx);
+        else ucx_rx_release(&r->rx);
+    }
+}
+
+static ucx_ep_t *ucx_ep_new(ucx_xport_t *x, bool is_server)
+{
+    ucx_ep_t *ep = calloc(1, sizeof *ep);
+    if (!ep) return NULL;
+    ep->base.ops = &xport_ucx_ops;
+    ep->base.x = &x->base;
+    ep->base.peer_id = XPORT_PEER_ID_UNKNOWN;
+    ep->x = x;
+    ep->refs = 1;
+    ep->is_server = is_server;
+    ep->state = UEP_HANDSHAKE;
+    if (xport_hs_init(&ep->hs, is_server, x->job_id, x->secret, x->cfg.secret_len,
+                      x->cfg.self_id) != BT_OK) {
+        free(ep);
+        return NULL;
+    }
+    ev_timer_init(&ep->hs_timer, ucx_hs_timer_cb, (double)x->cfg.handshake_ms / 1000.0, 0.0);
+    ep->hs_timer.data = ep;
+    ep->next = x->eps;
+    if (x->eps) x->eps->prev = ep;
+    x->eps = ep;
+    return ep;
+}
+
+static void ucx_ep_start(ucx_ep_t *ep)
+{
+    ev_timer_start(ep->x->cfg.loop, &ep->hs_timer);
+    xport_hs_hello_write(&ep->hs, ep->hs_hello);
+    bt_status_t st = ucx_hs_send(ep, ep->hs_hello, sizeof ep->hs_hello);
+    if (st != BT_OK) ucx_ep_fail(ep, st, "cannot send the handshake hello");
+}
+
+static void ucx_accept_pending(ucx_xport_t *x)
+{
+    while (x->conn_reqs) {
+        ucx_conn_req_t *c = x->conn_reqs;
+        x->conn_reqs = c->next;
+        unsigned pending = 0;
+        for (ucx_ep_t *o = x->eps; o; o = o->next) pending += o->is_server && o->state != UEP_OPEN;
+        if (pending >= XPORT_HS_PENDING_MAX) {
+            log_warn("ucx: refusing a peer on %s: %u peers already in their handshake", x->laddr,
+                     pending);
+            ucp_listener_reject(x->listener, c->req);
+            free(c);
+            continue;
+        }
+        ucx_ep_t *ep = ucx_ep_new(x, true);
+        if (!ep) {
+            ucp_listener_reject(x->listener, c->req);
+            free(c);
+            continue;
+        }
+        ucp_conn_request_attr_t attr = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
+        if (ucp_conn_request_query(c->req, &attr) == UCS_OK)
+            xport_sockaddr_format((struct sockaddr *)&attr.client_address, ep->base.peer_addr,
+                                  sizeof ep->base.peer_addr);
+        ucp_ep_params_t prm = {
+            .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                          | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            .conn_request = c->req,
+            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+            .err_handler = {.cb = ucx_err_cb, .arg = ep},
+        };
+        free(c);
+        ucs_status_t s = ucp_ep_create(x->worker, &prm, &ep->uep);
+        if (s != UCS_OK) {
+            ep->uep = NULL;
+            ucx_ep_fail(ep, BT_ERR_PEER_UNREACH, "ucp_ep_create: %s", ucs_status_string(s));
+            continue;
+        }
+        ucx_ep_start(ep);
+    }
+}
+
+/* Everything that runs user callbacks, outside ucp_worker_progress. */
+static void ucx_dispatch(ucx_xport_t *x)
+{
+    if (x->dispatching) return; /* a callback called progress(): the outer pass continues */
+    x->dispatching++;
+    ucx_accept_pending(x);
+    ucx_done_flush(x);
+    ucx_ep_t *stack[64];
+    ucx_ep_t **snap = stack;
+    size_t n = 0, cap = 64;
+    for (ucx_ep_t *ep = x->eps; ep; ep = ep->next) {
+        if (!ep->rx_head && ep->fail_pending == BT_OK) continue;
+        if (n == cap) {
+            ucx_ep_t **grown = malloc(2 * cap * sizeof *grown);
+            if (!grown) break;
+            memcpy(grown, snap, n * sizeof *grown);
+            if (snap != stack) free(snap);
+            snap = grown;
+            cap *= 2;
+        }
+        ucx_ep_hold(ep);
+        snap[n++] = ep;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (snap[i]->state != UEP_DEAD) ucx_ep_dispatch(snap[i]);
+        ucx_ep_unref(snap[i]);
+    }
+    if (snap != stack) free(snap);
+    ucx_done_flush(x);
+    x->dispatching--;
+}
+
+static bool ucx_has_work(const ucx_xport_t *x)
+{
+    if (x->conn_reqs || x->done_head) return true;
+    for (const ucx_ep_t *ep = x->eps; ep; ep = ep->next)
+        if (ep->fail_pending != BT_OK || (ep->rx_head && (!ep->rx_head->started || ep->rx_head->ready)))
+            return true;
+    return false;
+}
+
+static int ucx_poll(ucx_xport_t *x)
+{
+    unsigned before = x->events;
+    int n = 0;
+    for (int round = 0; round < 64; round++) {
+        unsigned k = 0;
+        while (ucp_worker_progress(x->worker)) k++;
+        n += (int)k;
+        bool work = ucx_has_work(x);
+        if (work) ucx_dispatch(x);
+        if (!k && !work) break;
+    }
+    return n + (int)(x->events - before);
+}
+
+/* ---- loop watchers ---------------------------------------------------- */
+
+static void ucx_efd_cb(struct ev_loop *loop, ev_io *w, int revents) { ucx_poll(w->data); }
+
+static void ucx_poll_cb(struct ev_loop *loop, ev_timer *w, int revents) { ucx_poll(w->data); }
+
+static void ucx_idle_cb(struct ev_loop *loop, ev_idle *w, int revents)
+{
+    ev_idle_stop(loop, w);
+    ucx_poll(w->data);
+}
+
+/* Before the loop blocks: progress until the worker can be armed, so that
+ * the event fd reports the next event. */
+static void ucx_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    ucx_xport_t *x = w->data;
+    bool armed = false;
+    for (int i = 0; i < 8 && !armed; i++) {
+        ucx_poll(x);
+        if (ucx_has_work(x)) continue;
+        armed = ucp_worker_arm(x->worker) == UCS_OK;
+    }
+    if (!armed || ucx_has_work(x)) ucx_wake(x);
+    /* some transports complete without an event: poll while busy */
+    if (x->inflight && !ev_is_active(&x->poll)) ev_timer_start(loop, &x->poll);
+    else if (!x->inflight && ev_is_active(&x->poll)) ev_timer_stop(loop, &x->poll);
+}
+
+/* ---- ops -------------------------------------------------------------- */
+
+static void ucx_xport_free(ucx_xport_t *x)
+{
+    if (x->worker) ucp_worker_destroy(x->worker);
+    if (x->ctx) ucp_cleanup(x->ctx);
+    free(x->job_id);
+    free(x->listen_addr);
+    if (x->secret) memset(x->secret, 0, x->cfg.secret_len);
+    free(x->secret);
+    free(x);
+}
+
+static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
+{
+    if (!cfg || !cfg->loop || !cfg->job_id || !cfg->secret || cfg->secret_len == 0
+        || cfg->secret_len > XPORT_SECRET_MAX || strlen(cfg->job_id) > XPORT_HS_JOB_MAX) {
+        log_error("ucx: create needs a loop, a job id (<= %d bytes) and a secret (1..%d bytes)",
+                  XPORT_HS_JOB_MAX, XPORT_SECRET_MAX);
+        return BT_ERR_INVALID;
+    }
+    ucx_xport_t *x = calloc(1, sizeof *x);
+    if (!x) return BT_ERR_NOMEM;
+    x->base.ops = &xport_ucx_ops;
+    x->base.caps = xport_ucx_ops.caps;
+    x->cfg = *cfg;
+    x->efd = -1;
+    if (!x->cfg.max_frame) x->cfg.max_frame = UCX_DEFAULT_MAX_FRAME;
+    if (!x->cfg.handshake_ms) x->cfg.handshake_ms = UCX_DEFAULT_HS_MS;
+    x->job_id = strdup(cfg->job_id);
+    x->listen_addr = strdup(cfg->listen_addr ? cfg->listen_addr : "127.0.0.1:0");
+    x->secret = malloc(cfg->secret_len);
+    if (!x->job_id || !x->listen_addr || !x->secret) {
+        ucx_xport_free(x);
+        return BT_ERR_NOMEM;
+    }
+    memcpy(x->secret, cfg->secret, cfg->secret_len);
+    x->cfg.job_id = x->job_id;
+    x->cfg.secret = x->secret;
+    x->cfg.listen_addr = x->listen_addr;
+
+    ucp_config_t *ucfg;
+    ucs_status_t s = ucp_config_read(NULL, NULL, &ucfg);
+    if (s != UCS_OK) {
+        log_error("ucx: ucp_config_read: %s", ucs_status_string(s));
+        ucx_xport_free(x);
+        return BT_ERR_UNSUPPORTED;
+    }
+    ucp_params_t prm = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+        .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        .name = "baton",
+    };
+    s = ucp_init(&prm, ucfg, &x->ctx);
+    ucp_config_release(ucfg);
+    if (s != UCS_OK) {
+        log_error("ucx: ucp_init: %s", ucs_status_string(s));
+        x->ctx = NULL;
+        ucx_xport_free(x);
+        return BT_ERR_UNSUPPORTED;
+    }
+    ucp_context_attr_t cattr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    if (ucp_context_query(x->ctx, &cattr) == UCS_OK
+        && (cattr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)))
+        x->base.caps |= XPORT_CAP_CUDA_MEM;
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SINGLE,
+    };
+    s = ucp_worker_create(x->ctx, &wp, &x->worker);
+    if (s != UCS_OK) {
+        log_error("ucx: ucp_worker_create: %s", ucs_status_string(s));
+        x->worker = NULL;
+        ucx_xport_free(x);
+        return BT_ERR_UNSUPPORTED;
+    }
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB
+                      | UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = UCX_AM_DATA,
+        .cb = ucx_am_data_cb,
+        .arg = x,
+        .flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA,
+    };
+    s = ucp_worker_set_am_recv_handler(x->worker, &hp);
+    if (s == UCS_OK) {
+        hp.id = UCX_AM_HS;
+        hp.cb = ucx_am_hs_cb;
+        hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+        s = ucp_worker_set_am_recv_handler(x->worker, &hp);
+    }
+    if (s == UCS_OK) s = ucp_worker_get_efd(x->worker, &x->efd);
+    if (s != UCS_OK) {
+        log_error("ucx: worker setup: %s", ucs_status_string(s));
+        ucx_xport_free(x);
+        return BT_ERR_UNSUPPORTED;
+    }
+    ev_io_init(&x->efd_io, ucx_efd_cb, x->efd, EV_READ);
+    x->efd_io.data = x;
+    ev_io_start(cfg->loop, &x->efd_io);
+    ev_prepare_init(&x->prepare, ucx_prepare_cb);
+    x->prepare.data = x;
+    ev_prepare_start(cfg->loop, &x->prepare);
+    ev_idle_init(&x->idle, ucx_idle_cb);
+    x->idle.data = x;
+    ev_timer_init(&x->poll, ucx_poll_cb, UCX_POLL_S, UCX_POLL_S);
+    x->poll.data = x;
+    *out = &x->base;
+    return BT_OK;
+}
+
+static void ucx_destroy(xport_t *base)
+{
+    ucx_xport_t *x = (ucx_xport_t *)base;
+    while (x->eps) {
+        ucx_ep_t *ep = x->eps;
+        ep->state = UEP_DEAD;
+        ucx_ep_teardown(ep, BT_ERR_CANCELED, true, false);
+        ucx_ep_unref(ep);
+    }
+    if (x->listener) ucp_listener_destroy(x->listener);
+    x->listener = NULL;
+    while (x->conn_reqs) {
+        ucx_conn_req_t *c = x->conn_reqs;
+        x->conn_reqs = c->next;
+        free(c);
+    }
+    /* let UCX finish the closes and cancellations it started */
+    uint64_t spins = 0;
+    while (x->inflight && spins++ < 2000000) ucp_worker_progress(x->worker);
+    if (x->inflight) log_warn("ucx: %u operations still in flight at destroy", x->inflight);
+    ucx_done_flush(x);
+    ev_io_stop(x->cfg.loop, &x->efd_io);
+    ev_prepare_stop(x->cfg.loop, &x->prepare);
+    ev_idle_stop(x->cfg.loop, &x->idle);
+    ev_timer_stop(x->cfg.loop, &x->poll);
+    ucx_xport_free(x);
+}
+
+static bt_status_t ucx_listen(xport_t *base, char *addr, size_t addr_cap)
+{
+    ucx_xport_t *x = (ucx_xport_t *)base;
+    if (!x->listener) {
+        struct sockaddr_storage ss;
+        socklen_t sl;
+        bt_status_t st = xport_sockaddr_parse(x->listen_addr, &ss, &sl);
+        if (st != BT_OK) return st;
+        ucp_listener_params_t lp = {
+            .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+            .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
+            .conn_handler = {.cb = ucx_conn_cb, .arg = x},
+        };
+        ucs_status_t s = ucp_listener_create(x->worker, &lp, &x->listener);
+        if (s != UCS_OK) {
+            log_error("ucx: cannot listen on %s: %s", x->listen_addr, ucs_status_string(s));
+            x->listener = NULL;
+            return BT_ERR_IO;
+        }
+        ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+        s = ucp_listener_query(x->listener, &la);
+        if (s != UCS_OK) {
+            log_error("ucx: ucp_listener_query: %s", ucs_status_string(s));
+            return BT_ERR_IO;
+        }
+        xport_sockaddr_format((struct sockaddr *)&la.sockaddr, x->laddr, sizeof x->laddr);
+    }
+    if ((size_t)snprintf(addr, addr_cap, "%s", x->laddr) >= addr_cap) return BT_ERR_INVALID;
+    return BT_OK;
+}
+
+static bt_status_t ucx_connect(xport_t *base, const char *addr, xport_ep_t **out)
+{
+    ucx_xport_t *x = (ucx_xport_t *)base;
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    bt_status_t st = xport_sockaddr_parse(addr, &ss, &sl);
+    if (st != BT_OK) return st;
+    ucx_ep_t *ep = ucx_ep_new(x, false);
+    if (!ep) return BT_ERR_NOMEM;
+    snprintf(ep->base.peer_addr, sizeof ep->base.peer_addr, "%s", addr);
+    ucp_ep_params_t prm = {
+        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR
+                      | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+        .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = ucx_err_cb, .arg = ep},
+    };
+    ucs_status_t s = ucp_ep_create(x->worker, &prm, &ep->uep);
+    if (s != UCS_OK) {
+        log_error("ucx: connect to %s: %s", addr, ucs_status_string(s));
+        ucx_ep_unlink(ep);
+        ucx_ep_unref(ep);
+        return BT_ERR_PEER_UNREACH;
+    }
+    /* the hello goes out once UCX has wired the endpoint up; failures come
+     * back through the error callback, reported from the loop */
+    ev_timer_start(x->cfg.loop, &ep->hs_timer);
+    xport_hs_hello_write(&ep->hs, ep->hs_hello);
+    ucx_send_t *s_hello = ucx_send_new(x, UCX_AM_HS, ep->hs_hello, sizeof ep->hs_hello, NULL, 0,
+                                       NULL, NULL);
+    if (!s_hello || (st = ucx_send_post(ep, s_hello)) < 0) {
+        free(s_hello);
+        ep->fail_pending = BT_ERR_PEER_UNREACH;
+    }
+    ucx_wake(x);
+    *out = &ep->base;
+    return BT_IN_PROGRESS;
+}
+
+static int ucx_progress(xport_t *base)
+{
+    ucx_xport_t *x = (ucx_xport_t *)base;
+    return ucx_poll(x);
+}
+
+static uint32_t ucx_ep_peer_id(const xport_ep_t *ep) { return ep->peer_id; }
+
+const xport_ops_t xport_ucx_ops = {
+    .name       = "ucx",
+    .caps       = XPORT_CAP_HOST_MEM,
+    .create     = ucx_create,
+    .destroy    = ucx_destroy,
+    .listen     = ucx_listen,
+    .connect    = ucx_connect,
+    .send       = ucx_send,
+    .close      = ucx_close,
+    .progress   = ucx_progress,
+    .ep_peer_id = ucx_ep_peer_id,
+};
