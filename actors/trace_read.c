@@ -51,7 +51,7 @@ static bool trace_str_put(char ***table, uint32_t *n, uint32_t id, const char *s
     return true;
 }
 
-static void trace_file_free(trace_file_t *f)
+void trace_file_free(trace_file_t *f)
 {
     free(f->path);
     free(f->recs);
