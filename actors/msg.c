@@ -1,0 +1,466 @@
+/* Typed message bodies (contract in msg.h).
+ *
+ * Each body is described by a field table (meta key, kind, offset in the
+ * struct); one generic encoder/decoder walks it, so the per-type functions
+ * only add the checks and fields a table cannot express. Keys are written in
+ * table order; the decoder accepts any order, skips unknown keys and rejects
+ * duplicates, missing fields, wrong msgpack types and out-of-range values.
+ */
+#include "actors/msg.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#define MSG_META_MAX_KEYS 64 /* bounds the duplicate-key check (quadratic) */
+
+typedef enum { MF_U32, MF_U64, MF_I32, MF_I64, MF_F32, MF_F64, MF_STR } msg_field_kind_t;
+
+typedef struct {
+    const char      *key;
+    msg_field_kind_t kind;
+    size_t           off;
+    size_t           size; /* MF_STR: capacity of the char array */
+} msg_field_t;
+
+#define MF(type, field, kind) {#field, kind, offsetof(type, field), sizeof(((type *)0)->field)}
+
+static int msg_pack_key(msgpack_packer *pk, const char *s)
+{
+    size_t len = strlen(s);
+    return msgpack_pack_str(pk, len) | msgpack_pack_str_body(pk, s, len);
+}
+
+static bt_status_t msg_fields_pack(msgpack_packer *pk, const void *body, const msg_field_t *f, int n)
+{
+    const uint8_t *b = body;
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        const void *p = b + f[i].off;
+        rc |= msg_pack_key(pk, f[i].key);
+        switch (f[i].kind) {
+        case MF_U32: { uint32_t v; memcpy(&v, p, 4); rc |= msgpack_pack_uint32(pk, v); break; }
+        case MF_U64: { uint64_t v; memcpy(&v, p, 8); rc |= msgpack_pack_uint64(pk, v); break; }
+        case MF_I32: { int32_t v; memcpy(&v, p, 4); rc |= msgpack_pack_int32(pk, v); break; }
+        case MF_I64: { int64_t v; memcpy(&v, p, 8); rc |= msgpack_pack_int64(pk, v); break; }
+        case MF_F32: { float v; memcpy(&v, p, 4); rc |= msgpack_pack_float(pk, v); break; }
+        case MF_F64: { double v; memcpy(&v, p, 8); rc |= msgpack_pack_double(pk, v); break; }
+        case MF_STR: {
+            size_t len = strnlen(p, f[i].size);
+            if (len == f[i].size) return BT_ERR_INVALID; /* not terminated */
+            rc |= msgpack_pack_str(pk, len) | msgpack_pack_str_body(pk, p, len);
+            break;
+        }
+        }
+    }
+    return rc ? BT_ERR_NOMEM : BT_OK;
+}
+
+bt_status_t msg_meta_check(const msgpack_object *meta, const char *what, wire_err_t *err)
+{
+    if (meta->type != MSGPACK_OBJECT_MAP)
+        return wire_err_set(err, "%s: meta is not a map (msgpack type %d)", what, (int)meta->type);
+    const msgpack_object_map *m = &meta->via.map;
+    if (m->size > MSG_META_MAX_KEYS)
+        return wire_err_set(err, "%s: meta has %u keys (at most %d)", what, m->size, MSG_META_MAX_KEYS);
+    for (uint32_t i = 0; i < m->size; i++) {
+        const msgpack_object *k = &m->ptr[i].key;
+        if (k->type != MSGPACK_OBJECT_STR)
+            return wire_err_set(err, "%s: meta key #%u is not a string", what, i);
+        for (uint32_t j = 0; j < i; j++) {
+            const msgpack_object *o = &m->ptr[j].key;
+            if (o->via.str.size == k->via.str.size && !memcmp(o->via.str.ptr, k->via.str.ptr, k->via.str.size))
+                return wire_err_set(err, "%s: duplicate meta key '%.*s'", what, (int)(k->via.str.size > 40 ? 40 : k->via.str.size),
+                                    k->via.str.ptr);
+        }
+    }
+    return BT_OK;
+}
+
+const msgpack_object *msg_meta_get(const msgpack_object *map, const char *key)
+{
+    size_t len = strlen(key);
+    for (uint32_t i = 0; i < map->via.map.size; i++) {
+        const msgpack_object *k = &map->via.map.ptr[i].key;
+        if (k->type == MSGPACK_OBJECT_STR && k->via.str.size == len && !memcmp(k->via.str.ptr, key, len))
+            return &map->via.map.ptr[i].val;
+    }
+    return NULL;
+}
+
+/* Integer object in [min, max] (as signed 128-bit-safe comparisons). */
+static bool msg_int_get(const msgpack_object *o, int64_t min, uint64_t max, bool *neg, uint64_t *mag)
+{
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        *neg = false;
+        *mag = o->via.u64;
+        return o->via.u64 <= max;
+    }
+    if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        *neg = true;
+        *mag = (uint64_t)o->via.i64;
+        return o->via.i64 >= min;
+    }
+    return false;
+}
+
+static bt_status_t msg_fields_read(const msgpack_object *meta, void *body, const msg_field_t *f, int n,
+                                   const char *what, wire_err_t *err)
+{
+    bt_status_t st = msg_meta_check(meta, what, err);
+    if (st != BT_OK) return st;
+    uint8_t *b = body;
+    for (int i = 0; i < n; i++) {
+        const msgpack_object *o = msg_meta_get(meta, f[i].key);
+        if (!o) return wire_err_set(err, "%s: missing meta key '%s'", what, f[i].key);
+        void *p = b + f[i].off;
+        bool neg;
+        uint64_t mag;
+        switch (f[i].kind) {
+        case MF_U32:
+            if (!msg_int_get(o, 0, UINT32_MAX, &neg, &mag) || neg) goto bad_int;
+            { uint32_t v = (uint32_t)mag; memcpy(p, &v, 4); }
+            break;
+        case MF_U64:
+            if (!msg_int_get(o, 0, UINT64_MAX, &neg, &mag) || neg) goto bad_int;
+            memcpy(p, &mag, 8);
+            break;
+        case MF_I32:
+            if (!msg_int_get(o, INT32_MIN, INT32_MAX, &neg, &mag)) goto bad_int;
+            { int32_t v = (int32_t)mag; memcpy(p, &v, 4); }
+            break;
+        case MF_I64:
+            if (!msg_int_get(o, INT64_MIN, INT64_MAX, &neg, &mag)) goto bad_int;
+            { int64_t v = (int64_t)mag; memcpy(p, &v, 8); }
+            break;
+        case MF_F32:
+        case MF_F64: {
+            if (o->type != MSGPACK_OBJECT_FLOAT32 && o->type != MSGPACK_OBJECT_FLOAT64)
+                return wire_err_set(err, "%s: meta '%s' is not a float (msgpack type %d)", what, f[i].key, (int)o->type);
+            if (f[i].kind == MF_F64) {
+                memcpy(p, &o->via.f64, 8);
+            } else {
+                float v = (float)o->via.f64;
+                memcpy(p, &v, 4);
+            }
+            break;
+        }
+        case MF_STR:
+            if (o->type != MSGPACK_OBJECT_STR)
+                return wire_err_set(err, "%s: meta '%s' is not a string (msgpack type %d)", what, f[i].key, (int)o->type);
+            if (o->via.str.size >= f[i].size)
+                return wire_err_set(err, "%s: meta '%s' string of %u bytes exceeds %zu", what, f[i].key,
+                                    o->via.str.size, f[i].size - 1);
+            if (memchr(o->via.str.ptr, '\0', o->via.str.size))
+                return wire_err_set(err, "%s: meta '%s' contains NUL", what, f[i].key);
+            memcpy(p, o->via.str.ptr, o->via.str.size);
+            ((char *)p)[o->via.str.size] = '\0';
+            break;
+        }
+        continue;
+    bad_int:
+        return wire_err_set(err, "%s: meta '%s' is not an integer in range (msgpack type %d)", what, f[i].key,
+                            (int)o->type);
+    }
+    return BT_OK;
+}
+
+/* Field-wise equality (floats bitwise, so NaN == NaN; strings up to NUL). */
+static bool msg_fields_equal(const void *a, const void *b, const msg_field_t *f, int n)
+{
+    const uint8_t *x = a, *y = b;
+    for (int i = 0; i < n; i++) {
+        const void *p = x + f[i].off, *q = y + f[i].off;
+        if (f[i].kind == MF_STR) {
+            if (strncmp(p, q, f[i].size)) return false;
+        } else if (memcmp(p, q, f[i].size)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---- per-type tables and functions ---------------------------------------- */
+
+static const msg_field_t ping_fields[] = {
+    MF(msg_ping_t, id, MF_U64), MF(msg_ping_t, t_ns, MF_U64),
+};
+static const msg_field_t credit_fields[] = {
+    MF(msg_credit_t, edge, MF_U32), MF(msg_credit_t, credits, MF_U32),
+};
+static const msg_field_t heartbeat_fields[] = {
+    MF(msg_heartbeat_t, t_ns, MF_U64), MF(msg_heartbeat_t, rank, MF_U32),
+    MF(msg_heartbeat_t, state, MF_U32), MF(msg_heartbeat_t, step, MF_I64),
+};
+static const msg_field_t stop_fields[] = {
+    MF(msg_stop_t, status, MF_I32), MF(msg_stop_t, why, MF_STR),
+};
+static const msg_field_t error_report_fields[] = {
+    MF(msg_error_report_t, status, MF_I32), MF(msg_error_report_t, actor, MF_U32),
+    MF(msg_error_report_t, peer, MF_U32), MF(msg_error_report_t, where, MF_STR),
+    MF(msg_error_report_t, text, MF_STR),
+};
+static const msg_field_t activation_fields[] = {
+    MF(msg_activation_t, vstage, MF_I32), MF(msg_activation_t, chunk, MF_U32),
+};
+static const msg_field_t act_grad_fields[] = {
+    MF(msg_act_grad_t, vstage, MF_I32), MF(msg_act_grad_t, chunk, MF_U32),
+    MF(msg_act_grad_t, loss_scale, MF_F32),
+};
+static const msg_field_t data_batch_fields[] = {
+    MF(msg_data_batch_t, data_pos, MF_U64), MF(msg_data_batch_t, batch, MF_U32),
+    MF(msg_data_batch_t, seq_len, MF_U32), MF(msg_data_batch_t, epoch, MF_U32),
+};
+static const msg_field_t metrics_fields[] = {
+    MF(msg_metrics_t, loss, MF_F32), MF(msg_metrics_t, grad_norm, MF_F32),
+    MF(msg_metrics_t, lr, MF_F32), MF(msg_metrics_t, tokens, MF_U64),
+    MF(msg_metrics_t, t_fwd_ms, MF_F64), MF(msg_metrics_t, t_bwd_ms, MF_F64),
+    MF(msg_metrics_t, t_opt_ms, MF_F64), MF(msg_metrics_t, t_step_ms, MF_F64),
+};
+/* global_shape and start are arrays of ndim entries, handled by hand below */
+static const msg_field_t ckpt_shard_fields[] = {
+    MF(msg_ckpt_shard_t, name, MF_STR), MF(msg_ckpt_shard_t, ckpt_step, MF_I64),
+    MF(msg_ckpt_shard_t, shard, MF_U32), MF(msg_ckpt_shard_t, ndim, MF_U32),
+    MF(msg_ckpt_shard_t, is_optim, MF_U32),
+};
+
+#define NF(t) ((int)(sizeof t / sizeof t[0]))
+
+/* Types whose body is exactly their field table. */
+#define MSG_SIMPLE_CODEC(name, fields, extra)                                                 \
+    static bt_status_t msg_##name##_encode(msgpack_packer *pk, const void *body)              \
+    {                                                                                         \
+        if (msgpack_pack_map(pk, (size_t)NF(fields) + (extra)) != 0) return BT_ERR_NOMEM;     \
+        return msg_fields_pack(pk, body, fields, NF(fields));                                 \
+    }
+
+MSG_SIMPLE_CODEC(ping, ping_fields, 0)
+MSG_SIMPLE_CODEC(credit, credit_fields, 0)
+MSG_SIMPLE_CODEC(heartbeat, heartbeat_fields, 0)
+MSG_SIMPLE_CODEC(stop, stop_fields, 0)
+MSG_SIMPLE_CODEC(error_report, error_report_fields, 0)
+MSG_SIMPLE_CODEC(activation, activation_fields, 0)
+MSG_SIMPLE_CODEC(act_grad, act_grad_fields, 0)
+MSG_SIMPLE_CODEC(data_batch, data_batch_fields, 0)
+MSG_SIMPLE_CODEC(metrics, metrics_fields, 0)
+
+static bt_status_t msg_ping_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+{
+    return msg_fields_read(meta, body, ping_fields, NF(ping_fields), "PING", err);
+}
+#define msg_pong_encode msg_ping_encode
+static bt_status_t msg_pong_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+{
+    return msg_fields_read(meta, body, ping_fields, NF(ping_fields), "PONG", err);
+}
+
+static bt_status_t msg_credit_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+{
+    bt_status_t st = msg_fields_read(meta, body, credit_fields, NF(credit_fields), "CREDIT", err);
+    if (st == BT_OK && ((msg_credit_t *)body)->credits == 0)
+        return wire_err_set(err, "CREDIT: grant of 0 credits");
+    return st;
+}
+
+static bt_status_t msg_heartbeat_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+{
+    bt_status_t st = msg_fields_read(meta, body, heartbeat_fields, NF(heartbeat_fields), "HEARTBEAT", err);
+    if (st == BT_OK && ((msg_heartbeat_t *)body)->step < -1)
+        return wire_err_set(err, "HEARTBEAT: step %lld below -1", (long long)((msg_heartbeat_t *)body)->step);
+    return st;
+}
+
+static bt_status_t msg_stop_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+{
+    return msg_fields_read(meta, body, stop_fields, NF(stop_fields), "STOP", err);
+}
+
+static bt_status_t msg_error_report_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+{
+    return msg_fields_read(meta, body, error_report_fields, NF(error_report_fields), "ERROR_REPORT", err);
+}
+
+static bt_status_t msg_activation_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+{
+    bt_status_t st = msg_fields_read(meta, body, activation_fields, NF(activation_fields), "ACTIVATION", err);
+    if (st == BT_OK && ((msg_activation_t *)body)->vstage < 0)
+        return wire_err_set(err, "ACTIVATION: negative vstage %d", (int)((msg_activation_t *)body)->vstage);
+    return st;
+}
+
+static bt_status_t msg_act_grad_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+{
+    bt_status_t st = msg_fields_read(meta, body, act_grad_fields, NF(act_grad_fields), "ACT_GRAD", err);
+    if (st != BT_OK) return st;
+    const msg_act_grad_t *g = body;
+    if (g->vstage < 0) return wire_err_set(err, "ACT_GRAD: negative vstage %d", (int)g->vstage);
+    if (!isfinite(g->loss_scale) || g->loss_scale <= 0)
+        return wire_err_set(err, "ACT_GRAD: loss_scale %g is not a positive finite number", (double)g->loss_scale);
+    return BT_OK;
+}
+
+static bt_status_t msg_data_batch_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+{
+    return msg_fields_read(meta, body, data_batch_fields, NF(data_batch_fields), "DATA_BATCH", err);
+}
+
+static bt_status_t msg_metrics_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+{
+    return msg_fields_read(meta, body, metrics_fields, NF(metrics_fields), "METRICS", err);
+}
+
+static bt_status_t msg_ckpt_shard_encode(msgpack_packer *pk, const void *body)
+{
+    const msg_ckpt_shard_t *c = body;
+    if (c->ndim < 1 || c->ndim > TENSOR_MAX_DIMS) return BT_ERR_INVALID;
+    int rc = msgpack_pack_map(pk, (size_t)NF(ckpt_shard_fields) + 2);
+    if (rc) return BT_ERR_NOMEM;
+    bt_status_t st = msg_fields_pack(pk, body, ckpt_shard_fields, NF(ckpt_shard_fields));
+    if (st != BT_OK) return st;
+    rc |= msg_pack_key(pk, "global_shape") | msgpack_pack_array(pk, c->ndim);
+    for (uint32_t i = 0; i < c->ndim; i++) rc |= msgpack_pack_int64(pk, c->global_shape[i]);
+    rc |= msg_pack_key(pk, "start") | msgpack_pack_array(pk, c->ndim);
+    for (uint32_t i = 0; i < c->ndim; i++) rc |= msgpack_pack_int64(pk, c->start[i]);
+    return rc ? BT_ERR_NOMEM : BT_OK;
+}
+
+static bt_status_t msg_ckpt_dims_read(const msgpack_object *meta, const char *key, uint32_t ndim,
+                                      int64_t *out, wire_err_t *err)
+{
+    const msgpack_object *a = msg_meta_get(meta, key);
+    if (!a) return wire_err_set(err, "CKPT_SHARD: missing meta key '%s'", key);
+    if (a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size != ndim)
+        return wire_err_set(err, "CKPT_SHARD: '%s' is not an array of ndim=%u integers", key, ndim);
+    for (uint32_t i = 0; i < ndim; i++) {
+        const msgpack_object *o = &a->via.array.ptr[i];
+        if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > (uint64_t)INT64_MAX)
+            return wire_err_set(err, "CKPT_SHARD: '%s'[%u] is not a non-negative integer", key, i);
+        out[i] = (int64_t)o->via.u64;
+    }
+    for (uint32_t i = ndim; i < TENSOR_MAX_DIMS; i++) out[i] = 0;
+    return BT_OK;
+}
+
+static bt_status_t msg_ckpt_shard_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+{
+    msg_ckpt_shard_t *c = body;
+    bt_status_t st = msg_fields_read(meta, body, ckpt_shard_fields, NF(ckpt_shard_fields), "CKPT_SHARD", err);
+    if (st != BT_OK) return st;
+    if (c->ndim < 1 || c->ndim > TENSOR_MAX_DIMS)
+        return wire_err_set(err, "CKPT_SHARD: ndim %u (1..%d allowed)", c->ndim, TENSOR_MAX_DIMS);
+    if (c->name[0] == '\0') return wire_err_set(err, "CKPT_SHARD: empty parameter name");
+    if ((st = msg_ckpt_dims_read(meta, "global_shape", c->ndim, c->global_shape, err)) != BT_OK) return st;
+    if ((st = msg_ckpt_dims_read(meta, "start", c->ndim, c->start, err)) != BT_OK) return st;
+    for (uint32_t i = 0; i < c->ndim; i++)
+        if (c->start[i] > c->global_shape[i])
+            return wire_err_set(err, "CKPT_SHARD: '%s' start[%u]=%lld beyond global dim %lld", c->name, i,
+                                (long long)c->start[i], (long long)c->global_shape[i]);
+    return BT_OK;
+}
+
+#define MSG_INFO(NAME, name, type) \
+    [MSG_##NAME] = {#NAME, msg_##name##_encode, msg_##name##_decode, sizeof(type)}
+
+const msg_type_info_t msg_types[MSG_TYPE_COUNT] = {
+    MSG_INFO(PING, ping, msg_ping_t),
+    MSG_INFO(PONG, pong, msg_pong_t),
+    MSG_INFO(CREDIT, credit, msg_credit_t),
+    MSG_INFO(HEARTBEAT, heartbeat, msg_heartbeat_t),
+    MSG_INFO(STOP, stop, msg_stop_t),
+    MSG_INFO(ERROR_REPORT, error_report, msg_error_report_t),
+    MSG_INFO(ACTIVATION, activation, msg_activation_t),
+    MSG_INFO(ACT_GRAD, act_grad, msg_act_grad_t),
+    MSG_INFO(DATA_BATCH, data_batch, msg_data_batch_t),
+    MSG_INFO(METRICS, metrics, msg_metrics_t),
+    MSG_INFO(CKPT_SHARD, ckpt_shard, msg_ckpt_shard_t),
+};
+_Static_assert(sizeof msg_types / sizeof msg_types[0] == MSG_TYPE_COUNT, "one msg_types entry per msg_type_t");
+
+/* Field tables by type, for msg_body_equal. */
+typedef struct { const msg_field_t *f; int n; } msg_field_table_t;
+static const msg_field_table_t msg_field_tables[MSG_TYPE_COUNT] = {
+    [MSG_PING] = {ping_fields, NF(ping_fields)},
+    [MSG_PONG] = {ping_fields, NF(ping_fields)},
+    [MSG_CREDIT] = {credit_fields, NF(credit_fields)},
+    [MSG_HEARTBEAT] = {heartbeat_fields, NF(heartbeat_fields)},
+    [MSG_STOP] = {stop_fields, NF(stop_fields)},
+    [MSG_ERROR_REPORT] = {error_report_fields, NF(error_report_fields)},
+    [MSG_ACTIVATION] = {activation_fields, NF(activation_fields)},
+    [MSG_ACT_GRAD] = {act_grad_fields, NF(act_grad_fields)},
+    [MSG_DATA_BATCH] = {data_batch_fields, NF(data_batch_fields)},
+    [MSG_METRICS] = {metrics_fields, NF(metrics_fields)},
+    [MSG_CKPT_SHARD] = {ckpt_shard_fields, NF(ckpt_shard_fields)},
+};
+_Static_assert(sizeof msg_field_tables / sizeof msg_field_tables[0] == MSG_TYPE_COUNT, "field tables");
+
+bool msg_body_equal(uint32_t type, const void *a, const void *b)
+{
+    if (type >= MSG_TYPE_COUNT) return false;
+    const msg_field_table_t *t = &msg_field_tables[type];
+    if (!msg_fields_equal(a, b, t->f, t->n)) return false;
+    if (type == MSG_CKPT_SHARD) {
+        const msg_ckpt_shard_t *x = a, *y = b;
+        for (uint32_t i = 0; i < x->ndim && i < TENSOR_MAX_DIMS; i++)
+            if (x->global_shape[i] != y->global_shape[i] || x->start[i] != y->start[i]) return false;
+    }
+    return true;
+}
+
+const char *msg_type_name(uint32_t type)
+{
+    return type < MSG_TYPE_COUNT ? msg_types[type].name : "?";
+}
+
+bt_status_t msg_encode(msgpack_sbuffer *buf, const wire_env_t *env, const void *body, wire_err_t *err)
+{
+    if (env->type >= MSG_TYPE_COUNT) {
+        wire_err_set(err, "msg: unknown type %u", env->type);
+        return BT_ERR_INVALID;
+    }
+    return wire_env_encode(buf, env, msg_types[env->type].encode, body, err);
+}
+
+static bt_status_t msg_meta_decode(void *arg, const wire_env_t *env, const msgpack_object *meta, wire_err_t *err)
+{
+    if (env->type >= MSG_TYPE_COUNT) return wire_err_set(err, "envelope: unknown message type %u", env->type);
+    memset(arg, 0, msg_types[env->type].size);
+    return msg_types[env->type].decode(meta, arg, err);
+}
+
+bt_status_t msg_decode(const void *hdr, size_t hdr_len, size_t payload_len, const wire_limits_t *lim,
+                       wire_env_t *env, msg_body_t *body, wire_err_t *err)
+{
+    return wire_env_decode(hdr, hdr_len, payload_len, lim, env, msg_meta_decode, body, err);
+}
+
+void msg_frame_init(msg_frame_t *f)
+{
+    memset(f, 0, sizeof *f);
+    msgpack_sbuffer_init(&f->hdr);
+}
+
+void msg_frame_fini(msg_frame_t *f)
+{
+    msgpack_sbuffer_destroy(&f->hdr);
+}
+
+bt_status_t msg_frame_build(msg_frame_t *f, const wire_env_t *env, const void *body, const tensor_t *ts,
+                            const char *const *names, int n, wire_err_t *err)
+{
+    msgpack_sbuffer_clear(&f->hdr);
+    /* the scalar fields only: the descriptors are filled by the layout */
+    f->env.ver = WIRE_VERSION;
+    f->env.type = env->type;
+    f->env.src = env->src;
+    f->env.dst = env->dst;
+    f->env.seq = env->seq;
+    f->env.step = env->step;
+    f->env.mb = env->mb;
+    f->iovcnt = 0;
+    f->payload_len = 0;
+    bt_status_t st = wire_tensors_layout(&f->env, ts, names, n, f->iov, &f->iovcnt, &f->payload_len, err);
+    if (st != BT_OK) return st;
+    st = msg_encode(&f->hdr, &f->env, body, err);
+    if (st != BT_OK) msgpack_sbuffer_clear(&f->hdr);
+    return st;
+}

@@ -1,0 +1,179 @@
+/* Typed messages: one C struct + encode/decode per message type, carried in
+ * the envelope's meta map (actors/wire.h). The table msg_types[] is indexed
+ * by msg_type_t.
+ *
+ * Compatibility: msg_type_t values are wire values. New types are appended
+ * before MSG_TYPE_COUNT, never inserted; new fields of a body are appended to
+ * its meta map and decoded as optional (absent -> default) so that old
+ * senders still decode. Fields that exist today are all required.
+ *
+ * Bodies are fixed-size structs (strings are bounded char arrays) so decoding
+ * never allocates; bulk data (activations, token ids, shards) travels as
+ * tensors in the payload, described by the envelope.
+ */
+#ifndef BT_ACTORS_MSG_H
+#define BT_ACTORS_MSG_H
+
+#include "actors/wire.h"
+
+typedef enum {
+    MSG_PING = 0,      /* benchmark / liveness probe; echo as PONG */
+    MSG_PONG,
+    MSG_CREDIT,        /* receiver grants N more buffers on an edge */
+    MSG_HEARTBEAT,
+    MSG_STOP,          /* stop the receiver (and its process when it is the last actor) */
+    MSG_ERROR_REPORT,  /* an actor reports a failure to the driver */
+    MSG_ACTIVATION,    /* pipeline forward: tensor "x" (and more), envelope step/mb */
+    MSG_ACT_GRAD,      /* pipeline backward: tensor "dx" */
+    MSG_DATA_BATCH,    /* tensors "tokens" (i32 [B,T]) and "targets" */
+    MSG_METRICS,       /* loss, tokens, timings of one step of one actor */
+    MSG_CKPT_SHARD,    /* one slice of one named parameter, tensor "data" */
+    MSG_TYPE_COUNT,
+} msg_type_t;
+
+#define MSG_TEXT_MAX 256 /* bounded strings, NUL included */
+#define MSG_NAME_MAX 128
+
+/* PING and PONG */
+typedef struct {
+    uint64_t id;     /* echoed unchanged in the PONG */
+    uint64_t t_ns;   /* sender's clock_now_ns() at send */
+} msg_ping_t;
+typedef msg_ping_t msg_pong_t;
+
+typedef struct {
+    uint32_t edge;     /* edge id, as both ends know it from the graph */
+    uint32_t credits;  /* additional buffers granted (> 0) */
+} msg_credit_t;
+
+typedef struct {
+    uint64_t t_ns;    /* sender's clock */
+    uint32_t rank;
+    uint32_t state;   /* sender-defined state code (e.g. running, stopping) */
+    int64_t  step;    /* last completed step, -1 before the first */
+} msg_heartbeat_t;
+
+typedef struct {
+    int32_t status;              /* bt_status_t: BT_OK for a normal stop */
+    char    why[MSG_TEXT_MAX];   /* may be empty */
+} msg_stop_t;
+
+typedef struct {
+    int32_t      status;              /* bt_status_t of the failure */
+    actor_addr_t actor;               /* the actor that failed */
+    uint32_t     peer;                /* the peer / link involved, 0xffffffff when none */
+    char         where[MSG_NAME_MAX]; /* e.g. "stage 2 fwd" or "tcp 127.0.0.1:4000" */
+    char         text[MSG_TEXT_MAX];
+} msg_error_report_t;
+
+/* ACTIVATION and ACT_GRAD: the step and microbatch are the envelope's. */
+typedef struct {
+    int32_t  vstage;  /* virtual pipeline stage the tensors are for */
+    uint32_t chunk;   /* context-parallel / sequence chunk index, 0 when unused */
+} msg_activation_t;
+typedef struct {
+    int32_t  vstage;
+    uint32_t chunk;
+    float    loss_scale;  /* gradient scale applied by the sender (1.0 when none) */
+} msg_act_grad_t;
+
+typedef struct {
+    uint64_t data_pos;  /* position in the token stream (for checkpoint/resume) */
+    uint32_t batch;     /* B */
+    uint32_t seq_len;   /* T */
+    uint32_t epoch;
+} msg_data_batch_t;
+
+typedef struct {
+    float    loss;        /* NaN when the actor computes no loss */
+    float    grad_norm;   /* NaN when unknown */
+    float    lr;
+    uint64_t tokens;      /* tokens processed in this step */
+    double   t_fwd_ms, t_bwd_ms, t_opt_ms, t_step_ms;
+} msg_metrics_t;
+
+typedef struct {
+    char     name[MSG_NAME_MAX];  /* parameter name, e.g. "layers.3.attn.wq" */
+    int64_t  ckpt_step;           /* checkpoint's training step */
+    uint32_t shard;               /* shard index within the parameter */
+    uint32_t ndim;                /* 1..TENSOR_MAX_DIMS */
+    int64_t  global_shape[TENSOR_MAX_DIMS];
+    int64_t  start[TENSOR_MAX_DIMS];  /* slice start within the global tensor */
+    uint32_t is_optim;            /* 0 = weights, 1.. = optimizer state slot */
+} msg_ckpt_shard_t;
+
+/* Storage for any body; decode into this when the type is not known yet. */
+typedef union {
+    msg_ping_t         ping;
+    msg_pong_t         pong;
+    msg_credit_t       credit;
+    msg_heartbeat_t    heartbeat;
+    msg_stop_t         stop;
+    msg_error_report_t error_report;
+    msg_activation_t   activation;
+    msg_act_grad_t     act_grad;
+    msg_data_batch_t   data_batch;
+    msg_metrics_t      metrics;
+    msg_ckpt_shard_t   ckpt_shard;
+} msg_body_t;
+
+typedef bt_status_t (*msg_encode_fn)(msgpack_packer *pk, const void *body);
+typedef bt_status_t (*msg_decode_fn)(const msgpack_object *meta, void *body, wire_err_t *err);
+
+typedef struct {
+    const char   *name;    /* "PING", ... */
+    msg_encode_fn encode;  /* writes the meta map */
+    msg_decode_fn decode;  /* validates and reads the meta map into a body */
+    size_t        size;    /* sizeof the body struct */
+} msg_type_info_t;
+
+extern const msg_type_info_t msg_types[MSG_TYPE_COUNT];
+
+/* Field-by-field equality of two bodies of `type` (floats bitwise, strings
+ * up to their NUL); for tests and the fuzzer's round-trip property. */
+bool msg_body_equal(uint32_t type, const void *a, const void *b);
+
+/* "PING" ..., or "?" for an unknown value. */
+const char *msg_type_name(uint32_t type);
+
+/* Encode envelope `env` (env->type selects the body encoder, body points to
+ * that type's struct) into buf. See wire_env_encode for errors. */
+bt_status_t msg_encode(msgpack_sbuffer *buf, const wire_env_t *env, const void *body,
+                       wire_err_t *err);
+
+/* Decode hostile header bytes into env + body (body is msg_types[env->type]
+ * .size bytes of the union). BT_OK or BT_ERR_PEER_PROTO with err->reason. */
+bt_status_t msg_decode(const void *hdr, size_t hdr_len, size_t payload_len,
+                       const wire_limits_t *lim, wire_env_t *env, msg_body_t *body,
+                       wire_err_t *err);
+
+/* A frame ready to send: the encoded envelope and the payload iovec.
+ * msg_frame_init before first use, msg_frame_fini at the end; a frame can be
+ * rebuilt many times (its header buffer is reused). The frame and the tensor
+ * memory must stay valid until the transport's send completes. */
+typedef struct {
+    msgpack_sbuffer hdr;
+    wire_env_t      env;  /* as encoded: offsets filled in */
+    struct iovec    iov[2 * WIRE_MAX_TENSORS];
+    int             iovcnt;
+    size_t          payload_len;
+} msg_frame_t;
+
+void msg_frame_init(msg_frame_t *f);
+void msg_frame_fini(msg_frame_t *f);
+
+/* Build a frame: the envelope fields of *env (type, src, dst, seq, step, mb;
+ * its tensors are ignored) + body + the n tensor views named names[i]. */
+bt_status_t msg_frame_build(msg_frame_t *f, const wire_env_t *env, const void *body,
+                            const tensor_t *ts, const char *const *names, int n,
+                            wire_err_t *err);
+
+/* ---- meta map reading helpers (used by the per-type decoders) ------------- */
+
+/* A meta map checked to be a map whose keys are all strings, with no
+ * duplicate key. Returns BT_OK or BT_ERR_PEER_PROTO. */
+bt_status_t msg_meta_check(const msgpack_object *meta, const char *what, wire_err_t *err);
+/* Look up a key in a checked map: NULL when absent. */
+const msgpack_object *msg_meta_get(const msgpack_object *map, const char *key);
+
+#endif

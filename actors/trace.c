@@ -1,0 +1,425 @@
+/* Trace recording: per-thread SPSC rings, a flusher thread, one binary file
+ * per process (contract in trace.h; file layout in trace_file.h).
+ *
+ * Memory safety across start/stop: a ring is never freed while its thread
+ * lives (the thread may be inside trace_record_ at any moment, even after
+ * trace_stop cleared the flag), only after the thread exited (pthread key
+ * destructor marks it retired) and the flusher drained it, or never for the
+ * main thread. Rings outlive sessions: trace_start discards what an old
+ * session left in them.
+ */
+#include "actors/trace.h"
+#include "actors/trace_file.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+
+_Atomic bool trace_on_;
+
+typedef struct trace_ring {
+    trace_rec_t      *buf;
+    uint64_t          mask;          /* capacity - 1 */
+    _Atomic uint64_t  head;          /* next slot to write; owner thread only */
+    _Atomic uint64_t  tail;          /* next slot to read; flusher only */
+    _Atomic uint64_t  dropped;       /* owner only */
+    uint64_t          dropped_seen;  /* flusher: dropped already written */
+    _Atomic int       retired;       /* owner thread exited */
+    uint32_t          idx;           /* thread index within the process */
+    char              name[TRACE_STR_MAX];
+    bool              name_written;
+    struct trace_ring *next;
+} trace_ring_t;
+
+typedef struct {
+    actor_addr_t actor;
+    char         name[TRACE_STR_MAX];
+    bool         written;
+} trace_actor_name_t;
+
+#define TRACE_MAX_NAMES  4096
+#define TRACE_MAX_ACTORS 4096
+
+/* g_mu guards everything below except the rings' SPSC indices. The file is
+ * written only with g_mu held (flusher, trace_flush, trace_stop). */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static trace_ring_t   *g_rings;
+static uint32_t        g_next_thread;
+static uint64_t        g_dropped_retired; /* drops of freed rings, this session */
+static char            g_names[TRACE_MAX_NAMES][TRACE_STR_MAX]; /* [0] unused */
+static uint32_t        g_nnames = 1, g_names_written = 1;
+static trace_actor_name_t g_actors[TRACE_MAX_ACTORS];
+static uint32_t        g_nactors;
+static FILE           *g_file;
+static char            g_path[4096];
+static uint32_t        g_ring_records = 16384;
+static uint32_t        g_sessions;
+static bool            g_atexit_registered;
+
+static pthread_key_t   g_key;
+static pthread_once_t  g_key_once = PTHREAD_ONCE_INIT;
+
+/* flusher */
+static pthread_mutex_t g_wake_mu = PTHREAD_MUTEX_INITIALIZER;
+/* never destroyed: a producer may signal it at any time, flusher or not */
+static pthread_cond_t  g_wake_cv = PTHREAD_COND_INITIALIZER;
+static _Atomic int     g_wake;
+static bool            g_stopping;
+static bool            g_flusher_running;
+static pthread_t       g_flusher;
+static uint32_t        g_flush_ms = 100;
+
+static _Thread_local trace_ring_t *tl_ring;
+
+static void trace_ring_retire(void *p)
+{
+    trace_ring_t *g = p;
+    tl_ring = NULL; /* a later event of this thread (another destructor) gets a new ring */
+    atomic_store_explicit(&g->retired, 1, memory_order_release);
+}
+
+static void trace_key_init(void)
+{
+    if (pthread_key_create(&g_key, trace_ring_retire) != 0) BT_PANIC("trace: pthread_key_create");
+}
+
+/* The calling thread's ring, created on first use (not the hot path). */
+static trace_ring_t *trace_ring_get(void)
+{
+    if (tl_ring) return tl_ring;
+    pthread_once(&g_key_once, trace_key_init);
+    trace_ring_t *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    pthread_mutex_lock(&g_mu);
+    uint64_t cap = g_ring_records;
+    pthread_mutex_unlock(&g_mu);
+    g->buf = malloc(cap * sizeof *g->buf);
+    if (!g->buf) {
+        free(g);
+        return NULL;
+    }
+    g->mask = cap - 1;
+    pthread_mutex_lock(&g_mu);
+    g->idx = g_next_thread++;
+    g->next = g_rings;
+    g_rings = g;
+    pthread_mutex_unlock(&g_mu);
+    pthread_setspecific(g_key, g);
+    tl_ring = g;
+    return g;
+}
+
+static void trace_wake_flusher(void)
+{
+    if (atomic_exchange_explicit(&g_wake, 1, memory_order_acq_rel) == 0) pthread_cond_signal(&g_wake_cv);
+}
+
+void trace_record_(const trace_rec_t *r)
+{
+    trace_ring_t *g = tl_ring;
+    if (__builtin_expect(g == NULL, 0) && !(g = trace_ring_get())) return;
+    uint64_t h = atomic_load_explicit(&g->head, memory_order_relaxed);
+    uint64_t t = atomic_load_explicit(&g->tail, memory_order_acquire);
+    if (__builtin_expect(h - t > g->mask, 0)) {
+        atomic_store_explicit(&g->dropped, atomic_load_explicit(&g->dropped, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+        return;
+    }
+    g->buf[h & g->mask] = *r;
+    atomic_store_explicit(&g->head, h + 1, memory_order_release);
+    /* fill rises one at a time, so it meets exactly half once per rise */
+    if (__builtin_expect(h + 1 - t == (g->mask + 1) / 2, 0)) trace_wake_flusher();
+}
+
+/* ---- file writing (g_mu held) -------------------------------------------- */
+
+static bool trace_blk_write(uint32_t kind, uint32_t arg, uint32_t count, const void *body, size_t len)
+{
+    trace_blk_t b = {.kind = TRACE_BLK_MAGIC | kind, .arg = arg, .count = count, .len = (uint32_t)len};
+    return fwrite(&b, sizeof b, 1, g_file) == 1 && (len == 0 || fwrite(body, len, 1, g_file) == 1);
+}
+
+static bool trace_str_blk(uint32_t kind, uint32_t arg, const char *s)
+{
+    return trace_blk_write(kind, arg, 0, s, strnlen(s, TRACE_STR_MAX - 1));
+}
+
+/* Names, then every ring's records and drop counts; frees drained rings of
+ * exited threads. */
+static void trace_drain_locked(void)
+{
+    if (!g_file) return;
+    bool ok = true;
+    for (; g_names_written < g_nnames; g_names_written++)
+        ok &= trace_str_blk(TRACE_BLK_NAME, g_names_written, g_names[g_names_written]);
+    for (uint32_t i = 0; i < g_nactors; i++) {
+        if (g_actors[i].written) continue;
+        ok &= trace_str_blk(TRACE_BLK_ACTOR, g_actors[i].actor, g_actors[i].name);
+        g_actors[i].written = true;
+    }
+    for (trace_ring_t **pp = &g_rings; *pp;) {
+        trace_ring_t *g = *pp;
+        if (g->name[0] && !g->name_written) {
+            ok &= trace_str_blk(TRACE_BLK_THREAD, g->idx, g->name);
+            g->name_written = true;
+        }
+        int retired = atomic_load_explicit(&g->retired, memory_order_acquire);
+        uint64_t h = atomic_load_explicit(&g->head, memory_order_acquire);
+        uint64_t t = atomic_load_explicit(&g->tail, memory_order_relaxed);
+        while (t < h) {
+            uint64_t cap = g->mask + 1, at = t & g->mask;
+            uint64_t n = h - t < cap - at ? h - t : cap - at; /* up to the wrap */
+            ok &= trace_blk_write(TRACE_BLK_RECS, g->idx, (uint32_t)n, &g->buf[at], n * sizeof(trace_rec_t));
+            t += n;
+            atomic_store_explicit(&g->tail, t, memory_order_release);
+        }
+        uint64_t d = atomic_load_explicit(&g->dropped, memory_order_relaxed);
+        if (d != g->dropped_seen) {
+            uint64_t delta = d - g->dropped_seen;
+            ok &= trace_blk_write(TRACE_BLK_DROPPED, g->idx, (uint32_t)(delta > UINT32_MAX ? UINT32_MAX : delta),
+                                  NULL, 0);
+            g->dropped_seen = d;
+        }
+        if (retired) {
+            g_dropped_retired += d;
+            *pp = g->next;
+            free(g->buf);
+            free(g);
+            continue;
+        }
+        pp = &g->next;
+    }
+    ok &= fflush(g_file) == 0;
+    if (!ok) {
+        log_error("trace: writing %s failed: %s; tracing stops", g_path, strerror(errno));
+        atomic_store(&trace_on_, false);
+    }
+}
+
+static void *trace_flusher_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_wake_mu);
+    while (!g_stopping) {
+        if (!atomic_load(&g_wake)) {
+            struct timespec ts; /* the default condvar clock */
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)g_flush_ms * 1000000ull;
+            ts.tv_sec += (time_t)(ns / 1000000000ull);
+            ts.tv_nsec = (long)(ns % 1000000000ull);
+            pthread_cond_timedwait(&g_wake_cv, &g_wake_mu, &ts);
+        }
+        atomic_store(&g_wake, 0);
+        if (g_stopping) break;
+        pthread_mutex_unlock(&g_wake_mu);
+        pthread_mutex_lock(&g_mu);
+        trace_drain_locked();
+        pthread_mutex_unlock(&g_mu);
+        pthread_mutex_lock(&g_wake_mu);
+    }
+    pthread_mutex_unlock(&g_wake_mu);
+    return NULL;
+}
+
+static void trace_atexit(void) { trace_stop(); }
+
+/* fork(): the child must neither write into the parent's file (the FILE's
+ * buffer and offset are copies) nor wait for a flusher it does not have, and
+ * no lock may be held by a thread that does not exist in it. So the locks
+ * are taken around fork and the child starts with tracing off and no file;
+ * it may call trace_start itself. */
+static void trace_fork_prepare(void)
+{
+    pthread_mutex_lock(&g_mu);
+    pthread_mutex_lock(&g_wake_mu);
+}
+
+static void trace_fork_parent(void)
+{
+    pthread_mutex_unlock(&g_wake_mu);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void trace_fork_child(void)
+{
+    atomic_store(&trace_on_, false);
+    g_file = NULL; /* the parent's FILE is not ours to flush or close */
+    g_flusher_running = false;
+    g_stopping = false;
+    atomic_store(&g_wake, 0);
+    pthread_mutex_unlock(&g_wake_mu);
+    pthread_mutex_unlock(&g_mu);
+}
+
+bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cfg)
+{
+    trace_config_t c = cfg ? *cfg : (trace_config_t){0};
+    uint32_t ring = c.ring_records ? c.ring_records : 16384;
+    if (ring < 2 || (ring & (ring - 1))) {
+        log_error("trace: ring_records %u is not a power of two >= 2", ring);
+        return BT_ERR_INVALID;
+    }
+    pthread_mutex_lock(&g_mu);
+    if (g_file) {
+        pthread_mutex_unlock(&g_mu);
+        log_error("trace: already started (%s)", g_path);
+        return BT_ERR_BUSY;
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        log_error("trace: cannot create directory %s: %s", dir, strerror(errno));
+        pthread_mutex_unlock(&g_mu);
+        return BT_ERR_IO;
+    }
+    if (g_sessions == 0)
+        snprintf(g_path, sizeof g_path, "%s/trace-%u-%d.bin", dir, rank, (int)getpid());
+    else
+        snprintf(g_path, sizeof g_path, "%s/trace-%u-%d.%u.bin", dir, rank, (int)getpid(), g_sessions);
+    FILE *f = fopen(g_path, "wb");
+    if (!f) {
+        log_error("trace: cannot create %s: %s", g_path, strerror(errno));
+        pthread_mutex_unlock(&g_mu);
+        return BT_ERR_IO;
+    }
+    trace_file_hdr_t h = {.magic = TRACE_MAGIC, .version = TRACE_VERSION, .rank = rank,
+                          .pid = (uint32_t)getpid(), .rec_size = sizeof(trace_rec_t),
+                          .t_start_ns = clock_now_ns()};
+    if (fwrite(&h, sizeof h, 1, f) != 1) {
+        log_error("trace: cannot write %s: %s", g_path, strerror(errno));
+        fclose(f);
+        pthread_mutex_unlock(&g_mu);
+        return BT_ERR_IO;
+    }
+    g_file = f;
+    g_sessions++;
+    g_ring_records = ring;
+    g_flush_ms = c.flush_ms ? c.flush_ms : 100;
+    g_dropped_retired = 0;
+    /* A new file: every name is written again; stale events are discarded. */
+    g_names_written = 1;
+    for (uint32_t i = 0; i < g_nactors; i++) g_actors[i].written = false;
+    for (trace_ring_t *g = g_rings; g; g = g->next) {
+        g->name_written = false;
+        atomic_store(&g->tail, atomic_load(&g->head));
+        g->dropped_seen = atomic_load(&g->dropped);
+        g_dropped_retired -= g->dropped_seen; /* so trace_dropped() counts from now */
+    }
+    if (!g_atexit_registered) {
+        atexit(trace_atexit);
+        pthread_atfork(trace_fork_prepare, trace_fork_parent, trace_fork_child);
+        g_atexit_registered = true;
+    }
+    g_stopping = false;
+    g_flusher_running = false;
+    atomic_store(&g_wake, 0);
+    if (!c.no_flusher) {
+        if (pthread_create(&g_flusher, NULL, trace_flusher_main, NULL) != 0) {
+            log_warn("trace: no flusher thread; rings drain only at trace_flush/trace_stop");
+        } else {
+            g_flusher_running = true;
+        }
+    }
+    atomic_store(&trace_on_, true);
+    pthread_mutex_unlock(&g_mu);
+    return BT_OK;
+}
+
+void trace_stop(void)
+{
+    pthread_mutex_lock(&g_mu);
+    if (!g_file) {
+        pthread_mutex_unlock(&g_mu);
+        return;
+    }
+    atomic_store(&trace_on_, false);
+    bool running = g_flusher_running;
+    g_flusher_running = false;
+    pthread_mutex_unlock(&g_mu);
+    if (running) {
+        pthread_mutex_lock(&g_wake_mu);
+        g_stopping = true;
+        pthread_cond_signal(&g_wake_cv);
+        pthread_mutex_unlock(&g_wake_mu);
+        pthread_join(g_flusher, NULL);
+    }
+    pthread_mutex_lock(&g_mu);
+    trace_drain_locked();
+    if (g_file) {
+        bool ok = trace_blk_write(TRACE_BLK_END, 0, 0, NULL, 0);
+        ok &= fclose(g_file) == 0;
+        if (!ok) log_error("trace: closing %s failed: %s", g_path, strerror(errno));
+        g_file = NULL;
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+void trace_flush(void)
+{
+    pthread_mutex_lock(&g_mu);
+    trace_drain_locked();
+    pthread_mutex_unlock(&g_mu);
+}
+
+uint64_t trace_dropped(void)
+{
+    pthread_mutex_lock(&g_mu);
+    uint64_t n = g_dropped_retired;
+    for (trace_ring_t *g = g_rings; g; g = g->next) n += atomic_load(&g->dropped);
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
+void trace_thread_name(const char *name)
+{
+    trace_ring_t *g = trace_ring_get();
+    if (!g) return;
+    pthread_mutex_lock(&g_mu);
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->name_written = false;
+    pthread_mutex_unlock(&g_mu);
+}
+
+void trace_actor_name(actor_addr_t actor, const char *name)
+{
+    pthread_mutex_lock(&g_mu);
+    uint32_t i = 0;
+    while (i < g_nactors && g_actors[i].actor != actor) i++;
+    if (i == g_nactors) {
+        if (g_nactors == TRACE_MAX_ACTORS) {
+            pthread_mutex_unlock(&g_mu);
+            log_warn("trace: more than %d named actors; %s stays unnamed", TRACE_MAX_ACTORS, name);
+            return;
+        }
+        g_nactors++;
+    }
+    g_actors[i].actor = actor;
+    snprintf(g_actors[i].name, sizeof g_actors[i].name, "%s", name);
+    g_actors[i].written = false;
+    pthread_mutex_unlock(&g_mu);
+}
+
+uint32_t trace_intern(const char *name)
+{
+    char key[TRACE_STR_MAX];
+    snprintf(key, sizeof key, "%s", name);
+    pthread_mutex_lock(&g_mu);
+    uint32_t id = 1;
+    while (id < g_nnames && strcmp(g_names[id], key)) id++;
+    if (id == g_nnames) {
+        if (g_nnames == TRACE_MAX_NAMES) {
+            pthread_mutex_unlock(&g_mu);
+            log_warn("trace: more than %d names; '%s' is recorded unnamed", TRACE_MAX_NAMES - 1, key);
+            return 0;
+        }
+        memcpy(g_names[id], key, sizeof key);
+        g_nnames++;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return id;
+}

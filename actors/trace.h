@@ -1,0 +1,250 @@
+/* Tracing: every send, receive and handler span of every actor, cheaply.
+ *
+ * Recording: each thread owns a ring of fixed-size binary records
+ * (trace_rec_t), created on its first event and linked into a process list.
+ * The recording thread is the only writer and the flusher the only reader
+ * (single-producer single-consumer, acquire/release indices: no lock, no
+ * syscall, no formatting). A full ring drops the event and counts it; it
+ * never blocks. When a ring passes half full the flusher thread is woken;
+ * it also wakes periodically. trace_stop() (also run at exit) drains every
+ * ring into DIR/trace-<rank>-<pid>.bin and closes it.
+ *
+ * Cost: with tracing off every recording call is one predictable branch on
+ * a global flag. Timestamps are passed in by the caller (clock_now_ns(),
+ * CLOCK_MONOTONIC, shared by the processes of one host), because the
+ * caller usually has them already.
+ *
+ * Flow ids: a send and its receive are joined by (src, dst, seq) of the
+ * envelope; trace_send is recorded by the sender with (src=self, dst=peer),
+ * trace_recv by the receiver with (dst=self, src=peer).
+ *
+ * Reading: trace_dir_load() reads every trace-*.bin of a directory (a corrupt
+ * or truncated file is an error naming the file), trace_json_write() writes
+ * Chrome trace-event JSON (ui.perfetto.dev), trace_summary_compute() gives
+ * per-edge latency and per-actor busy/idle numbers.
+ */
+#ifndef BT_ACTORS_TRACE_H
+#define BT_ACTORS_TRACE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "actors/wire.h"
+#include "base/status.h"
+
+/* ---- file format (little-endian host layout; magic + version first) ------ */
+
+#define TRACE_MAGIC   0x43525442u /* "BTRC" */
+#define TRACE_VERSION 1u
+
+typedef enum {
+    TRACE_EV_SEND = 0,  /* actor = src, peer = dst */
+    TRACE_EV_RECV,      /* actor = dst, peer = src */
+    TRACE_EV_SPAN,      /* [t0, t1] of work of `kind` on actor */
+    TRACE_EV_INSTANT,   /* a point event named name_id */
+    TRACE_EV_COUNTER,   /* value of counter name_id */
+    TRACE_EV_COUNT,
+} trace_ev_t;
+
+/* What a span is; "compute" spans make the busy time of the bubble report. */
+typedef enum {
+    TRACE_SPAN_HANDLER = 0,  /* a message handler (loop thread) */
+    TRACE_SPAN_COMPUTE,      /* forward/backward/optimizer work on a device */
+    TRACE_SPAN_COMM,         /* a collective or a blocking transfer */
+    TRACE_SPAN_IO,           /* checkpoint / data reads and writes */
+    TRACE_SPAN_OTHER,
+    TRACE_SPAN_KIND_COUNT,
+} trace_span_kind_t;
+
+/* One event, 64 bytes. */
+typedef struct {
+    uint8_t      ev;        /* trace_ev_t */
+    uint8_t      kind;      /* trace_span_kind_t for spans */
+    uint16_t     msg_type;  /* msg_type_t; 0xffff when none */
+    actor_addr_t actor;
+    uint64_t     t0;        /* ns, CLOCK_MONOTONIC */
+    uint64_t     t1;        /* span end; == t0 otherwise */
+    union {
+        uint64_t bytes;     /* send/recv: header + payload bytes */
+        double   value;     /* counters */
+    };
+    uint64_t     seq;       /* send/recv: envelope seq */
+    int64_t      step;
+    actor_addr_t peer;
+    int32_t      mb;
+    uint32_t     name_id;   /* trace_intern id; 0 = none (spans use msg type name) */
+    uint32_t     reserved;  /* 0 */
+} trace_rec_t;
+_Static_assert(sizeof(trace_rec_t) == 64, "trace record is 64 bytes on disk");
+
+/* ---- recording ---------------------------------------------------------- */
+
+typedef struct {
+    uint32_t ring_records;  /* per-thread ring capacity, power of two; 0 -> 16384 */
+    bool     no_flusher;    /* no background thread: rings drain only in
+                             * trace_flush()/trace_stop() (deterministic tests) */
+    uint32_t flush_ms;      /* periodic flush interval; 0 -> 100 */
+} trace_config_t;
+
+/* Start tracing into DIR/trace-<rank>-<pid>.bin (DIR is created if missing).
+ * cfg NULL -> defaults. BT_ERR_IO when the file cannot be created,
+ * BT_ERR_BUSY when already started. Tracing may be started again after
+ * trace_stop (new file, trace-<rank>-<pid>.<n>.bin). A child created by
+ * fork() starts with tracing off and no file; it may call trace_start. */
+bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cfg);
+/* Drain all rings, write the file's trailer, close it, stop the flusher.
+ * Idempotent; registered with atexit by trace_start. Events recorded after
+ * stop are ignored. */
+void trace_stop(void);
+/* Drain every ring now (any thread; serialized with the flusher). */
+void trace_flush(void);
+/* Events dropped because a ring was full, since trace_start. */
+uint64_t trace_dropped(void);
+
+/* Name the calling thread's track / an actor's track (metadata, not hot path).
+ * Safe to call before trace_start (remembered) and when tracing is off. */
+void trace_thread_name(const char *name);
+void trace_actor_name(actor_addr_t actor, const char *name);
+/* Id for a span/instant/counter name (e.g. "fwd", "loss"); the same string
+ * gives the same id. Not for the hot path: intern once, keep the id.
+ * Names longer than 47 bytes are truncated. */
+uint32_t trace_intern(const char *name);
+
+extern _Atomic bool trace_on_;  /* read through trace_enabled() */
+/* A relaxed load is a plain load on every target we build for. */
+static inline bool trace_enabled(void)
+{
+    return __builtin_expect(atomic_load_explicit(&trace_on_, memory_order_relaxed), 0);
+}
+
+void trace_record_(const trace_rec_t *r);
+
+static inline void trace_send(actor_addr_t src, actor_addr_t dst, uint32_t msg_type,
+                              uint64_t seq, uint64_t bytes, int64_t step, int32_t mb,
+                              uint64_t t_ns)
+{
+    if (!trace_enabled()) return;
+    trace_rec_t r = {.ev = TRACE_EV_SEND, .msg_type = (uint16_t)msg_type, .actor = src,
+                     .t0 = t_ns, .t1 = t_ns, .bytes = bytes, .seq = seq, .step = step,
+                     .peer = dst, .mb = mb};
+    trace_record_(&r);
+}
+
+static inline void trace_recv(actor_addr_t dst, actor_addr_t src, uint32_t msg_type,
+                              uint64_t seq, uint64_t bytes, int64_t step, int32_t mb,
+                              uint64_t t_ns)
+{
+    if (!trace_enabled()) return;
+    trace_rec_t r = {.ev = TRACE_EV_RECV, .msg_type = (uint16_t)msg_type, .actor = dst,
+                     .t0 = t_ns, .t1 = t_ns, .bytes = bytes, .seq = seq, .step = step,
+                     .peer = src, .mb = mb};
+    trace_record_(&r);
+}
+
+/* A span [t0, t1] of `kind` on `actor`; name_id 0 names it after msg_type
+ * (0xffff = none). */
+static inline void trace_span(actor_addr_t actor, trace_span_kind_t kind, uint32_t name_id,
+                              uint32_t msg_type, int64_t step, int32_t mb, uint64_t t0,
+                              uint64_t t1)
+{
+    if (!trace_enabled()) return;
+    trace_rec_t r = {.ev = TRACE_EV_SPAN, .kind = (uint8_t)kind, .msg_type = (uint16_t)msg_type,
+                     .actor = actor, .t0 = t0, .t1 = t1, .step = step, .mb = mb,
+                     .name_id = name_id};
+    trace_record_(&r);
+}
+
+static inline void trace_instant(actor_addr_t actor, uint32_t name_id, int64_t step,
+                                 uint64_t t_ns)
+{
+    if (!trace_enabled()) return;
+    trace_rec_t r = {.ev = TRACE_EV_INSTANT, .msg_type = 0xffff, .actor = actor, .t0 = t_ns,
+                     .t1 = t_ns, .step = step, .mb = -1, .name_id = name_id};
+    trace_record_(&r);
+}
+
+static inline void trace_counter(actor_addr_t actor, uint32_t name_id, double value,
+                                 uint64_t t_ns)
+{
+    if (!trace_enabled()) return;
+    trace_rec_t r = {.ev = TRACE_EV_COUNTER, .msg_type = 0xffff, .actor = actor, .t0 = t_ns,
+                     .t1 = t_ns, .step = -1, .mb = -1, .name_id = name_id, .value = value};
+    trace_record_(&r);
+}
+
+/* ---- reading, merging, summary (baton trace) ----------------------------- */
+
+/* One loaded process file. Actor and name tables are per file (ids are
+ * process-local). */
+typedef struct {
+    char        *path;
+    uint32_t     rank, pid;
+    trace_rec_t *recs;       /* all records of the file, in file order */
+    uint32_t    *rec_tid;    /* per record: index of the recording thread */
+    size_t       nrecs;
+    uint64_t     dropped;    /* events the process dropped (ring overflow) */
+    char       **names;      /* names[id] for trace_intern ids; [0] = NULL */
+    uint32_t     nnames;
+    char       **thread_names; /* per thread index; NULL when unnamed */
+    uint32_t     nthreads;
+    actor_addr_t *actor_ids; /* named actors */
+    char       **actor_names;
+    uint32_t     nactors;
+    bool         complete;   /* the trailer was written (clean stop) */
+} trace_file_t;
+
+typedef struct {
+    trace_file_t *files;
+    size_t        nfiles;
+} trace_set_t;
+
+/* Load DIR/trace-*.bin. BT_ERR_NOT_FOUND when there is none; BT_ERR_CORRUPT
+ * (reason in err, which names the file) for a bad magic/version/block.
+ * A file that ends without its trailer (a crashed process) loads what it has
+ * with complete = false and a warning. */
+bt_status_t trace_dir_load(const char *dir, trace_set_t *set, char *err, size_t err_cap);
+bt_status_t trace_file_load(const char *path, trace_file_t *f, char *err, size_t err_cap);
+void        trace_file_free(trace_file_t *f);
+void        trace_set_free(trace_set_t *set);
+
+/* Chrome trace-event JSON: one process (pid = rank) per file, one track
+ * (tid) per actor named after it; spans as "X", instants "i", counters "C",
+ * send->receive flows as "s"/"f" pairs. */
+bt_status_t trace_json_write(const trace_set_t *set, FILE *out);
+
+typedef struct {
+    actor_addr_t src, dst;
+    uint32_t     msg_type;
+    uint64_t     count;        /* sends */
+    uint64_t     matched;      /* sends with a matching receive */
+    uint64_t     bytes;        /* bytes of all sends */
+    double       lat_mean_ns;  /* send -> receive, over matched pairs */
+    double       lat_p99_ns;   /* nearest-rank 99th percentile */
+} trace_edge_stat_t;
+
+typedef struct {
+    actor_addr_t actor;
+    char         name[64];
+    uint64_t     span_ns[TRACE_SPAN_KIND_COUNT]; /* union of spans of each kind */
+    uint64_t     busy_ns;     /* union of COMPUTE spans */
+    uint64_t     window_ns;   /* first to last event of the actor */
+    uint64_t     idle_ns;     /* window - busy */
+    double       busy_frac;   /* busy / window; 0 when the window is empty */
+} trace_actor_stat_t;
+
+typedef struct {
+    trace_edge_stat_t  *edges;
+    size_t              nedges;
+    trace_actor_stat_t *actors;
+    size_t              nactors;
+    uint64_t            unmatched_recvs;
+    uint64_t            dropped;
+} trace_summary_t;
+
+bt_status_t trace_summary_compute(const trace_set_t *set, trace_summary_t *out);
+void        trace_summary_print(const trace_summary_t *s, FILE *out);
+void        trace_summary_free(trace_summary_t *s);
+
+#endif

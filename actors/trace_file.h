@@ -1,0 +1,49 @@
+/* On-disk layout of a trace file (private to actors/trace*.c).
+ *
+ *   trace_file_hdr_t                      magic, version, rank, pid, record size
+ *   { trace_blk_t, body }*                blocks in write order
+ *   trace_blk_t kind END                  written by trace_stop (clean close)
+ *
+ * Block kinds: RECS (count records of thread arg), DROPPED (count events
+ * thread arg dropped), NAME (id arg), ACTOR (actor arg), THREAD (thread arg):
+ * string bodies of len bytes, no NUL. The kind's top 16 bits are a block
+ * magic so that a reader notices garbage at once. Host byte order: files are
+ * read on the machine (or architecture) that wrote them.
+ */
+#ifndef BT_ACTORS_TRACE_FILE_H
+#define BT_ACTORS_TRACE_FILE_H
+
+#include <stdint.h>
+
+#define TRACE_STR_MAX 48 /* names, NUL included */
+
+typedef struct {
+    uint32_t magic;      /* TRACE_MAGIC */
+    uint32_t version;    /* TRACE_VERSION */
+    uint32_t rank;
+    uint32_t pid;
+    uint32_t rec_size;   /* sizeof(trace_rec_t) */
+    uint32_t reserved;
+    uint64_t t_start_ns;
+} trace_file_hdr_t;
+
+#define TRACE_BLK_MAGIC 0xB7C00000u
+#define TRACE_BLK_MAGIC_MASK 0xFFFF0000u
+
+enum {
+    TRACE_BLK_RECS = 1,
+    TRACE_BLK_DROPPED,
+    TRACE_BLK_NAME,
+    TRACE_BLK_ACTOR,
+    TRACE_BLK_THREAD,
+    TRACE_BLK_END,
+};
+
+typedef struct {
+    uint32_t kind;   /* TRACE_BLK_MAGIC | TRACE_BLK_* */
+    uint32_t arg;
+    uint32_t count;
+    uint32_t len;    /* body bytes */
+} trace_blk_t;
+
+#endif

@@ -1,0 +1,636 @@
+/* The wire envelope: encoder and hostile-input decoder (contract in wire.h).
+ *
+ * Decoding runs in three stages so that no byte is trusted before it is
+ * checked:
+ *   1. wire_mp_scan walks the raw msgpack bytes without allocating and checks
+ *      that they form exactly one object, nested at most WIRE_MAX_DEPTH deep,
+ *      whose every container announces no more elements than bytes remain.
+ *      msgpack-c allocates count * sizeof(msgpack_object) when it meets an
+ *      array header, so without this a 5-byte header claiming 4 billion
+ *      elements would ask for ~100 GB.
+ *   2. msgpack_unpack builds the object tree in a zone (bounded by stage 1 to
+ *      a small multiple of the header size).
+ *   3. wire_env_read checks every object's type and every value's range, then
+ *      the tensor layout against the payload length.
+ */
+#include "actors/wire.h"
+
+#include <assert.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define WIRE_MAX_DEPTH 16
+
+static const char *const wire_dtype_names[DT_COUNT] = {
+    [DT_F32] = "f32", [DT_F16] = "f16", [DT_BF16] = "bf16", [DT_F64] = "f64",
+    [DT_I32] = "i32", [DT_I64] = "i64", [DT_U8] = "u8",
+};
+static const uint8_t wire_dtype_sizes[DT_COUNT] = {
+    [DT_F32] = 4, [DT_F16] = 2, [DT_BF16] = 2, [DT_F64] = 8,
+    [DT_I32] = 4, [DT_I64] = 8, [DT_U8] = 1,
+};
+_Static_assert(sizeof wire_dtype_names / sizeof wire_dtype_names[0] == DT_COUNT, "dtype names");
+_Static_assert(sizeof wire_dtype_sizes / sizeof wire_dtype_sizes[0] == DT_COUNT, "dtype sizes");
+
+size_t wire_dtype_size(dtype_t dt)
+{
+    return (unsigned)dt < DT_COUNT ? wire_dtype_sizes[dt] : 0;
+}
+
+const char *wire_dtype_name(dtype_t dt)
+{
+    return (unsigned)dt < DT_COUNT ? wire_dtype_names[dt] : NULL;
+}
+
+/* dtype from a wire name of len bytes (not NUL-terminated); -1 when unknown. */
+static int wire_dtype_lookup(const char *s, size_t len)
+{
+    for (int i = 0; i < DT_COUNT; i++)
+        if (strlen(wire_dtype_names[i]) == len && !memcmp(wire_dtype_names[i], s, len)) return i;
+    return -1;
+}
+
+wire_limits_t wire_limits_default(void)
+{
+    return (wire_limits_t){
+        .max_hdr_bytes = 64u << 10,
+        .max_tensors = WIRE_MAX_TENSORS,
+        .max_dims = TENSOR_MAX_DIMS,
+        .max_name_len = WIRE_NAME_MAX - 1,
+        .max_payload = 1ull << 30,
+        .max_dim = 1ull << 40,
+    };
+}
+
+bt_status_t wire_err_set(wire_err_t *err, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->reason, sizeof err->reason, fmt, ap);
+        va_end(ap);
+    }
+    return BT_ERR_PEER_PROTO;
+}
+
+/* ---- stage 1: bounded scan of raw msgpack -------------------------------- */
+
+static uint64_t wire_be(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* Check that p[0..n) is exactly one msgpack object within the depth limit
+ * and that no container claims more elements than bytes remain. */
+static bt_status_t wire_mp_scan(const uint8_t *p, size_t n, wire_err_t *err)
+{
+    uint64_t pending[WIRE_MAX_DEPTH + 1]; /* objects still owed at each depth */
+    int depth = 0;
+    size_t i = 0;
+    pending[0] = 1;
+    while (depth >= 0) {
+        if (pending[depth] == 0) { depth--; continue; }
+        pending[depth]--;
+        if (i >= n) return wire_err_set(err, "envelope: truncated msgpack at byte %zu", i);
+        uint8_t b = p[i++];
+        uint64_t skip = 0, count = 0;
+        int lenbytes = 0, container = 0; /* 1 array, 2 map */
+        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+            /* fixint, nil, bool: nothing more */
+        } else if (b >= 0x80 && b <= 0x8f) { container = 2; count = b & 0x0f; }
+        else if (b >= 0x90 && b <= 0x9f) { container = 1; count = b & 0x0f; }
+        else if (b >= 0xa0 && b <= 0xbf) { skip = b & 0x1f; }
+        else {
+            switch (b) {
+            case 0xc4: case 0xd9: lenbytes = 1; break;           /* bin8, str8 */
+            case 0xc5: case 0xda: lenbytes = 2; break;           /* bin16, str16 */
+            case 0xc6: case 0xdb: lenbytes = 4; break;           /* bin32, str32 */
+            case 0xc7: lenbytes = 1; skip = 1; break;            /* ext8: len, type */
+            case 0xc8: lenbytes = 2; skip = 1; break;
+            case 0xc9: lenbytes = 4; skip = 1; break;
+            case 0xca: skip = 4; break;
+            case 0xcb: skip = 8; break;
+            case 0xcc: case 0xd0: skip = 1; break;
+            case 0xcd: case 0xd1: skip = 2; break;
+            case 0xce: case 0xd2: skip = 4; break;
+            case 0xcf: case 0xd3: skip = 8; break;
+            case 0xd4: skip = 2; break;                          /* fixext1..16: type + data */
+            case 0xd5: skip = 3; break;
+            case 0xd6: skip = 5; break;
+            case 0xd7: skip = 9; break;
+            case 0xd8: skip = 17; break;
+            case 0xdc: container = 1; lenbytes = 2; break;
+            case 0xdd: container = 1; lenbytes = 4; break;
+            case 0xde: container = 2; lenbytes = 2; break;
+            case 0xdf: container = 2; lenbytes = 4; break;
+            default:
+                return wire_err_set(err, "envelope: invalid msgpack byte 0x%02x at %zu", b, i - 1);
+            }
+            if (lenbytes) {
+                if ((size_t)lenbytes > n - i)
+                    return wire_err_set(err, "envelope: truncated msgpack length at byte %zu", i);
+                uint64_t len = wire_be(p + i, lenbytes);
+                i += (size_t)lenbytes;
+                if (container) count = len; else skip += len;
+            }
+        }
+        if (skip > n - i)
+            return wire_err_set(err, "envelope: msgpack value of %llu bytes at %zu overruns the %zu-byte header",
+                                (unsigned long long)skip, i, n);
+        i += (size_t)skip;
+        if (container) {
+            uint64_t objs = container == 2 ? count * 2 : count; /* count < 2^32: no overflow */
+            if (objs > n - i)
+                return wire_err_set(err, "envelope: msgpack %s of %llu entries at %zu overruns the %zu-byte header",
+                                    container == 2 ? "map" : "array", (unsigned long long)count, i, n);
+            if (objs) {
+                if (depth == WIRE_MAX_DEPTH)
+                    return wire_err_set(err, "envelope: msgpack nested deeper than %d", WIRE_MAX_DEPTH);
+                pending[++depth] = objs;
+            }
+        }
+    }
+    if (i != n) return wire_err_set(err, "envelope: %zu trailing bytes after the envelope", n - i);
+    return BT_OK;
+}
+
+/* ---- stage 3: typed reading ---------------------------------------------- */
+
+/* "what", "tensor 'x' what" or "tensor 'x' what N": built only on error,
+ * so the accepting path does no formatting. */
+static const char *wire_label(char *buf, size_t cap, const char *tname, const char *what, int idx)
+{
+    if (!tname) return what;
+    if (idx < 0) snprintf(buf, cap, "tensor '%s' %s", tname, what);
+    else snprintf(buf, cap, "tensor '%s' %s %d", tname, what, idx);
+    return buf;
+}
+
+static bt_status_t wire_get_u64(const msgpack_object *o, const char *tname, const char *what, int idx,
+                                uint64_t max, uint64_t *out, wire_err_t *err)
+{
+    char buf[WIRE_NAME_MAX + 32];
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return wire_err_set(err, "envelope: %s is not an unsigned integer (msgpack type %d)",
+                            wire_label(buf, sizeof buf, tname, what, idx), (int)o->type);
+    if (o->via.u64 > max)
+        return wire_err_set(err, "envelope: %s %llu exceeds %llu", wire_label(buf, sizeof buf, tname, what, idx),
+                            (unsigned long long)o->via.u64, (unsigned long long)max);
+    *out = o->via.u64;
+    return BT_OK;
+}
+
+static bt_status_t wire_get_i64(const msgpack_object *o, const char *what, int64_t min, int64_t max,
+                                int64_t *out, wire_err_t *err)
+{
+    int64_t v;
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (o->via.u64 > (uint64_t)INT64_MAX)
+            return wire_err_set(err, "envelope: %s %llu out of range", what, (unsigned long long)o->via.u64);
+        v = (int64_t)o->via.u64;
+    } else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        v = o->via.i64;
+    } else {
+        return wire_err_set(err, "envelope: %s is not an integer (msgpack type %d)", what, (int)o->type);
+    }
+    if (v < min || v > max)
+        return wire_err_set(err, "envelope: %s %lld out of range [%lld, %lld]", what, (long long)v,
+                            (long long)min, (long long)max);
+    *out = v;
+    return BT_OK;
+}
+
+/* Copy a name string: 1..max bytes, no NUL inside. */
+static bt_status_t wire_get_name(const msgpack_object *o, uint32_t max, char *out, wire_err_t *err)
+{
+    if (o->type != MSGPACK_OBJECT_STR)
+        return wire_err_set(err, "envelope: tensor name is not a string (msgpack type %d)", (int)o->type);
+    uint32_t len = o->via.str.size;
+    if (len == 0) return wire_err_set(err, "envelope: empty tensor name");
+    if (len > max) return wire_err_set(err, "envelope: tensor name of %u bytes exceeds %u", len, max);
+    if (memchr(o->via.str.ptr, '\0', len)) return wire_err_set(err, "envelope: tensor name contains NUL");
+    memcpy(out, o->via.str.ptr, len);
+    out[len] = '\0';
+    return BT_OK;
+}
+
+typedef struct {
+    const char *s;
+    uint32_t    len;
+} wire_key_t;
+#define WIRE_KEY(x) {x, sizeof(x) - 1}
+
+/* Index of `key` in keys[], -1 when unknown, -2 when not a string. The
+ * encoder writes keys in table order, so position `hint` is tried first. */
+static int wire_key_find(const msgpack_object *key, const wire_key_t *keys, int n, uint32_t hint)
+{
+    if (key->type != MSGPACK_OBJECT_STR) return -2;
+    uint32_t sz = key->via.str.size;
+    const char *p = key->via.str.ptr;
+    if (hint < (uint32_t)n && keys[hint].len == sz && !memcmp(keys[hint].s, p, sz)) return (int)hint;
+    for (int k = 0; k < n; k++)
+        if (keys[k].len == sz && !memcmp(keys[k].s, p, sz)) return k;
+    return -1;
+}
+
+enum { TK_NAME, TK_DTYPE, TK_SHAPE, TK_OFFSET, TK_NBYTES, TK_COUNT };
+static const wire_key_t wire_tensor_keys[TK_COUNT] = {
+    [TK_NAME] = WIRE_KEY("name"), [TK_DTYPE] = WIRE_KEY("dtype"), [TK_SHAPE] = WIRE_KEY("shape"),
+    [TK_OFFSET] = WIRE_KEY("offset"), [TK_NBYTES] = WIRE_KEY("nbytes"),
+};
+_Static_assert(sizeof wire_tensor_keys / sizeof wire_tensor_keys[0] == TK_COUNT, "tensor keys");
+
+static bt_status_t wire_tensor_read(const msgpack_object *o, uint32_t idx, const wire_limits_t *lim,
+                                    wire_tensor_desc_t *d, wire_err_t *err)
+{
+    if (o->type != MSGPACK_OBJECT_MAP)
+        return wire_err_set(err, "envelope: tensor #%u is not a map (msgpack type %d)", idx, (int)o->type);
+    const msgpack_object *val[TK_COUNT] = {0};
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+        const msgpack_object_kv *kv = &o->via.map.ptr[i];
+        int k = wire_key_find(&kv->key, wire_tensor_keys, TK_COUNT, i);
+        if (k == -2) return wire_err_set(err, "envelope: tensor #%u key #%u is not a string", idx, i);
+        if (k < 0) continue; /* unknown keys are skipped */
+        if (val[k]) return wire_err_set(err, "envelope: tensor #%u duplicate key '%s'", idx, wire_tensor_keys[k].s);
+        val[k] = &kv->val;
+    }
+    for (int k = 0; k < TK_COUNT; k++)
+        if (!val[k]) return wire_err_set(err, "envelope: tensor #%u missing key '%s'", idx, wire_tensor_keys[k].s);
+
+    bt_status_t st = wire_get_name(val[TK_NAME], lim->max_name_len, d->name, err);
+    if (st != BT_OK) return st;
+    const msgpack_object *dt = val[TK_DTYPE];
+    int dtype = dt->type == MSGPACK_OBJECT_STR ? wire_dtype_lookup(dt->via.str.ptr, dt->via.str.size) : -1;
+    if (dtype < 0) return wire_err_set(err, "envelope: tensor '%s' has an unknown dtype", d->name);
+    d->dtype = (dtype_t)dtype;
+    const msgpack_object *sh = val[TK_SHAPE];
+    if (sh->type != MSGPACK_OBJECT_ARRAY)
+        return wire_err_set(err, "envelope: tensor '%s' shape is not an array", d->name);
+    if (sh->via.array.size < 1 || sh->via.array.size > lim->max_dims)
+        return wire_err_set(err, "envelope: tensor '%s' has %u dims (1..%u allowed)", d->name,
+                            sh->via.array.size, lim->max_dims);
+    d->ndim = (int)sh->via.array.size;
+    for (int i = 0; i < d->ndim; i++) {
+        uint64_t v = 0;
+        if ((st = wire_get_u64(&sh->via.array.ptr[i], d->name, "dim", i, lim->max_dim, &v, err)) != BT_OK) return st;
+        d->shape[i] = (int64_t)v;
+    }
+    for (int i = d->ndim; i < TENSOR_MAX_DIMS; i++) d->shape[i] = 1;
+    if ((st = wire_get_u64(val[TK_OFFSET], d->name, "offset", -1, UINT64_MAX, &d->offset, err)) != BT_OK) return st;
+    if ((st = wire_get_u64(val[TK_NBYTES], d->name, "nbytes", -1, UINT64_MAX, &d->nbytes, err)) != BT_OK) return st;
+    return BT_OK;
+}
+
+/* "3x2" into buf, for reasons. */
+static void wire_shape_str(const wire_tensor_desc_t *d, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < d->ndim && n < cap; i++) {
+        int w = snprintf(buf + n, cap - n, i ? "x%lld" : "%lld", (long long)d->shape[i]);
+        if (w < 0) break;
+        n += (size_t)w;
+    }
+}
+
+/* The tensor descriptors against each other and the payload: dtype, sizes
+ * (with overflow checks), unique names, canonical layout, exact payload size. */
+static bt_status_t wire_tensors_check(const wire_env_t *env, uint64_t payload_len,
+                                      const wire_limits_t *lim, wire_err_t *err)
+{
+    if (payload_len > lim->max_payload)
+        return wire_err_set(err, "envelope: payload of %llu bytes exceeds the limit %llu",
+                            (unsigned long long)payload_len, (unsigned long long)lim->max_payload);
+    if (env->ntensors > lim->max_tensors || env->ntensors > WIRE_MAX_TENSORS)
+        return wire_err_set(err, "envelope: %u tensors exceed the limit %u", env->ntensors, lim->max_tensors);
+    uint64_t end = 0;
+    for (uint32_t i = 0; i < env->ntensors; i++) {
+        const wire_tensor_desc_t *d = &env->tensors[i];
+        size_t esize = wire_dtype_size(d->dtype);
+        if (!esize) return wire_err_set(err, "envelope: tensor #%u has an unknown dtype", i);
+        if (d->ndim < 1 || d->ndim > (int)lim->max_dims || d->ndim > TENSOR_MAX_DIMS)
+            return wire_err_set(err, "envelope: tensor '%s' has %d dims", d->name, d->ndim);
+        for (uint32_t j = 0; j < i; j++)
+            if (!strcmp(env->tensors[j].name, d->name))
+                return wire_err_set(err, "envelope: duplicate tensor name '%s'", d->name);
+        uint64_t numel = 1;
+        bool overflow = false;
+        for (int k = 0; k < d->ndim; k++) {
+            if (d->shape[k] < 0 || (uint64_t)d->shape[k] > lim->max_dim)
+                return wire_err_set(err, "envelope: tensor '%s' dim %d = %lld out of range", d->name, k,
+                                    (long long)d->shape[k]);
+            overflow |= __builtin_mul_overflow(numel, (uint64_t)d->shape[k], &numel);
+        }
+        uint64_t want;
+        overflow |= __builtin_mul_overflow(numel, (uint64_t)esize, &want);
+        if (overflow || d->nbytes != want) {
+            char shape[96];
+            wire_shape_str(d, shape, sizeof shape);
+            if (overflow)
+                return wire_err_set(err, "envelope: tensor '%s' shape %s %s overflows", d->name, shape,
+                                    wire_dtype_name(d->dtype));
+            return wire_err_set(err, "envelope: tensor '%s' nbytes %llu != %s %s", d->name,
+                                (unsigned long long)d->nbytes, shape, wire_dtype_name(d->dtype));
+        }
+        uint64_t expect = i == 0 ? 0 : wire_align_up(end);
+        if (d->offset != expect)
+            return wire_err_set(err, "envelope: tensor '%s' offset %llu, expected %llu (%u-aligned, back to back)",
+                                d->name, (unsigned long long)d->offset, (unsigned long long)expect, WIRE_ALIGN);
+        /* offset <= payload_len is checked through end below; both are < 2^63 here */
+        if (d->offset > payload_len || d->nbytes > payload_len - d->offset)
+            return wire_err_set(err, "envelope: tensor '%s' [%llu, +%llu) lies beyond the %llu-byte payload",
+                                d->name, (unsigned long long)d->offset, (unsigned long long)d->nbytes,
+                                (unsigned long long)payload_len);
+        end = d->offset + d->nbytes;
+    }
+    if (end != payload_len)
+        return wire_err_set(err, "envelope: payload is %llu bytes but the tensors cover %llu",
+                            (unsigned long long)payload_len, (unsigned long long)end);
+    return BT_OK;
+}
+
+enum { EK_VER, EK_TYPE, EK_SRC, EK_DST, EK_SEQ, EK_STEP, EK_MB, EK_TENSORS, EK_META, EK_COUNT };
+static const wire_key_t wire_env_keys[EK_COUNT] = {
+    [EK_VER] = WIRE_KEY("ver"), [EK_TYPE] = WIRE_KEY("type"), [EK_SRC] = WIRE_KEY("src"),
+    [EK_DST] = WIRE_KEY("dst"), [EK_SEQ] = WIRE_KEY("seq"), [EK_STEP] = WIRE_KEY("step"),
+    [EK_MB] = WIRE_KEY("mb"), [EK_TENSORS] = WIRE_KEY("tensors"), [EK_META] = WIRE_KEY("meta"),
+};
+_Static_assert(sizeof wire_env_keys / sizeof wire_env_keys[0] == EK_COUNT, "envelope keys");
+
+static bt_status_t wire_env_read(const msgpack_object *root, size_t payload_len, const wire_limits_t *lim,
+                                 wire_env_t *env, const msgpack_object **meta, wire_err_t *err)
+{
+    if (root->type != MSGPACK_OBJECT_MAP)
+        return wire_err_set(err, "envelope: not a msgpack map (msgpack type %d)", (int)root->type);
+    const msgpack_object_map *m = &root->via.map;
+    /* "ver" first: the format's magic. Anything else is not our frame. */
+    if (m->size == 0 || wire_key_find(&m->ptr[0].key, wire_env_keys, 1, 0) != EK_VER)
+        return wire_err_set(err, "envelope: first key is not 'ver' (not a baton envelope)");
+    const msgpack_object *ver = &m->ptr[0].val;
+    if (ver->type != MSGPACK_OBJECT_POSITIVE_INTEGER || ver->via.u64 != WIRE_VERSION)
+        return wire_err_set(err, "envelope: version %lld, expected %u",
+                            ver->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (long long)ver->via.u64 : -1LL,
+                            WIRE_VERSION);
+
+    const msgpack_object *val[EK_COUNT] = {0};
+    for (uint32_t i = 0; i < m->size; i++) {
+        const msgpack_object_kv *kv = &m->ptr[i];
+        int k = wire_key_find(&kv->key, wire_env_keys, EK_COUNT, i);
+        if (k == -2)
+            return wire_err_set(err, "envelope: key #%u is not a string (msgpack type %d)", i, (int)kv->key.type);
+        if (k < 0) continue; /* unknown keys are skipped: the format grows by appending */
+        if (val[k]) return wire_err_set(err, "envelope: duplicate key '%s'", wire_env_keys[k].s);
+        val[k] = &kv->val;
+    }
+    for (int k = 0; k < EK_COUNT; k++)
+        if (!val[k]) return wire_err_set(err, "envelope: missing key '%s'", wire_env_keys[k].s);
+
+    uint64_t u = 0;
+    int64_t s;
+    bt_status_t st;
+    env->ver = WIRE_VERSION;
+    if ((st = wire_get_u64(val[EK_TYPE], NULL, "type", -1, UINT32_MAX, &u, err)) != BT_OK) return st;
+    env->type = (uint32_t)u;
+    if ((st = wire_get_u64(val[EK_SRC], NULL, "src", -1, UINT32_MAX, &u, err)) != BT_OK) return st;
+    env->src = (actor_addr_t)u;
+    if ((st = wire_get_u64(val[EK_DST], NULL, "dst", -1, UINT32_MAX, &u, err)) != BT_OK) return st;
+    env->dst = (actor_addr_t)u;
+    if ((st = wire_get_u64(val[EK_SEQ], NULL, "seq", -1, UINT64_MAX, &env->seq, err)) != BT_OK) return st;
+    if ((st = wire_get_i64(val[EK_STEP], "step", -1, INT64_MAX, &env->step, err)) != BT_OK) return st;
+    if ((st = wire_get_i64(val[EK_MB], "mb", -1, INT32_MAX, &s, err)) != BT_OK) return st;
+    env->mb = (int32_t)s;
+
+    const msgpack_object *ts = val[EK_TENSORS];
+    if (ts->type != MSGPACK_OBJECT_ARRAY)
+        return wire_err_set(err, "envelope: tensors is not an array (msgpack type %d)", (int)ts->type);
+    uint32_t cap = lim->max_tensors < WIRE_MAX_TENSORS ? lim->max_tensors : WIRE_MAX_TENSORS;
+    if (ts->via.array.size > cap)
+        return wire_err_set(err, "envelope: %u tensors exceed the limit %u", ts->via.array.size, cap);
+    env->ntensors = ts->via.array.size;
+    for (uint32_t i = 0; i < env->ntensors; i++)
+        if ((st = wire_tensor_read(&ts->via.array.ptr[i], i, lim, &env->tensors[i], err)) != BT_OK) return st;
+    if ((st = wire_tensors_check(env, payload_len, lim, err)) != BT_OK) return st;
+    *meta = val[EK_META];
+    return BT_OK;
+}
+
+/* Limits as given, with the hard caps of the fixed-size structs applied. */
+static wire_limits_t wire_limits_clamp(const wire_limits_t *lim)
+{
+    wire_limits_t l = lim ? *lim : wire_limits_default();
+    if (l.max_tensors > WIRE_MAX_TENSORS) l.max_tensors = WIRE_MAX_TENSORS;
+    if (l.max_dims > TENSOR_MAX_DIMS) l.max_dims = TENSOR_MAX_DIMS;
+    if (l.max_name_len > WIRE_NAME_MAX - 1) l.max_name_len = WIRE_NAME_MAX - 1;
+    return l;
+}
+
+bt_status_t wire_env_decode(const void *hdr, size_t hdr_len, size_t payload_len,
+                            const wire_limits_t *lim_in, wire_env_t *env,
+                            wire_meta_decode_fn meta_fn, void *meta_arg, wire_err_t *err)
+{
+    wire_limits_t lim = wire_limits_clamp(lim_in);
+    err->reason[0] = '\0';
+    if (hdr_len == 0 || !hdr) return wire_err_set(err, "envelope: empty header");
+    if (hdr_len > lim.max_hdr_bytes)
+        return wire_err_set(err, "envelope: header of %zu bytes exceeds the limit %zu", hdr_len, lim.max_hdr_bytes);
+    bt_status_t st = wire_mp_scan(hdr, hdr_len, err);
+    if (st != BT_OK) return st;
+
+    /* One chunk covers ordinary envelopes; the scan bounds the worst case. */
+    msgpack_zone zone;
+    if (!msgpack_zone_init(&zone, 2048)) return BT_ERR_NOMEM;
+    msgpack_object root;
+    size_t off = 0;
+    msgpack_unpack_return ur = msgpack_unpack(hdr, hdr_len, &off, &zone, &root);
+    if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
+        st = BT_ERR_NOMEM;
+        wire_err_set(err, "envelope: out of memory unpacking %zu bytes", hdr_len);
+        goto out_zone;
+    }
+    if (ur != MSGPACK_UNPACK_SUCCESS || off != hdr_len) {
+        st = wire_err_set(err, "envelope: msgpack parse error %d at byte %zu", (int)ur, off);
+        goto out_zone;
+    }
+    const msgpack_object *meta = NULL;
+    if ((st = wire_env_read(&root, payload_len, &lim, env, &meta, err)) != BT_OK) goto out_zone;
+    if (meta_fn) st = meta_fn(meta_arg, env, meta, err);
+out_zone:
+    msgpack_zone_destroy(&zone);
+    return st;
+}
+
+/* ---- encoding ------------------------------------------------------------- */
+
+static int wire_pack_key(msgpack_packer *pk, const wire_key_t *k)
+{
+    return msgpack_pack_str(pk, k->len) | msgpack_pack_str_body(pk, k->s, k->len);
+}
+
+static int wire_pack_str(msgpack_packer *pk, const char *s)
+{
+    size_t len = strlen(s);
+    return msgpack_pack_str(pk, len) | msgpack_pack_str_body(pk, s, len);
+}
+
+bt_status_t wire_env_encode(msgpack_sbuffer *buf, const wire_env_t *env,
+                            wire_meta_encode_fn meta_fn, const void *body, wire_err_t *err)
+{
+    wire_err_t local;
+    if (!err) err = &local;
+    err->reason[0] = '\0';
+    if (env->ntensors > WIRE_MAX_TENSORS) {
+        wire_err_set(err, "envelope: %u tensors exceed %d", env->ntensors, WIRE_MAX_TENSORS);
+        return BT_ERR_INVALID;
+    }
+    if (env->step < -1 || env->mb < -1) {
+        wire_err_set(err, "envelope: step %lld / mb %d below -1", (long long)env->step, (int)env->mb);
+        return BT_ERR_INVALID;
+    }
+    uint64_t payload_len = 0;
+    if (env->ntensors) {
+        const wire_tensor_desc_t *last = &env->tensors[env->ntensors - 1];
+        payload_len = last->offset + last->nbytes;
+    }
+    wire_limits_t lim = wire_limits_default();
+    lim.max_payload = UINT64_MAX;
+    for (uint32_t i = 0; i < env->ntensors; i++) {
+        size_t len = strnlen(env->tensors[i].name, WIRE_NAME_MAX);
+        if (len == 0 || len >= WIRE_NAME_MAX) {
+            wire_err_set(err, "envelope: tensor #%u name is empty or longer than %d bytes", i, WIRE_NAME_MAX - 1);
+            return BT_ERR_INVALID;
+        }
+    }
+    if (wire_tensors_check(env, payload_len, &lim, err) != BT_OK) return BT_ERR_INVALID;
+
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
+    int rc = msgpack_pack_map(&pk, EK_COUNT);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_VER]) | msgpack_pack_uint32(&pk, WIRE_VERSION);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_TYPE]) | msgpack_pack_uint32(&pk, env->type);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_SRC]) | msgpack_pack_uint32(&pk, env->src);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_DST]) | msgpack_pack_uint32(&pk, env->dst);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_SEQ]) | msgpack_pack_uint64(&pk, env->seq);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_STEP]) | msgpack_pack_int64(&pk, env->step);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_MB]) | msgpack_pack_int32(&pk, env->mb);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_TENSORS]) | msgpack_pack_array(&pk, env->ntensors);
+    for (uint32_t i = 0; i < env->ntensors && rc == 0; i++) {
+        const wire_tensor_desc_t *d = &env->tensors[i];
+        rc |= msgpack_pack_map(&pk, TK_COUNT);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_NAME]) | wire_pack_str(&pk, d->name);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_DTYPE]) | wire_pack_str(&pk, wire_dtype_name(d->dtype));
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_SHAPE]) | msgpack_pack_array(&pk, (size_t)d->ndim);
+        for (int k = 0; k < d->ndim; k++) rc |= msgpack_pack_uint64(&pk, (uint64_t)d->shape[k]);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_OFFSET]) | msgpack_pack_uint64(&pk, d->offset);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_NBYTES]) | msgpack_pack_uint64(&pk, d->nbytes);
+    }
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_META]);
+    if (rc != 0) return BT_ERR_NOMEM;
+    if (meta_fn) {
+        bt_status_t st = meta_fn(&pk, body);
+        if (st != BT_OK) {
+            wire_err_set(err, "envelope: meta encoder failed: %s", bt_status_str(st));
+            return st;
+        }
+    } else if (msgpack_pack_map(&pk, 0) != 0) {
+        return BT_ERR_NOMEM;
+    }
+    return BT_OK;
+}
+
+/* Contiguity of a view: strides (in elements) are the row-major ones. */
+static bool wire_tensor_contiguous(const tensor_t *t)
+{
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != expect) return false;
+        expect *= t->shape[i];
+    }
+    return true;
+}
+
+/* Padding source for the payload iovec; the transport only reads it. */
+static const uint8_t wire_zeros[WIRE_ALIGN];
+
+bt_status_t wire_tensors_layout(wire_env_t *env, const tensor_t *ts, const char *const *names,
+                                int n, struct iovec *iov, int *iovcnt, size_t *payload_len,
+                                wire_err_t *err)
+{
+    wire_err_t local;
+    if (!err) err = &local;
+    if (n < 0 || n > WIRE_MAX_TENSORS) {
+        wire_err_set(err, "envelope: %d tensors (0..%d allowed)", n, WIRE_MAX_TENSORS);
+        return BT_ERR_INVALID;
+    }
+    uint64_t end = 0;
+    int nio = 0;
+    for (int i = 0; i < n; i++) {
+        const tensor_t *t = &ts[i];
+        wire_tensor_desc_t *d = &env->tensors[i];
+        size_t len = names[i] ? strlen(names[i]) : 0;
+        if (len == 0 || len >= WIRE_NAME_MAX) {
+            wire_err_set(err, "envelope: tensor #%d name is empty or longer than %d bytes", i, WIRE_NAME_MAX - 1);
+            return BT_ERR_INVALID;
+        }
+        size_t esize = wire_dtype_size(t->dtype);
+        if (!esize || t->ndim < 1 || t->ndim > TENSOR_MAX_DIMS || !wire_tensor_contiguous(t)) {
+            wire_err_set(err, "envelope: tensor '%s' is not a contiguous 1..%d-d view of a known dtype",
+                         names[i], TENSOR_MAX_DIMS);
+            return BT_ERR_INVALID;
+        }
+        memcpy(d->name, names[i], len + 1);
+        d->dtype = t->dtype;
+        d->ndim = t->ndim;
+        uint64_t numel = 1;
+        for (int k = 0; k < TENSOR_MAX_DIMS; k++) {
+            d->shape[k] = k < t->ndim ? t->shape[k] : 1;
+            if (k < t->ndim) numel *= (uint64_t)t->shape[k];
+        }
+        d->nbytes = numel * esize;
+        d->offset = i == 0 ? 0 : wire_align_up(end);
+        if (d->offset > end) {
+            iov[nio].iov_base = (void *)wire_zeros;
+            iov[nio++].iov_len = (size_t)(d->offset - end);
+        }
+        if (d->nbytes) {
+            iov[nio].iov_base = t->data;
+            iov[nio++].iov_len = (size_t)d->nbytes;
+        }
+        end = d->offset + d->nbytes;
+    }
+    env->ntensors = (uint32_t)n;
+    *iovcnt = nio;
+    *payload_len = (size_t)end;
+    return BT_OK;
+}
+
+tensor_t wire_tensor_view(const wire_env_t *env, uint32_t i, void *payload)
+{
+    assert(i < env->ntensors);
+    const wire_tensor_desc_t *d = &env->tensors[i];
+    tensor_t t;
+    memset(&t, 0, sizeof t);
+    t.dtype = d->dtype;
+    t.ndim = d->ndim;
+    t.device = DEVICE_CPU;
+    int64_t stride = 1;
+    for (int k = TENSOR_MAX_DIMS - 1; k >= 0; k--) {
+        t.shape[k] = k < d->ndim ? d->shape[k] : 1;
+        t.stride[k] = stride;
+        stride *= t.shape[k];
+    }
+    t.data = payload ? (uint8_t *)payload + d->offset : NULL;
+    return t;
+}
+
+bt_status_t wire_tensor_find(const wire_env_t *env, const char *name, void *payload, tensor_t *out)
+{
+    for (uint32_t i = 0; i < env->ntensors; i++) {
+        if (strcmp(env->tensors[i].name, name)) continue;
+        *out = wire_tensor_view(env, i, payload);
+        return BT_OK;
+    }
+    return BT_ERR_NOT_FOUND;
+}

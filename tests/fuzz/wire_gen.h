@@ -1,0 +1,215 @@
+/* Shared by tests/fuzz/fuzz_wire.c and tests/test_wire.c: the fuzz input
+ * format and the round-trip properties checked on every input.
+ *
+ * Fuzz input: [u32 little-endian payload_len][envelope header bytes].
+ * The same bytes also seed a random message (type, envelope fields, body,
+ * up to 3 tensors) for the property decode(encode(x)) == x.
+ */
+#ifndef BT_TESTS_FUZZ_WIRE_GEN_H
+#define BT_TESTS_FUZZ_WIRE_GEN_H
+
+#include <math.h>
+#include <string.h>
+
+#include "actors/msg.h"
+
+/* Little byte reader that returns zeros past the end. */
+typedef struct { const uint8_t *p; size_t n, i; } wire_gen_src_t;
+
+static inline void wire_gen_take(wire_gen_src_t *s, void *out, size_t len)
+{
+    uint8_t *o = out;
+    for (size_t k = 0; k < len; k++) o[k] = s->i < s->n ? s->p[s->i++] : 0;
+}
+
+static inline uint64_t wire_gen_u64(wire_gen_src_t *s)
+{
+    uint64_t v;
+    wire_gen_take(s, &v, sizeof v);
+    return v;
+}
+
+static inline void wire_gen_str(wire_gen_src_t *s, char *dst, size_t cap)
+{
+    size_t len = (size_t)(wire_gen_u64(s) % cap); /* < cap: room for NUL */
+    for (size_t k = 0; k < len; k++) {
+        uint8_t c = 0;
+        wire_gen_take(s, &c, 1);
+        dst[k] = (char)(c ? c : 'z');
+    }
+    dst[len] = '\0';
+}
+
+static inline float wire_gen_f32(wire_gen_src_t *s)
+{
+    float f;
+    wire_gen_take(s, &f, sizeof f);
+    return isnan(f) ? NAN : f; /* float->double->float quiets signalling NaNs */
+}
+
+/* A valid message built from the bytes: env (with tensors laid out over a
+ * caller buffer `data` of cap bytes, filled from the input), type, body. */
+static inline void wire_gen_message(const uint8_t *in, size_t n, wire_env_t *env, msg_body_t *body,
+                                    tensor_t *ts, const char **names, char name_buf[][WIRE_NAME_MAX],
+                                    int *nt, uint8_t *data, size_t cap)
+{
+    wire_gen_src_t s = {in, n, 0};
+    memset(env, 0, sizeof *env);
+    memset(body, 0, sizeof *body);
+    env->type = (uint32_t)(wire_gen_u64(&s) % MSG_TYPE_COUNT);
+    env->src = (actor_addr_t)wire_gen_u64(&s);
+    env->dst = (actor_addr_t)wire_gen_u64(&s);
+    env->seq = wire_gen_u64(&s);
+    env->step = (int64_t)(wire_gen_u64(&s) >> 1) - 1;
+    env->mb = (int32_t)(wire_gen_u64(&s) & 0x7fffffff) - 1;
+    if (env->step < -1) env->step = -1;
+    if (env->mb < -1) env->mb = -1;
+    switch (env->type) {
+    case MSG_PING: case MSG_PONG:
+        body->ping.id = wire_gen_u64(&s);
+        body->ping.t_ns = wire_gen_u64(&s);
+        break;
+    case MSG_CREDIT:
+        body->credit.edge = (uint32_t)wire_gen_u64(&s);
+        body->credit.credits = (uint32_t)wire_gen_u64(&s) | 1;
+        break;
+    case MSG_HEARTBEAT:
+        body->heartbeat.t_ns = wire_gen_u64(&s);
+        body->heartbeat.rank = (uint32_t)wire_gen_u64(&s);
+        body->heartbeat.state = (uint32_t)wire_gen_u64(&s);
+        body->heartbeat.step = (int64_t)(wire_gen_u64(&s) >> 1) - 1;
+        break;
+    case MSG_STOP:
+        body->stop.status = (int32_t)wire_gen_u64(&s);
+        wire_gen_str(&s, body->stop.why, sizeof body->stop.why);
+        break;
+    case MSG_ERROR_REPORT:
+        body->error_report.status = (int32_t)wire_gen_u64(&s);
+        body->error_report.actor = (actor_addr_t)wire_gen_u64(&s);
+        body->error_report.peer = (uint32_t)wire_gen_u64(&s);
+        wire_gen_str(&s, body->error_report.where, sizeof body->error_report.where);
+        wire_gen_str(&s, body->error_report.text, sizeof body->error_report.text);
+        break;
+    case MSG_ACTIVATION:
+        body->activation.vstage = (int32_t)(wire_gen_u64(&s) & 0x7fffffff);
+        body->activation.chunk = (uint32_t)wire_gen_u64(&s);
+        break;
+    case MSG_ACT_GRAD: {
+        body->act_grad.vstage = (int32_t)(wire_gen_u64(&s) & 0x7fffffff);
+        body->act_grad.chunk = (uint32_t)wire_gen_u64(&s);
+        float f = fabsf(wire_gen_f32(&s));
+        body->act_grad.loss_scale = isfinite(f) && f > 0 ? f : 1.0f;
+        break;
+    }
+    case MSG_DATA_BATCH:
+        body->data_batch.data_pos = wire_gen_u64(&s);
+        body->data_batch.batch = (uint32_t)wire_gen_u64(&s);
+        body->data_batch.seq_len = (uint32_t)wire_gen_u64(&s);
+        body->data_batch.epoch = (uint32_t)wire_gen_u64(&s);
+        break;
+    case MSG_METRICS:
+        body->metrics.loss = wire_gen_f32(&s);
+        body->metrics.grad_norm = wire_gen_f32(&s);
+        body->metrics.lr = wire_gen_f32(&s);
+        body->metrics.tokens = wire_gen_u64(&s);
+        wire_gen_take(&s, &body->metrics.t_fwd_ms, 8);
+        wire_gen_take(&s, &body->metrics.t_bwd_ms, 8);
+        wire_gen_take(&s, &body->metrics.t_opt_ms, 8);
+        wire_gen_take(&s, &body->metrics.t_step_ms, 8);
+        break;
+    case MSG_CKPT_SHARD: {
+        msg_ckpt_shard_t *c = &body->ckpt_shard;
+        wire_gen_str(&s, c->name, sizeof c->name);
+        if (!c->name[0]) strcpy(c->name, "w");
+        c->ckpt_step = (int64_t)wire_gen_u64(&s);
+        c->shard = (uint32_t)wire_gen_u64(&s);
+        c->ndim = 1 + (uint32_t)(wire_gen_u64(&s) % TENSOR_MAX_DIMS);
+        c->is_optim = (uint32_t)wire_gen_u64(&s);
+        for (uint32_t k = 0; k < c->ndim; k++) {
+            c->global_shape[k] = (int64_t)(wire_gen_u64(&s) >> 2);
+            c->start[k] = c->global_shape[k] ? (int64_t)(wire_gen_u64(&s) % (uint64_t)c->global_shape[k]) : 0;
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    /* Up to 3 small tensors over `data` (sizes kept inside cap). */
+    *nt = (int)(wire_gen_u64(&s) % 4);
+    size_t used = 0;
+    for (int i = 0; i < *nt; i++) {
+        dtype_t dt = (dtype_t)(wire_gen_u64(&s) % DT_COUNT);
+        int ndim = 1 + (int)(wire_gen_u64(&s) % TENSOR_MAX_DIMS);
+        int64_t shape[TENSOR_MAX_DIMS];
+        int64_t numel = 1;
+        for (int k = 0; k < ndim; k++) {
+            shape[k] = (int64_t)(wire_gen_u64(&s) % 5); /* zero-size dims included */
+            numel *= shape[k];
+        }
+        size_t nb = (size_t)numel * wire_dtype_size(dt);
+        if (used + nb > cap) { shape[0] = 0; nb = 0; }
+        memset(&ts[i], 0, sizeof ts[i]);
+        ts[i].dtype = dt;
+        ts[i].ndim = ndim;
+        int64_t stride = 1;
+        for (int k = ndim - 1; k >= 0; k--) {
+            ts[i].shape[k] = shape[k];
+            ts[i].stride[k] = stride;
+            stride *= shape[k];
+        }
+        ts[i].data = data + used;
+        wire_gen_take(&s, data + used, nb);
+        used += nb;
+        snprintf(name_buf[i], WIRE_NAME_MAX, "t%d_%02x", i, (unsigned)(wire_gen_u64(&s) & 0xff));
+        names[i] = name_buf[i];
+    }
+}
+
+/* Gather an iovec into one buffer (what a transport delivers). */
+static inline size_t wire_gen_gather(const struct iovec *iov, int n, uint8_t *out)
+{
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(out + off, iov[i].iov_base, iov[i].iov_len);
+        off += iov[i].iov_len;
+    }
+    return off;
+}
+
+static inline bool wire_gen_env_equal(const wire_env_t *a, const wire_env_t *b)
+{
+    if (a->type != b->type || a->src != b->src || a->dst != b->dst || a->seq != b->seq ||
+        a->step != b->step || a->mb != b->mb || a->ntensors != b->ntensors)
+        return false;
+    for (uint32_t i = 0; i < a->ntensors; i++) {
+        const wire_tensor_desc_t *x = &a->tensors[i], *y = &b->tensors[i];
+        if (strcmp(x->name, y->name) || x->dtype != y->dtype || x->ndim != y->ndim ||
+            x->offset != y->offset || x->nbytes != y->nbytes)
+            return false;
+        for (int k = 0; k < x->ndim; k++)
+            if (x->shape[k] != y->shape[k]) return false;
+    }
+    return true;
+}
+
+/* Invariants of a successful decode: every tensor lies inside the payload,
+ * aligned, non-overlapping, with nbytes = numel * dtype size. Returns a
+ * description of the first violation or NULL. */
+static inline const char *wire_gen_check_decoded(const wire_env_t *env, size_t payload_len)
+{
+    uint64_t end = 0;
+    for (uint32_t i = 0; i < env->ntensors; i++) {
+        const wire_tensor_desc_t *d = &env->tensors[i];
+        if (d->offset % WIRE_ALIGN) return "misaligned";
+        if (i && d->offset < end) return "overlap";
+        if (d->offset + d->nbytes > payload_len || d->offset + d->nbytes < d->offset) return "beyond payload";
+        uint64_t numel = 1;
+        for (int k = 0; k < d->ndim; k++) numel *= (uint64_t)d->shape[k];
+        if (numel * wire_dtype_size(d->dtype) != d->nbytes) return "nbytes";
+        end = d->offset + d->nbytes;
+    }
+    if (env->type >= MSG_TYPE_COUNT) return "type";
+    return NULL;
+}
+
+#endif
