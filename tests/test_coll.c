@@ -1,0 +1,355 @@
+/* Host collectives against a sequential reference, over every transport:
+ * threads as ranks over inproc, forked processes as ranks over tcp and ucx.
+ *
+ * Inputs are multiples of 1/64 of small magnitude, so float sums over a few
+ * ranks are exact whatever the reduction order: results must be bit-equal to
+ * the sequential reference, which makes any misplaced chunk visible. */
+#include "actors/coll.h"
+#include "base/log.h"
+#include "tests/test.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const uint8_t secret[32] = "coll-test-secret-0123456789abcd";
+
+static float in_f32(int rank, size_t i)
+{
+    return (float)((int)((rank * 7919u + i * 104729u) % 1001u) - 500) / 64.0f;
+}
+
+/* ---- group runner ----------------------------------------------------------- */
+
+typedef int (*coll_body_fn)(coll_comm_t *c, void *arg); /* returns failures */
+
+typedef struct {
+    xport_kind_t kind;
+    int rank, size;
+    unsigned timeout_ms;
+    coll_body_fn body;
+    void *arg;
+    char (*addrs)[XPORT_ADDR_MAX];
+    pthread_barrier_t *bar;
+    int failures;
+} coll_thread_t;
+
+static int coll_rank_run(coll_thread_t *t, coll_comm_t *c)
+{
+    int f = t->body(c, t->arg);
+    coll_destroy(c);
+    return f;
+}
+
+static coll_host_config_t coll_cfg(xport_kind_t kind, int rank, int size, unsigned timeout_ms)
+{
+    return (coll_host_config_t){.rank = rank, .size = size, .comm_id = 7, .name = "test",
+                                .kind = kind, .job_id = "coll-test", .secret = secret,
+                                .secret_len = sizeof secret, .timeout_ms = timeout_ms,
+                                .segment_bytes = 1 << 20};
+}
+
+static void *coll_thread_main(void *p)
+{
+    coll_thread_t *t = p;
+    coll_host_config_t cfg = coll_cfg(t->kind, t->rank, t->size, t->timeout_ms);
+    coll_comm_t *c = NULL;
+    if (coll_host_open(&cfg, &c, t->addrs[t->rank], XPORT_ADDR_MAX)) {
+        t->failures = 1;
+        pthread_barrier_wait(t->bar);
+        return NULL;
+    }
+    pthread_barrier_wait(t->bar);
+    const char *a[64];
+    for (int j = 0; j < t->size; j++) a[j] = t->addrs[j];
+    if (coll_host_connect(c, a)) {
+        t->failures = 1;
+        coll_destroy(c);
+        return NULL;
+    }
+    t->failures = coll_rank_run(t, c);
+    return NULL;
+}
+
+static int run_threads(xport_kind_t kind, int n, unsigned timeout_ms, coll_body_fn body, void *arg)
+{
+    char addrs[64][XPORT_ADDR_MAX];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)n);
+    coll_thread_t t[64];
+    pthread_t th[64];
+    for (int r = 0; r < n; r++) {
+        t[r] = (coll_thread_t){.kind = kind, .rank = r, .size = n, .timeout_ms = timeout_ms,
+                               .body = body, .arg = arg, .addrs = addrs, .bar = &bar};
+        pthread_create(&th[r], NULL, coll_thread_main, &t[r]);
+    }
+    int f = 0;
+    for (int r = 0; r < n; r++) {
+        pthread_join(th[r], NULL);
+        f += t[r].failures;
+    }
+    pthread_barrier_destroy(&bar);
+    return f;
+}
+
+static int read_full(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = read(fd, (char *)buf + got, n - got);
+        if (k <= 0) return -1;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+/* Forked ranks; addresses travel over pipes through the parent. Each child's
+ * exit status is its failure count. A child listed in `kill_rank` gets
+ * SIGKILL from the parent after `kill_after_ms`. */
+static int run_procs(xport_kind_t kind, int n, unsigned timeout_ms, coll_body_fn body, void *arg,
+                     int kill_rank, int kill_after_ms)
+{
+    int up[64][2], down[64][2];
+    pid_t pid[64];
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < n; r++) {
+        if (pipe(up[r]) || pipe(down[r])) return 100;
+        pid[r] = fork();
+        if (pid[r] == 0) {
+            char tag[16];
+            snprintf(tag, sizeof tag, "rank%d", r);
+            log_set_tag(tag);
+            coll_host_config_t cfg = coll_cfg(kind, r, n, timeout_ms);
+            coll_comm_t *c = NULL;
+            char addrs[64][XPORT_ADDR_MAX];
+            memset(addrs, 0, sizeof addrs);
+            if (coll_host_open(&cfg, &c, addrs[r], XPORT_ADDR_MAX)) _exit(50);
+            if (write(up[r][1], addrs[r], XPORT_ADDR_MAX) != XPORT_ADDR_MAX) _exit(51);
+            if (read_full(down[r][0], addrs, (size_t)n * XPORT_ADDR_MAX)) _exit(52);
+            const char *a[64];
+            for (int j = 0; j < n; j++) a[j] = addrs[j];
+            if (coll_host_connect(c, a)) _exit(53);
+            int f = body(c, arg);
+            coll_destroy(c);
+            _exit(f > 40 ? 40 : f);
+        }
+    }
+    char addrs[64][XPORT_ADDR_MAX];
+    for (int r = 0; r < n; r++)
+        if (read_full(up[r][0], addrs[r], XPORT_ADDR_MAX)) return 101;
+    for (int r = 0; r < n; r++)
+        if (write(down[r][1], addrs, (size_t)n * XPORT_ADDR_MAX) < 0) return 102;
+    if (kill_rank >= 0) {
+        usleep((useconds_t)kill_after_ms * 1000);
+        kill(pid[kill_rank], SIGKILL);
+    }
+    int fails = 0;
+    for (int r = 0; r < n; r++) {
+        int status;
+        waitpid(pid[r], &status, 0);
+        close(up[r][0]); close(up[r][1]); close(down[r][0]); close(down[r][1]);
+        if (r == kill_rank) continue;
+        if (!WIFEXITED(status)) {
+            fprintf(stderr, "rank %d died (signal %d)\n", r, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+            fails++;
+        } else {
+            fails += WEXITSTATUS(status);
+        }
+    }
+    return fails;
+}
+
+static int run_group(xport_kind_t kind, int n, coll_body_fn body, void *arg)
+{
+    if (kind == XPORT_INPROC) return run_threads(kind, n, 20000, body, arg);
+    return run_procs(kind, n, 20000, body, arg, -1, 0);
+}
+
+/* ---- bodies ------------------------------------------------------------------ */
+
+#define BODY_CHECK(cond) do { if (!(cond)) { fprintf(stderr, "rank %d: %s:%d: %s\n", c->rank, \
+    __FILE__, __LINE__, #cond); return 1; } } while (0)
+
+static int body_all_reduce(coll_comm_t *c, void *arg)
+{
+    const size_t *sizes = arg;
+    for (int k = 0; sizes[k]; k++) {
+        size_t n = sizes[k];
+        float *buf = malloc(n * sizeof *buf);
+        int32_t *ib = malloc(n * sizeof *ib);
+        for (size_t i = 0; i < n; i++) {
+            buf[i] = in_f32(c->rank, i);
+            ib[i] = (int32_t)((c->rank * 31 + i * 7) % 97);
+        }
+        BODY_CHECK(coll_all_reduce(c, buf, n, DT_F32, COLL_SUM) == BT_OK);
+        BODY_CHECK(coll_all_reduce(c, ib, n, DT_I32, COLL_MAX) == BT_OK);
+        for (size_t i = 0; i < n; i++) {
+            float ref = 0;
+            int32_t mx = INT32_MIN;
+            for (int r = 0; r < c->size; r++) {
+                ref += in_f32(r, i);
+                int32_t v = (int32_t)((r * 31 + i * 7) % 97);
+                mx = v > mx ? v : mx;
+            }
+            if (buf[i] != ref || ib[i] != mx) {
+                fprintf(stderr, "rank %d: all_reduce n=%zu i=%zu got %g/%d want %g/%d\n", c->rank,
+                        n, i, buf[i], ib[i], ref, mx);
+                free(buf); free(ib);
+                return 1;
+            }
+        }
+        free(buf);
+        free(ib);
+    }
+    return 0;
+}
+
+/* uneven, with zero counts: counts[j] = (j * 5 + base) % 7 * scale */
+static void uneven_counts(int size, size_t scale, size_t *counts)
+{
+    for (int j = 0; j < size; j++) counts[j] = (size_t)((j * 5 + 3) % 7) * scale;
+    counts[0] = 0;
+}
+
+static int body_rs_ag(coll_comm_t *c, void *arg)
+{
+    size_t scale = *(const size_t *)arg;
+    size_t counts[64], offs[64], total = 0;
+    uneven_counts(c->size, scale, counts);
+    for (int j = 0; j < c->size; j++) { offs[j] = total; total += counts[j]; }
+    float *send = malloc((total + 1) * sizeof *send);
+    float *recv = malloc((counts[c->rank] + 1) * sizeof *recv);
+    for (size_t i = 0; i < total; i++) send[i] = in_f32(c->rank, i);
+    BODY_CHECK(coll_reduce_scatter(c, recv, send, counts, DT_F32, COLL_SUM) == BT_OK);
+    for (size_t i = 0; i < counts[c->rank]; i++) {
+        float ref = 0;
+        for (int r = 0; r < c->size; r++) ref += in_f32(r, offs[c->rank] + i);
+        BODY_CHECK(recv[i] == ref);
+    }
+    /* all_gather: every rank contributes in_f32(rank, offset+i) */
+    float *mine = malloc((counts[c->rank] + 1) * sizeof *mine);
+    for (size_t i = 0; i < counts[c->rank]; i++) mine[i] = in_f32(c->rank + 100, offs[c->rank] + i);
+    float *all = malloc((total + 1) * sizeof *all);
+    { bt_status_t st_ = coll_all_gather(c, all, mine, counts, DT_F32); if (st_) fprintf(stderr, "ag status %s\n", bt_status_str(st_)); BODY_CHECK(st_ == BT_OK); }
+    for (int r = 0; r < c->size; r++)
+        for (size_t i = 0; i < counts[r]; i++) BODY_CHECK(all[offs[r] + i] == in_f32(r + 100, offs[r] + i));
+    free(send); free(recv); free(mine); free(all);
+    return 0;
+}
+
+static int body_a2a_bcast(coll_comm_t *c, void *arg)
+{
+    size_t scale = *(const size_t *)arg;
+    int n = c->size, r = c->rank;
+    size_t sc[64] = {0}, rc[64] = {0}, so = 0, ro = 0;
+    /* rank i sends ((i + 2j) % 4) * scale elements to rank j (zero included) */
+    for (int j = 0; j < n; j++) {
+        sc[j] = (size_t)((r + 2 * j) % 4) * scale;
+        rc[j] = (size_t)((j + 2 * r) % 4) * scale;
+        so += sc[j];
+        ro += rc[j];
+    }
+    int64_t *send = calloc(so + 1, sizeof *send), *recv = calloc(ro + 1, sizeof *recv);
+    size_t o = 0;
+    for (int j = 0; j < n; j++)
+        for (size_t i = 0; i < sc[j]; i++) send[o++] = (int64_t)r * 1000000 + j * 1000 + (int64_t)i;
+    BODY_CHECK(coll_all_to_all(c, recv, rc, send, sc, DT_I64) == BT_OK);
+    o = 0;
+    for (int j = 0; j < n; j++)
+        for (size_t i = 0; i < rc[j]; i++) BODY_CHECK(recv[o++] == (int64_t)j * 1000000 + r * 1000 + (int64_t)i);
+    free(send);
+    free(recv);
+    /* broadcast from the last rank, several segments long */
+    size_t bn = 3 * scale * 1000 + 17;
+    double *b = malloc(bn * sizeof *b);
+    for (size_t i = 0; i < bn; i++) b[i] = r == n - 1 ? (double)i * 0.5 : -1.0;
+    BODY_CHECK(coll_broadcast(c, b, bn, DT_F64, n - 1) == BT_OK);
+    for (size_t i = 0; i < bn; i++) BODY_CHECK(b[i] == (double)i * 0.5);
+    free(b);
+    BODY_CHECK(coll_barrier(c) == BT_OK);
+    return 0;
+}
+
+/* ---- cases ----------------------------------------------------------------- */
+
+static const size_t small_sizes[] = {1, 2, 3, 7, 1000, 65537, (1u << 20) + 3, 0};
+
+static void check_kind_sizes(xport_kind_t kind)
+{
+    if (!xport_ops_get(kind)) {
+        fprintf(stderr, "transport %s not built\n", xport_kind_name(kind));
+        CHECK(kind == XPORT_UCX); /* only ucx may be absent */
+        return;
+    }
+    size_t scale_small = 1, scale_big = 4099;
+    for (int n = 1; n <= 4; n++) {
+        CHECK_MSG(run_group(kind, n, body_all_reduce, (void *)small_sizes) == 0, "%s n=%d all_reduce",
+                  xport_kind_name(kind), n);
+        CHECK_MSG(run_group(kind, n, body_rs_ag, &scale_small) == 0, "%s n=%d rs/ag small", xport_kind_name(kind), n);
+        CHECK_MSG(run_group(kind, n, body_rs_ag, &scale_big) == 0, "%s n=%d rs/ag", xport_kind_name(kind), n);
+        CHECK_MSG(run_group(kind, n, body_a2a_bcast, &scale_big) == 0, "%s n=%d a2a/bcast", xport_kind_name(kind), n);
+    }
+}
+
+static void test_coll_inproc(void) { check_kind_sizes(XPORT_INPROC); }
+static void test_coll_tcp(void) { check_kind_sizes(XPORT_TCP); }
+static void test_coll_ucx(void) { check_kind_sizes(XPORT_UCX); }
+
+/* 64M elements (256 MiB) all-reduce between two processes over tcp. */
+static void test_coll_64m_tcp(void)
+{
+    static const size_t big[] = {64u << 20, 0};
+    CHECK(run_procs(XPORT_TCP, 2, 60000, body_all_reduce, (void *)big, -1, 0) == 0);
+}
+
+static int body_mismatch(coll_comm_t *c, void *arg)
+{
+    float buf[16] = {0};
+    /* rank 0 reduces 10 elements, the others 12: must fail, not hang */
+    bt_status_t st = coll_all_reduce(c, buf, c->rank == 0 ? 10 : 12, DT_F32, COLL_SUM);
+    BODY_CHECK(st == BT_ERR_PEER_PROTO || st == BT_ERR_PEER_CLOSED);
+    BODY_CHECK(coll_barrier(c) != BT_OK); /* the communicator stays failed */
+    return 0;
+}
+
+static void test_coll_mismatch_detected(void)
+{
+    CHECK(run_procs(XPORT_TCP, 2, 5000, body_mismatch, NULL, -1, 0) == 0);
+    CHECK(run_threads(XPORT_INPROC, 3, 5000, body_mismatch, NULL) == 0);
+}
+
+static int body_survivor(coll_comm_t *c, void *arg)
+{
+    /* rank 1 is killed by the parent while everyone loops on all-reduces */
+    float *buf = calloc(1 << 20, sizeof *buf);
+    bt_status_t st = BT_OK;
+    for (int i = 0; i < 100000 && st == BT_OK; i++) st = coll_all_reduce(c, buf, 1 << 20, DT_F32, COLL_SUM);
+    free(buf);
+    BODY_CHECK(bt_status_is_peer(st));
+    return 0;
+}
+
+static void test_coll_peer_killed(void)
+{
+    uint64_t t0 = (uint64_t)time(NULL);
+    CHECK(run_procs(XPORT_TCP, 3, 2000, body_survivor, NULL, 1, 300) == 0);
+    CHECK((uint64_t)time(NULL) - t0 < 10);
+}
+
+static void test_coll_counts_even(void)
+{
+    size_t c[4];
+    coll_counts_even(10, 4, c);
+    CHECK(c[0] == 3 && c[1] == 3 && c[2] == 2 && c[3] == 2);
+    coll_counts_even(2, 4, c);
+    CHECK(c[0] == 1 && c[1] == 1 && c[2] == 0 && c[3] == 0);
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    TEST_RUN(argc, argv, test_coll_counts_even, test_coll_inproc, test_coll_tcp, test_coll_ucx,
+             test_coll_64m_tcp, test_coll_mismatch_detected, test_coll_peer_killed);
+}
