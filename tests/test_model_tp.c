@@ -620,7 +620,8 @@ static void expect_create_error(const char *dir, const model_config_t *cfg,
     tp_capture_t cap;
     model_t *m = NULL;
     capture_begin(&cap);
-    bt_status_t st = dir ? ckpt_hf_load_tp(dir, NULL, par, &m) : model_create_tp(cfg, NULL, par, &m);
+    bt_status_t st = dir ? ckpt_hf_load_tp(dir, NULL, par, &m)
+                         : model_create_tp(cfg, NULL, par, &m);
     char *msg = capture_end(&cap);
     CHECK_MSG(st == BT_ERR_INVALID, "%s: status %s", want, bt_status_str(st));
     CHECK_MSG(strstr(msg, want) != NULL, "message does not say '%s': %s", want, msg);
