@@ -1,0 +1,345 @@
+#include "actors/actor.h"
+
+#include <assert.h>
+#include <ev.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/router.h"
+#include "actors/trace.h"
+#include "base/clock.h"
+#include "base/log.h"
+
+_Static_assert(sizeof(ev_timer) <= sizeof(((actor_timer_t *)0)->w), "actor_timer_t.w holds an ev_timer");
+_Static_assert(offsetof(actor_msg_t, item) == 0, "a message is its queue item");
+
+/* > 0 while this thread runs actor code (handler, hook, timer). Runtime
+ * callbacks (transport receive) dispatch directly only at depth 0, so a
+ * handler that sends to an actor of its own loop never recurses. */
+static _Thread_local int actor_depth;
+
+/* ---- messages ------------------------------------------------------------ */
+
+/* Local view arithmetic (the runtime needs no more of kernels/). */
+static size_t msg_view_nbytes(const tensor_t *t)
+{
+    size_t n = wire_dtype_size(t->dtype);
+    for (int k = 0; k < t->ndim; k++) n *= (size_t)t->shape[k];
+    return n;
+}
+
+static bool msg_view_contiguous(const tensor_t *t)
+{
+    int64_t want = 1;
+    for (int k = t->ndim - 1; k >= 0; k--) {
+        if (t->shape[k] != 1 && t->stride[k] != want) return false;
+        want *= t->shape[k];
+    }
+    return true;
+}
+
+static tensor_t msg_view_make(void *data, dtype_t dt, int ndim, const int64_t *shape)
+{
+    tensor_t t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dt;
+    t.ndim = ndim;
+    t.device = DEVICE_CPU;
+    t.data = data;
+    int64_t stride = 1;
+    for (int k = TENSOR_MAX_DIMS - 1; k >= 0; k--) {
+        t.shape[k] = k < ndim ? shape[k] : 1;
+        t.stride[k] = stride;
+        stride *= t.shape[k];
+    }
+    return t;
+}
+
+actor_msg_t *actor_msg_new(uint32_t type)
+{
+    actor_msg_t *m = malloc(sizeof *m);
+    if (!m) return NULL;
+    /* The tensor descriptor array is large and written as tensors are added:
+     * zero only the header of the envelope. */
+    memset(m, 0, offsetof(actor_msg_t, env) + offsetof(wire_env_t, tensors));
+    memset((char *)m + offsetof(actor_msg_t, body), 0, sizeof *m - offsetof(actor_msg_t, body));
+    m->env.ver = WIRE_VERSION;
+    m->env.type = type;
+    m->env.step = -1;
+    m->env.mb = -1;
+    return m;
+}
+
+void actor_msg_free(actor_msg_t *m)
+{
+    if (!m) return;
+    if (m->rx) {
+        actor_router_rx_free_(m); /* comes back here with m->rx == NULL */
+        return;
+    }
+    if (m->on_free) m->on_free(m->on_free_arg);
+    for (uint32_t i = 0; i < WIRE_MAX_TENSORS; i++) free(m->owned[i]);
+    free(m);
+}
+
+static bt_status_t msg_tensor_name_check(actor_msg_t *m, const char *name)
+{
+    if (m->env.ntensors >= WIRE_MAX_TENSORS) {
+        log_error("message %s: more than %d tensors", msg_type_name(m->env.type), WIRE_MAX_TENSORS);
+        return BT_ERR_INVALID;
+    }
+    size_t len = name ? strlen(name) : 0;
+    if (len == 0 || len >= WIRE_NAME_MAX) {
+        log_error("message %s: tensor name must be 1..%d bytes", msg_type_name(m->env.type),
+                  WIRE_NAME_MAX - 1);
+        return BT_ERR_INVALID;
+    }
+    return BT_OK;
+}
+
+static void msg_tensor_set(actor_msg_t *m, const char *name, const tensor_t *view)
+{
+    uint32_t i = m->env.ntensors++;
+    wire_tensor_desc_t *d = &m->env.tensors[i];
+    memset(d, 0, sizeof *d);
+    memcpy(d->name, name, strlen(name) + 1);
+    d->dtype = view->dtype;
+    d->ndim = view->ndim;
+    for (int k = 0; k < view->ndim; k++) d->shape[k] = view->shape[k];
+    d->nbytes = msg_view_nbytes(view);
+    m->tensors[i] = *view;
+}
+
+tensor_t *actor_msg_tensor_new(actor_msg_t *m, const char *name, dtype_t dt, int ndim,
+                               const int64_t *shape)
+{
+    if (msg_tensor_name_check(m, name) != BT_OK) return NULL;
+    if (ndim < 1 || ndim > TENSOR_MAX_DIMS || !wire_dtype_size(dt)) {
+        log_error("message %s: tensor '%s': bad dtype or ndim %d", msg_type_name(m->env.type), name, ndim);
+        return NULL;
+    }
+    tensor_t t = msg_view_make(NULL, dt, ndim, shape);
+    size_t nbytes = msg_view_nbytes(&t);
+    size_t cap = (size_t)wire_align_up(nbytes ? nbytes : 1);
+    void *buf = aligned_alloc(WIRE_ALIGN, cap);
+    if (!buf) return NULL;
+    memset(buf, 0, cap);
+    t.data = buf;
+    uint32_t i = m->env.ntensors;
+    m->owned[i] = buf;
+    msg_tensor_set(m, name, &t);
+    return &m->tensors[i];
+}
+
+bt_status_t actor_msg_tensor_add(actor_msg_t *m, const char *name, const tensor_t *view)
+{
+    bt_status_t st = msg_tensor_name_check(m, name);
+    if (st != BT_OK) return st;
+    if (!msg_view_contiguous(view) || !wire_dtype_size(view->dtype)) {
+        log_error("message %s: tensor '%s' is not contiguous", msg_type_name(m->env.type), name);
+        return BT_ERR_INVALID;
+    }
+    msg_tensor_set(m, name, view);
+    return BT_OK;
+}
+
+void actor_msg_on_free(actor_msg_t *m, actor_free_fn fn, void *arg)
+{
+    m->on_free = fn;
+    m->on_free_arg = arg;
+}
+
+tensor_t *actor_msg_tensor(actor_msg_t *m, const char *name)
+{
+    for (uint32_t i = 0; i < m->env.ntensors; i++)
+        if (!strcmp(m->env.tensors[i].name, name)) return &m->tensors[i];
+    return NULL;
+}
+
+size_t actor_msg_payload_bytes(const actor_msg_t *m)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < m->env.ntensors; i++) n += (size_t)m->env.tensors[i].nbytes;
+    return n;
+}
+
+/* ---- dispatch ------------------------------------------------------------ */
+
+static void actor_start_now(actor_t *a)
+{
+    if (a->state != ACTOR_NEW) return;
+    a->state = ACTOR_RUNNING;
+    if (a->cls->start) {
+        actor_depth++;
+        a->cls->start(a);
+        actor_depth--;
+    }
+}
+
+/* A message that will never reach a handler. */
+static void msg_drop(actor_msg_t *m)
+{
+    if (m->env.type == ACTOR_SYS_WORK_DONE && m->sys.work.cleanup)
+        m->sys.work.cleanup(m->sys.work.arg);
+    actor_msg_free(m);
+}
+
+static void msg_dispatch(actor_t *a, actor_msg_t *m)
+{
+    if (a->state == ACTOR_NEW) actor_start_now(a);
+    uint32_t type = m->env.type;
+    if (a->state != ACTOR_RUNNING) {
+        log_debug("actor %s: dropping %s after stop", a->name, msg_type_name(type));
+        msg_drop(m);
+        return;
+    }
+    actor_handler_fn h = type < ACTOR_TYPE_COUNT ? a->cls->handlers[type] : NULL;
+    if (!h) {
+        if (type == MSG_STOP) {
+            actor_msg_free(m);
+            actor_stop(a);
+            return;
+        }
+        log_debug("actor %s: no handler for %s", a->name, msg_type_name(type));
+        msg_drop(m);
+        return;
+    }
+    uint64_t t0 = 0;
+    if (trace_enabled()) {
+        t0 = clock_now_ns();
+        /* Remote frames were recorded by the router when they arrived. */
+        if (!m->rx && type < MSG_TYPE_COUNT)
+            trace_recv(a->addr, m->env.src, type, m->env.seq, actor_msg_payload_bytes(m),
+                       m->env.step, m->env.mb, t0);
+    }
+    int64_t step = m->env.step;
+    int32_t mb = m->env.mb;
+    actor_depth++;
+    actor_ret_t r = h(a, m);
+    actor_depth--;
+    if (t0) trace_span(a->addr, TRACE_SPAN_HANDLER, 0, type, step, mb, t0, clock_now_ns());
+    if (r == ACTOR_DONE) actor_msg_free(m);
+}
+
+static void msg_item_run(actor_item_t *it)
+{
+    actor_msg_t *m = (actor_msg_t *)it;
+    msg_dispatch(m->to, m);
+}
+
+static void msg_item_cancel(actor_item_t *it) { msg_drop((actor_msg_t *)it); }
+
+void actor_deliver_(actor_t *to, actor_msg_t *m)
+{
+    m->to = to;
+    if (actor_depth == 0 && actor_loop_current() == to->loop) {
+        msg_dispatch(to, m);
+        return;
+    }
+    m->item.run = msg_item_run;
+    m->item.cancel = msg_item_cancel;
+    actor_loop_post(to->loop, &m->item);
+}
+
+/* ---- actors -------------------------------------------------------------- */
+
+static void actor_start_item(void *arg) { actor_start_now(arg); }
+
+bt_status_t actor_register(actor_router_t *rt, actor_t *self, const actor_class_t *cls,
+                           actor_loop_t *loop, const char *name, uint32_t slot)
+{
+    assert(cls && loop && rt);
+    self->cls = cls;
+    self->rt = rt;
+    self->loop = loop;
+    self->name = name ? name : cls->name;
+    self->seq = 0;
+    self->state = ACTOR_NEW;
+    self->timers = NULL;
+    bt_status_t st = actor_router_register_(rt, self, slot);
+    if (st != BT_OK) return st;
+    trace_actor_name(self->addr, self->name);
+    return actor_loop_post_fn(loop, actor_start_item, self);
+}
+
+bt_status_t actor_send(actor_t *self, uint32_t dst, actor_msg_t *m)
+{
+    assert(actor_loop_current() == self->loop);
+    m->env.src = self->addr;
+    m->env.dst = dst;
+    m->env.seq = self->seq++;
+    if (actor_addr_rank(dst) != actor_router_rank(self->rt))
+        return actor_router_send_remote_(self->rt, self, m);
+    actor_t *to = actor_router_lookup_(self->rt, actor_addr_slot(dst));
+    if (!to) {
+        log_error("actor %s: no actor at slot %u of rank %u for %s", self->name,
+                  actor_addr_slot(dst), actor_addr_rank(dst), msg_type_name(m->env.type));
+        actor_msg_free(m);
+        return BT_ERR_NOT_FOUND;
+    }
+    if (trace_enabled())
+        trace_send(self->addr, dst, m->env.type, m->env.seq, actor_msg_payload_bytes(m),
+                   m->env.step, m->env.mb, clock_now_ns());
+    actor_deliver_(to, m);
+    return BT_OK;
+}
+
+void actor_stop(actor_t *self)
+{
+    if (self->state == ACTOR_STOPPED) return;
+    while (self->timers) actor_timer_stop(self->timers);
+    bool was_running = self->state == ACTOR_RUNNING;
+    self->state = ACTOR_STOPPED;
+    if (was_running && self->cls->stop) {
+        actor_depth++;
+        self->cls->stop(self);
+        actor_depth--;
+    }
+}
+
+/* ---- timers -------------------------------------------------------------- */
+
+static void actor_timer_cb(struct ev_loop *ev, ev_timer *w, int revents)
+{
+    (void)ev; (void)revents;
+    actor_timer_t *t = w->data;
+    actor_t *a = t->owner;
+    if (!ev_is_active(w)) actor_timer_stop(t); /* one-shot: unlink before the callback */
+    if (a->state != ACTOR_RUNNING) return;
+    uint64_t t0 = trace_enabled() ? clock_now_ns() : 0;
+    actor_depth++;
+    t->cb(a, t);
+    actor_depth--;
+    if (t0) trace_span(a->addr, TRACE_SPAN_HANDLER, 0, 0xffff, -1, -1, t0, clock_now_ns());
+}
+
+void actor_timer_start(actor_t *self, actor_timer_t *t, double after_s, double repeat_s,
+                       actor_timer_fn cb)
+{
+    assert(actor_loop_current() == self->loop);
+    if (t->active) actor_timer_stop(t);
+    ev_timer *w = (ev_timer *)(void *)t->w;
+    ev_timer_init(w, actor_timer_cb, after_s, repeat_s);
+    w->data = t;
+    t->owner = self;
+    t->cb = cb;
+    t->active = true;
+    t->next = self->timers;
+    self->timers = t;
+    ev_timer_start(actor_loop_ev(self->loop), w);
+}
+
+void actor_timer_stop(actor_timer_t *t)
+{
+    if (!t->active) return;
+    actor_t *a = t->owner;
+    ev_timer_stop(actor_loop_ev(a->loop), (ev_timer *)(void *)t->w);
+    for (actor_timer_t **p = &a->timers; *p; p = &(*p)->next) {
+        if (*p == t) {
+            *p = t->next;
+            break;
+        }
+    }
+    t->next = NULL;
+    t->active = false;
+}

@@ -1,0 +1,182 @@
+/* Actors: caller-allocated state machines driven by messages.
+ *
+ * An actor is a struct of the caller's with actor_t as its FIRST member
+ * (STYLE.md rule 7). Its class gives one handler per message type (a table
+ * indexed by type) plus start/stop hooks. All of an actor's hooks, handlers
+ * and timers run on one loop thread, one at a time, so an actor needs no
+ * locks for its own state. A handler never blocks: long work goes to a
+ * worker (actors/worker.h), whose completion comes back as a message.
+ *
+ * Ownership (STYLE.md rule 6): a handler returns ACTOR_DONE (the runtime
+ * frees the message when the handler returns) or ACTOR_KEPT (the actor owns
+ * it and calls actor_msg_free later, on any thread). Freeing a received
+ * message returns its buffer to the transport and its credit to the sender.
+ * actor_send always takes ownership of the message it is given.
+ *
+ * Types: wire message types (msg_type_t, actors/msg.h) travel between
+ * processes; the ACTOR_SYS_* types after them are local runtime events
+ * (worker completions, credit notices) that never go on the wire. Both are
+ * dispatched through the same table.
+ */
+#ifndef BT_ACTORS_ACTOR_H
+#define BT_ACTORS_ACTOR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actors/loop.h"
+#include "actors/msg.h"
+#include "base/status.h"
+#include "kernels/tensor.h"
+
+/* Local runtime events, numbered after the wire types. */
+typedef enum {
+    ACTOR_SYS_WORK_DONE = MSG_TYPE_COUNT, /* a worker job finished: m->sys.work */
+    ACTOR_SYS_CREDIT_READY,               /* an edge this actor was held on has credit again:
+                                           * m->sys.credit_rank */
+    ACTOR_TYPE_COUNT,
+} actor_sys_type_t;
+
+typedef enum {
+    ACTOR_DONE = 0, /* the runtime frees the message */
+    ACTOR_KEPT = 1, /* the actor frees it later with actor_msg_free */
+} actor_ret_t;
+
+typedef struct actor actor_t;
+typedef struct actor_msg actor_msg_t;
+typedef struct actor_router actor_router_t;
+typedef struct actor_timer actor_timer_t;
+
+typedef actor_ret_t (*actor_handler_fn)(actor_t *self, actor_msg_t *m);
+typedef void (*actor_hook_fn)(actor_t *self);
+typedef bt_status_t (*actor_work_fn)(void *arg);
+typedef void (*actor_free_fn)(void *arg);
+
+/* An actor class, normally a static const with designated initializers:
+ *   static const actor_class_t pinger = {.name = "pinger",
+ *       .handlers = {[MSG_PONG] = pinger_on_pong}, .stop = pinger_stop};
+ * A message whose handler is NULL is logged (debug) and freed. */
+typedef struct actor_class {
+    const char      *name;
+    actor_handler_fn handlers[ACTOR_TYPE_COUNT];
+    actor_hook_fn    start;  /* on the actor's loop once it is registered (may send) */
+    actor_hook_fn    stop;   /* on the actor's loop, once: release kept messages here */
+} actor_class_t;
+
+typedef enum { ACTOR_NEW = 0, ACTOR_RUNNING, ACTOR_STOPPED } actor_state_t;
+
+/* The runtime header. Fields are read-only for the actor; set by
+ * actor_register. */
+struct actor {
+    const actor_class_t *cls;
+    actor_router_t      *rt;
+    actor_loop_t        *loop;
+    uint32_t             addr;   /* actor_addr_t: (rank << 16) | slot */
+    const char          *name;
+    uint64_t             seq;    /* next envelope seq of this sender */
+    actor_state_t        state;
+    actor_timer_t       *timers; /* started timers, stopped with the actor */
+};
+
+typedef struct {
+    uint64_t      tag;     /* as given to actor_worker_submit */
+    void         *arg;
+    bt_status_t   status;  /* the job function's result */
+    actor_free_fn cleanup; /* runs on arg if the message is dropped undelivered */
+} actor_work_result_t;
+
+/* A message. env holds type, src, dst, seq, step, mb and the tensor
+ * descriptors; body the typed meta (msg.h); tensors[i] the views of
+ * env.tensors[i] (received: into the payload; local: the sender's views). */
+struct actor_msg {
+    actor_item_t item;       /* runtime: queue link */
+    wire_env_t   env;
+    msg_body_t   body;
+    tensor_t     tensors[WIRE_MAX_TENSORS];
+    union {
+        actor_work_result_t work;        /* ACTOR_SYS_WORK_DONE */
+        uint32_t            credit_rank; /* ACTOR_SYS_CREDIT_READY */
+    } sys;
+    /* runtime private from here on */
+    actor_t       *to;
+    actor_free_fn  on_free;      /* releases borrowed tensor memory */
+    void          *on_free_arg;
+    void          *owned[WIRE_MAX_TENSORS]; /* buffers allocated by actor_msg_tensor_new */
+    void          *rx;           /* xport_rx_t of a received frame */
+    void          *edge;         /* edge it came from (credit return) */
+    void          *tx_edge;      /* edge it is being sent on */
+    uint64_t       t_recv_ns;
+};
+
+/* ---- messages ---------------------------------------------------------- */
+
+/* A new message of `type` with step = mb = -1 and a zeroed body; NULL when
+ * out of memory. */
+actor_msg_t *actor_msg_new(uint32_t type);
+/* Free a message (any thread). Received messages give their buffer back to
+ * the transport and a credit to the sender. */
+void         actor_msg_free(actor_msg_t *m);
+/* Attach a tensor in memory the message owns (64-byte aligned, zeroed);
+ * returns the view or NULL (too many tensors, bad name, out of memory). */
+tensor_t    *actor_msg_tensor_new(actor_msg_t *m, const char *name, dtype_t dt, int ndim,
+                                  const int64_t *shape);
+/* Attach a view of memory the sender keeps valid until the message is freed
+ * (arrange that with actor_msg_on_free). BT_ERR_INVALID for a bad name or
+ * too many tensors. */
+bt_status_t  actor_msg_tensor_add(actor_msg_t *m, const char *name, const tensor_t *view);
+/* fn(arg) runs when the message is freed: after the transport send completed
+ * or, for a local delivery, when the receiver freed it. */
+void         actor_msg_on_free(actor_msg_t *m, actor_free_fn fn, void *arg);
+/* The view of the tensor called `name`, or NULL. */
+tensor_t    *actor_msg_tensor(actor_msg_t *m, const char *name);
+/* Bytes of payload (sum of tensor sizes). */
+size_t       actor_msg_payload_bytes(const actor_msg_t *m);
+
+/* ---- actors -------------------------------------------------------------- */
+
+#define ACTOR_SLOT_ANY UINT32_MAX
+
+/* Register `self` with the router on `loop` under `slot` (ACTOR_SLOT_ANY:
+ * the next free one) and run its start hook on that loop. `name` must
+ * outlive the actor. BT_ERR_BUSY when the slot is taken. Any thread. */
+bt_status_t actor_register(actor_router_t *rt, actor_t *self, const actor_class_t *cls,
+                           actor_loop_t *loop, const char *name, uint32_t slot);
+
+/* Send m to dst (takes ownership, sets src/dst/seq). On self's loop only.
+ *   BT_OK           delivered locally or handed to the transport path
+ *   BT_ERR_BUSY     accepted but held: the edge to dst is out of credit.
+ *                   The message goes out when credit returns, and self then
+ *                   gets one ACTOR_SYS_CREDIT_READY; stop producing until then.
+ *   BT_ERR_NOT_FOUND / BT_ERR_PEER_*  not delivered (message freed). */
+bt_status_t actor_send(actor_t *self, uint32_t dst, actor_msg_t *m);
+
+/* Stop the actor now (on its loop): timers stop, the stop hook runs, and
+ * messages that arrive afterwards are freed undelivered. */
+void actor_stop(actor_t *self);
+
+/* ---- timers -------------------------------------------------------------- */
+
+typedef void (*actor_timer_fn)(actor_t *self, actor_timer_t *t);
+
+/* Caller-allocated (usually inside the actor); opaque fields. */
+struct actor_timer {
+    _Alignas(16) uint8_t w[64]; /* ev_timer storage (checked in actor.c) */
+    actor_t       *owner;
+    actor_timer_fn cb;
+    actor_timer_t *next;
+    bool           active;
+};
+
+/* One-shot (repeat_s = 0) or repeating timer on self's loop; call on that
+ * loop. Restarting an active timer re-arms it. */
+void actor_timer_start(actor_t *self, actor_timer_t *t, double after_s, double repeat_s,
+                       actor_timer_fn cb);
+void actor_timer_stop(actor_timer_t *t);
+
+/* ---- runtime internals shared by router.c and worker.c ------------------- */
+
+/* Queue m for actor `to` on its loop: dispatched at once when the caller is
+ * on that loop outside any handler, otherwise posted. */
+void actor_deliver_(actor_t *to, actor_msg_t *m);
+
+#endif

@@ -1,0 +1,34 @@
+/* Workers: a compute thread per device.
+ *
+ * Handlers never block, so long work (a forward pass, a checkpoint write) is
+ * submitted to a worker: fn(arg) runs on the worker's thread, jobs in
+ * submission order, and when it returns the submitting actor receives an
+ * ACTOR_SYS_WORK_DONE message on its own loop with m->sys.work = {tag, arg,
+ * status}. This is the shape CUDA streams take later: submit, then a
+ * completion message.
+ *
+ * arg belongs to the actor again when the completion arrives. If the actor
+ * stopped before that, or the worker is destroyed before the job started,
+ * cleanup(arg) runs instead (when given) so nothing leaks.
+ */
+#ifndef BT_ACTORS_WORKER_H
+#define BT_ACTORS_WORKER_H
+
+#include <stdint.h>
+
+#include "actors/actor.h"
+
+typedef struct actor_worker actor_worker_t;
+
+bt_status_t actor_worker_create(const char *name, actor_worker_t **out);
+/* Queue a job (any thread). BT_ERR_CANCELED once the worker is stopping. */
+bt_status_t actor_worker_submit(actor_worker_t *w, actor_t *self, actor_work_fn fn, void *arg,
+                                actor_free_fn cleanup, uint64_t tag);
+/* Jobs queued or running now. */
+uint32_t    actor_worker_backlog(actor_worker_t *w);
+/* Stop: the running job finishes (its completion is delivered or dropped),
+ * queued jobs that never started are canceled with cleanup(arg); then the
+ * thread is joined and the worker freed. */
+void        actor_worker_destroy(actor_worker_t *w);
+
+#endif
