@@ -60,7 +60,7 @@ typedef struct {
 } bench_opts_t;
 
 typedef struct {
-    double lat_us, lat_p50_us, msgs_per_s;
+    double lat_us, lat_p50_us, lat_p99_us, msgs_per_s;
     double bw_gbps[BT_MAX_SIZES];
     double trace_overhead_pct, trace_off_rate, trace_on_rate;
     bool   ok;
@@ -346,6 +346,7 @@ static actor_ret_t pinger_on_pong(actor_t *self, actor_msg_t *m)
             p->res->msgs_per_s = 2.0 * (double)p->target / (total / 1e9);
             qsort(p->rtt_ns, p->target, sizeof *p->rtt_ns, cmp_double);
             p->res->lat_p50_us = p->rtt_ns[p->target / 2] / 2.0 / 1000.0;
+            p->res->lat_p99_us = p->rtt_ns[p->target * 99 / 100] / 2.0 / 1000.0;
         }
         if (p->phase == PH_TRACE) {
             pinger_trace_half_done(p);
@@ -551,8 +552,8 @@ static void bench_usage(FILE *f)
 static void print_human(const bench_opts_t *o, const bench_result_t *r, const bench_ref_t *ref)
 {
     printf("transport %s (busy poll %u us), whole actor path\n", xport_kind_name(o->kind), o->busy_us);
-    printf("  latency 8 B one-way: %.2f us avg, %.2f us p50 (%u round trips, %.0f msgs/s)\n", r->lat_us,
-           r->lat_p50_us, o->iters, r->msgs_per_s);
+    printf("  latency 8 B one-way: %.2f us avg, %.2f us p50, %.2f us p99 (%u round trips, %.0f msgs/s)\n",
+           r->lat_us, r->lat_p50_us, r->lat_p99_us, o->iters, r->msgs_per_s);
     if (ref && ref->latency_us > 0)
         printf("  reference %s: %.2f us one-way -> ratio %.2fx\n", ref->name, ref->latency_us,
                r->lat_us / ref->latency_us);
@@ -571,8 +572,8 @@ static void print_json(const bench_opts_t *o, const bench_result_t *r, const ben
     char nproc_buf[32];
     snprintf(nproc_buf, sizeof nproc_buf, "%ld", sysconf(_SC_NPROCESSORS_ONLN));
     printf("{\"transport\":\"%s\",\"busy_us\":%u,\"iters\":%u,\"latency_us\":%.4f,\"latency_p50_us\":%.4f,"
-           "\"msgs_per_s\":%.0f,\"bandwidth_GBps\":%.4f,\"bandwidth_bytes\":%zu,\"sizes\":[",
-           xport_kind_name(o->kind), o->busy_us, o->iters, r->lat_us, r->lat_p50_us, r->msgs_per_s,
+           "\"latency_p99_us\":%.4f,\"msgs_per_s\":%.0f,\"bandwidth_GBps\":%.4f,\"bandwidth_bytes\":%zu,\"sizes\":[",
+           xport_kind_name(o->kind), o->busy_us, o->iters, r->lat_us, r->lat_p50_us, r->lat_p99_us, r->msgs_per_s,
            o->nsizes ? r->bw_gbps[o->nsizes - 1] : 0.0, o->nsizes ? o->sizes[o->nsizes - 1] : 0);
     for (int i = 0; i < o->nsizes; i++)
         printf("%s{\"bytes\":%zu,\"GBps\":%.4f}", i ? "," : "", o->sizes[i], r->bw_gbps[i]);
