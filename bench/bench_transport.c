@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "actors/actor.h"
@@ -63,8 +64,18 @@ typedef struct {
     double lat_us, lat_p50_us, lat_p99_us, msgs_per_s;
     double bw_gbps[BT_MAX_SIZES];
     double trace_overhead_pct, trace_off_rate, trace_on_rate;
+    double trace_cpu_overhead_pct, trace_off_cpu_ns, trace_on_cpu_ns; /* CPU ns per round trip */
     bool   ok;
 } bench_result_t;
+
+/* CPU time of the calling thread: unlike wall time it does not count the
+ * time other processes of a loaded machine took the core away. */
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* ---- the echo actor (rank 1) ------------------------------------------------ */
 
@@ -108,14 +119,17 @@ static actor_ret_t echo_on_ctl(actor_t *self, actor_msg_t *m)
         return ACTOR_DONE;
     }
     /* Benchmark control only: starting a trace file is I/O, done between
-     * measured rounds, never inside them. */
+     * measured halves, never inside them. The reply carries this thread's
+     * CPU time before (end of the last half) and after the switch. */
+    uint64_t cpu_before = thread_cpu_ns();
     if (e->own_trace) {
         if (code == CTL_TRACE_ON) trace_start(e->trace_dir, actor_router_rank(self->rt), NULL);
         else trace_stop();
     }
-    actor_msg_t *r = actor_msg_new(MSG_PONG);
+    actor_msg_t *r = actor_msg_new(MSG_HEARTBEAT);
     if (r) {
-        r->body.pong.id = UINT64_MAX;
+        r->body.heartbeat.t_ns = cpu_before;
+        r->body.heartbeat.step = (int64_t)thread_cpu_ns();
         actor_send(self, m->env.src, r);
     }
     return ACTOR_DONE;
@@ -150,8 +164,12 @@ typedef struct {
     /* tracing rounds */
     uint32_t            round;
     bool                tr_on;
-    double             *ratios;
+    double             *ratios, *cpu_ratios;
     double              off_rate_sum, on_rate_sum;
+    uint64_t            cpu_start, echo_cpu_start;
+    double              half_cpu;          /* pinger CPU ns of the half just measured */
+    double              off_cpu;           /* both sides' CPU ns per round trip, this round's off half */
+    double              off_cpu_sum, on_cpu_sum;
     /* bandwidth */
     int                 size_i;
     size_t              size;
@@ -245,13 +263,12 @@ static void pinger_next_phase(pinger_t *p)
         return;
     case PH_LAT:
         if (o->trace_rounds > 0) {
+            /* the first control message (tracing off) starts the first half */
             p->phase = PH_TRACE;
             p->round = 0;
             p->tr_on = false;
-            p->n = 0;
             p->target = o->trace_msgs;
-            p->t_start = clock_now_ns();
-            pinger_ping(p);
+            pinger_ctl(p, CTL_TRACE_OFF);
             return;
         }
         /* fall through */
@@ -286,6 +303,7 @@ static void pinger_trace_half_done(pinger_t *p)
 {
     const bench_opts_t *o = p->o;
     double rate = (double)o->trace_msgs / ((double)(clock_now_ns() - p->t_start) / 1e9);
+    p->half_cpu = (double)(thread_cpu_ns() - p->cpu_start);
     if (!p->tr_on) {
         p->ratios[p->round] = rate; /* off rate, divided below */
         p->off_rate_sum += rate;
@@ -302,29 +320,57 @@ static void pinger_trace_half_done(pinger_t *p)
     }
 }
 
+static double median(double *v, uint32_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* A control message was acknowledged: account the half that ended (the
+ * echo's CPU up to the switch) and start the next one. */
+static actor_ret_t pinger_on_ctl_ack(actor_t *self, actor_msg_t *m)
+{
+    pinger_t *p = (pinger_t *)self;
+    const bench_opts_t *o = p->o;
+    p->waiting_ctl = false;
+    if (p->phase != PH_TRACE) return ACTOR_DONE;
+    uint64_t echo_before = m->body.heartbeat.t_ns, echo_after = (uint64_t)m->body.heartbeat.step;
+    if (p->echo_cpu_start) {
+        /* the half that just ended: tr_on already flipped for the next one */
+        double cpu_rt = (p->half_cpu + (double)(echo_before - p->echo_cpu_start)) / o->trace_msgs;
+        bool ended_on = !p->tr_on;
+        uint32_t r = ended_on ? p->round - 1 : p->round;
+        if (!ended_on) {
+            p->off_cpu = cpu_rt;
+            p->off_cpu_sum += cpu_rt;
+        } else {
+            p->cpu_ratios[r] = cpu_rt / p->off_cpu;
+            p->on_cpu_sum += cpu_rt;
+        }
+    }
+    if (p->round == o->trace_rounds) {
+        uint32_t n = o->trace_rounds;
+        p->res->trace_overhead_pct = (1.0 - median(p->ratios, n)) * 100.0;
+        p->res->trace_off_rate = p->off_rate_sum / n;
+        p->res->trace_on_rate = p->on_rate_sum / n;
+        p->res->trace_cpu_overhead_pct = (median(p->cpu_ratios, n) - 1.0) * 100.0;
+        p->res->trace_off_cpu_ns = p->off_cpu_sum / n;
+        p->res->trace_on_cpu_ns = p->on_cpu_sum / n;
+        pinger_next_phase(p);
+        return ACTOR_DONE;
+    }
+    p->echo_cpu_start = echo_after;
+    p->n = 0;
+    p->cpu_start = thread_cpu_ns();
+    p->t_start = clock_now_ns();
+    pinger_ping(p);
+    return ACTOR_DONE;
+}
+
 static actor_ret_t pinger_on_pong(actor_t *self, actor_msg_t *m)
 {
     pinger_t *p = (pinger_t *)self;
     const bench_opts_t *o = p->o;
-    if (m->body.pong.id == UINT64_MAX) { /* control acknowledged */
-        p->waiting_ctl = false;
-        if (p->phase == PH_TRACE) {
-            if (p->round == o->trace_rounds) {
-                qsort(p->ratios, o->trace_rounds, sizeof *p->ratios, cmp_double);
-                double med = o->trace_rounds % 2 ? p->ratios[o->trace_rounds / 2]
-                    : 0.5 * (p->ratios[o->trace_rounds / 2 - 1] + p->ratios[o->trace_rounds / 2]);
-                p->res->trace_overhead_pct = (1.0 - med) * 100.0;
-                p->res->trace_off_rate = p->off_rate_sum / o->trace_rounds;
-                p->res->trace_on_rate = p->on_rate_sum / o->trace_rounds;
-                pinger_next_phase(p);
-                return ACTOR_DONE;
-            }
-            p->n = 0;
-            p->t_start = clock_now_ns();
-            pinger_ping(p);
-        }
-        return ACTOR_DONE;
-    }
     switch (p->phase) {
     case PH_WARM:
     case PH_LAT:
@@ -391,7 +437,8 @@ static actor_ret_t pinger_on_report(actor_t *self, actor_msg_t *m)
 static const actor_class_t pinger_class = {
     .name = "pinger",
     .start = pinger_start,
-    .handlers = {[MSG_PONG] = pinger_on_pong, [ACTOR_SYS_CREDIT_READY] = pinger_on_credit,
+    .handlers = {[MSG_PONG] = pinger_on_pong, [MSG_HEARTBEAT] = pinger_on_ctl_ack,
+                 [ACTOR_SYS_CREDIT_READY] = pinger_on_credit,
                  [MSG_ERROR_REPORT] = pinger_on_report},
 };
 
@@ -473,7 +520,8 @@ static bt_status_t bench_run(const bench_opts_t *o, bench_result_t *res)
     p->peer = ACTOR_ADDR(1, 1);
     p->rtt_ns = calloc(o->iters ? o->iters : 1, sizeof *p->rtt_ns);
     p->ratios = calloc(o->trace_rounds ? o->trace_rounds : 1, sizeof *p->ratios);
-    if (!p->rtt_ns || !p->ratios) goto out;
+    p->cpu_ratios = calloc(o->trace_rounds ? o->trace_rounds : 1, sizeof *p->cpu_ratios);
+    if (!p->rtt_ns || !p->ratios || !p->cpu_ratios) goto out;
     actor_router_supervisor_set(r0, ACTOR_ADDR(0, 1));
     st = actor_router_connect(r0, 1, card, o->kind, false);
     if (st == BT_OK) st = actor_router_wait_peer(r0, 1, 10000);
@@ -563,8 +611,10 @@ static void print_human(const bench_opts_t *o, const bench_result_t *r, const be
         printf("  reference %s: %.3f GB/s at %zu B -> %.0f%%\n", ref->name, ref->bandwidth_gbps,
                ref->bandwidth_bytes, 100.0 * r->bw_gbps[o->nsizes - 1] / ref->bandwidth_gbps);
     if (o->trace_rounds)
-        printf("  tracing: off %.0f msgs/s, on %.0f msgs/s, overhead %.2f%% (median of %u rounds)\n",
-               r->trace_off_rate, r->trace_on_rate, r->trace_overhead_pct, o->trace_rounds);
+        printf("  tracing: off %.0f round trips/s, on %.0f round trips/s, overhead %.2f%% (median of %u "
+               "rounds)\n           CPU per round trip (both sides): off %.0f ns, on %.0f ns, overhead %.2f%%\n",
+               r->trace_off_rate, r->trace_on_rate, r->trace_overhead_pct, o->trace_rounds,
+               r->trace_off_cpu_ns, r->trace_on_cpu_ns, r->trace_cpu_overhead_pct);
 }
 
 static void print_json(const bench_opts_t *o, const bench_result_t *r, const bench_ref_t *ref)
@@ -586,9 +636,11 @@ static void print_json(const bench_opts_t *o, const bench_result_t *r, const ben
                ref->bandwidth_gbps > 0 && o->nsizes ? r->bw_gbps[o->nsizes - 1] / ref->bandwidth_gbps : 0.0);
     }
     if (o->trace_rounds)
-        printf(",\"trace_rounds\":%u,\"trace_off_msgs_per_s\":%.0f,\"trace_on_msgs_per_s\":%.0f,"
-               "\"trace_overhead_pct\":%.3f",
-               o->trace_rounds, r->trace_off_rate, r->trace_on_rate, r->trace_overhead_pct);
+        printf(",\"trace_rounds\":%u,\"trace_off_rt_per_s\":%.0f,\"trace_on_rt_per_s\":%.0f,"
+               "\"trace_overhead_pct\":%.3f,\"trace_off_cpu_ns_per_rt\":%.1f,\"trace_on_cpu_ns_per_rt\":%.1f,"
+               "\"trace_cpu_overhead_pct\":%.3f",
+               o->trace_rounds, r->trace_off_rate, r->trace_on_rate, r->trace_overhead_pct,
+               r->trace_off_cpu_ns, r->trace_on_cpu_ns, r->trace_cpu_overhead_pct);
     printf(",\"nproc\":%s}\n", nproc_buf);
 }
 
