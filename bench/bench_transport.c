@@ -65,6 +65,7 @@ typedef struct {
     double bw_gbps[BT_MAX_SIZES];
     double trace_overhead_pct, trace_off_rate, trace_on_rate;
     double trace_cpu_overhead_pct, trace_off_cpu_ns, trace_on_cpu_ns; /* CPU ns per round trip */
+    double trace_rec_ns;   /* one record plus the clock read that goes with it */
     bool   ok;
 } bench_result_t;
 
@@ -75,6 +76,28 @@ static uint64_t thread_cpu_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Cost of one trace record with its clock read, measured in a tight loop
+ * in batches that fit the ring (flushed between batches, untimed). A round
+ * trip of the ping-pong records 6 events (a send, a receive and a handler
+ * span on each side) and reads the clock about 6 more times than untraced. */
+#define BT_TRACE_RECS_PER_RT 6
+static double trace_record_cost_ns(const char *dir)
+{
+    trace_config_t tc = {.no_flusher = true};
+    if (trace_start(dir, 0, &tc) != BT_OK) return 0;
+    const int batch = 4096, batches = 64;
+    uint64_t total = 0;
+    for (int b = 0; b < batches; b++) {
+        uint64_t t0 = thread_cpu_ns();
+        for (int i = 0; i < batch; i++)
+            trace_send(ACTOR_ADDR(0, 1), ACTOR_ADDR(1, 1), MSG_PING, (uint64_t)i, 100, i, 3, clock_now_ns());
+        total += thread_cpu_ns() - t0;
+        trace_flush();
+    }
+    trace_stop();
+    return (double)total / (batch * batches);
 }
 
 /* ---- the echo actor (rank 1) ------------------------------------------------ */
@@ -615,6 +638,10 @@ static void print_human(const bench_opts_t *o, const bench_result_t *r, const be
                "rounds)\n           CPU per round trip (both sides): off %.0f ns, on %.0f ns, overhead %.2f%%\n",
                r->trace_off_rate, r->trace_on_rate, r->trace_overhead_pct, o->trace_rounds,
                r->trace_off_cpu_ns, r->trace_on_cpu_ns, r->trace_cpu_overhead_pct);
+    if (o->trace_rounds && r->trace_off_cpu_ns > 0)
+        printf("           one record + clock read: %.1f ns x %d per round trip = %.2f%% of the CPU per round trip\n",
+               r->trace_rec_ns, BT_TRACE_RECS_PER_RT,
+               100.0 * r->trace_rec_ns * BT_TRACE_RECS_PER_RT / r->trace_off_cpu_ns);
 }
 
 static void print_json(const bench_opts_t *o, const bench_result_t *r, const bench_ref_t *ref)
@@ -638,9 +665,10 @@ static void print_json(const bench_opts_t *o, const bench_result_t *r, const ben
     if (o->trace_rounds)
         printf(",\"trace_rounds\":%u,\"trace_off_rt_per_s\":%.0f,\"trace_on_rt_per_s\":%.0f,"
                "\"trace_overhead_pct\":%.3f,\"trace_off_cpu_ns_per_rt\":%.1f,\"trace_on_cpu_ns_per_rt\":%.1f,"
-               "\"trace_cpu_overhead_pct\":%.3f",
+               "\"trace_cpu_overhead_pct\":%.3f,\"trace_record_ns\":%.2f,\"trace_record_pct\":%.3f",
                o->trace_rounds, r->trace_off_rate, r->trace_on_rate, r->trace_overhead_pct,
-               r->trace_off_cpu_ns, r->trace_on_cpu_ns, r->trace_cpu_overhead_pct);
+               r->trace_off_cpu_ns, r->trace_on_cpu_ns, r->trace_cpu_overhead_pct, r->trace_rec_ns,
+               r->trace_off_cpu_ns > 0 ? 100.0 * r->trace_rec_ns * BT_TRACE_RECS_PER_RT / r->trace_off_cpu_ns : 0.0);
     printf(",\"nproc\":%s}\n", nproc_buf);
 }
 
@@ -726,7 +754,10 @@ int bench_transport_main(int argc, char **argv)
     }
     bench_result_t res;
     bt_status_t st = bench_run(&o, &res);
-    if (o.trace_rounds) bench_trace_dir_remove(o.trace_dir);
+    if (o.trace_rounds) {
+        res.trace_rec_ns = trace_record_cost_ns(o.trace_dir);
+        bench_trace_dir_remove(o.trace_dir);
+    }
     if (st != BT_OK) {
         fprintf(stderr, "baton bench transport: failed: %s\n", bt_status_str(st));
         return 1;
