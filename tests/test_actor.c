@@ -255,9 +255,11 @@ static void test_actor_timers(void)
     /* one-shot: fired exactly twice (first arm, re-armed once by the stopper) */
     CHECK(a.n_once == 2);
     double once_ms = (double)(a.t_once - a.t_stop) / 1e6;
-    CHECK_MSG(once_ms >= 99.0 && once_ms < 250.0, "second one-shot after %.1f ms", once_ms);
-    /* repeating every 10 ms for ~205 ms: 20 ticks, give or take scheduling */
-    CHECK_MSG(a.n_every >= 15 && a.n_every <= 21, "repeating timer fired %d times", a.n_every);
+    /* not before its time; late only by scheduling on a loaded machine */
+    CHECK_MSG(once_ms >= 99.0 && once_ms < 1000.0, "second one-shot after %.1f ms", once_ms);
+    /* repeating every 10 ms for ~205 ms: 20 ticks; libev folds ticks missed
+     * under load into one, never adds any */
+    CHECK_MSG(a.n_every >= 8 && a.n_every <= 21, "repeating timer fired %d times", a.n_every);
     CHECK(a.base.timers == NULL); /* all stopped with the actor */
 }
 
