@@ -32,6 +32,7 @@
  */
 #include "transport/xport.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "transport/handshake.h"
 #include "transport/sockaddr.h"
@@ -1037,10 +1038,15 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
 static void ucx_destroy(xport_t *base)
 {
     ucx_xport_t *x = (ucx_xport_t *)base;
+    /* Open endpoints close with a flush, not a force: a peer must still get
+     * what we sent before destroy (eager sends complete locally as soon as
+     * UCX has buffered them), as a TCP peer gets the bytes before the FIN.
+     * The wait below is bounded, so a dead peer cannot hold destroy. */
     while (x->eps) {
         ucx_ep_t *ep = x->eps;
+        bool graceful = ep->state == UEP_OPEN;
         ep->state = UEP_DEAD;
-        ucx_ep_teardown(ep, BT_ERR_CANCELED, true, false);
+        ucx_ep_teardown(ep, BT_ERR_CANCELED, !graceful, false);
         ucx_ep_unref(ep);
     }
     if (x->listener) ucp_listener_destroy(x->listener);
@@ -1051,8 +1057,8 @@ static void ucx_destroy(xport_t *base)
         free(c);
     }
     /* let UCX finish the closes and cancellations it started */
-    uint64_t spins = 0;
-    while (x->inflight && spins++ < 2000000) ucp_worker_progress(x->worker);
+    uint64_t deadline = clock_now_ns() + 2000000000ull;
+    while (x->inflight && clock_now_ns() < deadline) ucp_worker_progress(x->worker);
     if (x->inflight) log_warn("ucx: %u operations still in flight at destroy", x->inflight);
     ucx_done_flush(x);
     ev_io_stop(x->cfg.loop, &x->efd_io);
