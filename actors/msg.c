@@ -448,8 +448,14 @@ bt_status_t msg_frame_build(msg_frame_t *f, const wire_env_t *env, const void *b
                             const char *const *names, int n, wire_err_t *err)
 {
     msgpack_sbuffer_clear(&f->hdr);
-    f->env = *env;
+    /* the scalar fields only: the descriptors are filled by the layout */
     f->env.ver = WIRE_VERSION;
+    f->env.type = env->type;
+    f->env.src = env->src;
+    f->env.dst = env->dst;
+    f->env.seq = env->seq;
+    f->env.step = env->step;
+    f->env.mb = env->mb;
     f->iovcnt = 0;
     f->payload_len = 0;
     bt_status_t st = wire_tensors_layout(&f->env, ts, names, n, f->iov, &f->iovcnt, &f->payload_len, err);

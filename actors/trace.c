@@ -68,7 +68,8 @@ static pthread_once_t  g_key_once = PTHREAD_ONCE_INIT;
 
 /* flusher */
 static pthread_mutex_t g_wake_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t  g_wake_cv;
+/* never destroyed: a producer may signal it at any time, flusher or not */
+static pthread_cond_t  g_wake_cv = PTHREAD_COND_INITIALIZER;
 static _Atomic int     g_wake;
 static bool            g_stopping;
 static bool            g_flusher_running;
@@ -208,8 +209,8 @@ static void *trace_flusher_main(void *arg)
     pthread_mutex_lock(&g_wake_mu);
     while (!g_stopping) {
         if (!atomic_load(&g_wake)) {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
+            struct timespec ts; /* the default condvar clock */
+            clock_gettime(CLOCK_REALTIME, &ts);
             uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)g_flush_ms * 1000000ull;
             ts.tv_sec += (time_t)(ns / 1000000000ull);
             ts.tv_nsec = (long)(ns % 1000000000ull);
@@ -228,6 +229,34 @@ static void *trace_flusher_main(void *arg)
 }
 
 static void trace_atexit(void) { trace_stop(); }
+
+/* fork(): the child must neither write into the parent's file (the FILE's
+ * buffer and offset are copies) nor wait for a flusher it does not have, and
+ * no lock may be held by a thread that does not exist in it. So the locks
+ * are taken around fork and the child starts with tracing off and no file;
+ * it may call trace_start itself. */
+static void trace_fork_prepare(void)
+{
+    pthread_mutex_lock(&g_mu);
+    pthread_mutex_lock(&g_wake_mu);
+}
+
+static void trace_fork_parent(void)
+{
+    pthread_mutex_unlock(&g_wake_mu);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void trace_fork_child(void)
+{
+    atomic_store(&trace_on_, false);
+    g_file = NULL; /* the parent's FILE is not ours to flush or close */
+    g_flusher_running = false;
+    g_stopping = false;
+    atomic_store(&g_wake, 0);
+    pthread_mutex_unlock(&g_wake_mu);
+    pthread_mutex_unlock(&g_mu);
+}
 
 bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cfg)
 {
@@ -283,19 +312,15 @@ bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cf
     }
     if (!g_atexit_registered) {
         atexit(trace_atexit);
+        pthread_atfork(trace_fork_prepare, trace_fork_parent, trace_fork_child);
         g_atexit_registered = true;
     }
     g_stopping = false;
     g_flusher_running = false;
+    atomic_store(&g_wake, 0);
     if (!c.no_flusher) {
-        pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&g_wake_cv, &ca);
-        pthread_condattr_destroy(&ca);
         if (pthread_create(&g_flusher, NULL, trace_flusher_main, NULL) != 0) {
             log_warn("trace: no flusher thread; rings drain only at trace_flush/trace_stop");
-            pthread_cond_destroy(&g_wake_cv);
         } else {
             g_flusher_running = true;
         }
@@ -322,7 +347,6 @@ void trace_stop(void)
         pthread_cond_signal(&g_wake_cv);
         pthread_mutex_unlock(&g_wake_mu);
         pthread_join(g_flusher, NULL);
-        pthread_cond_destroy(&g_wake_cv);
     }
     pthread_mutex_lock(&g_mu);
     trace_drain_locked();

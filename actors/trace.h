@@ -89,8 +89,10 @@ typedef struct {
 } trace_config_t;
 
 /* Start tracing into DIR/trace-<rank>-<pid>.bin (DIR is created if missing).
- * cfg NULL -> defaults. BT_ERR_IO when the file cannot be created.
- * Tracing may be started again after trace_stop (new file). */
+ * cfg NULL -> defaults. BT_ERR_IO when the file cannot be created,
+ * BT_ERR_BUSY when already started. Tracing may be started again after
+ * trace_stop (new file, trace-<rank>-<pid>.<n>.bin). A child created by
+ * fork() starts with tracing off and no file; it may call trace_start. */
 bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cfg);
 /* Drain all rings, write the file's trailer, close it, stop the flusher.
  * Idempotent; registered with atexit by trace_start. Events recorded after
@@ -204,6 +206,7 @@ typedef struct {
  * with complete = false and a warning. */
 bt_status_t trace_dir_load(const char *dir, trace_set_t *set, char *err, size_t err_cap);
 bt_status_t trace_file_load(const char *path, trace_file_t *f, char *err, size_t err_cap);
+void        trace_file_free(trace_file_t *f);
 void        trace_set_free(trace_set_t *set);
 
 /* Chrome trace-event JSON: one process (pid = rank) per file, one track

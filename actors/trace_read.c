@@ -51,7 +51,7 @@ static bool trace_str_put(char ***table, uint32_t *n, uint32_t id, const char *s
     return true;
 }
 
-static void trace_file_free(trace_file_t *f)
+void trace_file_free(trace_file_t *f)
 {
     free(f->path);
     free(f->recs);
@@ -349,14 +349,56 @@ static bt_status_t trace_join(const trace_set_t *set, trace_join_t *j)
 
 /* ---- names ------------------------------------------------------------- */
 
-/* The name of an actor from any file of the set, else "r<rank>.a<slot>". */
-static const char *trace_actor_label(const trace_set_t *set, actor_addr_t a, char *buf, size_t cap)
+/* Actor names of the whole set, sorted by address (first file wins), so a
+ * lookup per event is a binary search. */
+typedef struct {
+    actor_addr_t actor;
+    uint32_t     order;
+    const char  *name;
+} trace_aname_t;
+
+typedef struct {
+    trace_aname_t *v;
+    size_t         n;
+} trace_anames_t;
+
+static int trace_aname_cmp(const void *pa, const void *pb)
 {
-    for (size_t fi = 0; fi < set->nfiles; fi++) {
-        const trace_file_t *f = &set->files[fi];
-        for (uint32_t i = 0; i < f->nactors; i++)
-            if (f->actor_ids[i] == a && f->actor_names[i]) return f->actor_names[i];
+    const trace_aname_t *a = pa, *b = pb;
+    if (a->actor != b->actor) return a->actor < b->actor ? -1 : 1;
+    return a->order < b->order ? -1 : a->order > b->order;
+}
+
+static bt_status_t trace_anames_build(const trace_set_t *set, trace_anames_t *ix)
+{
+    size_t n = 0;
+    for (size_t fi = 0; fi < set->nfiles; fi++) n += set->files[fi].nactors;
+    ix->v = malloc((n + 1) * sizeof *ix->v);
+    ix->n = 0;
+    if (!ix->v) return BT_ERR_NOMEM;
+    for (size_t fi = 0; fi < set->nfiles; fi++)
+        for (uint32_t i = 0; i < set->files[fi].nactors; i++)
+            if (set->files[fi].actor_names[i])
+                ix->v[ix->n++] = (trace_aname_t){set->files[fi].actor_ids[i], (uint32_t)ix->n,
+                                                 set->files[fi].actor_names[i]};
+    qsort(ix->v, ix->n, sizeof *ix->v, trace_aname_cmp);
+    size_t w = 0;
+    for (size_t i = 0; i < ix->n; i++)
+        if (w == 0 || ix->v[w - 1].actor != ix->v[i].actor) ix->v[w++] = ix->v[i];
+    ix->n = w;
+    return BT_OK;
+}
+
+/* The actor's name, else "r<rank>.a<slot>". */
+static const char *trace_actor_label(const trace_anames_t *ix, actor_addr_t a, char *buf, size_t cap)
+{
+    size_t lo = 0, hi = ix->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (ix->v[mid].actor < a) lo = mid + 1;
+        else hi = mid;
     }
+    if (lo < ix->n && ix->v[lo].actor == a) return ix->v[lo].name;
     snprintf(buf, cap, "r%u.a%u", actor_addr_rank(a), actor_addr_slot(a));
     return buf;
 }
@@ -386,6 +428,28 @@ static void trace_json_str(FILE *out, const char *s)
         else fputc(*p, out);
     }
     fputc('"', out);
+}
+
+/* ns as microseconds with 3 decimals ("12.345"), without printf's floating
+ * point (most of the merge time otherwise). buf needs 32 bytes. */
+static const char *trace_us_str(char *buf, uint64_t ns)
+{
+    char tmp[24];
+    int n = 0;
+    uint64_t us = ns / 1000;
+    do {
+        tmp[n++] = (char)('0' + us % 10);
+        us /= 10;
+    } while (us);
+    int k = 0;
+    while (n) buf[k++] = tmp[--n];
+    unsigned frac = (unsigned)(ns % 1000);
+    buf[k++] = '.';
+    buf[k++] = (char)('0' + frac / 100);
+    buf[k++] = (char)('0' + frac / 10 % 10);
+    buf[k++] = (char)('0' + frac % 10);
+    buf[k] = '\0';
+    return buf;
 }
 
 /* Track of an event: one per (actor, span kind); messages and handler spans
@@ -418,9 +482,14 @@ static void trace_json_sep(FILE *out, bool *first)
 
 bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
 {
+    trace_anames_t ix;
+    if (trace_anames_build(set, &ix) != BT_OK) return BT_ERR_NOMEM;
     trace_join_t j;
     bt_status_t st = trace_join(set, &j);
-    if (st != BT_OK) return st;
+    if (st != BT_OK) {
+        free(ix.v);
+        return st;
+    }
     size_t total = 0;
     uint64_t t_min = UINT64_MAX;
     for (size_t fi = 0; fi < set->nfiles; fi++) {
@@ -432,6 +501,7 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
     trace_track_t *tracks = malloc((total + 1) * sizeof *tracks);
     if (!tracks) {
         trace_join_free(&j);
+        free(ix.v);
         return BT_ERR_NOMEM;
     }
     size_t ntracks = 0;
@@ -449,7 +519,8 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
             unsigned kind = r->ev == TRACE_EV_SPAN ? r->kind : TRACE_SPAN_HANDLER;
             uint64_t tid = trace_tid(r->actor, kind);
             tracks[ntracks++] = (trace_track_t){.pid = f->rank, .tid = tid, .actor = r->actor, .kind = kind};
-            double ts = (double)(r->t0 - t_min) / 1e3;
+            char ts[32], dur[32];
+            trace_us_str(ts, r->t0 - t_min);
             const char *tname = msg_type_name(r->msg_type);
             trace_json_sep(out, &first);
             switch (r->ev) {
@@ -457,18 +528,18 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
                 const char *name = trace_name_of(f, r->name_id);
                 fputs("{\"ph\":\"X\",\"name\":", out);
                 trace_json_str(out, name ? name : r->msg_type == 0xffff ? trace_kind_names[r->kind] : tname);
-                fprintf(out, ",\"cat\":\"%s\",\"pid\":%u,\"tid\":%llu,\"ts\":%.3f,\"dur\":%.3f,"
+                fprintf(out, ",\"cat\":\"%s\",\"pid\":%u,\"tid\":%llu,\"ts\":%s,\"dur\":%s,"
                         "\"args\":{\"step\":%lld,\"mb\":%d,\"msg\":\"%s\"}}",
                         trace_kind_names[r->kind], f->rank, (unsigned long long)tid, ts,
-                        (double)(r->t1 - r->t0) / 1e3, (long long)r->step, (int)r->mb,
+                        trace_us_str(dur, r->t1 - r->t0), (long long)r->step, (int)r->mb,
                         r->msg_type == 0xffff ? "" : tname);
                 break;
             }
             case TRACE_EV_SEND:
             case TRACE_EV_RECV: {
                 bool send = r->ev == TRACE_EV_SEND;
-                const char *peer = trace_actor_label(set, r->peer, lbl, sizeof lbl);
-                fprintf(out, "{\"ph\":\"X\",\"name\":\"%s %s\",\"cat\":\"msg\",\"pid\":%u,\"tid\":%llu,\"ts\":%.3f,"
+                const char *peer = trace_actor_label(&ix, r->peer, lbl, sizeof lbl);
+                fprintf(out, "{\"ph\":\"X\",\"name\":\"%s %s\",\"cat\":\"msg\",\"pid\":%u,\"tid\":%llu,\"ts\":%s,"
                         "\"dur\":0,\"args\":{\"%s\":",
                         send ? "send" : "recv", tname, f->rank, (unsigned long long)tid, ts, send ? "to" : "from");
                 trace_json_str(out, peer);
@@ -487,7 +558,7 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
                     size_t flow = send ? (size_t)(hit - arr) : (size_t)hit->match;
                     trace_json_sep(out, &first);
                     fprintf(out, "{\"ph\":\"%s\",\"name\":\"%s\",\"cat\":\"flow\",\"id\":%zu,\"pid\":%u,\"tid\":%llu,"
-                            "\"ts\":%.3f%s}",
+                            "\"ts\":%s%s}",
                             send ? "s" : "f", tname, flow, f->rank, (unsigned long long)tid, ts,
                             send ? "" : ",\"bp\":\"e\"");
                 }
@@ -497,20 +568,20 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
                 const char *name = trace_name_of(f, r->name_id);
                 fputs("{\"ph\":\"i\",\"s\":\"t\",\"name\":", out);
                 trace_json_str(out, name ? name : "instant");
-                fprintf(out, ",\"pid\":%u,\"tid\":%llu,\"ts\":%.3f,\"args\":{\"step\":%lld}}", f->rank,
+                fprintf(out, ",\"pid\":%u,\"tid\":%llu,\"ts\":%s,\"args\":{\"step\":%lld}}", f->rank,
                         (unsigned long long)tid, ts, (long long)r->step);
                 break;
             }
             case TRACE_EV_COUNTER: {
                 const char *name = trace_name_of(f, r->name_id);
-                snprintf(lbl2, sizeof lbl2, "%s", trace_actor_label(set, r->actor, lbl, sizeof lbl));
+                snprintf(lbl2, sizeof lbl2, "%s", trace_actor_label(&ix, r->actor, lbl, sizeof lbl));
                 char cname[128];
                 snprintf(cname, sizeof cname, "%s %s", lbl2, name ? name : "counter");
                 fputs("{\"ph\":\"C\",\"name\":", out);
                 trace_json_str(out, cname);
                 /* JSON has no NaN/Inf: such samples are written as 0 with a flag */
                 bool fin = isfinite(r->value);
-                fprintf(out, ",\"pid\":%u,\"ts\":%.3f,\"args\":{\"value\":%.17g%s}}", f->rank, ts, fin ? r->value : 0.0,
+                fprintf(out, ",\"pid\":%u,\"ts\":%s,\"args\":{\"value\":%.17g%s}}", f->rank, ts, fin ? r->value : 0.0,
                         fin ? "" : ",\"nonfinite\":1");
                 break;
             }
@@ -524,7 +595,7 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
     for (size_t i = 0; i < ntracks; i++) {
         if (i && !trace_track_cmp(&tracks[i], &tracks[i - 1])) continue;
         const trace_track_t *t = &tracks[i];
-        const char *an = trace_actor_label(set, t->actor, lbl, sizeof lbl);
+        const char *an = trace_actor_label(&ix, t->actor, lbl, sizeof lbl);
         char tn[128];
         if (t->kind == TRACE_SPAN_HANDLER) snprintf(tn, sizeof tn, "%s", an);
         else snprintf(tn, sizeof tn, "%s %s", an, trace_kind_names[t->kind]);
@@ -540,6 +611,7 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
     fputs("\n]}\n", out);
     free(tracks);
     trace_join_free(&j);
+    free(ix.v);
     return ferror(out) ? BT_ERR_IO : BT_OK;
 }
 
@@ -569,9 +641,14 @@ static int trace_i64_cmp(const void *pa, const void *pb)
 bt_status_t trace_summary_compute(const trace_set_t *set, trace_summary_t *out)
 {
     memset(out, 0, sizeof *out);
+    trace_anames_t ix;
+    if (trace_anames_build(set, &ix) != BT_OK) return BT_ERR_NOMEM;
     trace_join_t j;
     bt_status_t st = trace_join(set, &j);
-    if (st != BT_OK) return st;
+    if (st != BT_OK) {
+        free(ix.v);
+        return st;
+    }
     size_t total = 0;
     for (size_t fi = 0; fi < set->nfiles; fi++) {
         total += set->files[fi].nrecs;
@@ -631,7 +708,7 @@ bt_status_t trace_summary_compute(const trace_set_t *set, trace_summary_t *out)
         trace_actor_stat_t *s = &out->actors[out->nactors++];
         s->actor = iv[a].actor;
         char lbl[64];
-        snprintf(s->name, sizeof s->name, "%s", trace_actor_label(set, s->actor, lbl, sizeof lbl));
+        snprintf(s->name, sizeof s->name, "%s", trace_actor_label(&ix, s->actor, lbl, sizeof lbl));
         uint64_t wmin = UINT64_MAX, wmax = 0;
         size_t b = a;
         while (b < n && iv[b].actor == s->actor) {
@@ -662,6 +739,7 @@ bt_status_t trace_summary_compute(const trace_set_t *set, trace_summary_t *out)
 out_free:
     free(iv);
     free(lat);
+    free(ix.v);
     trace_join_free(&j);
     if (st != BT_OK) trace_summary_free(out);
     return st;

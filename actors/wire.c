@@ -15,6 +15,7 @@
  */
 #include "actors/wire.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -158,20 +159,26 @@ static bt_status_t wire_mp_scan(const uint8_t *p, size_t n, wire_err_t *err)
 
 /* ---- stage 3: typed reading ---------------------------------------------- */
 
-static bool wire_str_eq(const msgpack_object *o, const char *s)
+/* "what", "tensor 'x' what" or "tensor 'x' what N": built only on error,
+ * so the accepting path does no formatting. */
+static const char *wire_label(char *buf, size_t cap, const char *tname, const char *what, int idx)
 {
-    size_t len = strlen(s);
-    return o->type == MSGPACK_OBJECT_STR && o->via.str.size == len && !memcmp(o->via.str.ptr, s, len);
+    if (!tname) return what;
+    if (idx < 0) snprintf(buf, cap, "tensor '%s' %s", tname, what);
+    else snprintf(buf, cap, "tensor '%s' %s %d", tname, what, idx);
+    return buf;
 }
 
-static bt_status_t wire_get_u64(const msgpack_object *o, const char *what, uint64_t max,
-                                uint64_t *out, wire_err_t *err)
+static bt_status_t wire_get_u64(const msgpack_object *o, const char *tname, const char *what, int idx,
+                                uint64_t max, uint64_t *out, wire_err_t *err)
 {
+    char buf[WIRE_NAME_MAX + 32];
     if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-        return wire_err_set(err, "envelope: %s is not an unsigned integer (msgpack type %d)", what, (int)o->type);
+        return wire_err_set(err, "envelope: %s is not an unsigned integer (msgpack type %d)",
+                            wire_label(buf, sizeof buf, tname, what, idx), (int)o->type);
     if (o->via.u64 > max)
-        return wire_err_set(err, "envelope: %s %llu exceeds %llu", what, (unsigned long long)o->via.u64,
-                            (unsigned long long)max);
+        return wire_err_set(err, "envelope: %s %llu exceeds %llu", wire_label(buf, sizeof buf, tname, what, idx),
+                            (unsigned long long)o->via.u64, (unsigned long long)max);
     *out = o->via.u64;
     return BT_OK;
 }
@@ -210,10 +217,29 @@ static bt_status_t wire_get_name(const msgpack_object *o, uint32_t max, char *ou
     return BT_OK;
 }
 
+typedef struct {
+    const char *s;
+    uint32_t    len;
+} wire_key_t;
+#define WIRE_KEY(x) {x, sizeof(x) - 1}
+
+/* Index of `key` in keys[], -1 when unknown, -2 when not a string. The
+ * encoder writes keys in table order, so position `hint` is tried first. */
+static int wire_key_find(const msgpack_object *key, const wire_key_t *keys, int n, uint32_t hint)
+{
+    if (key->type != MSGPACK_OBJECT_STR) return -2;
+    uint32_t sz = key->via.str.size;
+    const char *p = key->via.str.ptr;
+    if (hint < (uint32_t)n && keys[hint].len == sz && !memcmp(keys[hint].s, p, sz)) return (int)hint;
+    for (int k = 0; k < n; k++)
+        if (keys[k].len == sz && !memcmp(keys[k].s, p, sz)) return k;
+    return -1;
+}
+
 enum { TK_NAME, TK_DTYPE, TK_SHAPE, TK_OFFSET, TK_NBYTES, TK_COUNT };
-static const char *const wire_tensor_keys[TK_COUNT] = {
-    [TK_NAME] = "name", [TK_DTYPE] = "dtype", [TK_SHAPE] = "shape",
-    [TK_OFFSET] = "offset", [TK_NBYTES] = "nbytes",
+static const wire_key_t wire_tensor_keys[TK_COUNT] = {
+    [TK_NAME] = WIRE_KEY("name"), [TK_DTYPE] = WIRE_KEY("dtype"), [TK_SHAPE] = WIRE_KEY("shape"),
+    [TK_OFFSET] = WIRE_KEY("offset"), [TK_NBYTES] = WIRE_KEY("nbytes"),
 };
 _Static_assert(sizeof wire_tensor_keys / sizeof wire_tensor_keys[0] == TK_COUNT, "tensor keys");
 
@@ -225,16 +251,14 @@ static bt_status_t wire_tensor_read(const msgpack_object *o, uint32_t idx, const
     const msgpack_object *val[TK_COUNT] = {0};
     for (uint32_t i = 0; i < o->via.map.size; i++) {
         const msgpack_object_kv *kv = &o->via.map.ptr[i];
-        if (kv->key.type != MSGPACK_OBJECT_STR)
-            return wire_err_set(err, "envelope: tensor #%u key #%u is not a string", idx, i);
-        for (int k = 0; k < TK_COUNT; k++) {
-            if (!wire_str_eq(&kv->key, wire_tensor_keys[k])) continue;
-            if (val[k]) return wire_err_set(err, "envelope: tensor #%u duplicate key '%s'", idx, wire_tensor_keys[k]);
-            val[k] = &kv->val;
-        }
+        int k = wire_key_find(&kv->key, wire_tensor_keys, TK_COUNT, i);
+        if (k == -2) return wire_err_set(err, "envelope: tensor #%u key #%u is not a string", idx, i);
+        if (k < 0) continue; /* unknown keys are skipped */
+        if (val[k]) return wire_err_set(err, "envelope: tensor #%u duplicate key '%s'", idx, wire_tensor_keys[k].s);
+        val[k] = &kv->val;
     }
     for (int k = 0; k < TK_COUNT; k++)
-        if (!val[k]) return wire_err_set(err, "envelope: tensor #%u missing key '%s'", idx, wire_tensor_keys[k]);
+        if (!val[k]) return wire_err_set(err, "envelope: tensor #%u missing key '%s'", idx, wire_tensor_keys[k].s);
 
     bt_status_t st = wire_get_name(val[TK_NAME], lim->max_name_len, d->name, err);
     if (st != BT_OK) return st;
@@ -251,17 +275,12 @@ static bt_status_t wire_tensor_read(const msgpack_object *o, uint32_t idx, const
     d->ndim = (int)sh->via.array.size;
     for (int i = 0; i < d->ndim; i++) {
         uint64_t v = 0;
-        char what[WIRE_NAME_MAX + 32];
-        snprintf(what, sizeof what, "tensor '%s' dim %d", d->name, i);
-        if ((st = wire_get_u64(&sh->via.array.ptr[i], what, lim->max_dim, &v, err)) != BT_OK) return st;
+        if ((st = wire_get_u64(&sh->via.array.ptr[i], d->name, "dim", i, lim->max_dim, &v, err)) != BT_OK) return st;
         d->shape[i] = (int64_t)v;
     }
     for (int i = d->ndim; i < TENSOR_MAX_DIMS; i++) d->shape[i] = 1;
-    char what[WIRE_NAME_MAX + 32];
-    snprintf(what, sizeof what, "tensor '%s' offset", d->name);
-    if ((st = wire_get_u64(val[TK_OFFSET], what, UINT64_MAX, &d->offset, err)) != BT_OK) return st;
-    snprintf(what, sizeof what, "tensor '%s' nbytes", d->name);
-    if ((st = wire_get_u64(val[TK_NBYTES], what, UINT64_MAX, &d->nbytes, err)) != BT_OK) return st;
+    if ((st = wire_get_u64(val[TK_OFFSET], d->name, "offset", -1, UINT64_MAX, &d->offset, err)) != BT_OK) return st;
+    if ((st = wire_get_u64(val[TK_NBYTES], d->name, "nbytes", -1, UINT64_MAX, &d->nbytes, err)) != BT_OK) return st;
     return BT_OK;
 }
 
@@ -307,14 +326,15 @@ static bt_status_t wire_tensors_check(const wire_env_t *env, uint64_t payload_le
         }
         uint64_t want;
         overflow |= __builtin_mul_overflow(numel, (uint64_t)esize, &want);
-        char shape[96];
-        wire_shape_str(d, shape, sizeof shape);
-        if (overflow)
-            return wire_err_set(err, "envelope: tensor '%s' shape %s %s overflows", d->name, shape,
-                                wire_dtype_name(d->dtype));
-        if (d->nbytes != want)
+        if (overflow || d->nbytes != want) {
+            char shape[96];
+            wire_shape_str(d, shape, sizeof shape);
+            if (overflow)
+                return wire_err_set(err, "envelope: tensor '%s' shape %s %s overflows", d->name, shape,
+                                    wire_dtype_name(d->dtype));
             return wire_err_set(err, "envelope: tensor '%s' nbytes %llu != %s %s", d->name,
                                 (unsigned long long)d->nbytes, shape, wire_dtype_name(d->dtype));
+        }
         uint64_t expect = i == 0 ? 0 : wire_align_up(end);
         if (d->offset != expect)
             return wire_err_set(err, "envelope: tensor '%s' offset %llu, expected %llu (%u-aligned, back to back)",
@@ -333,9 +353,10 @@ static bt_status_t wire_tensors_check(const wire_env_t *env, uint64_t payload_le
 }
 
 enum { EK_VER, EK_TYPE, EK_SRC, EK_DST, EK_SEQ, EK_STEP, EK_MB, EK_TENSORS, EK_META, EK_COUNT };
-static const char *const wire_env_keys[EK_COUNT] = {
-    [EK_VER] = "ver", [EK_TYPE] = "type", [EK_SRC] = "src", [EK_DST] = "dst", [EK_SEQ] = "seq",
-    [EK_STEP] = "step", [EK_MB] = "mb", [EK_TENSORS] = "tensors", [EK_META] = "meta",
+static const wire_key_t wire_env_keys[EK_COUNT] = {
+    [EK_VER] = WIRE_KEY("ver"), [EK_TYPE] = WIRE_KEY("type"), [EK_SRC] = WIRE_KEY("src"),
+    [EK_DST] = WIRE_KEY("dst"), [EK_SEQ] = WIRE_KEY("seq"), [EK_STEP] = WIRE_KEY("step"),
+    [EK_MB] = WIRE_KEY("mb"), [EK_TENSORS] = WIRE_KEY("tensors"), [EK_META] = WIRE_KEY("meta"),
 };
 _Static_assert(sizeof wire_env_keys / sizeof wire_env_keys[0] == EK_COUNT, "envelope keys");
 
@@ -346,7 +367,7 @@ static bt_status_t wire_env_read(const msgpack_object *root, size_t payload_len,
         return wire_err_set(err, "envelope: not a msgpack map (msgpack type %d)", (int)root->type);
     const msgpack_object_map *m = &root->via.map;
     /* "ver" first: the format's magic. Anything else is not our frame. */
-    if (m->size == 0 || !wire_str_eq(&m->ptr[0].key, "ver"))
+    if (m->size == 0 || wire_key_find(&m->ptr[0].key, wire_env_keys, 1, 0) != EK_VER)
         return wire_err_set(err, "envelope: first key is not 'ver' (not a baton envelope)");
     const msgpack_object *ver = &m->ptr[0].val;
     if (ver->type != MSGPACK_OBJECT_POSITIVE_INTEGER || ver->via.u64 != WIRE_VERSION)
@@ -357,29 +378,27 @@ static bt_status_t wire_env_read(const msgpack_object *root, size_t payload_len,
     const msgpack_object *val[EK_COUNT] = {0};
     for (uint32_t i = 0; i < m->size; i++) {
         const msgpack_object_kv *kv = &m->ptr[i];
-        if (kv->key.type != MSGPACK_OBJECT_STR)
+        int k = wire_key_find(&kv->key, wire_env_keys, EK_COUNT, i);
+        if (k == -2)
             return wire_err_set(err, "envelope: key #%u is not a string (msgpack type %d)", i, (int)kv->key.type);
-        for (int k = 0; k < EK_COUNT; k++) {
-            if (!wire_str_eq(&kv->key, wire_env_keys[k])) continue;
-            if (val[k]) return wire_err_set(err, "envelope: duplicate key '%s'", wire_env_keys[k]);
-            val[k] = &kv->val;
-        }
-        /* unknown keys are skipped: the format grows by appending */
+        if (k < 0) continue; /* unknown keys are skipped: the format grows by appending */
+        if (val[k]) return wire_err_set(err, "envelope: duplicate key '%s'", wire_env_keys[k].s);
+        val[k] = &kv->val;
     }
     for (int k = 0; k < EK_COUNT; k++)
-        if (!val[k]) return wire_err_set(err, "envelope: missing key '%s'", wire_env_keys[k]);
+        if (!val[k]) return wire_err_set(err, "envelope: missing key '%s'", wire_env_keys[k].s);
 
     uint64_t u = 0;
     int64_t s;
     bt_status_t st;
     env->ver = WIRE_VERSION;
-    if ((st = wire_get_u64(val[EK_TYPE], "type", UINT32_MAX, &u, err)) != BT_OK) return st;
+    if ((st = wire_get_u64(val[EK_TYPE], NULL, "type", -1, UINT32_MAX, &u, err)) != BT_OK) return st;
     env->type = (uint32_t)u;
-    if ((st = wire_get_u64(val[EK_SRC], "src", UINT32_MAX, &u, err)) != BT_OK) return st;
+    if ((st = wire_get_u64(val[EK_SRC], NULL, "src", -1, UINT32_MAX, &u, err)) != BT_OK) return st;
     env->src = (actor_addr_t)u;
-    if ((st = wire_get_u64(val[EK_DST], "dst", UINT32_MAX, &u, err)) != BT_OK) return st;
+    if ((st = wire_get_u64(val[EK_DST], NULL, "dst", -1, UINT32_MAX, &u, err)) != BT_OK) return st;
     env->dst = (actor_addr_t)u;
-    if ((st = wire_get_u64(val[EK_SEQ], "seq", UINT64_MAX, &env->seq, err)) != BT_OK) return st;
+    if ((st = wire_get_u64(val[EK_SEQ], NULL, "seq", -1, UINT64_MAX, &env->seq, err)) != BT_OK) return st;
     if ((st = wire_get_i64(val[EK_STEP], "step", -1, INT64_MAX, &env->step, err)) != BT_OK) return st;
     if ((st = wire_get_i64(val[EK_MB], "mb", -1, INT32_MAX, &s, err)) != BT_OK) return st;
     env->mb = (int32_t)s;
@@ -445,6 +464,11 @@ out_zone:
 
 /* ---- encoding ------------------------------------------------------------- */
 
+static int wire_pack_key(msgpack_packer *pk, const wire_key_t *k)
+{
+    return msgpack_pack_str(pk, k->len) | msgpack_pack_str_body(pk, k->s, k->len);
+}
+
 static int wire_pack_str(msgpack_packer *pk, const char *s)
 {
     size_t len = strlen(s);
@@ -484,25 +508,25 @@ bt_status_t wire_env_encode(msgpack_sbuffer *buf, const wire_env_t *env,
     msgpack_packer pk;
     msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
     int rc = msgpack_pack_map(&pk, EK_COUNT);
-    rc |= wire_pack_str(&pk, "ver") | msgpack_pack_uint32(&pk, WIRE_VERSION);
-    rc |= wire_pack_str(&pk, "type") | msgpack_pack_uint32(&pk, env->type);
-    rc |= wire_pack_str(&pk, "src") | msgpack_pack_uint32(&pk, env->src);
-    rc |= wire_pack_str(&pk, "dst") | msgpack_pack_uint32(&pk, env->dst);
-    rc |= wire_pack_str(&pk, "seq") | msgpack_pack_uint64(&pk, env->seq);
-    rc |= wire_pack_str(&pk, "step") | msgpack_pack_int64(&pk, env->step);
-    rc |= wire_pack_str(&pk, "mb") | msgpack_pack_int32(&pk, env->mb);
-    rc |= wire_pack_str(&pk, "tensors") | msgpack_pack_array(&pk, env->ntensors);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_VER]) | msgpack_pack_uint32(&pk, WIRE_VERSION);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_TYPE]) | msgpack_pack_uint32(&pk, env->type);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_SRC]) | msgpack_pack_uint32(&pk, env->src);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_DST]) | msgpack_pack_uint32(&pk, env->dst);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_SEQ]) | msgpack_pack_uint64(&pk, env->seq);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_STEP]) | msgpack_pack_int64(&pk, env->step);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_MB]) | msgpack_pack_int32(&pk, env->mb);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_TENSORS]) | msgpack_pack_array(&pk, env->ntensors);
     for (uint32_t i = 0; i < env->ntensors && rc == 0; i++) {
         const wire_tensor_desc_t *d = &env->tensors[i];
         rc |= msgpack_pack_map(&pk, TK_COUNT);
-        rc |= wire_pack_str(&pk, "name") | wire_pack_str(&pk, d->name);
-        rc |= wire_pack_str(&pk, "dtype") | wire_pack_str(&pk, wire_dtype_name(d->dtype));
-        rc |= wire_pack_str(&pk, "shape") | msgpack_pack_array(&pk, (size_t)d->ndim);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_NAME]) | wire_pack_str(&pk, d->name);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_DTYPE]) | wire_pack_str(&pk, wire_dtype_name(d->dtype));
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_SHAPE]) | msgpack_pack_array(&pk, (size_t)d->ndim);
         for (int k = 0; k < d->ndim; k++) rc |= msgpack_pack_uint64(&pk, (uint64_t)d->shape[k]);
-        rc |= wire_pack_str(&pk, "offset") | msgpack_pack_uint64(&pk, d->offset);
-        rc |= wire_pack_str(&pk, "nbytes") | msgpack_pack_uint64(&pk, d->nbytes);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_OFFSET]) | msgpack_pack_uint64(&pk, d->offset);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_NBYTES]) | msgpack_pack_uint64(&pk, d->nbytes);
     }
-    rc |= wire_pack_str(&pk, "meta");
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_META]);
     if (rc != 0) return BT_ERR_NOMEM;
     if (meta_fn) {
         bt_status_t st = meta_fn(&pk, body);
@@ -584,6 +608,7 @@ bt_status_t wire_tensors_layout(wire_env_t *env, const tensor_t *ts, const char 
 
 tensor_t wire_tensor_view(const wire_env_t *env, uint32_t i, void *payload)
 {
+    assert(i < env->ntensors);
     const wire_tensor_desc_t *d = &env->tensors[i];
     tensor_t t;
     memset(&t, 0, sizeof t);

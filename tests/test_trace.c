@@ -5,6 +5,7 @@
  * recording call. */
 #include <jansson.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -232,18 +233,35 @@ static void test_trace_threads_merge(void)
     json_decref(root);
     char *argv2[] = {"trace", g_dir, "--summary", NULL};
     CHECK(cmd_trace(3, argv2) == 0);
+    char *argv3[] = {"trace", NULL};
+    CHECK(cmd_trace(1, argv3) == 2); /* usage */
+    char *argv4[] = {"trace", g_dir, "--bogus", NULL};
+    CHECK(cmd_trace(3, argv4) == 2);
+    char out2[128];
+    snprintf(out2, sizeof out2, "%s/other.json", g_dir);
+    char *argv5[] = {"trace", "-o", out2, g_dir, NULL};
+    CHECK(cmd_trace(4, argv5) == 0);
+    root = json_load_path(out2);
+    CHECK(root != NULL && json_array_size(json_object_get(root, "traceEvents")) > 1000);
+    json_decref(root);
     dir_remove();
 }
 
-/* Several processes (fork), each its own file; flows cross files. */
+/* Several processes (fork), each its own file; flows cross files. The
+ * parent traces too while it forks: the children must not write into its
+ * file (they start with tracing off and open their own). */
 static void test_trace_processes(void)
 {
     dir_make();
+    trace_config_t pcfg = {.no_flusher = true};
+    REQUIRE(trace_start(g_dir, 0, &pcfg) == BT_OK);
+    trace_instant(ACTOR_ADDR(0, 1), 0, -1, T_BASE);
     pid_t kids[2];
     for (uint32_t r = 0; r < 2; r++) {
         pid_t pid = fork();
         REQUIRE(pid >= 0);
         if (pid == 0) {
+            if (trace_enabled()) _exit(4);
             if (trace_start(g_dir, r + 1, NULL) != BT_OK) _exit(3);
             record_rank(r + 1);
             /* one cross-process message: rank1 stage0 -> rank2 stage0 */
@@ -259,13 +277,20 @@ static void test_trace_processes(void)
         waitpid(kids[r], &status, 0);
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
+    trace_stop();
     trace_set_t set;
     char err[512];
     REQUIRE(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
-    CHECK(set.nfiles == 2);
+    CHECK(set.nfiles == 3);
+    for (size_t fi = 0; fi < set.nfiles; fi++) {
+        CHECK(set.files[fi].complete);
+        /* the parent's file holds exactly its one instant */
+        if (set.files[fi].rank == 0) CHECK(set.files[fi].nrecs == 1);
+    }
     trace_summary_t s;
     REQUIRE(trace_summary_compute(&set, &s) == BT_OK);
     CHECK(s.nedges == 2 * NTHR + 1);
+    CHECK(s.nactors == 2 * NTHR + 1);
     int cross = 0;
     for (size_t e = 0; e < s.nedges; e++)
         if (s.edges[e].msg_type == MSG_ACTIVATION) {
@@ -293,11 +318,11 @@ static void test_trace_processes(void)
     json_array_foreach(ev, i, x) {
         if (!strcmp(json_string_value(json_object_get(x, "name")), "process_name")) {
             json_int_t pid = json_integer_value(json_object_get(x, "pid"));
-            CHECK(pid == 1 || pid == 2);
+            CHECK(pid == 0 || pid == 1 || pid == 2);
             procs++;
         }
     }
-    CHECK(procs == 2);
+    CHECK(procs == 3);
     json_decref(root);
     trace_set_free(&set);
     dir_remove();
@@ -441,6 +466,75 @@ static void test_trace_corrupt_files(void)
     dir_remove();
 }
 
+/* Random damage to a valid file: the reader returns OK or CORRUPT (with
+ * the file named), never crashes or overreads (ASan run). */
+static void test_trace_file_mutations(void)
+{
+    dir_make();
+    trace_config_t cfg = {.no_flusher = true};
+    REQUIRE(trace_start(g_dir, 5, &cfg) == BT_OK);
+    trace_actor_name(ACTOR_ADDR(5, 1), "a");
+    for (int k = 0; k < 20; k++) {
+        trace_send(ACTOR_ADDR(5, 1), ACTOR_ADDR(5, 2), MSG_PING, (uint64_t)k, 1, -1, -1, T_BASE + (uint64_t)k);
+        trace_span(ACTOR_ADDR(5, 1), TRACE_SPAN_COMPUTE, 0, MSG_PING, k, 0, T_BASE, T_BASE + 5);
+    }
+    trace_stop();
+    trace_set_t set;
+    char err[512];
+    REQUIRE(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
+    char good[256];
+    snprintf(good, sizeof good, "%s", set.files[0].path);
+    trace_set_free(&set);
+    static uint8_t orig[1 << 16], buf[1 << 16];
+    FILE *f = fopen(good, "rb");
+    REQUIRE(f);
+    size_t len = fread(orig, 1, sizeof orig, f);
+    fclose(f);
+    /* the damaged copies live in memory: this test is about parsing, and the
+     * shared disk can be slow */
+    int mfd = memfd_create("trace-mut", 0);
+    REQUIRE(mfd >= 0);
+    snprintf(good, sizeof good, "/proc/self/fd/%d", mfd);
+    uint64_t rng = 88172645463325252ull;
+    int ok = 0, corrupt = 0, other = 0;
+    for (int it = 0; it < 2000; it++) {
+        memcpy(buf, orig, len);
+        size_t n = len;
+        for (int m = 0; m < 3; m++) {
+            rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+            size_t pos = rng % n;
+            if ((rng >> 40) % 5 == 0) n = pos + 1;
+            else buf[pos] ^= (uint8_t)(1u << ((rng >> 32) % 8));
+        }
+        REQUIRE(ftruncate(mfd, 0) == 0 && pwrite(mfd, buf, n, 0) == (ssize_t)n);
+        trace_file_t tf;
+        bt_status_t st = trace_file_load(good, &tf, err, sizeof err);
+        if (st == BT_OK) {
+            ok++;
+            /* what loads must also merge and summarize */
+            trace_set_t one = {.files = malloc(sizeof tf), .nfiles = 1};
+            REQUIRE(one.files);
+            one.files[0] = tf;
+            FILE *devnull = fopen("/dev/null", "w");
+            CHECK(trace_json_write(&one, devnull) == BT_OK);
+            fclose(devnull);
+            trace_summary_t sum;
+            CHECK(trace_summary_compute(&one, &sum) == BT_OK);
+            trace_summary_free(&sum);
+            trace_set_free(&one);
+        } else if (st == BT_ERR_CORRUPT && strstr(err, good)) {
+            corrupt++;
+        } else {
+            other++;
+        }
+    }
+    close(mfd);
+    printf("trace file mutations: %d loaded, %d rejected as corrupt\n", ok, corrupt);
+    CHECK(other == 0);
+    CHECK(corrupt > 0 && ok > 0);
+    dir_remove();
+}
+
 /* Cost of one recording call, disabled and enabled (ring never full; the
  * flush between batches is not timed). Runs on a fresh thread so that its
  * ring has the configured size. Reports the median and best batch: the
@@ -498,5 +592,5 @@ static void test_trace_cost(void)
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_trace_processes, test_trace_threads_merge, test_trace_overflow,
-             test_trace_flusher_drains, test_trace_corrupt_files, test_trace_cost);
+             test_trace_flusher_drains, test_trace_corrupt_files, test_trace_file_mutations, test_trace_cost);
 }

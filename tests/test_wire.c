@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <sys/stat.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "tests/test.h"
 /* The fuzz target itself: its LLVMFuzzerTestOneInput aborts on a property
@@ -510,6 +511,39 @@ static void test_wire_roundtrip_all_types(void)
     msgpack_sbuffer_destroy(&buf);
 }
 
+/* The exact bytes of one envelope, written out by hand from the msgpack
+ * spec: the format is a contract with other processes (and other builds),
+ * so an encoder change that alters them must be deliberate. */
+static void test_wire_golden_bytes(void)
+{
+    static const uint8_t want[] = {
+        0x89,                                     /* map of 9 */
+        0xa3, 'v', 'e', 'r', 0x01,
+        0xa4, 't', 'y', 'p', 'e', 0x00,           /* PING */
+        0xa3, 's', 'r', 'c', 0xce, 0x00, 0x01, 0x00, 0x02, /* rank 1 slot 2 */
+        0xa3, 'd', 's', 't', 0xce, 0x00, 0x03, 0x00, 0x04,
+        0xa3, 's', 'e', 'q', 0x4d,                /* 77 */
+        0xa4, 's', 't', 'e', 'p', 0x05,
+        0xa2, 'm', 'b', 0x02,
+        0xa7, 't', 'e', 'n', 's', 'o', 'r', 's', 0x90,
+        0xa4, 'm', 'e', 't', 'a', 0x82,
+        0xa2, 'i', 'd', 0x09,
+        0xa4, 't', '_', 'n', 's', 0xce, 0x07, 0x5b, 0xcd, 0x15, /* 123456789 */
+    };
+    msgpack_sbuffer buf;
+    msgpack_sbuffer_init(&buf);
+    wire_env_t e = env_make(MSG_PING);
+    wire_err_t err;
+    REQUIRE(msg_encode(&buf, &e, &g_ping, &err) == BT_OK);
+    CHECK(buf.size == sizeof want);
+    CHECK(buf.size == sizeof want && !memcmp(buf.data, want, sizeof want));
+    wire_env_t d;
+    msg_body_t b;
+    CHECK(msg_decode(want, sizeof want, 0, NULL, &d, &b, &err) == BT_OK);
+    CHECK(d.src == ACTOR_ADDR(1, 2) && b.ping.t_ns == 123456789);
+    msgpack_sbuffer_destroy(&buf);
+}
+
 static void test_wire_addr(void)
 {
     actor_addr_t a = ACTOR_ADDR(513, 7);
@@ -573,7 +607,83 @@ static size_t seed_make(int i, uint8_t *out, size_t cap)
     msgpack_sbuffer_destroy(&buf);
     return n;
 }
-#define NSEEDS (3 * MSG_TYPE_COUNT)
+#define NSEEDS (3 * MSG_TYPE_COUNT + NEDGE_SEEDS)
+
+/* Edge seeds: the limits and corners a fuzzer rarely reaches by itself. */
+enum { NEDGE_SEEDS = 4 };
+static const char *const edge_seed_names[NEDGE_SEEDS] = {"16-tensors", "extreme-values", "huge-dim-empty",
+                                                         "extra-keys"};
+
+static void m_extra_keys(msgpack_object *r, msgpack_zone *z);
+
+static size_t seed_edge(int j, uint8_t *out, size_t cap)
+{
+    static float fdata[64];
+    msg_body_t b;
+    wire_env_t e = env_make(MSG_ACTIVATION);
+    bodies_fill(&b, MSG_ACTIVATION);
+    tensor_t ts[WIRE_MAX_TENSORS];
+    const char *names[WIRE_MAX_TENSORS];
+    static char nbuf[WIRE_MAX_TENSORS][8];
+    int nt = 0;
+    if (j == 0) {
+        static const dtype_t dts[] = {DT_F32, DT_F16, DT_BF16, DT_F64, DT_I32, DT_I64, DT_U8};
+        for (nt = 0; nt < WIRE_MAX_TENSORS; nt++) {
+            int64_t shape[4] = {1 + nt % 3, 2, nt % 5 == 4 ? 0 : 1, 2};
+            memset(&ts[nt], 0, sizeof ts[nt]);
+            ts[nt].dtype = dts[nt % 7];
+            ts[nt].ndim = 1 + nt % 4;
+            int64_t st = 1;
+            for (int k = ts[nt].ndim - 1; k >= 0; k--) { ts[nt].shape[k] = shape[k]; ts[nt].stride[k] = st; st *= shape[k]; }
+            ts[nt].data = fdata;
+            snprintf(nbuf[nt], sizeof nbuf[nt], "t%d", nt);
+            names[nt] = nbuf[nt];
+        }
+    } else if (j == 1) {
+        e = env_make(MSG_METRICS);
+        bodies_fill(&b, MSG_METRICS);
+        e.src = e.dst = 0xffffffffu;
+        e.seq = UINT64_MAX;
+        e.step = INT64_MAX;
+        e.mb = INT32_MAX;
+    } else if (j == 2) {
+        ts[0] = view_2d(NULL, DT_F32, 1ll << 40, 0);
+        names[0] = "empty";
+        nt = 1;
+    }
+    msg_frame_t f;
+    msg_frame_init(&f);
+    wire_err_t err;
+    if (msg_frame_build(&f, &e, &b, ts, names, nt, &err) != BT_OK) BT_PANIC("edge seed %d: %s", j, err.reason);
+    size_t plen = f.payload_len, hlen = f.hdr.size;
+    const void *hdr = f.hdr.data;
+    msgpack_sbuffer extra;
+    msgpack_sbuffer_init(&extra);
+    msgpack_zone z;
+    msgpack_zone_init(&z, 4096);
+    if (j == 3) { /* the valid 1-tensor PING plus unknown keys everywhere */
+        msgpack_sbuffer base;
+        msgpack_sbuffer_init(&base);
+        plen = frame_valid(&base, MSG_PING, &g_ping, 1);
+        msgpack_object root;
+        size_t off = 0;
+        if (msgpack_unpack(base.data, base.size, &off, &z, &root) != MSGPACK_UNPACK_SUCCESS) BT_PANIC("unpack");
+        m_extra_keys(&root, &z);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &extra, msgpack_sbuffer_write);
+        msgpack_pack_object(&pk, root);
+        msgpack_sbuffer_destroy(&base);
+        hdr = extra.data;
+        hlen = extra.size;
+    }
+    if (4 + hlen > cap) BT_PANIC("seed too big");
+    out[0] = (uint8_t)plen; out[1] = (uint8_t)(plen >> 8); out[2] = (uint8_t)(plen >> 16); out[3] = (uint8_t)(plen >> 24);
+    memcpy(out + 4, hdr, hlen);
+    msgpack_zone_destroy(&z);
+    msgpack_sbuffer_destroy(&extra);
+    msg_frame_fini(&f);
+    return 4 + hlen;
+}
 
 typedef struct { uint8_t *data; size_t len; } blob_t;
 
@@ -611,10 +721,17 @@ static void test_wire_corpus_mutations(void)
         mkdir(w, 0755);
         for (int i = 0; i < NSEEDS; i++) {
             uint8_t tmp[4096];
-            size_t n = seed_make(i, tmp, sizeof tmp);
             char path[512];
-            snprintf(path, sizeof path, "%s/seed-%02d-%s-%dt", w, i, msg_type_name((uint32_t)(i % MSG_TYPE_COUNT)),
-                     i / MSG_TYPE_COUNT);
+            size_t n;
+            if (i < 3 * MSG_TYPE_COUNT) {
+                n = seed_make(i, tmp, sizeof tmp);
+                snprintf(path, sizeof path, "%s/seed-%02d-%s-%dt", w, i, msg_type_name((uint32_t)(i % MSG_TYPE_COUNT)),
+                         i / MSG_TYPE_COUNT);
+            } else {
+                int j = i - 3 * MSG_TYPE_COUNT;
+                n = seed_edge(j, tmp, sizeof tmp);
+                snprintf(path, sizeof path, "%s/seed-%02d-edge-%s", w, i, edge_seed_names[j]);
+            }
             FILE *f = fopen(path, "wb");
             REQUIRE(f && fwrite(tmp, 1, n, f) == n);
             fclose(f);
@@ -685,9 +802,49 @@ static void test_wire_corpus_mutations(void)
     for (int i = 0; i < n; i++) free(corpus[i].data);
 }
 
+/* Cost of encoding and decoding one envelope (reported; the loose bound
+ * only catches a pathological regression). */
+static void test_wire_cost(void)
+{
+    enum { N = 4000 };
+    msg_frame_t f;
+    msg_frame_init(&f);
+    wire_env_t env = env_make(MSG_ACTIVATION), denv;
+    msg_body_t body, got;
+    bodies_fill(&body, MSG_ACTIVATION);
+    tensor_t ts[2] = {view_2d(g_x, DT_F32, 3, 2), view_1d(g_ids, DT_I32, 5)};
+    const char *names[2] = {"x", "ids"};
+    wire_err_t err;
+    double enc[2], dec[2];
+    for (int nt = 0; nt < 2; nt++) {
+        int ntens = nt ? 2 : 0;
+        enc[nt] = dec[nt] = 1e12;
+        /* best of several rounds: the machine is shared */
+        for (int round = 0; round < 7; round++) {
+            uint64_t t0 = clock_now_ns();
+            for (int i = 0; i < N; i++) {
+                env.seq = (uint64_t)i;
+                if (msg_frame_build(&f, &env, &body, ts, names, ntens, &err) != BT_OK) BT_PANIC("%s", err.reason);
+            }
+            uint64_t t1 = clock_now_ns();
+            int ok = 0;
+            for (int i = 0; i < N; i++)
+                ok += msg_decode(f.hdr.data, f.hdr.size, f.payload_len, NULL, &denv, &got, &err) == BT_OK;
+            uint64_t t2 = clock_now_ns();
+            CHECK(ok == N);
+            if ((double)(t1 - t0) / N < enc[nt]) enc[nt] = (double)(t1 - t0) / N;
+            if ((double)(t2 - t1) / N < dec[nt]) dec[nt] = (double)(t2 - t1) / N;
+        }
+        printf("wire cost, ACTIVATION with %d tensors (%zu header bytes): encode %.0f ns, decode %.0f ns (best of 7)\n",
+               ntens, f.hdr.size, enc[nt], dec[nt]);
+    }
+    CHECK(dec[1] < 50000.0 && enc[1] < 50000.0);
+    msg_frame_fini(&f);
+}
+
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_wire_addr, test_wire_roundtrip_all_types, test_wire_rejects_lies,
+    TEST_RUN(argc, argv, test_wire_addr, test_wire_golden_bytes, test_wire_roundtrip_all_types, test_wire_rejects_lies,
              test_wire_unknown_keys_skipped, test_wire_truncated_and_trailing, test_wire_hostile_counts,
-             test_wire_limits, test_wire_encoder_refuses, test_wire_corpus_mutations);
+             test_wire_limits, test_wire_encoder_refuses, test_wire_corpus_mutations, test_wire_cost);
 }

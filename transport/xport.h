@@ -29,10 +29,21 @@
  *    cbs.error(ep) fires once, then ep is freed. For an outgoing connection
  *    that fails before its handshake completed, cbs.connected(ep, error) fires
  *    instead of cbs.error and ep is freed after it returns.
- *  - close(ep): no error callback; sends not yet handed to the wire complete
- *    with BT_ERR_CANCELED (from the loop, not from inside close()).
+ *  - close(ep): no error callback; every pending send still completes, from
+ *    the loop and not from inside close(): with BT_ERR_CANCELED (tcp: not yet
+ *    written; inproc: not yet picked up by the peer's loop; ucx: whatever UCX
+ *    reports after flushing), or BT_OK when it had left (inproc: when the
+ *    peer releases a frame it had already received).
+ *    The peer sees BT_ERR_PEER_CLOSED through its error callback.
+ *  - destroy(x): closes every endpoint and completes their pending sends
+ *    (done() may run inside destroy()). Exception, inproc zero-copy: a frame
+ *    the receiver still holds keeps the sender's buffer, and its done() never
+ *    fires once the sender's xport is destroyed.
  *  - Received payloads (xport_rx_t) outlive their endpoint: release them any
  *    time before destroy() of the xport that delivered them.
+ *  - Errors are logged by the transport once, with the peer's address and
+ *    the reason (bad magic, oversized frame, HMAC mismatch, handshake
+ *    deadline...); callers need not log them again.
  */
 #ifndef BT_TRANSPORT_XPORT_H
 #define BT_TRANSPORT_XPORT_H
@@ -63,6 +74,10 @@ typedef enum {
 #define XPORT_HDR_MAX   (256u * 1024u)
 #define XPORT_ADDR_MAX  96           /* "inproc:<name>", "host:port", "[v6]:port" */
 #define XPORT_PEER_ID_UNKNOWN UINT32_MAX
+/* Incoming connections still in their handshake, per listener; more are
+ * refused at once (each unauthenticated one holds an fd and buffers until
+ * its handshake deadline). */
+#define XPORT_HS_PENDING_MAX 256
 
 typedef struct xport xport_t;       /* one instance: (process, loop, kind) */
 typedef struct xport_ep xport_ep_t; /* one connection to one peer */
