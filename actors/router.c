@@ -962,6 +962,9 @@ static void router_barrier(actor_router_t *rt)
 void actor_router_destroy(actor_router_t *rt)
 {
     if (!rt) return;
+    /* it waits on every loop of rt: calling it from one of them would hang */
+    assert(!on_io(rt));
+    for (int i = 0; i < rt->nloops; i++) assert(!actor_loop_is_current(rt->loops[i]));
     /* 1. stop hooks, each on its actor's loop */
     for (uint32_t s = 0; s < ACTOR_ROUTER_MAX_SLOTS; s++) {
         actor_t *a = atomic_load(&rt->slots[s]);

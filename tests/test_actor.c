@@ -23,6 +23,56 @@ static actor_router_t *router_new(uint32_t rank, uint32_t credits)
     return rt;
 }
 
+
+/* ---- loops: posting, calls, stop ---------------------------------------------- */
+
+typedef struct {
+    actor_item_t item;
+    int         *ran, *canceled;
+} count_item_t;
+
+static void count_run(actor_item_t *it)
+{
+    count_item_t *c = (count_item_t *)it;
+    (*c->ran)++;
+    free(c);
+}
+static void count_cancel(actor_item_t *it)
+{
+    count_item_t *c = (count_item_t *)it;
+    (*c->canceled)++;
+    free(c);
+}
+
+static void where_am_i(void *arg) { *(actor_loop_t **)arg = actor_loop_current(); }
+
+static void test_actor_loop_post_call_stop(void)
+{
+    actor_loop_t *l;
+    REQUIRE(actor_loop_create("l", &l) == BT_OK);
+    REQUIRE(actor_loop_start(l) == BT_OK);
+    int ran = 0, canceled = 0;
+    for (int i = 0; i < 100; i++) {
+        count_item_t *c = calloc(1, sizeof *c);
+        *c = (count_item_t){.item = {.run = count_run, .cancel = count_cancel}, .ran = &ran, .canceled = &canceled};
+        CHECK(actor_loop_post(l, &c->item) == BT_OK);
+    }
+    actor_loop_t *seen = NULL;
+    CHECK(actor_loop_call(l, where_am_i, &seen) == BT_OK);
+    CHECK(seen == l);            /* ran on the loop's own thread */
+    CHECK(ran == 100);           /* everything posted before the call ran first */
+    CHECK(actor_loop_current() == NULL);
+    actor_loop_stop(l);
+    actor_loop_join(l);
+    /* a stopped loop refuses new items and hands them back through cancel */
+    count_item_t *late = calloc(1, sizeof *late);
+    *late = (count_item_t){.item = {.run = count_run, .cancel = count_cancel}, .ran = &ran, .canceled = &canceled};
+    CHECK(actor_loop_post(l, &late->item) == BT_ERR_CANCELED);
+    CHECK(canceled == 1 && ran == 100);
+    CHECK(actor_loop_call(l, where_am_i, &seen) == BT_ERR_CANCELED);
+    actor_loop_destroy(l);
+}
+
 /* ---- ping-pong actor (used on one thread, across threads, across processes) */
 
 typedef struct {
@@ -860,14 +910,14 @@ int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
 #ifdef BT_HAVE_UCX
-    TEST_RUN(argc, argv, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
+    TEST_RUN(argc, argv, test_actor_loop_post_call_stop, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
              test_actor_worker_completions, test_actor_kept_then_released, test_actor_orderly_stop,
              test_actor_inproc_auto, test_actor_two_procs_tcp, test_actor_two_procs_ucx,
              test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported,
              test_actor_killed_peer_reported_ucx,
              test_actor_busy_poll_inproc_tcp, test_actor_trace_hooks);
 #else
-    TEST_RUN(argc, argv, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
+    TEST_RUN(argc, argv, test_actor_loop_post_call_stop, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
              test_actor_worker_completions, test_actor_kept_then_released, test_actor_orderly_stop,
              test_actor_inproc_auto, test_actor_two_procs_tcp,
              test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported,
