@@ -669,6 +669,33 @@ static void test_actor_inproc_auto(void)
     CHECK(pinger.bad == 0 && ponger.bad == 0);
 }
 
+
+#ifdef BT_HAVE_UCX
+/* auto prefers ucx for another process; when ucx cannot connect, tcp. */
+static void test_actor_auto_ucx_falls_back_to_tcp(void)
+{
+    actor_router_t *r0 = router_new(0, 4), *r1 = router_new(1, 4);
+    REQUIRE(r0 && r1);
+    char card[ACTOR_CARD_MAX], forged[ACTOR_CARD_MAX];
+    REQUIRE(actor_router_listen(r1, 1u << XPORT_TCP, card, sizeof card) == BT_OK);
+    const char *tcp = strstr(card, "tcp=");
+    REQUIRE(tcp);
+    /* another pid (not inproc) and a ucx address nobody listens on */
+    snprintf(forged, sizeof forged, "pid=1;%s;ucx=127.0.0.1:1", tcp);
+    pp_actor_t ponger = {.elems = 4};
+    REQUIRE(actor_register(r1, &ponger.base, &pp_class, actor_router_io_loop(r1), "ponger", 1) == BT_OK);
+    CHECK(actor_router_connect_str(r0, 1, forged, "auto") == BT_OK);
+    CHECK(actor_router_wait_peer(r0, 1, 10000) == BT_OK);
+    CHECK(actor_router_peer_kind(r0, 1) == XPORT_TCP);
+    pp_actor_t pinger = {.limit = 20, .elems = 4, .peer = ponger.base.addr};
+    REQUIRE(actor_register(r0, &pinger.base, &pp_class, actor_router_io_loop(r0), "pinger", 1) == BT_OK);
+    CHECK(actor_router_wait(r0, 10000) == BT_OK);
+    actor_router_destroy(r0);
+    actor_router_destroy(r1);
+    CHECK(pinger.got == 20 && pinger.bad == 0);
+}
+#endif
+
 /* ---- supervision: bad frames and dead peers --------------------------------------- */
 
 /* A raw transport peer that speaks the handshake but sends garbage. */
@@ -912,7 +939,8 @@ int main(int argc, char **argv)
 #ifdef BT_HAVE_UCX
     TEST_RUN(argc, argv, test_actor_loop_post_call_stop, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
              test_actor_worker_completions, test_actor_kept_then_released, test_actor_orderly_stop,
-             test_actor_inproc_auto, test_actor_two_procs_tcp, test_actor_two_procs_ucx,
+             test_actor_inproc_auto, test_actor_auto_ucx_falls_back_to_tcp, test_actor_two_procs_tcp,
+             test_actor_two_procs_ucx,
              test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported,
              test_actor_killed_peer_reported_ucx,
              test_actor_busy_poll_inproc_tcp, test_actor_trace_hooks);
