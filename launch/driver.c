@@ -1,0 +1,622 @@
+#include "launch/driver.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "actors/router.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "ckpt/hf.h"
+#include "launch/graph.h"
+#include "launch/run_setup.h"
+#include "launch/spawn.h"
+#include "launch/worker.h"
+#include "model/stage_actor.h"
+
+typedef enum {
+    DRV_RENDEZVOUS = 0, /* waiting for every rank.R file */
+    DRV_READY_WAIT,     /* book written, waiting for READY from every rank */
+    DRV_RUNNING,
+    DRV_EXPORTING,
+    DRV_DONE,
+    DRV_FAILING,
+} drv_phase_t;
+
+typedef struct {
+    actor_t        a; /* first */
+    actor_router_t *rt;
+    const job_t    *job;
+    const graph_t  *g;
+    const char     *run_dir;
+    spawn_group_t  *procs;
+    bool            quiet;
+    drv_phase_t     phase;
+    int             world;
+    uint64_t       *last_seen;  /* [world] ns of the last message of each rank */
+    int             n_ready, n_metrics, n_exported;
+    int64_t         step;       /* step running (1-based) */
+    double          loss_sum, scored, grad_norm, lr;
+    uint64_t        t0, t_step0, t_phase0;
+    int64_t         tokens_done;
+    FILE           *metrics;
+    model_t        *full;       /* export target */
+    bool           *received;   /* [full->n_params] */
+    actor_timer_t   watch, diag;
+    bt_status_t     fail_status;
+    int             fail_rank;
+    char            fail_text[512];
+    double          hb_timeout_s, step_timeout_s, start_timeout_s;
+} driver_t;
+
+static double env_seconds(const char *name, double dflt)
+{
+    const char *v = getenv(name);
+    double x = v ? atof(v) : 0;
+    return x > 0 ? x : dflt;
+}
+
+static void rank_describe(driver_t *d, int r, char *buf, size_t cap)
+{
+    graph_coord_t c = graph_coord(d->g, r);
+    snprintf(buf, cap, "rank %d (pid %ld, host %s, tp=%d dp=%d pp=%d)", r,
+             d->procs->procs ? (long)d->procs->procs[r].pid : -1L, d->job->hosts[0], c.tp, c.dp, c.pp);
+}
+
+static void send_all(driver_t *d, uint32_t type, uint32_t state, int64_t step, bt_status_t status,
+                     const char *why)
+{
+    for (int r = 0; r < d->world; r++) {
+        if (d->procs->procs && d->procs->procs[r].exited) continue;
+        actor_msg_t *m = actor_msg_new(type);
+        if (!m) return;
+        if (type == MSG_STOP) {
+            m->body.stop.status = status;
+            snprintf(m->body.stop.why, sizeof m->body.stop.why, "%s", why ? why : "");
+        } else {
+            m->body.heartbeat = (msg_heartbeat_t){.t_ns = clock_now_ns(), .rank = (uint32_t)d->world,
+                                                  .state = state, .step = step};
+        }
+        m->env.step = step;
+        actor_send(&d->a, ACTOR_ADDR(r, GRAPH_SLOT_STAGE), m);
+    }
+}
+
+/* The verdict comes a moment after the first symptom: a killed process
+ * closes its sockets just before it becomes reapable, and its peers may
+ * report the broken links first. Naming the dead process wins. */
+static void diag_fire(actor_t *self, actor_timer_t *t)
+{
+    (void)t;
+    driver_t *d = (driver_t *)self;
+    spawn_poll(d->procs);
+    char who[192], how[96], text[1024];
+    int dead = -1;
+    for (int r = 0; r < d->world; r++)
+        if (d->procs->procs[r].exited) { dead = r; break; }
+    if (dead >= 0) {
+        rank_describe(d, dead, who, sizeof who);
+        spawn_describe(&d->procs->procs[dead], how, sizeof how);
+        if (d->step)
+            snprintf(text, sizeof text, "%s %s during step %lld (first symptom: %s)", who, how,
+                     (long long)d->step, d->fail_text);
+        else
+            snprintf(text, sizeof text, "%s %s during start-up (first symptom: %s)", who, how,
+                     d->fail_text);
+    } else if (d->fail_rank >= 0) {
+        rank_describe(d, d->fail_rank, who, sizeof who);
+        snprintf(text, sizeof text, "%s: %s", who, d->fail_text);
+    } else {
+        snprintf(text, sizeof text, "%s", d->fail_text);
+    }
+    log_error("job failed: %s; stopping every process", text);
+    send_all(d, MSG_STOP, 0, d->step, d->fail_status, text);
+    actor_router_stop_request(d->rt, d->fail_status ? d->fail_status : BT_ERR_CANCELED);
+}
+
+static void fail(driver_t *d, bt_status_t st, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void fail(driver_t *d, bt_status_t st, int rank, const char *fmt, ...)
+{
+    if (d->phase == DRV_FAILING || d->phase == DRV_DONE) return;
+    d->phase = DRV_FAILING;
+    d->fail_status = st;
+    d->fail_rank = rank;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->fail_text, sizeof d->fail_text, fmt, ap);
+    va_end(ap);
+    actor_timer_start(&d->a, &d->diag, 0.25, 0, diag_fire);
+}
+
+static bool file_exists(const char *dir, const char *name)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+/* All rank.R files are there: concatenate them into the book. */
+static bt_status_t book_write(driver_t *d)
+{
+    char tmp[1024], dst[1024];
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", d->run_dir, RUN_FILE_BOOK);
+    snprintf(dst, sizeof dst, "%s/%s", d->run_dir, RUN_FILE_BOOK);
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        log_error("driver: cannot write %s: %s", tmp, strerror(errno));
+        return BT_ERR_IO;
+    }
+    for (int r = 0; r < d->world; r++) {
+        char p[1024], line[2048];
+        snprintf(p, sizeof p, "%s/rank.%d", d->run_dir, r);
+        FILE *in = fopen(p, "r");
+        if (!in) {
+            fclose(out);
+            log_error("driver: cannot read %s: %s", p, strerror(errno));
+            return BT_ERR_IO;
+        }
+        while (fgets(line, sizeof line, in)) fprintf(out, "%d %s", r, line);
+        fclose(in);
+    }
+    if (fclose(out) || rename(tmp, dst)) {
+        log_error("driver: cannot write %s: %s", dst, strerror(errno));
+        return BT_ERR_IO;
+    }
+    return BT_OK;
+}
+
+static void watch_fire(actor_t *self, actor_timer_t *t)
+{
+    (void)t;
+    driver_t *d = (driver_t *)self;
+    if (d->phase == DRV_FAILING || d->phase == DRV_DONE) return;
+    int r = spawn_poll(d->procs);
+    if (r >= 0) {
+        fail(d, BT_ERR_PEER_CLOSED, r, "the process ended unexpectedly");
+        return;
+    }
+    uint64_t now = clock_now_ns();
+    if (d->phase == DRV_RENDEZVOUS) {
+        int have = 0;
+        for (int k = 0; k < d->world; k++) {
+            char name[32];
+            snprintf(name, sizeof name, "rank.%d", k);
+            have += file_exists(d->run_dir, name);
+        }
+        if (have == d->world) {
+            if (book_write(d)) {
+                fail(d, BT_ERR_IO, -1, "cannot write the address book");
+                return;
+            }
+            d->phase = DRV_READY_WAIT;
+        }
+    }
+    if ((d->phase == DRV_RENDEZVOUS || d->phase == DRV_READY_WAIT) &&
+        (double)(now - d->t_phase0) * 1e-9 > d->start_timeout_s) {
+        fail(d, BT_ERR_TIMEOUT, -1, "start-up took longer than %.0f s (%d of %d ranks ready)",
+             d->start_timeout_s, d->n_ready, d->world);
+        return;
+    }
+    if (d->phase >= DRV_READY_WAIT) {
+        for (int k = 0; k < d->world; k++) {
+            if (!d->last_seen[k]) continue; /* not connected yet: start-up timeout covers it */
+            double silent = (double)(now - d->last_seen[k]) * 1e-9;
+            if (silent > d->hb_timeout_s) {
+                fail(d, BT_ERR_PEER_TIMEOUT, k, "no heartbeat for %.1f s", silent);
+                return;
+            }
+        }
+    }
+    if (d->phase == DRV_RUNNING && (double)(now - d->t_step0) * 1e-9 > d->step_timeout_s)
+        fail(d, BT_ERR_TIMEOUT, -1, "step %lld did not finish within %.0f s (step watchdog, "
+             "BATON_STEP_TIMEOUT); %d of %d ranks reported", (long long)d->step, d->step_timeout_s,
+             d->n_metrics, d->world);
+}
+
+static void step_start(driver_t *d, int64_t step)
+{
+    d->step = step;
+    d->n_metrics = 0;
+    d->loss_sum = 0;
+    d->scored = 0;
+    d->t_step0 = clock_now_ns();
+    send_all(d, MSG_HEARTBEAT, STAGE_CMD_STEP, step, BT_OK, NULL);
+}
+
+static int msg_rank(driver_t *d, actor_msg_t *m)
+{
+    int r = (int)actor_addr_rank(m->env.src);
+    if (r < 0 || r >= d->world) return -1;
+    d->last_seen[r] = clock_now_ns();
+    return r;
+}
+
+static void done(driver_t *d)
+{
+    d->phase = DRV_DONE;
+    send_all(d, MSG_STOP, 0, d->step, BT_OK, "job finished");
+    actor_router_stop_request(d->rt, BT_OK);
+}
+
+static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    int r = msg_rank(d, m);
+    if (r < 0 || d->phase >= DRV_DONE) return ACTOR_DONE;
+    uint32_t state = m->body.heartbeat.state;
+    if (state == STAGE_ST_READY && ++d->n_ready == d->world) {
+        d->phase = DRV_RUNNING;
+        d->t0 = clock_now_ns();
+        step_start(d, 1);
+    } else if (state == STAGE_ST_EXPORTED && ++d->n_exported == d->world) {
+        for (int i = 0; i < d->full->n_params; i++)
+            if (!d->received[i]) {
+                fail(d, BT_ERR_INVALID, -1, "export: no rank sent parameter %s", d->full->params[i].name);
+                return ACTOR_DONE;
+            }
+        done(d);
+    }
+    return ACTOR_DONE;
+}
+
+static void eta_fmt(char *buf, size_t len, double s)
+{
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, len, "%lds", t);
+}
+
+static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    int r = msg_rank(d, m);
+    if (r < 0 || d->phase != DRV_RUNNING) return ACTOR_DONE;
+    tensor_t *l = actor_msg_tensor(m, "loss");
+    if (m->env.step != d->step || !l || l->dtype != DT_F64 || tensor_numel(l) != 2) {
+        fail(d, BT_ERR_PEER_PROTO, r, "bad METRICS for step %lld", (long long)m->env.step);
+        return ACTOR_DONE;
+    }
+    d->loss_sum += ((double *)l->data)[0];
+    d->scored += ((double *)l->data)[1];
+    if (r == 0) {
+        d->grad_norm = m->body.metrics.grad_norm;
+        d->lr = m->body.metrics.lr;
+    }
+    if (++d->n_metrics < d->world) return ACTOR_DONE;
+
+    int64_t steps = d->job->train.steps;
+    double loss = d->loss_sum / d->scored;
+    if (!isfinite(loss)) {
+        fail(d, BT_ERR_NUMERIC, -1, "step %lld: loss is %s", (long long)d->step,
+             isnan(loss) ? "NaN" : "Inf");
+        return ACTOR_DONE;
+    }
+    d->tokens_done += (int64_t)d->scored;
+    double elapsed = (double)(clock_now_ns() - d->t0) * 1e-9;
+    double tps = (double)d->tokens_done / elapsed;
+    double eta = elapsed / (double)d->step * (double)(steps - d->step);
+    if (d->metrics) {
+        fprintf(d->metrics, "{\"step\": %lld, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, "
+                            "\"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+                (long long)d->step, loss, d->lr, d->grad_norm, (long long)d->tokens_done, tps, elapsed);
+        fflush(d->metrics);
+    }
+    if (!d->quiet && (d->step == 1 || d->step % d->job->train.log_every == 0 || d->step == steps)) {
+        char etab[32];
+        eta_fmt(etab, sizeof etab, eta);
+        printf("step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | ETA %s\n",
+               (long long)d->step, (long long)steps, loss, d->lr, d->grad_norm, tps, etab);
+        fflush(stdout);
+    }
+    if (d->step < steps) {
+        step_start(d, d->step + 1);
+    } else if (d->full) {
+        d->phase = DRV_EXPORTING;
+        d->n_exported = 0;
+        send_all(d, MSG_HEARTBEAT, STAGE_CMD_EXPORT, d->step, BT_OK, NULL);
+    } else {
+        done(d);
+    }
+    return ACTOR_DONE;
+}
+
+static actor_ret_t drv_on_shard(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    int r = msg_rank(d, m);
+    if (r < 0 || d->phase != DRV_EXPORTING) return ACTOR_DONE;
+    const msg_ckpt_shard_t *b = &m->body.ckpt_shard;
+    int i = model_param_find(d->full, b->name);
+    tensor_t *t = actor_msg_tensor(m, "data");
+    if (i < 0 || !t || !tensor_same_shape(t, &d->full->params[i].t) || t->dtype != DT_F32) {
+        fail(d, BT_ERR_PEER_PROTO, r, "export: parameter '%s' is unknown or has the wrong shape",
+             b->name);
+        return ACTOR_DONE;
+    }
+    memcpy(d->full->params[i].t.data, t->data, (size_t)tensor_numel(t) * sizeof(float));
+    d->received[i] = true;
+    return ACTOR_DONE;
+}
+
+static actor_ret_t drv_on_error(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    const msg_error_report_t *e = &m->body.error_report;
+    int from = (int)actor_addr_rank(m->env.src);
+    if (d->phase == DRV_DONE || d->phase == DRV_FAILING) return ACTOR_DONE;
+    if (from == d->world) /* our own router: the link to rank e->peer */
+        fail(d, (bt_status_t)e->status, (int)e->peer, "link %s failed (%s): %s", e->where,
+             bt_status_str((bt_status_t)e->status), e->text);
+    else if (from < d->world)
+        fail(d, (bt_status_t)e->status, from, "reported: %s [%s]", e->text, e->where);
+    return ACTOR_DONE;
+}
+
+static void drv_start(actor_t *self)
+{
+    driver_t *d = (driver_t *)self;
+    d->t_phase0 = clock_now_ns();
+    actor_timer_start(self, &d->watch, 0.02, 0.02, watch_fire);
+}
+
+static const actor_class_t driver_class = {
+    .name = "driver",
+    .handlers = {
+        [MSG_HEARTBEAT] = drv_on_heartbeat,
+        [MSG_METRICS] = drv_on_metrics,
+        [MSG_CKPT_SHARD] = drv_on_shard,
+        [MSG_ERROR_REPORT] = drv_on_error,
+    },
+    .start = drv_start,
+};
+
+/* ---- run directory ---------------------------------------------------------- */
+
+static bt_status_t file_write(const char *dir, const char *name, const void *data, size_t n,
+                              mode_t mode)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0) {
+        log_error("driver: cannot create %s: %s", p, strerror(errno));
+        return BT_ERR_IO;
+    }
+    bool ok = write(fd, data, n) == (ssize_t)n;
+    if (close(fd) || !ok) {
+        log_error("driver: cannot write %s", p);
+        return BT_ERR_IO;
+    }
+    return BT_OK;
+}
+
+static bt_status_t file_slurp(const char *path, char **out, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        log_error("driver: cannot read %s: %s", path, strerror(errno));
+        return BT_ERR_IO;
+    }
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t k;
+    while (buf && (k = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += k;
+        if (len == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) { free(buf); buf = NULL; }
+            buf = nb;
+        }
+    }
+    fclose(f);
+    if (!buf) return BT_ERR_NOMEM;
+    *out = buf;
+    *n = len;
+    return BT_OK;
+}
+
+static void run_dir_remove(const char *dir)
+{
+    char p[1024];
+    const char *fixed[] = {RUN_FILE_JOB, RUN_FILE_SETS, RUN_FILE_SECRET, RUN_FILE_DRIVER,
+                           RUN_FILE_BOOK, RUN_FILE_BOOK ".tmp"};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, fixed[i]);
+        unlink(p);
+    }
+    for (int r = 0; r < GRAPH_MAX_WORLD; r++) {
+        snprintf(p, sizeof p, "%s/rank.%d", dir, r);
+        if (unlink(p) && r > 0) {
+            snprintf(p, sizeof p, "%s/rank.%d.tmp", dir, r);
+            unlink(p);
+        }
+        snprintf(p, sizeof p, "%s/rank.%d.tmp", dir, r);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+static unsigned xport_kinds(const job_t *job)
+{
+    unsigned kinds = 1u << XPORT_TCP;
+    for (int e = 0; e < JOB_EDGE_COUNT; e++)
+        if (job->transport[e] == JOB_XPORT_UCX) kinds |= 1u << XPORT_UCX;
+    return kinds;
+}
+
+int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
+{
+    static graph_t g;
+    char err[JOB_ERR_MAX];
+    if (graph_build(job, &g, err, sizeof err)) {
+        fprintf(stderr, "baton run: %s: %s\n", job->path, err);
+        return 1;
+    }
+    if (g.tp > 1) {
+        fprintf(stderr, "baton run: %s: parallel.tp = %d: tensor parallelism is not in this build "
+                        "yet (pipeline and data parallelism are)\n", job->path, g.tp);
+        return 1;
+    }
+    for (int e = 0; e < JOB_EDGE_COUNT; e++)
+        if (job->transport[e] == JOB_XPORT_INPROC) {
+            fprintf(stderr, "baton run: %s: transport.%s: inproc links threads of one process; "
+                            "ranks are processes (use tcp, ucx or auto)\n", job->path,
+                    job_edge_name((job_edge_t)e));
+            return 1;
+        }
+    bool local = true;
+    for (int h = 0; h < job->n_hosts; h++)
+        local &= !strcmp(job->hosts[h], "local") || !strcmp(job->hosts[h], "localhost") ||
+                 !strcmp(job->hosts[h], "127.0.0.1");
+    if (!local) {
+        fprintf(stderr, "baton run: %s: hosts: only local processes can be launched yet\n", job->path);
+        return 1;
+    }
+
+    int rc = 1;
+    int32_t *tokens = NULL;
+    int64_t n_tokens = 0;
+    uint32_t vocab = 0;
+    char vocab_set[64] = "";
+    if (worker_train_stream(job, &tokens, &n_tokens, &vocab)) return 1;
+    free(tokens);
+    if (!job->model.hf[0] && job->model.vocab == 0) {
+        if (vocab == 0) {
+            fprintf(stderr, "baton run: %s: model.vocab: required when the data (tokens.txt) does "
+                            "not state its vocabulary\n", job->path);
+            return 1;
+        }
+        job->model.vocab = vocab;
+        snprintf(vocab_set, sizeof vocab_set, "model.vocab=%u", vocab);
+    }
+    if (n_tokens < job->data.seq_len + 1) {
+        fprintf(stderr, "baton run: %s: the training stream has %lld tokens, fewer than one window\n",
+                job->path, (long long)n_tokens);
+        return 1;
+    }
+
+    /* private run directory: secret, job, overrides, rendezvous files */
+    char run_dir[512];
+    const char *tmpdir = getenv("TMPDIR");
+    snprintf(run_dir, sizeof run_dir, "%s/baton-run-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
+    if (!mkdtemp(run_dir)) {
+        fprintf(stderr, "baton run: cannot create a run directory in %s: %s\n",
+                tmpdir && *tmpdir ? tmpdir : "/tmp", strerror(errno));
+        return 1;
+    }
+    actor_router_t *rt = NULL;
+    actor_loop_t *loop = NULL;
+    static driver_t d;
+    spawn_group_t procs = {0};
+    uint8_t secret[RUN_SECRET_LEN];
+    char *job_text = NULL, *sets_text = NULL, secret_path[600], card[ACTOR_CARD_MAX];
+    size_t job_len = 0;
+    memset(&d, 0, sizeof d);
+    if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret) {
+        log_error("driver: getrandom: %s", strerror(errno));
+        goto remove_dir;
+    }
+    if (file_write(run_dir, RUN_FILE_SECRET, secret, sizeof secret, 0600)) goto remove_dir;
+    snprintf(secret_path, sizeof secret_path, "%s/%s", run_dir, RUN_FILE_SECRET);
+    if (file_slurp(job->path, &job_text, &job_len)) goto remove_dir;
+    if (file_write(run_dir, RUN_FILE_JOB, job_text, job_len, 0600)) goto remove_dir;
+    size_t sets_len = 0;
+    sets_text = calloc(1, 64 + 1);
+    for (int i = 0; i < n_sets + 1 && sets_text; i++) {
+        const char *s = i < n_sets ? sets[i] : vocab_set;
+        if (!*s) continue;
+        if (strchr(s, '\n')) {
+            fprintf(stderr, "baton run: --set %s: a newline in an override\n", s);
+            goto remove_dir;
+        }
+        char *ns = realloc(sets_text, sets_len + strlen(s) + 2);
+        if (!ns) break;
+        sets_text = ns;
+        sets_len += (size_t)sprintf(sets_text + sets_len, "%s\n", s);
+    }
+    if (!sets_text || file_write(run_dir, RUN_FILE_SETS, sets_text, sets_len, 0600)) goto remove_dir;
+
+    const char *job_id = strrchr(run_dir, '/') + 1;
+    actor_router_config_t rc_cfg = {.rank = (uint32_t)g.world, .job_id = job_id, .secret = secret,
+                                    .secret_len = sizeof secret};
+    if (actor_router_create(&rc_cfg, &rt)) goto remove_dir;
+    if (actor_router_listen(rt, xport_kinds(job), card, sizeof card)) goto destroy_router;
+    if (file_write(run_dir, RUN_FILE_DRIVER, card, strlen(card), 0600)) goto destroy_router;
+    if (actor_router_loop_new(rt, "driver", &loop)) goto destroy_router;
+
+    if (job->metrics.file[0] && !(d.metrics = fopen(job->metrics.file, "w"))) {
+        log_error("metrics.file: cannot create %s: %s", job->metrics.file, strerror(errno));
+        goto destroy_router;
+    }
+    if (job->checkpoint.dir[0]) {
+        model_config_t mc;
+        if (run_model_config(job, &mc) || model_create(&mc, NULL, &d.full)) goto close_metrics;
+        d.received = calloc((size_t)d.full->n_params + 1, sizeof *d.received);
+        if (!d.received) goto close_metrics;
+    }
+    d.last_seen = calloc((size_t)g.world, sizeof *d.last_seen);
+    if (!d.last_seen) goto close_metrics;
+    d.rt = rt;
+    d.job = job;
+    d.g = &g;
+    d.run_dir = run_dir;
+    d.procs = &procs;
+    d.quiet = quiet;
+    d.world = g.world;
+    d.fail_rank = -1;
+    d.hb_timeout_s = env_seconds("BATON_HEARTBEAT_TIMEOUT", 5);
+    d.step_timeout_s = env_seconds("BATON_STEP_TIMEOUT", 300);
+    d.start_timeout_s = env_seconds("BATON_START_TIMEOUT", 120);
+
+    printf("baton run %s: %d processes (tp=%d pp=%d dp=%d, %d virtual stages, %s, %d microbatches, "
+           "ZeRO-1 %s) | %lld steps x %lld tokens\n",
+           job->path, g.world, g.tp, g.pp, g.dp, g.n_vstages, pipe_sched_name(g.pipe.kind),
+           g.microbatches, g.zero1 ? "on" : "off", (long long)job->train.steps,
+           (long long)(g.dp * g.microbatches * g.micro_batch * g.seq_len));
+    fflush(stdout);
+    if (spawn_workers(run_dir, secret_path, g.world, &procs)) goto close_metrics;
+    actor_router_supervisor_set(rt, ACTOR_ADDR(g.world, GRAPH_SLOT_DRIVER));
+    if (actor_register(rt, &d.a, &driver_class, loop, "driver", GRAPH_SLOT_DRIVER)) goto stop_procs;
+
+    bt_status_t st = actor_router_wait(rt, 0);
+    int killed = spawn_stop(&procs, st == BT_OK ? 10.0 : 3.0);
+    if (killed) log_warn("driver: %d worker process(es) did not exit and were killed", killed);
+    if (st == BT_OK && d.full) {
+        char dirbuf[JOB_PATH_MAX];
+        snprintf(dirbuf, sizeof dirbuf, "%s", job->checkpoint.dir);
+        if (mkdir(dirbuf, 0755) && errno != EEXIST) {
+            log_error("checkpoint.dir: cannot create %s: %s", dirbuf, strerror(errno));
+            st = BT_ERR_IO;
+        } else if ((st = ckpt_hf_save(d.full, dirbuf)) == BT_OK) {
+            printf("model written to %s (HF format)\n", dirbuf);
+        }
+    }
+    if (st == BT_OK) {
+        printf("no validation in multi-process runs yet: no validation perplexity\n");
+        rc = killed ? 1 : 0;
+    }
+stop_procs:
+    if (procs.procs) spawn_stop(&procs, 0.5);
+close_metrics:
+    if (d.metrics) fclose(d.metrics);
+destroy_router:
+    actor_router_destroy(rt);
+    free(d.last_seen);
+    free(d.received);
+    model_destroy(d.full);
+remove_dir:
+    free(job_text);
+    free(sets_text);
+    run_dir_remove(run_dir);
+    return rc;
+}
