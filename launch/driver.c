@@ -462,11 +462,6 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
         fprintf(stderr, "baton run: %s: %s\n", job->path, err);
         return 1;
     }
-    if (g.tp > 1) {
-        fprintf(stderr, "baton run: %s: parallel.tp = %d: tensor parallelism is not in this build "
-                        "yet (pipeline and data parallelism are)\n", job->path, g.tp);
-        return 1;
-    }
     for (int e = 0; e < JOB_EDGE_COUNT; e++)
         if (job->transport[e] == JOB_XPORT_INPROC) {
             fprintf(stderr, "baton run: %s: transport.%s: inproc links threads of one process; "

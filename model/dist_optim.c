@@ -123,6 +123,8 @@ static double chunk_sumsq(const dist_optim_t *d, int c, size_t lo, size_t hi)
     for (int i = 0; i < m->n_params; i++) {
         if (c == d->cfg.head_copy_chunk && !strcmp(m->params[i].name, "model.embed_tokens.weight"))
             continue;
+        /* replicated over TP: identical on every TP rank, counted on rank 0 */
+        if (m->par.tp_rank != 0 && m->params[i].shard_dim == MODEL_SHARD_NONE) continue;
         size_t p0 = param_offset(m, i), p1 = p0 + (size_t)tensor_numel(&m->params[i].t);
         size_t a = p0 > lo ? p0 : lo, b = p1 < hi ? p1 : hi;
         if (a >= b) continue;

@@ -8,7 +8,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 
-enum { JOB_OP = 1, JOB_END = 2 };
+enum { JOB_OP = 1, JOB_END = 2, JOB_GATHER = 3 };
 
 /* The one job in flight (ops run one at a time, in list order). */
 struct stage_job {
@@ -25,6 +25,8 @@ struct stage_job {
 };
 
 static uint32_t name_fwd, name_bwd, name_opt;
+
+static void export_params(stage_actor_t *s, model_t *const *from);
 
 static int ix(const stage_actor_t *s, int mb, int chunk) { return mb * s->cfg.pipe.vpp + chunk; }
 static int vstage_of(const stage_actor_t *s, int chunk)
@@ -156,6 +158,17 @@ static bt_status_t job_end_run(void *arg)
     return st;
 }
 
+static bt_status_t job_gather_run(void *arg)
+{
+    stage_job_t *j = arg;
+    stage_actor_t *s = j->s;
+    for (int k = 0; k < s->cfg.pipe.vpp; k++) {
+        bt_status_t st = model_tp_gather(s->cfg.chunks[k], false, s->cfg.export_full[k]);
+        if (st) return st;
+    }
+    return BT_OK;
+}
+
 /* ---- the op walk (loop thread) --------------------------------------------- */
 
 static bt_status_t job_submit(stage_actor_t *s, actor_work_fn fn, uint64_t tag)
@@ -252,6 +265,11 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
     stage_job_t *j = s->job;
     s->busy = false;
     bt_status_t st = m->sys.work.status;
+    if (m->sys.work.tag == JOB_GATHER) {
+        if (st) fail(s, st, "export gather");
+        else export_params(s, s->cfg.export_full);
+        return ACTOR_DONE;
+    }
     if (m->sys.work.tag == JOB_END) {
         if (st) {
             fail(s, st, "gradient reduction / optimizer");
@@ -270,7 +288,8 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
     }
     const stage_actor_config_t *c = &s->cfg;
     int k = ix(s, j->op.mb, j->op.chunk);
-    if (j->op.kind == PIPE_OP_FWD && j->v == c->n_vstages - 1) {
+    /* TP ranks compute the same loss: count it once */
+    if (j->op.kind == PIPE_OP_FWD && j->v == c->n_vstages - 1 && c->tp_rank == 0) {
         s->loss_sum += j->loss.loss_sum;
         s->n_scored += j->loss.n_scored;
     }
@@ -342,11 +361,13 @@ static actor_ret_t stage_on_data(actor_t *self, actor_msg_t *m)
     return ACTOR_KEPT;
 }
 
-static void export_params(stage_actor_t *s)
+/* Send every parameter of `from` (this rank's chunks, or their gathered
+ * whole-tensor twins) to the driver, then STAGE_ST_EXPORTED. */
+static void export_params(stage_actor_t *s, model_t *const *from)
 {
     if (s->cfg.exporter) {
         for (int c = 0; c < s->cfg.pipe.vpp; c++) {
-            model_t *mod = s->cfg.chunks[c];
+            model_t *mod = from[c];
             for (int i = 0; i < mod->n_params; i++) {
                 actor_msg_t *m = actor_msg_new(MSG_CKPT_SHARD);
                 if (!m) { fail(s, BT_ERR_NOMEM, "export"); return; }
@@ -375,7 +396,13 @@ static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
     const msg_heartbeat_t *h = &m->body.heartbeat;
     if (actor_addr_rank(m->env.src) != actor_addr_rank(s->cfg.driver)) return ACTOR_DONE;
     if (h->state == STAGE_CMD_EXPORT) {
-        export_params(s);
+        if (s->cfg.export_full[0]) { /* TP: gather the whole tensors first (collective) */
+            *s->job = (stage_job_t){.s = s, .step = s->done_step};
+            bt_status_t st = job_submit(s, job_gather_run, JOB_GATHER);
+            if (st) fail(s, st, "export gather submit");
+        } else {
+            export_params(s, s->cfg.chunks);
+        }
         return ACTOR_DONE;
     }
     if (h->state != STAGE_CMD_STEP) return ACTOR_DONE;

@@ -59,7 +59,11 @@ typedef struct {
     actor_addr_t    prev[STAGE_MAX_CHUNKS];    /* ... of v-1 (unused on virtual stage 0) */
     actor_addr_t    driver;
     actor_addr_t    data;                      /* local data actor; 0 when none */
+    int             tp_rank, tp_size;
     bool            exporter;                  /* sends its parameters on STAGE_CMD_EXPORT */
+    model_t        *export_full[STAGE_MAX_CHUNKS]; /* tp > 1: whole-tensor chunk the TP
+                                                * group gathers into on export (data-
+                                                * parallel replica 0 only), else NULL */
     int64_t         B, T;
     float           dloss;                     /* 1 / scored positions of the global batch */
     dist_optim_t   *opt;
