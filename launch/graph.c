@@ -117,6 +117,17 @@ int graph_group_members(const graph_t *g, graph_group_t kind, int rank, int *mem
     return n;
 }
 
+const char *graph_edge_xport(const job_t *job, job_edge_t e)
+{
+    /* auto: tcp between processes unless some edge of the job asks for ucx
+     * (only then do the ranks listen on ucx, and auto prefers it) */
+    if (job->transport[e] != JOB_XPORT_AUTO) return job_xport_name(job->transport[e]);
+    if (e == JOB_EDGE_DATA_PARALLEL || e == JOB_EDGE_TENSOR_PARALLEL) return "tcp";
+    for (int k = 0; k < JOB_EDGE_COUNT; k++)
+        if (job->transport[k] == JOB_XPORT_UCX) return "ucx";
+    return "tcp";
+}
+
 void graph_print(const graph_t *g, const job_t *job, FILE *f)
 {
     const char *host = job->n_hosts ? job->hosts[0] : "local";
@@ -134,7 +145,7 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
                 v == g->n_vstages - 1 ? " +head+loss" : "", v % g->pp, v / g->pp);
     fprintf(f, "actors:\n");
     fprintf(f, "  driver rank %d slot %u host %s (%s)\n", g->world, GRAPH_SLOT_DRIVER, host,
-            job_xport_name(job->transport[JOB_EDGE_CONTROL]));
+            graph_edge_xport(job, JOB_EDGE_CONTROL));
     for (int r = 0; r < g->world; r++) {
         graph_coord_t c = graph_coord(g, r);
         fprintf(f, "  rank %d host %s (tp=%d dp=%d pp=%d): stage slot %u [", r, host, c.tp, c.dp,
@@ -154,7 +165,7 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
             int v = graph_chunk_vstage(g, c.pp, k);
             if (v + 1 >= g->n_vstages) continue;
             fprintf(f, "  pipeline (%s): v%d rank %d -> v%d rank %d ACTIVATION, back ACT_GRAD\n",
-                    job_xport_name(job->transport[JOB_EDGE_PIPELINE]), v, r, v + 1,
+                    graph_edge_xport(job, JOB_EDGE_PIPELINE), v, r, v + 1,
                     graph_vstage_rank(g, v + 1, r));
         }
         if (graph_rank_needs_data(g, r))
@@ -167,8 +178,8 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
             int n = graph_group_members(g, (graph_group_t)k, r, mem, &me);
             if (n == 0 || me != 0) continue; /* print each group once, from its first member */
             fprintf(f, "  %s (%s): ranks", graph_group_name((graph_group_t)k),
-                    job_xport_name(job->transport[k == GRAPH_GROUP_TP ? JOB_EDGE_TENSOR_PARALLEL
-                                                                      : JOB_EDGE_DATA_PARALLEL]));
+                    graph_edge_xport(job, k == GRAPH_GROUP_TP ? JOB_EDGE_TENSOR_PARALLEL
+                                                              : JOB_EDGE_DATA_PARALLEL));
             for (int i = 0; i < n; i++) fprintf(f, " %d", mem[i]);
             fprintf(f, "\n");
         }

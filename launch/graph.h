@@ -88,6 +88,10 @@ bool graph_rank_needs_data(const graph_t *g, int rank);
 int  graph_group_members(const graph_t *g, graph_group_t kind, int rank, int *members, int *me);
 const char *graph_group_name(graph_group_t kind);
 
+/* The transport an edge class of the job really uses between processes
+ * ("tcp" or "ucx"; auto resolved as the runtime resolves it). */
+const char *graph_edge_xport(const job_t *job, job_edge_t e);
+
 /* Human-readable graph (actors, placement, edges, groups) of the job. */
 void graph_print(const graph_t *g, const job_t *job, FILE *f);
 
