@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "actors/router.h"
+#include "actors/trace.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "ckpt/hf.h"
@@ -579,6 +580,11 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
            g.microbatches, g.zero1 ? "on" : "off", (long long)job->train.steps,
            (long long)(g.dp * g.microbatches * g.micro_batch * g.seq_len));
     fflush(stdout);
+    if (job->trace_dir[0]) {
+        if (trace_start(job->trace_dir, (uint32_t)g.world, NULL))
+            log_warn("trace.dir: cannot trace into %s; the driver runs untraced", job->trace_dir);
+        trace_actor_name(ACTOR_ADDR(g.world, GRAPH_SLOT_DRIVER), "driver");
+    }
     if (spawn_workers(run_dir, secret_path, g.world, &procs)) goto close_metrics;
     actor_router_supervisor_set(rt, ACTOR_ADDR(g.world, GRAPH_SLOT_DRIVER));
     if (actor_register(rt, &d.a, &driver_class, loop, "driver", GRAPH_SLOT_DRIVER)) goto stop_procs;
@@ -610,6 +616,7 @@ destroy_router:
     free(d.received);
     model_destroy(d.full);
 remove_dir:
+    trace_stop();
     free(job_text);
     free(sets_text);
     run_dir_remove(run_dir);

@@ -365,6 +365,11 @@ static bt_status_t actors_start(worker_t *w)
         if ((st = actor_register(w->rt, &w->data.a, &data_actor_class, loop, "data", GRAPH_SLOT_DATA)))
             return st;
     }
+    char tname[48];
+    snprintf(tname, sizeof tname, "stage r%d pp%d", w->rank, c.pp);
+    trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE), tname);
+    snprintf(tname, sizeof tname, "data r%d", w->rank);
+    trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_DATA), tname);
     actor_router_supervisor_set(w->rt, ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE));
     return actor_register(w->rt, &w->stage.a, &stage_actor_class, loop, "stage", GRAPH_SLOT_STAGE);
 }
