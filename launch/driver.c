@@ -590,8 +590,13 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
     if (actor_register(rt, &d.a, &driver_class, loop, "driver", GRAPH_SLOT_DRIVER)) goto stop_procs;
 
     bt_status_t st = actor_router_wait(rt, 0);
-    int killed = spawn_stop(&procs, st == BT_OK ? 10.0 : 3.0);
+    int failed = -1;
+    int killed = spawn_stop(&procs, st == BT_OK ? 10.0 : 3.0, &failed);
     if (killed) log_warn("driver: %d worker process(es) did not exit and were killed", killed);
+    if (st == BT_OK && failed >= 0) {
+        log_error("driver: rank %d did not exit cleanly after the job finished", failed);
+        st = BT_ERR_PEER_CLOSED;
+    }
     if (st == BT_OK && d.full) {
         char dirbuf[JOB_PATH_MAX];
         snprintf(dirbuf, sizeof dirbuf, "%s", job->checkpoint.dir);
@@ -607,7 +612,7 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
         rc = killed ? 1 : 0;
     }
 stop_procs:
-    if (procs.procs) spawn_stop(&procs, 0.5);
+    if (procs.procs) spawn_stop(&procs, 0.5, NULL);
 close_metrics:
     if (d.metrics) fclose(d.metrics);
 destroy_router:

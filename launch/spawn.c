@@ -33,7 +33,7 @@ bt_status_t spawn_workers(const char *run_dir, const char *secret_file, int n, s
         if (pid < 0) {
             log_error("spawn: fork of rank %d failed: %s", r, strerror(errno));
             *out = (spawn_group_t){.procs = ps, .n = r};
-            spawn_stop(out, 0);
+            spawn_stop(out, 0, NULL);
             return BT_ERR_IO;
         }
         if (pid == 0) {
@@ -81,7 +81,7 @@ void spawn_describe(const spawn_proc_t *p, char *buf, size_t cap)
     else snprintf(buf, cap, "ended (status %#x)", p->status);
 }
 
-int spawn_stop(spawn_group_t *g, double grace_s)
+int spawn_stop(spawn_group_t *g, double grace_s, int *failed)
 {
     uint64_t end = clock_now_ns() + (uint64_t)(grace_s * 1e9);
     for (;;) {
@@ -102,6 +102,13 @@ int spawn_stop(spawn_group_t *g, double grace_s)
         p->exited = true;
         p->status = status;
         killed++;
+    }
+    if (failed) {
+        *failed = -1;
+        for (int r = g->n - 1; r >= 0; r--) {
+            int st = g->procs[r].status;
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) *failed = r;
+        }
     }
     free(g->procs);
     g->procs = NULL;

@@ -32,7 +32,9 @@ int  spawn_poll(spawn_group_t *g);
 /* "exited with status 1", "killed by signal 9 (Killed)", "running". */
 void spawn_describe(const spawn_proc_t *p, char *buf, size_t cap);
 /* Wait up to grace_s for every child, then SIGKILL the rest and reap them.
- * Returns the number of children that had to be killed. Frees g->procs. */
-int  spawn_stop(spawn_group_t *g, double grace_s);
+ * Returns the number of children that had to be killed; *failed (may be
+ * NULL) gets the lowest rank that exited non-zero or by a signal (-1: none).
+ * Frees g->procs. */
+int  spawn_stop(spawn_group_t *g, double grace_s, int *failed);
 
 #endif
