@@ -18,10 +18,42 @@ bt_status_t data_actor_init(data_actor_t *d, const data_actor_config_t *cfg)
 
 void data_actor_fini(data_actor_t *d) { train_sampler_free(&d->sampler); }
 
+static void eval_send(data_actor_t *d)
+{
+    const data_actor_config_t *c = &d->cfg;
+    int64_t K = (c->eval_rows + c->B - 1) / c->B;
+    int j = 0;
+    for (int64_t k = c->dp_rank; k < K; k += c->dp, j++) {
+        int64_t r0 = k * c->B, rows = c->eval_rows - r0 < c->B ? c->eval_rows - r0 : c->B;
+        int64_t shape[2] = {rows, c->T};
+        actor_msg_t *out = actor_msg_new(MSG_DATA_BATCH);
+        tensor_t *ids = out ? actor_msg_tensor_new(out, "tokens", DT_I32, 2, shape) : NULL;
+        tensor_t *tg = ids ? actor_msg_tensor_new(out, "targets", DT_I32, 2, shape) : NULL;
+        if (!tg) {
+            log_error("data: out of memory for evaluation microbatch %d", j);
+            if (out) actor_msg_free(out);
+            return;
+        }
+        memcpy(ids->data, c->eval_ids + r0 * c->T, (size_t)(rows * c->T) * sizeof(int32_t));
+        memcpy(tg->data, c->eval_targets + r0 * c->T, (size_t)(rows * c->T) * sizeof(int32_t));
+        out->env.step = -1;
+        out->env.mb = j;
+        out->body.data_batch = (msg_data_batch_t){.data_pos = (uint64_t)r0, .batch = (uint32_t)rows,
+                                                  .seq_len = (uint32_t)c->T};
+        bt_status_t st = actor_send(&d->a, c->stage, out);
+        if (st && st != BT_ERR_BUSY)
+            log_error("data: evaluation microbatch %d not delivered (%s)", j, bt_status_str(st));
+    }
+}
+
 static actor_ret_t data_on_heartbeat(actor_t *self, actor_msg_t *m)
 {
     data_actor_t *d = (data_actor_t *)self;
     const data_actor_config_t *c = &d->cfg;
+    if (m->body.heartbeat.state == DATA_CMD_EVAL) {
+        eval_send(d);
+        return ACTOR_DONE;
+    }
     if (m->body.heartbeat.state != DATA_CMD_STEP) return ACTOR_DONE;
     int64_t step = m->body.heartbeat.step; /* 1-based */
     int64_t R = (int64_t)c->dp * c->M * c->B;

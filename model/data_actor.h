@@ -11,6 +11,11 @@
  *
  * Trigger: a MSG_HEARTBEAT with state DATA_CMD_STEP and the 1-based step
  * (sent by the local stage actor when the driver starts a step).
+ *
+ * Evaluation (DATA_CMD_EVAL): the evaluation rows (ids and targets, -100 on
+ * padding) are cut into microbatches of B rows (the last may be shorter);
+ * data-parallel rank d sends global microbatches d, d+dp, ... as its local
+ * microbatches 0, 1, ... with envelope step STAGE_EVAL_STEP (-1).
  */
 #ifndef BT_MODEL_DATA_ACTOR_H
 #define BT_MODEL_DATA_ACTOR_H
@@ -21,6 +26,7 @@
 #include "model/train.h"
 
 #define DATA_CMD_STEP 0x5354u /* heartbeat state: produce the microbatches of `step` */
+#define DATA_CMD_EVAL 0x4556u /* heartbeat state: produce this rank's evaluation microbatches */
 
 typedef struct {
     const int32_t *tokens;   /* training stream (borrowed) */
@@ -30,6 +36,8 @@ typedef struct {
     int            M;        /* microbatches per step per replica */
     int            dp, dp_rank;
     actor_addr_t   stage;    /* the stage actor fed */
+    const int32_t *eval_ids, *eval_targets; /* [eval_rows * T] (borrowed), or NULL */
+    int64_t        eval_rows;
 } data_actor_config_t;
 
 typedef struct {

@@ -7,6 +7,7 @@
 #include "actors/trace.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "model/data_actor.h"
 
 enum { JOB_OP = 1, JOB_END = 2, JOB_GATHER = 3 };
 
@@ -15,6 +16,8 @@ struct stage_job {
     stage_actor_t *s;
     pipe_op_t      op;
     int            v;           /* virtual stage */
+    float          dloss;       /* 0 for an evaluation forward */
+    model_acts_t  *acts;
     model_batch_t  batch;
     const float   *x_in, *dx_out;
     float         *x_out, *dx_in;
@@ -34,29 +37,66 @@ static int vstage_of(const stage_actor_t *s, int chunk)
     return chunk * s->cfg.pipe.pp + s->cfg.pp_rank;
 }
 
+static bt_status_t pass_alloc(stage_pass_t *p, int n_mb, int vpp, int n_ops, bool eval)
+{
+    p->eval = eval;
+    p->n_mb = n_mb;
+    p->n_ops = n_ops;
+    p->ops = calloc((size_t)n_ops + 1, sizeof *p->ops);
+    p->data_in = calloc((size_t)n_mb + 1, sizeof *p->data_in);
+    p->act_in = calloc((size_t)(n_mb * vpp) + 1, sizeof *p->act_in);
+    p->grad_in = calloc((size_t)(n_mb * vpp) + 1, sizeof *p->grad_in);
+    return p->ops && p->data_in && p->act_in && p->grad_in ? BT_OK : BT_ERR_NOMEM;
+}
+
+static void pass_release(stage_pass_t *p, int vpp)
+{
+    if (!p->data_in) return;
+    for (int k = 0; k < p->n_mb; k++)
+        if (p->data_in[k]) { actor_msg_free(p->data_in[k]); p->data_in[k] = NULL; }
+    for (int k = 0; k < p->n_mb * vpp; k++) {
+        if (p->act_in[k]) { actor_msg_free(p->act_in[k]); p->act_in[k] = NULL; }
+        if (p->grad_in[k]) { actor_msg_free(p->grad_in[k]); p->grad_in[k] = NULL; }
+    }
+}
+
+static void pass_free(stage_pass_t *p)
+{
+    free(p->ops);
+    free(p->data_in);
+    free(p->act_in);
+    free(p->grad_in);
+}
+
+/* Local evaluation microbatches of data-parallel rank d: global ones d, d+dp, ... */
+static int eval_local_mbs(const stage_actor_config_t *c)
+{
+    int64_t K = (c->eval_rows + c->B - 1) / c->B;
+    return K > c->dp_rank ? (int)((K - c->dp_rank + c->dp_size - 1) / c->dp_size) : 0;
+}
+
 bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
 {
     memset(s, 0, sizeof *s);
     s->cfg = *cfg;
-    int M = cfg->pipe.microbatches, V = cfg->pipe.vpp;
-    s->n_ops = pipe_ops_per_stage(&cfg->pipe);
-    s->ops = calloc((size_t)s->n_ops, sizeof *s->ops);
-    s->data_in = calloc((size_t)M, sizeof *s->data_in);
-    s->act_in = calloc((size_t)(M * V), sizeof *s->act_in);
-    s->grad_in = calloc((size_t)(M * V), sizeof *s->grad_in);
+    if (s->cfg.dp_size < 1) s->cfg.dp_size = 1;
+    int M = cfg->pipe.microbatches, V = cfg->pipe.vpp, E = eval_local_mbs(&s->cfg);
     s->acts = calloc((size_t)(M * V), sizeof *s->acts);
     s->job = calloc(1, sizeof *s->job);
-    if (!s->ops || !s->data_in || !s->act_in || !s->grad_in || !s->acts || !s->job) {
-        stage_actor_fini(s);
-        return BT_ERR_NOMEM;
-    }
-    bt_status_t st = pipe_schedule_build(&cfg->pipe, cfg->pp_rank, s->ops);
+    bt_status_t st = s->acts && s->job ? BT_OK : BT_ERR_NOMEM;
+    if (!st) st = pass_alloc(&s->train, M, V, pipe_ops_per_stage(&cfg->pipe), false);
+    if (!st) st = pass_alloc(&s->eval, E, V, E * V, true);
+    if (!st) st = pipe_schedule_build(&cfg->pipe, cfg->pp_rank, s->train.ops);
+    for (int j = 0, n = 0; j < E; j++) /* forward only: microbatch by microbatch, chunk by chunk */
+        for (int k = 0; k < V; k++)
+            s->eval.ops[n++] = (pipe_op_t){.kind = PIPE_OP_FWD, .mb = j, .chunk = k};
     for (int k = 0; k < M * V && !st; k++)
         st = model_acts_create(cfg->chunks[k % V], cfg->B, cfg->T, &s->acts[k]);
     if (st) {
         stage_actor_fini(s);
         return st;
     }
+    s->cur = &s->train;
     name_fwd = trace_intern("fwd");
     name_bwd = trace_intern("bwd");
     name_opt = trace_intern("optim");
@@ -65,13 +105,8 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
 
 static void inputs_release(stage_actor_t *s)
 {
-    int M = s->cfg.pipe.microbatches, V = s->cfg.pipe.vpp;
-    for (int k = 0; k < M; k++)
-        if (s->data_in[k]) { actor_msg_free(s->data_in[k]); s->data_in[k] = NULL; }
-    for (int k = 0; k < M * V; k++) {
-        if (s->act_in[k]) { actor_msg_free(s->act_in[k]); s->act_in[k] = NULL; }
-        if (s->grad_in[k]) { actor_msg_free(s->grad_in[k]); s->grad_in[k] = NULL; }
-    }
+    pass_release(&s->train, s->cfg.pipe.vpp);
+    pass_release(&s->eval, s->cfg.pipe.vpp);
 }
 
 void stage_actor_fini(stage_actor_t *s)
@@ -80,10 +115,8 @@ void stage_actor_fini(stage_actor_t *s)
         for (int k = 0; k < s->cfg.pipe.microbatches * s->cfg.pipe.vpp; k++)
             model_acts_destroy(s->acts[k]);
     free(s->acts);
-    free(s->grad_in);
-    free(s->act_in);
-    free(s->data_in);
-    free(s->ops);
+    pass_free(&s->train);
+    pass_free(&s->eval);
     free(s->job);
     memset(s, 0, sizeof *s);
 }
@@ -134,12 +167,12 @@ static bt_status_t job_op_run(void *arg)
     stage_job_t *j = arg;
     stage_actor_t *s = j->s;
     model_t *m = s->cfg.chunks[j->op.chunk];
-    model_acts_t *a = s->acts[ix(s, j->op.mb, j->op.chunk)];
+    model_acts_t *a = j->acts;
     uint64_t t0 = clock_now_ns();
     bt_status_t st;
     if (j->op.kind == PIPE_OP_FWD) {
         bool head = m->stage.has_head;
-        st = model_stage_forward(m, a, &j->batch, j->x_in, s->cfg.dloss, j->x_out,
+        st = model_stage_forward(m, a, &j->batch, j->x_in, j->dloss, j->x_out,
                                  head ? &j->loss : NULL);
     } else {
         st = model_stage_backward(m, a, j->dx_out, j->dx_in);
@@ -188,43 +221,62 @@ static void fail(stage_actor_t *s, bt_status_t st, const char *what)
     s->running = false;
 }
 
-/* Start the next op whose inputs are here; the end-of-step job after the last. */
+static void metrics_send(stage_actor_t *s);
+
+/* Start the next op whose inputs are here; after the last op, the
+ * end-of-step job (training) or the metrics (evaluation). */
 static void advance(stage_actor_t *s)
 {
     if (!s->running || s->busy) return;
     const stage_actor_config_t *c = &s->cfg;
-    if (s->pc == s->n_ops) {
+    stage_pass_t *p = s->cur;
+    if (s->pc == p->n_ops) {
         if (s->ending) return;
         s->ending = true;
+        if (p->eval) {
+            s->running = false;
+            pass_release(p, c->pipe.vpp);
+            metrics_send(s);
+            return;
+        }
         *s->job = (stage_job_t){.s = s, .step = s->step};
         bt_status_t st = job_submit(s, job_end_run, JOB_END);
         if (st) fail(s, st, "optimizer submit");
         return;
     }
-    pipe_op_t op = s->ops[s->pc];
+    pipe_op_t op = p->ops[s->pc];
     int v = vstage_of(s, op.chunk), last = c->n_vstages - 1, k = ix(s, op.mb, op.chunk);
     stage_job_t *j = s->job;
-    *j = (stage_job_t){.s = s, .op = op, .v = v, .step = s->step};
-    int64_t shape[3] = {c->B, c->T, c->chunks[op.chunk]->cfg.hidden_size};
+    *j = (stage_job_t){.s = s, .op = op, .v = v, .step = s->step, .dloss = p->eval ? 0.0f : c->dloss,
+                       .acts = s->acts[p->eval ? ix(s, 0, op.chunk) : k]};
+    int64_t rows = c->B;
     if (op.kind == PIPE_OP_FWD) {
-        actor_msg_t *d = s->data_in[op.mb];
+        actor_msg_t *d = p->data_in[op.mb];
         if ((v == 0 || v == last) && !d) return;
-        if (v != 0 && !s->act_in[k]) return;
-        j->batch = (model_batch_t){.B = c->B, .T = c->T};
+        if (v != 0 && !p->act_in[k]) return;
+        tensor_t *x = v != 0 ? actor_msg_tensor(p->act_in[k], "x") : NULL;
+        rows = d ? actor_msg_tensor(d, "tokens")->shape[0] : x->shape[0];
+        if (rows < 1 || rows > c->B || (x && x->shape[0] != rows)) {
+            fail(s, BT_ERR_INVALID, "microbatch rows");
+            return;
+        }
+        j->batch = (model_batch_t){.B = rows, .T = c->T};
         if (v == 0) j->batch.ids = actor_msg_tensor(d, "tokens")->data;
         if (v == last) j->batch.targets = actor_msg_tensor(d, "targets")->data;
-        if (v != 0) j->x_in = actor_msg_tensor(s->act_in[k], "x")->data;
+        if (v != 0) j->x_in = x->data;
         if (v != last) {
+            int64_t shape[3] = {rows, c->T, c->chunks[op.chunk]->cfg.hidden_size};
             j->out = actor_msg_new(MSG_ACTIVATION);
-            tensor_t *x = j->out ? actor_msg_tensor_new(j->out, "x", DT_F32, 3, shape) : NULL;
-            if (!x) { fail(s, BT_ERR_NOMEM, "activation buffer"); return; }
-            j->x_out = x->data;
+            tensor_t *xo = j->out ? actor_msg_tensor_new(j->out, "x", DT_F32, 3, shape) : NULL;
+            if (!xo) { fail(s, BT_ERR_NOMEM, "activation buffer"); return; }
+            j->x_out = xo->data;
             j->out->body.activation.vstage = v + 1;
         }
     } else {
-        if (v != last && !s->grad_in[k]) return;
-        if (v != last) j->dx_out = actor_msg_tensor(s->grad_in[k], "dx")->data;
+        if (v != last && !p->grad_in[k]) return;
+        if (v != last) j->dx_out = actor_msg_tensor(p->grad_in[k], "dx")->data;
         if (v != 0) {
+            int64_t shape[3] = {rows, c->T, c->chunks[op.chunk]->cfg.hidden_size};
             j->out = actor_msg_new(MSG_ACT_GRAD);
             tensor_t *dx = j->out ? actor_msg_tensor_new(j->out, "dx", DT_F32, 3, shape) : NULL;
             if (!dx) { fail(s, BT_ERR_NOMEM, "gradient buffer"); return; }
@@ -250,10 +302,11 @@ static void metrics_send(stage_actor_t *s)
     }
     ((double *)l->data)[0] = s->loss_sum;
     ((double *)l->data)[1] = (double)s->n_scored;
-    m->env.step = s->step;
+    m->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
     m->body.metrics = (msg_metrics_t){
         .loss = s->n_scored ? (float)(s->loss_sum / (double)s->n_scored) : NAN,
-        .grad_norm = (float)s->job->grad_norm, .lr = (float)s->job->lr,
+        .grad_norm = s->cur->eval ? NAN : (float)s->job->grad_norm,
+        .lr = s->cur->eval ? NAN : (float)s->job->lr,
         .tokens = (uint64_t)s->n_scored,
         .t_step_ms = (double)(clock_now_ns() - s->t_step0) * 1e-6};
     actor_send(&s->a, s->cfg.driver, m);
@@ -304,26 +357,36 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
             return ACTOR_DONE;
         }
     }
-    if (j->op.kind == PIPE_OP_BWD) { /* this microbatch-chunk is finished */
-        if (s->act_in[k]) { actor_msg_free(s->act_in[k]); s->act_in[k] = NULL; }
-        if (s->grad_in[k]) { actor_msg_free(s->grad_in[k]); s->grad_in[k] = NULL; }
+    stage_pass_t *p = s->cur;
+    if (j->op.kind == PIPE_OP_BWD || p->eval) { /* this microbatch-chunk is finished */
+        if (p->act_in[k]) { actor_msg_free(p->act_in[k]); p->act_in[k] = NULL; }
+        if (p->grad_in[k]) { actor_msg_free(p->grad_in[k]); p->grad_in[k] = NULL; }
     }
     s->pc++;
     advance(s);
     return ACTOR_DONE;
 }
 
-/* Keep a pipeline message in its slot until its op is due. */
-static actor_ret_t keep(stage_actor_t *s, actor_msg_t *m, actor_msg_t **table, int vstage,
-                        const char *what, const char *tensor)
+/* The pass a received message belongs to. */
+static stage_pass_t *pass_of(stage_actor_t *s, const actor_msg_t *m)
 {
-    int M = s->cfg.pipe.microbatches, chunk = vstage / s->cfg.pipe.pp;
+    return m->env.step == STAGE_EVAL_STEP ? &s->eval : &s->train;
+}
+
+/* Keep a pipeline message in its slot until its op is due. */
+static actor_ret_t keep(stage_actor_t *s, actor_msg_t *m, bool grad, int vstage, const char *what,
+                        const char *tensor)
+{
+    stage_pass_t *p = pass_of(s, m);
+    int chunk = vstage / s->cfg.pipe.pp;
     if (vstage < 0 || vstage >= s->cfg.n_vstages || vstage % s->cfg.pipe.pp != s->cfg.pp_rank ||
-        m->env.mb < 0 || m->env.mb >= M || !actor_msg_tensor(m, tensor)) {
+        m->env.mb < 0 || m->env.mb >= p->n_mb || !actor_msg_tensor(m, tensor) ||
+        (grad && p->eval)) {
         log_error("rank %d: %s from %#x for virtual stage %d microbatch %d does not belong here; dropped",
                   s->cfg.rank, what, m->env.src, vstage, m->env.mb);
         return ACTOR_DONE;
     }
+    actor_msg_t **table = grad ? p->grad_in : p->act_in;
     int k = ix(s, m->env.mb, chunk);
     if (table[k]) {
         log_error("rank %d: second %s for virtual stage %d microbatch %d (step %lld); dropped",
@@ -338,31 +401,30 @@ static actor_ret_t keep(stage_actor_t *s, actor_msg_t *m, actor_msg_t **table, i
 static actor_ret_t stage_on_activation(actor_t *self, actor_msg_t *m)
 {
     stage_actor_t *s = (stage_actor_t *)self;
-    return keep(s, m, s->act_in, m->body.activation.vstage, "ACTIVATION", "x");
+    return keep(s, m, false, m->body.activation.vstage, "ACTIVATION", "x");
 }
 
 static actor_ret_t stage_on_act_grad(actor_t *self, actor_msg_t *m)
 {
     stage_actor_t *s = (stage_actor_t *)self;
-    return keep(s, m, s->grad_in, m->body.act_grad.vstage, "ACT_GRAD", "dx");
+    return keep(s, m, true, m->body.act_grad.vstage, "ACT_GRAD", "dx");
 }
 
 static actor_ret_t stage_on_data(actor_t *self, actor_msg_t *m)
 {
     stage_actor_t *s = (stage_actor_t *)self;
+    stage_pass_t *p = pass_of(s, m);
     int mb = m->env.mb;
-    if (mb < 0 || mb >= s->cfg.pipe.microbatches || s->data_in[mb] ||
-        !actor_msg_tensor(m, "tokens") || !actor_msg_tensor(m, "targets")) {
+    if (mb < 0 || mb >= p->n_mb || p->data_in[mb] || !actor_msg_tensor(m, "tokens") ||
+        !actor_msg_tensor(m, "targets")) {
         log_error("rank %d: unexpected DATA_BATCH microbatch %d; dropped", s->cfg.rank, mb);
         return ACTOR_DONE;
     }
-    s->data_in[mb] = m;
+    p->data_in[mb] = m;
     advance(s);
     return ACTOR_KEPT;
 }
 
-/* Send every parameter of `from` (this rank's chunks, or their gathered
- * whole-tensor twins) to the driver, then STAGE_ST_EXPORTED. */
 static void export_params(stage_actor_t *s, model_t *const *from)
 {
     if (s->cfg.exporter) {
@@ -405,24 +467,28 @@ static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
         }
         return ACTOR_DONE;
     }
-    if (h->state != STAGE_CMD_STEP) return ACTOR_DONE;
-    if (s->running || h->step != s->done_step + 1) {
-        fail(s, BT_ERR_INVALID, "step command out of order");
+    if (h->state != STAGE_CMD_STEP && h->state != STAGE_CMD_EVAL) return ACTOR_DONE;
+    bool eval = h->state == STAGE_CMD_EVAL;
+    if (s->running || (!eval && h->step != s->done_step + 1)) {
+        fail(s, BT_ERR_INVALID, "command out of order");
         return ACTOR_DONE;
     }
-    s->step = h->step;
+    s->cur = eval ? &s->eval : &s->train;
+    if (!eval) s->step = h->step;
     s->pc = 0;
     s->ending = false;
     s->running = true;
     s->loss_sum = 0;
     s->n_scored = 0;
     s->t_step0 = clock_now_ns();
-    for (int c = 0; c < s->cfg.pipe.vpp; c++) model_grads_zero(s->cfg.chunks[c]);
+    if (!eval)
+        for (int c = 0; c < s->cfg.pipe.vpp; c++) model_grads_zero(s->cfg.chunks[c]);
     if (s->cfg.data) {
         actor_msg_t *d = actor_msg_new(MSG_HEARTBEAT);
         if (!d) { fail(s, BT_ERR_NOMEM, "data request"); return ACTOR_DONE; }
         d->body.heartbeat = (msg_heartbeat_t){.t_ns = clock_now_ns(), .rank = (uint32_t)s->cfg.rank,
-                                              .state = STAGE_CMD_STEP, .step = s->step};
+                                              .state = eval ? DATA_CMD_EVAL : DATA_CMD_STEP,
+                                              .step = eval ? STAGE_EVAL_STEP : s->step};
         actor_send(self, s->cfg.data, d);
     }
     advance(s);

@@ -21,6 +21,12 @@
  * Control protocol with the driver (over MSG_HEARTBEAT's state field until
  * the wire format has dedicated types):
  *   driver -> stage  STAGE_CMD_STEP (step = n, 1-based): run step n
+ *   driver -> stage  STAGE_CMD_EVAL: one forward-only pass over the evaluation
+ *                    rows (config eval_rows; the data actor has them): ops
+ *                    F(j, chunk) for every local microbatch j, chunk by
+ *                    chunk; data-parallel rank d takes the global eval
+ *                    microbatches d, d+dp, ...; messages carry step
+ *                    STAGE_EVAL_STEP; METRICS as for a step (grad_norm NaN)
  *   driver -> stage  STAGE_CMD_EXPORT: send parameters (CKPT_SHARD) if this
  *                    rank exports, then STAGE_ST_EXPORTED
  *   stage -> driver  STAGE_ST_READY once, STAGE_ST_ALIVE every heartbeat
@@ -46,7 +52,11 @@ enum {
     STAGE_ST_EXPORTED = 3,
     STAGE_CMD_STEP    = 0x5354,
     STAGE_CMD_EXPORT  = 0x4558,
+    STAGE_CMD_EVAL    = 0x4556,
 };
+
+/* Envelope step of every message of an evaluation pass (training steps are >= 1). */
+#define STAGE_EVAL_STEP (-1)
 
 #define STAGE_MAX_CHUNKS DIST_OPTIM_MAX_CHUNKS
 
@@ -60,6 +70,8 @@ typedef struct {
     actor_addr_t    driver;
     actor_addr_t    data;                      /* local data actor; 0 when none */
     int             tp_rank, tp_size;
+    int             dp_rank, dp_size;
+    int64_t         eval_rows;                 /* rows of the evaluation set (0: none) */
     bool            exporter;                  /* sends its parameters on STAGE_CMD_EXPORT */
     model_t        *export_full[STAGE_MAX_CHUNKS]; /* tp > 1: whole-tensor chunk the TP
                                                 * group gathers into on export (data-
@@ -74,17 +86,25 @@ typedef struct {
 
 typedef struct stage_job stage_job_t;
 
+/* One kind of pass: its op list and the kept inputs of its microbatches. */
+typedef struct {
+    pipe_op_t    *ops;
+    int           n_ops, n_mb;
+    bool          eval;
+    actor_msg_t **data_in;  /* [n_mb] */
+    actor_msg_t **act_in;   /* [n_mb * vpp] */
+    actor_msg_t **grad_in;  /* [n_mb * vpp] */
+} stage_pass_t;
+
 typedef struct {
     actor_t              a; /* first (STYLE.md rule 7) */
     stage_actor_config_t cfg;
-    pipe_op_t           *ops;
-    int                  n_ops, pc;
+    stage_pass_t         train, eval;
+    stage_pass_t        *cur;           /* the pass running (or last run) */
+    int                  pc;
     bool                 busy, ending, running;
     int64_t              step;          /* step being run (1-based), 0 before the first */
     int64_t              done_step;
-    actor_msg_t        **data_in;       /* [M] */
-    actor_msg_t        **act_in;        /* [M * vpp] */
-    actor_msg_t        **grad_in;       /* [M * vpp] */
     model_acts_t       **acts;          /* [M * vpp] */
     double               loss_sum;
     int64_t              n_scored;
