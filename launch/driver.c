@@ -26,6 +26,7 @@ typedef enum {
     DRV_RENDEZVOUS = 0, /* waiting for every rank.R file */
     DRV_READY_WAIT,     /* book written, waiting for READY from every rank */
     DRV_RUNNING,
+    DRV_EVAL,           /* forward-only pass over the evaluation rows */
     DRV_EXPORTING,
     DRV_DONE,
     DRV_FAILING,
@@ -47,6 +48,10 @@ typedef struct {
     double          loss_sum, scored, grad_norm, lr;
     uint64_t        t0, t_step0, t_phase0;
     int64_t         tokens_done;
+    bool            has_eval;   /* evaluation rows were written for the workers */
+    bool            eval_only;  /* one evaluation, no training (baton eval --layout) */
+    double          eval_loss;  /* result of the last evaluation */
+    int64_t         eval_tokens;
     FILE           *metrics;
     model_t        *full;       /* export target */
     bool           *received;   /* [full->n_params] */
@@ -216,7 +221,8 @@ static void watch_fire(actor_t *self, actor_timer_t *t)
             }
         }
     }
-    if (d->phase == DRV_RUNNING && (double)(now - d->t_step0) * 1e-9 > d->step_timeout_s)
+    if ((d->phase == DRV_RUNNING || d->phase == DRV_EVAL) &&
+        (double)(now - d->t_step0) * 1e-9 > d->step_timeout_s)
         fail(d, BT_ERR_TIMEOUT, -1, "step %lld did not finish within %.0f s (step watchdog, "
              "BATON_STEP_TIMEOUT); %d of %d ranks reported", (long long)d->step, d->step_timeout_s,
              d->n_metrics, d->world);
@@ -230,6 +236,39 @@ static void step_start(driver_t *d, int64_t step)
     d->scored = 0;
     d->t_step0 = clock_now_ns();
     send_all(d, MSG_HEARTBEAT, STAGE_CMD_STEP, step, BT_OK, NULL);
+}
+
+static void eval_start(driver_t *d)
+{
+    d->phase = DRV_EVAL;
+    d->n_metrics = 0;
+    d->loss_sum = 0;
+    d->scored = 0;
+    d->t_step0 = clock_now_ns();
+    send_all(d, MSG_HEARTBEAT, STAGE_CMD_EVAL, d->step, BT_OK, NULL);
+}
+
+static void done(driver_t *d);
+
+/* What follows step d->step (or the evaluation after it). */
+static void next_after(driver_t *d, bool evaluated)
+{
+    int64_t steps = d->job->train.steps, every = d->job->train.eval_every;
+    if (!evaluated && d->has_eval &&
+        (d->step == steps || (every && d->step % every == 0))) {
+        eval_start(d);
+        return;
+    }
+    d->phase = DRV_RUNNING;
+    if (d->step < steps) {
+        step_start(d, d->step + 1);
+    } else if (d->full) {
+        d->phase = DRV_EXPORTING;
+        d->n_exported = 0;
+        send_all(d, MSG_HEARTBEAT, STAGE_CMD_EXPORT, d->step, BT_OK, NULL);
+    } else {
+        done(d);
+    }
 }
 
 static int msg_rank(driver_t *d, actor_msg_t *m)
@@ -256,7 +295,8 @@ static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
     if (state == STAGE_ST_READY && ++d->n_ready == d->world) {
         d->phase = DRV_RUNNING;
         d->t0 = clock_now_ns();
-        step_start(d, 1);
+        if (d->eval_only) eval_start(d);
+        else step_start(d, 1);
     } else if (state == STAGE_ST_EXPORTED && ++d->n_exported == d->world) {
         for (int i = 0; i < d->full->n_params; i++)
             if (!d->received[i]) {
@@ -281,9 +321,10 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
 {
     driver_t *d = (driver_t *)self;
     int r = msg_rank(d, m);
-    if (r < 0 || d->phase != DRV_RUNNING) return ACTOR_DONE;
+    if (r < 0 || (d->phase != DRV_RUNNING && d->phase != DRV_EVAL)) return ACTOR_DONE;
     tensor_t *l = actor_msg_tensor(m, "loss");
-    if (m->env.step != d->step || !l || l->dtype != DT_F64 || tensor_numel(l) != 2) {
+    int64_t want = d->phase == DRV_EVAL ? STAGE_EVAL_STEP : d->step;
+    if (m->env.step != want || !l || l->dtype != DT_F64 || tensor_numel(l) != 2) {
         fail(d, BT_ERR_PEER_PROTO, r, "bad METRICS for step %lld", (long long)m->env.step);
         return ACTOR_DONE;
     }
@@ -296,6 +337,25 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
     if (++d->n_metrics < d->world) return ACTOR_DONE;
 
     int64_t steps = d->job->train.steps;
+    if (d->phase == DRV_EVAL) {
+        double vloss = d->loss_sum / d->scored;
+        d->eval_loss = vloss;
+        d->eval_tokens = (int64_t)d->scored;
+        if (d->eval_only) {
+            done(d);
+            return ACTOR_DONE;
+        }
+        printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)d->step, vloss, exp(vloss));
+        if (d->metrics) {
+            fprintf(d->metrics, "{\"step\": %lld, \"val_loss\": %.7g, \"val_ppl\": %.7g}\n",
+                    (long long)d->step, vloss, exp(vloss));
+            fflush(d->metrics);
+        }
+        if (d->step == steps) printf("final validation loss %.4f, perplexity %.2f\n", vloss, exp(vloss));
+        fflush(stdout);
+        next_after(d, true);
+        return ACTOR_DONE;
+    }
     double loss = d->loss_sum / d->scored;
     if (!isfinite(loss)) {
         fail(d, BT_ERR_NUMERIC, -1, "step %lld: loss is %s", (long long)d->step,
@@ -319,15 +379,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
                (long long)d->step, (long long)steps, loss, d->lr, d->grad_norm, tps, etab);
         fflush(stdout);
     }
-    if (d->step < steps) {
-        step_start(d, d->step + 1);
-    } else if (d->full) {
-        d->phase = DRV_EXPORTING;
-        d->n_exported = 0;
-        send_all(d, MSG_HEARTBEAT, STAGE_CMD_EXPORT, d->step, BT_OK, NULL);
-    } else {
-        done(d);
-    }
+    next_after(d, false);
     return ACTOR_DONE;
 }
 
@@ -430,7 +482,7 @@ static void run_dir_remove(const char *dir)
 {
     char p[1024];
     const char *fixed[] = {RUN_FILE_JOB, RUN_FILE_SETS, RUN_FILE_SECRET, RUN_FILE_DRIVER,
-                           RUN_FILE_BOOK, RUN_FILE_BOOK ".tmp"};
+                           RUN_FILE_BOOK, RUN_FILE_BOOK ".tmp", RUN_FILE_EVAL};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, fixed[i]);
         unlink(p);
@@ -453,6 +505,47 @@ static unsigned xport_kinds(const job_t *job)
     for (int e = 0; e < JOB_EDGE_COUNT; e++)
         if (job->transport[e] == JOB_XPORT_UCX) kinds |= 1u << XPORT_UCX;
     return kinds;
+}
+
+/* The validation rows of the job, as the single-process train_eval takes
+ * them: consecutive (unshuffled) windows of the validation stream, at most
+ * eval_batches microbatches of micro_batch rows. *has: whether there are any. */
+static bt_status_t eval_rows_prepare(const job_t *job, const char *run_dir, bool *has)
+{
+    int32_t *all = NULL, *valbuf = NULL;
+    const int32_t *val = NULL;
+    int64_t n_train = 0, n_val = 0, T = job->data.seq_len;
+    uint32_t vocab;
+    bt_status_t st;
+    *has = false;
+    if (job->data.val_dir[0]) {
+        if ((st = run_stream_load(job->data.val_dir, &valbuf, &n_val, &vocab))) return st;
+        val = valbuf;
+    } else {
+        if ((st = run_tokens_load(job->data.dir, job->data.split, &all, &n_train, &val, &n_val, &vocab)))
+            return st;
+    }
+    int64_t n_windows = n_val > T ? (n_val - 1) / T : 0;
+    int64_t rows = job->train.eval_batches * job->train.micro_batch;
+    if (rows > n_windows) rows = n_windows;
+    if (rows > 0) {
+        int32_t *ids = malloc((size_t)(rows * T) * sizeof *ids);
+        int32_t *tg = malloc((size_t)(rows * T) * sizeof *tg);
+        st = ids && tg ? BT_OK : BT_ERR_NOMEM;
+        for (int64_t w = 0; w < rows && !st; w++) {
+            memcpy(ids + w * T, val + w * T, (size_t)T * sizeof *ids);
+            memcpy(tg + w * T, val + w * T + 1, (size_t)T * sizeof *tg);
+        }
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", run_dir, RUN_FILE_EVAL);
+        if (!st) st = run_eval_write(p, ids, tg, rows, T);
+        *has = st == BT_OK;
+        free(ids);
+        free(tg);
+    }
+    free(all);
+    free(valbuf);
+    return st;
 }
 
 int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
@@ -542,6 +635,8 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
     }
     if (!sets_text || file_write(run_dir, RUN_FILE_SETS, sets_text, sets_len, 0600)) goto remove_dir;
 
+    if (eval_rows_prepare(job, run_dir, &d.has_eval)) goto remove_dir;
+
     const char *job_id = strrchr(run_dir, '/') + 1;
     actor_router_config_t rc_cfg = {.rank = (uint32_t)g.world, .job_id = job_id, .secret = secret,
                                     .secret_len = sizeof secret};
@@ -608,7 +703,8 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
         }
     }
     if (st == BT_OK) {
-        printf("no validation in multi-process runs yet: no validation perplexity\n");
+        if (!d.has_eval)
+            printf("no validation split (data.split = %g): no validation perplexity\n", job->data.split);
         rc = killed ? 1 : 0;
     }
 stop_procs:

@@ -38,6 +38,61 @@ bt_status_t worker_train_stream(const job_t *job, int32_t **tokens, int64_t *n, 
     return run_tokens_load(job->data.dir, job->data.split, tokens, n, &val, &n_val, vocab);
 }
 
+bt_status_t run_eval_write(const char *path, const int32_t *ids, const int32_t *targets,
+                           int64_t rows, int64_t T)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        log_error("cannot create %s: %s", path, strerror(errno));
+        return BT_ERR_IO;
+    }
+    uint32_t head[2] = {RUN_EVAL_MAGIC, RUN_EVAL_VERSION};
+    int64_t dims[2] = {rows, T};
+    size_t n = (size_t)(rows * T);
+    bool ok = fwrite(head, sizeof head, 1, f) == 1 && fwrite(dims, sizeof dims, 1, f) == 1 &&
+              fwrite(ids, sizeof *ids, n, f) == n && fwrite(targets, sizeof *targets, n, f) == n;
+    if (fclose(f) || !ok) {
+        log_error("cannot write %s", path);
+        return BT_ERR_IO;
+    }
+    return BT_OK;
+}
+
+bt_status_t run_eval_read(const char *path, bool want_data, int32_t **ids, int32_t **targets,
+                          int64_t *rows, int64_t *T)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return BT_ERR_NOT_FOUND;
+    uint32_t head[2];
+    int64_t dims[2];
+    bt_status_t st = BT_ERR_CORRUPT;
+    if (fread(head, sizeof head, 1, f) != 1 || fread(dims, sizeof dims, 1, f) != 1 ||
+        head[0] != RUN_EVAL_MAGIC || head[1] != RUN_EVAL_VERSION || dims[0] < 0 || dims[1] < 1 ||
+        dims[0] > (1ll << 30) / dims[1]) {
+        log_error("%s: not an evaluation rows file of version %u", path, RUN_EVAL_VERSION);
+        goto close_file;
+    }
+    *rows = dims[0];
+    *T = dims[1];
+    if (want_data) {
+        size_t n = (size_t)(dims[0] * dims[1]);
+        *ids = malloc(n * sizeof **ids + 1);
+        *targets = malloc(n * sizeof **targets + 1);
+        if (!*ids || !*targets || fread(*ids, sizeof **ids, n, f) != n ||
+            fread(*targets, sizeof **targets, n, f) != n) {
+            log_error("%s: truncated", path);
+            free(*ids);
+            free(*targets);
+            *ids = *targets = NULL;
+            goto close_file;
+        }
+    }
+    st = BT_OK;
+close_file:
+    fclose(f);
+    return st;
+}
+
 /* Everything a rank owns, released in reverse order by worker_free. */
 typedef struct {
     int            rank;
@@ -46,6 +101,8 @@ typedef struct {
     uint8_t        secret[RUN_SECRET_LEN];
     int32_t       *tokens;
     int64_t        n_tokens;
+    int32_t       *eval_ids, *eval_targets;
+    int64_t        eval_rows;
     model_t       *full;
     model_t       *chunks[STAGE_MAX_CHUNKS];
     model_t       *export_full[STAGE_MAX_CHUNKS]; /* tp > 1, dp rank 0: gather targets */
@@ -340,7 +397,8 @@ static bt_status_t actors_start(worker_t *w)
         .rank = w->rank, .pp_rank = c.pp, .pipe = g->pipe, .n_vstages = g->n_vstages,
         .driver = ACTOR_ADDR(g->world, GRAPH_SLOT_DRIVER),
         .data = data ? ACTOR_ADDR(w->rank, GRAPH_SLOT_DATA) : 0,
-        .tp_rank = c.tp, .tp_size = g->tp,
+        .tp_rank = c.tp, .tp_size = g->tp, .dp_rank = c.dp, .dp_size = g->dp,
+        .eval_rows = w->eval_rows,
         .exporter = c.dp == 0 && c.tp == 0, .B = g->micro_batch, .T = g->seq_len,
         /* every window scores all T positions (model/train.h) */
         .dloss = 1.0f / (float)(rows * g->seq_len),
@@ -359,7 +417,9 @@ static bt_status_t actors_start(worker_t *w)
         data_actor_config_t dc = {.tokens = w->tokens, .n_tokens = w->n_tokens,
                                   .seed = (uint64_t)w->job.train.seed, .B = g->micro_batch,
                                   .T = g->seq_len, .M = g->microbatches, .dp = g->dp,
-                                  .dp_rank = c.dp, .stage = ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE)};
+                                  .dp_rank = c.dp, .stage = ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE),
+                                  .eval_ids = w->eval_ids, .eval_targets = w->eval_targets,
+                                  .eval_rows = w->eval_rows};
         if ((st = data_actor_init(&w->data, &dc))) return st;
         w->data_inited = true;
         if ((st = actor_register(w->rt, &w->data.a, &data_actor_class, loop, "data", GRAPH_SLOT_DATA)))
@@ -388,6 +448,8 @@ static void worker_free(worker_t *w)
     }
     model_destroy(w->full);
     free(w->tokens);
+    free(w->eval_ids);
+    free(w->eval_targets);
     free(w);
 }
 
@@ -418,6 +480,16 @@ int worker_main(const char *run_dir, int rank)
         uint32_t vocab;
         if ((st = worker_train_stream(&w->job, &w->tokens, &w->n_tokens, &vocab))) goto fail;
     }
+    snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_EVAL);
+    int64_t eval_T = 0;
+    st = run_eval_read(path, graph_rank_needs_data(&w->g, rank), &w->eval_ids, &w->eval_targets,
+                       &w->eval_rows, &eval_T);
+    if (st == BT_OK && eval_T != w->g.seq_len) {
+        log_error("rank %d: %s has rows of %lld tokens, the job %lld", rank, path,
+                  (long long)eval_T, (long long)w->g.seq_len);
+        goto fail;
+    }
+    if (st && st != BT_ERR_NOT_FOUND) goto fail;
 
     actor_router_config_t rc = {.rank = (uint32_t)rank, .job_id = job_id, .secret = w->secret,
                                 .secret_len = sizeof w->secret};

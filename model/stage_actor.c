@@ -347,7 +347,7 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
         s->n_scored += j->loss.n_scored;
     }
     if (j->out) {
-        j->out->env.step = s->step;
+        j->out->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
         j->out->env.mb = j->op.mb;
         actor_addr_t to = j->op.kind == PIPE_OP_FWD ? c->next[j->op.chunk] : c->prev[j->op.chunk];
         st = actor_send(self, to, j->out);

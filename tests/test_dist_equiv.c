@@ -4,7 +4,8 @@
  * {1, 2}, ZeRO-1 on/off, tied embeddings, a 3-stage uneven split and the
  * interleaved schedule with 2 virtual stages. Per-step losses
  * (metrics JSONL) must match to 1e-5 relative and the final parameters
- * (HF export gathered by the driver) to 1e-5 absolute.
+ * (HF export gathered by the driver) to 1e-5 absolute, and the validation
+ * losses (forward-only evaluation passes after steps 2, 4, 5) to 1e-5.
  *
  * The reference for a layout with dp replicas of M microbatches is the
  * single-process run with grad_accum = dp * M (the global batch; the data
@@ -52,8 +53,9 @@ static int fixture(void)
     f = fopen(p, "w");
     if (!f) return -1;
     fprintf(f, "model: {layers: 4, hidden: 64, heads: 4, kv_heads: 2, ffn: 128, vocab: 256, init_std: 0.02}\n"
-               "data: {dir: %s/data, seq_len: 16, split: 0}\n"
-               "train: {steps: 5, micro_batch: 2, grad_accum: 2, seed: 7, log_every: 100}\n"
+               "data: {dir: %s/data, seq_len: 16, split: 0.1}\n"
+               "train: {steps: 5, micro_batch: 2, grad_accum: 2, seed: 7, log_every: 100,\n"
+               "        eval_every: 2, eval_batches: 3}\n"
                "optim: {lr: 0.01, min_lr: 0.001, warmup: 2, weight_decay: 0.1, clip: 1.0}\n", dir);
     fclose(f);
     return 0;
@@ -76,7 +78,8 @@ static int run(const char *name, const char *sets)
     return rc;
 }
 
-static int losses(const char *name, double *out, int max)
+/* The values of `key` in the metrics lines of run `name`. */
+static int losses(const char *name, const char *key, double *out, int max)
 {
     char p[512], line[4096];
     snprintf(p, sizeof p, "%s/%s/m.jsonl", dir, name);
@@ -85,7 +88,7 @@ static int losses(const char *name, double *out, int max)
     int n = 0;
     while (n < max && fgets(line, sizeof line, f)) {
         json_t *j = json_loads(line, 0, NULL);
-        json_t *l = j ? json_object_get(j, "loss") : NULL;
+        json_t *l = j ? json_object_get(j, key) : NULL;
         if (l && json_is_number(l)) out[n++] = json_number_value(l);
         json_decref(j);
     }
@@ -94,14 +97,14 @@ static int losses(const char *name, double *out, int max)
 }
 
 typedef struct {
-    double loss_rel, param_abs;
+    double loss_rel, val_rel, param_abs;
 } diff_t;
 
 /* Compare run `name` against run `ref`: -1 when something is missing. */
 static int compare(const char *name, const char *ref, diff_t *d)
 {
     double a[16], b[16];
-    int na = losses(name, a, 16), nb = losses(ref, b, 16);
+    int na = losses(name, "loss", a, 16), nb = losses(ref, "loss", b, 16);
     if (na != 5 || nb != 5) {
         fprintf(stderr, "%s: %d losses, reference %d (want 5)\n", name, na, nb);
         return -1;
@@ -110,6 +113,18 @@ static int compare(const char *name, const char *ref, diff_t *d)
     for (int i = 0; i < 5; i++) {
         double r = fabs(a[i] - b[i]) / fabs(b[i]);
         if (r > d->loss_rel) d->loss_rel = r;
+    }
+    /* validation after steps 2, 4 and 5 (eval_every 2, and the end) */
+    na = losses(name, "val_loss", a, 16);
+    nb = losses(ref, "val_loss", b, 16);
+    if (na != 3 || nb != 3) {
+        fprintf(stderr, "%s: %d validation losses, reference %d (want 3)\n", name, na, nb);
+        return -1;
+    }
+    d->val_rel = 0;
+    for (int i = 0; i < 3; i++) {
+        double r = fabs(a[i] - b[i]) / fabs(b[i]);
+        if (r > d->val_rel) d->val_rel = r;
     }
     char pa[512], pb[512];
     snprintf(pa, sizeof pa, "%s/%s/ck", dir, name);
@@ -171,8 +186,10 @@ static void layout_check(const char *name, const char *sets, int ga, int tied)
     REQUIRE(run(name, all) == 0);
     diff_t d;
     REQUIRE(compare(name, ref, &d) == 0);
-    printf("  %-28s max rel loss diff %.3g, max param diff %.3g\n", name, d.loss_rel, d.param_abs);
+    printf("  %-28s max rel loss diff %.3g, val loss %.3g, max param diff %.3g\n", name, d.loss_rel,
+           d.val_rel, d.param_abs);
     CHECK(d.loss_rel <= 1e-5);
+    CHECK(d.val_rel <= 1e-5);
     CHECK(d.param_abs <= 1e-5);
 }
 
@@ -251,6 +268,7 @@ static void test_cleanup(void)
 
 int main(int argc, char **argv)
 {
+    setenv("BATON_STEP_TIMEOUT", "30", 0); /* a hang fails in 30 s, not 300 */
     TEST_RUN(argc, argv, test_pp2, test_dp2, test_pp2_dp2_tied, test_dp2_zero1,
              test_pp2_dp2_zero1_tied, test_pp3_uneven, test_interleaved, test_ucx, test_tp2,
              test_tp2_pp2, test_tp2_dp2_zero1, test_tp2_pp2_dp2_tied,
