@@ -482,7 +482,7 @@ static void run_dir_remove(const char *dir)
 {
     char p[1024];
     const char *fixed[] = {RUN_FILE_JOB, RUN_FILE_SETS, RUN_FILE_SECRET, RUN_FILE_DRIVER,
-                           RUN_FILE_BOOK, RUN_FILE_BOOK ".tmp", RUN_FILE_EVAL};
+                           RUN_FILE_BOOK, RUN_FILE_BOOK ".tmp", RUN_FILE_EVAL, RUN_FILE_MODE};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, fixed[i]);
         unlink(p);
@@ -548,7 +548,19 @@ static bt_status_t eval_rows_prepare(const job_t *job, const char *run_dir, bool
     return st;
 }
 
-int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
+/* Eval-only runs (baton eval --layout): the rows and the result. */
+typedef struct {
+    const int32_t *ids, *targets;
+    int64_t        rows;
+    double         loss;
+    int64_t        tokens;
+} driver_eval_t;
+
+/* A multi-process job. job_text: the job file's bytes (copied to the run
+ * directory for the workers). ev non-NULL: one evaluation pass over ev's
+ * rows instead of training. */
+static int driver_main(job_t *job, const char *job_text, size_t job_len, const char *const *sets,
+                       int n_sets, bool quiet, driver_eval_t *ev)
 {
     static graph_t g;
     char err[JOB_ERR_MAX];
@@ -577,9 +589,9 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
     int64_t n_tokens = 0;
     uint32_t vocab = 0;
     char vocab_set[64] = "";
-    if (worker_train_stream(job, &tokens, &n_tokens, &vocab)) return 1;
+    if (!ev && worker_train_stream(job, &tokens, &n_tokens, &vocab)) return 1;
     free(tokens);
-    if (!job->model.hf[0] && job->model.vocab == 0) {
+    if (!ev && !job->model.hf[0] && job->model.vocab == 0) {
         if (vocab == 0) {
             fprintf(stderr, "baton run: %s: model.vocab: required when the data (tokens.txt) does "
                             "not state its vocabulary\n", job->path);
@@ -588,7 +600,7 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
         job->model.vocab = vocab;
         snprintf(vocab_set, sizeof vocab_set, "model.vocab=%u", vocab);
     }
-    if (n_tokens < job->data.seq_len + 1) {
+    if (!ev && n_tokens < job->data.seq_len + 1) {
         fprintf(stderr, "baton run: %s: the training stream has %lld tokens, fewer than one window\n",
                 job->path, (long long)n_tokens);
         return 1;
@@ -608,16 +620,15 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
     static driver_t d;
     spawn_group_t procs = {0};
     uint8_t secret[RUN_SECRET_LEN];
-    char *job_text = NULL, *sets_text = NULL, secret_path[600], card[ACTOR_CARD_MAX];
-    size_t job_len = 0;
+    char *sets_text = NULL, secret_path[600], card[ACTOR_CARD_MAX];
     memset(&d, 0, sizeof d);
+    d.eval_only = ev != NULL;
     if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret) {
         log_error("driver: getrandom: %s", strerror(errno));
         goto remove_dir;
     }
     if (file_write(run_dir, RUN_FILE_SECRET, secret, sizeof secret, 0600)) goto remove_dir;
     snprintf(secret_path, sizeof secret_path, "%s/%s", run_dir, RUN_FILE_SECRET);
-    if (file_slurp(job->path, &job_text, &job_len)) goto remove_dir;
     if (file_write(run_dir, RUN_FILE_JOB, job_text, job_len, 0600)) goto remove_dir;
     size_t sets_len = 0;
     sets_text = calloc(1, 64 + 1);
@@ -635,7 +646,16 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
     }
     if (!sets_text || file_write(run_dir, RUN_FILE_SETS, sets_text, sets_len, 0600)) goto remove_dir;
 
-    if (eval_rows_prepare(job, run_dir, &d.has_eval)) goto remove_dir;
+    if (ev) {
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", run_dir, RUN_FILE_EVAL);
+        if (run_eval_write(p, ev->ids, ev->targets, ev->rows, job->data.seq_len) ||
+            file_write(run_dir, RUN_FILE_MODE, "eval\n", 5, 0600))
+            goto remove_dir;
+        d.has_eval = d.eval_only = true;
+    } else if (eval_rows_prepare(job, run_dir, &d.has_eval)) {
+        goto remove_dir;
+    }
 
     const char *job_id = strrchr(run_dir, '/') + 1;
     actor_router_config_t rc_cfg = {.rank = (uint32_t)g.world, .job_id = job_id, .secret = secret,
@@ -669,12 +689,14 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
     d.step_timeout_s = env_seconds("BATON_STEP_TIMEOUT", 300);
     d.start_timeout_s = env_seconds("BATON_START_TIMEOUT", 120);
 
-    printf("baton run %s: %d processes (tp=%d pp=%d dp=%d, %d virtual stages, %s, %d microbatches, "
-           "ZeRO-1 %s) | %lld steps x %lld tokens\n",
-           job->path, g.world, g.tp, g.pp, g.dp, g.n_vstages, pipe_sched_name(g.pipe.kind),
-           g.microbatches, g.zero1 ? "on" : "off", (long long)job->train.steps,
-           (long long)(g.dp * g.microbatches * g.micro_batch * g.seq_len));
-    fflush(stdout);
+    if (!ev) {
+        printf("baton run %s: %d processes (tp=%d pp=%d dp=%d, %d virtual stages, %s, %d microbatches, "
+               "ZeRO-1 %s) | %lld steps x %lld tokens\n",
+               job->path, g.world, g.tp, g.pp, g.dp, g.n_vstages, pipe_sched_name(g.pipe.kind),
+               g.microbatches, g.zero1 ? "on" : "off", (long long)job->train.steps,
+               (long long)(g.dp * g.microbatches * g.micro_batch * g.seq_len));
+        fflush(stdout);
+    }
     if (job->trace_dir[0]) {
         if (trace_start(job->trace_dir, (uint32_t)g.world, NULL))
             log_warn("trace.dir: cannot trace into %s; the driver runs untraced", job->trace_dir);
@@ -702,7 +724,11 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
             printf("model written to %s (HF format)\n", dirbuf);
         }
     }
-    if (st == BT_OK) {
+    if (st == BT_OK && ev) {
+        ev->loss = d.eval_loss;
+        ev->tokens = d.eval_tokens;
+        rc = killed ? 1 : 0;
+    } else if (st == BT_OK) {
         if (!d.has_eval)
             printf("no validation split (data.split = %g): no validation perplexity\n", job->data.split);
         rc = killed ? 1 : 0;
@@ -718,8 +744,66 @@ destroy_router:
     model_destroy(d.full);
 remove_dir:
     trace_stop();
-    free(job_text);
     free(sets_text);
     run_dir_remove(run_dir);
+    return rc;
+}
+
+int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
+{
+    char *text = NULL;
+    size_t len = 0;
+    if (file_slurp(job->path, &text, &len)) return 1;
+    int rc = driver_main(job, text, len, sets, n_sets, quiet, NULL);
+    free(text);
+    return rc;
+}
+
+int driver_eval(const char *model_dir, const char *layout, const int32_t *ids,
+                const int32_t *targets, int64_t rows, int64_t T, double *loss, int64_t *tokens)
+{
+    int64_t tp = 1, pp = 1, dp = 1;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", layout);
+    for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char key[16];
+        long long v;
+        if (sscanf(kv, "%15[a-z]=%lld", key, &v) != 2 || v < 1 ||
+            (strcmp(key, "tp") && strcmp(key, "pp") && strcmp(key, "dp"))) {
+            fprintf(stderr, "baton eval: --layout %s: expected tp=N,pp=N,dp=N (got '%s')\n", layout, kv);
+            return 2;
+        }
+        *(!strcmp(key, "tp") ? &tp : !strcmp(key, "pp") ? &pp : &dp) = v;
+    }
+    if (strpbrk(model_dir, "\"\n\\")) {
+        fprintf(stderr, "baton eval: --model %s: unsupported characters in the path\n", model_dir);
+        return 2;
+    }
+    /* A job for the workers: the model, the layout, microbatches of 4 rows
+     * of T tokens (data.dir is required by the schema; eval-only workers
+     * never read it). */
+    char *text = NULL;
+    int n = asprintf(&text,
+                     "model: {hf: \"%s\"}\n"
+                     "data: {dir: \"%s\", seq_len: %lld, split: 0}\n"
+                     "train: {steps: 1, micro_batch: 4, grad_accum: %lld}\n"
+                     "parallel: {tp: %lld, pp: %lld, dp: %lld}\n",
+                     model_dir, model_dir, (long long)T, (long long)pp, (long long)tp, (long long)pp,
+                     (long long)dp);
+    if (n < 0) return 1;
+    static job_t job;
+    char err[JOB_ERR_MAX];
+    if (job_load_string("--layout", text, &job, err, sizeof err) || job_validate(&job, err, sizeof err)) {
+        fprintf(stderr, "baton eval: %s\n", err);
+        free(text);
+        return 1;
+    }
+    driver_eval_t ev = {.ids = ids, .targets = targets, .rows = rows};
+    int rc = driver_main(&job, text, (size_t)n, NULL, 0, true, &ev);
+    free(text);
+    if (rc == 0) {
+        *loss = ev.loss;
+        *tokens = ev.tokens;
+    }
     return rc;
 }

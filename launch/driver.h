@@ -26,11 +26,19 @@
 #define BT_LAUNCH_DRIVER_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "launch/job.h"
 
 /* Run a validated job with tp*pp*dp > 1. sets: the --set overrides already
  * applied to job (forwarded to the workers). Returns the exit status. */
 int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet);
+
+/* One forward-only evaluation of the HF model in model_dir over `rows` rows
+ * of T tokens (ids; targets -100 where not scored) in the layout
+ * "tp=N,pp=N,dp=N" (missing keys: 1), as processes. Writes the mean NLL
+ * over scored positions and their count. Returns the exit status. */
+int driver_eval(const char *model_dir, const char *layout, const int32_t *ids,
+                const int32_t *targets, int64_t rows, int64_t T, double *loss, int64_t *tokens);
 
 #endif

@@ -476,7 +476,9 @@ int worker_main(const char *run_dir, int rank)
     }
     if (w->job.trace_dir[0] && trace_start(w->job.trace_dir, (uint32_t)rank, NULL))
         log_warn("rank %d: tracing into %s failed; running untraced", rank, w->job.trace_dir);
-    if (graph_rank_needs_data(&w->g, rank)) {
+    snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_MODE);
+    bool eval_only = access(path, F_OK) == 0;
+    if (!eval_only && graph_rank_needs_data(&w->g, rank)) {
         uint32_t vocab;
         if ((st = worker_train_stream(&w->job, &w->tokens, &w->n_tokens, &vocab))) goto fail;
     }

@@ -20,6 +20,7 @@
 #define RUN_FILE_DRIVER "driver.card"
 #define RUN_FILE_BOOK   "book"
 #define RUN_FILE_EVAL   "eval.bin"
+#define RUN_FILE_MODE   "mode"     /* "eval": one evaluation pass, no training data */
 #define RUN_SECRET_LEN  32
 
 /* Evaluation rows file (driver -> workers): magic "BTEV", version 1, then

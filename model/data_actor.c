@@ -8,6 +8,7 @@ bt_status_t data_actor_init(data_actor_t *d, const data_actor_config_t *cfg)
 {
     memset(d, 0, sizeof *d);
     d->cfg = *cfg;
+    if (!cfg->tokens) return BT_OK; /* evaluation only */
     if (cfg->n_tokens < cfg->T + 1) {
         log_error("data: the training stream has %lld tokens, fewer than one window of %lld",
                   (long long)cfg->n_tokens, (long long)(cfg->T + 1));
@@ -54,7 +55,7 @@ static actor_ret_t data_on_heartbeat(actor_t *self, actor_msg_t *m)
         eval_send(d);
         return ACTOR_DONE;
     }
-    if (m->body.heartbeat.state != DATA_CMD_STEP) return ACTOR_DONE;
+    if (m->body.heartbeat.state != DATA_CMD_STEP || !c->tokens) return ACTOR_DONE;
     int64_t step = m->body.heartbeat.step; /* 1-based */
     int64_t R = (int64_t)c->dp * c->M * c->B;
     int64_t shape[2] = {c->B, c->T};

@@ -29,7 +29,7 @@
 #define DATA_CMD_EVAL 0x4556u /* heartbeat state: produce this rank's evaluation microbatches */
 
 typedef struct {
-    const int32_t *tokens;   /* training stream (borrowed) */
+    const int32_t *tokens;   /* training stream (borrowed); NULL: evaluation only */
     int64_t        n_tokens;
     uint64_t       seed;
     int64_t        B, T;     /* micro_batch, seq_len */
