@@ -11,7 +11,9 @@
  *
  * Readers mmap every shard and validate header, size and checksum when the
  * set is opened; a bad file is refused with an error naming it and what is
- * wrong (truncated, bad magic, version, checksum mismatch, index mismatch). */
+ * wrong (truncated, bad magic, version, checksum mismatch, index mismatch).
+ * An open set is read-only: any number of threads may call shard_set_tokens
+ * at once. A writer belongs to one thread. */
 #ifndef BT_DATA_SHARD_H
 #define BT_DATA_SHARD_H
 

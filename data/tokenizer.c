@@ -608,7 +608,7 @@ static void tok_cache_put(tok_cache_t *c, const uint8_t *s, size_t n, uint64_t h
                                      .n_ids = (uint32_t)n_ids, .used = 1};
     memcpy(c->keys + c->keys_len, s, n);
     c->keys_len += n;
-    memcpy(c->ids + c->ids_len, ids, n_ids * sizeof *ids);
+    if (n_ids) memcpy(c->ids + c->ids_len, ids, n_ids * sizeof *ids);
     c->ids_len += n_ids;
     c->count++;
 }
@@ -756,7 +756,8 @@ static bt_status_t tok_bpe_piece(tok_t *tok, tok_bpe_scratch_t *w, const uint8_t
     size_t first = out->n;
     for (int32_t i = m ? 0 : -1; i >= 0; i = w->next[i]) tok_ids_push(out, w->id[i]);
     if (out->oom) return BT_ERR_NOMEM;
-    if (cacheable) tok_cache_put(&tok->cache, s, n, h, out->v + first, out->n - first);
+    if (cacheable) tok_cache_put(&tok->cache, s, n, h, out->n > first ? out->v + first : NULL,
+                                 out->n - first);
     return BT_OK;
 }
 
@@ -1174,15 +1175,20 @@ static const char *tok_config_token(json_t *cfg, const char *key)
     return json_string_value(json_object_get(v, "content"));
 }
 
+/* json_path: the file, for its tokenizer_config.json neighbour; NULL: none. */
 static void tok_find_special(tok_t *tok, json_t *root, const char *json_path)
 {
     tok->special.bos = tok->special.eos = -1;
     /* 1. tokenizer_config.json beside the file */
-    char cfg_path[4096];
-    const char *slash = strrchr(json_path, '/');
-    int dl = slash ? (int)(slash - json_path) : 1;
-    snprintf(cfg_path, sizeof cfg_path, "%.*s/tokenizer_config.json", dl, slash ? json_path : ".");
-    json_t *cfg = json_load_file(cfg_path, 0, NULL);
+    json_t *cfg = NULL;
+    if (json_path) {
+        char cfg_path[4096];
+        const char *slash = strrchr(json_path, '/');
+        int dl = slash ? (int)(slash - json_path) : 1;
+        snprintf(cfg_path, sizeof cfg_path, "%.*s/tokenizer_config.json", dl,
+                 slash ? json_path : ".");
+        cfg = json_load_file(cfg_path, 0, NULL);
+    }
     if (cfg) {
         const char *b = tok_config_token(cfg, "bos_token"), *e = tok_config_token(cfg, "eos_token");
         if (b) tok->special.bos = tok_lookup_text(tok, b);
@@ -1409,28 +1415,19 @@ static bt_status_t tok_read_file(const char *path, char **buf, size_t *len)
     return BT_OK;
 }
 
-bt_status_t tok_load(const char *path, tok_t **out)
+/* json_path names the source in errors; with a real path, a
+ * tokenizer_config.json beside it is consulted for BOS/EOS. */
+static bt_status_t tok_load_buffer(const char *buf, size_t len, const char *json_path,
+                                   int beside_config, tok_t **out)
 {
     static int class_ready;
     if (!class_ready) {
         tok_ascii_class_init();
         class_ready = 1;
     }
-    char json_path[4096];
-    struct stat sb;
-    if (!stat(path, &sb) && S_ISDIR(sb.st_mode))
-        snprintf(json_path, sizeof json_path, "%s/tokenizer.json", path);
-    else
-        snprintf(json_path, sizeof json_path, "%s", path);
-
-    char *buf;
-    size_t len;
-    bt_status_t st = tok_read_file(json_path, &buf, &len);
-    if (st != BT_OK) return st;
+    bt_status_t st;
     json_error_t jerr;
     json_t *root = json_loadb(buf, len, 0, &jerr);
-    uint64_t file_hash = XXH64(buf, len, 0);
-    free(buf);
     if (!root) {
         log_error("%s:%d:%d: not valid JSON: %s", json_path, jerr.line, jerr.column, jerr.text);
         return BT_ERR_INVALID;
@@ -1440,7 +1437,7 @@ bt_status_t tok_load(const char *path, tok_t **out)
         st = BT_ERR_NOMEM;
         goto fail_root;
     }
-    tok->file_hash = file_hash;
+    tok->file_hash = XXH64(buf, len, 0);
     json_t *model = json_object_get(root, "model");
     json_t *vocab = json_object_get(model, "vocab");
     json_t *added = json_object_get(root, "added_tokens");
@@ -1455,7 +1452,7 @@ bt_status_t tok_load(const char *path, tok_t **out)
         json_int_t id = json_integer_value(json_object_get(v, "id"));
         if (id > max_id) max_id = id;
     }
-    if (max_id < 0 || max_id >= (json_int_t)UINT32_MAX - 1) {
+    if (max_id < 0 || max_id >= (json_int_t)1 << 31) {
         log_error("%s: no vocabulary (or ids out of range)", json_path);
         st = BT_ERR_INVALID;
         goto fail_tok;
@@ -1481,7 +1478,7 @@ bt_status_t tok_load(const char *path, tok_t **out)
         st = BT_ERR_UNSUPPORTED;
         goto fail_tok;
     }
-    tok_find_special(tok, root, json_path);
+    tok_find_special(tok, root, beside_config ? json_path : NULL);
     json_decref(root);
     *out = tok;
     return BT_OK;
@@ -1491,5 +1488,27 @@ fail_tok:
     tok_free(tok);
 fail_root:
     json_decref(root);
+    return st;
+}
+
+bt_status_t tok_load_json(const char *json, size_t len, tok_t **out)
+{
+    return tok_load_buffer(json, len, "(tokenizer json)", 0, out);
+}
+
+bt_status_t tok_load(const char *path, tok_t **out)
+{
+    char json_path[4096];
+    struct stat sb;
+    if (!stat(path, &sb) && S_ISDIR(sb.st_mode))
+        snprintf(json_path, sizeof json_path, "%s/tokenizer.json", path);
+    else
+        snprintf(json_path, sizeof json_path, "%s", path);
+    char *buf;
+    size_t len;
+    bt_status_t st = tok_read_file(json_path, &buf, &len);
+    if (st != BT_OK) return st;
+    st = tok_load_buffer(buf, len, json_path, 1, out);
+    free(buf);
     return st;
 }

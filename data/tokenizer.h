@@ -43,6 +43,8 @@ typedef struct {
 
 /* path: a tokenizer.json file or a directory holding one. */
 bt_status_t tok_load(const char *path, tok_t **out);
+/* The same from the JSON text in memory (no tokenizer_config.json lookup). */
+bt_status_t tok_load_json(const char *json, size_t len, tok_t **out);
 void tok_free(tok_t *tok);
 
 /* Encodes text[0..len) into a malloc'd array *ids of *n ids (caller frees;

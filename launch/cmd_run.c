@@ -53,11 +53,33 @@ static void eta_fmt(char *buf, size_t len, double s)
     else snprintf(buf, len, "%lds", t);
 }
 
+/* mkdir -p dir */
 static bt_status_t dir_make(const char *dir)
 {
-    if (mkdir(dir, 0755) == 0 || errno == EEXIST) return BT_OK;
-    log_error("cannot create directory %s: %s", dir, strerror(errno));
+    char buf[JOB_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+            log_error("cannot create directory %s: %s", buf, strerror(errno));
+            return BT_ERR_IO;
+        }
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) == 0 || errno == EEXIST) return BT_OK;
+    log_error("cannot create directory %s: %s", buf, strerror(errno));
     return BT_ERR_IO;
+}
+
+/* The directory part of an output file path, created when missing. */
+static bt_status_t parent_make(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path) return BT_OK;
+    char dir[JOB_PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    return dir_make(dir);
 }
 
 /* Hugging Face directory (config.json + model.safetensors) that
@@ -185,6 +207,9 @@ int cmd_run(int argc, char **argv)
     train_config_t tc;
     run_train_config(&job, &tc);
     if (train_create(&tc, m, tokens, n_train, val, n_val, &t)) goto out;
+    if ((job.metrics.file[0] && parent_make(job.metrics.file)) ||
+        (job.metrics.plot[0] && parent_make(job.metrics.plot)))
+        goto out;
     if (job.metrics.file[0] && !(metrics = fopen(job.metrics.file, "w"))) {
         log_error("metrics.file: cannot create %s: %s", job.metrics.file, strerror(errno));
         goto out;
@@ -199,13 +224,15 @@ int cmd_run(int argc, char **argv)
 
     uint64_t t0 = clock_now_ns();
     int64_t tokens_done = 0;
+    double train_seconds = 0; /* step time only: evaluations and exports excluded */
     double vloss = NAN, vppl = NAN;
     for (int64_t s = 0; s < tc.steps; s++) {
         train_step_info_t info;
         if (train_step(t, &info)) goto out;
         tokens_done += info.tokens;
+        train_seconds += info.seconds;
         double elapsed = (double)(clock_now_ns() - t0) * 1e-9;
-        double tps = (double)tokens_done / elapsed;
+        double tps = (double)tokens_done / train_seconds;
         double eta = elapsed / (double)info.step * (double)(tc.steps - info.step);
         series_push(&curve, (double)info.step, info.loss);
         if (metrics) {

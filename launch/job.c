@@ -85,7 +85,7 @@ static const field_t fields[] = {
     INT("train.grad_accum", train.grad_accum, 1, 1 << 20),
     INT("train.seed", train.seed, 0, BIG),
     INT("train.eval_every", train.eval_every, 0, BIG),
-    INT("train.eval_batches", train.eval_batches, 1, 1 << 20),
+    INT("train.eval_batches", train.eval_batches, 0, 1 << 20),
     INT("train.log_every", train.log_every, 1, BIG),
 
     FLT("optim.lr", optim.lr, 0, 10),

@@ -243,7 +243,7 @@ bt_status_t train_eval(train_t *t, double *loss, double *ppl)
     }
     double sum = 0.0;
     int64_t scored = 0, w = 0;
-    for (int64_t k = 0; k < t->cfg.eval_batches && w < n_windows; k++) {
+    for (int64_t k = 0; (t->cfg.eval_batches == 0 || k < t->cfg.eval_batches) && w < n_windows; k++) {
         int64_t rows = 0;
         for (; rows < B && w < n_windows; rows++, w++)
             window_copy(t->ids + rows * T, t->targets + rows * T, t->val_tokens, w, T);

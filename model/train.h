@@ -60,7 +60,7 @@ int64_t     train_sampler_window(train_sampler_t *s, int64_t g);
 typedef struct {
     int64_t steps, micro_batch, grad_accum, seq_len;
     uint64_t seed;
-    int64_t eval_batches;      /* validation microbatches per evaluation */
+    int64_t eval_batches;      /* validation microbatches per evaluation; 0 = all */
     lr_schedule_t lr;
     optim_config_t optim;
     double clip;               /* max global grad norm; <= 0: no clipping */
@@ -89,7 +89,7 @@ void        train_destroy(train_t *t);
  * parameters are then left as they were before the step. */
 bt_status_t train_step(train_t *t, train_step_info_t *info);
 
-/* Mean validation NLL over the first eval_batches microbatches of
+/* Mean validation NLL over the first eval_batches (0: all) microbatches of
  * consecutive val windows (fixed, not shuffled); ppl = exp(loss).
  * BT_ERR_INVALID when there is no validation window. */
 bt_status_t train_eval(train_t *t, double *loss, double *ppl);

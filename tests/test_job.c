@@ -285,10 +285,35 @@ static void test_job_schema_names(void)
     CHECK(job_field_name(n) == NULL);
 }
 
+/* The example job files under jobs/ stay valid. */
+static void test_job_examples_valid(void)
+{
+    static const char *const files[] = {"jobs/austen_small.yaml", "jobs/tiny_hf.yaml",
+                                        "jobs/layout_example.yaml"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        job_t job;
+        bt_status_t st = job_load(files[i], &job, err, sizeof err);
+        if (st == BT_OK) st = job_validate(&job, err, sizeof err);
+        CHECK_MSG(st == BT_OK, "%s: %s", files[i], err);
+    }
+    job_t job;
+    REQUIRE(job_load("jobs/layout_example.yaml", &job, err, sizeof err) == BT_OK);
+    REQUIRE(job_validate(&job, err, sizeof err) == BT_OK);
+    CHECK(job.parallel.tp == 2 && job.parallel.pp == 2 && job.parallel.dp == 2);
+    CHECK(job.parallel.schedule == JOB_SCHED_INTERLEAVED && job.parallel.zero1);
+    CHECK(job.transport[JOB_EDGE_TENSOR_PARALLEL] == JOB_XPORT_INPROC);
+    int64_t layers[8];
+    CHECK(job_stage_layers(&job, layers, 8) == 4 && layers[3] == 2);
+    /* one layer short in the split: an error naming the file and line */
+    CHECK(job_override(&job, "parallel.split=[2,2,2,1]", err, sizeof err) == BT_OK);
+    CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID && strstr(err, "sum to 7"));
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_job_parse_all_sections, test_job_defaults_and_derived,
              test_job_unknown_key, test_job_wrong_type, test_job_out_of_range,
              test_job_model_shape_rules, test_job_parallel_rules, test_job_overrides,
-             test_job_hf_config, test_job_file_errors, test_job_schema_names);
+             test_job_hf_config, test_job_file_errors, test_job_schema_names,
+             test_job_examples_valid);
 }

@@ -179,6 +179,31 @@ static void test_corrupt_index_json(void)
     CHECK(shard_set_open(DIR_BASE "-nothing-here", &set) == BT_ERR_NOT_FOUND);
 }
 
+/* Any change to a header field is caught (by the header checks, the size,
+ * the checksum or the index); the reserved bytes 48..63 are free. */
+static void test_corrupt_every_header_byte(void)
+{
+    uint32_t *ids = make_set(DIR_BASE "-hdr", 1000, 2500, 1000);
+    REQUIRE(ids != NULL);
+    free(ids);
+    const char *path = DIR_BASE "-hdr/shard_00001.bin";
+    for (long off = 0; off < (long)SHARD_HEADER_BYTES; off++) {
+        for (int bit = 0; bit < 8; bit += 3) {
+            patch_byte(path, off, (uint8_t)(1u << bit));
+            shard_set_t *set = NULL;
+            bt_status_t st = shard_set_open(DIR_BASE "-hdr", &set);
+            if (off < 48) CHECK_MSG(st != BT_OK, "header byte %ld bit %d not caught", off, bit);
+            else CHECK_MSG(st == BT_OK, "reserved byte %ld refused", off);
+            shard_set_close(set);
+            patch_byte(path, off, (uint8_t)(1u << bit)); /* restore */
+        }
+    }
+    shard_set_t *set = NULL;
+    CHECK(shard_set_open(DIR_BASE "-hdr", &set) == BT_OK);
+    shard_set_close(set);
+    rm_dir(DIR_BASE "-hdr");
+}
+
 /* `baton data prepare` with small chunks and shards gives exactly the HF ids
  * of the whole train split (fixture digest), plus the EOS after it. */
 static void test_prepare_chunked_matches_hf(void)
@@ -225,5 +250,6 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_roundtrip_u16, test_roundtrip_u32, test_corrupt_truncated,
              test_corrupt_magic, test_corrupt_version, test_corrupt_width, test_corrupt_checksum,
-             test_corrupt_index_mismatch, test_corrupt_index_json, test_prepare_chunked_matches_hf);
+             test_corrupt_index_mismatch, test_corrupt_index_json, test_corrupt_every_header_byte,
+             test_prepare_chunked_matches_hf);
 }

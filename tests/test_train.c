@@ -289,6 +289,20 @@ static void test_train_nan_and_eval(void)
     /* untrained: near the uniform distribution's log(256) = 5.545 */
     CHECK(loss > 5.0 && loss < 6.5);
     CHECK_NEAR(ppl, exp(loss), 1e-12, 0);
+    /* eval_batches 0 = the whole stream (6 windows of 16 in 100 tokens) = a
+     * large enough explicit count, and differs from the first 2x2 windows */
+    train_t *t_all = NULL, *t_many = NULL;
+    train_config_t c_all = c, c_many = c;
+    c_all.eval_batches = 0;
+    c_many.eval_batches = 1000;
+    double l_all = 0, l_many = 0, p_unused;
+    CHECK(train_create(&c_all, m, tokens, n_train, val, n_val, &t_all) == BT_OK &&
+          train_eval(t_all, &l_all, &p_unused) == BT_OK);
+    CHECK(train_create(&c_many, m, tokens, n_train, val, n_val, &t_many) == BT_OK &&
+          train_eval(t_many, &l_many, &p_unused) == BT_OK);
+    CHECK(l_all == l_many && l_all != loss);
+    train_destroy(t_all);
+    train_destroy(t_many);
     int emb = model_param_find(m, "model.layers.0.mlp.up_proj.weight");
     REQUIRE(emb >= 0);
     ((float *)m->params[emb].t.data)[5] = NAN;
