@@ -71,6 +71,7 @@ typedef struct tcp_ep {
     int            fd;
     tcp_ep_state_t state;
     bool           is_server;
+    int            connect_err;  /* errno of a connect() that failed at once */
     ev_io          rio, wio;
     ev_timer       hs_timer;
 
@@ -680,9 +681,9 @@ static void tcp_rio_cb(struct ev_loop *loop, ev_io *w, int revents)
 
 static void tcp_connect_finish(tcp_ep_t *ep)
 {
-    int err = 0;
+    int err = ep->connect_err;
     socklen_t len = sizeof err;
-    if (getsockopt(ep->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    if (!err && getsockopt(ep->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
     if (err == EINPROGRESS || err == EALREADY) return;
     if (err != 0) {
         tcp_ep_fail(ep, BT_ERR_PEER_UNREACH, "connect: %s", strerror(err));
@@ -743,6 +744,16 @@ static void tcp_lio_cb(struct ev_loop *loop, ev_io *w, int revents)
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 log_error("tcp: accept on %s: %s", x->laddr, strerror(errno));
             break;
+        }
+        unsigned pending = 0;
+        for (tcp_ep_t *o = x->eps; o; o = o->next) pending += o->is_server && o->state != EP_OPEN;
+        if (pending >= XPORT_HS_PENDING_MAX) {
+            char who[XPORT_ADDR_MAX];
+            xport_sockaddr_format((struct sockaddr *)&ss, who, sizeof who);
+            log_warn("tcp: refusing %s on %s: %u peers already in their handshake", who, x->laddr,
+                     pending);
+            close(fd);
+            continue;
         }
         tcp_sock_tune(fd);
         tcp_ep_t *ep = tcp_ep_new(x, fd, true);
@@ -876,8 +887,8 @@ static bt_status_t tcp_connect(xport_t *base, const char *addr, xport_ep_t **out
     /* The outcome (even an immediate refusal) is reported from the watcher so
      * that connected() never runs inside connect(). */
     if (connect(fd, (struct sockaddr *)&ss, sl) != 0 && errno != EINPROGRESS) {
-        int err = errno;
-        log_debug("tcp: connect to %s: %s (reported from the loop)", addr, strerror(err));
+        ep->connect_err = errno; /* SO_ERROR will not repeat it */
+        log_debug("tcp: connect to %s: %s (reported from the loop)", addr, strerror(errno));
     }
     ep->state = EP_CONNECTING;
     ev_io_start(x->cfg.loop, &ep->wio);
