@@ -768,3 +768,22 @@ free_all:
     free(e);
     return st;
 }
+
+bt_status_t ckpt_hf_save_tp(const model_t *m, const char *dir)
+{
+    if (m->par.tp_size == 1) return ckpt_hf_save(m, dir);
+    if (!m->stage.has_embedding || !m->stage.has_head || m->stage.first_layer != 0 ||
+        m->stage.last_layer != m->cfg.num_layers) {
+        log_error("ckpt: HF export needs a whole model, not stage [%d,%d)", m->stage.first_layer,
+                  m->stage.last_layer);
+        return BT_ERR_INVALID;
+    }
+    model_t *full = NULL;
+    bt_status_t st = BT_OK;
+    /* only rank 0 holds the whole model; the others gather into scratch */
+    if (m->par.tp_rank == 0 && (st = model_create(&m->cfg, &m->stage, &full)) != BT_OK)
+        return st;
+    if ((st = model_tp_gather(m, false, full)) == BT_OK && full) st = ckpt_hf_save(full, dir);
+    model_destroy(full);
+    return st;
+}

@@ -36,5 +36,9 @@ bt_status_t ckpt_hf_load_tp(const char *dir, const model_stage_t *stage,
  * dir must exist. A TP share is refused: model_tp_gather into a tp_size-1
  * model first. */
 bt_status_t ckpt_hf_save(const model_t *m, const char *dir);
+/* Collective over m's TP group: gathers the whole tensors and TP rank 0
+ * writes them as ckpt_hf_save does (m a whole-model stage; the others only
+ * take part in the gather). Same as ckpt_hf_save at tp_size 1. */
+bt_status_t ckpt_hf_save_tp(const model_t *m, const char *dir);
 
 #endif

@@ -304,16 +304,15 @@ static bt_status_t layer_forward(model_t *m, model_acts_t *a, int li, int64_t B,
     kern_rope_fwd(&q4, &q4, &cos, &sin, &pos);
     kern_rope_fwd(&k4, &k4, &cos, &sin, &pos);
     kern_attention_fwd(&att4, &lse, &q4, &k4, &v4, scale, true, 0);
-    if ((st = row_parallel_fwd(m, a, &tmp, &att, x->o, x->o_bias, "o_proj output", layer)))
-        return st;
+    st = row_parallel_fwd(m, a, &tmp, &att, x->o, x->o_bias, "o_proj output", layer);
+    if (st != BT_OK) return st;
     kern_add(&mid, &res, &tmp);
     kern_rmsnorm_fwd(&ln2, &rstd2, &mid, P(m, x->post_norm), eps);
     kern_linear_fwd(&gate, &ln2, P(m, x->gate), P(m, x->gate_bias));
     kern_linear_fwd(&up, &ln2, P(m, x->up), P(m, x->up_bias));
     kern_swiglu_fwd(&h, &gate, &up);
-    if ((st = row_parallel_fwd(m, a, &tmp, &h, x->down, x->down_bias, "down_proj output",
-                               layer)))
-        return st;
+    st = row_parallel_fwd(m, a, &tmp, &h, x->down, x->down_bias, "down_proj output", layer);
+    if (st != BT_OK) return st;
     kern_add(&res_next, &mid, &tmp);
     return BT_OK;
 }
@@ -365,9 +364,8 @@ static bt_status_t layer_backward(model_t *m, model_acts_t *a, int li, int64_t B
     kern_zero(&dln);
     kern_linear_bwd(&dln, G(m, x->gate), G(m, x->gate_bias), &dgate, &ln2, P(m, x->gate));
     kern_linear_bwd(&dln, G(m, x->up), G(m, x->up_bias), &dup, &ln2, P(m, x->up));
-    if ((st = tp_all_reduce(m, a->dln, (size_t)(N * C), COLL_SUM, "d post_attention_layernorm",
-                            layer)))
-        return st;
+    st = tp_all_reduce(m, a->dln, (size_t)(N * C), COLL_SUM, "d post_attention_layernorm", layer);
+    if (st != BT_OK) return st;
     kern_rmsnorm_bwd(&dres, G(m, x->post_norm), &dln, &mid, P(m, x->post_norm), &rstd2);
 
     /* attention: mid = res_l + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))) */
@@ -385,8 +383,8 @@ static bt_status_t layer_backward(model_t *m, model_acts_t *a, int li, int64_t B
     kern_linear_bwd(&dln, G(m, x->q), G(m, x->q_bias), &dqr, &ln1, P(m, x->q));
     kern_linear_bwd(&dln, G(m, x->k), G(m, x->k_bias), &dkr, &ln1, P(m, x->k));
     kern_linear_bwd(&dln, G(m, x->v), G(m, x->v_bias), &dv, &ln1, P(m, x->v));
-    if ((st = tp_all_reduce(m, a->dln, (size_t)(N * C), COLL_SUM, "d input_layernorm", layer)))
-        return st;
+    st = tp_all_reduce(m, a->dln, (size_t)(N * C), COLL_SUM, "d input_layernorm", layer);
+    if (st != BT_OK) return st;
     kern_rmsnorm_bwd(&dres, G(m, x->input_norm), &dln, &res, P(m, x->input_norm), &rstd1);
     return BT_OK;
 }
@@ -558,8 +556,8 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
          * sum over the group is the lookup */
         tensor_t ids = tensor_1d(a->ids, DT_I32, N);
         kern_embedding_fwd(&res0, P(m, m->embed), &ids, m->vocab_start);
-        if ((st = tp_all_reduce(m, a->res, (size_t)(N * C), COLL_SUM, "the embedding", -1)))
-            return st;
+        st = tp_all_reduce(m, a->res, (size_t)(N * C), COLL_SUM, "the embedding", -1);
+        if (st != BT_OK) return st;
     } else {
         memcpy(a->res, x_in, (size_t)(N * C) * sizeof(float));
     }

@@ -17,7 +17,8 @@
  *    (last stage). Layer tensors keep their GLOBAL layer index in their names.
  *    With tied embeddings a head stage without the embedding holds its own
  *    copy named "model.embed_tokens.weight" (the distributed code sums the two
- *    gradients); a stage with both uses the one view for both.
+ *    gradients, between the stages' ranks of the same TP rank: both hold the
+ *    same vocabulary slice); a stage with both uses the one view for both.
  *
  * Running a batch: a batch is B rows of T tokens; rows shorter than T are
  * right-padded (any valid id) with target -100, which is exact because
@@ -226,7 +227,9 @@ int model_param_find(const model_t *m, const char *name);
 
 bt_status_t model_grads_alloc(model_t *m); /* allocates (zeroed) if absent */
 void        model_grads_zero(model_t *m);
-double      model_grads_sumsq(const model_t *m); /* sum of squares over all grads */
+/* Sum of squares over all of m's grads (a TP share's replicated gradients
+ * included: use model_grads_sumsq_unique for a global norm under TP). */
+double      model_grads_sumsq(const model_t *m);
 /* This TP rank's share of the gradient sum of squares: sharded gradients in
  * full, replicated ones only on tp_rank 0. Summed over the TP group (and
  * over pipeline stages) it is the global squared norm, each element counted

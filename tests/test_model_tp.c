@@ -194,6 +194,7 @@ static void tp_batch_make(tp_batch_t *b, int64_t vocab)
 typedef struct {
     const char *name;
     char dir[256];        /* HF directory both the reference and the TP ranks load */
+    char export_dir[64];  /* where ckpt_hf_save_tp writes */
     int tp;
     bool staged;          /* also run as two pipeline stages */
     unsigned timeout_ms;
@@ -261,7 +262,6 @@ static int tp_body_equivalence(coll_comm_t *c, void *arg)
 {
     const tp_case_t *tc = arg;
     int fails = 0;
-    kern_cpu_set_threads(1);
     model_parallel_t par = {.tp_rank = c->rank, .tp_size = c->size, .tp_comm = c};
     model_t *ref = NULL, *m = NULL, *full = NULL;
     model_acts_t *ra = NULL, *a = NULL;
@@ -313,6 +313,9 @@ static int tp_body_equivalence(coll_comm_t *c, void *arg)
     RANK_CHECK(coll_all_reduce(c, &sq, 1, DT_F64, COLL_SUM) == BT_OK &&
                fabs(sq - sq_ref) <= GRAD_RTOL * sq_ref,
                "gradient sumsq over the group %.9g vs %.9g", sq, sq_ref);
+
+    /* export: TP rank 0 writes the gathered model (checked by the caller) */
+    RANK_CHECK(ckpt_hf_save_tp(m, tc->export_dir) == BT_OK, "ckpt_hf_save_tp failed");
 
     /* inference with whole-vocabulary logits gathered */
     int64_t N = b.B * b.T, V = ref->cfg.vocab_size;
@@ -459,14 +462,36 @@ static model_config_t cfg_tied_uneven(void)
 
 /* ---- cases --------------------------------------------------------------------- */
 
+/* The export in tc->export_dir holds exactly the tensors of tc->dir. */
+static void tp_export_check(const tp_case_t *tc, const char *how)
+{
+    model_t *src = NULL, *exp = NULL;
+    bool ok = ckpt_hf_load(tc->dir, NULL, &src) == BT_OK &&
+              ckpt_hf_load(tc->export_dir, NULL, &exp) == BT_OK && src->n_params == exp->n_params;
+    CHECK_MSG(ok, "%s TP=%d %s: export not loadable", tc->name, tc->tp, how);
+    for (int i = 0; ok && i < src->n_params; i++)
+        CHECK_MSG(!strcmp(src->params[i].name, exp->params[i].name) &&
+                  !memcmp(src->params[i].t.data, exp->params[i].t.data,
+                          tensor_nbytes(&src->params[i].t)),
+                  "%s TP=%d %s: exported %s differs", tc->name, tc->tp, how, src->params[i].name);
+    model_destroy(exp);
+    model_destroy(src);
+    tp_dir_remove(tc->export_dir);
+    mkdir(tc->export_dir, 0700);
+}
+
 static void tp_equivalence(const char *name, const char *dir, int tp, bool staged)
 {
     tp_case_t tc = {.name = name, .tp = tp, .staged = staged};
     snprintf(tc.dir, sizeof tc.dir, "%s", dir);
+    snprintf(tc.export_dir, sizeof tc.export_dir, "/tmp/baton-tp-export-XXXXXX");
+    REQUIRE(mkdtemp(tc.export_dir) != NULL);
     memset(g_worst_loss, 0, sizeof g_worst_loss);
     memset(g_worst_grad, 0, sizeof g_worst_grad);
+    kern_cpu_set_threads(1); /* ranks share the 2 cores; forked ranks inherit it */
     int f = tp_run_threads(tp, tp_body_equivalence, &tc);
     CHECK_MSG(f == 0, "%s TP=%d over inproc threads: %d failures", name, tp, f);
+    tp_export_check(&tc, "threads");
     double wl = 0, wg = 0;
     for (int r = 0; r < tp; r++) {
         wl = fmax(wl, g_worst_loss[r]);
@@ -474,6 +499,8 @@ static void tp_equivalence(const char *name, const char *dir, int tp, bool stage
     }
     f = tp_run_procs(tp, 20000, tp_body_equivalence, &tc);
     CHECK_MSG(f == 0, "%s TP=%d over tcp processes: %d failures", name, tp, f);
+    tp_export_check(&tc, "processes");
+    tp_dir_remove(tc.export_dir);
     fprintf(stderr, "  %s TP=%d: worst loss rel err %.2g, worst gradient rel err %.2g "
             "(inproc threads; tcp processes checked against the same bounds)\n",
             name, tp, wl, wg);
@@ -620,7 +647,8 @@ static void expect_create_error(const char *dir, const model_config_t *cfg,
     tp_capture_t cap;
     model_t *m = NULL;
     capture_begin(&cap);
-    bt_status_t st = dir ? ckpt_hf_load_tp(dir, NULL, par, &m) : model_create_tp(cfg, NULL, par, &m);
+    bt_status_t st = dir ? ckpt_hf_load_tp(dir, NULL, par, &m)
+                         : model_create_tp(cfg, NULL, par, &m);
     char *msg = capture_end(&cap);
     CHECK_MSG(st == BT_ERR_INVALID, "%s: status %s", want, bt_status_str(st));
     CHECK_MSG(strstr(msg, want) != NULL, "message does not say '%s': %s", want, msg);
