@@ -509,7 +509,7 @@ static unsigned xport_kinds(const job_t *job)
 
 /* The validation rows of the job, as the single-process train_eval takes
  * them: consecutive (unshuffled) windows of the validation stream, at most
- * eval_batches microbatches of micro_batch rows. *has: whether there are any. */
+ * eval_batches microbatches of micro_batch rows (eval_batches 0: all). *has: whether there are any. */
 static bt_status_t eval_rows_prepare(const job_t *job, const char *run_dir, bool *has)
 {
     int32_t *all = NULL, *valbuf = NULL;
@@ -526,8 +526,8 @@ static bt_status_t eval_rows_prepare(const job_t *job, const char *run_dir, bool
             return st;
     }
     int64_t n_windows = n_val > T ? (n_val - 1) / T : 0;
-    int64_t rows = job->train.eval_batches * job->train.micro_batch;
-    if (rows > n_windows) rows = n_windows;
+    int64_t rows = job->train.eval_batches * job->train.micro_batch; /* 0: all windows */
+    if (rows > n_windows || job->train.eval_batches == 0) rows = n_windows;
     if (rows > 0) {
         int32_t *ids = malloc((size_t)(rows * T) * sizeof *ids);
         int32_t *tg = malloc((size_t)(rows * T) * sizeof *tg);
