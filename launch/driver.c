@@ -568,13 +568,6 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         fprintf(stderr, "baton run: %s: %s\n", job->path, err);
         return 1;
     }
-    for (int e = 0; e < JOB_EDGE_COUNT; e++)
-        if (job->transport[e] == JOB_XPORT_INPROC) {
-            fprintf(stderr, "baton run: %s: transport.%s: inproc links threads of one process; "
-                            "ranks are processes (use tcp, ucx or auto)\n", job->path,
-                    job_edge_name((job_edge_t)e));
-            return 1;
-        }
     bool local = true;
     for (int h = 0; h < job->n_hosts; h++)
         local &= !strcmp(job->hosts[h], "local") || !strcmp(job->hosts[h], "localhost") ||

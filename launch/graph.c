@@ -29,6 +29,12 @@ bt_status_t graph_build(const job_t *job, graph_t *g, char *err, size_t errlen)
         return BT_ERR_INVALID;
     }
     g->world = g->tp * g->pp * g->dp;
+    for (int e = 0; e < JOB_EDGE_COUNT; e++)
+        if (g->world > 1 && job->transport[e] == JOB_XPORT_INPROC) {
+            snprintf(err, errlen, "transport.%s: inproc links threads of one process, but every "
+                     "rank is a process of its own (use tcp, ucx or auto)", job_edge_name((job_edge_t)e));
+            return BT_ERR_INVALID;
+        }
     if (g->n_vstages > GRAPH_MAX_VSTAGES) {
         snprintf(err, errlen, "parallel: %d virtual stages; at most %d", g->n_vstages,
                  GRAPH_MAX_VSTAGES);

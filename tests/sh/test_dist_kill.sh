@@ -32,7 +32,41 @@ done
 [ "$(wc -l < "$tmp/m.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && pass kill_job_running || fail kill_job_running "$(tail -5 "$tmp/out.txt")"
 workers=$(pgrep -P "$driver" | tr '\n' ' ')
 victim=$(pgrep -P "$driver" -f -- '--rank 3$')
-if [ -z "$victim" ]; then fail kill_find_rank "no rank 3 among children ($workers)"; exit 0; fi
+if [ -z "$victim" ]; then fail kill_find_rank "no rank 3 among children ($workers)"; 
+# A frozen rank (SIGSTOP: alive, links open, silent): the heartbeat check
+# names it; with a long heartbeat timeout the step watchdog does.
+frozen() { # name, env..., expected text
+    local name=$1 want=$2; shift 2
+    rm -f "$tmp/m.jsonl"
+    env "$@" "$BATON" run "$tmp/job.yaml" > "$tmp/out2.txt" 2>&1 &
+    driver=$!
+    for _ in $(seq 1 100); do
+        [ -s "$tmp/m.jsonl" ] && [ "$(wc -l < "$tmp/m.jsonl")" -ge 3 ] && break
+        sleep 0.1
+    done
+    local ws v
+    ws=$(pgrep -P "$driver" | tr '\n' ' ')
+    v=$(pgrep -P "$driver" -f -- '--rank 2$')
+    [ -n "$v" ] && kill -STOP "$v"
+    local t0 t1 rc
+    t0=$(date +%s.%N)
+    wait "$driver"; rc=$?
+    t1=$(date +%s.%N)
+    driver=
+    local secs
+    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+    echo "$name: driver exited $rc after $secs s"
+    if [ -n "$v" ] && [ "$rc" -ne 0 ] && grep -q -- "$want" "$tmp/out2.txt" && awk -v s="$secs" 'BEGIN { exit !(s < 8) }'; then
+        pass "$name"; else fail "$name" "rc $rc, $secs s: $(grep 'job failed' "$tmp/out2.txt")"; fi
+    sleep 0.2
+    local left=""
+    for p in $ws; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
+    [ -z "$left" ] && pass "${name}_no_orphans" || { fail "${name}_no_orphans" "still running:$left"; kill -9 $left 2>/dev/null; }
+}
+frozen heartbeat_names_rank "job failed: rank 2 (pid [0-9]*, host local, tp=0 dp=0 pp=1): no heartbeat for" \
+    BATON_HEARTBEAT_TIMEOUT=1
+frozen step_watchdog "did not finish within 1 s (step watchdog" BATON_HEARTBEAT_TIMEOUT=60 BATON_STEP_TIMEOUT=1
+exit 0; fi
 t0=$(date +%s.%N)
 kill -9 "$victim"
 wait "$driver"; rc=$?
@@ -53,4 +87,38 @@ for d in /tmp/baton-run-*; do
     [ -d "$d" ] && grep -qs "$tmp" "$d/job.yaml" && stale="$stale $d"
 done
 [ -z "$stale" ] && pass kill_run_dir_removed || fail kill_run_dir_removed "$stale"
+
+# A frozen rank (SIGSTOP: alive, links open, silent): the heartbeat check
+# names it; with a long heartbeat timeout the step watchdog does.
+frozen() { # name, env..., expected text
+    local name=$1 want=$2; shift 2
+    rm -f "$tmp/m.jsonl"
+    env "$@" "$BATON" run "$tmp/job.yaml" > "$tmp/out2.txt" 2>&1 &
+    driver=$!
+    for _ in $(seq 1 100); do
+        [ -s "$tmp/m.jsonl" ] && [ "$(wc -l < "$tmp/m.jsonl")" -ge 3 ] && break
+        sleep 0.1
+    done
+    local ws v
+    ws=$(pgrep -P "$driver" | tr '\n' ' ')
+    v=$(pgrep -P "$driver" -f -- '--rank 2$')
+    [ -n "$v" ] && kill -STOP "$v"
+    local t0 t1 rc
+    t0=$(date +%s.%N)
+    wait "$driver"; rc=$?
+    t1=$(date +%s.%N)
+    driver=
+    local secs
+    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+    echo "$name: driver exited $rc after $secs s"
+    if [ -n "$v" ] && [ "$rc" -ne 0 ] && grep -q -- "$want" "$tmp/out2.txt" && awk -v s="$secs" 'BEGIN { exit !(s < 8) }'; then
+        pass "$name"; else fail "$name" "rc $rc, $secs s: $(grep 'job failed' "$tmp/out2.txt")"; fi
+    sleep 0.2
+    local left=""
+    for p in $ws; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
+    [ -z "$left" ] && pass "${name}_no_orphans" || { fail "${name}_no_orphans" "still running:$left"; kill -9 $left 2>/dev/null; }
+}
+frozen heartbeat_names_rank "job failed: rank 2 (pid [0-9]*, host local, tp=0 dp=0 pp=1): no heartbeat for" \
+    BATON_HEARTBEAT_TIMEOUT=1
+frozen step_watchdog "did not finish within 1 s (step watchdog" BATON_HEARTBEAT_TIMEOUT=60 BATON_STEP_TIMEOUT=1
 exit 0

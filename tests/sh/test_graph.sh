@@ -56,4 +56,6 @@ bad graph_too_many_stages "parallel.pp: 5 pipeline stages (pp 5 x virtual_stages
 bad graph_tp_heads "parallel.tp: tp 3 does not divide 4 attention heads" --set parallel.tp=3
 bad graph_split_entries "parallel.split: 3 entries, but there are 2 stages" --set parallel.split=[2,1,1]
 bad graph_microbatches "microbatches cannot fill 2 pipeline stages" --set train.grad_accum=1
+bad graph_inproc_refused "transport.tensor_parallel: inproc links threads of one process" \
+    --set transport.tensor_parallel=inproc
 exit 0
