@@ -1,6 +1,8 @@
 #include "launch/driver.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
@@ -433,6 +435,88 @@ static const actor_class_t driver_class = {
     .start = drv_start,
 };
 
+/* ---- signals ------------------------------------------------------------------- */
+
+/* SIGINT/SIGTERM: a handler (on whatever thread the kernel picks; OpenBLAS
+ * and libev threads exist already, so blocking the signals is no option)
+ * writes the signal number into a pipe; a thread reads it and hands it to
+ * the driver actor's loop. The job then fails like any other failure (STOP
+ * to every rank, reap, remove the run directory) instead of dying with its
+ * run directory left behind. */
+typedef struct {
+    pthread_t        thread;
+    int              pipe[2];
+    struct sigaction old_int, old_term;
+    actor_loop_t    *loop;
+    driver_t        *d;
+} drv_signals_t;
+
+static int drv_signal_fd = -1;
+
+static void drv_signal_handler(int sig)
+{
+    int saved = errno;
+    unsigned char b = (unsigned char)sig;
+    if (drv_signal_fd >= 0 && write(drv_signal_fd, &b, 1) < 0) {}
+    errno = saved;
+}
+
+static void drv_on_signal(void *arg)
+{
+    drv_signals_t *sg = arg;
+    if (sg->d->a.state != ACTOR_RUNNING) { /* not started yet: nothing to tell the ranks */
+        actor_router_stop_request(sg->d->rt, BT_ERR_CANCELED);
+        return;
+    }
+    fail(sg->d, BT_ERR_CANCELED, -1, "interrupted by a signal");
+}
+
+static void *drv_signal_main(void *arg)
+{
+    drv_signals_t *sg = arg;
+    unsigned char b;
+    for (;;) {
+        ssize_t n = read(sg->pipe[0], &b, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0 || b == 0) return NULL; /* 0: drv_signals_stop */
+        actor_loop_post_fn(sg->loop, drv_on_signal, sg);
+    }
+}
+
+static bt_status_t drv_signals_start(drv_signals_t *sg, actor_loop_t *loop, driver_t *d)
+{
+    sg->loop = loop;
+    sg->d = d;
+    if (pipe2(sg->pipe, O_CLOEXEC)) {
+        log_error("driver: pipe: %s", strerror(errno));
+        return BT_ERR_IO;
+    }
+    if (pthread_create(&sg->thread, NULL, drv_signal_main, sg)) {
+        close(sg->pipe[0]);
+        close(sg->pipe[1]);
+        log_error("driver: cannot start the signal thread");
+        return BT_ERR_NOMEM;
+    }
+    drv_signal_fd = sg->pipe[1];
+    struct sigaction sa = {.sa_handler = drv_signal_handler};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &sg->old_int);
+    sigaction(SIGTERM, &sa, &sg->old_term);
+    return BT_OK;
+}
+
+static void drv_signals_stop(drv_signals_t *sg)
+{
+    sigaction(SIGINT, &sg->old_int, NULL);
+    sigaction(SIGTERM, &sg->old_term, NULL);
+    unsigned char zero = 0;
+    if (write(sg->pipe[1], &zero, 1) < 0) {}
+    pthread_join(sg->thread, NULL);
+    drv_signal_fd = -1;
+    close(sg->pipe[0]);
+    close(sg->pipe[1]);
+}
+
 /* ---- run directory ---------------------------------------------------------- */
 
 static bt_status_t file_write(const char *dir, const char *name, const void *data, size_t n,
@@ -695,7 +779,9 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
             log_warn("trace.dir: cannot trace into %s; the driver runs untraced", job->trace_dir);
         trace_actor_name(ACTOR_ADDR(g.world, GRAPH_SLOT_DRIVER), "driver");
     }
-    if (spawn_workers(run_dir, secret_path, g.world, &procs)) goto close_metrics;
+    static drv_signals_t sig;
+    if (drv_signals_start(&sig, loop, &d)) goto close_metrics;
+    if (spawn_workers(run_dir, secret_path, g.world, &procs)) goto stop_signals;
     actor_router_supervisor_set(rt, ACTOR_ADDR(g.world, GRAPH_SLOT_DRIVER));
     if (actor_register(rt, &d.a, &driver_class, loop, "driver", GRAPH_SLOT_DRIVER)) goto stop_procs;
 
@@ -728,6 +814,8 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     }
 stop_procs:
     if (procs.procs) spawn_stop(&procs, 0.5, NULL);
+stop_signals:
+    drv_signals_stop(&sig);
 close_metrics:
     if (d.metrics) fclose(d.metrics);
 destroy_router:

@@ -41,6 +41,11 @@ bt_status_t spawn_workers(const char *run_dir, const char *secret_file, int n, s
              * that died before prctl. */
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             if (getppid() != parent) _exit(127);
+            /* the driver blocks SIGINT/SIGTERM for its signal thread; a
+             * worker gets the default dispositions back */
+            sigset_t none;
+            sigemptyset(&none);
+            sigprocmask(SIG_SETMASK, &none, NULL);
             char rank[16];
             snprintf(rank, sizeof rank, "%d", r);
             setenv("BATON_SECRET_FILE", secret_file, 1);

@@ -33,6 +33,27 @@ done
 workers=$(pgrep -P "$driver" | tr '\n' ' ')
 victim=$(pgrep -P "$driver" -f -- '--rank 3$')
 if [ -z "$victim" ]; then fail kill_find_rank "no rank 3 among children ($workers)"; 
+# SIGTERM to the driver: the job stops as for a failure, every worker is
+# reaped and the run directory removed.
+rm -f "$tmp/m.jsonl"
+"$BATON" run "$tmp/job.yaml" > "$tmp/out3.txt" 2>&1 &
+driver=$!
+for _ in $(seq 1 100); do
+    [ -s "$tmp/m.jsonl" ] && [ "$(wc -l < "$tmp/m.jsonl")" -ge 3 ] && break
+    sleep 0.1
+done
+workers=$(pgrep -P "$driver" | tr '\n' ' ')
+kill -TERM "$driver"
+wait "$driver"; rc=$?
+driver=
+sleep 0.2
+left=""
+for p in $workers; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
+stale=""
+for d in /tmp/baton-run-*; do [ -d "$d" ] && grep -qs "$tmp" "$d/job.yaml" && stale="$stale $d"; done
+if [ "$rc" -ne 0 ] && [ -n "$workers" ] && [ -z "$left" ] && [ -z "$stale" ] && grep -q "interrupted by a signal" "$tmp/out3.txt"; then
+    pass sigterm_stops_job; else fail sigterm_stops_job "rc $rc, left:$left, stale:$stale"; fi
+
 # A frozen rank (SIGSTOP: alive, links open, silent): the heartbeat check
 # names it; with a long heartbeat timeout the step watchdog does.
 frozen() { # name, env..., expected text
@@ -87,6 +108,27 @@ for d in /tmp/baton-run-*; do
     [ -d "$d" ] && grep -qs "$tmp" "$d/job.yaml" && stale="$stale $d"
 done
 [ -z "$stale" ] && pass kill_run_dir_removed || fail kill_run_dir_removed "$stale"
+
+# SIGTERM to the driver: the job stops as for a failure, every worker is
+# reaped and the run directory removed.
+rm -f "$tmp/m.jsonl"
+"$BATON" run "$tmp/job.yaml" > "$tmp/out3.txt" 2>&1 &
+driver=$!
+for _ in $(seq 1 100); do
+    [ -s "$tmp/m.jsonl" ] && [ "$(wc -l < "$tmp/m.jsonl")" -ge 3 ] && break
+    sleep 0.1
+done
+workers=$(pgrep -P "$driver" | tr '\n' ' ')
+kill -TERM "$driver"
+wait "$driver"; rc=$?
+driver=
+sleep 0.2
+left=""
+for p in $workers; do kill -0 "$p" 2>/dev/null && left="$left $p"; done
+stale=""
+for d in /tmp/baton-run-*; do [ -d "$d" ] && grep -qs "$tmp" "$d/job.yaml" && stale="$stale $d"; done
+if [ "$rc" -ne 0 ] && [ -n "$workers" ] && [ -z "$left" ] && [ -z "$stale" ] && grep -q "interrupted by a signal" "$tmp/out3.txt"; then
+    pass sigterm_stops_job; else fail sigterm_stops_job "rc $rc, left:$left, stale:$stale"; fi
 
 # A frozen rank (SIGSTOP: alive, links open, silent): the heartbeat check
 # names it; with a long heartbeat timeout the step watchdog does.
