@@ -59,10 +59,11 @@ actor_msg_t *actor_msg_new(uint32_t type)
 {
     actor_msg_t *m = malloc(sizeof *m);
     if (!m) return NULL;
-    /* The tensor descriptor array is large and written as tensors are added:
-     * zero only the header of the envelope. */
+    /* The descriptor and view arrays (2.5 KB) are written as tensors are
+     * added and read only below ntensors: zero everything else. */
     memset(m, 0, offsetof(actor_msg_t, env) + offsetof(wire_env_t, tensors));
-    memset((char *)m + offsetof(actor_msg_t, body), 0, sizeof *m - offsetof(actor_msg_t, body));
+    memset(&m->body, 0, sizeof m->body);
+    memset((char *)m + offsetof(actor_msg_t, sys), 0, sizeof *m - offsetof(actor_msg_t, sys));
     m->env.ver = WIRE_VERSION;
     m->env.type = type;
     m->env.step = -1;

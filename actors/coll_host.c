@@ -87,6 +87,7 @@ typedef struct coll_host {
     size_t          seg_bytes;
     int             sends_pending;
     ev_timer        timer;
+    ev_timer        poll;         /* progress tick while a call waits */
     uint8_t        *stage;        /* reduction staging (reduce-scatter work) */
     size_t          stage_cap;
 } coll_host_t;
@@ -186,11 +187,30 @@ static void coll_progress_mark(coll_host_t *c)
     ev_timer_again(c->loop, &c->timer);
 }
 
-/* Run the private loop once (blocks until some event or the timeout). */
+static void coll_poll_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    coll_host_t *c = w->data;
+    (void)loop; (void)revents;
+    xport_progress(c->x);
+}
+
+/* Wait for the next event. The calling thread is a compute thread with
+ * nothing else to do, so it first spins on the transport's progress for a
+ * few microseconds (a reply often arrives within them), then sleeps in the
+ * loop with a 1 ms progress tick. The tick is not an optimisation: a
+ * transport whose wake-up fd can miss an event (UCX's shared-memory path was
+ * seen to, leaving two ranks asleep in different collectives) is still
+ * progressed, so a collective can be slow but never silently stuck. */
 static bt_status_t coll_wait_once(coll_host_t *c)
 {
     if (c->failed) return c->failed;
     if (!ev_is_active(&c->timer)) ev_timer_again(c->loop, &c->timer);
+    for (int i = 0; i < 64; i++)
+        if (xport_progress(c->x) > 0) {
+            ev_run(c->loop, EVRUN_NOWAIT);
+            return c->failed;
+        }
+    if (!ev_is_active(&c->poll)) ev_timer_start(c->loop, &c->poll);
     ev_run(c->loop, EVRUN_ONCE);
     return c->failed;
 }
@@ -428,6 +448,7 @@ static bt_status_t coll_end(coll_host_t *c)
 {
     bt_status_t st = coll_wait_sends(c);
     ev_timer_stop(c->loop, &c->timer);
+    ev_timer_stop(c->loop, &c->poll);
     return st;
 }
 
@@ -627,6 +648,7 @@ static void coll_host_destroy(coll_comm_t *comm)
         }
     }
     ev_timer_stop(c->loop, &c->timer);
+    ev_timer_stop(c->loop, &c->poll);
     if (c->x) xport_destroy(c->x);
     /* let deferred completions (canceled sends) run before the loop goes */
     while (c->sends_pending > 0 && ev_run(c->loop, EVRUN_NOWAIT)) {}
@@ -679,6 +701,8 @@ bt_status_t coll_host_open(const coll_host_config_t *cfg, coll_comm_t **out, cha
     ev_init(&c->timer, coll_timer_cb);
     c->timer.repeat = c->timeout_ms / 1000.0;
     c->timer.data = c;
+    ev_timer_init(&c->poll, coll_poll_cb, 0.001, 0.001);
+    c->poll.data = c;
 
     char inproc_name[64];
     const char *listen = cfg->listen_addr;
@@ -750,5 +774,6 @@ bt_status_t coll_host_connect(coll_comm_t *comm, const char *const *addrs)
         }
     }
     ev_timer_stop(c->loop, &c->timer);
+    ev_timer_stop(c->loop, &c->poll);
     return BT_OK;
 }

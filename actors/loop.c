@@ -3,6 +3,7 @@
 #include <assert.h>
 #include <ev.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +15,9 @@
 #define LOOP_MAX_POLLERS 8
 /* How long one busy-poll round spins before handing control back to libev
  * (so that timers, fds and the inbox get their turn). */
-#define LOOP_SPIN_ROUND_NS 20000ull
+#define LOOP_SPIN_ROUND_NS 50000ull
+/* Empty polls between two sched_yield() calls while spinning. */
+#define LOOP_SPIN_YIELD_EVERY 64u
 
 typedef struct {
     actor_loop_poll_fn fn;
@@ -145,16 +148,26 @@ static void loop_spin_cb(struct ev_loop *ev, ev_idle *w, int revents)
     if (l->npollers > 0 && l->busy_us > 0) {
         uint64_t now = clock_now_ns();
         uint64_t round_end = now + LOOP_SPIN_ROUND_NS;
+        /* Events handled here (the pollers run the receive callbacks and the
+         * handlers inline) cost no epoll round; control goes back to libev
+         * once per round so that timers and other fds get their turn. */
+        unsigned idle = 0;
         while (now < l->busy_until_ns) {
             int got = 0;
             for (int i = 0; i < l->npollers; i++) got += l->pollers[i].fn(l->pollers[i].arg);
             atomic_fetch_add_explicit(&l->n_spins, 1, memory_order_relaxed);
+            if (l->lq_head) loop_local_drain(l);
             now = clock_now_ns();
             if (got > 0) {
                 l->busy_until_ns = now + (uint64_t)l->busy_us * 1000u;
-                return; /* let libev run the local queue and the other watchers */
+                idle = 0;
+            } else if (++idle % LOOP_SPIN_YIELD_EVERY == 0) {
+                /* With more runnable threads than cores the peer we wait
+                 * for may need this core; on an idle core this returns at
+                 * once. */
+                sched_yield();
             }
-            if (l->lq_head || now >= round_end) return;
+            if (now >= round_end || l->stopping) return;
             /* A post from another thread would otherwise wait for epoll. */
             if (__atomic_load_n(&l->in_head, __ATOMIC_RELAXED))
                 return;

@@ -192,8 +192,16 @@ static void edge_fail(edge_t *e, bt_status_t why, const char *text, bool close_e
 {
     if (e->failed) return;
     char where[XPORT_ADDR_MAX + 16];
-    log_error("rank %u: link to rank %u (%s) failed: %s: %s", e->rt->cfg.rank, e->rank,
-              edge_where(e, where, sizeof where), bt_status_str(why), text);
+    pthread_mutex_lock(&e->rt->mu);
+    bool stopping = e->rt->stop_req;
+    pthread_mutex_unlock(&e->rt->mu);
+    /* A peer that closes while we stop anyway is the normal end of a job. */
+    if (stopping && why == BT_ERR_PEER_CLOSED)
+        log_info("rank %u: link to rank %u (%s) closed during stop", e->rt->cfg.rank, e->rank,
+                 edge_where(e, where, sizeof where));
+    else
+        log_error("rank %u: link to rank %u (%s) failed: %s: %s", e->rt->cfg.rank, e->rank,
+                  edge_where(e, where, sizeof where), bt_status_str(why), text);
     router_report(e->rt, e, why, text);
     if (close_ep && e->ep) xport_close(e->ep);
     e->ep = NULL;
@@ -962,6 +970,9 @@ static void router_barrier(actor_router_t *rt)
 void actor_router_destroy(actor_router_t *rt)
 {
     if (!rt) return;
+    /* it waits on every loop of rt: calling it from one of them would hang */
+    assert(!on_io(rt));
+    for (int i = 0; i < rt->nloops; i++) assert(!actor_loop_is_current(rt->loops[i]));
     /* 1. stop hooks, each on its actor's loop */
     for (uint32_t s = 0; s < ACTOR_ROUTER_MAX_SLOTS; s++) {
         actor_t *a = atomic_load(&rt->slots[s]);

@@ -206,6 +206,7 @@ typedef struct {
  * with complete = false and a warning. */
 bt_status_t trace_dir_load(const char *dir, trace_set_t *set, char *err, size_t err_cap);
 bt_status_t trace_file_load(const char *path, trace_file_t *f, char *err, size_t err_cap);
+void        trace_file_free(trace_file_t *f);
 void        trace_set_free(trace_set_t *set);
 
 /* Chrome trace-event JSON: one process (pid = rank) per file, one track

@@ -51,7 +51,7 @@ static bool trace_str_put(char ***table, uint32_t *n, uint32_t id, const char *s
     return true;
 }
 
-static void trace_file_free(trace_file_t *f)
+void trace_file_free(trace_file_t *f)
 {
     free(f->path);
     free(f->recs);
@@ -430,6 +430,28 @@ static void trace_json_str(FILE *out, const char *s)
     fputc('"', out);
 }
 
+/* ns as microseconds with 3 decimals ("12.345"), without printf's floating
+ * point (most of the merge time otherwise). buf needs 32 bytes. */
+static const char *trace_us_str(char *buf, uint64_t ns)
+{
+    char tmp[24];
+    int n = 0;
+    uint64_t us = ns / 1000;
+    do {
+        tmp[n++] = (char)('0' + us % 10);
+        us /= 10;
+    } while (us);
+    int k = 0;
+    while (n) buf[k++] = tmp[--n];
+    unsigned frac = (unsigned)(ns % 1000);
+    buf[k++] = '.';
+    buf[k++] = (char)('0' + frac / 100);
+    buf[k++] = (char)('0' + frac / 10 % 10);
+    buf[k++] = (char)('0' + frac % 10);
+    buf[k] = '\0';
+    return buf;
+}
+
 /* Track of an event: one per (actor, span kind); messages and handler spans
  * share the actor's main track. */
 static uint64_t trace_tid(actor_addr_t a, unsigned kind)
@@ -497,7 +519,8 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
             unsigned kind = r->ev == TRACE_EV_SPAN ? r->kind : TRACE_SPAN_HANDLER;
             uint64_t tid = trace_tid(r->actor, kind);
             tracks[ntracks++] = (trace_track_t){.pid = f->rank, .tid = tid, .actor = r->actor, .kind = kind};
-            double ts = (double)(r->t0 - t_min) / 1e3;
+            char ts[32], dur[32];
+            trace_us_str(ts, r->t0 - t_min);
             const char *tname = msg_type_name(r->msg_type);
             trace_json_sep(out, &first);
             switch (r->ev) {
@@ -505,10 +528,10 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
                 const char *name = trace_name_of(f, r->name_id);
                 fputs("{\"ph\":\"X\",\"name\":", out);
                 trace_json_str(out, name ? name : r->msg_type == 0xffff ? trace_kind_names[r->kind] : tname);
-                fprintf(out, ",\"cat\":\"%s\",\"pid\":%u,\"tid\":%llu,\"ts\":%.3f,\"dur\":%.3f,"
+                fprintf(out, ",\"cat\":\"%s\",\"pid\":%u,\"tid\":%llu,\"ts\":%s,\"dur\":%s,"
                         "\"args\":{\"step\":%lld,\"mb\":%d,\"msg\":\"%s\"}}",
                         trace_kind_names[r->kind], f->rank, (unsigned long long)tid, ts,
-                        (double)(r->t1 - r->t0) / 1e3, (long long)r->step, (int)r->mb,
+                        trace_us_str(dur, r->t1 - r->t0), (long long)r->step, (int)r->mb,
                         r->msg_type == 0xffff ? "" : tname);
                 break;
             }
@@ -516,7 +539,7 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
             case TRACE_EV_RECV: {
                 bool send = r->ev == TRACE_EV_SEND;
                 const char *peer = trace_actor_label(&ix, r->peer, lbl, sizeof lbl);
-                fprintf(out, "{\"ph\":\"X\",\"name\":\"%s %s\",\"cat\":\"msg\",\"pid\":%u,\"tid\":%llu,\"ts\":%.3f,"
+                fprintf(out, "{\"ph\":\"X\",\"name\":\"%s %s\",\"cat\":\"msg\",\"pid\":%u,\"tid\":%llu,\"ts\":%s,"
                         "\"dur\":0,\"args\":{\"%s\":",
                         send ? "send" : "recv", tname, f->rank, (unsigned long long)tid, ts, send ? "to" : "from");
                 trace_json_str(out, peer);
@@ -535,7 +558,7 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
                     size_t flow = send ? (size_t)(hit - arr) : (size_t)hit->match;
                     trace_json_sep(out, &first);
                     fprintf(out, "{\"ph\":\"%s\",\"name\":\"%s\",\"cat\":\"flow\",\"id\":%zu,\"pid\":%u,\"tid\":%llu,"
-                            "\"ts\":%.3f%s}",
+                            "\"ts\":%s%s}",
                             send ? "s" : "f", tname, flow, f->rank, (unsigned long long)tid, ts,
                             send ? "" : ",\"bp\":\"e\"");
                 }
@@ -545,7 +568,7 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
                 const char *name = trace_name_of(f, r->name_id);
                 fputs("{\"ph\":\"i\",\"s\":\"t\",\"name\":", out);
                 trace_json_str(out, name ? name : "instant");
-                fprintf(out, ",\"pid\":%u,\"tid\":%llu,\"ts\":%.3f,\"args\":{\"step\":%lld}}", f->rank,
+                fprintf(out, ",\"pid\":%u,\"tid\":%llu,\"ts\":%s,\"args\":{\"step\":%lld}}", f->rank,
                         (unsigned long long)tid, ts, (long long)r->step);
                 break;
             }
@@ -558,7 +581,7 @@ bt_status_t trace_json_write(const trace_set_t *set, FILE *out)
                 trace_json_str(out, cname);
                 /* JSON has no NaN/Inf: such samples are written as 0 with a flag */
                 bool fin = isfinite(r->value);
-                fprintf(out, ",\"pid\":%u,\"ts\":%.3f,\"args\":{\"value\":%.17g%s}}", f->rank, ts, fin ? r->value : 0.0,
+                fprintf(out, ",\"pid\":%u,\"ts\":%s,\"args\":{\"value\":%.17g%s}}", f->rank, ts, fin ? r->value : 0.0,
                         fin ? "" : ",\"nonfinite\":1");
                 break;
             }

@@ -464,6 +464,11 @@ out_zone:
 
 /* ---- encoding ------------------------------------------------------------- */
 
+static int wire_pack_key(msgpack_packer *pk, const wire_key_t *k)
+{
+    return msgpack_pack_str(pk, k->len) | msgpack_pack_str_body(pk, k->s, k->len);
+}
+
 static int wire_pack_str(msgpack_packer *pk, const char *s)
 {
     size_t len = strlen(s);
@@ -503,25 +508,25 @@ bt_status_t wire_env_encode(msgpack_sbuffer *buf, const wire_env_t *env,
     msgpack_packer pk;
     msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
     int rc = msgpack_pack_map(&pk, EK_COUNT);
-    rc |= wire_pack_str(&pk, "ver") | msgpack_pack_uint32(&pk, WIRE_VERSION);
-    rc |= wire_pack_str(&pk, "type") | msgpack_pack_uint32(&pk, env->type);
-    rc |= wire_pack_str(&pk, "src") | msgpack_pack_uint32(&pk, env->src);
-    rc |= wire_pack_str(&pk, "dst") | msgpack_pack_uint32(&pk, env->dst);
-    rc |= wire_pack_str(&pk, "seq") | msgpack_pack_uint64(&pk, env->seq);
-    rc |= wire_pack_str(&pk, "step") | msgpack_pack_int64(&pk, env->step);
-    rc |= wire_pack_str(&pk, "mb") | msgpack_pack_int32(&pk, env->mb);
-    rc |= wire_pack_str(&pk, "tensors") | msgpack_pack_array(&pk, env->ntensors);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_VER]) | msgpack_pack_uint32(&pk, WIRE_VERSION);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_TYPE]) | msgpack_pack_uint32(&pk, env->type);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_SRC]) | msgpack_pack_uint32(&pk, env->src);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_DST]) | msgpack_pack_uint32(&pk, env->dst);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_SEQ]) | msgpack_pack_uint64(&pk, env->seq);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_STEP]) | msgpack_pack_int64(&pk, env->step);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_MB]) | msgpack_pack_int32(&pk, env->mb);
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_TENSORS]) | msgpack_pack_array(&pk, env->ntensors);
     for (uint32_t i = 0; i < env->ntensors && rc == 0; i++) {
         const wire_tensor_desc_t *d = &env->tensors[i];
         rc |= msgpack_pack_map(&pk, TK_COUNT);
-        rc |= wire_pack_str(&pk, "name") | wire_pack_str(&pk, d->name);
-        rc |= wire_pack_str(&pk, "dtype") | wire_pack_str(&pk, wire_dtype_name(d->dtype));
-        rc |= wire_pack_str(&pk, "shape") | msgpack_pack_array(&pk, (size_t)d->ndim);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_NAME]) | wire_pack_str(&pk, d->name);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_DTYPE]) | wire_pack_str(&pk, wire_dtype_name(d->dtype));
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_SHAPE]) | msgpack_pack_array(&pk, (size_t)d->ndim);
         for (int k = 0; k < d->ndim; k++) rc |= msgpack_pack_uint64(&pk, (uint64_t)d->shape[k]);
-        rc |= wire_pack_str(&pk, "offset") | msgpack_pack_uint64(&pk, d->offset);
-        rc |= wire_pack_str(&pk, "nbytes") | msgpack_pack_uint64(&pk, d->nbytes);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_OFFSET]) | msgpack_pack_uint64(&pk, d->offset);
+        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_NBYTES]) | msgpack_pack_uint64(&pk, d->nbytes);
     }
-    rc |= wire_pack_str(&pk, "meta");
+    rc |= wire_pack_key(&pk, &wire_env_keys[EK_META]);
     if (rc != 0) return BT_ERR_NOMEM;
     if (meta_fn) {
         bt_status_t st = meta_fn(&pk, body);

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "actors/actor.h"
@@ -60,11 +61,44 @@ typedef struct {
 } bench_opts_t;
 
 typedef struct {
-    double lat_us, lat_p50_us, msgs_per_s;
+    double lat_us, lat_p50_us, lat_p99_us, msgs_per_s;
     double bw_gbps[BT_MAX_SIZES];
     double trace_overhead_pct, trace_off_rate, trace_on_rate;
+    double trace_cpu_overhead_pct, trace_off_cpu_ns, trace_on_cpu_ns; /* CPU ns per round trip */
+    double trace_rec_ns;   /* one record plus the clock read that goes with it */
     bool   ok;
 } bench_result_t;
+
+/* CPU time of the calling thread: unlike wall time it does not count the
+ * time other processes of a loaded machine took the core away. */
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Cost of one trace record with its clock read, measured in a tight loop
+ * in batches that fit the ring (flushed between batches, untimed). A round
+ * trip of the ping-pong records 6 events (a send, a receive and a handler
+ * span on each side) and reads the clock about 6 more times than untraced. */
+#define BT_TRACE_RECS_PER_RT 6
+static double trace_record_cost_ns(const char *dir)
+{
+    trace_config_t tc = {.no_flusher = true};
+    if (trace_start(dir, 0, &tc) != BT_OK) return 0;
+    const int batch = 4096, batches = 64;
+    uint64_t total = 0;
+    for (int b = 0; b < batches; b++) {
+        uint64_t t0 = thread_cpu_ns();
+        for (int i = 0; i < batch; i++)
+            trace_send(ACTOR_ADDR(0, 1), ACTOR_ADDR(1, 1), MSG_PING, (uint64_t)i, 100, i, 3, clock_now_ns());
+        total += thread_cpu_ns() - t0;
+        trace_flush();
+    }
+    trace_stop();
+    return (double)total / (batch * batches);
+}
 
 /* ---- the echo actor (rank 1) ------------------------------------------------ */
 
@@ -108,14 +142,17 @@ static actor_ret_t echo_on_ctl(actor_t *self, actor_msg_t *m)
         return ACTOR_DONE;
     }
     /* Benchmark control only: starting a trace file is I/O, done between
-     * measured rounds, never inside them. */
+     * measured halves, never inside them. The reply carries this thread's
+     * CPU time before (end of the last half) and after the switch. */
+    uint64_t cpu_before = thread_cpu_ns();
     if (e->own_trace) {
         if (code == CTL_TRACE_ON) trace_start(e->trace_dir, actor_router_rank(self->rt), NULL);
         else trace_stop();
     }
-    actor_msg_t *r = actor_msg_new(MSG_PONG);
+    actor_msg_t *r = actor_msg_new(MSG_HEARTBEAT);
     if (r) {
-        r->body.pong.id = UINT64_MAX;
+        r->body.heartbeat.t_ns = cpu_before;
+        r->body.heartbeat.step = (int64_t)thread_cpu_ns();
         actor_send(self, m->env.src, r);
     }
     return ACTOR_DONE;
@@ -150,8 +187,12 @@ typedef struct {
     /* tracing rounds */
     uint32_t            round;
     bool                tr_on;
-    double             *ratios;
+    double             *ratios, *cpu_ratios;
     double              off_rate_sum, on_rate_sum;
+    uint64_t            cpu_start, echo_cpu_start;
+    double              half_cpu;          /* pinger CPU ns of the half just measured */
+    double              off_cpu;           /* both sides' CPU ns per round trip, this round's off half */
+    double              off_cpu_sum, on_cpu_sum;
     /* bandwidth */
     int                 size_i;
     size_t              size;
@@ -245,13 +286,12 @@ static void pinger_next_phase(pinger_t *p)
         return;
     case PH_LAT:
         if (o->trace_rounds > 0) {
+            /* the first control message (tracing off) starts the first half */
             p->phase = PH_TRACE;
             p->round = 0;
             p->tr_on = false;
-            p->n = 0;
             p->target = o->trace_msgs;
-            p->t_start = clock_now_ns();
-            pinger_ping(p);
+            pinger_ctl(p, CTL_TRACE_OFF);
             return;
         }
         /* fall through */
@@ -286,6 +326,7 @@ static void pinger_trace_half_done(pinger_t *p)
 {
     const bench_opts_t *o = p->o;
     double rate = (double)o->trace_msgs / ((double)(clock_now_ns() - p->t_start) / 1e9);
+    p->half_cpu = (double)(thread_cpu_ns() - p->cpu_start);
     if (!p->tr_on) {
         p->ratios[p->round] = rate; /* off rate, divided below */
         p->off_rate_sum += rate;
@@ -302,29 +343,57 @@ static void pinger_trace_half_done(pinger_t *p)
     }
 }
 
+static double median(double *v, uint32_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* A control message was acknowledged: account the half that ended (the
+ * echo's CPU up to the switch) and start the next one. */
+static actor_ret_t pinger_on_ctl_ack(actor_t *self, actor_msg_t *m)
+{
+    pinger_t *p = (pinger_t *)self;
+    const bench_opts_t *o = p->o;
+    p->waiting_ctl = false;
+    if (p->phase != PH_TRACE) return ACTOR_DONE;
+    uint64_t echo_before = m->body.heartbeat.t_ns, echo_after = (uint64_t)m->body.heartbeat.step;
+    if (p->echo_cpu_start) {
+        /* the half that just ended: tr_on already flipped for the next one */
+        double cpu_rt = (p->half_cpu + (double)(echo_before - p->echo_cpu_start)) / o->trace_msgs;
+        bool ended_on = !p->tr_on;
+        uint32_t r = ended_on ? p->round - 1 : p->round;
+        if (!ended_on) {
+            p->off_cpu = cpu_rt;
+            p->off_cpu_sum += cpu_rt;
+        } else {
+            p->cpu_ratios[r] = cpu_rt / p->off_cpu;
+            p->on_cpu_sum += cpu_rt;
+        }
+    }
+    if (p->round == o->trace_rounds) {
+        uint32_t n = o->trace_rounds;
+        p->res->trace_overhead_pct = (1.0 - median(p->ratios, n)) * 100.0;
+        p->res->trace_off_rate = p->off_rate_sum / n;
+        p->res->trace_on_rate = p->on_rate_sum / n;
+        p->res->trace_cpu_overhead_pct = (median(p->cpu_ratios, n) - 1.0) * 100.0;
+        p->res->trace_off_cpu_ns = p->off_cpu_sum / n;
+        p->res->trace_on_cpu_ns = p->on_cpu_sum / n;
+        pinger_next_phase(p);
+        return ACTOR_DONE;
+    }
+    p->echo_cpu_start = echo_after;
+    p->n = 0;
+    p->cpu_start = thread_cpu_ns();
+    p->t_start = clock_now_ns();
+    pinger_ping(p);
+    return ACTOR_DONE;
+}
+
 static actor_ret_t pinger_on_pong(actor_t *self, actor_msg_t *m)
 {
     pinger_t *p = (pinger_t *)self;
     const bench_opts_t *o = p->o;
-    if (m->body.pong.id == UINT64_MAX) { /* control acknowledged */
-        p->waiting_ctl = false;
-        if (p->phase == PH_TRACE) {
-            if (p->round == o->trace_rounds) {
-                qsort(p->ratios, o->trace_rounds, sizeof *p->ratios, cmp_double);
-                double med = o->trace_rounds % 2 ? p->ratios[o->trace_rounds / 2]
-                    : 0.5 * (p->ratios[o->trace_rounds / 2 - 1] + p->ratios[o->trace_rounds / 2]);
-                p->res->trace_overhead_pct = (1.0 - med) * 100.0;
-                p->res->trace_off_rate = p->off_rate_sum / o->trace_rounds;
-                p->res->trace_on_rate = p->on_rate_sum / o->trace_rounds;
-                pinger_next_phase(p);
-                return ACTOR_DONE;
-            }
-            p->n = 0;
-            p->t_start = clock_now_ns();
-            pinger_ping(p);
-        }
-        return ACTOR_DONE;
-    }
     switch (p->phase) {
     case PH_WARM:
     case PH_LAT:
@@ -346,6 +415,7 @@ static actor_ret_t pinger_on_pong(actor_t *self, actor_msg_t *m)
             p->res->msgs_per_s = 2.0 * (double)p->target / (total / 1e9);
             qsort(p->rtt_ns, p->target, sizeof *p->rtt_ns, cmp_double);
             p->res->lat_p50_us = p->rtt_ns[p->target / 2] / 2.0 / 1000.0;
+            p->res->lat_p99_us = p->rtt_ns[p->target * 99 / 100] / 2.0 / 1000.0;
         }
         if (p->phase == PH_TRACE) {
             pinger_trace_half_done(p);
@@ -390,7 +460,8 @@ static actor_ret_t pinger_on_report(actor_t *self, actor_msg_t *m)
 static const actor_class_t pinger_class = {
     .name = "pinger",
     .start = pinger_start,
-    .handlers = {[MSG_PONG] = pinger_on_pong, [ACTOR_SYS_CREDIT_READY] = pinger_on_credit,
+    .handlers = {[MSG_PONG] = pinger_on_pong, [MSG_HEARTBEAT] = pinger_on_ctl_ack,
+                 [ACTOR_SYS_CREDIT_READY] = pinger_on_credit,
                  [MSG_ERROR_REPORT] = pinger_on_report},
 };
 
@@ -472,7 +543,8 @@ static bt_status_t bench_run(const bench_opts_t *o, bench_result_t *res)
     p->peer = ACTOR_ADDR(1, 1);
     p->rtt_ns = calloc(o->iters ? o->iters : 1, sizeof *p->rtt_ns);
     p->ratios = calloc(o->trace_rounds ? o->trace_rounds : 1, sizeof *p->ratios);
-    if (!p->rtt_ns || !p->ratios) goto out;
+    p->cpu_ratios = calloc(o->trace_rounds ? o->trace_rounds : 1, sizeof *p->cpu_ratios);
+    if (!p->rtt_ns || !p->ratios || !p->cpu_ratios) goto out;
     actor_router_supervisor_set(r0, ACTOR_ADDR(0, 1));
     st = actor_router_connect(r0, 1, card, o->kind, false);
     if (st == BT_OK) st = actor_router_wait_peer(r0, 1, 10000);
@@ -551,8 +623,8 @@ static void bench_usage(FILE *f)
 static void print_human(const bench_opts_t *o, const bench_result_t *r, const bench_ref_t *ref)
 {
     printf("transport %s (busy poll %u us), whole actor path\n", xport_kind_name(o->kind), o->busy_us);
-    printf("  latency 8 B one-way: %.2f us avg, %.2f us p50 (%u round trips, %.0f msgs/s)\n", r->lat_us,
-           r->lat_p50_us, o->iters, r->msgs_per_s);
+    printf("  latency 8 B one-way: %.2f us avg, %.2f us p50, %.2f us p99 (%u round trips, %.0f msgs/s)\n",
+           r->lat_us, r->lat_p50_us, r->lat_p99_us, o->iters, r->msgs_per_s);
     if (ref && ref->latency_us > 0)
         printf("  reference %s: %.2f us one-way -> ratio %.2fx\n", ref->name, ref->latency_us,
                r->lat_us / ref->latency_us);
@@ -562,8 +634,14 @@ static void print_human(const bench_opts_t *o, const bench_result_t *r, const be
         printf("  reference %s: %.3f GB/s at %zu B -> %.0f%%\n", ref->name, ref->bandwidth_gbps,
                ref->bandwidth_bytes, 100.0 * r->bw_gbps[o->nsizes - 1] / ref->bandwidth_gbps);
     if (o->trace_rounds)
-        printf("  tracing: off %.0f msgs/s, on %.0f msgs/s, overhead %.2f%% (median of %u rounds)\n",
-               r->trace_off_rate, r->trace_on_rate, r->trace_overhead_pct, o->trace_rounds);
+        printf("  tracing: off %.0f round trips/s, on %.0f round trips/s, overhead %.2f%% (median of %u "
+               "rounds)\n           CPU per round trip (both sides): off %.0f ns, on %.0f ns, overhead %.2f%%\n",
+               r->trace_off_rate, r->trace_on_rate, r->trace_overhead_pct, o->trace_rounds,
+               r->trace_off_cpu_ns, r->trace_on_cpu_ns, r->trace_cpu_overhead_pct);
+    if (o->trace_rounds && r->trace_off_cpu_ns > 0)
+        printf("           one record + clock read: %.1f ns x %d per round trip = %.2f%% of the CPU per round trip\n",
+               r->trace_rec_ns, BT_TRACE_RECS_PER_RT,
+               100.0 * r->trace_rec_ns * BT_TRACE_RECS_PER_RT / r->trace_off_cpu_ns);
 }
 
 static void print_json(const bench_opts_t *o, const bench_result_t *r, const bench_ref_t *ref)
@@ -571,8 +649,8 @@ static void print_json(const bench_opts_t *o, const bench_result_t *r, const ben
     char nproc_buf[32];
     snprintf(nproc_buf, sizeof nproc_buf, "%ld", sysconf(_SC_NPROCESSORS_ONLN));
     printf("{\"transport\":\"%s\",\"busy_us\":%u,\"iters\":%u,\"latency_us\":%.4f,\"latency_p50_us\":%.4f,"
-           "\"msgs_per_s\":%.0f,\"bandwidth_GBps\":%.4f,\"bandwidth_bytes\":%zu,\"sizes\":[",
-           xport_kind_name(o->kind), o->busy_us, o->iters, r->lat_us, r->lat_p50_us, r->msgs_per_s,
+           "\"latency_p99_us\":%.4f,\"msgs_per_s\":%.0f,\"bandwidth_GBps\":%.4f,\"bandwidth_bytes\":%zu,\"sizes\":[",
+           xport_kind_name(o->kind), o->busy_us, o->iters, r->lat_us, r->lat_p50_us, r->lat_p99_us, r->msgs_per_s,
            o->nsizes ? r->bw_gbps[o->nsizes - 1] : 0.0, o->nsizes ? o->sizes[o->nsizes - 1] : 0);
     for (int i = 0; i < o->nsizes; i++)
         printf("%s{\"bytes\":%zu,\"GBps\":%.4f}", i ? "," : "", o->sizes[i], r->bw_gbps[i]);
@@ -585,9 +663,12 @@ static void print_json(const bench_opts_t *o, const bench_result_t *r, const ben
                ref->bandwidth_gbps > 0 && o->nsizes ? r->bw_gbps[o->nsizes - 1] / ref->bandwidth_gbps : 0.0);
     }
     if (o->trace_rounds)
-        printf(",\"trace_rounds\":%u,\"trace_off_msgs_per_s\":%.0f,\"trace_on_msgs_per_s\":%.0f,"
-               "\"trace_overhead_pct\":%.3f",
-               o->trace_rounds, r->trace_off_rate, r->trace_on_rate, r->trace_overhead_pct);
+        printf(",\"trace_rounds\":%u,\"trace_off_rt_per_s\":%.0f,\"trace_on_rt_per_s\":%.0f,"
+               "\"trace_overhead_pct\":%.3f,\"trace_off_cpu_ns_per_rt\":%.1f,\"trace_on_cpu_ns_per_rt\":%.1f,"
+               "\"trace_cpu_overhead_pct\":%.3f,\"trace_record_ns\":%.2f,\"trace_record_pct\":%.3f",
+               o->trace_rounds, r->trace_off_rate, r->trace_on_rate, r->trace_overhead_pct,
+               r->trace_off_cpu_ns, r->trace_on_cpu_ns, r->trace_cpu_overhead_pct, r->trace_rec_ns,
+               r->trace_off_cpu_ns > 0 ? 100.0 * r->trace_rec_ns * BT_TRACE_RECS_PER_RT / r->trace_off_cpu_ns : 0.0);
     printf(",\"nproc\":%s}\n", nproc_buf);
 }
 
@@ -673,7 +754,10 @@ int bench_transport_main(int argc, char **argv)
     }
     bench_result_t res;
     bt_status_t st = bench_run(&o, &res);
-    if (o.trace_rounds) bench_trace_dir_remove(o.trace_dir);
+    if (o.trace_rounds) {
+        res.trace_rec_ns = trace_record_cost_ns(o.trace_dir);
+        bench_trace_dir_remove(o.trace_dir);
+    }
     if (st != BT_OK) {
         fprintf(stderr, "baton bench transport: failed: %s\n", bt_status_str(st));
         return 1;

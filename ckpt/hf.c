@@ -576,6 +576,31 @@ static void hf_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
     if (o < cap) snprintf(buf + o, cap - o, "]");
 }
 
+/* Reads parameter p's slice of the HF tensor t (whole when p is not split):
+ * row shards are one contiguous range, column shards one range per row. */
+static bt_status_t hf_param_read(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t,
+                                 const model_param_t *p)
+{
+    float *dst = p->t.data;
+    int64_t rows = p->t.shape[0], cols = p->t.ndim > 1 ? p->t.shape[1] : 1;
+    int64_t full_cols = p->t.ndim > 1 ? p->full_shape[1] : 1;
+    switch (p->shard_dim) {
+    case MODEL_SHARD_NONE:
+        return ckpt_st_read_f32(f, t, dst);
+    case MODEL_SHARD_ROWS:
+        return ckpt_st_read_f32_range(f, t, p->shard_offset * full_cols, rows * cols, dst);
+    case MODEL_SHARD_COLS:
+        for (int64_t r = 0; r < rows; r++) {
+            bt_status_t st = ckpt_st_read_f32_range(f, t, r * full_cols + p->shard_offset, cols,
+                                                    dst + r * cols);
+            if (st != BT_OK) return st;
+        }
+        return BT_OK;
+    default:
+        BT_PANIC("parameter %s has shard_dim %d", p->name, (int)p->shard_dim);
+    }
+}
+
 bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
 {
     hf_weights_t w;
@@ -593,17 +618,17 @@ bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
             goto close_weights;
         }
         bool same = t->ndim == p->t.ndim;
-        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == p->t.shape[d];
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == p->full_shape[d];
         if (!same) {
             char got[128], want[128];
             hf_shape_str(got, sizeof got, t->ndim, t->shape);
-            hf_shape_str(want, sizeof want, p->t.ndim, p->t.shape);
+            hf_shape_str(want, sizeof want, p->t.ndim, p->full_shape);
             log_error("%s: tensor '%s' has shape %s, the config needs %s", f->path, p->name, got,
                       want);
             st = BT_ERR_INVALID;
             goto close_weights;
         }
-        if ((st = ckpt_st_read_f32(f, t, p->t.data)) != BT_OK) goto close_weights;
+        if ((st = hf_param_read(f, t, p)) != BT_OK) goto close_weights;
     }
 close_weights:
     hf_weights_close(&w);
@@ -612,11 +637,17 @@ close_weights:
 
 bt_status_t ckpt_hf_load(const char *dir, const model_stage_t *stage, model_t **out)
 {
+    return ckpt_hf_load_tp(dir, stage, NULL, out);
+}
+
+bt_status_t ckpt_hf_load_tp(const char *dir, const model_stage_t *stage,
+                            const model_parallel_t *par, model_t **out)
+{
     model_config_t cfg;
     bt_status_t st = ckpt_hf_config_load(dir, &cfg);
     if (st != BT_OK) return st;
     model_t *m;
-    if ((st = model_create(&cfg, stage, &m)) != BT_OK) return st;
+    if ((st = model_create_tp(&cfg, stage, par, &m)) != BT_OK) return st;
     if ((st = ckpt_hf_weights_load(m, dir)) != BT_OK) {
         model_destroy(m);
         return st;
@@ -694,6 +725,11 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
                   m->stage.last_layer);
         return BT_ERR_INVALID;
     }
+    if (m->par.tp_size != 1) {
+        log_error("ckpt: HF export needs whole tensors, not TP rank %d of %d (gather them into a "
+                  "tp_size-1 model with model_tp_gather first)", m->par.tp_rank, m->par.tp_size);
+        return BT_ERR_INVALID;
+    }
     bt_status_t st = BT_ERR_NOMEM;
     ckpt_st_entry_t *e = calloc((size_t)m->n_params, sizeof *e);
     char *cpath = hf_path(dir, "config.json"), *wpath = hf_path(dir, "model.safetensors");
@@ -730,5 +766,24 @@ free_all:
     free(wpath);
     free(cpath);
     free(e);
+    return st;
+}
+
+bt_status_t ckpt_hf_save_tp(const model_t *m, const char *dir)
+{
+    if (m->par.tp_size == 1) return ckpt_hf_save(m, dir);
+    if (!m->stage.has_embedding || !m->stage.has_head || m->stage.first_layer != 0 ||
+        m->stage.last_layer != m->cfg.num_layers) {
+        log_error("ckpt: HF export needs a whole model, not stage [%d,%d)", m->stage.first_layer,
+                  m->stage.last_layer);
+        return BT_ERR_INVALID;
+    }
+    model_t *full = NULL;
+    bt_status_t st = BT_OK;
+    /* only rank 0 holds the whole model; the others gather into scratch */
+    if (m->par.tp_rank == 0 && (st = model_create(&m->cfg, &m->stage, &full)) != BT_OK)
+        return st;
+    if ((st = model_tp_gather(m, false, full)) == BT_OK && full) st = ckpt_hf_save(full, dir);
+    model_destroy(full);
     return st;
 }

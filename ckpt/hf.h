@@ -20,14 +20,25 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
 /* Reads DIR/config.json. */
 bt_status_t ckpt_hf_config_load(const char *dir, model_config_t *out);
 
-/* Fills m's parameters (m may hold one stage) from the safetensors in dir. */
+/* Fills m's parameters (m may hold one stage and be one tensor-parallel
+ * rank's share) from the safetensors in dir. A TP share reads only its
+ * slices of the memory-mapped tensors (model_param_t shard fields); shapes
+ * are checked against the whole HF shape. */
 bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir);
 
 /* config + model_create(stage; NULL = whole model) + weights. */
 bt_status_t ckpt_hf_load(const char *dir, const model_stage_t *stage, model_t **out);
+/* The same for one tensor-parallel rank (model_create_tp; par NULL: no TP). */
+bt_status_t ckpt_hf_load_tp(const char *dir, const model_stage_t *stage,
+                            const model_parallel_t *par, model_t **out);
 
 /* Writes DIR/config.json and DIR/model.safetensors (f32) for a whole model;
- * dir must exist. */
+ * dir must exist. A TP share is refused: model_tp_gather into a tp_size-1
+ * model first. */
 bt_status_t ckpt_hf_save(const model_t *m, const char *dir);
+/* Collective over m's TP group: gathers the whole tensors and TP rank 0
+ * writes them as ckpt_hf_save does (m a whole-model stage; the others only
+ * take part in the gather). Same as ckpt_hf_save at tp_size 1. */
+bt_status_t ckpt_hf_save_tp(const model_t *m, const char *dir);
 
 #endif

@@ -269,8 +269,19 @@ const ckpt_st_tensor_t *ckpt_st_find(const ckpt_st_file_t *f, const char *name)
 
 bt_status_t ckpt_st_read_f32(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t, float *dst)
 {
-    const uint8_t *src = t->data;
-    int64_t n = t->numel;
+    return ckpt_st_read_f32_range(f, t, 0, t->numel, dst);
+}
+
+bt_status_t ckpt_st_read_f32_range(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t,
+                                   int64_t first, int64_t n, float *dst)
+{
+    if (first < 0 || n < 0 || first > t->numel || n > t->numel - first) {
+        log_error("%s: tensor '%s': elements [%lld, %lld) outside its %lld", f->path, t->name,
+                  (long long)first, (long long)(first + n), (long long)t->numel);
+        return BT_ERR_INVALID;
+    }
+    size_t es = dtype_size(t->dtype);
+    const uint8_t *src = (const uint8_t *)t->data + (size_t)first * es;
     switch (t->dtype) {
     case DT_F32:
         memcpy(dst, src, (size_t)n * 4);

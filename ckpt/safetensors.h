@@ -56,6 +56,10 @@ const ckpt_st_tensor_t *ckpt_st_find(const ckpt_st_file_t *f, const char *name);
 /* Copies tensor t into dst[numel] f32, converting F32/F16/BF16/F64.
  * BT_ERR_UNSUPPORTED (logged, naming file and tensor) for other dtypes. */
 bt_status_t ckpt_st_read_f32(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t, float *dst);
+/* The same for elements [first, first + n) of t in row-major order (a slice
+ * of a tensor-parallel shard: only these bytes of the mapping are touched). */
+bt_status_t ckpt_st_read_f32_range(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t,
+                                   int64_t first, int64_t n, float *dst);
 
 /* "F32" etc. for a dtype_t; NULL when safetensors has no name for it. */
 const char *ckpt_st_dtype_name(dtype_t dt);

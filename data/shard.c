@@ -218,6 +218,14 @@ bt_status_t shard_writer_open(const char *dir, uint32_t vocab_size, uint64_t tok
         log_error("%s: cannot create directory: %s", dir, strerror(errno));
         return BT_ERR_IO;
     }
+    /* an index from an earlier run goes first: until this run's index is
+     * written, the directory must not open as a (stale) shard set */
+    char old_index[4096];
+    snprintf(old_index, sizeof old_index, "%s/index.json", dir);
+    if (unlink(old_index) && errno != ENOENT) {
+        log_error("%s: cannot remove the previous index: %s", old_index, strerror(errno));
+        return BT_ERR_IO;
+    }
     shard_writer_t *w = calloc(1, sizeof *w);
     if (!w) return BT_ERR_NOMEM;
     w->dir = strdup(dir);
@@ -336,6 +344,13 @@ bt_status_t shard_writer_close(shard_writer_t *w)
     if (rename(tmp, path)) {
         log_error("%s: rename failed: %s", tmp, strerror(errno));
         st = BT_ERR_IO;
+        goto out;
+    }
+    /* shards of an earlier, longer run would only confuse a reader */
+    for (size_t k = json_array_size(w->shards);; k++) {
+        char stale[4096];
+        snprintf(stale, sizeof stale, "%s/shard_%05zu.bin", w->dir, k);
+        if (unlink(stale)) break;
     }
 out:
     shard_writer_abort(w);

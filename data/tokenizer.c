@@ -1,8 +1,9 @@
 /* Byte-level BPE from tokenizer.json; contract in data/tokenizer.h.
  *
- * Pipeline per encode, as HF does it: split the raw text on added tokens;
- * for each remaining segment: normalize, run the pre-tokenizer steps (each
- * splits every piece of the previous step), then BPE each final piece.
+ * Pipeline per encode, as HF does it: split the raw text on the added tokens
+ * that are not normalized; normalize each remaining segment and split it on
+ * the normalized added tokens; run the pre-tokenizer steps on what is left
+ * (each splits every piece of the previous step), then BPE each final piece.
  * Vocabulary entries are kept as raw bytes (the GPT-2 byte-to-unicode
  * mapping is undone at load), so BPE starts from one symbol per byte and
  * decode is plain concatenation. */
@@ -101,6 +102,7 @@ typedef struct {
     size_t len;
     uint32_t id;
     int lstrip, rstrip, special;
+    int normalized; /* matched after normalization, on its normalized content */
 } tok_added_t;
 
 typedef struct {
@@ -851,31 +853,16 @@ static void tok_pre_run(tok_enc_t *e, size_t step, const uint8_t *s, size_t n)
     }
 }
 
-static void tok_segment_encode(tok_enc_t *e, const uint8_t *s, size_t n)
-{
-    if (!n || e->st != BT_OK) return;
-    if (e->tok->nfc) {
-        uint8_t *norm;
-        size_t nn;
-        if (uni_nfc(s, n, &norm, &nn)) {
-            e->st = BT_ERR_NOMEM;
-            return;
-        }
-        tok_pre_emit(e, 0, norm, nn);
-        free(norm);
-    } else {
-        tok_pre_emit(e, 0, s, n);
-    }
-}
-
-/* Added token at s[i], longest first; index into tok->added or -1. */
-static int64_t tok_added_at(const tok_t *tok, const uint8_t *s, size_t n, size_t i)
+/* Added token of the given kind (normalized or not) at s[i], longest first;
+ * index into tok->added or -1. */
+static int64_t tok_added_at(const tok_t *tok, const uint8_t *s, size_t n, size_t i, int normalized)
 {
     uint32_t k = tok->n_added_by_byte[s[i]];
     const uint32_t *cand = tok->added_by_byte[s[i]];
     for (uint32_t j = 0; j < k; j++) {
         const tok_added_t *a = &tok->added[cand[j]];
-        if (a->len <= n - i && !memcmp(s + i, a->content, a->len)) return cand[j];
+        if (a->normalized == normalized && a->len <= n - i && !memcmp(s + i, a->content, a->len))
+            return cand[j];
     }
     return -1;
 }
@@ -894,13 +881,17 @@ static size_t tok_space_before(const uint8_t *s, size_t lo, size_t i)
     return j;
 }
 
-bt_status_t tok_encode(tok_t *tok, const char *text, size_t len, uint32_t **ids, size_t *n)
+typedef void (*tok_gap_fn)(tok_enc_t *e, const uint8_t *s, size_t n);
+
+/* Splits s[0..n) on the added tokens of one kind, leftmost-longest, pushing
+ * their ids; the text between them goes to gap. */
+static void tok_split_added(tok_enc_t *e, const uint8_t *s, size_t n, int normalized,
+                            tok_gap_fn gap)
 {
-    tok_enc_t e = {.tok = tok, .st = BT_OK};
-    const uint8_t *s = (const uint8_t *)text;
+    const tok_t *tok = e->tok;
     size_t seg = 0, i = 0;
-    while (i < len && e.st == BT_OK) {
-        int64_t a = tok->n_added_by_byte[s[i]] ? tok_added_at(tok, s, len, i) : -1;
+    while (i < n && e->st == BT_OK) {
+        int64_t a = tok->n_added_by_byte[s[i]] ? tok_added_at(tok, s, n, i, normalized) : -1;
         if (a < 0) {
             i++;
             continue;
@@ -908,12 +899,41 @@ bt_status_t tok_encode(tok_t *tok, const char *text, size_t len, uint32_t **ids,
         const tok_added_t *t = &tok->added[a];
         size_t start = t->lstrip ? tok_space_before(s, seg, i) : i;
         size_t end = i + t->len;
-        if (t->rstrip) end += tok_run(s, len, end, C_S, C_S, 0, NULL);
-        tok_segment_encode(&e, s + seg, start - seg);
-        tok_ids_push(&e.out, t->id);
+        if (t->rstrip) end += tok_run(s, n, end, C_S, C_S, 0, NULL);
+        if (start > seg) gap(e, s + seg, start - seg);
+        tok_ids_push(&e->out, t->id);
         seg = i = end;
     }
-    tok_segment_encode(&e, s + seg, len - seg);
+    if (n > seg && e->st == BT_OK) gap(e, s + seg, n - seg);
+}
+
+static void tok_gap_pretokenize(tok_enc_t *e, const uint8_t *s, size_t n)
+{
+    tok_pre_emit(e, 0, s, n);
+}
+
+/* A segment free of non-normalized added tokens: normalize it, then split
+ * it on the normalized added tokens (HF's two passes). */
+static void tok_gap_normalize(tok_enc_t *e, const uint8_t *s, size_t n)
+{
+    if (e->tok->nfc) {
+        uint8_t *norm;
+        size_t nn;
+        if (uni_nfc(s, n, &norm, &nn)) {
+            e->st = BT_ERR_NOMEM;
+            return;
+        }
+        tok_split_added(e, norm, nn, 1, tok_gap_pretokenize);
+        free(norm);
+    } else {
+        tok_split_added(e, s, n, 1, tok_gap_pretokenize);
+    }
+}
+
+bt_status_t tok_encode(tok_t *tok, const char *text, size_t len, uint32_t **ids, size_t *n)
+{
+    tok_enc_t e = {.tok = tok, .st = BT_OK};
+    tok_split_added(&e, (const uint8_t *)text, len, 0, tok_gap_normalize);
     if (e.out.oom && e.st == BT_OK) e.st = BT_ERR_NOMEM;
     free(e.w.id);
     free(e.w.prev);
@@ -1370,6 +1390,7 @@ static bt_status_t tok_load_added(tok_t *tok, json_t *added, const char *path)
         t->lstrip = tok_json_true(a, "lstrip", 0);
         t->rstrip = tok_json_true(a, "rstrip", 0);
         t->special = tok_json_true(a, "special", 0);
+        t->normalized = tok_json_true(a, "normalized", !t->special);
         bt_status_t st = tok_set_token(tok, t->id, t->content, t->len);
         if (st != BT_OK) return st;
         uint8_t b0 = t->content[0];
@@ -1377,6 +1398,41 @@ static bt_status_t tok_load_added(tok_t *tok, json_t *added, const char *path)
         if (!v) return BT_ERR_NOMEM;
         tok->added_by_byte[b0] = v;
         v[tok->n_added_by_byte[b0]++] = (uint32_t)(tok->n_added - 1);
+    }
+    for (int b = 0; b < 256; b++)
+        if (tok->n_added_by_byte[b] > 1)
+            qsort_r(tok->added_by_byte[b], tok->n_added_by_byte[b], sizeof(uint32_t),
+                    tok_added_cmp_len, tok);
+    return BT_OK;
+}
+
+/* Normalized added tokens are matched on normalized text, so their content
+ * is normalized too, as HF does; the per-byte index follows the new first
+ * bytes. Decoding keeps the token's original text. */
+static bt_status_t tok_normalize_added(tok_t *tok)
+{
+    if (!tok->nfc) return BT_OK;
+    for (size_t i = 0; i < tok->n_added; i++) {
+        tok_added_t *t = &tok->added[i];
+        if (!t->normalized) continue;
+        uint8_t *norm;
+        size_t nn;
+        if (uni_nfc(t->content, t->len, &norm, &nn)) return BT_ERR_NOMEM;
+        if (nn == t->len && !memcmp(norm, t->content, nn)) {
+            free(norm);
+            continue;
+        }
+        free(t->content);
+        t->content = norm;
+        t->len = nn;
+    }
+    for (int b = 0; b < 256; b++) tok->n_added_by_byte[b] = 0;
+    for (size_t i = 0; i < tok->n_added; i++) {
+        uint8_t b0 = tok->added[i].content[0];
+        uint32_t *v = realloc(tok->added_by_byte[b0], (tok->n_added_by_byte[b0] + 1) * sizeof *v);
+        if (!v) return BT_ERR_NOMEM;
+        tok->added_by_byte[b0] = v;
+        v[tok->n_added_by_byte[b0]++] = (uint32_t)i;
     }
     for (int b = 0; b < 256; b++)
         if (tok->n_added_by_byte[b] > 1)
@@ -1472,6 +1528,7 @@ static bt_status_t tok_load_buffer(const char *buf, size_t len, const char *json
         goto fail_tok;
     if ((st = tok_load_pre(tok, json_object_get(root, "pre_tokenizer"), json_path)) != BT_OK)
         goto fail_tok;
+    if ((st = tok_normalize_added(tok)) != BT_OK) goto fail_tok;
     json_t *dec = json_object_get(root, "decoder");
     if (dec && !json_is_null(dec) && strcmp(tok_json_type(dec), "ByteLevel")) {
         log_error("%s: decoder '%s' is not supported (only ByteLevel)", json_path, tok_json_type(dec));

@@ -6,9 +6,9 @@
  *   model          BPE with vocab + merges ("a b" strings or [a, b] lists),
  *                  ignore_merges, unk_token/fuse_unk; not dropout,
  *                  continuing_subword_prefix, end_of_word_suffix, byte_fallback
- *   added tokens   matched on the raw text before normalization and
- *                  pre-tokenization, leftmost-longest; lstrip/rstrip honoured,
- *                  single_word refused
+ *   added tokens   matched before pre-tokenization, leftmost-longest: those
+ *                  with normalized=false on the raw text, the others on the
+ *                  normalized text; lstrip/rstrip honoured, single_word refused
  *   normalizer     none, NFC (also inside a Sequence)
  *   pre-tokenizer  ByteLevel (add_prefix_space, use_regex with the GPT-2
  *                  pattern), Split (Isolated, not inverted) with a Regex made

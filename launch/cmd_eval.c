@@ -19,6 +19,10 @@
  * positions each.
  * --grad-norm: also the global L2 norm of d(mean loss)/d(parameters).
  * --json: one JSON object {"tokens", "loss", "ppl"[, "grad_norm"]} on stdout.
+ * --layout tp=N,pp=N,dp=N: evaluate as processes in that parallel layout
+ * (launch/driver.h): the windows become rows padded to the longest (targets
+ * -100 on padding, exact under causal attention), split into microbatches
+ * among the data-parallel replicas; same loss as the single process.
  */
 #include "launch/cli.h"
 
@@ -32,6 +36,7 @@
 #include "base/log.h"
 #include "ckpt/model_source.h"
 #include "data/tokenizer.h"
+#include "launch/driver.h"
 #include "model/model.h"
 
 typedef struct {
@@ -255,7 +260,7 @@ static void eval_usage(FILE *f)
 {
     fprintf(f,
             "usage: baton eval --model DIR|FILE.gguf (--ids FILE | --text FILE) [--window T]\n"
-            "                  [--max-tokens N] [--grad-norm] [--json]\n"
+            "                  [--max-tokens N] [--grad-norm] [--json] [--layout tp=N,pp=N,dp=N]\n"
             "  --model M      Hugging Face model directory (config.json + safetensors +\n"
             "                 tokenizer.json) or a llama GGUF file\n"
             "  --ids FILE     one sequence per line, whitespace-separated token ids\n"
@@ -264,7 +269,8 @@ static void eval_usage(FILE *f)
             "                 (default: max_position_embeddings)\n"
             "  --max-tokens N only the first N token ids of the input\n"
             "  --grad-norm    also print the global L2 norm of the loss gradient\n"
-            "  --json         print one JSON object: {\"tokens\", \"loss\", \"ppl\"[, \"grad_norm\"]}\n");
+            "  --json         print one JSON object: {\"tokens\", \"loss\", \"ppl\"[, \"grad_norm\"]}\n"
+            "  --layout L     evaluate as processes in parallel layout L, e.g. tp=2,pp=2,dp=1\n");
 }
 
 int cmd_eval(int argc, char **argv)
@@ -274,9 +280,10 @@ int cmd_eval(int argc, char **argv)
         {"text", required_argument, NULL, 't'},  {"window", required_argument, NULL, 'w'},
         {"grad-norm", no_argument, NULL, 'g'},   {"json", no_argument, NULL, 'j'},
         {"max-tokens", required_argument, NULL, 'n'},
-        {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0},
+        {"help", no_argument, NULL, 'h'},        {"layout", required_argument, NULL, 'l'},
+        {NULL, 0, NULL, 0},
     };
-    const char *dir = NULL, *ids_path = NULL, *text_path = NULL;
+    const char *dir = NULL, *ids_path = NULL, *text_path = NULL, *layout = NULL;
     int64_t window = 0, max_tokens = 0;
     bool grad_norm = false, json = false;
     int c;
@@ -308,6 +315,7 @@ int cmd_eval(int argc, char **argv)
         }
         case 'g': grad_norm = true; break;
         case 'j': json = true; break;
+        case 'l': layout = optarg; break;
         case 'h': eval_usage(stdout); return 0;
         default: eval_usage(stderr); return 2;
         }
@@ -344,6 +352,39 @@ int cmd_eval(int argc, char **argv)
         log_error("%s: no scored positions (every sequence has a single token)",
                   text_path ? text_path : ids_path);
         goto free_seqs;
+    }
+    if (layout) {
+        if (grad_norm) {
+            fprintf(stderr, "baton eval: --grad-norm is not available with --layout\n");
+            goto free_seqs;
+        }
+        int64_t rows = seqs.n_seq, n_tok = 0;
+        int32_t *ids = calloc((size_t)(rows * tmax) + 1, sizeof *ids);
+        targets = malloc((size_t)(rows * tmax + 1) * sizeof *targets);
+        double lloss = 0;
+        if (!ids || !targets) {
+            free(ids);
+            goto free_targets;
+        }
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(ids + i * tmax, seqs.ids + seqs.start[i], (size_t)seqs.len[i] * sizeof *ids);
+        model_targets_from_ids(targets, ids, seqs.len, rows, tmax);
+        int drc = driver_eval(dir, layout, ids, targets, rows, tmax, &lloss, &n_tok);
+        free(ids);
+        if (drc) {
+            rc = drc;
+            goto free_targets;
+        }
+        if (n_tok != total) BT_PANIC("eval: scored %lld of %lld positions", (long long)n_tok,
+                                     (long long)total);
+        if (json)
+            printf("{\"tokens\": %lld, \"loss\": %.17g, \"ppl\": %.17g}\n", (long long)n_tok, lloss,
+                   exp(lloss));
+        else
+            printf("tokens %lld  loss %.6f nats  ppl %.4f  (%lld sequences, window %lld, layout %s)\n",
+                   (long long)n_tok, lloss, exp(lloss), (long long)rows, (long long)window, layout);
+        rc = 0;
+        goto free_targets;
     }
     if (model_acts_create(m, 1, tmax, &a) != BT_OK) goto free_seqs;
     targets = malloc((size_t)tmax * sizeof *targets);

@@ -13,6 +13,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "ckpt/hf.h"
+#include "launch/driver.h"
 #include "launch/job.h"
 #include "launch/plot.h"
 #include "launch/run_setup.h"
@@ -164,6 +165,8 @@ int cmd_run(int argc, char **argv)
     for (int i = 0; i < n_sets; i++)
         if (job_override(&job, sets[i], err, sizeof err)) goto bad_job;
     if (job_validate(&job, err, sizeof err)) goto bad_job;
+    if (job.parallel.tp * job.parallel.pp * job.parallel.dp > 1) /* multi-process: launch/driver.h */
+        return driver_run(&job, sets, n_sets, quiet);
     if (!layout_supported(&job)) return 1;
     if (job.trace_dir[0]) log_warn("trace.dir: tracing of single-process runs is not built yet; ignored");
 

@@ -9,11 +9,24 @@
  * Everything backward needs is kept in the activation arena; the head
  * (final norm, lm_head, cross-entropy) runs in row chunks so that the
  * [N, vocab] logits never exist whole, and when a backward will follow it
- * computes its gradients in the same pass. */
+ * computes its gradients in the same pass.
+ *
+ * Tensor parallelism (docs/PARALLEL.md): with m->par.tp_size > 1 the shapes
+ * below are this rank's share (Hq/tp heads, F/tp, a vocabulary slice) and
+ * the Megatron conjugate operators are all-reduces over m->par.tp_comm on
+ * the calling thread:
+ *   forward:  the embedding output, o_proj's and down_proj's outputs (their
+ *             biases added once, after the sum), the vocab-parallel loss's
+ *             row max (MAX) and sum-exp/target logit (SUM);
+ *   backward: d ln1 and d ln2 (input gradients of the column-parallel q/k/v
+ *             and gate/up blocks) before the norm backward, and d of the
+ *             final norm's output (lm_head's input). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "actors/coll.h"
 #include "base/log.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
@@ -43,7 +56,9 @@ struct model_acts {
     /* head */
     float *lnf, *rstdf;   /* [N, C], [N] */
     float *dlnf;          /* [N, C] gradient at the final norm's output */
-    float *logits, *dlogits, *losses; /* [chunk, V] x2, [chunk] */
+    float *logits, *dlogits, *losses; /* [chunk, V] x2, [chunk] (V: this rank's vocab) */
+    float *vmax, *vsum;   /* [chunk], [2, chunk] vocab-parallel row max; sum-exp, target logit */
+    float *ones;          /* [N] of 1: adds a replicated bias after a TP reduction */
     /* scratch */
     float *tmp;           /* [N, C] */
     float *dres, *dln;    /* [N, C] */
@@ -92,18 +107,19 @@ static void rope_inv_freq(const model_config_t *c, float *inv, int64_t half)
     }
 }
 
-static size_t acts_floats(const model_config_t *c, int nl, bool head, int64_t B, int64_t T,
-                          int64_t chunk)
+static size_t acts_floats(const model_t *m, int nl, int64_t B, int64_t T, int64_t chunk)
 {
-    size_t N = (size_t)(B * T), C = (size_t)c->hidden_size, F = (size_t)c->intermediate_size;
-    size_t Cq = (size_t)(c->num_heads * c->head_dim), Ckv = (size_t)(c->num_kv_heads * c->head_dim);
-    size_t V = (size_t)c->vocab_size, L = (size_t)nl, half = (size_t)c->head_dim / 2;
+    const model_config_t *c = &m->cfg;
+    size_t N = (size_t)(B * T), C = (size_t)c->hidden_size, F = (size_t)m->ffn;
+    size_t Cq = (size_t)(m->n_heads * c->head_dim), Ckv = (size_t)(m->n_kv_heads * c->head_dim);
+    size_t V = (size_t)m->vocab, L = (size_t)nl, half = (size_t)c->head_dim / 2;
     size_t n = 2 * (size_t)T * half;
     n += (L + 1) * N * C;
-    n += L * (N * C * 3 + N * 2 + N * Cq * 2 + N * Ckv * 2 + (size_t)(B * c->num_heads * T) +
+    n += L * (N * C * 3 + N * 2 + N * Cq * 2 + N * Ckv * 2 + (size_t)(B * m->n_heads * T) +
               N * F * 3);
-    if (head) n += N * C * 2 + N + (size_t)chunk * (2 * V + 1);
+    if (m->stage.has_head) n += N * C * 2 + N + (size_t)chunk * (2 * V + 1) + (size_t)chunk * 3;
     n += N * C * 3 + N * Cq * 3 + N * Ckv * 3 + N * F * 3;
+    n += N;
     return n;
 }
 
@@ -128,10 +144,10 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
     a->T = T;
     a->nl = m->stage.last_layer - m->stage.first_layer;
     int64_t N = B * T;
-    a->head_chunk = (int64_t)(MODEL_HEAD_CHUNK_ELEMS / (size_t)c->vocab_size);
+    a->head_chunk = (int64_t)(MODEL_HEAD_CHUNK_ELEMS / (size_t)m->vocab);
     if (a->head_chunk < 1) a->head_chunk = 1;
     if (a->head_chunk > N) a->head_chunk = N;
-    size_t nf = acts_floats(c, a->nl, m->stage.has_head, B, T, a->head_chunk);
+    size_t nf = acts_floats(m, a->nl, B, T, a->head_chunk);
     a->mem = malloc(nf * sizeof(float));
     a->ids = malloc((size_t)N * sizeof(int32_t));
     a->pos = malloc((size_t)N * sizeof(int32_t));
@@ -141,8 +157,8 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
         model_acts_destroy(a);
         return BT_ERR_NOMEM;
     }
-    size_t C = (size_t)c->hidden_size, F = (size_t)c->intermediate_size;
-    size_t Cq = (size_t)(c->num_heads * c->head_dim), Ckv = (size_t)(c->num_kv_heads * c->head_dim);
+    size_t C = (size_t)c->hidden_size, F = (size_t)m->ffn;
+    size_t Cq = (size_t)(m->n_heads * c->head_dim), Ckv = (size_t)(m->n_kv_heads * c->head_dim);
     size_t L = (size_t)a->nl, n = (size_t)N, half = (size_t)c->head_dim / 2;
     float *p = a->mem;
 #define CARVE(field, count) do { a->field = p; p += (count); } while (0)
@@ -155,7 +171,7 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
     CARVE(k, L * n * Ckv);
     CARVE(v, L * n * Ckv);
     CARVE(att, L * n * Cq);
-    CARVE(lse, L * (size_t)(B * c->num_heads * T));
+    CARVE(lse, L * (size_t)(B * m->n_heads * T));
     CARVE(mid, L * n * C);
     CARVE(ln2, L * n * C);
     CARVE(rstd2, L * n);
@@ -166,9 +182,11 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
         CARVE(lnf, n * C);
         CARVE(dlnf, n * C);
         CARVE(rstdf, n);
-        CARVE(logits, (size_t)a->head_chunk * (size_t)c->vocab_size);
-        CARVE(dlogits, (size_t)a->head_chunk * (size_t)c->vocab_size);
+        CARVE(logits, (size_t)a->head_chunk * (size_t)m->vocab);
+        CARVE(dlogits, (size_t)a->head_chunk * (size_t)m->vocab);
         CARVE(losses, (size_t)a->head_chunk);
+        CARVE(vmax, (size_t)a->head_chunk);
+        CARVE(vsum, 2 * (size_t)a->head_chunk);
     }
     CARVE(tmp, n * C);
     CARVE(dres, n * C);
@@ -182,6 +200,7 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
     CARVE(dgate, n * F);
     CARVE(dup, n * F);
     CARVE(dh, n * F);
+    CARVE(ones, n);
 #undef CARVE
     if ((size_t)(p - a->mem) != nf) BT_PANIC("model acts: carved %zu of %zu floats",
                                              (size_t)(p - a->mem), nf);
@@ -190,6 +209,7 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
         model_acts_destroy(a);
         return BT_ERR_NOMEM;
     }
+    for (size_t i = 0; i < n; i++) a->ones[i] = 1.0f;
     rope_inv_freq(c, inv, (int64_t)half);
     for (int64_t t = 0; t < T; t++)
         for (size_t i = 0; i < half; i++) {
@@ -211,13 +231,51 @@ void model_acts_destroy(model_acts_t *a)
     free(a);
 }
 
+/* buf[n] reduced in place over the TP group (nothing without TP); `what`
+ * and `layer` (-1: none) say which tensor in the error. */
+static bt_status_t tp_all_reduce(model_t *m, float *buf, size_t n, coll_op_t op,
+                                 const char *what, int layer)
+{
+    if (m->par.tp_size == 1) return BT_OK;
+    bt_status_t st = coll_all_reduce(m->par.tp_comm, buf, n, DT_F32, op);
+    if (st != BT_OK) {
+        char where[32] = "";
+        if (layer >= 0) snprintf(where, sizeof where, " in layer %d", layer);
+        log_error("model: TP all-reduce of %s%s failed (TP rank %d of %d): %s", what, where,
+                  m->par.tp_rank, m->par.tp_size, bt_status_str(st));
+    }
+    return st;
+}
+
+/* Row-parallel linear: out[N,C] = sum over TP ranks of x_r[N,IC_r] W_r^T,
+ * then the replicated bias, added once after the sum (as a rank-1 update
+ * ones[N,1] @ bias[1,C], which every backend has). */
+static bt_status_t row_parallel_fwd(model_t *m, model_acts_t *a, tensor_t *out,
+                                    const tensor_t *x, int w, int bias, const char *what,
+                                    int layer)
+{
+    if (m->par.tp_size == 1) {
+        kern_linear_fwd(out, x, P(m, w), P(m, bias));
+        return BT_OK;
+    }
+    kern_linear_fwd(out, x, P(m, w), NULL);
+    int64_t N = out->shape[0], C = out->shape[1];
+    bt_status_t st = tp_all_reduce(m, out->data, (size_t)(N * C), COLL_SUM, what, layer);
+    if (st != BT_OK || bias < 0) return st;
+    tensor_t ones = t2(a->ones, N, 1), b = t2(P(m, bias)->data, 1, C);
+    kern_matmul(out, &ones, &b, false, false, 1.0f, 1.0f);
+    return BT_OK;
+}
+
 /* One decoder layer forward; li is the stage-local layer index. */
-static void layer_forward(model_t *m, model_acts_t *a, int li, int64_t B, int64_t T)
+static bt_status_t layer_forward(model_t *m, model_acts_t *a, int li, int64_t B, int64_t T)
 {
     const model_config_t *c = &m->cfg;
     const model_layer_ix_t *x = &m->layers[li];
-    int64_t N = B * T, C = c->hidden_size, F = c->intermediate_size, D = c->head_dim;
-    int64_t Hq = c->num_heads, Hkv = c->num_kv_heads, Cq = Hq * D, Ckv = Hkv * D;
+    int64_t N = B * T, C = c->hidden_size, F = m->ffn, D = c->head_dim;
+    int64_t Hq = m->n_heads, Hkv = m->n_kv_heads, Cq = Hq * D, Ckv = Hkv * D;
+    int layer = m->stage.first_layer + li;
+    bt_status_t st;
     int64_t half = D / 2;
     size_t l = (size_t)li, n = (size_t)N;
 
@@ -246,24 +304,31 @@ static void layer_forward(model_t *m, model_acts_t *a, int li, int64_t B, int64_
     kern_rope_fwd(&q4, &q4, &cos, &sin, &pos);
     kern_rope_fwd(&k4, &k4, &cos, &sin, &pos);
     kern_attention_fwd(&att4, &lse, &q4, &k4, &v4, scale, true, 0);
-    kern_linear_fwd(&tmp, &att, P(m, x->o), P(m, x->o_bias));
+    st = row_parallel_fwd(m, a, &tmp, &att, x->o, x->o_bias, "o_proj output", layer);
+    if (st != BT_OK) return st;
     kern_add(&mid, &res, &tmp);
     kern_rmsnorm_fwd(&ln2, &rstd2, &mid, P(m, x->post_norm), eps);
     kern_linear_fwd(&gate, &ln2, P(m, x->gate), P(m, x->gate_bias));
     kern_linear_fwd(&up, &ln2, P(m, x->up), P(m, x->up_bias));
     kern_swiglu_fwd(&h, &gate, &up);
-    kern_linear_fwd(&tmp, &h, P(m, x->down), P(m, x->down_bias));
+    st = row_parallel_fwd(m, a, &tmp, &h, x->down, x->down_bias, "down_proj output", layer);
+    if (st != BT_OK) return st;
     kern_add(&res_next, &mid, &tmp);
+    return BT_OK;
 }
 
 /* One decoder layer backward: a->dres holds d res_{l+1} on entry and
- * d res_l on return. */
-static void layer_backward(model_t *m, model_acts_t *a, int li, int64_t B, int64_t T)
+ * d res_l on return. With TP, dres is whole (replicated) and the gradients of
+ * the replicated norm weights and row-parallel biases come out identical on
+ * every rank. */
+static bt_status_t layer_backward(model_t *m, model_acts_t *a, int li, int64_t B, int64_t T)
 {
     const model_config_t *c = &m->cfg;
     const model_layer_ix_t *x = &m->layers[li];
-    int64_t N = B * T, C = c->hidden_size, F = c->intermediate_size, D = c->head_dim;
-    int64_t Hq = c->num_heads, Hkv = c->num_kv_heads, Cq = Hq * D, Ckv = Hkv * D;
+    int64_t N = B * T, C = c->hidden_size, F = m->ffn, D = c->head_dim;
+    int64_t Hq = m->n_heads, Hkv = m->n_kv_heads, Cq = Hq * D, Ckv = Hkv * D;
+    int layer = m->stage.first_layer + li;
+    bt_status_t st;
     int64_t half = D / 2;
     size_t l = (size_t)li, n = (size_t)N;
 
@@ -299,6 +364,8 @@ static void layer_backward(model_t *m, model_acts_t *a, int li, int64_t B, int64
     kern_zero(&dln);
     kern_linear_bwd(&dln, G(m, x->gate), G(m, x->gate_bias), &dgate, &ln2, P(m, x->gate));
     kern_linear_bwd(&dln, G(m, x->up), G(m, x->up_bias), &dup, &ln2, P(m, x->up));
+    st = tp_all_reduce(m, a->dln, (size_t)(N * C), COLL_SUM, "d post_attention_layernorm", layer);
+    if (st != BT_OK) return st;
     kern_rmsnorm_bwd(&dres, G(m, x->post_norm), &dln, &mid, P(m, x->post_norm), &rstd2);
 
     /* attention: mid = res_l + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))) */
@@ -316,16 +383,78 @@ static void layer_backward(model_t *m, model_acts_t *a, int li, int64_t B, int64
     kern_linear_bwd(&dln, G(m, x->q), G(m, x->q_bias), &dqr, &ln1, P(m, x->q));
     kern_linear_bwd(&dln, G(m, x->k), G(m, x->k_bias), &dkr, &ln1, P(m, x->k));
     kern_linear_bwd(&dln, G(m, x->v), G(m, x->v_bias), &dv, &ln1, P(m, x->v));
+    st = tp_all_reduce(m, a->dln, (size_t)(N * C), COLL_SUM, "d input_layernorm", layer);
+    if (st != BT_OK) return st;
     kern_rmsnorm_bwd(&dres, G(m, x->input_norm), &dln, &res, P(m, x->input_norm), &rstd1);
+    return BT_OK;
+}
+
+/* logits_out[rows, V] (row stride V) = the whole-vocabulary logits of one
+ * chunk, gathered from every TP rank's logits[rows, Vr]. */
+static bt_status_t head_logits_gather(model_t *m, float *logits_out, const float *logits,
+                                      int64_t rows)
+{
+    int tp = m->par.tp_size;
+    int64_t V = m->cfg.vocab_size;
+    size_t *counts = malloc((size_t)tp * sizeof *counts);
+    float *all = malloc((size_t)(rows * V) * sizeof *all);
+    bt_status_t st = BT_ERR_NOMEM;
+    if (!counts || !all) goto free_bufs;
+    for (int r = 0; r < tp; r++) {
+        int64_t start, n;
+        model_tp_split(V, tp, r, &start, &n);
+        counts[r] = (size_t)(rows * n);
+    }
+    st = coll_all_gather(m->par.tp_comm, all, logits, counts, DT_F32);
+    if (st != BT_OK) {
+        log_error("model: TP all-gather of the logits failed: %s", bt_status_str(st));
+        goto free_bufs;
+    }
+    const float *blk = all;
+    for (int r = 0; r < tp; r++) {
+        int64_t start, n;
+        model_tp_split(V, tp, r, &start, &n);
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(logits_out + i * V + start, blk + i * n, (size_t)n * sizeof(float));
+        blk += rows * n;
+    }
+free_bufs:
+    free(all);
+    free(counts);
+    return st;
+}
+
+/* Cross-entropy of one chunk: fused without TP; with TP the vocabulary-
+ * parallel three passes around an all-reduce MAX and one SUM (sum-exp and
+ * target logit in one buffer). losses come out whole on every rank, dlogits
+ * (when non-NULL) for this rank's vocabulary slice. Returns scored rows or
+ * a negative status. */
+static int64_t head_xent(model_t *m, model_acts_t *a, tensor_t *losses, tensor_t *dlogits,
+                         const tensor_t *logits, const tensor_t *tg, float dloss)
+{
+    if (m->par.tp_size == 1)
+        return kern_xent_fwd_bwd(losses, dlogits, logits, tg, dloss, MODEL_IGNORE_INDEX);
+    int64_t rows = logits->shape[0];
+    tensor_t gmax = t1(a->vmax, rows), sumexp = t1(a->vsum, rows), tgt = t1(a->vsum + rows, rows);
+    kern_xent_vp_max(&gmax, logits);
+    bt_status_t st = tp_all_reduce(m, a->vmax, (size_t)rows, COLL_MAX, "the logits' row max", -1);
+    if (st != BT_OK) return st;
+    kern_xent_vp_sum(&sumexp, &tgt, logits, &gmax, tg, m->vocab_start, MODEL_IGNORE_INDEX);
+    st = tp_all_reduce(m, a->vsum, 2 * (size_t)rows, COLL_SUM, "the logits' sum-exp", -1);
+    if (st != BT_OK) return st;
+    return kern_xent_vp_finish(losses, dlogits, logits, &gmax, &sumexp, &tgt, tg, m->vocab_start,
+                               dloss, MODEL_IGNORE_INDEX);
 }
 
 /* Final norm, lm_head and cross-entropy over row chunks. With dloss > 0 the
- * lm_head gradient and d(final norm output) (a->dlnf) are computed too. */
-static void head_forward(model_t *m, model_acts_t *a, const model_batch_t *b, float dloss,
-                         model_loss_t *loss)
+ * lm_head gradient and d(final norm output) (a->dlnf) are computed too; with
+ * TP each rank adds its vocabulary slice's share to dlnf, summed once at the
+ * end. */
+static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t *b, float dloss,
+                                model_loss_t *loss)
 {
     const model_config_t *c = &m->cfg;
-    int64_t N = b->B * b->T, C = c->hidden_size, V = c->vocab_size;
+    int64_t N = b->B * b->T, C = c->hidden_size, V = m->vocab;
     tensor_t x = t2(a->res + (size_t)a->nl * (size_t)N * (size_t)C, N, C);
     tensor_t lnf = t2(a->lnf, N, C), rstdf = t1(a->rstdf, N);
     kern_rmsnorm_fwd(&lnf, &rstdf, &x, P(m, m->final_norm), (float)c->rms_norm_eps);
@@ -335,6 +464,7 @@ static void head_forward(model_t *m, model_acts_t *a, const model_batch_t *b, fl
     }
     double sum = 0.0;
     int64_t scored = 0;
+    bt_status_t st;
     for (int64_t r0 = 0; r0 < N; r0 += a->head_chunk) {
         int64_t rows = N - r0 < a->head_chunk ? N - r0 : a->head_chunk;
         if (!b->logits_out && model_count_scored(b->targets + r0, rows) == 0) continue;
@@ -342,20 +472,29 @@ static void head_forward(model_t *m, model_acts_t *a, const model_batch_t *b, fl
         tensor_t logits = t2(a->logits, rows, V), losses = t1(a->losses, rows);
         tensor_t tg = tensor_1d((void *)(b->targets + r0), DT_I32, rows);
         kern_linear_fwd(&logits, &xin, P(m, m->lm_head), NULL);
-        if (b->logits_out)
-            memcpy(b->logits_out + (size_t)r0 * (size_t)V, a->logits,
-                   (size_t)(rows * V) * sizeof(float));
+        if (b->logits_out) {
+            float *dst = b->logits_out + (size_t)r0 * (size_t)c->vocab_size;
+            if (m->par.tp_size == 1)
+                memcpy(dst, a->logits, (size_t)(rows * V) * sizeof(float));
+            else if ((st = head_logits_gather(m, dst, a->logits, rows)) != BT_OK)
+                return st;
+        }
         tensor_t dlogits = t2(a->dlogits, rows, V);
-        scored += kern_xent_fwd_bwd(&losses, dloss > 0 ? &dlogits : NULL, &logits, &tg, dloss,
-                                    MODEL_IGNORE_INDEX);
+        int64_t k = head_xent(m, a, &losses, dloss > 0 ? &dlogits : NULL, &logits, &tg, dloss);
+        if (k < 0) return (bt_status_t)k;
+        scored += k;
         for (int64_t i = 0; i < rows; i++) sum += a->losses[i];
         if (dloss > 0) {
             tensor_t dx = t2(a->dlnf + (size_t)r0 * (size_t)C, rows, C);
             kern_linear_bwd(&dx, G(m, m->lm_head), NULL, &dlogits, &xin, P(m, m->lm_head));
         }
     }
+    if (dloss > 0 &&
+        (st = tp_all_reduce(m, a->dlnf, (size_t)(N * C), COLL_SUM, "d model.norm", -1)) != BT_OK)
+        return st;
     loss->loss_sum = sum;
     loss->n_scored = scored;
+    return BT_OK;
 }
 
 bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t *b,
@@ -411,15 +550,24 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
     a->grad_ready = false;
 
     tensor_t res0 = t2(a->res, N, C);
+    bt_status_t st;
     if (s->has_embedding) {
+        /* vocab-parallel: rows outside this rank's slice are zero, so the
+         * sum over the group is the lookup */
         tensor_t ids = tensor_1d(a->ids, DT_I32, N);
-        kern_embedding_fwd(&res0, P(m, m->embed), &ids, 0);
+        kern_embedding_fwd(&res0, P(m, m->embed), &ids, m->vocab_start);
+        st = tp_all_reduce(m, a->res, (size_t)(N * C), COLL_SUM, "the embedding", -1);
+        if (st != BT_OK) return st;
     } else {
         memcpy(a->res, x_in, (size_t)(N * C) * sizeof(float));
     }
-    for (int li = 0; li < a->nl; li++) layer_forward(m, a, li, b->B, b->T);
-    if (s->has_head) head_forward(m, a, b, dloss, loss);
-    else memcpy(x_out, a->res + (size_t)a->nl * (size_t)(N * C), (size_t)(N * C) * sizeof(float));
+    for (int li = 0; li < a->nl; li++)
+        if ((st = layer_forward(m, a, li, b->B, b->T)) != BT_OK) return st;
+    if (s->has_head) {
+        if ((st = head_forward(m, a, b, dloss, loss)) != BT_OK) return st;
+    } else {
+        memcpy(x_out, a->res + (size_t)a->nl * (size_t)(N * C), (size_t)(N * C) * sizeof(float));
+    }
     a->grad_ready = dloss > 0;
     return BT_OK;
 }
@@ -446,14 +594,17 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a, const float *dx_ou
     } else {
         memcpy(a->dres, dx_out, (size_t)(N * C) * sizeof(float));
     }
-    for (int li = a->nl - 1; li >= 0; li--) layer_backward(m, a, li, B, T);
+    a->grad_ready = false; /* a failed collective leaves partial gradients */
+    for (int li = a->nl - 1; li >= 0; li--) {
+        bt_status_t st = layer_backward(m, a, li, B, T);
+        if (st != BT_OK) return st;
+    }
     if (s->has_embedding) {
         tensor_t ids = tensor_1d(a->ids, DT_I32, N);
-        kern_embedding_bwd(G(m, m->embed), &dres, &ids, 0);
+        kern_embedding_bwd(G(m, m->embed), &dres, &ids, m->vocab_start);
     } else {
         memcpy(dx_in, a->dres, (size_t)(N * C) * sizeof(float));
     }
-    a->grad_ready = false;
     return BT_OK;
 }
 

@@ -81,78 +81,114 @@ model_stage_t model_stage_full(const model_config_t *cfg)
                            .has_embedding = true, .has_head = true};
 }
 
-/* Appends one parameter to the layout (when out is non-NULL) and returns its
- * index. */
-static int layout_add(model_param_t *out, int *n, int ndim, int64_t d0, int64_t d1,
+/* Layout under construction for one TP rank. */
+typedef struct {
+    model_param_t *out; /* NULL: count only */
+    int            n;
+    int            tp_rank, tp_size;
+} layout_ctx_t;
+
+/* Appends one parameter of HF shape [d0, d1] (ndim 1: [d0]) to the layout,
+ * split along `dim` over the TP group (near-even; exact for heads and the
+ * MLP, which validation makes divisible), and returns its index. */
+static int layout_add(layout_ctx_t *lc, int ndim, int64_t d0, int64_t d1, model_shard_dim_t dim,
                       const char *fmt, int layer, const char *suffix)
 {
-    if (out) {
-        model_param_t *p = &out[*n];
+    if (lc->out) {
+        model_param_t *p = &lc->out[lc->n];
         memset(p, 0, sizeof *p);
         if (layer >= 0) snprintf(p->name, sizeof p->name, fmt, layer, suffix);
         else snprintf(p->name, sizeof p->name, "%s", fmt);
+        int64_t shape[2] = {d0, ndim > 1 ? d1 : 1};
+        p->shard_dim = dim;
+        p->full_shape[0] = shape[0];
+        p->full_shape[1] = shape[1];
+        if (dim != MODEL_SHARD_NONE)
+            model_tp_split(shape[dim], lc->tp_size, lc->tp_rank, &p->shard_offset,
+                              &shape[dim]);
         p->t.dtype = DT_F32;
         p->t.device = DEVICE_CPU;
         p->t.ndim = ndim;
-        p->t.shape[0] = d0;
-        p->t.shape[1] = ndim > 1 ? d1 : 1;
-        p->t.stride[0] = ndim > 1 ? d1 : 1;
+        p->t.shape[0] = shape[0];
+        p->t.shape[1] = shape[1];
+        p->t.stride[0] = ndim > 1 ? shape[1] : 1;
         p->t.stride[1] = 1;
     }
-    return (*n)++;
+    return lc->n++;
 }
 
-static int layout_build(const model_config_t *c, const model_stage_t *st, model_param_t *out,
-                        model_layer_ix_t *lix, int *embed, int *final_norm, int *lm_head)
+/* Megatron splits: q/k/v, gate/up (and their biases) column-parallel (rows of
+ * the HF [out, in] weight), o/down row-parallel (columns) with replicated
+ * biases, embedding and lm_head by vocabulary rows, norms replicated. */
+static int layout_build(const model_config_t *c, const model_stage_t *st,
+                        const model_parallel_t *par, model_param_t *out, model_layer_ix_t *lix,
+                        int *embed, int *final_norm, int *lm_head)
 {
-    int n = 0;
+    layout_ctx_t lc = {.out = out, .tp_rank = par ? par->tp_rank : 0,
+                       .tp_size = par ? par->tp_size : 1};
     int64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     int64_t Cq = c->num_heads * c->head_dim, Ckv = c->num_kv_heads * c->head_dim;
+    const model_shard_dim_t ROW = MODEL_SHARD_ROWS, COL = MODEL_SHARD_COLS, REP = MODEL_SHARD_NONE;
     const char *L = "model.layers.%d.%s";
     int e = -1, fn = -1, lh = -1;
     if (st->has_embedding || (st->has_head && c->tie_word_embeddings))
-        e = layout_add(out, &n, 2, V, C, "model.embed_tokens.weight", -1, NULL);
+        e = layout_add(&lc, 2, V, C, ROW, "model.embed_tokens.weight", -1, NULL);
     for (int l = st->first_layer; l < st->last_layer; l++) {
         model_layer_ix_t x;
         memset(&x, -1, sizeof x);
-        x.input_norm = layout_add(out, &n, 1, C, 0, L, l, "input_layernorm.weight");
-        x.q = layout_add(out, &n, 2, Cq, C, L, l, "self_attn.q_proj.weight");
-        if (c->qkv_bias) x.q_bias = layout_add(out, &n, 1, Cq, 0, L, l, "self_attn.q_proj.bias");
-        x.k = layout_add(out, &n, 2, Ckv, C, L, l, "self_attn.k_proj.weight");
-        if (c->qkv_bias) x.k_bias = layout_add(out, &n, 1, Ckv, 0, L, l, "self_attn.k_proj.bias");
-        x.v = layout_add(out, &n, 2, Ckv, C, L, l, "self_attn.v_proj.weight");
-        if (c->qkv_bias) x.v_bias = layout_add(out, &n, 1, Ckv, 0, L, l, "self_attn.v_proj.bias");
-        x.o = layout_add(out, &n, 2, C, Cq, L, l, "self_attn.o_proj.weight");
-        if (c->o_bias) x.o_bias = layout_add(out, &n, 1, C, 0, L, l, "self_attn.o_proj.bias");
-        x.post_norm = layout_add(out, &n, 1, C, 0, L, l, "post_attention_layernorm.weight");
-        x.gate = layout_add(out, &n, 2, F, C, L, l, "mlp.gate_proj.weight");
-        if (c->mlp_bias) x.gate_bias = layout_add(out, &n, 1, F, 0, L, l, "mlp.gate_proj.bias");
-        x.up = layout_add(out, &n, 2, F, C, L, l, "mlp.up_proj.weight");
-        if (c->mlp_bias) x.up_bias = layout_add(out, &n, 1, F, 0, L, l, "mlp.up_proj.bias");
-        x.down = layout_add(out, &n, 2, C, F, L, l, "mlp.down_proj.weight");
-        if (c->mlp_bias) x.down_bias = layout_add(out, &n, 1, C, 0, L, l, "mlp.down_proj.bias");
+        x.input_norm = layout_add(&lc, 1, C, 0, REP, L, l, "input_layernorm.weight");
+        x.q = layout_add(&lc, 2, Cq, C, ROW, L, l, "self_attn.q_proj.weight");
+        if (c->qkv_bias) x.q_bias = layout_add(&lc, 1, Cq, 0, ROW, L, l, "self_attn.q_proj.bias");
+        x.k = layout_add(&lc, 2, Ckv, C, ROW, L, l, "self_attn.k_proj.weight");
+        if (c->qkv_bias) x.k_bias = layout_add(&lc, 1, Ckv, 0, ROW, L, l, "self_attn.k_proj.bias");
+        x.v = layout_add(&lc, 2, Ckv, C, ROW, L, l, "self_attn.v_proj.weight");
+        if (c->qkv_bias) x.v_bias = layout_add(&lc, 1, Ckv, 0, ROW, L, l, "self_attn.v_proj.bias");
+        x.o = layout_add(&lc, 2, C, Cq, COL, L, l, "self_attn.o_proj.weight");
+        if (c->o_bias) x.o_bias = layout_add(&lc, 1, C, 0, REP, L, l, "self_attn.o_proj.bias");
+        x.post_norm = layout_add(&lc, 1, C, 0, REP, L, l, "post_attention_layernorm.weight");
+        x.gate = layout_add(&lc, 2, F, C, ROW, L, l, "mlp.gate_proj.weight");
+        if (c->mlp_bias) x.gate_bias = layout_add(&lc, 1, F, 0, ROW, L, l, "mlp.gate_proj.bias");
+        x.up = layout_add(&lc, 2, F, C, ROW, L, l, "mlp.up_proj.weight");
+        if (c->mlp_bias) x.up_bias = layout_add(&lc, 1, F, 0, ROW, L, l, "mlp.up_proj.bias");
+        x.down = layout_add(&lc, 2, C, F, COL, L, l, "mlp.down_proj.weight");
+        if (c->mlp_bias) x.down_bias = layout_add(&lc, 1, C, 0, REP, L, l, "mlp.down_proj.bias");
         if (lix) lix[l - st->first_layer] = x;
     }
     if (st->has_head) {
-        fn = layout_add(out, &n, 1, C, 0, "model.norm.weight", -1, NULL);
-        lh = c->tie_word_embeddings ? e : layout_add(out, &n, 2, V, C, "lm_head.weight", -1, NULL);
+        fn = layout_add(&lc, 1, C, 0, REP, "model.norm.weight", -1, NULL);
+        lh = c->tie_word_embeddings ? e : layout_add(&lc, 2, V, C, ROW, "lm_head.weight", -1, NULL);
     }
     if (embed) *embed = st->has_embedding ? e : -1;
     if (final_norm) *final_norm = fn;
     if (lm_head) *lm_head = lh;
-    return n;
+    return lc.n;
 }
 
 int model_layout(const model_config_t *cfg, const model_stage_t *stage, model_param_t *out)
 {
+    return model_layout_tp(cfg, stage, NULL, out);
+}
+
+int model_layout_tp(const model_config_t *cfg, const model_stage_t *stage,
+                    const model_parallel_t *par, model_param_t *out)
+{
     model_stage_t full = model_stage_full(cfg);
-    return layout_build(cfg, stage ? stage : &full, out, NULL, NULL, NULL, NULL);
+    return layout_build(cfg, stage ? stage : &full, par, out, NULL, NULL, NULL, NULL);
 }
 
 bt_status_t model_create(const model_config_t *cfg, const model_stage_t *stage, model_t **out)
 {
+    return model_create_tp(cfg, stage, NULL, out);
+}
+
+bt_status_t model_create_tp(const model_config_t *cfg, const model_stage_t *stage,
+                            const model_parallel_t *par, model_t **out)
+{
     bt_status_t st = model_config_validate(cfg);
     if (st != BT_OK) return st;
+    model_parallel_t solo = {.tp_rank = 0, .tp_size = 1, .tp_comm = NULL};
+    if (!par) par = &solo;
+    if ((st = model_parallel_validate(cfg, par)) != BT_OK) return st;
     model_stage_t full = model_stage_full(cfg);
     const model_stage_t *s = stage ? stage : &full;
     if (s->first_layer < 0 || s->last_layer < s->first_layer || s->last_layer > cfg->num_layers) {
@@ -164,8 +200,13 @@ bt_status_t model_create(const model_config_t *cfg, const model_stage_t *stage, 
     if (!m) return BT_ERR_NOMEM;
     m->cfg = *cfg;
     m->stage = *s;
+    m->par = *par;
+    m->n_heads = cfg->num_heads / par->tp_size;
+    m->n_kv_heads = cfg->num_kv_heads / par->tp_size;
+    m->ffn = cfg->intermediate_size / par->tp_size;
+    model_tp_split(cfg->vocab_size, par->tp_size, par->tp_rank, &m->vocab_start, &m->vocab);
     int nl = s->last_layer - s->first_layer;
-    int n = layout_build(cfg, s, NULL, NULL, NULL, NULL, NULL);
+    int n = layout_build(cfg, s, par, NULL, NULL, NULL, NULL, NULL);
     m->params = calloc((size_t)n ? (size_t)n : 1, sizeof *m->params);
     m->grads = calloc((size_t)n ? (size_t)n : 1, sizeof *m->grads);
     m->layers = calloc(nl ? (size_t)nl : 1, sizeof *m->layers);
@@ -173,7 +214,7 @@ bt_status_t model_create(const model_config_t *cfg, const model_stage_t *stage, 
         st = BT_ERR_NOMEM;
         goto free_model;
     }
-    m->n_params = layout_build(cfg, s, m->params, m->layers, &m->embed, &m->final_norm,
+    m->n_params = layout_build(cfg, s, par, m->params, m->layers, &m->embed, &m->final_norm,
                                &m->lm_head);
     size_t off = 0;
     for (int i = 0; i < m->n_params; i++) {
@@ -251,18 +292,19 @@ double model_grads_sumsq(const model_t *m)
     return s;
 }
 
-/* splitmix64: a small, well-mixed deterministic generator. */
-static uint64_t model_rng_next(uint64_t *s)
+/* splitmix64, addressed by draw number: draw k (0-based) from seed s. Being
+ * counter-based lets a TP shard draw exactly its elements' numbers. */
+static uint64_t model_rng_at(uint64_t s, uint64_t k)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    uint64_t z = s + (k + 1) * 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
 
-static double model_rng_uniform(uint64_t *s)
+static double model_rng_uniform(uint64_t s, uint64_t k)
 {
-    return ((double)(model_rng_next(s) >> 11) + 0.5) / 9007199254740992.0;
+    return ((double)(model_rng_at(s, k) >> 11) + 0.5) / 9007199254740992.0;
 }
 
 void model_init_random(model_t *m, uint64_t seed, float std)
@@ -270,22 +312,30 @@ void model_init_random(model_t *m, uint64_t seed, float std)
     for (int i = 0; i < m->n_params; i++) {
         model_param_t *p = &m->params[i];
         float *d = p->t.data;
-        int64_t n = tensor_numel(&p->t);
+        int64_t rows = p->t.shape[0], cols = p->t.ndim > 1 ? p->t.shape[1] : 1;
+        int64_t full_cols = p->t.ndim > 1 ? p->full_shape[1] : 1;
         size_t len = strlen(p->name);
         bool is_norm = len > 11 && strstr(p->name, "norm.weight") != NULL;
         bool is_bias = len > 5 && !strcmp(p->name + len - 5, ".bias");
         /* Seed per tensor by name so that a stage initializes its layers
-         * exactly as the whole model would. */
+         * exactly as the whole model would; element j of the HF tensor uses
+         * draws 2j and 2j+1, so a TP shard gets its slice of the same values. */
         uint64_t s = seed;
         for (size_t k = 0; k < len; k++) s = (s ^ (uint8_t)p->name[k]) * 0x100000001b3ull;
-        for (int64_t j = 0; j < n; j++) {
-            if (is_norm) d[j] = 1.0f;
-            else if (is_bias) d[j] = 0.0f;
-            else {
-                double u1 = model_rng_uniform(&s), u2 = model_rng_uniform(&s);
-                d[j] = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++) {
+                int64_t gr = r, gc = c;
+                if (p->shard_dim == MODEL_SHARD_ROWS) gr += p->shard_offset;
+                if (p->shard_dim == MODEL_SHARD_COLS) gc += p->shard_offset;
+                uint64_t g = (uint64_t)(gr * full_cols + gc);
+                float *dst = &d[r * cols + c];
+                if (is_norm) *dst = 1.0f;
+                else if (is_bias) *dst = 0.0f;
+                else {
+                    double u1 = model_rng_uniform(s, 2 * g), u2 = model_rng_uniform(s, 2 * g + 1);
+                    *dst = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+                }
             }
-        }
     }
 }
 

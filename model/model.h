@@ -17,7 +17,8 @@
  *    (last stage). Layer tensors keep their GLOBAL layer index in their names.
  *    With tied embeddings a head stage without the embedding holds its own
  *    copy named "model.embed_tokens.weight" (the distributed code sums the two
- *    gradients); a stage with both uses the one view for both.
+ *    gradients, between the stages' ranks of the same TP rank: both hold the
+ *    same vocabulary slice); a stage with both uses the one view for both.
  *
  * Running a batch: a batch is B rows of T tokens; rows shorter than T are
  * right-padded (any valid id) with target -100, which is exact because
@@ -37,9 +38,17 @@
  * One model_acts_t holds what one microbatch needs between its forward and
  * its backward; a pipeline schedule with k microbatches in flight keeps k.
  *
- * Tensor parallelism is not implemented; the plan is that a TP rank builds
- * its model from a config with local head/intermediate counts and its params
- * are named slices of the HF tensors (ckpt/ maps the slices).
+ * Tensor parallelism (Megatron-style; docs/PARALLEL.md): model_create_tp()
+ * builds one TP rank's share of a stage. cfg stays the WHOLE model's config;
+ * the rank holds Hq/tp query heads and Hkv/tp kv heads (whole GQA groups),
+ * F/tp of the MLP and a near-even slice [vocab_start, vocab_start + vocab)
+ * of the vocabulary. Parameter names stay the HF names; each view records
+ * how it slices the HF tensor (model_param_t.shard_dim/shard_offset/
+ * full_shape), which is all ckpt/ needs to import or gather by name.
+ * Forward and backward issue their TP all-reduces on the calling thread
+ * (blocking, actors/coll.h): every TP rank of a stage must run the same
+ * calls on the same batch, x_in and dx_out; x_out, dx_in and the loss come
+ * out identical on every TP rank.
  */
 #ifndef BT_MODEL_MODEL_H
 #define BT_MODEL_MODEL_H
@@ -105,10 +114,34 @@ typedef struct {
     bool has_head;               /* final norm + lm_head + loss (else output hidden) */
 } model_stage_t;
 
+/* How a parameter is split over the tensor-parallel group. */
+typedef enum {
+    MODEL_SHARD_NONE = -1, /* replicated: every TP rank holds the whole tensor */
+    MODEL_SHARD_ROWS = 0,  /* split along dim 0 (column-parallel weights, their biases, vocab) */
+    MODEL_SHARD_COLS = 1,  /* split along dim 1 (row-parallel weights: o_proj, down_proj) */
+} model_shard_dim_t;
+
 typedef struct {
     char     name[MODEL_NAME_MAX]; /* HF tensor name */
     tensor_t t;                    /* f32 view into param_mem (or grad_mem) */
+    /* The view is the HF tensor of shape full_shape[0..t.ndim) narrowed along
+     * shard_dim to [shard_offset, shard_offset + t.shape[shard_dim]). The
+     * split dim is recorded even at tp_size 1 (offset 0, whole extent).
+     * Replicated parameters (norm weights, o_proj/down_proj biases) get
+     * bit-identical gradients on every TP rank after backward: the gradient
+     * norm must count them once (model_grads_sumsq_unique). */
+    model_shard_dim_t shard_dim;
+    int64_t  shard_offset;
+    int64_t  full_shape[2];
 } model_param_t;
+
+typedef struct coll_comm coll_comm_t; /* actors/coll.h */
+
+/* Where a model instance sits in a tensor-parallel group. */
+typedef struct {
+    int          tp_rank, tp_size; /* {0, 1}: no tensor parallelism */
+    coll_comm_t *tp_comm;          /* the TP group (rank tp_rank of tp_size); NULL at tp_size 1 */
+} model_parallel_t;
 
 /* Indices into model->params of one layer's tensors; -1 when absent. */
 typedef struct {
@@ -127,6 +160,11 @@ typedef struct model {
     model_param_t *grads;      /* [n_params] same names, views into grad_mem */
     model_layer_ix_t *layers;  /* [last_layer - first_layer] */
     int            embed, final_norm, lm_head; /* indices; -1 when absent */
+    model_parallel_t par;
+    /* This TP rank's share (the whole model's values at tp_size 1). */
+    int64_t        n_heads, n_kv_heads;  /* Hq/tp, Hkv/tp */
+    int64_t        ffn;                  /* F/tp */
+    int64_t        vocab, vocab_start;   /* vocabulary rows [vocab_start, vocab_start+vocab) */
 } model_t;
 
 /* Per-microbatch activations and scratch, sized for B x T (opaque). */
@@ -148,8 +186,21 @@ typedef struct {
 /* ---- lifetime ------------------------------------------------------------ */
 
 /* Validates cfg (clear error naming the field) and allocates a zeroed
- * parameter block for `stage` (NULL: the whole model). */
+ * parameter block for `stage` (NULL: the whole model). Same as
+ * model_create_tp with par NULL. */
 bt_status_t model_create(const model_config_t *cfg, const model_stage_t *stage, model_t **out);
+/* One tensor-parallel rank's share of `stage` (par NULL: no TP). cfg is the
+ * whole model's config. Fails with an error naming the field when tp_size
+ * does not divide num_attention_heads, num_key_value_heads or
+ * intermediate_size, exceeds vocab_size, or when tp_comm does not match
+ * (tp_rank, tp_size). The model keeps par->tp_comm (not owned). */
+bt_status_t model_create_tp(const model_config_t *cfg, const model_stage_t *stage,
+                            const model_parallel_t *par, model_t **out);
+bt_status_t model_parallel_validate(const model_config_t *cfg, const model_parallel_t *par);
+/* The part [*start, *start + *count) of `extent` that TP rank tp_rank holds:
+ * near-even, the first extent % tp_size ranks one more (only the vocabulary
+ * can be uneven; heads and the MLP divide exactly). */
+void model_tp_split(int64_t extent, int tp_size, int tp_rank, int64_t *start, int64_t *count);
 void        model_destroy(model_t *m);
 bt_status_t model_config_validate(const model_config_t *cfg);
 /* The full-model stage of cfg. */
@@ -164,6 +215,10 @@ void model_init_random(model_t *m, uint64_t seed, float std);
  * returns the count. ckpt/ uses it with the whole model to know every valid
  * tensor name. */
 int model_layout(const model_config_t *cfg, const model_stage_t *stage, model_param_t *out);
+/* The same for one TP rank (par NULL: no TP): local shapes plus the shard
+ * fields. */
+int model_layout_tp(const model_config_t *cfg, const model_stage_t *stage,
+                    const model_parallel_t *par, model_param_t *out);
 
 /* Index of the parameter named `name`, or -1. */
 int model_param_find(const model_t *m, const char *name);
@@ -172,7 +227,26 @@ int model_param_find(const model_t *m, const char *name);
 
 bt_status_t model_grads_alloc(model_t *m); /* allocates (zeroed) if absent */
 void        model_grads_zero(model_t *m);
-double      model_grads_sumsq(const model_t *m); /* sum of squares over all grads */
+/* Sum of squares over all of m's grads (a TP share's replicated gradients
+ * included: use model_grads_sumsq_unique for a global norm under TP). */
+double      model_grads_sumsq(const model_t *m);
+/* This TP rank's share of the gradient sum of squares: sharded gradients in
+ * full, replicated ones only on tp_rank 0. Summed over the TP group (and
+ * over pipeline stages) it is the global squared norm, each element counted
+ * once. Equals model_grads_sumsq at tp_size 1. */
+double      model_grads_sumsq_unique(const model_t *m);
+
+/* ---- tensor-parallel gathering (collective over m->par.tp_comm) --------- */
+
+/* full[numel of full_shape] = the HF-shaped tensor of parameter i (grad:
+ * its gradient) assembled from every TP rank. Every TP rank must call it
+ * with the same i, in the same order; each gets the whole tensor. */
+bt_status_t model_param_gather(const model_t *m, int i, bool grad, float *full);
+/* Every parameter (grads: gradients, which `full` must have allocated) into
+ * `full`, a tp_size-1 model of the same config and stage, matched by name.
+ * Collective; full may be NULL on ranks that do not need the result. Use:
+ * gather, then ckpt_hf_save(full) on one rank. */
+bt_status_t model_tp_gather(const model_t *m, bool grads, model_t *full);
 
 /* ---- running ------------------------------------------------------------- */
 

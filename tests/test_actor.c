@@ -9,6 +9,7 @@
 
 #include "actors/actor.h"
 #include "actors/router.h"
+#include "actors/trace.h"
 #include "actors/worker.h"
 #include "base/clock.h"
 #include "base/log.h"
@@ -20,6 +21,56 @@ static actor_router_t *router_new(uint32_t rank, uint32_t credits)
     actor_router_t *rt = NULL;
     if (actor_router_create(&cfg, &rt) != BT_OK) return NULL;
     return rt;
+}
+
+
+/* ---- loops: posting, calls, stop ---------------------------------------------- */
+
+typedef struct {
+    actor_item_t item;
+    int         *ran, *canceled;
+} count_item_t;
+
+static void count_run(actor_item_t *it)
+{
+    count_item_t *c = (count_item_t *)it;
+    (*c->ran)++;
+    free(c);
+}
+static void count_cancel(actor_item_t *it)
+{
+    count_item_t *c = (count_item_t *)it;
+    (*c->canceled)++;
+    free(c);
+}
+
+static void where_am_i(void *arg) { *(actor_loop_t **)arg = actor_loop_current(); }
+
+static void test_actor_loop_post_call_stop(void)
+{
+    actor_loop_t *l;
+    REQUIRE(actor_loop_create("l", &l) == BT_OK);
+    REQUIRE(actor_loop_start(l) == BT_OK);
+    int ran = 0, canceled = 0;
+    for (int i = 0; i < 100; i++) {
+        count_item_t *c = calloc(1, sizeof *c);
+        *c = (count_item_t){.item = {.run = count_run, .cancel = count_cancel}, .ran = &ran, .canceled = &canceled};
+        CHECK(actor_loop_post(l, &c->item) == BT_OK);
+    }
+    actor_loop_t *seen = NULL;
+    CHECK(actor_loop_call(l, where_am_i, &seen) == BT_OK);
+    CHECK(seen == l);            /* ran on the loop's own thread */
+    CHECK(ran == 100);           /* everything posted before the call ran first */
+    CHECK(actor_loop_current() == NULL);
+    actor_loop_stop(l);
+    actor_loop_join(l);
+    /* a stopped loop refuses new items and hands them back through cancel */
+    count_item_t *late = calloc(1, sizeof *late);
+    *late = (count_item_t){.item = {.run = count_run, .cancel = count_cancel}, .ran = &ran, .canceled = &canceled};
+    CHECK(actor_loop_post(l, &late->item) == BT_ERR_CANCELED);
+    CHECK(canceled == 1 && ran == 100);
+    CHECK(actor_loop_call(l, where_am_i, &seen) == BT_ERR_CANCELED);
+    actor_loop_destroy(l);
 }
 
 /* ---- ping-pong actor (used on one thread, across threads, across processes) */
@@ -254,9 +305,11 @@ static void test_actor_timers(void)
     /* one-shot: fired exactly twice (first arm, re-armed once by the stopper) */
     CHECK(a.n_once == 2);
     double once_ms = (double)(a.t_once - a.t_stop) / 1e6;
-    CHECK_MSG(once_ms >= 99.0 && once_ms < 250.0, "second one-shot after %.1f ms", once_ms);
-    /* repeating every 10 ms for ~205 ms: 20 ticks, give or take scheduling */
-    CHECK_MSG(a.n_every >= 15 && a.n_every <= 21, "repeating timer fired %d times", a.n_every);
+    /* not before its time; late only by scheduling on a loaded machine */
+    CHECK_MSG(once_ms >= 99.0 && once_ms < 1000.0, "second one-shot after %.1f ms", once_ms);
+    /* repeating every 10 ms for ~205 ms: 20 ticks; libev folds ticks missed
+     * under load into one, never adds any */
+    CHECK_MSG(a.n_every >= 8 && a.n_every <= 21, "repeating timer fired %d times", a.n_every);
     CHECK(a.base.timers == NULL); /* all stopped with the actor */
 }
 
@@ -616,6 +669,33 @@ static void test_actor_inproc_auto(void)
     CHECK(pinger.bad == 0 && ponger.bad == 0);
 }
 
+
+#ifdef BT_HAVE_UCX
+/* auto prefers ucx for another process; when ucx cannot connect, tcp. */
+static void test_actor_auto_ucx_falls_back_to_tcp(void)
+{
+    actor_router_t *r0 = router_new(0, 4), *r1 = router_new(1, 4);
+    REQUIRE(r0 && r1);
+    char card[ACTOR_CARD_MAX], forged[ACTOR_CARD_MAX];
+    REQUIRE(actor_router_listen(r1, 1u << XPORT_TCP, card, sizeof card) == BT_OK);
+    const char *tcp = strstr(card, "tcp=");
+    REQUIRE(tcp);
+    /* another pid (not inproc) and a ucx address nobody listens on */
+    snprintf(forged, sizeof forged, "pid=1;%s;ucx=127.0.0.1:1", tcp);
+    pp_actor_t ponger = {.elems = 4};
+    REQUIRE(actor_register(r1, &ponger.base, &pp_class, actor_router_io_loop(r1), "ponger", 1) == BT_OK);
+    CHECK(actor_router_connect_str(r0, 1, forged, "auto") == BT_OK);
+    CHECK(actor_router_wait_peer(r0, 1, 10000) == BT_OK);
+    CHECK(actor_router_peer_kind(r0, 1) == XPORT_TCP);
+    pp_actor_t pinger = {.limit = 20, .elems = 4, .peer = ponger.base.addr};
+    REQUIRE(actor_register(r0, &pinger.base, &pp_class, actor_router_io_loop(r0), "pinger", 1) == BT_OK);
+    CHECK(actor_router_wait(r0, 10000) == BT_OK);
+    actor_router_destroy(r0);
+    actor_router_destroy(r1);
+    CHECK(pinger.got == 20 && pinger.bad == 0);
+}
+#endif
+
 /* ---- supervision: bad frames and dead peers --------------------------------------- */
 
 /* A raw transport peer that speaks the handshake but sends garbage. */
@@ -726,17 +806,17 @@ static void test_actor_bad_frame_closes_one_connection(void)
     actor_router_destroy(r0);
 }
 
-static void test_actor_killed_peer_reported(void)
+static void killed_peer(const char *kind)
 {
     char card[ACTOR_CARD_MAX];
-    pid_t pid = spawn_ponger("tcp", 0, 30, card, sizeof card);
+    pid_t pid = spawn_ponger(kind, 0, 30, card, sizeof card);
     REQUIRE(pid > 0);
     actor_router_t *rt = router_new(0, 8);
     REQUIRE(rt);
     sup_actor_t sup = {0};
     REQUIRE(actor_register(rt, &sup.base, &sup_class, actor_router_io_loop(rt), "sup", 9) == BT_OK);
     actor_router_supervisor_set(rt, sup.base.addr);
-    CHECK(actor_router_connect_str(rt, 1, card, "tcp") == BT_OK);
+    CHECK(actor_router_connect_str(rt, 1, card, kind) == BT_OK);
     CHECK(actor_router_wait_peer(rt, 1, 5000) == BT_OK);
     uint64_t t_kill = clock_now_ns();
     kill(pid, SIGKILL);
@@ -751,21 +831,124 @@ static void test_actor_killed_peer_reported(void)
     actor_edge_stats_t es;
     CHECK(actor_router_edge_stats(rt, 1, &es) == BT_OK && es.failed && !es.up);
     actor_router_destroy(rt);
-    printf("killed peer reported after %.2f ms\n", ms);
+    printf("%s: killed peer reported after %.2f ms\n", kind, ms);
+}
+
+static void test_actor_killed_peer_reported(void) { killed_peer("tcp"); }
+#ifdef BT_HAVE_UCX
+static void test_actor_killed_peer_reported_ucx(void) { killed_peer("ucx"); }
+#endif
+
+
+/* ---- busy polling ------------------------------------------------------------ */
+
+static void busy_pingpong(const char *kind)
+{
+    actor_router_config_t c0 = {.rank = 0, .job_id = "test-actor", .credits = 4, .busy_poll_us = 200};
+    actor_router_config_t c1 = c0;
+    c1.rank = 1;
+    actor_router_t *r0, *r1;
+    REQUIRE(actor_router_create(&c0, &r0) == BT_OK);
+    REQUIRE(actor_router_create(&c1, &r1) == BT_OK);
+    char card[ACTOR_CARD_MAX];
+    REQUIRE(actor_router_listen(r1, ACTOR_KINDS_ALL, card, sizeof card) == BT_OK);
+    pp_actor_t ponger = {.elems = 64};
+    REQUIRE(actor_register(r1, &ponger.base, &pp_class, actor_router_io_loop(r1), "ponger", 1) == BT_OK);
+    CHECK(actor_router_connect_str(r0, 1, card, kind) == BT_OK);
+    CHECK(actor_router_wait_peer(r0, 1, 5000) == BT_OK);
+    pp_actor_t pinger = {.limit = 300, .elems = 64, .peer = ponger.base.addr};
+    REQUIRE(actor_register(r0, &pinger.base, &pp_class, actor_router_io_loop(r0), "pinger", 1) == BT_OK);
+    CHECK(actor_router_wait(r0, 20000) == BT_OK);
+    actor_loop_stats_t st;
+    actor_loop_stats(actor_router_io_loop(r0), &st);
+    actor_router_destroy(r0);
+    actor_router_destroy(r1);
+    CHECK(pinger.got == 300 && ponger.got == 300);
+    CHECK(pinger.bad == 0 && ponger.bad == 0);
+    CHECK(st.spins > 0); /* the loop really spun on the transport */
+}
+
+static void test_actor_busy_poll_inproc_tcp(void)
+{
+    busy_pingpong("inproc");
+    busy_pingpong("tcp");
+}
+
+/* ---- tracing hooks ------------------------------------------------------------- */
+
+static void test_actor_trace_hooks(void)
+{
+    char dir[] = "/tmp/baton-test-trace-XXXXXX";
+    REQUIRE(mkdtemp(dir));
+    trace_config_t tc = {.no_flusher = true};
+    REQUIRE(trace_start(dir, 0, &tc) == BT_OK);
+    actor_router_t *r0 = router_new(0, 4), *r1 = router_new(1, 4);
+    REQUIRE(r0 && r1);
+    char card[ACTOR_CARD_MAX];
+    REQUIRE(actor_router_listen(r1, 1u << XPORT_TCP, card, sizeof card) == BT_OK);
+    pp_actor_t ponger = {.elems = 10};
+    REQUIRE(actor_register(r1, &ponger.base, &pp_class, actor_router_io_loop(r1), "ponger", 1) == BT_OK);
+    CHECK(actor_router_connect_str(r0, 1, card, "tcp") == BT_OK);
+    CHECK(actor_router_wait_peer(r0, 1, 5000) == BT_OK);
+    pp_actor_t pinger = {.limit = 50, .elems = 10, .peer = ponger.base.addr};
+    REQUIRE(actor_register(r0, &pinger.base, &pp_class, actor_router_io_loop(r0), "pinger", 1) == BT_OK);
+    CHECK(actor_router_wait(r0, 10000) == BT_OK);
+    actor_router_destroy(r0);
+    actor_router_destroy(r1);
+    trace_stop();
+
+    trace_set_t set;
+    char err[256];
+    REQUIRE(trace_dir_load(dir, &set, err, sizeof err) == BT_OK);
+    int sends = 0, recvs = 0, spans = 0, bad = 0;
+    uint64_t send_seq_sum = 0, recv_seq_sum = 0;
+    for (size_t f = 0; f < set.nfiles; f++) {
+        for (size_t i = 0; i < set.files[f].nrecs; i++) {
+            const trace_rec_t *r = &set.files[f].recs[i];
+            if (r->msg_type != MSG_PING) continue;
+            /* every PING: pinger -> ponger, step = id, mb = 3, 10 f32 + envelope */
+            if (r->ev == TRACE_EV_SEND) {
+                sends++;
+                send_seq_sum += r->seq;
+                if (r->actor != pinger.base.addr || r->peer != ponger.base.addr || r->mb != 3 ||
+                    r->step != (int64_t)r->seq || r->bytes <= 40) bad++;
+            } else if (r->ev == TRACE_EV_RECV) {
+                recvs++;
+                recv_seq_sum += r->seq;
+                if (r->actor != ponger.base.addr || r->peer != pinger.base.addr || r->mb != 3 ||
+                    r->bytes <= 40) bad++;
+            } else if (r->ev == TRACE_EV_SPAN) {
+                spans++;
+                if (r->actor != ponger.base.addr || r->kind != TRACE_SPAN_HANDLER || r->t1 < r->t0 ||
+                    r->mb != 3) bad++;
+            }
+        }
+    }
+    trace_set_free(&set);
+    CHECK_MSG(sends == 50 && recvs == 50 && spans == 50, "sends %d recvs %d spans %d", sends, recvs, spans);
+    CHECK(send_seq_sum == recv_seq_sum && send_seq_sum == 49 * 50 / 2);
+    CHECK(bad == 0);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
 }
 
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
 #ifdef BT_HAVE_UCX
-    TEST_RUN(argc, argv, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
+    TEST_RUN(argc, argv, test_actor_loop_post_call_stop, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
              test_actor_worker_completions, test_actor_kept_then_released, test_actor_orderly_stop,
-             test_actor_inproc_auto, test_actor_two_procs_tcp, test_actor_two_procs_ucx,
-             test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported);
+             test_actor_inproc_auto, test_actor_auto_ucx_falls_back_to_tcp, test_actor_two_procs_tcp,
+             test_actor_two_procs_ucx,
+             test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported,
+             test_actor_killed_peer_reported_ucx,
+             test_actor_busy_poll_inproc_tcp, test_actor_trace_hooks);
 #else
-    TEST_RUN(argc, argv, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
+    TEST_RUN(argc, argv, test_actor_loop_post_call_stop, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
              test_actor_worker_completions, test_actor_kept_then_released, test_actor_orderly_stop,
              test_actor_inproc_auto, test_actor_two_procs_tcp,
-             test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported);
+             test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported,
+             test_actor_busy_poll_inproc_tcp, test_actor_trace_hooks);
 #endif
 }

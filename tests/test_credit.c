@@ -358,7 +358,7 @@ static void test_credit_bounds_memory_tcp_10s(void)
     CHECK(r.max_pending <= 1);   /* the producer stops at its first held message */
     CHECK(r.held_events > 10);   /* it really was held back, repeatedly */
     /* the consumer ran at its own pace the whole time (100/s, minus overheads) */
-    CHECK_MSG(r.cons.consumed >= 500 && r.cons.consumed <= 1100, "consumed %llu",
+    CHECK_MSG(r.cons.consumed >= 300 && r.cons.consumed <= 1100, "consumed %llu",
               (unsigned long long)r.cons.consumed);
 }
 

@@ -233,6 +233,17 @@ static void test_trace_threads_merge(void)
     json_decref(root);
     char *argv2[] = {"trace", g_dir, "--summary", NULL};
     CHECK(cmd_trace(3, argv2) == 0);
+    char *argv3[] = {"trace", NULL};
+    CHECK(cmd_trace(1, argv3) == 2); /* usage */
+    char *argv4[] = {"trace", g_dir, "--bogus", NULL};
+    CHECK(cmd_trace(3, argv4) == 2);
+    char out2[128];
+    snprintf(out2, sizeof out2, "%s/other.json", g_dir);
+    char *argv5[] = {"trace", "-o", out2, g_dir, NULL};
+    CHECK(cmd_trace(4, argv5) == 0);
+    root = json_load_path(out2);
+    CHECK(root != NULL && json_array_size(json_object_get(root, "traceEvents")) > 1000);
+    json_decref(root);
     dir_remove();
 }
 

@@ -607,7 +607,83 @@ static size_t seed_make(int i, uint8_t *out, size_t cap)
     msgpack_sbuffer_destroy(&buf);
     return n;
 }
-#define NSEEDS (3 * MSG_TYPE_COUNT)
+#define NSEEDS (3 * MSG_TYPE_COUNT + NEDGE_SEEDS)
+
+/* Edge seeds: the limits and corners a fuzzer rarely reaches by itself. */
+enum { NEDGE_SEEDS = 4 };
+static const char *const edge_seed_names[NEDGE_SEEDS] = {"16-tensors", "extreme-values", "huge-dim-empty",
+                                                         "extra-keys"};
+
+static void m_extra_keys(msgpack_object *r, msgpack_zone *z);
+
+static size_t seed_edge(int j, uint8_t *out, size_t cap)
+{
+    static float fdata[64];
+    msg_body_t b;
+    wire_env_t e = env_make(MSG_ACTIVATION);
+    bodies_fill(&b, MSG_ACTIVATION);
+    tensor_t ts[WIRE_MAX_TENSORS];
+    const char *names[WIRE_MAX_TENSORS];
+    static char nbuf[WIRE_MAX_TENSORS][8];
+    int nt = 0;
+    if (j == 0) {
+        static const dtype_t dts[] = {DT_F32, DT_F16, DT_BF16, DT_F64, DT_I32, DT_I64, DT_U8};
+        for (nt = 0; nt < WIRE_MAX_TENSORS; nt++) {
+            int64_t shape[4] = {1 + nt % 3, 2, nt % 5 == 4 ? 0 : 1, 2};
+            memset(&ts[nt], 0, sizeof ts[nt]);
+            ts[nt].dtype = dts[nt % 7];
+            ts[nt].ndim = 1 + nt % 4;
+            int64_t st = 1;
+            for (int k = ts[nt].ndim - 1; k >= 0; k--) { ts[nt].shape[k] = shape[k]; ts[nt].stride[k] = st; st *= shape[k]; }
+            ts[nt].data = fdata;
+            snprintf(nbuf[nt], sizeof nbuf[nt], "t%d", nt);
+            names[nt] = nbuf[nt];
+        }
+    } else if (j == 1) {
+        e = env_make(MSG_METRICS);
+        bodies_fill(&b, MSG_METRICS);
+        e.src = e.dst = 0xffffffffu;
+        e.seq = UINT64_MAX;
+        e.step = INT64_MAX;
+        e.mb = INT32_MAX;
+    } else if (j == 2) {
+        ts[0] = view_2d(NULL, DT_F32, 1ll << 40, 0);
+        names[0] = "empty";
+        nt = 1;
+    }
+    msg_frame_t f;
+    msg_frame_init(&f);
+    wire_err_t err;
+    if (msg_frame_build(&f, &e, &b, ts, names, nt, &err) != BT_OK) BT_PANIC("edge seed %d: %s", j, err.reason);
+    size_t plen = f.payload_len, hlen = f.hdr.size;
+    const void *hdr = f.hdr.data;
+    msgpack_sbuffer extra;
+    msgpack_sbuffer_init(&extra);
+    msgpack_zone z;
+    msgpack_zone_init(&z, 4096);
+    if (j == 3) { /* the valid 1-tensor PING plus unknown keys everywhere */
+        msgpack_sbuffer base;
+        msgpack_sbuffer_init(&base);
+        plen = frame_valid(&base, MSG_PING, &g_ping, 1);
+        msgpack_object root;
+        size_t off = 0;
+        if (msgpack_unpack(base.data, base.size, &off, &z, &root) != MSGPACK_UNPACK_SUCCESS) BT_PANIC("unpack");
+        m_extra_keys(&root, &z);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &extra, msgpack_sbuffer_write);
+        msgpack_pack_object(&pk, root);
+        msgpack_sbuffer_destroy(&base);
+        hdr = extra.data;
+        hlen = extra.size;
+    }
+    if (4 + hlen > cap) BT_PANIC("seed too big");
+    out[0] = (uint8_t)plen; out[1] = (uint8_t)(plen >> 8); out[2] = (uint8_t)(plen >> 16); out[3] = (uint8_t)(plen >> 24);
+    memcpy(out + 4, hdr, hlen);
+    msgpack_zone_destroy(&z);
+    msgpack_sbuffer_destroy(&extra);
+    msg_frame_fini(&f);
+    return 4 + hlen;
+}
 
 typedef struct { uint8_t *data; size_t len; } blob_t;
 
@@ -645,10 +721,17 @@ static void test_wire_corpus_mutations(void)
         mkdir(w, 0755);
         for (int i = 0; i < NSEEDS; i++) {
             uint8_t tmp[4096];
-            size_t n = seed_make(i, tmp, sizeof tmp);
             char path[512];
-            snprintf(path, sizeof path, "%s/seed-%02d-%s-%dt", w, i, msg_type_name((uint32_t)(i % MSG_TYPE_COUNT)),
-                     i / MSG_TYPE_COUNT);
+            size_t n;
+            if (i < 3 * MSG_TYPE_COUNT) {
+                n = seed_make(i, tmp, sizeof tmp);
+                snprintf(path, sizeof path, "%s/seed-%02d-%s-%dt", w, i, msg_type_name((uint32_t)(i % MSG_TYPE_COUNT)),
+                         i / MSG_TYPE_COUNT);
+            } else {
+                int j = i - 3 * MSG_TYPE_COUNT;
+                n = seed_edge(j, tmp, sizeof tmp);
+                snprintf(path, sizeof path, "%s/seed-%02d-edge-%s", w, i, edge_seed_names[j]);
+            }
             FILE *f = fopen(path, "wb");
             REQUIRE(f && fwrite(tmp, 1, n, f) == n);
             fclose(f);

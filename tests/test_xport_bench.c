@@ -27,6 +27,12 @@ static void test_ref_ucx_perftest(void)
     REQUIRE(bench_ref_ucx_perftest("ucp_am_lat", 8, 2000, &lat, &gbs) == BT_OK);
     CHECK_MSG(sane(lat, gbs), "lat %g us, %g GB/s", lat, gbs);
     CHECK(bench_ref_ucx_perftest("no_such_test", 8, 10, &lat, &gbs) == BT_ERR_INVALID);
+    /* the tool missing from PATH is an error, not a hang or a zero */
+    char *path = strdup(getenv("PATH") ? getenv("PATH") : "");
+    setenv("PATH", "/nonexistent-baton-dir", 1);
+    CHECK(bench_ref_ucx_perftest("ucp_am_lat", 8, 10, &lat, &gbs) == BT_ERR_NOT_FOUND);
+    setenv("PATH", path, 1);
+    free(path);
 }
 
 static void pingpong_kind(xport_kind_t kind)
@@ -65,7 +71,8 @@ static int measure(void)
     for (int k = 0; k < XPORT_KIND_COUNT; k++) {
         if (!xport_ops_get((xport_kind_t)k)) continue;
         for (int busy = 0; busy < 2; busy++) {
-            if (bench_xport_pingpong((xport_kind_t)k, 8, 20000, busy, &lat, &gbs) == BT_OK)
+            /* busy polling: two spinning threads on shared cores, fewer rounds */
+            if (bench_xport_pingpong((xport_kind_t)k, 8, busy ? 2000 : 20000, busy, &lat, &gbs) == BT_OK)
                 printf("xport %-6s %s       8 B  latency %8.2f us\n", xport_kind_name((xport_kind_t)k),
                        busy ? "busy " : "loop ", lat);
         }

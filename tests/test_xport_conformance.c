@@ -80,15 +80,18 @@ static const uint8_t *stream_bytes(uint64_t seq) { return g_pattern + (seq % 251
 
 static uint8_t g_secret[XPORT_SECRET_MAX];
 static size_t g_secret_len;
+static char g_secret_path[128];
+
+static void secret_cleanup(void) { if (g_secret_path[0]) unlink(g_secret_path); }
 
 static void secret_setup(void)
 {
     if (g_secret_len) return;
-    char path[128];
-    snprintf(path, sizeof path, "/tmp/baton-conf-secret-%d", (int)getpid());
-    unlink(path);
-    bt_status_t st = xport_secret_get(path, g_secret, sizeof g_secret, &g_secret_len);
+    snprintf(g_secret_path, sizeof g_secret_path, "/tmp/baton-conf-secret-%d", (int)getpid());
+    unlink(g_secret_path);
+    bt_status_t st = xport_secret_get(g_secret_path, g_secret, sizeof g_secret, &g_secret_len);
     if (st != BT_OK) BT_PANIC("secret setup failed: %s", bt_status_str(st));
+    atexit(secret_cleanup); /* children exec'd later read it before we exit */
 }
 
 static xport_config_t base_cfg(struct ev_loop *loop, uint32_t self_id)
@@ -121,6 +124,7 @@ typedef struct {
     bool            report_sent;
     bool            inproc_drop; /* inproc "kill": destroy with frames queued */
     void           *held_send;   /* holdsend: abandoned by destroy (documented) */
+    uint8_t        *big;         /* sendbig payload */
 } child_t;
 
 typedef struct {
@@ -193,6 +197,10 @@ static void child_on_connected(void *arg, xport_ep_t *ep, bt_status_t st)
         return;
     }
     c->connected++;
+    if (ep->peer_id != 1 || ep->ops->ep_peer_id(ep) != 1) {
+        fprintf(stderr, "child: listener's id %u, expected 1\n", ep->peer_id);
+        c->errors++;
+    }
     if (!strcmp(c->mode, "stream") || !strcmp(c->mode, "bidir")) {
         child_stream_start(c, ep, 0);
     } else if (!strcmp(c->mode, "multi")) {
@@ -200,10 +208,10 @@ static void child_on_connected(void *arg, xport_ep_t *ep, bt_status_t st)
         for (int i = 0; i < c->n_eps; i++) if (c->eps[i] == ep) conn = (uint32_t)i;
         child_stream_start(c, ep, conn);
     } else if (!strcmp(c->mode, "sendbig")) {
-        uint8_t *big = malloc(BIG_KILL);
-        pattern_fill(big, BIG_KILL, 7);
+        c->big = malloc(BIG_KILL);
+        pattern_fill(c->big, BIG_KILL, 7);
         test_hdr_t h = {.tag = T_DATA, .len = BIG_KILL};
-        child_send(c, ep, h, big, BIG_KILL, NULL); /* the parent kills us meanwhile */
+        child_send(c, ep, h, c->big, BIG_KILL, NULL); /* the parent kills us or drops it */
     } else if (!strcmp(c->mode, "holdsend")) {
         /* inproc: send one frame from a static buffer, then destroy our xport
          * while the parent still holds it */
@@ -358,6 +366,7 @@ static int child_main(int argc, char **argv)
      * once the sender's xport is gone; its context is ours to free */
     if (c->held_send && c->sent_done == 0) free(c->held_send);
     ev_loop_destroy(c->loop);
+    free(c->big);
     int rc = c->rc;
     if (c->errors || c->send_errors) rc = rc ? rc : 7;
     free(c);
@@ -407,9 +416,14 @@ struct parent {
     void           *ctx;
 };
 
+static uint32_t xport_ep_peer_id_get(const xport_ep_t *ep) { return ep->ops->ep_peer_id(ep); }
+
 static void parent_on_accept(void *arg, xport_ep_t *ep, uint32_t peer_id)
 {
     parent_t *p = arg;
+    /* children say 7, raw test clients 99 */
+    CHECK_MSG(peer_id == 7 || peer_id == 99, "peer id %u", peer_id);
+    CHECK(xport_ep_peer_id_get(ep) == peer_id);
     if (p->n_eps < 128) p->eps[p->n_eps++] = ep;
 }
 
@@ -990,13 +1004,139 @@ static void case_unreachable(xport_kind_t kind)
         bt_status_t s2 = xport_send(ep, &h, sizeof h, NULL, 0, parent_send_done, &p);
         CHECK(parent_run(&p, cond_conn_called, 10));
         CHECK(g_conn_calls == 1);
-        CHECK_MSG(bt_status_is_peer(g_conn_status), "connected(%s)", bt_status_str(g_conn_status));
+        CHECK_MSG(g_conn_status == BT_ERR_PEER_UNREACH, "connected(%s)", bt_status_str(g_conn_status));
         if (s2 == BT_IN_PROGRESS) CHECK(p.sends_done == 1 && p.send_fail == 1);
     } else {
         CHECK(bt_status_is_peer(st)); /* refused at once */
     }
     CHECK_MSG(clock_now_ns() - t0 < 3000000000ull, "took %.0f ms", (double)(clock_now_ns() - t0) / 1e6);
     CHECK(p.errors_cb == 0);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+}
+
+/* ---- case: a frame over the receiver's limit ---------------------------- */
+
+static void case_frame_limit(xport_kind_t kind)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, kind));
+    char addr[XPORT_ADDR_MAX];
+    snprintf(addr, sizeof addr, "%s", p.addr);
+    xport_destroy(p.x);
+    xport_config_t cfg = base_cfg(p.loop, 1);
+    cfg.max_frame = 1u << 20; /* the child sends 64 MiB */
+    char name[XPORT_ADDR_MAX];
+    snprintf(name, sizeof name, "%.80s-lim", addr);
+    if (kind == XPORT_INPROC) cfg.listen_addr = name;
+    cfg.cbs = (xport_cbs_t){.arg = &p, .accept = parent_on_accept, .alloc = parent_on_alloc,
+                            .free = parent_on_free, .recv = parent_on_recv, .error = parent_on_error};
+    REQUIRE(xport_create(xport_ops_get(kind), &cfg, &p.x) == BT_OK);
+    REQUIRE(xport_listen(p.x, p.addr, sizeof p.addr) == BT_OK);
+    child_proc_t *k = parent_spawn(&p, "sendbig", 0, 0);
+    CHECK(parent_run(&p, cond_error_and_exit, 20));
+    CHECK(p.errors_cb == 1 && p.last_error == BT_ERR_PEER_PROTO);
+    CHECK_MSG(p.allocs == 0, "an oversized payload reached cbs.alloc");
+    CHECK(k->exited);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+}
+
+/* ---- case: one xport connects to its own listener ---------------------- */
+
+typedef struct {
+    xport_ep_t *client, *server;
+    int         connected, accepted;
+    uint64_t    at_client, at_server, bad;
+} self_ctx_t;
+
+static void self_accept(void *arg, xport_ep_t *ep, uint32_t id) { ((self_ctx_t *)arg)->server = ep; ((self_ctx_t *)arg)->accepted++; }
+static void self_connected(void *arg, xport_ep_t *ep, bt_status_t st) { if (st == BT_OK) ((self_ctx_t *)arg)->connected++; }
+static void self_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
+{
+    self_ctx_t *c = arg;
+    test_hdr_t h;
+    memcpy(&h, rx->hdr, sizeof h);
+    /* frames sent by the client carry tag DATA, by the server REPLY */
+    if (ep == c->server && h.tag == T_DATA && h.seq == c->at_server) c->at_server++;
+    else if (ep == c->client && h.tag == T_REPLY && h.seq == c->at_client) c->at_client++;
+    else c->bad++;
+    xport_rx_release(rx);
+}
+
+static self_ctx_t *g_self;
+static bool cond_self_connected(parent_t *p) { return g_self->connected && g_self->accepted; }
+static bool cond_self_done(parent_t *p) { return g_self->at_client >= 100 && g_self->at_server >= 100; }
+
+static void case_self_connect(xport_kind_t kind)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, kind));
+    self_ctx_t c = {0};
+    g_self = &c;
+    char addr[XPORT_ADDR_MAX];
+    snprintf(addr, sizeof addr, "%s", p.addr);
+    xport_destroy(p.x);
+    xport_config_t cfg = base_cfg(p.loop, 1);
+    char name[XPORT_ADDR_MAX];
+    snprintf(name, sizeof name, "%.80s-self", addr);
+    if (kind == XPORT_INPROC) cfg.listen_addr = name;
+    cfg.cbs = (xport_cbs_t){.arg = &c, .accept = self_accept, .connected = self_connected,
+                            .recv = self_recv};
+    REQUIRE(xport_create(xport_ops_get(kind), &cfg, &p.x) == BT_OK);
+    REQUIRE(xport_listen(p.x, addr, sizeof addr) == BT_OK);
+    REQUIRE(xport_connect(p.x, addr, &c.client) == BT_IN_PROGRESS);
+    REQUIRE(parent_run(&p, cond_self_connected, 10));
+    static test_hdr_t up[100], down[100];
+    for (int i = 0; i < 100; i++) {
+        up[i] = (test_hdr_t){.tag = T_DATA, .seq = (uint64_t)i};
+        down[i] = (test_hdr_t){.tag = T_REPLY, .seq = (uint64_t)i};
+        struct iovec iov = {.iov_base = g_pattern, .iov_len = (size_t)i * 100};
+        CHECK(xport_send(c.client, &up[i], sizeof up[i], &iov, i ? 1 : 0, NULL, NULL) == BT_IN_PROGRESS);
+        CHECK(xport_send(c.server, &down[i], sizeof down[i], &iov, i ? 1 : 0, NULL, NULL) == BT_IN_PROGRESS);
+    }
+    CHECK(parent_run(&p, cond_self_done, 20));
+    CHECK(c.bad == 0);
+    CHECK(xport_ep_peer_id_get(c.client) == 1 && xport_ep_peer_id_get(c.server) == 1);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+}
+
+/* inproc: closing takes back the frames the peer has not picked up; they
+ * complete with CANCELED from the loop (their buffers are free again) */
+static int g_tb_cancel, g_tb_other, g_tb_err, g_tb_recv;
+static void tb_done(void *arg, bt_status_t st) { if (st == BT_ERR_CANCELED) g_tb_cancel++; else g_tb_other++; }
+static void tb_error(void *arg, xport_ep_t *ep, bt_status_t st) { g_tb_err++; }
+static void tb_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx) { g_tb_recv++; xport_rx_release(rx); }
+static bool cond_tb(parent_t *p) { return g_tb_cancel + g_tb_other >= 50 && g_tb_err >= 1; }
+
+static void test_inproc_close_takes_back(void)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, XPORT_INPROC));
+    self_ctx_t c = {0};
+    g_self = &c;
+    char addr[XPORT_ADDR_MAX];
+    snprintf(addr, sizeof addr, "%.80s-tb", p.addr);
+    xport_destroy(p.x);
+    xport_config_t cfg = base_cfg(p.loop, 1);
+    cfg.listen_addr = addr;
+    cfg.cbs = (xport_cbs_t){.arg = &c, .accept = self_accept, .connected = self_connected,
+                            .recv = tb_recv, .error = tb_error};
+    REQUIRE(xport_create(&xport_inproc_ops, &cfg, &p.x) == BT_OK);
+    REQUIRE(xport_listen(p.x, addr, sizeof addr) == BT_OK);
+    REQUIRE(xport_connect(p.x, addr, &c.client) == BT_IN_PROGRESS);
+    REQUIRE(parent_run(&p, cond_self_connected, 10));
+    static test_hdr_t h = {.tag = T_DATA};
+    struct iovec iov = {.iov_base = g_pattern, .iov_len = 1000};
+    for (int i = 0; i < 50; i++)
+        CHECK(xport_send(c.client, &h, sizeof h, &iov, 1, tb_done, NULL) == BT_IN_PROGRESS);
+    xport_close(c.client); /* before the loop let the listener side take any */
+    CHECK(g_tb_cancel == 0); /* never inside close() */
+    CHECK(parent_run(&p, cond_tb, 10));
+    CHECK_MSG(g_tb_cancel == 50 && g_tb_other == 0, "%d canceled, %d other", g_tb_cancel, g_tb_other);
+    CHECK(g_tb_recv == 0);
+    CHECK(g_tb_err == 1);
     xport_destroy(p.x);
     ev_loop_destroy(p.loop);
 }
@@ -1271,6 +1411,51 @@ static void test_tcp_bad_handshake_raw(void)
     check_kids_ok(&p);
 }
 
+/* More unauthenticated connections than XPORT_HS_PENDING_MAX: the extra
+ * ones are closed at once (no hello), the others got the server's hello. */
+static bool g_true_after;
+static void cap_tick(struct ev_loop *loop, ev_timer *w, int revents) { g_true_after = true; }
+static bool cond_cap(parent_t *p) { return g_true_after; }
+
+static void test_tcp_pending_handshake_cap(void)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, XPORT_TCP));
+    enum { N = XPORT_HS_PENDING_MAX + 4 };
+    static int fds[N];
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    REQUIRE(xport_sockaddr_parse(p.addr, &ss, &sl) == BT_OK);
+    int opened = 0;
+    for (int i = 0; i < N; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (fds[i] < 0) break;
+        if (connect(fds[i], (struct sockaddr *)&ss, sl) != 0 && errno != EINPROGRESS) break;
+        opened++;
+        if (i % 32 == 31) ev_run(p.loop, EVRUN_NOWAIT); /* let the listener accept */
+    }
+    REQUIRE(opened == N);
+    ev_timer t;
+    g_true_after = false;
+    ev_timer_init(&t, cap_tick, 0.5, 0);
+    ev_timer_start(p.loop, &t);
+    parent_run(&p, cond_cap, 5);
+    int hello = 0, refused = 0, other = 0;
+    for (int i = 0; i < N; i++) {
+        uint8_t b[XPORT_HS_HELLO_LEN];
+        ssize_t r = recv(fds[i], b, sizeof b, MSG_DONTWAIT);
+        if (r == (ssize_t)sizeof b) hello++;
+        else if (r == 0 || (r < 0 && errno == ECONNRESET)) refused++;
+        else other++;
+        close(fds[i]);
+    }
+    CHECK_MSG(hello == XPORT_HS_PENDING_MAX && refused == 4 && other == 0,
+              "%d got a hello, %d refused, %d neither", hello, refused, other);
+    CHECK(p.n_eps == 0);
+    xport_destroy(p.x);
+    ev_loop_destroy(p.loop);
+}
+
 static void test_tcp_ipv6(void)
 {
     parent_t p;
@@ -1505,7 +1690,8 @@ static void test_kind_table(void)
 
 #define XPORT_CASES(X, kind) \
     X(order, kind) X(sizes, kind) X(bidir, kind) X(peers64, kind) X(kill_recv, kind) \
-    X(bad_handshake, kind) X(close_in_callback, kind) X(unreachable, kind)
+    X(bad_handshake, kind) X(close_in_callback, kind) X(unreachable, kind) \
+    X(self_connect, kind) X(frame_limit, kind)
 
 #define DEFINE_CASE(name, kind) \
     static void test_##name##_##kind(void) { case_##name(XPORT_##kind##_KIND); }
@@ -1529,9 +1715,9 @@ static void test_kill_send_ucx(void) { case_kill_send(XPORT_UCX); }
 #endif
 #define ALL_TESTS \
     test_kind_table, test_handshake_messages, test_secret_file, \
-    XPORT_CASES(NAME_CASE, inproc) test_kill_send_inproc, \
+    XPORT_CASES(NAME_CASE, inproc) test_kill_send_inproc, test_inproc_close_takes_back, \
     XPORT_CASES(NAME_CASE, tcp) test_kill_send_tcp, test_tcp_bad_frames, test_tcp_bad_handshake_raw, \
-    test_tcp_ipv6, \
+    test_tcp_ipv6, test_tcp_pending_handshake_cap, \
     UCX_TESTS
 #define TEST_RUN_EXPANDED(...) TEST_RUN(__VA_ARGS__)
 

@@ -61,7 +61,7 @@ def style_llama3():
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
                 "<|start_header_id|>", "<|end_header_id|>"]
     # a non-special added token: matched like the specials, before pre-tokenization
-    added = ["<tool>"]
+    added = [("<tool>", False)]
     return tok, 3000, specials, added
 
 
@@ -74,7 +74,10 @@ def style_qwen2():
     ])
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    return tok, 2048, specials, []
+    # normalized added tokens: HF matches them after NFC, so a decomposed
+    # "cafe\u0301" in the text must still find "café"
+    added = [("café", True), ("Ångström", True)]
+    return tok, 2048, specials, added
 
 
 def style_digits_prefix():
@@ -104,7 +107,8 @@ def sample_text():
              "a.b,c;d:e!f?g", "$12.50", "€9,99", "100%", "#hash", "@user", "foo_bar",
              "snake-case", "CamelCase", "URL:https://example.invalid/a?b=c&d=e", "e-mail",
              "x\u00a0y", "nb\u202fsp", "zero\u200bwidth", "\ufeffbom", "tab\tsep",
-             "\x1cfs\x1dgs", "\x85nel", "line\u2028sep", "para\u2029sep", "\x0bvt\x0cff"]
+             "\x1cfs\x1dgs", "\x85nel", "line\u2028sep", "para\u2029sep", "\x0bvt\x0cff",
+             "cafe\u0301", "A\u030angstro\u0308m", "\u212bngström", "Ångström"]
     numbers = ["0", "7", "42", "123", "1234", "12345", "3.14159", "2026", "1,000,000",
                "0x1F", "9876543210", "007", "1e-5", "٣٤٥", "１２３"]
     spaces = [" ", " ", " ", " ", "  ", "   ", "    ", "\t", "\t\t", " \t ", "\n", "\r\n",
@@ -214,7 +218,7 @@ def main():
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tok.train(files, trainer)
         if added:
-            tok.add_tokens([AddedToken(a, special=False, normalized=False) for a in added])
+            tok.add_tokens([AddedToken(a, special=False, normalized=norm) for a, norm in added])
         d = os.path.join(FIX, name)
         os.makedirs(d, exist_ok=True)
         tok.save(os.path.join(d, "tokenizer.json"))

@@ -224,52 +224,65 @@ static void inproc_ep_link_in(inproc_ep_t *ep)
     x->eps = ep;
 }
 
-static bool inproc_item_is_frame_of(const inproc_item_t *it, const inproc_link_t *l)
+static bool inproc_item_is_frame_of(const inproc_item_t *it, const inproc_link_t *l, int side)
 {
-    return it->kind == IT_FRAME && it->link == l;
+    return it->kind == IT_FRAME && it->link == l && it->side == side;
 }
 
-/* Shut our side of the link: refuse further frames, return queued ones to
- * the peer with `status`, then tell the peer we are gone. */
+/* Move the frames of link l for `side` from the list at *head (tail pointer
+ * *tailp, may be NULL) onto the list at **out. */
+static void inproc_frames_take(inproc_item_t **head, inproc_item_t **tailp, const inproc_link_t *l,
+                               int side, inproc_item_t ***out)
+{
+    inproc_item_t *last = NULL;
+    for (inproc_item_t **pp = head; *pp;) {
+        inproc_item_t *it = *pp;
+        if (inproc_item_is_frame_of(it, l, side)) {
+            *pp = it->next;
+            it->next = NULL;
+            **out = it;
+            *out = &it->next;
+        } else {
+            last = it;
+            pp = &it->next;
+        }
+    }
+    if (tailp) *tailp = last;
+}
+
+/* Shut our side of the link: refuse further frames, return the frames still
+ * queued for us to the peer with `status`, take back our own frames the peer
+ * has not picked up yet (they complete with BT_ERR_CANCELED, so their buffers
+ * are free again), then tell the peer we are gone. Frames the peer's thread
+ * already took keep going: they complete when the peer releases them. */
 static void inproc_ep_shutdown(inproc_ep_t *ep, bt_status_t status)
 {
     inproc_xport_t *x = ep->x;
     inproc_link_t *l = ep->link;
     int s = ep->side;
     inproc_item_t *back = NULL, **tail = &back;
+    inproc_item_t *mine = NULL, **mine_tail = &mine;
 
     pthread_mutex_lock(&x->box->mu);
     l->shut[s] = true;
-    inproc_item_t **pp = &x->box->head;
-    x->box->tail = NULL;
-    while (*pp) {
-        inproc_item_t *it = *pp;
-        if (inproc_item_is_frame_of(it, l)) {
-            *pp = it->next;
-            it->next = NULL;
-            *tail = it;
-            tail = &it->next;
-        } else {
-            x->box->tail = it;
-            pp = &it->next;
-        }
-    }
+    inproc_frames_take(&x->box->head, &x->box->tail, l, s, &tail);
     pthread_mutex_unlock(&x->box->mu);
-    for (inproc_item_t **bp = &x->batch; *bp;) {
-        inproc_item_t *it = *bp;
-        if (inproc_item_is_frame_of(it, l)) {
-            *bp = it->next;
-            it->next = NULL;
-            *tail = it;
-            tail = &it->next;
-        } else {
-            bp = &it->next;
-        }
-    }
+    inproc_frames_take(&x->batch, NULL, l, s, &tail);
+
+    inproc_box_t *peer = l->box[1 - s];
+    pthread_mutex_lock(&peer->mu);
+    inproc_frames_take(&peer->head, &peer->tail, l, 1 - s, &mine_tail);
+    pthread_mutex_unlock(&peer->mu);
+
     while (back) {
         inproc_item_t *it = back;
         back = it->next;
         inproc_frame_complete(it, status);
+    }
+    while (mine) {
+        inproc_item_t *it = mine;
+        mine = it->next;
+        inproc_frame_complete(it, BT_ERR_CANCELED);
     }
     inproc_item_t *closed = inproc_item_new(IT_CLOSED, l, 0);
     if (closed) closed->side = 1 - s;
@@ -277,8 +290,6 @@ static void inproc_ep_shutdown(inproc_ep_t *ep, bt_status_t status)
     l->ep[s] = NULL;
 }
 
-/* Drop the endpoint from the xport and the link; the caller then drops the
- * list's reference. */
 static void inproc_ep_detach(inproc_ep_t *ep)
 {
     inproc_link_t *l = ep->link;
@@ -337,6 +348,15 @@ static void inproc_rx_release(xport_rx_t *rx)
 
 static void inproc_frame_deliver(inproc_xport_t *x, inproc_ep_t *ep, inproc_item_t *it)
 {
+    /* the sender checked its own limit; ours may be smaller */
+    if (it->hdr_len > x->cfg.max_frame || it->payload_len > x->cfg.max_frame - it->hdr_len) {
+        char why[128];
+        snprintf(why, sizeof why, "frame of %zu+%zu bytes exceeds our limit of %zu", it->hdr_len,
+                 it->payload_len, x->cfg.max_frame);
+        inproc_frame_complete(it, BT_ERR_PEER_PROTO);
+        inproc_ep_fail(ep, BT_ERR_PEER_PROTO, why);
+        return;
+    }
     it->rx = (xport_rx_t){
         .hdr = it->hdr_len ? it->hdr : NULL, .hdr_len = it->hdr_len,
         .payload = NULL, .payload_len = it->payload_len,

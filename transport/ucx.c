@@ -32,6 +32,7 @@
  */
 #include "transport/xport.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "transport/handshake.h"
 #include "transport/sockaddr.h"
@@ -99,6 +100,7 @@ struct ucx_ep {
     bool            is_server;
     bt_status_t     fail_pending;    /* set by the UCX error callback */
     ucs_status_t    fail_ucs;        /* what UCX said, for the log line */
+    size_t          bad_hdr, bad_len; /* an oversized frame, for the log line */
     ev_timer        hs_timer;
     xport_hs_t      hs;
     int             hs_step;
@@ -228,11 +230,14 @@ static void ucx_send_cb(void *request, ucs_status_t status, void *user_data)
     ucx_done_push(s->x, s, ucx_status_map(status));
 }
 
+/* The endpoint memory stays until UCX has finished closing it, so an error
+ * callback UCX might still deliver for it lands on a (dead) endpoint. */
 static void ucx_close_cb(void *request, ucs_status_t status, void *user_data)
 {
-    ucx_xport_t *x = user_data;
+    ucx_ep_t *ep = user_data;
     ucp_request_free(request);
-    x->inflight--;
+    ep->x->inflight--;
+    ucx_ep_unref(ep);
 }
 
 static void ucx_rx_free_buf(ucx_xport_t *x, void *buf, size_t len)
@@ -279,6 +284,8 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     if (header_length > XPORT_HDR_MAX || header_length > x->cfg.max_frame
         || length > x->cfg.max_frame - header_length) {
         ep->fail_pending = BT_ERR_PEER_PROTO;
+        ep->bad_hdr = header_length;
+        ep->bad_len = length;
         return UCS_OK;
     }
     ucx_rx_t *r = calloc(1, sizeof *r + header_length);
@@ -505,11 +512,14 @@ static void ucx_ep_teardown(ucx_ep_t *ep, bt_status_t status, bool force, bool r
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA
                             | (force ? UCP_OP_ATTR_FIELD_FLAGS : 0),
             .cb.send = ucx_close_cb,
-            .user_data = x,
+            .user_data = ep,
             .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
         };
         ucs_status_ptr_t r = ucp_ep_close_nbx(ep->uep, &prm);
-        if (r && !UCS_PTR_IS_ERR(r)) x->inflight++;
+        if (r && !UCS_PTR_IS_ERR(r)) {
+            x->inflight++;
+            ucx_ep_hold(ep); /* released by ucx_close_cb */
+        }
         ep->uep = NULL;
     }
     ucx_wake(x);
@@ -561,9 +571,10 @@ static void ucx_close(xport_ep_t *base)
 static void ucx_hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     ucx_ep_t *ep = w->data;
+    ucx_xport_t *x = ep->x; /* ep is freed by the failure */
     ucx_ep_fail(ep, BT_ERR_PEER_TIMEOUT, "handshake not finished within %u ms",
-                ep->x->cfg.handshake_ms);
-    ucx_dispatch(ep->x);
+                x->cfg.handshake_ms);
+    ucx_dispatch(x);
 }
 
 static void ucx_hs_finish(ucx_ep_t *ep)
@@ -710,9 +721,11 @@ static void ucx_ep_dispatch(ucx_ep_t *ep)
         if (ep->fail_ucs != UCS_OK)
             ucx_ep_fail(ep, ep->fail_pending, "UCX reports the endpoint failed: %s",
                         ucs_status_string(ep->fail_ucs));
+        else if (ep->fail_pending == BT_ERR_PEER_PROTO)
+            ucx_ep_fail(ep, ep->fail_pending, "frame of %zu+%zu bytes exceeds the limit (hdr %u, frame %zu)",
+                        ep->bad_hdr, ep->bad_len, XPORT_HDR_MAX, x->cfg.max_frame);
         else
-            ucx_ep_fail(ep, ep->fail_pending, ep->fail_pending == BT_ERR_PEER_PROTO
-                        ? "frame exceeds the size limits" : "out of memory for a frame");
+            ucx_ep_fail(ep, ep->fail_pending, "out of memory for a frame");
         return;
     }
     while (ep->rx_head && ep->state != UEP_DEAD) {
@@ -789,6 +802,15 @@ static void ucx_accept_pending(ucx_xport_t *x)
     while (x->conn_reqs) {
         ucx_conn_req_t *c = x->conn_reqs;
         x->conn_reqs = c->next;
+        unsigned pending = 0;
+        for (ucx_ep_t *o = x->eps; o; o = o->next) pending += o->is_server && o->state != UEP_OPEN;
+        if (pending >= XPORT_HS_PENDING_MAX) {
+            log_warn("ucx: refusing a peer on %s: %u peers already in their handshake", x->laddr,
+                     pending);
+            ucp_listener_reject(x->listener, c->req);
+            free(c);
+            continue;
+        }
         ucx_ep_t *ep = ucx_ep_new(x, true);
         if (!ep) {
             ucp_listener_reject(x->listener, c->req);
@@ -1016,10 +1038,15 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
 static void ucx_destroy(xport_t *base)
 {
     ucx_xport_t *x = (ucx_xport_t *)base;
+    /* Open endpoints close with a flush, not a force: a peer must still get
+     * what we sent before destroy (eager sends complete locally as soon as
+     * UCX has buffered them), as a TCP peer gets the bytes before the FIN.
+     * The wait below is bounded, so a dead peer cannot hold destroy. */
     while (x->eps) {
         ucx_ep_t *ep = x->eps;
+        bool graceful = ep->state == UEP_OPEN;
         ep->state = UEP_DEAD;
-        ucx_ep_teardown(ep, BT_ERR_CANCELED, true, false);
+        ucx_ep_teardown(ep, BT_ERR_CANCELED, !graceful, false);
         ucx_ep_unref(ep);
     }
     if (x->listener) ucp_listener_destroy(x->listener);
@@ -1030,8 +1057,8 @@ static void ucx_destroy(xport_t *base)
         free(c);
     }
     /* let UCX finish the closes and cancellations it started */
-    uint64_t spins = 0;
-    while (x->inflight && spins++ < 2000000) ucp_worker_progress(x->worker);
+    uint64_t deadline = clock_now_ns() + 2000000000ull;
+    while (x->inflight && clock_now_ns() < deadline) ucp_worker_progress(x->worker);
     if (x->inflight) log_warn("ucx: %u operations still in flight at destroy", x->inflight);
     ucx_done_flush(x);
     ev_io_stop(x->cfg.loop, &x->efd_io);

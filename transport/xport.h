@@ -31,8 +31,9 @@
  *    instead of cbs.error and ep is freed after it returns.
  *  - close(ep): no error callback; every pending send still completes, from
  *    the loop and not from inside close(): with BT_ERR_CANCELED (tcp: not yet
- *    written; ucx: whatever UCX reports after flushing) or a peer error
- *    (inproc: frames the peer had not taken yet), or BT_OK when it had left.
+ *    written; inproc: not yet picked up by the peer's loop; ucx: whatever UCX
+ *    reports after flushing), or BT_OK when it had left (inproc: when the
+ *    peer releases a frame it had already received).
  *    The peer sees BT_ERR_PEER_CLOSED through its error callback.
  *  - destroy(x): closes every endpoint and completes their pending sends
  *    (done() may run inside destroy()). Exception, inproc zero-copy: a frame
@@ -73,6 +74,10 @@ typedef enum {
 #define XPORT_HDR_MAX   (256u * 1024u)
 #define XPORT_ADDR_MAX  96           /* "inproc:<name>", "host:port", "[v6]:port" */
 #define XPORT_PEER_ID_UNKNOWN UINT32_MAX
+/* Incoming connections still in their handshake, per listener; more are
+ * refused at once (each unauthenticated one holds an fd and buffers until
+ * its handshake deadline). */
+#define XPORT_HS_PENDING_MAX 256
 
 typedef struct xport xport_t;       /* one instance: (process, loop, kind) */
 typedef struct xport_ep xport_ep_t; /* one connection to one peer */

@@ -67,3 +67,14 @@ $BATON data frobnicate >/dev/null 2>&1; rc2=$?
 $BATON data prepare --tokenizer a --input b --output c --shard-tokens 0 >/dev/null 2>&1; rc3=$?
 if [ $rc1 -eq 2 ] && [ $rc2 -eq 2 ] && [ $rc3 -eq 2 ]; then ok data_usage_errors
 else ko data_usage_errors "rc $rc1 $rc2 $rc3"; fi
+
+# rerun into the same directory: stale shards of the longer run go; a failed
+# run leaves no index behind (the directory no longer opens)
+$BATON data prepare --tokenizer tests/fixtures/tok/gpt2 --input tests/fixtures/tok/sample.txt \
+    --output "$TMP/a" --quiet >/dev/null 2>&1
+n_after=$(ls "$TMP/a"/shard_*.bin | wc -l)
+$BATON data info "$TMP/a" >/dev/null 2>&1; info_rc=$?
+$BATON data prepare --tokenizer tests/fixtures/tok/gpt2 --input "$TMP/nope.txt" --output "$TMP/a" >/dev/null 2>&1
+$BATON data info "$TMP/a" >/dev/null 2>"$TMP/r.err"; gone_rc=$?
+if [ "$n_after" -eq 1 ] && [ $info_rc -eq 0 ] && [ $gone_rc -eq 1 ] && grep -q 'no shard index' "$TMP/r.err"
+then ok data_prepare_rerun; else ko data_prepare_rerun "shards $n_after, rc $info_rc $gone_rc"; fi

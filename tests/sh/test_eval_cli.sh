@@ -19,7 +19,8 @@ close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -
 
 for dir in "$FIX"/*/; do
     name=$(basename "$dir")
-    [ -f "$dir/expected.json" ] || continue
+    # eval fixtures are the ones with ids.txt (train_llama holds a training reference)
+    [ -f "$dir/expected.json" ] && [ -f "$dir/ids.txt" ] || continue
     exp=$(tr -d '\n' <"$dir/expected.json")
     out=$("$BATON" eval --model "$dir" --ids "$dir/ids.txt" --json --grad-norm 2>"$tmp/err")
     rc=$?

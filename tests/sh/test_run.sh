@@ -79,12 +79,15 @@ printf 'model: {hf: %s}\ndata: {dir: %s, seq_len: 16, split: 0.25}\ntrain: {step
 "$BATON" run "$tmp/reload.yaml" > "$tmp/reload.txt" 2>&1 && grep -q '^final validation loss' "$tmp/reload.txt" \
     && pass run_export_reloads || fail run_export_reloads "$(tail -2 "$tmp/reload.txt")"
 
-# errors: file:line:field for a bad value, unsupported layouts refused
+# errors: file:line:field for a bad value
 printf 'data: {dir: x}\ntrain:\n  steps: many\n' > "$tmp/bad.yaml"
 out=$("$BATON" run "$tmp/bad.yaml" 2>&1); rc=$?
 [ $rc -eq 1 ] && [[ "$out" == *"bad.yaml:3:10: train.steps: expected an integer"* ]] && pass run_bad_job || fail run_bad_job "rc $rc: $out"
-out=$("$BATON" run "$tmp/job.yaml" --set parallel.pp=2 --set train.grad_accum=2 2>&1); rc=$?
-[ $rc -eq 1 ] && [[ "$out" == *"pp=2"*"not supported yet"* ]] && pass run_layout_refused || fail run_layout_refused "rc $rc: $out"
+# multi-process layouts run (launch/driver.h; equivalence in tests/test_dist_equiv.c)
+out=$("$BATON" run "$tmp/job.yaml" --set parallel.pp=2 --set train.grad_accum=2 --set train.steps=5 \
+      --set metrics.file= --set metrics.plot= 2>&1); rc=$?
+[ $rc -eq 0 ] && [[ "$out" == *"2 processes (tp=1 pp=2 dp=1"* ]] && pass run_layout_multiprocess \
+    || fail run_layout_multiprocess "rc $rc: $out"
 out=$("$BATON" run "$tmp/job.yaml" --set parallel.split=[1,2] --set parallel.pp=2 2>&1); rc=$?
 [ $rc -eq 1 ] && [[ "$out" == *"parallel.split"*"sum to 3, but the model has 2 layers"* ]] && pass run_split_checked || fail run_split_checked "rc $rc: $out"
 out=$("$BATON" run "$tmp/job.yaml" --set optim.lr=1e9 2>&1); rc=$?

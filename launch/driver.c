@@ -1,0 +1,890 @@
+#include "launch/driver.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "actors/router.h"
+#include "actors/trace.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "ckpt/hf.h"
+#include "launch/graph.h"
+#include "launch/run_setup.h"
+#include "launch/spawn.h"
+#include "launch/worker.h"
+#include "model/stage_actor.h"
+
+typedef enum {
+    DRV_RENDEZVOUS = 0, /* waiting for every rank.R file */
+    DRV_READY_WAIT,     /* book written, waiting for READY from every rank */
+    DRV_RUNNING,
+    DRV_EVAL,           /* forward-only pass over the evaluation rows */
+    DRV_EXPORTING,
+    DRV_DONE,
+    DRV_FAILING,
+} drv_phase_t;
+
+typedef struct {
+    actor_t        a; /* first */
+    actor_router_t *rt;
+    const job_t    *job;
+    const graph_t  *g;
+    const char     *run_dir;
+    spawn_group_t  *procs;
+    bool            quiet;
+    drv_phase_t     phase;
+    int             world;
+    uint64_t       *last_seen;  /* [world] ns of the last message of each rank */
+    int             n_ready, n_metrics, n_exported;
+    int64_t         step;       /* step running (1-based) */
+    double          loss_sum, scored, grad_norm, lr;
+    uint64_t        t0, t_step0, t_phase0;
+    int64_t         tokens_done;
+    bool            has_eval;   /* evaluation rows were written for the workers */
+    bool            eval_only;  /* one evaluation, no training (baton eval --layout) */
+    double          eval_loss;  /* result of the last evaluation */
+    int64_t         eval_tokens;
+    FILE           *metrics;
+    model_t        *full;       /* export target */
+    bool           *received;   /* [full->n_params] */
+    actor_timer_t   watch, diag;
+    bt_status_t     fail_status;
+    int             fail_rank;
+    char            fail_text[512];
+    double          hb_timeout_s, step_timeout_s, start_timeout_s;
+} driver_t;
+
+static double env_seconds(const char *name, double dflt)
+{
+    const char *v = getenv(name);
+    double x = v ? atof(v) : 0;
+    return x > 0 ? x : dflt;
+}
+
+static void rank_describe(driver_t *d, int r, char *buf, size_t cap)
+{
+    graph_coord_t c = graph_coord(d->g, r);
+    snprintf(buf, cap, "rank %d (pid %ld, host %s, tp=%d dp=%d pp=%d)", r,
+             d->procs->procs ? (long)d->procs->procs[r].pid : -1L, d->job->hosts[0], c.tp, c.dp, c.pp);
+}
+
+static void send_all(driver_t *d, uint32_t type, uint32_t state, int64_t step, bt_status_t status,
+                     const char *why)
+{
+    for (int r = 0; r < d->world; r++) {
+        if (d->procs->procs && d->procs->procs[r].exited) continue;
+        actor_msg_t *m = actor_msg_new(type);
+        if (!m) return;
+        if (type == MSG_STOP) {
+            m->body.stop.status = status;
+            snprintf(m->body.stop.why, sizeof m->body.stop.why, "%s", why ? why : "");
+        } else {
+            m->body.heartbeat = (msg_heartbeat_t){.t_ns = clock_now_ns(), .rank = (uint32_t)d->world,
+                                                  .state = state, .step = step};
+        }
+        m->env.step = step;
+        actor_send(&d->a, ACTOR_ADDR(r, GRAPH_SLOT_STAGE), m);
+    }
+}
+
+/* The verdict comes a moment after the first symptom: a killed process
+ * closes its sockets just before it becomes reapable, and its peers may
+ * report the broken links first. Naming the dead process wins. */
+static void diag_fire(actor_t *self, actor_timer_t *t)
+{
+    (void)t;
+    driver_t *d = (driver_t *)self;
+    spawn_poll(d->procs);
+    char who[192], how[96], text[1024];
+    int dead = -1;
+    for (int r = 0; r < d->world; r++)
+        if (d->procs->procs[r].exited) { dead = r; break; }
+    if (dead >= 0) {
+        rank_describe(d, dead, who, sizeof who);
+        spawn_describe(&d->procs->procs[dead], how, sizeof how);
+        if (d->step)
+            snprintf(text, sizeof text, "%s %s during step %lld (first symptom: %s)", who, how,
+                     (long long)d->step, d->fail_text);
+        else
+            snprintf(text, sizeof text, "%s %s during start-up (first symptom: %s)", who, how,
+                     d->fail_text);
+    } else if (d->fail_rank >= 0) {
+        rank_describe(d, d->fail_rank, who, sizeof who);
+        snprintf(text, sizeof text, "%s: %s", who, d->fail_text);
+    } else {
+        snprintf(text, sizeof text, "%s", d->fail_text);
+    }
+    log_error("job failed: %s; stopping every process", text);
+    send_all(d, MSG_STOP, 0, d->step, d->fail_status, text);
+    actor_router_stop_request(d->rt, d->fail_status ? d->fail_status : BT_ERR_CANCELED);
+}
+
+static void fail(driver_t *d, bt_status_t st, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void fail(driver_t *d, bt_status_t st, int rank, const char *fmt, ...)
+{
+    if (d->phase == DRV_FAILING || d->phase == DRV_DONE) return;
+    d->phase = DRV_FAILING;
+    d->fail_status = st;
+    d->fail_rank = rank;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->fail_text, sizeof d->fail_text, fmt, ap);
+    va_end(ap);
+    actor_timer_start(&d->a, &d->diag, 0.25, 0, diag_fire);
+}
+
+static bool file_exists(const char *dir, const char *name)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+/* All rank.R files are there: concatenate them into the book. */
+static bt_status_t book_write(driver_t *d)
+{
+    char tmp[1024], dst[1024];
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", d->run_dir, RUN_FILE_BOOK);
+    snprintf(dst, sizeof dst, "%s/%s", d->run_dir, RUN_FILE_BOOK);
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        log_error("driver: cannot write %s: %s", tmp, strerror(errno));
+        return BT_ERR_IO;
+    }
+    for (int r = 0; r < d->world; r++) {
+        char p[1024], line[2048];
+        snprintf(p, sizeof p, "%s/rank.%d", d->run_dir, r);
+        FILE *in = fopen(p, "r");
+        if (!in) {
+            fclose(out);
+            log_error("driver: cannot read %s: %s", p, strerror(errno));
+            return BT_ERR_IO;
+        }
+        while (fgets(line, sizeof line, in)) fprintf(out, "%d %s", r, line);
+        fclose(in);
+    }
+    if (fclose(out) || rename(tmp, dst)) {
+        log_error("driver: cannot write %s: %s", dst, strerror(errno));
+        return BT_ERR_IO;
+    }
+    return BT_OK;
+}
+
+static void watch_fire(actor_t *self, actor_timer_t *t)
+{
+    (void)t;
+    driver_t *d = (driver_t *)self;
+    if (d->phase == DRV_FAILING || d->phase == DRV_DONE) return;
+    int r = spawn_poll(d->procs);
+    if (r >= 0) {
+        fail(d, BT_ERR_PEER_CLOSED, r, "the process ended unexpectedly");
+        return;
+    }
+    uint64_t now = clock_now_ns();
+    if (d->phase == DRV_RENDEZVOUS) {
+        int have = 0;
+        for (int k = 0; k < d->world; k++) {
+            char name[32];
+            snprintf(name, sizeof name, "rank.%d", k);
+            have += file_exists(d->run_dir, name);
+        }
+        if (have == d->world) {
+            if (book_write(d)) {
+                fail(d, BT_ERR_IO, -1, "cannot write the address book");
+                return;
+            }
+            d->phase = DRV_READY_WAIT;
+        }
+    }
+    if ((d->phase == DRV_RENDEZVOUS || d->phase == DRV_READY_WAIT) &&
+        (double)(now - d->t_phase0) * 1e-9 > d->start_timeout_s) {
+        fail(d, BT_ERR_TIMEOUT, -1, "start-up took longer than %.0f s (%d of %d ranks ready)",
+             d->start_timeout_s, d->n_ready, d->world);
+        return;
+    }
+    if (d->phase >= DRV_READY_WAIT) {
+        for (int k = 0; k < d->world; k++) {
+            if (!d->last_seen[k]) continue; /* not connected yet: start-up timeout covers it */
+            double silent = (double)(now - d->last_seen[k]) * 1e-9;
+            if (silent > d->hb_timeout_s) {
+                fail(d, BT_ERR_PEER_TIMEOUT, k, "no heartbeat for %.1f s", silent);
+                return;
+            }
+        }
+    }
+    if ((d->phase == DRV_RUNNING || d->phase == DRV_EVAL) &&
+        (double)(now - d->t_step0) * 1e-9 > d->step_timeout_s)
+        fail(d, BT_ERR_TIMEOUT, -1, "step %lld did not finish within %.0f s (step watchdog, "
+             "BATON_STEP_TIMEOUT); %d of %d ranks reported", (long long)d->step, d->step_timeout_s,
+             d->n_metrics, d->world);
+}
+
+static void step_start(driver_t *d, int64_t step)
+{
+    d->step = step;
+    d->n_metrics = 0;
+    d->loss_sum = 0;
+    d->scored = 0;
+    d->t_step0 = clock_now_ns();
+    send_all(d, MSG_HEARTBEAT, STAGE_CMD_STEP, step, BT_OK, NULL);
+}
+
+static void eval_start(driver_t *d)
+{
+    d->phase = DRV_EVAL;
+    d->n_metrics = 0;
+    d->loss_sum = 0;
+    d->scored = 0;
+    d->t_step0 = clock_now_ns();
+    send_all(d, MSG_HEARTBEAT, STAGE_CMD_EVAL, d->step, BT_OK, NULL);
+}
+
+static void done(driver_t *d);
+
+/* What follows step d->step (or the evaluation after it). */
+static void next_after(driver_t *d, bool evaluated)
+{
+    int64_t steps = d->job->train.steps, every = d->job->train.eval_every;
+    if (!evaluated && d->has_eval &&
+        (d->step == steps || (every && d->step % every == 0))) {
+        eval_start(d);
+        return;
+    }
+    d->phase = DRV_RUNNING;
+    if (d->step < steps) {
+        step_start(d, d->step + 1);
+    } else if (d->full) {
+        d->phase = DRV_EXPORTING;
+        d->n_exported = 0;
+        send_all(d, MSG_HEARTBEAT, STAGE_CMD_EXPORT, d->step, BT_OK, NULL);
+    } else {
+        done(d);
+    }
+}
+
+static int msg_rank(driver_t *d, actor_msg_t *m)
+{
+    int r = (int)actor_addr_rank(m->env.src);
+    if (r < 0 || r >= d->world) return -1;
+    d->last_seen[r] = clock_now_ns();
+    return r;
+}
+
+static void done(driver_t *d)
+{
+    d->phase = DRV_DONE;
+    send_all(d, MSG_STOP, 0, d->step, BT_OK, "job finished");
+    actor_router_stop_request(d->rt, BT_OK);
+}
+
+static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    int r = msg_rank(d, m);
+    if (r < 0 || d->phase >= DRV_DONE) return ACTOR_DONE;
+    uint32_t state = m->body.heartbeat.state;
+    if (state == STAGE_ST_READY && ++d->n_ready == d->world) {
+        d->phase = DRV_RUNNING;
+        d->t0 = clock_now_ns();
+        if (d->eval_only) eval_start(d);
+        else step_start(d, 1);
+    } else if (state == STAGE_ST_EXPORTED && ++d->n_exported == d->world) {
+        for (int i = 0; i < d->full->n_params; i++)
+            if (!d->received[i]) {
+                fail(d, BT_ERR_INVALID, -1, "export: no rank sent parameter %s", d->full->params[i].name);
+                return ACTOR_DONE;
+            }
+        done(d);
+    }
+    return ACTOR_DONE;
+}
+
+static void eta_fmt(char *buf, size_t len, double s)
+{
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, len, "%lds", t);
+}
+
+static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    int r = msg_rank(d, m);
+    if (r < 0 || (d->phase != DRV_RUNNING && d->phase != DRV_EVAL)) return ACTOR_DONE;
+    tensor_t *l = actor_msg_tensor(m, "loss");
+    int64_t want = d->phase == DRV_EVAL ? STAGE_EVAL_STEP : d->step;
+    if (m->env.step != want || !l || l->dtype != DT_F64 || tensor_numel(l) != 2) {
+        fail(d, BT_ERR_PEER_PROTO, r, "bad METRICS for step %lld", (long long)m->env.step);
+        return ACTOR_DONE;
+    }
+    d->loss_sum += ((double *)l->data)[0];
+    d->scored += ((double *)l->data)[1];
+    if (r == 0) {
+        d->grad_norm = m->body.metrics.grad_norm;
+        d->lr = m->body.metrics.lr;
+    }
+    if (++d->n_metrics < d->world) return ACTOR_DONE;
+
+    int64_t steps = d->job->train.steps;
+    if (d->phase == DRV_EVAL) {
+        double vloss = d->loss_sum / d->scored;
+        d->eval_loss = vloss;
+        d->eval_tokens = (int64_t)d->scored;
+        if (d->eval_only) {
+            done(d);
+            return ACTOR_DONE;
+        }
+        printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)d->step, vloss, exp(vloss));
+        if (d->metrics) {
+            fprintf(d->metrics, "{\"step\": %lld, \"val_loss\": %.7g, \"val_ppl\": %.7g}\n",
+                    (long long)d->step, vloss, exp(vloss));
+            fflush(d->metrics);
+        }
+        if (d->step == steps) printf("final validation loss %.4f, perplexity %.2f\n", vloss, exp(vloss));
+        fflush(stdout);
+        next_after(d, true);
+        return ACTOR_DONE;
+    }
+    double loss = d->loss_sum / d->scored;
+    if (!isfinite(loss)) {
+        fail(d, BT_ERR_NUMERIC, -1, "step %lld: loss is %s", (long long)d->step,
+             isnan(loss) ? "NaN" : "Inf");
+        return ACTOR_DONE;
+    }
+    d->tokens_done += (int64_t)d->scored;
+    double elapsed = (double)(clock_now_ns() - d->t0) * 1e-9;
+    double tps = (double)d->tokens_done / elapsed;
+    double eta = elapsed / (double)d->step * (double)(steps - d->step);
+    if (d->metrics) {
+        fprintf(d->metrics, "{\"step\": %lld, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, "
+                            "\"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+                (long long)d->step, loss, d->lr, d->grad_norm, (long long)d->tokens_done, tps, elapsed);
+        fflush(d->metrics);
+    }
+    if (!d->quiet && (d->step == 1 || d->step % d->job->train.log_every == 0 || d->step == steps)) {
+        char etab[32];
+        eta_fmt(etab, sizeof etab, eta);
+        printf("step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | ETA %s\n",
+               (long long)d->step, (long long)steps, loss, d->lr, d->grad_norm, tps, etab);
+        fflush(stdout);
+    }
+    next_after(d, false);
+    return ACTOR_DONE;
+}
+
+static actor_ret_t drv_on_shard(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    int r = msg_rank(d, m);
+    if (r < 0 || d->phase != DRV_EXPORTING) return ACTOR_DONE;
+    const msg_ckpt_shard_t *b = &m->body.ckpt_shard;
+    int i = model_param_find(d->full, b->name);
+    tensor_t *t = actor_msg_tensor(m, "data");
+    if (i < 0 || !t || !tensor_same_shape(t, &d->full->params[i].t) || t->dtype != DT_F32) {
+        fail(d, BT_ERR_PEER_PROTO, r, "export: parameter '%s' is unknown or has the wrong shape",
+             b->name);
+        return ACTOR_DONE;
+    }
+    memcpy(d->full->params[i].t.data, t->data, (size_t)tensor_numel(t) * sizeof(float));
+    d->received[i] = true;
+    return ACTOR_DONE;
+}
+
+static actor_ret_t drv_on_error(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    const msg_error_report_t *e = &m->body.error_report;
+    int from = (int)actor_addr_rank(m->env.src);
+    if (d->phase == DRV_DONE || d->phase == DRV_FAILING) return ACTOR_DONE;
+    if (from == d->world) /* our own router: the link to rank e->peer */
+        fail(d, (bt_status_t)e->status, (int)e->peer, "link %s failed (%s): %s", e->where,
+             bt_status_str((bt_status_t)e->status), e->text);
+    else if (from < d->world)
+        fail(d, (bt_status_t)e->status, from, "reported: %s [%s]", e->text, e->where);
+    return ACTOR_DONE;
+}
+
+static void drv_start(actor_t *self)
+{
+    driver_t *d = (driver_t *)self;
+    d->t_phase0 = clock_now_ns();
+    actor_timer_start(self, &d->watch, 0.02, 0.02, watch_fire);
+}
+
+static const actor_class_t driver_class = {
+    .name = "driver",
+    .handlers = {
+        [MSG_HEARTBEAT] = drv_on_heartbeat,
+        [MSG_METRICS] = drv_on_metrics,
+        [MSG_CKPT_SHARD] = drv_on_shard,
+        [MSG_ERROR_REPORT] = drv_on_error,
+    },
+    .start = drv_start,
+};
+
+/* ---- signals ------------------------------------------------------------------- */
+
+/* SIGINT/SIGTERM: a handler (on whatever thread the kernel picks; OpenBLAS
+ * and libev threads exist already, so blocking the signals is no option)
+ * writes the signal number into a pipe; a thread reads it and hands it to
+ * the driver actor's loop. The job then fails like any other failure (STOP
+ * to every rank, reap, remove the run directory) instead of dying with its
+ * run directory left behind. */
+typedef struct {
+    pthread_t        thread;
+    int              pipe[2];
+    struct sigaction old_int, old_term;
+    actor_loop_t    *loop;
+    driver_t        *d;
+} drv_signals_t;
+
+static int drv_signal_fd = -1;
+
+static void drv_signal_handler(int sig)
+{
+    int saved = errno;
+    unsigned char b = (unsigned char)sig;
+    if (drv_signal_fd >= 0 && write(drv_signal_fd, &b, 1) < 0) {}
+    errno = saved;
+}
+
+static void drv_on_signal(void *arg)
+{
+    drv_signals_t *sg = arg;
+    if (sg->d->a.state != ACTOR_RUNNING) { /* not started yet: nothing to tell the ranks */
+        actor_router_stop_request(sg->d->rt, BT_ERR_CANCELED);
+        return;
+    }
+    fail(sg->d, BT_ERR_CANCELED, -1, "interrupted by a signal");
+}
+
+static void *drv_signal_main(void *arg)
+{
+    drv_signals_t *sg = arg;
+    unsigned char b;
+    for (;;) {
+        ssize_t n = read(sg->pipe[0], &b, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0 || b == 0) return NULL; /* 0: drv_signals_stop */
+        actor_loop_post_fn(sg->loop, drv_on_signal, sg);
+    }
+}
+
+static bt_status_t drv_signals_start(drv_signals_t *sg, actor_loop_t *loop, driver_t *d)
+{
+    sg->loop = loop;
+    sg->d = d;
+    if (pipe2(sg->pipe, O_CLOEXEC)) {
+        log_error("driver: pipe: %s", strerror(errno));
+        return BT_ERR_IO;
+    }
+    if (pthread_create(&sg->thread, NULL, drv_signal_main, sg)) {
+        close(sg->pipe[0]);
+        close(sg->pipe[1]);
+        log_error("driver: cannot start the signal thread");
+        return BT_ERR_NOMEM;
+    }
+    drv_signal_fd = sg->pipe[1];
+    struct sigaction sa = {.sa_handler = drv_signal_handler};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &sg->old_int);
+    sigaction(SIGTERM, &sa, &sg->old_term);
+    return BT_OK;
+}
+
+static void drv_signals_stop(drv_signals_t *sg)
+{
+    sigaction(SIGINT, &sg->old_int, NULL);
+    sigaction(SIGTERM, &sg->old_term, NULL);
+    unsigned char zero = 0;
+    if (write(sg->pipe[1], &zero, 1) < 0) {}
+    pthread_join(sg->thread, NULL);
+    drv_signal_fd = -1;
+    close(sg->pipe[0]);
+    close(sg->pipe[1]);
+}
+
+/* ---- run directory ---------------------------------------------------------- */
+
+static bt_status_t file_write(const char *dir, const char *name, const void *data, size_t n,
+                              mode_t mode)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0) {
+        log_error("driver: cannot create %s: %s", p, strerror(errno));
+        return BT_ERR_IO;
+    }
+    bool ok = write(fd, data, n) == (ssize_t)n;
+    if (close(fd) || !ok) {
+        log_error("driver: cannot write %s", p);
+        return BT_ERR_IO;
+    }
+    return BT_OK;
+}
+
+static bt_status_t file_slurp(const char *path, char **out, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        log_error("driver: cannot read %s: %s", path, strerror(errno));
+        return BT_ERR_IO;
+    }
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t k;
+    while (buf && (k = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += k;
+        if (len == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) { free(buf); buf = NULL; }
+            buf = nb;
+        }
+    }
+    fclose(f);
+    if (!buf) return BT_ERR_NOMEM;
+    *out = buf;
+    *n = len;
+    return BT_OK;
+}
+
+static void run_dir_remove(const char *dir)
+{
+    char p[1024];
+    const char *fixed[] = {RUN_FILE_JOB, RUN_FILE_SETS, RUN_FILE_SECRET, RUN_FILE_DRIVER,
+                           RUN_FILE_BOOK, RUN_FILE_BOOK ".tmp", RUN_FILE_EVAL, RUN_FILE_MODE};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, fixed[i]);
+        unlink(p);
+    }
+    for (int r = 0; r < GRAPH_MAX_WORLD; r++) {
+        snprintf(p, sizeof p, "%s/rank.%d", dir, r);
+        if (unlink(p) && r > 0) {
+            snprintf(p, sizeof p, "%s/rank.%d.tmp", dir, r);
+            unlink(p);
+        }
+        snprintf(p, sizeof p, "%s/rank.%d.tmp", dir, r);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+static unsigned xport_kinds(const job_t *job)
+{
+    unsigned kinds = 1u << XPORT_TCP;
+    for (int e = 0; e < JOB_EDGE_COUNT; e++)
+        if (job->transport[e] == JOB_XPORT_UCX) kinds |= 1u << XPORT_UCX;
+    return kinds;
+}
+
+/* The validation rows of the job, as the single-process train_eval takes
+ * them: consecutive (unshuffled) windows of the validation stream, at most
+ * eval_batches microbatches of micro_batch rows (eval_batches 0: all). *has: whether there are any. */
+static bt_status_t eval_rows_prepare(const job_t *job, const char *run_dir, bool *has)
+{
+    int32_t *all = NULL, *valbuf = NULL;
+    const int32_t *val = NULL;
+    int64_t n_train = 0, n_val = 0, T = job->data.seq_len;
+    uint32_t vocab;
+    bt_status_t st;
+    *has = false;
+    if (job->data.val_dir[0]) {
+        if ((st = run_stream_load(job->data.val_dir, &valbuf, &n_val, &vocab))) return st;
+        val = valbuf;
+    } else {
+        if ((st = run_tokens_load(job->data.dir, job->data.split, &all, &n_train, &val, &n_val, &vocab)))
+            return st;
+    }
+    int64_t n_windows = n_val > T ? (n_val - 1) / T : 0;
+    int64_t rows = job->train.eval_batches * job->train.micro_batch; /* 0: all windows */
+    if (rows > n_windows || job->train.eval_batches == 0) rows = n_windows;
+    if (rows > 0) {
+        int32_t *ids = malloc((size_t)(rows * T) * sizeof *ids);
+        int32_t *tg = malloc((size_t)(rows * T) * sizeof *tg);
+        st = ids && tg ? BT_OK : BT_ERR_NOMEM;
+        for (int64_t w = 0; w < rows && !st; w++) {
+            memcpy(ids + w * T, val + w * T, (size_t)T * sizeof *ids);
+            memcpy(tg + w * T, val + w * T + 1, (size_t)T * sizeof *tg);
+        }
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", run_dir, RUN_FILE_EVAL);
+        if (!st) st = run_eval_write(p, ids, tg, rows, T);
+        *has = st == BT_OK;
+        free(ids);
+        free(tg);
+    }
+    free(all);
+    free(valbuf);
+    return st;
+}
+
+/* Eval-only runs (baton eval --layout): the rows and the result. */
+typedef struct {
+    const int32_t *ids, *targets;
+    int64_t        rows;
+    double         loss;
+    int64_t        tokens;
+} driver_eval_t;
+
+/* A multi-process job. job_text: the job file's bytes (copied to the run
+ * directory for the workers). ev non-NULL: one evaluation pass over ev's
+ * rows instead of training. */
+static int driver_main(job_t *job, const char *job_text, size_t job_len, const char *const *sets,
+                       int n_sets, bool quiet, driver_eval_t *ev)
+{
+    static graph_t g;
+    char err[JOB_ERR_MAX];
+    if (graph_build(job, &g, err, sizeof err)) {
+        fprintf(stderr, "baton run: %s: %s\n", job->path, err);
+        return 1;
+    }
+    bool local = true;
+    for (int h = 0; h < job->n_hosts; h++)
+        local &= !strcmp(job->hosts[h], "local") || !strcmp(job->hosts[h], "localhost") ||
+                 !strcmp(job->hosts[h], "127.0.0.1");
+    if (!local) {
+        fprintf(stderr, "baton run: %s: hosts: only local processes can be launched yet\n", job->path);
+        return 1;
+    }
+
+    int rc = 1;
+    int32_t *tokens = NULL;
+    int64_t n_tokens = 0;
+    uint32_t vocab = 0;
+    char vocab_set[64] = "";
+    if (!ev && worker_train_stream(job, &tokens, &n_tokens, &vocab)) return 1;
+    free(tokens);
+    if (!ev && !job->model.hf[0] && job->model.vocab == 0) {
+        if (vocab == 0) {
+            fprintf(stderr, "baton run: %s: model.vocab: required when the data (tokens.txt) does "
+                            "not state its vocabulary\n", job->path);
+            return 1;
+        }
+        job->model.vocab = vocab;
+        snprintf(vocab_set, sizeof vocab_set, "model.vocab=%u", vocab);
+    }
+    if (!ev && n_tokens < job->data.seq_len + 1) {
+        fprintf(stderr, "baton run: %s: the training stream has %lld tokens, fewer than one window\n",
+                job->path, (long long)n_tokens);
+        return 1;
+    }
+
+    /* private run directory: secret, job, overrides, rendezvous files */
+    char run_dir[512];
+    const char *tmpdir = getenv("TMPDIR");
+    snprintf(run_dir, sizeof run_dir, "%s/baton-run-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
+    if (!mkdtemp(run_dir)) {
+        fprintf(stderr, "baton run: cannot create a run directory in %s: %s\n",
+                tmpdir && *tmpdir ? tmpdir : "/tmp", strerror(errno));
+        return 1;
+    }
+    actor_router_t *rt = NULL;
+    actor_loop_t *loop = NULL;
+    static driver_t d;
+    spawn_group_t procs = {0};
+    uint8_t secret[RUN_SECRET_LEN];
+    char *sets_text = NULL, secret_path[600], card[ACTOR_CARD_MAX];
+    memset(&d, 0, sizeof d);
+    d.eval_only = ev != NULL;
+    if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret) {
+        log_error("driver: getrandom: %s", strerror(errno));
+        goto remove_dir;
+    }
+    if (file_write(run_dir, RUN_FILE_SECRET, secret, sizeof secret, 0600)) goto remove_dir;
+    snprintf(secret_path, sizeof secret_path, "%s/%s", run_dir, RUN_FILE_SECRET);
+    if (file_write(run_dir, RUN_FILE_JOB, job_text, job_len, 0600)) goto remove_dir;
+    size_t sets_len = 0;
+    sets_text = calloc(1, 64 + 1);
+    for (int i = 0; i < n_sets + 1 && sets_text; i++) {
+        const char *s = i < n_sets ? sets[i] : vocab_set;
+        if (!*s) continue;
+        if (strchr(s, '\n')) {
+            fprintf(stderr, "baton run: --set %s: a newline in an override\n", s);
+            goto remove_dir;
+        }
+        char *ns = realloc(sets_text, sets_len + strlen(s) + 2);
+        if (!ns) break;
+        sets_text = ns;
+        sets_len += (size_t)sprintf(sets_text + sets_len, "%s\n", s);
+    }
+    if (!sets_text || file_write(run_dir, RUN_FILE_SETS, sets_text, sets_len, 0600)) goto remove_dir;
+
+    if (ev) {
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", run_dir, RUN_FILE_EVAL);
+        if (run_eval_write(p, ev->ids, ev->targets, ev->rows, job->data.seq_len) ||
+            file_write(run_dir, RUN_FILE_MODE, "eval\n", 5, 0600))
+            goto remove_dir;
+        d.has_eval = d.eval_only = true;
+    } else if (eval_rows_prepare(job, run_dir, &d.has_eval)) {
+        goto remove_dir;
+    }
+
+    const char *job_id = strrchr(run_dir, '/') + 1;
+    actor_router_config_t rc_cfg = {.rank = (uint32_t)g.world, .job_id = job_id, .secret = secret,
+                                    .secret_len = sizeof secret};
+    if (actor_router_create(&rc_cfg, &rt)) goto remove_dir;
+    if (actor_router_listen(rt, xport_kinds(job), card, sizeof card)) goto destroy_router;
+    if (file_write(run_dir, RUN_FILE_DRIVER, card, strlen(card), 0600)) goto destroy_router;
+    if (actor_router_loop_new(rt, "driver", &loop)) goto destroy_router;
+
+    if (job->metrics.file[0] && !(d.metrics = fopen(job->metrics.file, "w"))) {
+        log_error("metrics.file: cannot create %s: %s", job->metrics.file, strerror(errno));
+        goto destroy_router;
+    }
+    if (job->checkpoint.dir[0]) {
+        model_config_t mc;
+        if (run_model_config(job, &mc) || model_create(&mc, NULL, &d.full)) goto close_metrics;
+        d.received = calloc((size_t)d.full->n_params + 1, sizeof *d.received);
+        if (!d.received) goto close_metrics;
+    }
+    d.last_seen = calloc((size_t)g.world, sizeof *d.last_seen);
+    if (!d.last_seen) goto close_metrics;
+    d.rt = rt;
+    d.job = job;
+    d.g = &g;
+    d.run_dir = run_dir;
+    d.procs = &procs;
+    d.quiet = quiet;
+    d.world = g.world;
+    d.fail_rank = -1;
+    d.hb_timeout_s = env_seconds("BATON_HEARTBEAT_TIMEOUT", 5);
+    d.step_timeout_s = env_seconds("BATON_STEP_TIMEOUT", 300);
+    d.start_timeout_s = env_seconds("BATON_START_TIMEOUT", 120);
+
+    if (!ev) {
+        printf("baton run %s: %d processes (tp=%d pp=%d dp=%d, %d virtual stages, %s, %d microbatches, "
+               "ZeRO-1 %s) | %lld steps x %lld tokens\n",
+               job->path, g.world, g.tp, g.pp, g.dp, g.n_vstages, pipe_sched_name(g.pipe.kind),
+               g.microbatches, g.zero1 ? "on" : "off", (long long)job->train.steps,
+               (long long)(g.dp * g.microbatches * g.micro_batch * g.seq_len));
+        fflush(stdout);
+    }
+    if (job->trace_dir[0]) {
+        if (trace_start(job->trace_dir, (uint32_t)g.world, NULL))
+            log_warn("trace.dir: cannot trace into %s; the driver runs untraced", job->trace_dir);
+        trace_actor_name(ACTOR_ADDR(g.world, GRAPH_SLOT_DRIVER), "driver");
+    }
+    static drv_signals_t sig;
+    if (drv_signals_start(&sig, loop, &d)) goto close_metrics;
+    if (spawn_workers(run_dir, secret_path, g.world, &procs)) goto stop_signals;
+    actor_router_supervisor_set(rt, ACTOR_ADDR(g.world, GRAPH_SLOT_DRIVER));
+    if (actor_register(rt, &d.a, &driver_class, loop, "driver", GRAPH_SLOT_DRIVER)) goto stop_procs;
+
+    bt_status_t st = actor_router_wait(rt, 0);
+    int failed = -1;
+    int killed = spawn_stop(&procs, st == BT_OK ? 10.0 : 3.0, &failed);
+    if (killed) log_warn("driver: %d worker process(es) did not exit and were killed", killed);
+    if (st == BT_OK && failed >= 0) {
+        log_error("driver: rank %d did not exit cleanly after the job finished", failed);
+        st = BT_ERR_PEER_CLOSED;
+    }
+    if (st == BT_OK && d.full) {
+        char dirbuf[JOB_PATH_MAX];
+        snprintf(dirbuf, sizeof dirbuf, "%s", job->checkpoint.dir);
+        if (mkdir(dirbuf, 0755) && errno != EEXIST) {
+            log_error("checkpoint.dir: cannot create %s: %s", dirbuf, strerror(errno));
+            st = BT_ERR_IO;
+        } else if ((st = ckpt_hf_save(d.full, dirbuf)) == BT_OK) {
+            printf("model written to %s (HF format)\n", dirbuf);
+        }
+    }
+    if (st == BT_OK && ev) {
+        ev->loss = d.eval_loss;
+        ev->tokens = d.eval_tokens;
+        rc = killed ? 1 : 0;
+    } else if (st == BT_OK) {
+        if (!d.has_eval)
+            printf("no validation split (data.split = %g): no validation perplexity\n", job->data.split);
+        rc = killed ? 1 : 0;
+    }
+stop_procs:
+    if (procs.procs) spawn_stop(&procs, 0.5, NULL);
+stop_signals:
+    drv_signals_stop(&sig);
+close_metrics:
+    if (d.metrics) fclose(d.metrics);
+destroy_router:
+    actor_router_destroy(rt);
+    free(d.last_seen);
+    free(d.received);
+    model_destroy(d.full);
+remove_dir:
+    trace_stop();
+    free(sets_text);
+    run_dir_remove(run_dir);
+    return rc;
+}
+
+int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
+{
+    char *text = NULL;
+    size_t len = 0;
+    if (file_slurp(job->path, &text, &len)) return 1;
+    int rc = driver_main(job, text, len, sets, n_sets, quiet, NULL);
+    free(text);
+    return rc;
+}
+
+int driver_eval(const char *model_dir, const char *layout, const int32_t *ids,
+                const int32_t *targets, int64_t rows, int64_t T, double *loss, int64_t *tokens)
+{
+    int64_t tp = 1, pp = 1, dp = 1;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", layout);
+    for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char key[16];
+        long long v;
+        if (sscanf(kv, "%15[a-z]=%lld", key, &v) != 2 || v < 1 ||
+            (strcmp(key, "tp") && strcmp(key, "pp") && strcmp(key, "dp"))) {
+            fprintf(stderr, "baton eval: --layout %s: expected tp=N,pp=N,dp=N (got '%s')\n", layout, kv);
+            return 2;
+        }
+        *(!strcmp(key, "tp") ? &tp : !strcmp(key, "pp") ? &pp : &dp) = v;
+    }
+    if (strpbrk(model_dir, "\"\n\\")) {
+        fprintf(stderr, "baton eval: --model %s: unsupported characters in the path\n", model_dir);
+        return 2;
+    }
+    /* A job for the workers: the model, the layout, microbatches of 4 rows
+     * of T tokens (data.dir is required by the schema; eval-only workers
+     * never read it). */
+    char *text = NULL;
+    int n = asprintf(&text,
+                     "model: {hf: \"%s\"}\n"
+                     "data: {dir: \"%s\", seq_len: %lld, split: 0}\n"
+                     "train: {steps: 1, micro_batch: 4, grad_accum: %lld}\n"
+                     "parallel: {tp: %lld, pp: %lld, dp: %lld}\n",
+                     model_dir, model_dir, (long long)T, (long long)pp, (long long)tp, (long long)pp,
+                     (long long)dp);
+    if (n < 0) return 1;
+    static job_t job;
+    char err[JOB_ERR_MAX];
+    if (job_load_string("--layout", text, &job, err, sizeof err) || job_validate(&job, err, sizeof err)) {
+        fprintf(stderr, "baton eval: %s\n", err);
+        free(text);
+        return 1;
+    }
+    driver_eval_t ev = {.ids = ids, .targets = targets, .rows = rows};
+    int rc = driver_main(&job, text, (size_t)n, NULL, 0, true, &ev);
+    free(text);
+    if (rc == 0) {
+        *loss = ev.loss;
+        *tokens = ev.tokens;
+    }
+    return rc;
+}

@@ -1,0 +1,44 @@
+/* The driver of a multi-process job (`baton run` with tp*pp*dp > 1).
+ *
+ * It validates the job and builds its graph (launch/graph.h), creates a
+ * private run directory (0700) holding the per-job secret (0600), the job
+ * file and its --set overrides, starts one `baton worker` process per rank
+ * (launch/spawn.h) and runs the driver actor:
+ *   rendezvous  each worker writes run-dir/rank.R (its router card and the
+ *               listen address of each collective group it is in); when all
+ *               are there the driver writes run-dir/book (all of them), the
+ *               workers connect their pipeline edges and collective groups
+ *               and report READY over their control edge;
+ *   steps       STEP(n) to every stage actor; every rank answers METRICS at
+ *               the end of its step; the driver prints the progress line and
+ *               appends the metrics JSON line, then starts step n+1;
+ *   export      the ranks of data-parallel and tensor-parallel replica 0
+ *               send their parameters (CKPT_SHARD); the driver assembles the
+ *               whole model and writes checkpoint.dir in HF format;
+ *   stop        STOP to all; children are reaped (SIGKILL after a grace time).
+ * Supervision: heartbeats (a rank silent for BATON_HEARTBEAT_TIMEOUT seconds,
+ * default 5), transport error reports of every edge, child exits (waitpid)
+ * and a step watchdog (BATON_STEP_TIMEOUT seconds, default 300) fail the
+ * job with one message naming the rank, its pid, host and coordinates; every
+ * process is then stopped.
+ */
+#ifndef BT_LAUNCH_DRIVER_H
+#define BT_LAUNCH_DRIVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "launch/job.h"
+
+/* Run a validated job with tp*pp*dp > 1. sets: the --set overrides already
+ * applied to job (forwarded to the workers). Returns the exit status. */
+int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet);
+
+/* One forward-only evaluation of the HF model in model_dir over `rows` rows
+ * of T tokens (ids; targets -100 where not scored) in the layout
+ * "tp=N,pp=N,dp=N" (missing keys: 1), as processes. Writes the mean NLL
+ * over scored positions and their count. Returns the exit status. */
+int driver_eval(const char *model_dir, const char *layout, const int32_t *ids,
+                const int32_t *targets, int64_t rows, int64_t T, double *loss, int64_t *tokens);
+
+#endif

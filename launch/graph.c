@@ -1,0 +1,193 @@
+#include "launch/graph.h"
+
+#include <string.h>
+
+#include "base/log.h"
+
+static const char *const group_names[] = {"world", "tp", "dp", "emb"};
+_Static_assert(sizeof group_names / sizeof group_names[0] == GRAPH_GROUP_COUNT, "group names");
+
+const char *graph_group_name(graph_group_t kind) { return group_names[kind]; }
+
+bt_status_t graph_build(const job_t *job, graph_t *g, char *err, size_t errlen)
+{
+    const job_parallel_t *p = &job->parallel;
+    memset(g, 0, sizeof *g);
+    g->tp = (int)p->tp;
+    g->pp = (int)p->pp;
+    g->dp = (int)p->dp;
+    g->vpp = (int)p->virtual_stages;
+    g->n_vstages = g->pp * g->vpp;
+    g->microbatches = (int)(p->microbatches ? p->microbatches : job->train.grad_accum);
+    g->micro_batch = job->train.micro_batch;
+    g->seq_len = job->data.seq_len;
+    g->tied = job->model.tie_embeddings;
+    g->zero1 = p->zero1;
+    if (p->tp * p->pp * p->dp > GRAPH_MAX_WORLD) {
+        snprintf(err, errlen, "parallel: tp x pp x dp = %lld ranks; this runtime supports up to %d",
+                 (long long)(p->tp * p->pp * p->dp), GRAPH_MAX_WORLD);
+        return BT_ERR_INVALID;
+    }
+    g->world = g->tp * g->pp * g->dp;
+    for (int e = 0; e < JOB_EDGE_COUNT; e++)
+        if (g->world > 1 && job->transport[e] == JOB_XPORT_INPROC) {
+            snprintf(err, errlen, "transport.%s: inproc links threads of one process, but every "
+                     "rank is a process of its own (use tcp, ucx or auto)", job_edge_name((job_edge_t)e));
+            return BT_ERR_INVALID;
+        }
+    if (g->n_vstages > GRAPH_MAX_VSTAGES) {
+        snprintf(err, errlen, "parallel: %d virtual stages; at most %d", g->n_vstages,
+                 GRAPH_MAX_VSTAGES);
+        return BT_ERR_INVALID;
+    }
+    int64_t layers[GRAPH_MAX_VSTAGES];
+    if (job_stage_layers(job, layers, GRAPH_MAX_VSTAGES) != g->n_vstages) {
+        snprintf(err, errlen, "parallel: cannot split %lld layers into %d stages",
+                 (long long)job->model.layers, g->n_vstages);
+        return BT_ERR_INVALID;
+    }
+    int at = 0;
+    for (int v = 0; v < g->n_vstages; v++) {
+        if (layers[v] < 1) {
+            snprintf(err, errlen, "parallel.split: virtual stage %d has no layer", v);
+            return BT_ERR_INVALID;
+        }
+        g->first_layer[v] = at;
+        at += (int)layers[v];
+    }
+    g->first_layer[g->n_vstages] = at;
+    g->pipe = (pipe_config_t){.kind = p->schedule == JOB_SCHED_INTERLEAVED ? PIPE_SCHED_INTERLEAVED
+                                                                           : PIPE_SCHED_1F1B,
+                              .pp = g->pp, .vpp = g->vpp, .microbatches = g->microbatches};
+    char why[256];
+    if (pipe_config_check(&g->pipe, why, sizeof why)) {
+        snprintf(err, errlen, "parallel: %s", why);
+        return BT_ERR_INVALID;
+    }
+    return BT_OK;
+}
+
+graph_coord_t graph_coord(const graph_t *g, int rank)
+{
+    return (graph_coord_t){.tp = rank % g->tp, .dp = rank / g->tp % g->dp,
+                           .pp = rank / (g->tp * g->dp)};
+}
+
+int graph_vstage_rank(const graph_t *g, int v, int rank)
+{
+    graph_coord_t c = graph_coord(g, rank);
+    return graph_rank(g, c.tp, c.dp, v % g->pp);
+}
+
+model_stage_t graph_vstage_stage(const graph_t *g, int v, int n_layers)
+{
+    (void)n_layers;
+    return (model_stage_t){.first_layer = g->first_layer[v], .last_layer = g->first_layer[v + 1],
+                           .has_embedding = v == 0, .has_head = v == g->n_vstages - 1};
+}
+
+bool graph_rank_needs_data(const graph_t *g, int rank)
+{
+    graph_coord_t c = graph_coord(g, rank);
+    return c.pp == 0 || c.pp == (g->n_vstages - 1) % g->pp;
+}
+
+int graph_group_members(const graph_t *g, graph_group_t kind, int rank, int *members, int *me)
+{
+    graph_coord_t c = graph_coord(g, rank);
+    int n = 0;
+    *me = -1;
+    switch (kind) {
+    case GRAPH_GROUP_WORLD:
+        for (int r = 0; r < g->world; r++) members[n++] = r;
+        break;
+    case GRAPH_GROUP_TP:
+        for (int t = 0; t < g->tp; t++) members[n++] = graph_rank(g, t, c.dp, c.pp);
+        break;
+    case GRAPH_GROUP_DP:
+        for (int d = 0; d < g->dp; d++) members[n++] = graph_rank(g, c.tp, d, c.pp);
+        break;
+    case GRAPH_GROUP_EMB: {
+        /* Only when the embedding and the head live on different ranks. */
+        int last_pp = (g->n_vstages - 1) % g->pp;
+        if (!g->tied || last_pp == 0 || (c.pp != 0 && c.pp != last_pp)) return 0;
+        members[n++] = graph_rank(g, c.tp, c.dp, 0);
+        members[n++] = graph_rank(g, c.tp, c.dp, last_pp);
+        break;
+    }
+    default: BT_PANIC("group kind %d", (int)kind);
+    }
+    if (n < 2) return 0;
+    for (int i = 0; i < n; i++)
+        if (members[i] == rank) *me = i;
+    return n;
+}
+
+const char *graph_edge_xport(const job_t *job, job_edge_t e)
+{
+    /* auto: tcp between processes unless some edge of the job asks for ucx
+     * (only then do the ranks listen on ucx, and auto prefers it) */
+    if (job->transport[e] != JOB_XPORT_AUTO) return job_xport_name(job->transport[e]);
+    if (e == JOB_EDGE_DATA_PARALLEL || e == JOB_EDGE_TENSOR_PARALLEL) return "tcp";
+    for (int k = 0; k < JOB_EDGE_COUNT; k++)
+        if (job->transport[k] == JOB_XPORT_UCX) return "ucx";
+    return "tcp";
+}
+
+void graph_print(const graph_t *g, const job_t *job, FILE *f)
+{
+    const char *host = job->n_hosts ? job->hosts[0] : "local";
+    fprintf(f, "graph %s: tp=%d pp=%d dp=%d virtual_stages=%d schedule=%s microbatches=%d "
+               "zero1=%s world=%d\n",
+            job->path, g->tp, g->pp, g->dp, g->vpp, pipe_sched_name(g->pipe.kind), g->microbatches,
+            g->zero1 ? "on" : "off", g->world);
+    fprintf(f, "global batch: dp %d x microbatches %d x micro_batch %lld = %lld rows of %lld tokens\n",
+            g->dp, g->microbatches, (long long)g->micro_batch,
+            (long long)(g->dp * g->microbatches * g->micro_batch), (long long)g->seq_len);
+    fprintf(f, "virtual stages:\n");
+    for (int v = 0; v < g->n_vstages; v++)
+        fprintf(f, "  v%d: layers [%d, %d)%s%s -> stage %d chunk %d\n", v, g->first_layer[v],
+                g->first_layer[v + 1], v == 0 ? " +embedding" : "",
+                v == g->n_vstages - 1 ? " +head+loss" : "", v % g->pp, v / g->pp);
+    fprintf(f, "actors:\n");
+    fprintf(f, "  driver rank %d slot %u host %s (%s)\n", g->world, GRAPH_SLOT_DRIVER, host,
+            graph_edge_xport(job, JOB_EDGE_CONTROL));
+    for (int r = 0; r < g->world; r++) {
+        graph_coord_t c = graph_coord(g, r);
+        fprintf(f, "  rank %d host %s (tp=%d dp=%d pp=%d): stage slot %u [", r, host, c.tp, c.dp,
+                c.pp, GRAPH_SLOT_STAGE);
+        for (int k = 0; k < g->vpp; k++)
+            fprintf(f, "%sv%d", k ? " " : "", graph_chunk_vstage(g, c.pp, k));
+        fprintf(f, "]");
+        if (graph_rank_needs_data(g, r)) fprintf(f, ", data slot %u", GRAPH_SLOT_DATA);
+        fprintf(f, "\n");
+    }
+    fprintf(f, "edges:\n");
+    for (int r = 0; r < g->world; r++)
+        fprintf(f, "  control: rank %d <-> driver (heartbeat, step, metrics, stop)\n", r);
+    for (int r = 0; r < g->world; r++) {
+        graph_coord_t c = graph_coord(g, r);
+        for (int k = 0; k < g->vpp; k++) {
+            int v = graph_chunk_vstage(g, c.pp, k);
+            if (v + 1 >= g->n_vstages) continue;
+            fprintf(f, "  pipeline (%s): v%d rank %d -> v%d rank %d ACTIVATION, back ACT_GRAD\n",
+                    graph_edge_xport(job, JOB_EDGE_PIPELINE), v, r, v + 1,
+                    graph_vstage_rank(g, v + 1, r));
+        }
+        if (graph_rank_needs_data(g, r))
+            fprintf(f, "  data: rank %d data -> rank %d stage DATA_BATCH (local)\n", r, r);
+    }
+    fprintf(f, "collective groups:\n");
+    for (int k = 0; k < GRAPH_GROUP_COUNT; k++) {
+        for (int r = 0; r < g->world; r++) {
+            int mem[GRAPH_MAX_WORLD], me;
+            int n = graph_group_members(g, (graph_group_t)k, r, mem, &me);
+            if (n == 0 || me != 0) continue; /* print each group once, from its first member */
+            fprintf(f, "  %s (%s): ranks", graph_group_name((graph_group_t)k),
+                    graph_edge_xport(job, k == GRAPH_GROUP_TP ? JOB_EDGE_TENSOR_PARALLEL
+                                                              : JOB_EDGE_DATA_PARALLEL));
+            for (int i = 0; i < n; i++) fprintf(f, " %d", mem[i]);
+            fprintf(f, "\n");
+        }
+    }
+}

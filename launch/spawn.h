@@ -1,0 +1,40 @@
+/* Local process launch of a job's ranks (ssh/slurm launchers later take the
+ * same shape): `baton worker --run-dir D --rank R` for every rank, started
+ * by fork + exec of this very binary (/proc/self/exe), with
+ * BATON_SECRET_FILE in the environment. A child asks the kernel to kill it
+ * when the launching thread's process dies (PR_SET_PDEATHSIG), so a killed
+ * driver leaves no orphans; spawn_stop reaps every child and SIGKILLs the
+ * ones that do not exit in time. */
+#ifndef BT_LAUNCH_SPAWN_H
+#define BT_LAUNCH_SPAWN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "base/status.h"
+
+typedef struct {
+    pid_t pid;
+    bool  exited;
+    int   status;   /* waitpid status once exited */
+} spawn_proc_t;
+
+typedef struct {
+    spawn_proc_t *procs; /* [n], index = rank */
+    int           n;
+} spawn_group_t;
+
+bt_status_t spawn_workers(const char *run_dir, const char *secret_file, int n, spawn_group_t *out);
+/* Reap children that exited (non-blocking). Returns the lowest rank that
+ * exited since the last call, or -1. */
+int  spawn_poll(spawn_group_t *g);
+/* "exited with status 1", "killed by signal 9 (Killed)", "running". */
+void spawn_describe(const spawn_proc_t *p, char *buf, size_t cap);
+/* Wait up to grace_s for every child, then SIGKILL the rest and reap them.
+ * Returns the number of children that had to be killed; *failed (may be
+ * NULL) gets the lowest rank that exited non-zero or by a signal (-1: none).
+ * Frees g->procs. */
+int  spawn_stop(spawn_group_t *g, double grace_s, int *failed);
+
+#endif

@@ -1,0 +1,537 @@
+#include "launch/worker.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "actors/coll.h"
+#include "actors/router.h"
+#include "actors/trace.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "launch/graph.h"
+#include "launch/run_setup.h"
+#include "model/data_actor.h"
+#include "model/stage_actor.h"
+
+bt_status_t worker_train_stream(const job_t *job, int32_t **tokens, int64_t *n, uint32_t *vocab)
+{
+    if (job->data.val_dir[0]) {
+        int32_t *val = NULL;
+        int64_t n_val = 0;
+        uint32_t v2 = 0;
+        bt_status_t st = run_stream_load(job->data.dir, tokens, n, vocab);
+        if (st) return st;
+        if ((st = run_stream_load(job->data.val_dir, &val, &n_val, &v2))) {
+            free(*tokens);
+            return st;
+        }
+        free(val);
+        if (v2 > *vocab) *vocab = v2;
+        return BT_OK;
+    }
+    const int32_t *val;
+    int64_t n_val;
+    return run_tokens_load(job->data.dir, job->data.split, tokens, n, &val, &n_val, vocab);
+}
+
+bt_status_t run_eval_write(const char *path, const int32_t *ids, const int32_t *targets,
+                           int64_t rows, int64_t T)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        log_error("cannot create %s: %s", path, strerror(errno));
+        return BT_ERR_IO;
+    }
+    uint32_t head[2] = {RUN_EVAL_MAGIC, RUN_EVAL_VERSION};
+    int64_t dims[2] = {rows, T};
+    size_t n = (size_t)(rows * T);
+    bool ok = fwrite(head, sizeof head, 1, f) == 1 && fwrite(dims, sizeof dims, 1, f) == 1 &&
+              fwrite(ids, sizeof *ids, n, f) == n && fwrite(targets, sizeof *targets, n, f) == n;
+    if (fclose(f) || !ok) {
+        log_error("cannot write %s", path);
+        return BT_ERR_IO;
+    }
+    return BT_OK;
+}
+
+bt_status_t run_eval_read(const char *path, bool want_data, int32_t **ids, int32_t **targets,
+                          int64_t *rows, int64_t *T)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return BT_ERR_NOT_FOUND;
+    uint32_t head[2];
+    int64_t dims[2];
+    bt_status_t st = BT_ERR_CORRUPT;
+    if (fread(head, sizeof head, 1, f) != 1 || fread(dims, sizeof dims, 1, f) != 1 ||
+        head[0] != RUN_EVAL_MAGIC || head[1] != RUN_EVAL_VERSION || dims[0] < 0 || dims[1] < 1 ||
+        dims[0] > (1ll << 30) / dims[1]) {
+        log_error("%s: not an evaluation rows file of version %u", path, RUN_EVAL_VERSION);
+        goto close_file;
+    }
+    *rows = dims[0];
+    *T = dims[1];
+    if (want_data) {
+        size_t n = (size_t)(dims[0] * dims[1]);
+        *ids = malloc(n * sizeof **ids + 1);
+        *targets = malloc(n * sizeof **targets + 1);
+        if (!*ids || !*targets || fread(*ids, sizeof **ids, n, f) != n ||
+            fread(*targets, sizeof **targets, n, f) != n) {
+            log_error("%s: truncated", path);
+            free(*ids);
+            free(*targets);
+            *ids = *targets = NULL;
+            goto close_file;
+        }
+    }
+    st = BT_OK;
+close_file:
+    fclose(f);
+    return st;
+}
+
+/* Everything a rank owns, released in reverse order by worker_free. */
+typedef struct {
+    int            rank;
+    job_t          job;
+    graph_t        g;
+    uint8_t        secret[RUN_SECRET_LEN];
+    int32_t       *tokens;
+    int64_t        n_tokens;
+    int32_t       *eval_ids, *eval_targets;
+    int64_t        eval_rows;
+    model_t       *full;
+    model_t       *chunks[STAGE_MAX_CHUNKS];
+    model_t       *export_full[STAGE_MAX_CHUNKS]; /* tp > 1, dp rank 0: gather targets */
+    int            n_chunks;
+    coll_comm_t   *comm[GRAPH_GROUP_COUNT];
+    int            members[GRAPH_GROUP_COUNT][GRAPH_MAX_WORLD];
+    int            n_members[GRAPH_GROUP_COUNT], me[GRAPH_GROUP_COUNT];
+    char           coll_addr[GRAPH_GROUP_COUNT][XPORT_ADDR_MAX];
+    actor_router_t *rt;
+    dist_optim_t   *opt;
+    stage_actor_t  stage;
+    data_actor_t   data;
+    bool           stage_inited, data_inited;
+} worker_t;
+
+static bt_status_t file_read_all(const char *path, char *buf, size_t cap, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return BT_ERR_NOT_FOUND;
+    size_t n = fread(buf, 1, cap - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    if (len) *len = n;
+    return BT_OK;
+}
+
+static bt_status_t secret_read(worker_t *w)
+{
+    const char *p = getenv("BATON_SECRET_FILE");
+    if (!p) {
+        log_error("worker: BATON_SECRET_FILE is not set (workers are started by `baton run`)");
+        return BT_ERR_INVALID;
+    }
+    FILE *f = fopen(p, "rb");
+    if (!f) {
+        log_error("worker: cannot read the job secret %s: %s", p, strerror(errno));
+        return BT_ERR_IO;
+    }
+    size_t n = fread(w->secret, 1, sizeof w->secret, f);
+    fclose(f);
+    if (n != sizeof w->secret) {
+        log_error("worker: job secret %s is %zu bytes, expected %d", p, n, RUN_SECRET_LEN);
+        return BT_ERR_INVALID;
+    }
+    return BT_OK;
+}
+
+static bt_status_t job_read(worker_t *w, const char *run_dir)
+{
+    char path[1024], err[JOB_ERR_MAX];
+    snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_JOB);
+    if (job_load(path, &w->job, err, sizeof err)) goto bad;
+    snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_SETS);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        char line[2048];
+        while (fgets(line, sizeof line, f)) {
+            line[strcspn(line, "\n")] = 0;
+            if (line[0] && job_override(&w->job, line, err, sizeof err)) {
+                fclose(f);
+                goto bad;
+            }
+        }
+        fclose(f);
+    }
+    if (job_validate(&w->job, err, sizeof err) || graph_build(&w->job, &w->g, err, sizeof err)) goto bad;
+    return BT_OK;
+bad:
+    log_error("worker: %s", err);
+    return BT_ERR_INVALID;
+}
+
+/* Copy this rank's slice of the whole-model tensor `full` into `part`
+ * (model_param_t: narrowed along shard_dim at shard_offset). */
+static void slice_copy(const model_param_t *part, const tensor_t *full)
+{
+    float *dst = part->t.data;
+    const float *src = full->data;
+    const tensor_t *t = &part->t;
+    if (part->shard_dim == MODEL_SHARD_COLS && t->ndim == 2) {
+        int64_t rows = t->shape[0], cols = t->shape[1], fcols = full->shape[1];
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(dst + r * cols, src + r * fcols + part->shard_offset, (size_t)cols * sizeof(float));
+        return;
+    }
+    int64_t inner = 1;
+    for (int d = 1; d < t->ndim; d++) inner *= t->shape[d];
+    int64_t off = part->shard_dim == MODEL_SHARD_ROWS ? part->shard_offset * inner : 0;
+    memcpy(dst, src + off, (size_t)tensor_numel(t) * sizeof(float));
+}
+
+/* The rank's chunks (its tensor-parallel share of each), initialized from
+ * the whole model by name, so that every layout starts from exactly the
+ * single-process parameters. Needs the TP communicator opened. */
+static bt_status_t chunks_create(worker_t *w)
+{
+    bt_status_t st = run_model_create(&w->job, &w->full);
+    if (st) return st;
+    graph_coord_t c = graph_coord(&w->g, w->rank);
+    model_parallel_t par = {.tp_rank = c.tp, .tp_size = w->g.tp, .tp_comm = w->comm[GRAPH_GROUP_TP]};
+    w->n_chunks = w->g.vpp;
+    for (int k = 0; k < w->n_chunks; k++) {
+        int v = graph_chunk_vstage(&w->g, c.pp, k);
+        model_stage_t stage = graph_vstage_stage(&w->g, v, (int)w->full->cfg.num_layers);
+        if ((st = model_create_tp(&w->full->cfg, &stage, w->g.tp > 1 ? &par : NULL, &w->chunks[k])))
+            return st;
+        if (w->g.tp > 1 && c.dp == 0 && (st = model_create(&w->full->cfg, &stage, &w->export_full[k])))
+            return st;
+        model_t *m = w->chunks[k];
+        for (int i = 0; i < m->n_params; i++) {
+            int j = model_param_find(w->full, m->params[i].name);
+            if (j < 0 || m->params[i].t.ndim != w->full->params[j].t.ndim) {
+                log_error("rank %d: stage parameter %s has no twin in the whole model", w->rank,
+                          m->params[i].name);
+                return BT_ERR_INVALID;
+            }
+            slice_copy(&m->params[i], &w->full->params[j].t);
+        }
+        if ((st = model_grads_alloc(m))) return st;
+    }
+    model_destroy(w->full);
+    w->full = NULL;
+    return BT_OK;
+}
+
+static xport_kind_t edge_kind(const job_t *job, job_edge_t e)
+{
+    return job->transport[e] == JOB_XPORT_UCX ? XPORT_UCX : XPORT_TCP;
+}
+
+static bt_status_t colls_open(worker_t *w, const char *job_id)
+{
+    for (int k = 0; k < GRAPH_GROUP_COUNT; k++) {
+        int n = graph_group_members(&w->g, (graph_group_t)k, w->rank, w->members[k], &w->me[k]);
+        w->n_members[k] = n;
+        if (n == 0) continue;
+        char name[32];
+        snprintf(name, sizeof name, "%s%d", graph_group_name((graph_group_t)k), w->members[k][0]);
+        coll_host_config_t cfg = {
+            .rank = w->me[k], .size = n, .comm_id = (uint32_t)(k * GRAPH_MAX_WORLD + w->members[k][0]),
+            .name = name,
+            .kind = edge_kind(&w->job, k == GRAPH_GROUP_TP ? JOB_EDGE_TENSOR_PARALLEL
+                                                           : JOB_EDGE_DATA_PARALLEL),
+            .job_id = job_id, .secret = w->secret, .secret_len = sizeof w->secret,
+            .timeout_ms = 30000,
+        };
+        bt_status_t st = coll_host_open(&cfg, &w->comm[k], w->coll_addr[k], XPORT_ADDR_MAX);
+        if (st) {
+            log_error("rank %d: cannot open collective group %s (%s)", w->rank, name, bt_status_str(st));
+            return st;
+        }
+    }
+    return BT_OK;
+}
+
+static bt_status_t rank_file_write(worker_t *w, const char *run_dir, const char *card)
+{
+    char tmp[1024], dst[1024];
+    snprintf(tmp, sizeof tmp, "%s/rank.%d.tmp", run_dir, w->rank);
+    snprintf(dst, sizeof dst, "%s/rank.%d", run_dir, w->rank);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        log_error("rank %d: cannot write %s: %s", w->rank, tmp, strerror(errno));
+        return BT_ERR_IO;
+    }
+    fprintf(f, "card %s\n", card);
+    for (int k = 0; k < GRAPH_GROUP_COUNT; k++)
+        if (w->comm[k]) fprintf(f, "coll%d %s\n", k, w->coll_addr[k]);
+    if (fclose(f) || rename(tmp, dst)) {
+        log_error("rank %d: cannot write %s", w->rank, dst);
+        return BT_ERR_IO;
+    }
+    return BT_OK;
+}
+
+/* The address book: lines "RANK card CARD" and "RANK collK ADDR". */
+typedef struct {
+    char card[GRAPH_MAX_WORLD][ACTOR_CARD_MAX];
+    char coll[GRAPH_GROUP_COUNT][GRAPH_MAX_WORLD][XPORT_ADDR_MAX];
+} book_t;
+
+static bt_status_t book_wait(worker_t *w, const char *run_dir, book_t *b)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_BOOK);
+    uint64_t end = clock_now_ns() + 120ull * 1000000000ull;
+    FILE *f;
+    while (!(f = fopen(path, "r"))) {
+        if (clock_now_ns() > end) {
+            log_error("rank %d: no address book from the driver after 120 s", w->rank);
+            return BT_ERR_TIMEOUT;
+        }
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    char line[2048];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        int r, k, off = 0;
+        char key[16];
+        if (sscanf(line, "%d %15s %n", &r, key, &off) != 2 || r < 0 || r >= w->g.world) goto bad;
+        const char *val = line + off;
+        if (!strcmp(key, "card") && strlen(val) < ACTOR_CARD_MAX) {
+            snprintf(b->card[r], ACTOR_CARD_MAX, "%s", val);
+        } else if (sscanf(key, "coll%d", &k) == 1 && k >= 0 && k < GRAPH_GROUP_COUNT &&
+                   strlen(val) < XPORT_ADDR_MAX) {
+            snprintf(b->coll[k][r], XPORT_ADDR_MAX, "%s", val);
+        } else {
+            goto bad;
+        }
+    }
+    fclose(f);
+    return BT_OK;
+bad:
+    fclose(f);
+    log_error("rank %d: malformed address book line '%s'", w->rank, line);
+    return BT_ERR_CORRUPT;
+}
+
+static bt_status_t links_connect(worker_t *w, const book_t *b)
+{
+    const job_t *job = &w->job;
+    graph_coord_t c = graph_coord(&w->g, w->rank);
+    bool done[GRAPH_MAX_WORLD] = {0};
+    /* pipeline neighbors: the lower rank of each pair connects */
+    for (int k = 0; k < w->n_chunks; k++) {
+        int v = graph_chunk_vstage(&w->g, c.pp, k);
+        int nb[2] = {v > 0 ? graph_vstage_rank(&w->g, v - 1, w->rank) : -1,
+                     v + 1 < w->g.n_vstages ? graph_vstage_rank(&w->g, v + 1, w->rank) : -1};
+        for (int i = 0; i < 2; i++) {
+            int q = nb[i];
+            if (q <= w->rank || done[q]) continue;
+            done[q] = true;
+            bt_status_t st = actor_router_connect_str(w->rt, (uint32_t)q, b->card[q],
+                                                      job_xport_name(job->transport[JOB_EDGE_PIPELINE]));
+            if (st) return st;
+        }
+    }
+    for (int k = 0; k < GRAPH_GROUP_COUNT; k++) {
+        if (!w->comm[k]) continue;
+        const char *addrs[GRAPH_MAX_WORLD];
+        for (int i = 0; i < w->n_members[k]; i++) {
+            addrs[i] = b->coll[k][w->members[k][i]];
+            if (!addrs[i][0]) {
+                log_error("rank %d: the book has no %s address of rank %d", w->rank,
+                          graph_group_name((graph_group_t)k), w->members[k][i]);
+                return BT_ERR_CORRUPT;
+            }
+        }
+        /* The barrier keeps every member driving the group's loop until
+         * all handshakes have finished: an acceptor leaves connect as soon
+         * as its side is done, which may be before its last handshake frame
+         * reached the connector. */
+        bt_status_t st = coll_host_connect(w->comm[k], addrs);
+        if (st == BT_OK) st = coll_barrier(w->comm[k]);
+        if (st) {
+            log_error("rank %d: collective group %s did not connect (%s)", w->rank, w->comm[k]->name,
+                      bt_status_str(st));
+            return st;
+        }
+    }
+    return BT_OK;
+}
+
+static bt_status_t actors_start(worker_t *w)
+{
+    const graph_t *g = &w->g;
+    graph_coord_t c = graph_coord(g, w->rank);
+    actor_loop_t *loop;
+    actor_worker_t *compute;
+    bt_status_t st;
+    if ((st = actor_router_loop_new(w->rt, "main", &loop))) return st;
+    if ((st = actor_router_worker_new(w->rt, "compute", &compute))) return st;
+
+    train_config_t tc;
+    run_train_config(&w->job, &tc);
+    dist_optim_config_t oc = {.n_chunks = w->n_chunks, .embed_chunk = -1, .head_copy_chunk = -1,
+                              .world = w->comm[GRAPH_GROUP_WORLD], .dp = w->comm[GRAPH_GROUP_DP],
+                              .emb = w->comm[GRAPH_GROUP_EMB], .zero1 = g->zero1,
+                              .optim = tc.optim, .lr = tc.lr, .clip = tc.clip, .rank = w->rank};
+    for (int k = 0; k < w->n_chunks; k++) {
+        oc.chunks[k] = w->chunks[k];
+        int v = graph_chunk_vstage(g, c.pp, k);
+        if (v == 0) oc.embed_chunk = k;
+        if (g->tied && g->n_vstages > 1 && v == g->n_vstages - 1) oc.head_copy_chunk = k;
+    }
+    if ((st = dist_optim_create(&oc, &w->opt))) return st;
+
+    bool data = graph_rank_needs_data(g, w->rank);
+    int64_t rows = (int64_t)g->dp * g->microbatches * g->micro_batch;
+    stage_actor_config_t sc = {
+        .rank = w->rank, .pp_rank = c.pp, .pipe = g->pipe, .n_vstages = g->n_vstages,
+        .driver = ACTOR_ADDR(g->world, GRAPH_SLOT_DRIVER),
+        .data = data ? ACTOR_ADDR(w->rank, GRAPH_SLOT_DATA) : 0,
+        .tp_rank = c.tp, .tp_size = g->tp, .dp_rank = c.dp, .dp_size = g->dp,
+        .eval_rows = w->eval_rows,
+        .exporter = c.dp == 0 && c.tp == 0, .B = g->micro_batch, .T = g->seq_len,
+        /* every window scores all T positions (model/train.h) */
+        .dloss = 1.0f / (float)(rows * g->seq_len),
+        .opt = w->opt, .worker = compute, .rt = w->rt, .heartbeat_s = 0.3,
+    };
+    for (int k = 0; k < w->n_chunks; k++) {
+        int v = graph_chunk_vstage(g, c.pp, k);
+        sc.chunks[k] = w->chunks[k];
+        sc.export_full[k] = w->export_full[k];
+        if (v + 1 < g->n_vstages) sc.next[k] = ACTOR_ADDR(graph_vstage_rank(g, v + 1, w->rank), GRAPH_SLOT_STAGE);
+        if (v > 0) sc.prev[k] = ACTOR_ADDR(graph_vstage_rank(g, v - 1, w->rank), GRAPH_SLOT_STAGE);
+    }
+    if ((st = stage_actor_init(&w->stage, &sc))) return st;
+    w->stage_inited = true;
+    if (data) {
+        data_actor_config_t dc = {.tokens = w->tokens, .n_tokens = w->n_tokens,
+                                  .seed = (uint64_t)w->job.train.seed, .B = g->micro_batch,
+                                  .T = g->seq_len, .M = g->microbatches, .dp = g->dp,
+                                  .dp_rank = c.dp, .stage = ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE),
+                                  .eval_ids = w->eval_ids, .eval_targets = w->eval_targets,
+                                  .eval_rows = w->eval_rows};
+        if ((st = data_actor_init(&w->data, &dc))) return st;
+        w->data_inited = true;
+        if ((st = actor_register(w->rt, &w->data.a, &data_actor_class, loop, "data", GRAPH_SLOT_DATA)))
+            return st;
+    }
+    char tname[48];
+    snprintf(tname, sizeof tname, "stage r%d pp%d", w->rank, c.pp);
+    trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE), tname);
+    snprintf(tname, sizeof tname, "data r%d", w->rank);
+    trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_DATA), tname);
+    actor_router_supervisor_set(w->rt, ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE));
+    return actor_register(w->rt, &w->stage.a, &stage_actor_class, loop, "stage", GRAPH_SLOT_STAGE);
+}
+
+static void worker_free(worker_t *w)
+{
+    actor_router_destroy(w->rt); /* stops the actors, the compute worker and the loops */
+    if (w->stage_inited) stage_actor_fini(&w->stage);
+    if (w->data_inited) data_actor_fini(&w->data);
+    dist_optim_destroy(w->opt);
+    for (int k = 0; k < GRAPH_GROUP_COUNT; k++)
+        if (w->comm[k]) coll_destroy(w->comm[k]);
+    for (int k = 0; k < w->n_chunks; k++) {
+        model_destroy(w->chunks[k]);
+        model_destroy(w->export_full[k]);
+    }
+    model_destroy(w->full);
+    free(w->tokens);
+    free(w->eval_ids);
+    free(w->eval_targets);
+    free(w);
+}
+
+int worker_main(const char *run_dir, int rank)
+{
+    char tag[32];
+    snprintf(tag, sizeof tag, "rank%d", rank);
+    log_set_tag(tag);
+    worker_t *w = calloc(1, sizeof *w);
+    book_t *book = calloc(1, sizeof *book);
+    if (!w || !book) {
+        free(w);
+        free(book);
+        return 1;
+    }
+    w->rank = rank;
+    const char *job_id = strrchr(run_dir, '/') ? strrchr(run_dir, '/') + 1 : run_dir;
+    char card[ACTOR_CARD_MAX], driver_card[ACTOR_CARD_MAX], path[1024];
+    bt_status_t st;
+    if ((st = secret_read(w)) || (st = job_read(w, run_dir))) goto fail;
+    if (rank < 0 || rank >= w->g.world) {
+        log_error("worker: rank %d outside the job's %d ranks", rank, w->g.world);
+        goto fail;
+    }
+    if (w->job.trace_dir[0] && trace_start(w->job.trace_dir, (uint32_t)rank, NULL))
+        log_warn("rank %d: tracing into %s failed; running untraced", rank, w->job.trace_dir);
+    snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_MODE);
+    bool eval_only = access(path, F_OK) == 0;
+    if (!eval_only && graph_rank_needs_data(&w->g, rank)) {
+        uint32_t vocab;
+        if ((st = worker_train_stream(&w->job, &w->tokens, &w->n_tokens, &vocab))) goto fail;
+    }
+    snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_EVAL);
+    int64_t eval_T = 0;
+    st = run_eval_read(path, graph_rank_needs_data(&w->g, rank), &w->eval_ids, &w->eval_targets,
+                       &w->eval_rows, &eval_T);
+    if (st == BT_OK && eval_T != w->g.seq_len) {
+        log_error("rank %d: %s has rows of %lld tokens, the job %lld", rank, path,
+                  (long long)eval_T, (long long)w->g.seq_len);
+        goto fail;
+    }
+    if (st && st != BT_ERR_NOT_FOUND) goto fail;
+
+    actor_router_config_t rc = {.rank = (uint32_t)rank, .job_id = job_id, .secret = w->secret,
+                                .secret_len = sizeof w->secret};
+    if ((st = actor_router_create(&rc, &w->rt))) goto fail;
+    unsigned kinds = 1u << XPORT_TCP;
+    for (int e = 0; e < JOB_EDGE_COUNT; e++)
+        if (w->job.transport[e] == JOB_XPORT_UCX) kinds |= 1u << XPORT_UCX;
+    if ((st = actor_router_listen(w->rt, kinds, card, sizeof card))) goto fail;
+    if ((st = colls_open(w, job_id)) || (st = chunks_create(w))) goto fail;
+    if ((st = rank_file_write(w, run_dir, card))) goto fail;
+    snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_DRIVER);
+    if (file_read_all(path, driver_card, sizeof driver_card, NULL)) {
+        log_error("rank %d: cannot read the driver's card %s", rank, path);
+        goto fail;
+    }
+    if ((st = actor_router_connect_str(w->rt, (uint32_t)w->g.world, driver_card,
+                                       job_xport_name(w->job.transport[JOB_EDGE_CONTROL]))))
+        goto fail;
+    if ((st = book_wait(w, run_dir, book)) || (st = links_connect(w, book))) goto fail;
+    free(book);
+    book = NULL;
+    if ((st = actors_start(w))) goto fail;
+
+    st = actor_router_wait(w->rt, 0);
+    if (st != BT_OK) {
+        /* A failure stop: a compute job may be blocked on a dead peer, so
+         * leave without joining it. */
+        trace_stop();
+        fflush(stdout);
+        fflush(stderr);
+        _exit(1);
+    }
+    worker_free(w);
+    trace_stop();
+    return 0;
+fail:
+    free(book);
+    log_error("rank %d: start-up failed", rank);
+    trace_stop();
+    fflush(stdout);
+    fflush(stderr);
+    _exit(1);
+}

@@ -1,0 +1,94 @@
+#include "model/data_actor.h"
+
+#include <string.h>
+
+#include "base/log.h"
+
+bt_status_t data_actor_init(data_actor_t *d, const data_actor_config_t *cfg)
+{
+    memset(d, 0, sizeof *d);
+    d->cfg = *cfg;
+    if (!cfg->tokens) return BT_OK; /* evaluation only */
+    if (cfg->n_tokens < cfg->T + 1) {
+        log_error("data: the training stream has %lld tokens, fewer than one window of %lld",
+                  (long long)cfg->n_tokens, (long long)(cfg->T + 1));
+        return BT_ERR_INVALID;
+    }
+    return train_sampler_init(&d->sampler, cfg->seed, (cfg->n_tokens - 1) / cfg->T);
+}
+
+void data_actor_fini(data_actor_t *d) { train_sampler_free(&d->sampler); }
+
+static void eval_send(data_actor_t *d)
+{
+    const data_actor_config_t *c = &d->cfg;
+    int64_t K = (c->eval_rows + c->B - 1) / c->B;
+    int j = 0;
+    for (int64_t k = c->dp_rank; k < K; k += c->dp, j++) {
+        int64_t r0 = k * c->B, rows = c->eval_rows - r0 < c->B ? c->eval_rows - r0 : c->B;
+        int64_t shape[2] = {rows, c->T};
+        actor_msg_t *out = actor_msg_new(MSG_DATA_BATCH);
+        tensor_t *ids = out ? actor_msg_tensor_new(out, "tokens", DT_I32, 2, shape) : NULL;
+        tensor_t *tg = ids ? actor_msg_tensor_new(out, "targets", DT_I32, 2, shape) : NULL;
+        if (!tg) {
+            log_error("data: out of memory for evaluation microbatch %d", j);
+            if (out) actor_msg_free(out);
+            return;
+        }
+        memcpy(ids->data, c->eval_ids + r0 * c->T, (size_t)(rows * c->T) * sizeof(int32_t));
+        memcpy(tg->data, c->eval_targets + r0 * c->T, (size_t)(rows * c->T) * sizeof(int32_t));
+        out->env.step = -1;
+        out->env.mb = j;
+        out->body.data_batch = (msg_data_batch_t){.data_pos = (uint64_t)r0, .batch = (uint32_t)rows,
+                                                  .seq_len = (uint32_t)c->T};
+        bt_status_t st = actor_send(&d->a, c->stage, out);
+        if (st && st != BT_ERR_BUSY)
+            log_error("data: evaluation microbatch %d not delivered (%s)", j, bt_status_str(st));
+    }
+}
+
+static actor_ret_t data_on_heartbeat(actor_t *self, actor_msg_t *m)
+{
+    data_actor_t *d = (data_actor_t *)self;
+    const data_actor_config_t *c = &d->cfg;
+    if (m->body.heartbeat.state == DATA_CMD_EVAL) {
+        eval_send(d);
+        return ACTOR_DONE;
+    }
+    if (m->body.heartbeat.state != DATA_CMD_STEP || !c->tokens) return ACTOR_DONE;
+    int64_t step = m->body.heartbeat.step; /* 1-based */
+    int64_t R = (int64_t)c->dp * c->M * c->B;
+    int64_t shape[2] = {c->B, c->T};
+    for (int k = 0; k < c->M; k++) {
+        actor_msg_t *out = actor_msg_new(MSG_DATA_BATCH);
+        tensor_t *ids = out ? actor_msg_tensor_new(out, "tokens", DT_I32, 2, shape) : NULL;
+        tensor_t *tg = ids ? actor_msg_tensor_new(out, "targets", DT_I32, 2, shape) : NULL;
+        if (!tg) {
+            log_error("data: out of memory for step %lld microbatch %d", (long long)step, k);
+            if (out) actor_msg_free(out);
+            return ACTOR_DONE;
+        }
+        for (int64_t b = 0; b < c->B; b++) {
+            int64_t g = (step - 1) * R + ((int64_t)c->dp_rank * c->M + k) * c->B + b;
+            int64_t w = train_sampler_window(&d->sampler, g);
+            const int32_t *src = c->tokens + w * c->T;
+            memcpy((int32_t *)ids->data + b * c->T, src, (size_t)c->T * sizeof(int32_t));
+            memcpy((int32_t *)tg->data + b * c->T, src + 1, (size_t)c->T * sizeof(int32_t));
+        }
+        out->env.step = step;
+        out->env.mb = k;
+        out->body.data_batch = (msg_data_batch_t){
+            .data_pos = (uint64_t)((step - 1) * R), .batch = (uint32_t)c->B,
+            .seq_len = (uint32_t)c->T, .epoch = (uint32_t)((step - 1) * R / d->sampler.n_windows)};
+        bt_status_t st = actor_send(self, c->stage, out);
+        if (st && st != BT_ERR_BUSY)
+            log_error("data: step %lld microbatch %d not delivered (%s)", (long long)step, k,
+                      bt_status_str(st));
+    }
+    return ACTOR_DONE;
+}
+
+const actor_class_t data_actor_class = {
+    .name = "data",
+    .handlers = {[MSG_HEARTBEAT] = data_on_heartbeat},
+};

@@ -1,0 +1,209 @@
+#include "model/dist_optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "kernels/kernels.h"
+
+/* Per chunk: the non-ZeRO optimizer over the whole stage, or (ZeRO-1) two
+ * optimizers over this rank's shard of the flat parameter block, cut at
+ * parameter boundaries into 1-D pieces: one set with weight decay, one
+ * without (the policy is decided on the whole tensor's shape, which a 1-D
+ * piece no longer shows). */
+typedef struct {
+    optim_t *full;
+    optim_t *decay, *no_decay;
+    size_t   counts[1024], offs[1024]; /* ZeRO-1 shard of every dp rank (elements) */
+    size_t   lo, hi;                   /* this rank's shard [lo, hi) */
+} chunk_opt_t;
+
+struct dist_optim {
+    dist_optim_config_t cfg;
+    chunk_opt_t         c[DIST_OPTIM_MAX_CHUNKS];
+};
+
+static bool policy_decays(optim_decay_t policy, const tensor_t *t)
+{
+    switch (policy) {
+    case OPTIM_DECAY_MATRICES: return t->ndim >= 2;
+    case OPTIM_DECAY_ALL: return true;
+    case OPTIM_DECAY_NONE: return false;
+    default: BT_PANIC("decay policy %d", (int)policy);
+    }
+}
+
+static size_t param_offset(const model_t *m, int i)
+{
+    return (size_t)((const float *)m->params[i].t.data - m->param_mem);
+}
+
+static bt_status_t shard_optims_create(dist_optim_t *d, model_t *m, chunk_opt_t *co)
+{
+    coll_comm_t *dp = d->cfg.dp;
+    coll_counts_even(m->n_elems, dp->size, co->counts);
+    size_t at = 0;
+    for (int r = 0; r < dp->size; r++) {
+        co->offs[r] = at;
+        at += co->counts[r];
+    }
+    co->lo = co->offs[dp->rank];
+    co->hi = co->lo + co->counts[dp->rank];
+    optim_param_t *dec = calloc((size_t)m->n_params + 1, sizeof *dec);
+    optim_param_t *nodec = calloc((size_t)m->n_params + 1, sizeof *nodec);
+    bt_status_t st = BT_ERR_NOMEM;
+    if (!dec || !nodec) goto free_lists;
+    int nd = 0, nn = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        size_t p0 = param_offset(m, i), p1 = p0 + (size_t)tensor_numel(&m->params[i].t);
+        size_t a = p0 > co->lo ? p0 : co->lo, b = p1 < co->hi ? p1 : co->hi;
+        if (a >= b) continue;
+        int64_t len = (int64_t)(b - a);
+        optim_param_t piece = {
+            .name = m->params[i].name,
+            .param = tensor_make(m->param_mem + a, DT_F32, m->params[i].t.device, 1, &len),
+            .grad = tensor_make(m->grad_mem + a, DT_F32, m->params[i].t.device, 1, &len),
+        };
+        if (policy_decays(d->cfg.optim.decay, &m->params[i].t)) dec[nd++] = piece;
+        else nodec[nn++] = piece;
+    }
+    optim_config_t all = d->cfg.optim, none = d->cfg.optim;
+    all.decay = OPTIM_DECAY_ALL;
+    none.decay = OPTIM_DECAY_NONE;
+    if ((st = optim_create(&all, dec, nd, &co->decay))) goto free_lists;
+    st = optim_create(&none, nodec, nn, &co->no_decay);
+free_lists:
+    free(dec);
+    free(nodec);
+    return st;
+}
+
+bt_status_t dist_optim_create(const dist_optim_config_t *cfg, dist_optim_t **out)
+{
+    dist_optim_t *d = calloc(1, sizeof *d);
+    if (!d) return BT_ERR_NOMEM;
+    d->cfg = *cfg;
+    if (cfg->zero1 && cfg->dp && cfg->dp->size > 1024) {
+        log_error("ZeRO-1: %d data-parallel ranks; at most 1024", cfg->dp->size);
+        free(d);
+        return BT_ERR_UNSUPPORTED;
+    }
+    bt_status_t st = BT_OK;
+    for (int c = 0; c < cfg->n_chunks && !st; c++) {
+        if (cfg->zero1 && cfg->dp) st = shard_optims_create(d, cfg->chunks[c], &d->c[c]);
+        else st = optim_create_for_model(&cfg->optim, cfg->chunks[c], &d->c[c].full);
+    }
+    if (st) {
+        dist_optim_destroy(d);
+        return st;
+    }
+    *out = d;
+    return BT_OK;
+}
+
+void dist_optim_destroy(dist_optim_t *d)
+{
+    if (!d) return;
+    for (int c = 0; c < d->cfg.n_chunks; c++) {
+        optim_destroy(d->c[c].full);
+        optim_destroy(d->c[c].decay);
+        optim_destroy(d->c[c].no_decay);
+    }
+    free(d);
+}
+
+/* Sum of squares of m's gradient elements in [lo, hi) that this rank counts
+ * (the tied head copy of the embedding is never counted: its twin on the
+ * embedding stage is). */
+static double chunk_sumsq(const dist_optim_t *d, int c, size_t lo, size_t hi)
+{
+    const model_t *m = d->cfg.chunks[c];
+    double s = 0.0;
+    for (int i = 0; i < m->n_params; i++) {
+        if (c == d->cfg.head_copy_chunk && !strcmp(m->params[i].name, "model.embed_tokens.weight"))
+            continue;
+        /* replicated over TP: identical on every TP rank, counted on rank 0 */
+        if (m->par.tp_rank != 0 && m->params[i].shard_dim == MODEL_SHARD_NONE) continue;
+        size_t p0 = param_offset(m, i), p1 = p0 + (size_t)tensor_numel(&m->params[i].t);
+        size_t a = p0 > lo ? p0 : lo, b = p1 < hi ? p1 : hi;
+        if (a >= b) continue;
+        int64_t len = (int64_t)(b - a);
+        tensor_t g = tensor_make(m->grad_mem + a, DT_F32, m->params[i].t.device, 1, &len);
+        s += kern_sumsq(&g);
+    }
+    return s;
+}
+
+static tensor_t *embed_grad(model_t *m)
+{
+    int i = model_param_find(m, "model.embed_tokens.weight");
+    return i < 0 ? NULL : &m->grads[i].t;
+}
+
+/* Both copies of a tied embedding get the sum of the two gradients. */
+static bt_status_t tied_reduce(dist_optim_t *d)
+{
+    const dist_optim_config_t *c = &d->cfg;
+    if (c->embed_chunk >= 0 && c->head_copy_chunk >= 0) { /* both here: a local sum */
+        tensor_t *a = embed_grad(c->chunks[c->embed_chunk]);
+        tensor_t *b = embed_grad(c->chunks[c->head_copy_chunk]);
+        size_t n = (size_t)tensor_numel(a);
+        coll_reduce_local(a->data, b->data, n, DT_F32, COLL_SUM);
+        memcpy(b->data, a->data, n * sizeof(float));
+        return BT_OK;
+    }
+    if (!c->emb) return BT_OK;
+    int k = c->embed_chunk >= 0 ? c->embed_chunk : c->head_copy_chunk;
+    if (k < 0) BT_PANIC("rank %d is in an embedding group without an embedding", c->rank);
+    tensor_t *g = embed_grad(c->chunks[k]);
+    return coll_all_reduce(c->emb, g->data, (size_t)tensor_numel(g), DT_F32, COLL_SUM);
+}
+
+bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, double *grad_norm, double *lr_out)
+{
+    const dist_optim_config_t *c = &d->cfg;
+    bool zero = c->zero1 && c->dp;
+    bt_status_t st;
+    if ((st = tied_reduce(d))) return st;
+
+    double sumsq = 0.0;
+    for (int k = 0; k < c->n_chunks; k++) {
+        model_t *m = c->chunks[k];
+        chunk_opt_t *co = &d->c[k];
+        if (zero) {
+            st = coll_reduce_scatter(c->dp, m->grad_mem + co->lo, m->grad_mem, co->counts, DT_F32,
+                                     COLL_SUM);
+            if (st) return st;
+            sumsq += chunk_sumsq(d, k, co->lo, co->hi);
+        } else {
+            if (c->dp && (st = coll_all_reduce(c->dp, m->grad_mem, m->n_elems, DT_F32, COLL_SUM)))
+                return st;
+            if (!c->dp || c->dp->rank == 0) sumsq += chunk_sumsq(d, k, 0, m->n_elems);
+        }
+    }
+    if (c->world && (st = coll_all_reduce(c->world, &sumsq, 1, DT_F64, COLL_SUM))) return st;
+    double norm = sqrt(sumsq);
+    *grad_norm = norm;
+    if (!isfinite(norm)) {
+        log_error("step %lld, rank %d: gradient norm is %s; stopping before the update",
+                  (long long)step + 1, c->rank, isnan(norm) ? "NaN" : "Inf");
+        return BT_ERR_NUMERIC;
+    }
+    double lr = lr_schedule_at(&c->lr, step);
+    *lr_out = lr;
+    double coef = optim_clip_coef(norm, c->clip);
+    for (int k = 0; k < c->n_chunks; k++) {
+        chunk_opt_t *co = &d->c[k];
+        if (!zero) {
+            optim_step(co->full, lr, coef);
+            continue;
+        }
+        optim_step(co->decay, lr, coef);
+        optim_step(co->no_decay, lr, coef);
+        model_t *m = c->chunks[k];
+        st = coll_all_gather(c->dp, m->param_mem, m->param_mem + co->lo, co->counts, DT_F32);
+        if (st) return st;
+    }
+    return BT_OK;
+}

@@ -1,0 +1,59 @@
+/* The end of a distributed training step on one rank: gradient reduction
+ * over data parallelism (all-reduce, or ZeRO-1 reduce-scatter), the tied
+ * embedding's two copies, the global gradient norm, clipping and AdamW.
+ *
+ * Runs on the compute thread (collectives block). Every rank of the job
+ * calls dist_optim_step once per step and issues its collectives in one fixed
+ * order: embedding group, then the data-parallel group chunk by chunk, then
+ * the world group (norm), then (ZeRO-1) the data-parallel all-gathers chunk
+ * by chunk.
+ *
+ * Equivalence with model/train.h: the stages ran backward with
+ * dloss = 1 / (scored positions of the GLOBAL batch), so the SUM of the
+ * replicas' gradients is the single-process gradient. The norm counts every
+ * unique gradient element once: the tied embedding's copy on the head stage
+ * is skipped, data-parallel replicas count on dp rank 0 only (ZeRO-1: each
+ * rank counts its shard). Clipping and AdamW are element-wise, so applying
+ * them to a shard (ZeRO-1) or to a replica gives the single-process values.
+ */
+#ifndef BT_MODEL_DIST_OPTIM_H
+#define BT_MODEL_DIST_OPTIM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actors/coll.h"
+#include "base/status.h"
+#include "model/lr_schedule.h"
+#include "model/model.h"
+#include "model/optim.h"
+
+#define DIST_OPTIM_MAX_CHUNKS 64
+
+typedef struct {
+    model_t       *chunks[DIST_OPTIM_MAX_CHUNKS]; /* this rank's stage models (grads allocated) */
+    int            n_chunks;
+    int            embed_chunk;    /* chunk holding virtual stage 0 here, or -1 */
+    int            head_copy_chunk;/* chunk holding the tied head copy of the embedding, or -1 */
+    coll_comm_t   *world;          /* NULL when the job has one rank */
+    coll_comm_t   *dp;             /* NULL when dp == 1 */
+    coll_comm_t   *emb;            /* NULL unless tied and embedding/head on two ranks */
+    bool           zero1;
+    optim_config_t optim;
+    lr_schedule_t  lr;
+    double         clip;
+    int            rank;           /* for messages */
+} dist_optim_config_t;
+
+typedef struct dist_optim dist_optim_t;
+
+bt_status_t dist_optim_create(const dist_optim_config_t *cfg, dist_optim_t **out);
+void        dist_optim_destroy(dist_optim_t *d);
+
+/* Reduce, clip and update for 0-based optimizer step `step`. Writes the
+ * global norm before clipping and the learning rate used. BT_ERR_NUMERIC
+ * (logged, naming the step and rank) when the norm is not finite; the
+ * parameters are then unchanged. Collective failures are returned as is. */
+bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, double *grad_norm, double *lr);
+
+#endif

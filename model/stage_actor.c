@@ -1,0 +1,533 @@
+#include "model/stage_actor.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "actors/trace.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "model/data_actor.h"
+
+enum { JOB_OP = 1, JOB_END = 2, JOB_GATHER = 3 };
+
+/* The one job in flight (ops run one at a time, in list order). */
+struct stage_job {
+    stage_actor_t *s;
+    pipe_op_t      op;
+    int            v;           /* virtual stage */
+    float          dloss;       /* 0 for an evaluation forward */
+    model_acts_t  *acts;
+    model_batch_t  batch;
+    const float   *x_in, *dx_out;
+    float         *x_out, *dx_in;
+    actor_msg_t   *out;         /* sent on completion (ACTIVATION / ACT_GRAD) */
+    model_loss_t   loss;
+    int64_t        step;
+    double         grad_norm, lr;
+};
+
+static uint32_t name_fwd, name_bwd, name_opt;
+
+static void export_params(stage_actor_t *s, model_t *const *from);
+
+static int ix(const stage_actor_t *s, int mb, int chunk) { return mb * s->cfg.pipe.vpp + chunk; }
+static int vstage_of(const stage_actor_t *s, int chunk)
+{
+    return chunk * s->cfg.pipe.pp + s->cfg.pp_rank;
+}
+
+static bt_status_t pass_alloc(stage_pass_t *p, int n_mb, int vpp, int n_ops, bool eval)
+{
+    p->eval = eval;
+    p->n_mb = n_mb;
+    p->n_ops = n_ops;
+    p->ops = calloc((size_t)n_ops + 1, sizeof *p->ops);
+    p->data_in = calloc((size_t)n_mb + 1, sizeof *p->data_in);
+    p->act_in = calloc((size_t)(n_mb * vpp) + 1, sizeof *p->act_in);
+    p->grad_in = calloc((size_t)(n_mb * vpp) + 1, sizeof *p->grad_in);
+    return p->ops && p->data_in && p->act_in && p->grad_in ? BT_OK : BT_ERR_NOMEM;
+}
+
+static void pass_release(stage_pass_t *p, int vpp)
+{
+    if (!p->data_in) return;
+    for (int k = 0; k < p->n_mb; k++)
+        if (p->data_in[k]) { actor_msg_free(p->data_in[k]); p->data_in[k] = NULL; }
+    for (int k = 0; k < p->n_mb * vpp; k++) {
+        if (p->act_in[k]) { actor_msg_free(p->act_in[k]); p->act_in[k] = NULL; }
+        if (p->grad_in[k]) { actor_msg_free(p->grad_in[k]); p->grad_in[k] = NULL; }
+    }
+}
+
+static void pass_free(stage_pass_t *p)
+{
+    free(p->ops);
+    free(p->data_in);
+    free(p->act_in);
+    free(p->grad_in);
+}
+
+/* Local evaluation microbatches of data-parallel rank d: global ones d, d+dp, ... */
+static int eval_local_mbs(const stage_actor_config_t *c)
+{
+    int64_t K = (c->eval_rows + c->B - 1) / c->B;
+    return K > c->dp_rank ? (int)((K - c->dp_rank + c->dp_size - 1) / c->dp_size) : 0;
+}
+
+bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
+{
+    memset(s, 0, sizeof *s);
+    s->cfg = *cfg;
+    if (s->cfg.dp_size < 1) s->cfg.dp_size = 1;
+    int M = cfg->pipe.microbatches, V = cfg->pipe.vpp, E = eval_local_mbs(&s->cfg);
+    s->acts = calloc((size_t)(M * V), sizeof *s->acts);
+    s->job = calloc(1, sizeof *s->job);
+    bt_status_t st = s->acts && s->job ? BT_OK : BT_ERR_NOMEM;
+    if (!st) st = pass_alloc(&s->train, M, V, pipe_ops_per_stage(&cfg->pipe), false);
+    if (!st) st = pass_alloc(&s->eval, E, V, E * V, true);
+    if (!st) st = pipe_schedule_build(&cfg->pipe, cfg->pp_rank, s->train.ops);
+    for (int j = 0, n = 0; j < E; j++) /* forward only: microbatch by microbatch, chunk by chunk */
+        for (int k = 0; k < V; k++)
+            s->eval.ops[n++] = (pipe_op_t){.kind = PIPE_OP_FWD, .mb = j, .chunk = k};
+    for (int k = 0; k < M * V && !st; k++)
+        st = model_acts_create(cfg->chunks[k % V], cfg->B, cfg->T, &s->acts[k]);
+    if (st) {
+        stage_actor_fini(s);
+        return st;
+    }
+    s->cur = &s->train;
+    name_fwd = trace_intern("fwd");
+    name_bwd = trace_intern("bwd");
+    name_opt = trace_intern("optim");
+    return BT_OK;
+}
+
+static void inputs_release(stage_actor_t *s)
+{
+    pass_release(&s->train, s->cfg.pipe.vpp);
+    pass_release(&s->eval, s->cfg.pipe.vpp);
+}
+
+void stage_actor_fini(stage_actor_t *s)
+{
+    if (s->acts)
+        for (int k = 0; k < s->cfg.pipe.microbatches * s->cfg.pipe.vpp; k++)
+            model_acts_destroy(s->acts[k]);
+    free(s->acts);
+    pass_free(&s->train);
+    pass_free(&s->eval);
+    free(s->job);
+    memset(s, 0, sizeof *s);
+}
+
+static void report(stage_actor_t *s, bt_status_t status, uint32_t peer, const char *where,
+                   const char *text)
+{
+    actor_msg_t *m = actor_msg_new(MSG_ERROR_REPORT);
+    if (!m) return;
+    msg_error_report_t *r = &m->body.error_report;
+    r->status = status;
+    r->actor = s->a.addr;
+    r->peer = peer;
+    snprintf(r->where, sizeof r->where, "%s", where);
+    snprintf(r->text, sizeof r->text, "%s", text);
+    m->env.step = s->step;
+    actor_send(&s->a, s->cfg.driver, m);
+}
+
+static void heartbeat_send(stage_actor_t *s, uint32_t state)
+{
+    actor_msg_t *m = actor_msg_new(MSG_HEARTBEAT);
+    if (!m) return;
+    m->body.heartbeat = (msg_heartbeat_t){.t_ns = clock_now_ns(), .rank = (uint32_t)s->cfg.rank,
+                                          .state = state, .step = s->done_step};
+    actor_send(&s->a, s->cfg.driver, m);
+}
+
+static void stage_on_timer(actor_t *self, actor_timer_t *t)
+{
+    (void)t;
+    heartbeat_send((stage_actor_t *)self, STAGE_ST_ALIVE);
+}
+
+static void stage_start(actor_t *self)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    heartbeat_send(s, STAGE_ST_READY);
+    actor_timer_start(self, &s->hb, s->cfg.heartbeat_s, s->cfg.heartbeat_s, stage_on_timer);
+}
+
+static void stage_stop(actor_t *self) { inputs_release((stage_actor_t *)self); }
+
+/* ---- compute jobs (worker thread) ----------------------------------------- */
+
+static bt_status_t job_op_run(void *arg)
+{
+    stage_job_t *j = arg;
+    stage_actor_t *s = j->s;
+    model_t *m = s->cfg.chunks[j->op.chunk];
+    model_acts_t *a = j->acts;
+    uint64_t t0 = clock_now_ns();
+    bt_status_t st;
+    if (j->op.kind == PIPE_OP_FWD) {
+        bool head = m->stage.has_head;
+        st = model_stage_forward(m, a, &j->batch, j->x_in, j->dloss, j->x_out,
+                                 head ? &j->loss : NULL);
+    } else {
+        st = model_stage_backward(m, a, j->dx_out, j->dx_in);
+    }
+    trace_span(s->a.addr, TRACE_SPAN_COMPUTE, j->op.kind == PIPE_OP_FWD ? name_fwd : name_bwd,
+               0xffff, j->step, j->op.mb, t0, clock_now_ns());
+    return st;
+}
+
+static bt_status_t job_end_run(void *arg)
+{
+    stage_job_t *j = arg;
+    uint64_t t0 = clock_now_ns();
+    bt_status_t st = dist_optim_step(j->s->cfg.opt, j->step - 1, &j->grad_norm, &j->lr);
+    trace_span(j->s->a.addr, TRACE_SPAN_COMPUTE, name_opt, 0xffff, j->step, -1, t0, clock_now_ns());
+    return st;
+}
+
+static bt_status_t job_gather_run(void *arg)
+{
+    stage_job_t *j = arg;
+    stage_actor_t *s = j->s;
+    for (int k = 0; k < s->cfg.pipe.vpp; k++) {
+        bt_status_t st = model_tp_gather(s->cfg.chunks[k], false, s->cfg.export_full[k]);
+        if (st) return st;
+    }
+    return BT_OK;
+}
+
+/* ---- the op walk (loop thread) --------------------------------------------- */
+
+static bt_status_t job_submit(stage_actor_t *s, actor_work_fn fn, uint64_t tag)
+{
+    bt_status_t st = actor_worker_submit(s->cfg.worker, &s->a, fn, s->job, NULL, tag);
+    if (st == BT_OK) s->busy = true;
+    return st;
+}
+
+static void fail(stage_actor_t *s, bt_status_t st, const char *what)
+{
+    char text[MSG_TEXT_MAX];
+    snprintf(text, sizeof text, "rank %d step %lld: %s failed (%s)", s->cfg.rank,
+             (long long)s->step, what, bt_status_str(st));
+    log_error("%s", text);
+    report(s, st, 0xffffffffu, what, text);
+    s->running = false;
+}
+
+static void metrics_send(stage_actor_t *s);
+
+/* Start the next op whose inputs are here; after the last op, the
+ * end-of-step job (training) or the metrics (evaluation). */
+static void advance(stage_actor_t *s)
+{
+    if (!s->running || s->busy) return;
+    const stage_actor_config_t *c = &s->cfg;
+    stage_pass_t *p = s->cur;
+    if (s->pc == p->n_ops) {
+        if (s->ending) return;
+        s->ending = true;
+        if (p->eval) {
+            s->running = false;
+            pass_release(p, c->pipe.vpp);
+            metrics_send(s);
+            return;
+        }
+        *s->job = (stage_job_t){.s = s, .step = s->step};
+        bt_status_t st = job_submit(s, job_end_run, JOB_END);
+        if (st) fail(s, st, "optimizer submit");
+        return;
+    }
+    pipe_op_t op = p->ops[s->pc];
+    int v = vstage_of(s, op.chunk), last = c->n_vstages - 1, k = ix(s, op.mb, op.chunk);
+    stage_job_t *j = s->job;
+    *j = (stage_job_t){.s = s, .op = op, .v = v, .step = s->step, .dloss = p->eval ? 0.0f : c->dloss,
+                       .acts = s->acts[p->eval ? ix(s, 0, op.chunk) : k]};
+    int64_t rows = c->B;
+    if (op.kind == PIPE_OP_FWD) {
+        actor_msg_t *d = p->data_in[op.mb];
+        if ((v == 0 || v == last) && !d) return;
+        if (v != 0 && !p->act_in[k]) return;
+        tensor_t *x = v != 0 ? actor_msg_tensor(p->act_in[k], "x") : NULL;
+        rows = d ? actor_msg_tensor(d, "tokens")->shape[0] : x->shape[0];
+        if (rows < 1 || rows > c->B || (x && x->shape[0] != rows)) {
+            fail(s, BT_ERR_INVALID, "microbatch rows");
+            return;
+        }
+        j->batch = (model_batch_t){.B = rows, .T = c->T};
+        if (v == 0) j->batch.ids = actor_msg_tensor(d, "tokens")->data;
+        if (v == last) j->batch.targets = actor_msg_tensor(d, "targets")->data;
+        if (v != 0) j->x_in = x->data;
+        if (v != last) {
+            int64_t shape[3] = {rows, c->T, c->chunks[op.chunk]->cfg.hidden_size};
+            j->out = actor_msg_new(MSG_ACTIVATION);
+            tensor_t *xo = j->out ? actor_msg_tensor_new(j->out, "x", DT_F32, 3, shape) : NULL;
+            if (!xo) { fail(s, BT_ERR_NOMEM, "activation buffer"); return; }
+            j->x_out = xo->data;
+            j->out->body.activation.vstage = v + 1;
+        }
+    } else {
+        if (v != last && !p->grad_in[k]) return;
+        if (v != last) j->dx_out = actor_msg_tensor(p->grad_in[k], "dx")->data;
+        if (v != 0) {
+            int64_t shape[3] = {rows, c->T, c->chunks[op.chunk]->cfg.hidden_size};
+            j->out = actor_msg_new(MSG_ACT_GRAD);
+            tensor_t *dx = j->out ? actor_msg_tensor_new(j->out, "dx", DT_F32, 3, shape) : NULL;
+            if (!dx) { fail(s, BT_ERR_NOMEM, "gradient buffer"); return; }
+            j->dx_in = dx->data;
+            j->out->body.act_grad = (msg_act_grad_t){.vstage = v - 1, .loss_scale = 1.0f};
+        }
+    }
+    bt_status_t st = job_submit(s, job_op_run, JOB_OP);
+    if (st) {
+        if (j->out) actor_msg_free(j->out);
+        fail(s, st, "compute submit");
+    }
+}
+
+static void metrics_send(stage_actor_t *s)
+{
+    actor_msg_t *m = actor_msg_new(MSG_METRICS);
+    int64_t two = 2;
+    tensor_t *l = m ? actor_msg_tensor_new(m, "loss", DT_F64, 1, &two) : NULL;
+    if (!l) {
+        fail(s, BT_ERR_NOMEM, "metrics");
+        return;
+    }
+    ((double *)l->data)[0] = s->loss_sum;
+    ((double *)l->data)[1] = (double)s->n_scored;
+    m->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
+    m->body.metrics = (msg_metrics_t){
+        .loss = s->n_scored ? (float)(s->loss_sum / (double)s->n_scored) : NAN,
+        .grad_norm = s->cur->eval ? NAN : (float)s->job->grad_norm,
+        .lr = s->cur->eval ? NAN : (float)s->job->lr,
+        .tokens = (uint64_t)s->n_scored,
+        .t_step_ms = (double)(clock_now_ns() - s->t_step0) * 1e-6};
+    actor_send(&s->a, s->cfg.driver, m);
+}
+
+static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    stage_job_t *j = s->job;
+    s->busy = false;
+    bt_status_t st = m->sys.work.status;
+    if (m->sys.work.tag == JOB_GATHER) {
+        if (st) fail(s, st, "export gather");
+        else export_params(s, s->cfg.export_full);
+        return ACTOR_DONE;
+    }
+    if (m->sys.work.tag == JOB_END) {
+        if (st) {
+            fail(s, st, "gradient reduction / optimizer");
+            return ACTOR_DONE;
+        }
+        s->done_step = s->step;
+        s->running = false;
+        inputs_release(s);
+        metrics_send(s);
+        return ACTOR_DONE;
+    }
+    if (st) {
+        if (j->out) actor_msg_free(j->out);
+        fail(s, st, j->op.kind == PIPE_OP_FWD ? "forward" : "backward");
+        return ACTOR_DONE;
+    }
+    const stage_actor_config_t *c = &s->cfg;
+    int k = ix(s, j->op.mb, j->op.chunk);
+    /* TP ranks compute the same loss: count it once */
+    if (j->op.kind == PIPE_OP_FWD && j->v == c->n_vstages - 1 && c->tp_rank == 0) {
+        s->loss_sum += j->loss.loss_sum;
+        s->n_scored += j->loss.n_scored;
+    }
+    if (j->out) {
+        j->out->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
+        j->out->env.mb = j->op.mb;
+        actor_addr_t to = j->op.kind == PIPE_OP_FWD ? c->next[j->op.chunk] : c->prev[j->op.chunk];
+        st = actor_send(self, to, j->out);
+        j->out = NULL;
+        if (st && st != BT_ERR_BUSY) {
+            fail(s, st, "pipeline send");
+            return ACTOR_DONE;
+        }
+    }
+    stage_pass_t *p = s->cur;
+    if (j->op.kind == PIPE_OP_BWD || p->eval) { /* this microbatch-chunk is finished */
+        if (p->act_in[k]) { actor_msg_free(p->act_in[k]); p->act_in[k] = NULL; }
+        if (p->grad_in[k]) { actor_msg_free(p->grad_in[k]); p->grad_in[k] = NULL; }
+    }
+    s->pc++;
+    advance(s);
+    return ACTOR_DONE;
+}
+
+/* The pass a received message belongs to. */
+static stage_pass_t *pass_of(stage_actor_t *s, const actor_msg_t *m)
+{
+    return m->env.step == STAGE_EVAL_STEP ? &s->eval : &s->train;
+}
+
+/* Keep a pipeline message in its slot until its op is due. */
+static actor_ret_t keep(stage_actor_t *s, actor_msg_t *m, bool grad, int vstage, const char *what,
+                        const char *tensor)
+{
+    stage_pass_t *p = pass_of(s, m);
+    int chunk = vstage / s->cfg.pipe.pp;
+    if (vstage < 0 || vstage >= s->cfg.n_vstages || vstage % s->cfg.pipe.pp != s->cfg.pp_rank ||
+        m->env.mb < 0 || m->env.mb >= p->n_mb || !actor_msg_tensor(m, tensor) ||
+        (grad && p->eval)) {
+        log_error("rank %d: %s from %#x for virtual stage %d microbatch %d does not belong here; dropped",
+                  s->cfg.rank, what, m->env.src, vstage, m->env.mb);
+        return ACTOR_DONE;
+    }
+    actor_msg_t **table = grad ? p->grad_in : p->act_in;
+    int k = ix(s, m->env.mb, chunk);
+    if (table[k]) {
+        log_error("rank %d: second %s for virtual stage %d microbatch %d (step %lld); dropped",
+                  s->cfg.rank, what, vstage, m->env.mb, (long long)m->env.step);
+        return ACTOR_DONE;
+    }
+    table[k] = m;
+    advance(s);
+    return ACTOR_KEPT;
+}
+
+static actor_ret_t stage_on_activation(actor_t *self, actor_msg_t *m)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    return keep(s, m, false, m->body.activation.vstage, "ACTIVATION", "x");
+}
+
+static actor_ret_t stage_on_act_grad(actor_t *self, actor_msg_t *m)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    return keep(s, m, true, m->body.act_grad.vstage, "ACT_GRAD", "dx");
+}
+
+static actor_ret_t stage_on_data(actor_t *self, actor_msg_t *m)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    stage_pass_t *p = pass_of(s, m);
+    int mb = m->env.mb;
+    if (mb < 0 || mb >= p->n_mb || p->data_in[mb] || !actor_msg_tensor(m, "tokens") ||
+        !actor_msg_tensor(m, "targets")) {
+        log_error("rank %d: unexpected DATA_BATCH microbatch %d; dropped", s->cfg.rank, mb);
+        return ACTOR_DONE;
+    }
+    p->data_in[mb] = m;
+    advance(s);
+    return ACTOR_KEPT;
+}
+
+static void export_params(stage_actor_t *s, model_t *const *from)
+{
+    if (s->cfg.exporter) {
+        for (int c = 0; c < s->cfg.pipe.vpp; c++) {
+            model_t *mod = from[c];
+            for (int i = 0; i < mod->n_params; i++) {
+                actor_msg_t *m = actor_msg_new(MSG_CKPT_SHARD);
+                if (!m) { fail(s, BT_ERR_NOMEM, "export"); return; }
+                msg_ckpt_shard_t *b = &m->body.ckpt_shard;
+                const tensor_t *t = &mod->params[i].t;
+                snprintf(b->name, sizeof b->name, "%s", mod->params[i].name);
+                b->ckpt_step = s->done_step;
+                b->ndim = (uint32_t)t->ndim;
+                for (int d = 0; d < t->ndim; d++) b->global_shape[d] = t->shape[d];
+                if (actor_msg_tensor_add(m, "data", t)) {
+                    actor_msg_free(m);
+                    fail(s, BT_ERR_INVALID, "export");
+                    return;
+                }
+                bt_status_t st = actor_send(&s->a, s->cfg.driver, m);
+                if (st && st != BT_ERR_BUSY) { fail(s, st, "export send"); return; }
+            }
+        }
+    }
+    heartbeat_send(s, STAGE_ST_EXPORTED);
+}
+
+static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    const msg_heartbeat_t *h = &m->body.heartbeat;
+    if (actor_addr_rank(m->env.src) != actor_addr_rank(s->cfg.driver)) return ACTOR_DONE;
+    if (h->state == STAGE_CMD_EXPORT) {
+        if (s->cfg.export_full[0]) { /* TP: gather the whole tensors first (collective) */
+            *s->job = (stage_job_t){.s = s, .step = s->done_step};
+            bt_status_t st = job_submit(s, job_gather_run, JOB_GATHER);
+            if (st) fail(s, st, "export gather submit");
+        } else {
+            export_params(s, s->cfg.chunks);
+        }
+        return ACTOR_DONE;
+    }
+    if (h->state != STAGE_CMD_STEP && h->state != STAGE_CMD_EVAL) return ACTOR_DONE;
+    bool eval = h->state == STAGE_CMD_EVAL;
+    if (s->running || (!eval && h->step != s->done_step + 1)) {
+        fail(s, BT_ERR_INVALID, "command out of order");
+        return ACTOR_DONE;
+    }
+    s->cur = eval ? &s->eval : &s->train;
+    if (!eval) s->step = h->step;
+    s->pc = 0;
+    s->ending = false;
+    s->running = true;
+    s->loss_sum = 0;
+    s->n_scored = 0;
+    s->t_step0 = clock_now_ns();
+    if (!eval)
+        for (int c = 0; c < s->cfg.pipe.vpp; c++) model_grads_zero(s->cfg.chunks[c]);
+    if (s->cfg.data) {
+        actor_msg_t *d = actor_msg_new(MSG_HEARTBEAT);
+        if (!d) { fail(s, BT_ERR_NOMEM, "data request"); return ACTOR_DONE; }
+        d->body.heartbeat = (msg_heartbeat_t){.t_ns = clock_now_ns(), .rank = (uint32_t)s->cfg.rank,
+                                              .state = eval ? DATA_CMD_EVAL : DATA_CMD_STEP,
+                                              .step = eval ? STAGE_EVAL_STEP : s->step};
+        actor_send(self, s->cfg.data, d);
+    }
+    advance(s);
+    return ACTOR_DONE;
+}
+
+static actor_ret_t stage_on_stop(actor_t *self, actor_msg_t *m)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    bt_status_t st = (bt_status_t)m->body.stop.status;
+    if (st) log_info("rank %d: stopped by the driver: %s", s->cfg.rank, m->body.stop.why);
+    actor_router_stop_request(s->cfg.rt, st);
+    return ACTOR_DONE;
+}
+
+static actor_ret_t stage_on_error(actor_t *self, actor_msg_t *m)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    const msg_error_report_t *r = &m->body.error_report;
+    if (r->peer == actor_addr_rank(s->cfg.driver)) {
+        log_error("rank %d: lost the driver (%s: %s); stopping", s->cfg.rank, r->where, r->text);
+        actor_router_stop_request(s->cfg.rt, (bt_status_t)r->status);
+        return ACTOR_DONE;
+    }
+    report(s, (bt_status_t)r->status, r->peer, r->where, r->text);
+    return ACTOR_DONE;
+}
+
+const actor_class_t stage_actor_class = {
+    .name = "stage",
+    .handlers = {
+        [MSG_HEARTBEAT] = stage_on_heartbeat,
+        [MSG_STOP] = stage_on_stop,
+        [MSG_ERROR_REPORT] = stage_on_error,
+        [MSG_ACTIVATION] = stage_on_activation,
+        [MSG_ACT_GRAD] = stage_on_act_grad,
+        [MSG_DATA_BATCH] = stage_on_data,
+        [ACTOR_SYS_WORK_DONE] = stage_on_work_done,
+    },
+    .start = stage_start,
+    .stop = stage_stop,
+};

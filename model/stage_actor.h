@@ -1,0 +1,121 @@
+/* The stage actor of a rank: it holds the rank's model chunks (one per
+ * virtual stage it runs), walks the pipeline schedule's op list of each step
+ * (model/pipe_schedule.h) and runs every op on the compute worker, never on
+ * its loop.
+ *
+ *   F(mb, chunk): needs the DATA_BATCH of mb when the chunk is virtual stage
+ *                 0 (ids) or the last one (targets), and otherwise the
+ *                 ACTIVATION of mb from the previous virtual stage. Its
+ *                 output goes to the next virtual stage as an ACTIVATION
+ *                 (tensor "x" [B,T,C]); the last virtual stage computes the
+ *                 loss and prepares its backward instead.
+ *   B(mb, chunk): needs the ACT_GRAD of mb from the next virtual stage
+ *                 (tensor "dx"), except on the last virtual stage. Its input
+ *                 gradient goes to the previous virtual stage.
+ * Messages that arrive before their op is due are kept (ACTOR_KEPT) until it
+ * is. After the last op the end-of-step job (model/dist_optim.h) runs on the
+ * worker; its completion sends METRICS to the driver: grad_norm, lr and a
+ * tensor "loss" f64 [2] = {sum of NLL, scored positions} of this rank's
+ * microbatches (zeros unless it holds the last virtual stage).
+ *
+ * Control protocol with the driver (over MSG_HEARTBEAT's state field until
+ * the wire format has dedicated types):
+ *   driver -> stage  STAGE_CMD_STEP (step = n, 1-based): run step n
+ *   driver -> stage  STAGE_CMD_EVAL: one forward-only pass over the evaluation
+ *                    rows (config eval_rows; the data actor has them): ops
+ *                    F(j, chunk) for every local microbatch j, chunk by
+ *                    chunk; data-parallel rank d takes the global eval
+ *                    microbatches d, d+dp, ...; messages carry step
+ *                    STAGE_EVAL_STEP; METRICS as for a step (grad_norm NaN)
+ *   driver -> stage  STAGE_CMD_EXPORT: send parameters (CKPT_SHARD) if this
+ *                    rank exports, then STAGE_ST_EXPORTED
+ *   stage -> driver  STAGE_ST_READY once, STAGE_ST_ALIVE every heartbeat
+ *   STOP             stop this process (status says whether it is a failure)
+ * Peer failures reported by the router (MSG_ERROR_REPORT) are forwarded to
+ * the driver, which decides; losing the driver stops the process.
+ */
+#ifndef BT_MODEL_STAGE_ACTOR_H
+#define BT_MODEL_STAGE_ACTOR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actors/router.h"
+#include "actors/worker.h"
+#include "model/dist_optim.h"
+#include "model/model.h"
+#include "model/pipe_schedule.h"
+
+enum {
+    STAGE_ST_ALIVE    = 1,
+    STAGE_ST_READY    = 2,
+    STAGE_ST_EXPORTED = 3,
+    STAGE_CMD_STEP    = 0x5354,
+    STAGE_CMD_EXPORT  = 0x4558,
+    STAGE_CMD_EVAL    = 0x4556,
+};
+
+/* Envelope step of every message of an evaluation pass (training steps are >= 1). */
+#define STAGE_EVAL_STEP (-1)
+
+#define STAGE_MAX_CHUNKS DIST_OPTIM_MAX_CHUNKS
+
+typedef struct {
+    int             rank, pp_rank;
+    pipe_config_t   pipe;
+    int             n_vstages;                /* pp * vpp */
+    model_t        *chunks[STAGE_MAX_CHUNKS];  /* chunk k runs virtual stage k*pp + pp_rank */
+    actor_addr_t    next[STAGE_MAX_CHUNKS];    /* stage actor of virtual stage v+1 (unused on the last) */
+    actor_addr_t    prev[STAGE_MAX_CHUNKS];    /* ... of v-1 (unused on virtual stage 0) */
+    actor_addr_t    driver;
+    actor_addr_t    data;                      /* local data actor; 0 when none */
+    int             tp_rank, tp_size;
+    int             dp_rank, dp_size;
+    int64_t         eval_rows;                 /* rows of the evaluation set (0: none) */
+    bool            exporter;                  /* sends its parameters on STAGE_CMD_EXPORT */
+    model_t        *export_full[STAGE_MAX_CHUNKS]; /* tp > 1: whole-tensor chunk the TP
+                                                * group gathers into on export (data-
+                                                * parallel replica 0 only), else NULL */
+    int64_t         B, T;
+    float           dloss;                     /* 1 / scored positions of the global batch */
+    dist_optim_t   *opt;
+    actor_worker_t *worker;
+    actor_router_t *rt;
+    double          heartbeat_s;
+} stage_actor_config_t;
+
+typedef struct stage_job stage_job_t;
+
+/* One kind of pass: its op list and the kept inputs of its microbatches. */
+typedef struct {
+    pipe_op_t    *ops;
+    int           n_ops, n_mb;
+    bool          eval;
+    actor_msg_t **data_in;  /* [n_mb] */
+    actor_msg_t **act_in;   /* [n_mb * vpp] */
+    actor_msg_t **grad_in;  /* [n_mb * vpp] */
+} stage_pass_t;
+
+typedef struct {
+    actor_t              a; /* first (STYLE.md rule 7) */
+    stage_actor_config_t cfg;
+    stage_pass_t         train, eval;
+    stage_pass_t        *cur;           /* the pass running (or last run) */
+    int                  pc;
+    bool                 busy, ending, running;
+    int64_t              step;          /* step being run (1-based), 0 before the first */
+    int64_t              done_step;
+    model_acts_t       **acts;          /* [M * vpp] */
+    double               loss_sum;
+    int64_t              n_scored;
+    stage_job_t         *job;
+    actor_timer_t        hb;
+    uint64_t             t_step0;
+} stage_actor_t;
+
+/* Op lists, activation arenas; then actor_register with stage_actor_class. */
+bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg);
+void        stage_actor_fini(stage_actor_t *s);
+extern const actor_class_t stage_actor_class;
+
+#endif
