@@ -72,3 +72,11 @@ if [ -s "$tmp/metrics_tiny.jsonl" ] &&
         <(grep -o '"[a-z_]*loss": [-0-9.eE+]*' "$tmp/metrics_hf.jsonl") >/dev/null &&
    awk -v a="$last" -v b="$first" 'BEGIN { exit !(a < b) }'; then pass run_from_gguf_equals_hf_twin
 else fail run_from_gguf_equals_hf_twin "first $first last val $last; $(head -c 400 "$tmp/metrics_tiny.jsonl") vs $(head -c 400 "$tmp/metrics_hf.jsonl")"; fi
+
+# 5. A GGUF model evaluated as processes (eval --layout): every rank loads its
+# stage / tensor-parallel share from the .gguf; same loss as transformers.
+want=$(expected text_window64)
+for L in tp=2,pp=2,dp=1 tp=1,pp=3,dp=1; do
+    g=$(timeout 120 "$BATON" eval --model $F/tiny.gguf --text $F/text.txt --window 64 --json --layout $L 2>"$tmp/err")
+    same_eval "gguf_eval_layout_${L//[=,]/_}" "$g" "$want"
+done
