@@ -12,6 +12,9 @@
 #      transformers (torch CPU fp32) on the HF directory   tools/hf_ref.py eval
 #      baton eval --model models/smollm2-135m-hf           (HF directory)
 #      baton eval --model models/smollm2/...Q4_1.gguf      (GGUF read in C)
+#    And, smaller (4 windows: the first 4096 ids), the GGUF as processes:
+#      baton eval --model ...gguf --max-tokens 4096 --layout tp=1,pp=2,dp=1
+#    against the single process and transformers on the same ids.
 # 4. Greedy generation of 32 tokens after "The capital of France is" (stopping
 #    at EOS) and after "It is a truth universally acknowledged" (--ignore-eos)
 #    with transformers and with baton generate (HF directory and GGUF).
@@ -42,6 +45,10 @@ run() { # run FILE CMD...: CMD's stdout into FILE unless FILE exists
 run $out/hf_eval.json python3 tools/hf_ref.py eval --model $hf --text $val --window 1024 --max-tokens 65536
 run $out/baton_eval_hf.json "$BATON" eval --model $hf --text $val --window 1024 --max-tokens 65536 --json
 run $out/baton_eval_gguf.json "$BATON" eval --model "$gguf" --text $val --window 1024 --max-tokens 65536 --json
+run $out/hf_eval_4k.json python3 tools/hf_ref.py eval --model $hf --text $val --window 1024 --max-tokens 4096
+run $out/baton_eval_gguf_4k.json "$BATON" eval --model "$gguf" --text $val --window 1024 --max-tokens 4096 --json
+run $out/baton_eval_gguf_4k_pp2.json "$BATON" eval --model "$gguf" --text $val --window 1024 --max-tokens 4096 --json \
+    --layout tp=1,pp=2,dp=1
 run $out/hf_generate.json python3 tools/hf_ref.py generate --model $hf --prompt "$prompt" --max-new 32
 run $out/baton_generate_hf.json "$BATON" generate --model $hf --prompt "$prompt" --max-new 32 --json
 run $out/baton_generate_gguf.json "$BATON" generate --model "$gguf" --prompt "$prompt" --max-new 32 --json
@@ -62,6 +69,13 @@ print(f"  baton GGUF vs baton HF dir: rel.diff {abs(bg['loss'] - bh['loss']) / a
 ok = all(r["tokens"] == ref["tokens"] for r in (bh, bg)) and \
      abs(bh["loss"] - ref["loss"]) <= 1e-4 * abs(ref["loss"]) and \
      abs(bg["loss"] - bh["loss"]) <= 1e-5 * abs(bh["loss"])
+r4, s4, p4 = ld("hf_eval_4k"), ld("baton_eval_gguf_4k"), ld("baton_eval_gguf_4k_pp2")
+print("first 4096 tokens, 4 windows of 1024:")
+for name, r in (("transformers (HF dir)", r4), ("baton eval (GGUF)", s4), ("baton eval (GGUF, pp=2)", p4)):
+    rel = abs(r["loss"] - r4["loss"]) / abs(r4["loss"])
+    print(f"  {name:24s} tokens {r['tokens']}  loss {r['loss']:.7f}  ppl {r['ppl']:.5f}  rel.diff {rel:.2e}")
+ok = ok and p4["tokens"] == r4["tokens"] and abs(p4["loss"] - s4["loss"]) <= 1e-6 * abs(s4["loss"]) and \
+     abs(p4["loss"] - r4["loss"]) <= 1e-4 * abs(r4["loss"])
 gen_ok = True
 for sfx, prompt in (("", "The capital of France is"), ("2", "It is a truth universally acknowledged")):
     gr, gh, gg = ld("hf_generate" + sfx), ld("baton_generate" + sfx + "_hf"), ld("baton_generate" + sfx + "_gguf")
