@@ -256,7 +256,9 @@ static void advance(stage_actor_t *s)
     pipe_op_t op = p->ops[s->pc];
     int v = vstage_of(s, op.chunk), last = c->n_vstages - 1, k = ix(s, op.mb, op.chunk);
     stage_job_t *j = s->job;
-    *j = (stage_job_t){.s = s, .op = op, .v = v, .step = s->step, .dloss = p->eval ? 0.0f : c->dloss,
+    /* evaluation ops carry STAGE_EVAL_STEP, as their messages do: the trace
+     * keeps them apart from the training step they follow */
+    *j = (stage_job_t){.s = s, .op = op, .v = v, .step = p->eval ? STAGE_EVAL_STEP : s->step, .dloss = p->eval ? 0.0f : c->dloss,
                        .acts = s->acts[p->eval ? ix(s, 0, op.chunk) : k]};
     int64_t rows = c->B;
     if (op.kind == PIPE_OP_FWD) {
