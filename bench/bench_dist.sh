@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Distributed training throughput (bench/RESULTS.md, "Distributed training
-# throughput"): the model of the default job (jobs/austen_main.yaml, 12.6 M
+# throughput"): the model of the default job (jobs/austen_main.yaml, 14.2 M
 # parameters, T = 256) trained for STEPS steps of the same global batch
-# (4096 tokens: 16 rows of 256) in three layouts, one after the other in
-# this run:
-#   1 process            pp=1 dp=1, 8 microbatches of 2 rows (grad_accum 8)
+# (2048 tokens: 8 rows of 256, one row per microbatch as in the job) in
+# three layouts, one after the other in this run:
+#   1 process            pp=1 dp=1, 8 microbatches (grad_accum 8)
 #   PP=2 x DP=2          4 processes, 1F1B, 4 microbatches per replica, ZeRO-1
 #   DP=4                 4 processes, 2 microbatches per replica, ZeRO-1
 # tokens/s = tokens of steps 2..STEPS / their time, from each run's
 # metrics.jsonl (step 1 pays for first-touch allocations). No evaluation.
 #
-#   bench/bench_dist.sh [BUILD] [STEPS]      (defaults: build, 8)
+#   bench/bench_dist.sh [BUILD] [STEPS]      (defaults: build, 10)
 #
 # Needs the token shards of the default job (tools/run-default-job.sh makes
 # them; they are committed in data/austen_shards).
@@ -18,7 +18,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 BUILD=${1:-build}
-STEPS=${2:-8}
+STEPS=${2:-10}
 BATON=$BUILD/baton
 JOB=jobs/austen_main.yaml
 out=$(mktemp -d)
@@ -48,17 +48,18 @@ run() { # name, --set overrides...
         exit 1
     fi
     t1=$(date +%s.%N)
-    echo "$name $(rate "$out/$name.jsonl") $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')"
+    echo "$name $(rate "$out/$name.jsonl") $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')" >>"$out/results"
 }
 
-echo "bench_dist: $JOB, $STEPS steps x 4096 tokens per layout; $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n1)); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-r1=$(run one_process parallel.pp=1 parallel.dp=1 parallel.split=[] train.grad_accum=8)
-r2=$(run pp2_dp2 parallel.pp=2 parallel.dp=2 train.grad_accum=4)
-r3=$(run dp4 parallel.pp=1 parallel.dp=4 parallel.split=[] train.grad_accum=2)
+echo "bench_dist: $JOB, $STEPS steps x 2048 tokens per layout; $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -n1)); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# run() is not called in $(...): the EXIT trap would remove $out in the subshell
+run one_process parallel.pp=1 parallel.dp=1 parallel.split=[] parallel.zero1=false train.grad_accum=8
+run pp2_dp2 parallel.pp=2 parallel.dp=2 train.grad_accum=4
+run dp4 parallel.pp=1 parallel.dp=4 parallel.split=[] train.grad_accum=2
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-base=$(cut -d' ' -f2 <<<"$r1")
+base=$(awk 'NR == 1 { print $2 }' "$out/results")
 printf '%-14s %12s %8s %10s\n' layout "tokens/s" ratio "wall_s"
-for r in "$r1" "$r2" "$r3"; do
+while read -r r; do
     set -- $r
     printf '%-14s %12s %8s %10s\n' "$1" "$2" "$(awk -v a="$2" -v b="$base" 'BEGIN { printf "%.2fx", a / b }')" "$3"
-done
+done <"$out/results"

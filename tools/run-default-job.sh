@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default job of `make run` (README "The default job"): the Austen
-# corpus, token shards, then jobs/austen_main.yaml, a 12.6 M-parameter Llama
+# corpus, token shards, then jobs/austen_main.yaml, a 14.2 M-parameter Llama
 # trained as four local processes (PP=2 x DP=2, 1F1B, ZeRO-1) for a few
 # minutes, then the pipeline summary of its trace.
 #
