@@ -29,7 +29,7 @@ rate() {
     awk '/"loss"/ {
         t = $0; sub(/.*"tokens": /, "", t); sub(/,.*/, "", t)
         e = $0; sub(/.*"elapsed_s": /, "", e); sub(/[,}].*/, "", e)
-        n++; if (n == 1) { t1 = t; e1 = e } tl = t; el = e
+        t += 0; e += 0; n++; if (n == 1) { t1 = t; e1 = e } tl = t; el = e
     } END { if (n < 2 || el <= e1) print "nan"; else printf "%.1f\n", (tl - t1) / (el - e1) }' "$1"
 }
 
