@@ -1,6 +1,8 @@
-/* baton eval: loss and perplexity of a Hugging Face model directory.
+/* baton eval: loss and perplexity of a model (Hugging Face directory or GGUF
+ * file, ckpt/model_source.h).
  *
- *   baton eval --model DIR (--ids FILE | --text FILE) [--window T] [--grad-norm] [--json]
+ *   baton eval --model DIR|FILE.gguf (--ids FILE | --text FILE) [--window T]
+ *              [--max-tokens N] [--grad-norm] [--json]
  *
  * --ids FILE: one sequence per line, whitespace-separated token ids; blank
  * lines are ignored. Each sequence is scored on its own exactly as
@@ -8,9 +10,13 @@
  * 0..len-2), and the loss is the mean over all scored positions of all
  * sequences. A sequence longer than the window is cut into consecutive
  * windows of at most T tokens, each scored as its own sequence.
- * --text FILE: the text tokenized with the model directory's tokenizer.json,
- * then cut into windows the same way.
+ * --text FILE: the text tokenized with the model's tokenizer (DIR/tokenizer.json
+ * or the GGUF vocabulary), then cut into windows the same way.
  * --window T: default max_position_embeddings of the config.
+ * --max-tokens N: keep only the first N token ids of the input (all of its
+ * sequences together, before windowing): "the first 64 K tokens in windows
+ * of 1024" is --max-tokens 65536 --window 1024 = 64 windows, 1023 scored
+ * positions each.
  * --grad-norm: also the global L2 norm of d(mean loss)/d(parameters).
  * --json: one JSON object {"tokens", "loss", "ppl"[, "grad_norm"]} on stdout.
  * --layout tp=N,pp=N,dp=N: evaluate as processes in that parallel layout
@@ -28,7 +34,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "ckpt/hf.h"
+#include "ckpt/model_source.h"
 #include "data/tokenizer.h"
 #include "launch/driver.h"
 #include "model/model.h"
@@ -144,9 +150,9 @@ done:
     return rc;
 }
 
-/* Reads the --text file and tokenizes it with DIR's tokenizer.json into one
+/* Reads the --text file and tokenizes it with the model's tokenizer into one
  * sequence (no special tokens added). */
-static int eval_text_read(const char *path, const char *dir, int64_t vocab, eval_seqs_t *s)
+static int eval_text_read(const char *path, const char *model, int64_t vocab, eval_seqs_t *s)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -175,7 +181,7 @@ static int eval_text_read(const char *path, const char *dir, int64_t vocab, eval
         goto free_text;
     }
     tok_t *tok = NULL;
-    if (tok_load(dir, &tok) != BT_OK) goto free_text; /* tok_load said why */
+    if (ckpt_source_tokenizer(model, &tok, NULL) != BT_OK) goto free_text; /* it said why */
     uint32_t *ids = NULL;
     size_t n = 0;
     if (tok_encode(tok, text ? text : "", len, &ids, &n) != BT_OK) {
@@ -212,6 +218,19 @@ free_text:
     return rc;
 }
 
+/* Keeps the first max_tokens ids of all sequences together. */
+static void eval_seqs_truncate(eval_seqs_t *s, int64_t max_tokens)
+{
+    int64_t left = max_tokens;
+    int64_t n = 0;
+    for (; n < s->n_seq && left > 0; n++) {
+        if (s->len[n] > left) s->len[n] = left;
+        left -= s->len[n];
+    }
+    s->n_seq = n;
+    s->n_ids = max_tokens - left;
+}
+
 /* Cuts every sequence longer than window into windows of at most `window`. */
 static int eval_seqs_window(eval_seqs_t *s, int64_t window)
 {
@@ -240,13 +259,15 @@ static int eval_seqs_window(eval_seqs_t *s, int64_t window)
 static void eval_usage(FILE *f)
 {
     fprintf(f,
-            "usage: baton eval --model DIR (--ids FILE | --text FILE) [--window T]\n"
-            "                  [--grad-norm] [--json] [--layout tp=N,pp=N,dp=N]\n"
-            "  --model DIR    Hugging Face model directory (config.json + safetensors)\n"
+            "usage: baton eval --model DIR|FILE.gguf (--ids FILE | --text FILE) [--window T]\n"
+            "                  [--max-tokens N] [--grad-norm] [--json] [--layout tp=N,pp=N,dp=N]\n"
+            "  --model M      Hugging Face model directory (config.json + safetensors +\n"
+            "                 tokenizer.json) or a llama GGUF file\n"
             "  --ids FILE     one sequence per line, whitespace-separated token ids\n"
-            "  --text FILE    text, tokenized with DIR/tokenizer.json\n"
+            "  --text FILE    text, tokenized with the model's tokenizer\n"
             "  --window T     score sequences in windows of at most T tokens\n"
             "                 (default: max_position_embeddings)\n"
+            "  --max-tokens N only the first N token ids of the input\n"
             "  --grad-norm    also print the global L2 norm of the loss gradient\n"
             "  --json         print one JSON object: {\"tokens\", \"loss\", \"ppl\"[, \"grad_norm\"]}\n"
             "  --layout L     evaluate as processes in parallel layout L, e.g. tp=2,pp=2,dp=1\n");
@@ -258,11 +279,12 @@ int cmd_eval(int argc, char **argv)
         {"model", required_argument, NULL, 'm'}, {"ids", required_argument, NULL, 'i'},
         {"text", required_argument, NULL, 't'},  {"window", required_argument, NULL, 'w'},
         {"grad-norm", no_argument, NULL, 'g'},   {"json", no_argument, NULL, 'j'},
+        {"max-tokens", required_argument, NULL, 'n'},
         {"help", no_argument, NULL, 'h'},        {"layout", required_argument, NULL, 'l'},
         {NULL, 0, NULL, 0},
     };
     const char *dir = NULL, *ids_path = NULL, *text_path = NULL, *layout = NULL;
-    int64_t window = 0;
+    int64_t window = 0, max_tokens = 0;
     bool grad_norm = false, json = false;
     int c;
     optind = 1;
@@ -281,6 +303,16 @@ int cmd_eval(int argc, char **argv)
             window = v;
             break;
         }
+        case 'n': {
+            char *end;
+            long long v = strtoll(optarg, &end, 10);
+            if (*end || end == optarg || v < 2) {
+                fprintf(stderr, "baton eval: --max-tokens needs an integer >= 2, got '%s'\n", optarg);
+                return 2;
+            }
+            max_tokens = v;
+            break;
+        }
         case 'g': grad_norm = true; break;
         case 'j': json = true; break;
         case 'l': layout = optarg; break;
@@ -290,7 +322,7 @@ int cmd_eval(int argc, char **argv)
     }
     if (optind < argc || !dir || (!ids_path == !text_path)) {
         if (optind < argc) fprintf(stderr, "baton eval: unexpected argument '%s'\n", argv[optind]);
-        else if (!dir) fprintf(stderr, "baton eval: --model DIR is required\n");
+        else if (!dir) fprintf(stderr, "baton eval: --model DIR|FILE.gguf is required\n");
         else fprintf(stderr, "baton eval: give exactly one of --ids FILE and --text FILE\n");
         eval_usage(stderr);
         return 2;
@@ -301,10 +333,11 @@ int cmd_eval(int argc, char **argv)
     model_acts_t *a = NULL;
     eval_seqs_t seqs = {0};
     int32_t *targets = NULL;
-    if (ckpt_hf_load(dir, NULL, &m) != BT_OK) return 1; /* the loader said why */
+    if (ckpt_source_load(dir, NULL, &m) != BT_OK) return 1; /* the loader said why */
     if (text_path ? eval_text_read(text_path, dir, m->cfg.vocab_size, &seqs) != 0
                   : eval_ids_read(ids_path, m->cfg.vocab_size, &seqs) != 0)
         goto free_seqs;
+    if (max_tokens > 0) eval_seqs_truncate(&seqs, max_tokens);
     if (window == 0) window = m->cfg.max_position_embeddings;
     if (eval_seqs_window(&seqs, window) != 0) {
         log_error("eval: out of memory");

@@ -185,6 +185,7 @@ int cmd_run(int argc, char **argv)
         log_error("metrics.file: cannot create %s: %s", job.metrics.file, strerror(errno));
         goto out;
     }
+    double vloss = NAN, vppl = NAN;
     printf("baton run %s: %s model, %lld params, %lld layers, hidden %lld, vocab %lld | %lld train tokens, "
            "%lld val tokens | %lld steps x %lld tokens\n",
            job.path, job.model.hf[0] ? job.model.hf : "random-init",
@@ -193,10 +194,13 @@ int cmd_run(int argc, char **argv)
            (long long)tc.steps, (long long)(tc.micro_batch * tc.grad_accum * tc.seq_len));
     fflush(stdout);
 
+    /* Fine-tuning a pretrained model: the starting validation loss, so that
+     * the run shows how far it moved from it (step 0 in metrics). */
+    if (job.model.hf[0] && n_val > tc.seq_len && job.train.eval_every)
+        if (eval_report(t, metrics, 0, &val_curve, &vloss, &vppl)) goto out;
     uint64_t t0 = clock_now_ns();
     int64_t tokens_done = 0;
     double train_seconds = 0; /* step time only: evaluations and exports excluded */
-    double vloss = NAN, vppl = NAN;
     for (int64_t s = 0; s < tc.steps; s++) {
         train_step_info_t info;
         if (train_step(t, &info)) goto out;

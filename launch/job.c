@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "ckpt/hf.h"
+#include "ckpt/model_source.h"
 
 #include <yaml.h>
 
@@ -573,7 +573,8 @@ static bool field_is_set(const job_t *job, const char *name)
     return fi >= 0 && job->origin[fi].set;
 }
 
-/* Fill the model dimensions from model.hf/config.json (ckpt/hf.h reads it). */
+/* Fill the model dimensions from model.hf: a Hugging Face directory's
+ * config.json or a GGUF file's metadata (ckpt/model_source.h reads it). */
 static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
 {
     static const char *const shape_fields[] = {
@@ -586,9 +587,12 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
                          "cannot be set together with model.hf (its config.json decides)");
 
     model_config_t cfg;
-    if (ckpt_hf_config_load(job->model.hf, &cfg) != BT_OK)
-        return vfail(job, "model.hf", err, errlen, "cannot use %s/config.json (the error above says why)",
-                     job->model.hf);
+    if (ckpt_source_config(job->model.hf, &cfg) != BT_OK) {
+        size_t n = strlen(job->model.hf);
+        bool gguf = n >= 5 && !strcmp(job->model.hf + n - 5, ".gguf");
+        return vfail(job, "model.hf", err, errlen, "cannot use %s%s (the error above says why)",
+                     job->model.hf, gguf ? "" : "/config.json");
+    }
     job_model_t *m = &job->model;
     m->layers = cfg.num_layers;
     m->hidden = cfg.hidden_size;

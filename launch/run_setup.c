@@ -8,12 +8,12 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "ckpt/hf.h"
+#include "ckpt/model_source.h"
 #include "data/shard.h"
 
 bt_status_t run_model_config(const job_t *job, model_config_t *cfg)
 {
-    if (job->model.hf[0]) return ckpt_hf_config_load(job->model.hf, cfg);
+    if (job->model.hf[0]) return ckpt_source_config(job->model.hf, cfg);
     const job_model_t *m = &job->model;
     *cfg = (model_config_t){
         .arch = MODEL_ARCH_LLAMA, .vocab_size = m->vocab, .hidden_size = m->hidden,
@@ -28,7 +28,7 @@ bt_status_t run_model_config(const job_t *job, model_config_t *cfg)
 
 bt_status_t run_model_create(const job_t *job, model_t **out)
 {
-    if (job->model.hf[0]) return ckpt_hf_load(job->model.hf, NULL, out);
+    if (job->model.hf[0]) return ckpt_source_load(job->model.hf, NULL, out);
     model_config_t cfg;
     bt_status_t st = run_model_config(job, &cfg);
     if (st) return st;

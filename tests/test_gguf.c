@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "ckpt/dequant.h"
 #include "ckpt/gguf.h"
+#include "tests/helpers/capture.h"
 #include "tests/test.h"
 
 #define FIX "tests/fixtures/gguf/"
@@ -64,42 +65,15 @@ static int f32_compare(const char *what, const float *got, const float *want, si
     return bad;
 }
 
-/* Captures what the library logs to stderr while a call runs. */
-typedef struct {
-    int saved;
-    FILE *tmp;
-} capture_t;
-
-static void capture_begin(capture_t *c)
-{
-    fflush(stderr);
-    c->tmp = tmpfile();
-    c->saved = dup(2);
-    dup2(fileno(c->tmp), 2);
-}
-
-/* Returns the captured text (caller frees). */
-static char *capture_end(capture_t *c)
-{
-    fflush(stderr);
-    dup2(c->saved, 2);
-    close(c->saved);
-    long n = ftell(c->tmp);
-    char *s = calloc((size_t)(n > 0 ? n : 0) + 1, 1);
-    rewind(c->tmp);
-    if (n > 0 && fread(s, 1, (size_t)n, c->tmp) != (size_t)n) s[0] = '\0';
-    fclose(c->tmp);
-    return s;
-}
 
 /* Opens a memory image, expecting failure `want`; returns the message. */
 static char *open_mem_expect_fail(const void *buf, size_t size, const char *name, bt_status_t want)
 {
-    capture_t cap;
+    test_capture_t cap;
     gguf_t *g = NULL;
-    capture_begin(&cap);
+    test_capture_begin(&cap);
     bt_status_t st = gguf_open_mem(buf, size, name, &g);
-    char *msg = capture_end(&cap);
+    char *msg = test_capture_end(&cap);
     CHECK_MSG(st == want, "%s: status %s, want %s", name, bt_status_str(st), bt_status_str(want));
     if (st == BT_OK) gguf_close(g);
     CHECK_MSG(strstr(msg, name) != NULL, "%s: message does not name the file: %s", name, msg);
@@ -249,14 +223,14 @@ static void test_gguf_metadata_all_types(void)
     CHECK(gguf_get_str(g, "test.string", &s) == BT_OK && gguf_str_eq(s, "h\xc3\xa9llo \xe4\xb8\x96\xe7\x95\x8c"));
     CHECK(gguf_get_array(g, "test.nested", GGUF_TYPE_ARRAY, &arr) == BT_OK && arr->arr.n == 2);
     CHECK(gguf_get_u64(g, "no.such.key", &u) == BT_ERR_NOT_FOUND);
-    capture_t cap;
-    capture_begin(&cap);
+    test_capture_t cap;
+    test_capture_begin(&cap);
     bt_status_t s1 = gguf_get_u64(g, "test.i8", &u);         /* negative */
     bt_status_t s2 = gguf_get_i64(g, "test.u64", &i);        /* > INT64_MAX */
     bt_status_t s3 = gguf_get_str(g, "test.u8", &s);         /* wrong type */
     bt_status_t s4 = gguf_get_array(g, "test.arr_i16", GGUF_TYPE_STRING, &arr);
     bt_status_t s5 = gguf_get_f64(g, "test.i32", &d);
-    char *msg = capture_end(&cap);
+    char *msg = test_capture_end(&cap);
     CHECK(s1 == BT_ERR_INVALID && s2 == BT_ERR_INVALID && s3 == BT_ERR_INVALID);
     CHECK(s4 == BT_ERR_INVALID && s5 == BT_ERR_INVALID);
     CHECK(strstr(msg, "test.u8") && strstr(msg, "expected string"));
@@ -527,12 +501,12 @@ static void check_llama_patch(const char *name, const char *key, ptrdiff_t value
     memcpy(buf + (ptrdiff_t)p + value_off, bytes, n);
     gguf_t *g;
     REQUIRE(gguf_open_mem(buf, size, name, &g) == BT_OK);
-    capture_t cap;
-    capture_begin(&cap);
+    test_capture_t cap;
+    test_capture_begin(&cap);
     gguf_llama_config_t cfg;
     bt_status_t st = tokenizer ? gguf_tokenizer_write_json(g, "/tmp/baton_gguf_never_written.json")
                                : gguf_llama_config(g, &cfg);
-    char *msg = capture_end(&cap);
+    char *msg = test_capture_end(&cap);
     CHECK_MSG(st == want, "%s: %s", name, bt_status_str(st));
     CHECK_MSG(strstr(msg, name) && strstr(msg, needle), "%s: message '%s'", name, msg);
     free(msg);
@@ -718,10 +692,10 @@ static void test_gguf_truncated_everywhere(void)
     for (size_t cut = 0; cut < size; cut += cut < data_start + 64 ? 1 : 97) {
         uint8_t *copy = malloc(cut ? cut : 1); /* exact size: ASan sees any over-read */
         memcpy(copy, buf, cut);
-        capture_t cap;
-        capture_begin(&cap);
+        test_capture_t cap;
+        test_capture_begin(&cap);
         bt_status_t st = gguf_open_mem(copy, cut, "cut.gguf", &g);
-        char *msg = capture_end(&cap);
+        char *msg = test_capture_end(&cap);
         if (st == BT_OK) {
             opened++;
             gguf_close(g);
@@ -742,10 +716,10 @@ static void test_gguf_truncated_everywhere(void)
     REQUIRE(fd >= 0);
     REQUIRE(write(fd, buf, 100) == 100);
     close(fd);
-    capture_t cap;
-    capture_begin(&cap);
+    test_capture_t cap;
+    test_capture_begin(&cap);
     bt_status_t st = gguf_open(path, &g);
-    char *msg = capture_end(&cap);
+    char *msg = test_capture_end(&cap);
     CHECK(st == BT_ERR_INVALID);
     CHECK(strstr(msg, path) && strstr(msg, "offset"));
     free(msg);
@@ -928,10 +902,10 @@ static void test_gguf_handmade(void)
     REQUIRE(t);
     CHECK(t->nbytes == 66);
     float big[256];
-    capture_t cap;
-    capture_begin(&cap);
+    test_capture_t cap;
+    test_capture_begin(&cap);
     bt_status_t st = gguf_tensor_to_f32(g, t, big);
-    msg = capture_end(&cap);
+    msg = test_capture_end(&cap);
     CHECK(st == BT_ERR_UNSUPPORTED && strstr(msg, "IQ2_XXS"));
     free(msg);
     gguf_close(g);
@@ -985,7 +959,7 @@ static void test_gguf_handmade(void)
     free(msg);
 
     /* files: missing, a directory, empty */
-    capture_begin(&cap);
+    test_capture_begin(&cap);
     CHECK(gguf_open("/nonexistent/x.gguf", &g) == BT_ERR_IO);
     CHECK(gguf_open("tests", &g) == BT_ERR_INVALID);
     char path[] = "/tmp/baton_gguf_empty_XXXXXX";
@@ -993,7 +967,7 @@ static void test_gguf_handmade(void)
     close(fd);
     CHECK(gguf_open(path, &g) == BT_ERR_INVALID);
     unlink(path);
-    msg = capture_end(&cap);
+    msg = test_capture_end(&cap);
     CHECK(strstr(msg, "/nonexistent/x.gguf") && strstr(msg, "empty"));
     free(msg);
 }
@@ -1008,8 +982,8 @@ static void test_gguf_corruption(void)
     uint8_t *b = malloc(size);
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     int opened = 0, failed = 0;
-    capture_t cap;
-    capture_begin(&cap);
+    test_capture_t cap;
+    test_capture_begin(&cap);
     for (int it = 0; it < 3000; it++) {
         memcpy(b, buf, size);
         int flips = 1 + it % 4;
@@ -1028,7 +1002,7 @@ static void test_gguf_corruption(void)
             gguf_close(g);
         }
     }
-    free(capture_end(&cap));
+    free(test_capture_end(&cap));
     CHECK(failed == 0);
     CHECK(opened > 0); /* flips inside string bytes leave valid files */
     free(b);

@@ -21,6 +21,7 @@
 #include "ckpt/hf.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "tests/helpers/capture.h"
 #include "tests/test.h"
 
 #define FIX "tests/fixtures/"
@@ -614,42 +615,17 @@ static void test_tp_slices_and_metadata(void)
     model_destroy(whole);
 }
 
-typedef struct {
-    int saved;
-    FILE *tmp;
-} tp_capture_t;
-
-static void capture_begin(tp_capture_t *c)
-{
-    fflush(stderr);
-    c->tmp = tmpfile();
-    c->saved = dup(2);
-    dup2(fileno(c->tmp), 2);
-}
-
-static char *capture_end(tp_capture_t *c)
-{
-    fflush(stderr);
-    dup2(c->saved, 2);
-    close(c->saved);
-    long n = ftell(c->tmp);
-    char *s = calloc((size_t)(n > 0 ? n : 0) + 1, 1);
-    rewind(c->tmp);
-    if (n > 0 && fread(s, 1, (size_t)n, c->tmp) != (size_t)n) s[0] = '\0';
-    fclose(c->tmp);
-    return s;
-}
 
 /* create_tp on dir's config (or cfg) must fail with a message containing want. */
 static void expect_create_error(const char *dir, const model_config_t *cfg,
                                 const model_parallel_t *par, const char *want)
 {
-    tp_capture_t cap;
+    test_capture_t cap;
     model_t *m = NULL;
-    capture_begin(&cap);
+    test_capture_begin(&cap);
     bt_status_t st = dir ? ckpt_hf_load_tp(dir, NULL, par, &m)
                          : model_create_tp(cfg, NULL, par, &m);
-    char *msg = capture_end(&cap);
+    char *msg = test_capture_end(&cap);
     CHECK_MSG(st == BT_ERR_INVALID, "%s: status %s", want, bt_status_str(st));
     CHECK_MSG(strstr(msg, want) != NULL, "message does not say '%s': %s", want, msg);
     if (st == BT_OK) model_destroy(m);
@@ -682,10 +658,10 @@ static void test_tp_errors(void)
     cfg = cfg_tp3();
     model_t *m = NULL;
     REQUIRE(model_create_tp(&cfg, NULL, &p3, &m) == BT_OK);
-    tp_capture_t cap;
-    capture_begin(&cap);
+    test_capture_t cap;
+    test_capture_begin(&cap);
     bt_status_t st = ckpt_hf_save(m, "/tmp");
-    char *msg = capture_end(&cap);
+    char *msg = test_capture_end(&cap);
     CHECK(st == BT_ERR_INVALID && strstr(msg, "model_tp_gather"));
     free(msg);
     model_destroy(m);
@@ -724,10 +700,10 @@ static void test_tp_dead_peer(void)
 {
     tp_case_t tc = {.name = "dead peer", .tp = 2};
     snprintf(tc.dir, sizeof tc.dir, FIX "llama");
-    tp_capture_t cap;
-    capture_begin(&cap);
+    test_capture_t cap;
+    test_capture_begin(&cap);
     int f = tp_run_procs(2, 3000, tp_body_peer_dies, &tc);
-    char *msg = capture_end(&cap);
+    char *msg = test_capture_end(&cap);
     CHECK_MSG(f == 0, "%d failures", f);
     CHECK_MSG(strstr(msg, "TP all-reduce of the embedding failed") != NULL,
               "no error naming the collective: %s", msg);

@@ -4,7 +4,7 @@
 # it into a Hugging Face directory.
 #
 #   tools/fetch_smollm2.sh          -> models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-#   tools/fetch_smollm2.sh --hf     ... and models/smollm2-135m-hf/ (tools/gguf_to_hf.py)
+#   tools/fetch_smollm2.sh --hf     ... and models/smollm2-135m-hf/ (tools/gguf_to_hf.py, once)
 #
 # models/ is git-ignored; nothing here is committed. Prints the .gguf path last.
 set -euo pipefail
@@ -37,7 +37,10 @@ if [ "$have_sha" != "$want_sha" ]; then
     echo "fetch_smollm2: warning: $gguf has sha256 $have_sha, expected $want_sha" >&2
 fi
 
-if [ "${1:-}" = "--hf" ]; then
-    python3 "$root/tools/gguf_to_hf.py" "$gguf" "$root/models/smollm2-135m-hf" >&2
+# converted once; delete models/smollm2-135m-hf/ to convert again
+if [ "${1:-}" = "--hf" ] && [ ! -s "$root/models/smollm2-135m-hf/model.safetensors" ]; then
+    python3 "$root/tools/gguf_to_hf.py" "$gguf" "$root/models/smollm2-135m-hf.part" >&2
+    rm -rf "$root/models/smollm2-135m-hf"
+    mv "$root/models/smollm2-135m-hf.part" "$root/models/smollm2-135m-hf"
 fi
 echo "$gguf"
