@@ -36,11 +36,21 @@ parallel: {tp: 1, pp: 2, dp: 1, split: [2, 2], schedule: 1f1b}
 transport: {control: tcp, pipeline: tcp}
 hosts: [local]
 trace: {dir: $tmp/trace}
+metrics: {file: $tmp/out/metrics.jsonl, plot: $tmp/out/loss.png}
 EOF
 
 if ! "$BATON" run "$tmp/job.yaml" >"$tmp/run.log" 2>&1; then
     fail bubble_run "baton run failed: $(tail -n 3 "$tmp/run.log")"
     exit 0
+fi
+# the multi-process driver's outputs: a metrics line per step (JSON lines)
+# and the loss-curve PNG in a directory it creates
+n=$(grep -c '^{"step": [1-6], "loss": [0-9.]*, .*"tokens_per_s": [0-9.]*, "elapsed_s": [0-9.]*}$' "$tmp/out/metrics.jsonl" 2>/dev/null)
+sig=$(head -c 8 "$tmp/out/loss.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')
+if [ "$n" = 6 ] && [ "$sig" = 89504e470d0a1a0a ] && grep -q "loss curve written to $tmp/out/loss.png" "$tmp/run.log"; then
+    pass dist_metrics_and_png
+else
+    fail dist_metrics_and_png "metrics lines $n (want 6), PNG signature '$sig'"
 fi
 "$BATON" trace "$tmp/trace" --summary >"$tmp/summary.txt" 2>&1
 line=$(grep '^bubble: measured' "$tmp/summary.txt")
