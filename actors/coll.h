@@ -126,6 +126,9 @@ typedef struct {
     size_t          secret_len;
     const char     *listen_addr;   /* NULL -> 127.0.0.1:0 (inproc: generated name) */
     unsigned        timeout_ms;    /* no progress for this long fails the call; 0 -> 30000 */
+    unsigned        connect_ms;    /* handshake and mesh set-up deadline; 0 -> 120000. Long,
+                                    * because this rank's loop runs only inside calls: a peer
+                                    * still loading its model answers a handshake late. */
     size_t          segment_bytes; /* largest frame payload; 0 -> 4 MiB */
 } coll_host_config_t;
 

@@ -84,6 +84,7 @@ typedef struct coll_host {
     uint64_t        seq;          /* sequence number of the current collective */
     coll_kind_t     kind;         /* kind of the current collective */
     unsigned        timeout_ms;
+    unsigned        connect_ms;
     size_t          seg_bytes;
     int             sends_pending;
     ev_timer        timer;
@@ -176,9 +177,13 @@ static void coll_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     coll_host_t *c = w->data;
     (void)loop; (void)revents;
-    log_error("coll %s rank %d: %s #%llu made no progress for %u ms (a peer is dead or stuck)",
-              c->name, c->pub.rank, coll_kind_names[c->kind], (unsigned long long)c->seq,
-              c->timeout_ms);
+    if (c->seq == 0)
+        log_error("coll %s rank %d: the group did not connect within %.0f ms (%d of %d peers)",
+                  c->name, c->pub.rank, w->repeat * 1000.0, c->nready, c->pub.size - 1);
+    else
+        log_error("coll %s rank %d: %s #%llu made no progress for %.0f ms (a peer is dead or stuck)",
+                  c->name, c->pub.rank, coll_kind_names[c->kind], (unsigned long long)c->seq,
+                  w->repeat * 1000.0);
     coll_fail(c, BT_ERR_PEER_TIMEOUT);
 }
 
@@ -697,6 +702,7 @@ bt_status_t coll_host_open(const coll_host_config_t *cfg, coll_comm_t **out, cha
     snprintf(c->name, sizeof c->name, "%s", cfg->name ? cfg->name : "group");
     c->pub.name = c->name;
     c->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 30000;
+    c->connect_ms = cfg->connect_ms ? cfg->connect_ms : 120000;
     c->seg_bytes = cfg->segment_bytes ? cfg->segment_bytes : (4u << 20);
     ev_init(&c->timer, coll_timer_cb);
     c->timer.repeat = c->timeout_ms / 1000.0;
@@ -720,6 +726,7 @@ bt_status_t coll_host_open(const coll_host_config_t *cfg, coll_comm_t **out, cha
         .self_id = (uint32_t)cfg->rank,
         .listen_addr = listen,
         .max_frame = c->seg_bytes + 4096,
+        .handshake_ms = c->connect_ms,
         .cbs = {.arg = c, .accept = coll_on_accept, .connected = coll_on_connected,
                 .recv = coll_on_recv, .error = coll_on_error},
     };
@@ -764,6 +771,7 @@ bt_status_t coll_host_connect(coll_comm_t *comm, const char *const *addrs)
         }
     }
     c->kind = COLL_KIND_BARRIER;
+    c->timer.repeat = c->connect_ms / 1000.0;
     coll_progress_mark(c);
     while (c->nready < n - 1) {
         bt_status_t st = coll_wait_once(c);
@@ -775,5 +783,6 @@ bt_status_t coll_host_connect(coll_comm_t *comm, const char *const *addrs)
     }
     ev_timer_stop(c->loop, &c->timer);
     ev_timer_stop(c->loop, &c->poll);
+    c->timer.repeat = c->timeout_ms / 1000.0;
     return BT_OK;
 }
