@@ -157,7 +157,7 @@ static bool bub_replay(bub_stage_t *const *st, const size_t *lo, const size_t *h
                     const bub_op_t *op = &st[s]->ops[lo[s] + ptr[s]];
                     if (op->mb < 0 || op->mb >= m) {
                         ok = false;
-                        goto out;
+                        goto free_tables;
                     }
                     double dep;
                     if (!op->bwd) dep = s == 0 ? 0 : fend[(size_t)(s - 1) * m + op->mb];
@@ -179,7 +179,7 @@ static bool bub_replay(bub_stage_t *const *st, const size_t *lo, const size_t *h
         for (int s = 0; s < p; s++)
             if (free_at[s] > *window) *window = free_at[s];
     }
-out:
+free_tables:
     free(fend);
     free(bend);
     free(ptr);
@@ -220,7 +220,7 @@ bt_status_t trace_bubble_compute(const trace_set_t *set, trace_bubble_t *out, ch
                                 .cpu = r->bytes};
                 if (!bub_op_push(&s, &op)) {
                     free(s.ops);
-                    goto fail;
+                    goto free_stages;
                 }
             }
             if (!s.nops) continue;
@@ -228,7 +228,7 @@ bt_status_t trace_bubble_compute(const trace_set_t *set, trace_bubble_t *out, ch
             bub_stage_t *n = realloc(stages, (nst + 1) * sizeof *n);
             if (!n) {
                 free(s.ops);
-                goto fail;
+                goto free_stages;
             }
             stages = n;
             stages[nst++] = s;
@@ -237,11 +237,11 @@ bt_status_t trace_bubble_compute(const trace_set_t *set, trace_bubble_t *out, ch
     if (!nst) {
         bub_errf(err, err_cap, "no pipeline stage track with fwd/bwd compute spans of a training step");
         st = BT_ERR_NOT_FOUND;
-        goto fail;
+        goto free_stages;
     }
     qsort(stages, nst, sizeof *stages, bub_stage_cmp);
     out->stages = calloc(nst, sizeof *out->stages);
-    if (!out->stages) goto fail;
+    if (!out->stages) goto free_stages;
     out->nstages = nst;
     out->order_1f1b = true;
     out->vpp = stages[0].vpp;
@@ -249,7 +249,7 @@ bt_status_t trace_bubble_compute(const trace_set_t *set, trace_bubble_t *out, ch
     for (size_t i = 0; i < nst; i++)
         if (stages[i].nops > max_ops) max_ops = stages[i].nops;
     durs = malloc((max_ops + 1) * sizeof *durs);
-    if (!durs) goto fail;
+    if (!durs) goto free_stages;
 
     double sum_bubble = 0, sum_replay = 0;
     size_t n_bubble = 0, n_replay = 0;
@@ -350,14 +350,14 @@ bt_status_t trace_bubble_compute(const trace_set_t *set, trace_bubble_t *out, ch
     if (!n_bubble) {
         bub_errf(err, err_cap, "no pipeline replica has two training steps of fwd/bwd spans");
         st = BT_ERR_NOT_FOUND;
-        goto fail;
+        goto free_stages;
     }
     out->bubble = sum_bubble / (double)n_bubble;
     if (n_replay == n_bubble) out->replay = sum_replay / (double)n_replay;
     if (out->p >= 1 && out->m >= 1)
         out->theory = (double)(out->p - 1) / ((double)out->vpp * out->m + out->p - 1);
     st = BT_OK;
-fail:
+free_stages:
     for (size_t i = 0; i < nst; i++) free(stages[i].ops);
     free(stages);
     free(durs);
