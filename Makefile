@@ -87,7 +87,7 @@ deps:
 	@tools/install-deps.sh $(PKGS)
 
 run: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(BUILD)/baton
 	@tools/run-default-job.sh $(BUILD)
 
 # libFuzzer: every tests/fuzz/fuzz_X.c becomes build/fuzz/fuzz_X, linked

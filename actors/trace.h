@@ -156,6 +156,20 @@ static inline void trace_span(actor_addr_t actor, trace_span_kind_t kind, uint32
     trace_record_(&r);
 }
 
+/* A compute span that also carries the CPU time the recording thread spent
+ * in it (CLOCK_THREAD_CPUTIME_ID, ns; in the record's `bytes`, unused by
+ * spans otherwise; 0 = not measured). Wall time minus CPU time is what the
+ * machine took away (preemption, page faults): the pipeline bubble report
+ * (launch/trace_bubble.h) replays the schedule with CPU times. */
+static inline void trace_span_cpu(actor_addr_t actor, uint32_t name_id, int64_t step, int32_t mb,
+                                  uint64_t t0, uint64_t t1, uint64_t cpu_ns)
+{
+    if (!trace_enabled()) return;
+    trace_rec_t r = {.ev = TRACE_EV_SPAN, .kind = TRACE_SPAN_COMPUTE, .msg_type = 0xffff,
+                     .actor = actor, .t0 = t0, .t1 = t1, .bytes = cpu_ns, .step = step, .mb = mb,
+                     .name_id = name_id};
+    trace_record_(&r);
+}
 static inline void trace_instant(actor_addr_t actor, uint32_t name_id, int64_t step,
                                  uint64_t t_ns)
 {

@@ -53,40 +53,11 @@ static void eta_fmt(char *buf, size_t len, double s)
     else snprintf(buf, len, "%lds", t);
 }
 
-/* mkdir -p dir */
-static bt_status_t dir_make(const char *dir)
-{
-    char buf[JOB_PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", dir);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
-            log_error("cannot create directory %s: %s", buf, strerror(errno));
-            return BT_ERR_IO;
-        }
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) == 0 || errno == EEXIST) return BT_OK;
-    log_error("cannot create directory %s: %s", buf, strerror(errno));
-    return BT_ERR_IO;
-}
-
-/* The directory part of an output file path, created when missing. */
-static bt_status_t parent_make(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash || slash == path) return BT_OK;
-    char dir[JOB_PATH_MAX];
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    return dir_make(dir);
-}
-
 /* Hugging Face directory (config.json + model.safetensors) that
  * `baton eval --model DIR` and transformers can load. */
 static bt_status_t model_export(const model_t *m, const char *dir, int64_t step)
 {
-    bt_status_t st = dir_make(dir);
+    bt_status_t st = run_dir_make(dir);
     if (st) return st;
     st = ckpt_hf_save(m, dir);
     if (st == BT_OK) log_debug("model of step %lld written to %s", (long long)step, dir);
@@ -207,8 +178,8 @@ int cmd_run(int argc, char **argv)
     train_config_t tc;
     run_train_config(&job, &tc);
     if (train_create(&tc, m, tokens, n_train, val, n_val, &t)) goto out;
-    if ((job.metrics.file[0] && parent_make(job.metrics.file)) ||
-        (job.metrics.plot[0] && parent_make(job.metrics.plot)))
+    if ((job.metrics.file[0] && run_parent_make(job.metrics.file)) ||
+        (job.metrics.plot[0] && run_parent_make(job.metrics.plot)))
         goto out;
     if (job.metrics.file[0] && !(metrics = fopen(job.metrics.file, "w"))) {
         log_error("metrics.file: cannot create %s: %s", job.metrics.file, strerror(errno));

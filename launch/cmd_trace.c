@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "actors/trace.h"
+#include "launch/trace_bubble.h"
 
 static void cmd_trace_usage(FILE *f)
 {
@@ -63,6 +64,19 @@ int cmd_trace(int argc, char **argv)
             printf("trace %s: %zu files, %zu events\n", dir, set.nfiles, n);
             trace_summary_print(&s, stdout);
             trace_summary_free(&s);
+            /* the pipeline bubble, when the trace holds a pipeline (launch/trace_bubble.h) */
+            trace_bubble_t b;
+            char berr[256];
+            bt_status_t bst = trace_bubble_compute(&set, &b, berr, sizeof berr);
+            if (bst == BT_OK) {
+                trace_bubble_print(&b, stdout);
+                trace_bubble_free(&b);
+            } else if (bst == BT_ERR_NOT_FOUND) {
+                printf("pipeline: %s\n", berr);
+            } else {
+                fprintf(stderr, "baton trace: out of memory computing the pipeline bubble\n");
+                rc = 1;
+            }
         }
     } else {
         char path[4096];

@@ -19,6 +19,7 @@
 #include "base/log.h"
 #include "ckpt/hf.h"
 #include "launch/graph.h"
+#include "launch/plot.h"
 #include "launch/run_setup.h"
 #include "launch/spawn.h"
 #include "launch/worker.h"
@@ -33,6 +34,29 @@ typedef enum {
     DRV_DONE,
     DRV_FAILING,
 } drv_phase_t;
+
+/* Loss points for metrics.plot; a failed growth drops the point (the picture
+ * is a convenience, the metrics file has every value). */
+typedef struct {
+    double *x, *y;
+    int n, cap;
+} drv_curve_t;
+
+static void drv_curve_push(drv_curve_t *c, double x, double y)
+{
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 256;
+        double *nx = realloc(c->x, (size_t)cap * sizeof *nx);
+        if (!nx) return;
+        c->x = nx;
+        double *ny = realloc(c->y, (size_t)cap * sizeof *ny);
+        if (!ny) return;
+        c->y = ny;
+        c->cap = cap;
+    }
+    c->x[c->n] = x;
+    c->y[c->n++] = y;
+}
 
 typedef struct {
     actor_t        a; /* first */
@@ -55,6 +79,7 @@ typedef struct {
     double          eval_loss;  /* result of the last evaluation */
     int64_t         eval_tokens;
     FILE           *metrics;
+    drv_curve_t     curve, val_curve; /* for metrics.plot */
     model_t        *full;       /* export target */
     bool           *received;   /* [full->n_params] */
     actor_timer_t   watch, diag;
@@ -348,6 +373,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
             return ACTOR_DONE;
         }
         printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)d->step, vloss, exp(vloss));
+        drv_curve_push(&d->val_curve, (double)d->step, vloss);
         if (d->metrics) {
             fprintf(d->metrics, "{\"step\": %lld, \"val_loss\": %.7g, \"val_ppl\": %.7g}\n",
                     (long long)d->step, vloss, exp(vloss));
@@ -365,6 +391,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
         return ACTOR_DONE;
     }
     d->tokens_done += (int64_t)d->scored;
+    drv_curve_push(&d->curve, (double)d->step, loss);
     double elapsed = (double)(clock_now_ns() - d->t0) * 1e-9;
     double tps = (double)d->tokens_done / elapsed;
     double eta = elapsed / (double)d->step * (double)(steps - d->step);
@@ -742,6 +769,9 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     if (file_write(run_dir, RUN_FILE_DRIVER, card, strlen(card), 0600)) goto destroy_router;
     if (actor_router_loop_new(rt, "driver", &loop)) goto destroy_router;
 
+    if ((job->metrics.file[0] && run_parent_make(job->metrics.file)) ||
+        (job->metrics.plot[0] && run_parent_make(job->metrics.plot)))
+        goto destroy_router;
     if (job->metrics.file[0] && !(d.metrics = fopen(job->metrics.file, "w"))) {
         log_error("metrics.file: cannot create %s: %s", job->metrics.file, strerror(errno));
         goto destroy_router;
@@ -803,6 +833,12 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
             printf("model written to %s (HF format)\n", dirbuf);
         }
     }
+    if (st == BT_OK && !ev && job->metrics.plot[0] && d.curve.n > 0) {
+        plot_series_t tr = {d.curve.x, d.curve.y, d.curve.n};
+        plot_series_t va = {d.val_curve.x, d.val_curve.y, d.val_curve.n};
+        if ((st = plot_loss_png(job->metrics.plot, &tr, &va, NULL)) == BT_OK)
+            printf("loss curve written to %s\n", job->metrics.plot);
+    }
     if (st == BT_OK && ev) {
         ev->loss = d.eval_loss;
         ev->tokens = d.eval_tokens;
@@ -822,6 +858,10 @@ destroy_router:
     actor_router_destroy(rt);
     free(d.last_seen);
     free(d.received);
+    free(d.curve.x);
+    free(d.curve.y);
+    free(d.val_curve.x);
+    free(d.val_curve.y);
     model_destroy(d.full);
 remove_dir:
     trace_stop();

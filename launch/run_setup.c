@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/log.h"
@@ -162,4 +163,33 @@ void run_train_config(const job_t *job, train_config_t *out)
                          : o->decay == JOB_DECAY_NONE ? OPTIM_DECAY_NONE : OPTIM_DECAY_MATRICES},
         .clip = o->clip,
     };
+}
+
+/* mkdir -p dir */
+bt_status_t run_dir_make(const char *dir)
+{
+    char buf[JOB_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+            log_error("cannot create directory %s: %s", buf, strerror(errno));
+            return BT_ERR_IO;
+        }
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) == 0 || errno == EEXIST) return BT_OK;
+    log_error("cannot create directory %s: %s", buf, strerror(errno));
+    return BT_ERR_IO;
+}
+
+/* The directory part of an output file path, created when missing. */
+bt_status_t run_parent_make(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path) return BT_OK;
+    char dir[JOB_PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    return run_dir_make(dir);
 }

@@ -29,4 +29,9 @@ bt_status_t run_tokens_load(const char *dir, double split, int32_t **tokens, int
 /* train_config_t of the job. */
 void run_train_config(const job_t *job, train_config_t *out);
 
+/* mkdir -p DIR; the directory part of an output file PATH, created when
+ * missing. BT_ERR_IO (logged) when a level cannot be created. */
+bt_status_t run_dir_make(const char *dir);
+bt_status_t run_parent_make(const char *path);
+
 #endif

@@ -12,6 +12,7 @@
 #include "actors/trace.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "kernels/kernels.h"
 #include "launch/graph.h"
 #include "launch/run_setup.h"
 #include "model/data_actor.h"
@@ -425,13 +426,19 @@ static bt_status_t actors_start(worker_t *w)
         if ((st = actor_register(w->rt, &w->data.a, &data_actor_class, loop, "data", GRAPH_SLOT_DATA)))
             return st;
     }
-    char tname[48];
-    snprintf(tname, sizeof tname, "stage r%d pp%d", w->rank, c.pp);
+    actor_router_supervisor_set(w->rt, ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE));
+    if ((st = actor_register(w->rt, &w->stage.a, &stage_actor_class, loop, "stage", GRAPH_SLOT_STAGE)))
+        return st;
+    /* Track names, after actor_register (which names the track after the
+     * class): `baton trace --summary` reads the pipeline coordinates of a
+     * stage from "pp<stage> dp<replica> tp<rank>" and the virtual stages per
+     * rank from "v<n>" (launch/trace_bubble.h). */
+    char tname[64];
+    snprintf(tname, sizeof tname, "stage r%d pp%d dp%d tp%d v%d", w->rank, c.pp, c.dp, c.tp, g->vpp);
     trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE), tname);
     snprintf(tname, sizeof tname, "data r%d", w->rank);
     trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_DATA), tname);
-    actor_router_supervisor_set(w->rt, ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE));
-    return actor_register(w->rt, &w->stage.a, &stage_actor_class, loop, "stage", GRAPH_SLOT_STAGE);
+    return BT_OK;
 }
 
 static void worker_free(worker_t *w)
@@ -473,6 +480,15 @@ int worker_main(const char *run_dir, int rank)
     if (rank < 0 || rank >= w->g.world) {
         log_error("worker: rank %d outside the job's %d ranks", rank, w->g.world);
         goto fail;
+    }
+    /* The ranks of a job share this host's cores: one process per core gets
+     * one BLAS thread (OpenBLAS' default, a thread per core in every
+     * process, oversubscribes them and its idle threads spin).
+     * OPENBLAS_NUM_THREADS, when set, decides instead. */
+    if (!getenv("OPENBLAS_NUM_THREADS")) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        long per = cores > 0 ? cores / w->g.world : 1;
+        kern_cpu_set_threads(per >= 1 ? (int)per : 1);
     }
     if (w->job.trace_dir[0] && trace_start(w->job.trace_dir, (uint32_t)rank, NULL))
         log_warn("rank %d: tracing into %s failed; running untraced", rank, w->job.trace_dir);

@@ -162,13 +162,22 @@ static void stage_stop(actor_t *self) { inputs_release((stage_actor_t *)self); }
 
 /* ---- compute jobs (worker thread) ----------------------------------------- */
 
+/* CPU time of the calling (compute) thread, for the spans' per-op compute
+ * time; 0 when the clock is unavailable. */
+static uint64_t stage_cpu_ns(void)
+{
+    struct timespec ts;
+    if (!trace_enabled() || clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)) return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static bt_status_t job_op_run(void *arg)
 {
     stage_job_t *j = arg;
     stage_actor_t *s = j->s;
     model_t *m = s->cfg.chunks[j->op.chunk];
     model_acts_t *a = j->acts;
-    uint64_t t0 = clock_now_ns();
+    uint64_t t0 = clock_now_ns(), c0 = stage_cpu_ns();
     bt_status_t st;
     if (j->op.kind == PIPE_OP_FWD) {
         bool head = m->stage.has_head;
@@ -177,8 +186,8 @@ static bt_status_t job_op_run(void *arg)
     } else {
         st = model_stage_backward(m, a, j->dx_out, j->dx_in);
     }
-    trace_span(s->a.addr, TRACE_SPAN_COMPUTE, j->op.kind == PIPE_OP_FWD ? name_fwd : name_bwd,
-               0xffff, j->step, j->op.mb, t0, clock_now_ns());
+    trace_span_cpu(s->a.addr, j->op.kind == PIPE_OP_FWD ? name_fwd : name_bwd, j->step, j->op.mb, t0,
+                   clock_now_ns(), stage_cpu_ns() - c0);
     return st;
 }
 
@@ -247,7 +256,9 @@ static void advance(stage_actor_t *s)
     pipe_op_t op = p->ops[s->pc];
     int v = vstage_of(s, op.chunk), last = c->n_vstages - 1, k = ix(s, op.mb, op.chunk);
     stage_job_t *j = s->job;
-    *j = (stage_job_t){.s = s, .op = op, .v = v, .step = s->step, .dloss = p->eval ? 0.0f : c->dloss,
+    /* evaluation ops carry STAGE_EVAL_STEP, as their messages do: the trace
+     * keeps them apart from the training step they follow */
+    *j = (stage_job_t){.s = s, .op = op, .v = v, .step = p->eval ? STAGE_EVAL_STEP : s->step, .dloss = p->eval ? 0.0f : c->dloss,
                        .acts = s->acts[p->eval ? ix(s, 0, op.chunk) : k]};
     int64_t rows = c->B;
     if (op.kind == PIPE_OP_FWD) {
