@@ -16,8 +16,11 @@
 /* How long one busy-poll round spins before handing control back to libev
  * (so that timers, fds and the inbox get their turn). */
 #define LOOP_SPIN_ROUND_NS 50000ull
-/* Empty polls between two sched_yield() calls while spinning. */
-#define LOOP_SPIN_YIELD_EVERY 64u
+/* Empty polls between two clock reads, and between two sched_yield() calls
+ * (a multiple of the former), while spinning. */
+#define LOOP_SPIN_CLOCK_EVERY 16u
+#define LOOP_SPIN_YIELD_EVERY 256u
+_Static_assert(LOOP_SPIN_YIELD_EVERY % LOOP_SPIN_CLOCK_EVERY == 0, "yield on a clock read");
 
 typedef struct {
     actor_loop_poll_fn fn;
@@ -44,6 +47,7 @@ struct actor_loop {
     bool            stopping;
     uint32_t        busy_us;
     uint64_t        busy_until_ns;
+    bool            busy_rearm; /* armed while spinning: extend at the next clock read */
     loop_poller_t   pollers[LOOP_MAX_POLLERS];
     int             npollers;
 
@@ -150,22 +154,26 @@ static void loop_spin_cb(struct ev_loop *ev, ev_idle *w, int revents)
         uint64_t round_end = now + LOOP_SPIN_ROUND_NS;
         /* Events handled here (the pollers run the receive callbacks and the
          * handlers inline) cost no epoll round; control goes back to libev
-         * once per round so that timers and other fds get their turn. */
+         * once per round so that timers and other fds get their turn. The
+         * clock is read after an event and every LOOP_SPIN_CLOCK_EVERY empty
+         * polls only: on a VM a clock read costs more than an empty poll. */
         unsigned idle = 0;
-        while (now < l->busy_until_ns) {
+        while (now < l->busy_until_ns || l->busy_rearm) {
             int got = 0;
             for (int i = 0; i < l->npollers; i++) got += l->pollers[i].fn(l->pollers[i].arg);
             atomic_fetch_add_explicit(&l->n_spins, 1, memory_order_relaxed);
             if (l->lq_head) loop_local_drain(l);
-            now = clock_now_ns();
-            if (got > 0) {
+            if (got > 0 || l->busy_rearm) {
+                now = clock_now_ns();
                 l->busy_until_ns = now + (uint64_t)l->busy_us * 1000u;
+                l->busy_rearm = false;
                 idle = 0;
-            } else if (++idle % LOOP_SPIN_YIELD_EVERY == 0) {
+            } else if (++idle % LOOP_SPIN_CLOCK_EVERY == 0) {
+                now = clock_now_ns();
                 /* With more runnable threads than cores the peer we wait
                  * for may need this core; on an idle core this returns at
                  * once. */
-                sched_yield();
+                if (idle % LOOP_SPIN_YIELD_EVERY == 0) sched_yield();
             }
             if (now >= round_end || l->stopping) return;
             /* A post from another thread would otherwise wait for epoll. */
@@ -173,7 +181,7 @@ static void loop_spin_cb(struct ev_loop *ev, ev_idle *w, int revents)
                 return;
         }
     }
-    if (!l->lq_head && clock_now_ns() >= l->busy_until_ns) ev_idle_stop(ev, w);
+    if (!l->lq_head && !l->busy_rearm && clock_now_ns() >= l->busy_until_ns) ev_idle_stop(ev, w);
 }
 
 bt_status_t actor_loop_create(const char *name, actor_loop_t **out)
@@ -389,8 +397,12 @@ void actor_loop_poller_remove(actor_loop_t *l, actor_loop_poll_fn fn, void *arg)
 void actor_loop_busy_arm(actor_loop_t *l)
 {
     if (l->busy_us == 0 || l->npollers == 0) return;
+    if (ev_is_active(&l->spin)) {
+        l->busy_rearm = true; /* the spin takes the time at its next clock read */
+        return;
+    }
     l->busy_until_ns = clock_now_ns() + (uint64_t)l->busy_us * 1000u;
-    if (!ev_is_active(&l->spin)) ev_idle_start(l->ev, &l->spin);
+    ev_idle_start(l->ev, &l->spin);
 }
 
 void actor_loop_stats(const actor_loop_t *l, actor_loop_stats_t *out)
