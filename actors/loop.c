@@ -19,7 +19,7 @@
 /* Empty polls between two clock reads, and between two sched_yield() calls
  * (a multiple of the former), while spinning. */
 #define LOOP_SPIN_CLOCK_EVERY 16u
-#define LOOP_SPIN_YIELD_EVERY 256u
+#define LOOP_SPIN_YIELD_EVERY 64u
 _Static_assert(LOOP_SPIN_YIELD_EVERY % LOOP_SPIN_CLOCK_EVERY == 0, "yield on a clock read");
 
 typedef struct {
@@ -47,7 +47,6 @@ struct actor_loop {
     bool            stopping;
     uint32_t        busy_us;
     uint64_t        busy_until_ns;
-    bool            busy_rearm; /* armed while spinning: extend at the next clock read */
     loop_poller_t   pollers[LOOP_MAX_POLLERS];
     int             npollers;
 
@@ -158,15 +157,14 @@ static void loop_spin_cb(struct ev_loop *ev, ev_idle *w, int revents)
          * clock is read after an event and every LOOP_SPIN_CLOCK_EVERY empty
          * polls only: on a VM a clock read costs more than an empty poll. */
         unsigned idle = 0;
-        while (now < l->busy_until_ns || l->busy_rearm) {
+        while (now < l->busy_until_ns) {
             int got = 0;
             for (int i = 0; i < l->npollers; i++) got += l->pollers[i].fn(l->pollers[i].arg);
             atomic_fetch_add_explicit(&l->n_spins, 1, memory_order_relaxed);
             if (l->lq_head) loop_local_drain(l);
-            if (got > 0 || l->busy_rearm) {
+            if (got > 0) {
                 now = clock_now_ns();
                 l->busy_until_ns = now + (uint64_t)l->busy_us * 1000u;
-                l->busy_rearm = false;
                 idle = 0;
             } else if (++idle % LOOP_SPIN_CLOCK_EVERY == 0) {
                 now = clock_now_ns();
@@ -181,7 +179,7 @@ static void loop_spin_cb(struct ev_loop *ev, ev_idle *w, int revents)
                 return;
         }
     }
-    if (!l->lq_head && !l->busy_rearm && clock_now_ns() >= l->busy_until_ns) ev_idle_stop(ev, w);
+    if (!l->lq_head && clock_now_ns() >= l->busy_until_ns) ev_idle_stop(ev, w);
 }
 
 bt_status_t actor_loop_create(const char *name, actor_loop_t **out)
@@ -397,12 +395,8 @@ void actor_loop_poller_remove(actor_loop_t *l, actor_loop_poll_fn fn, void *arg)
 void actor_loop_busy_arm(actor_loop_t *l)
 {
     if (l->busy_us == 0 || l->npollers == 0) return;
-    if (ev_is_active(&l->spin)) {
-        l->busy_rearm = true; /* the spin takes the time at its next clock read */
-        return;
-    }
     l->busy_until_ns = clock_now_ns() + (uint64_t)l->busy_us * 1000u;
-    ev_idle_start(l->ev, &l->spin);
+    if (!ev_is_active(&l->spin)) ev_idle_start(l->ev, &l->spin);
 }
 
 void actor_loop_stats(const actor_loop_t *l, actor_loop_stats_t *out)
