@@ -2,6 +2,8 @@
 
 #include <assert.h>
 #include <ev.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,15 +57,73 @@ static tensor_t msg_view_make(void *data, dtype_t dt, int ndim, const int64_t *s
     return t;
 }
 
+/* Freed messages kept per thread for reuse: a message (~3.6 KB) is above
+ * malloc's per-thread cache sizes, so each malloc/free pair went through the
+ * arena (and its consolidation) once per message sent or received. The
+ * cache is bounded and released when its thread exits. */
+#define MSG_CACHE_MAX 64u
+
+typedef struct {
+    actor_msg_t *head;
+    unsigned     n;
+    bool         registered; /* the key's destructor will free it */
+} msg_cache_t;
+
+static _Thread_local msg_cache_t msg_cache;
+static pthread_key_t msg_cache_key;
+static pthread_once_t msg_cache_once = PTHREAD_ONCE_INIT;
+
+static void msg_cache_release(void *arg)
+{
+    msg_cache_t *c = arg;
+    while (c->head) {
+        actor_msg_t *m = c->head;
+        c->head = (actor_msg_t *)m->item.next;
+        free(m);
+    }
+    c->n = 0;
+    c->registered = false;
+}
+
+static void msg_cache_key_init(void)
+{
+    if (pthread_key_create(&msg_cache_key, msg_cache_release) != 0)
+        BT_PANIC("pthread_key_create failed for the message cache");
+}
+
+static void msg_cache_put(actor_msg_t *m)
+{
+    msg_cache_t *c = &msg_cache;
+    if (c->n >= MSG_CACHE_MAX) {
+        free(m);
+        return;
+    }
+    if (!c->registered) { /* the thread's exit frees the cache */
+        pthread_once(&msg_cache_once, msg_cache_key_init);
+        pthread_setspecific(msg_cache_key, c);
+        c->registered = true;
+    }
+    m->item.next = (actor_item_t *)c->head;
+    c->head = m;
+    c->n++;
+}
+
 actor_msg_t *actor_msg_new(uint32_t type)
 {
-    actor_msg_t *m = malloc(sizeof *m);
-    if (!m) return NULL;
+    actor_msg_t *m = msg_cache.head;
+    if (m) {
+        msg_cache.head = (actor_msg_t *)m->item.next;
+        msg_cache.n--;
+    } else {
+        m = malloc(sizeof *m);
+        if (!m) return NULL;
+    }
     /* The descriptor and view arrays (2.5 KB) are written as tensors are
-     * added and read only below ntensors: zero everything else. */
+     * added and read only below ntensors, the small buffer only when taken:
+     * zero everything else. */
     memset(m, 0, offsetof(actor_msg_t, env) + offsetof(wire_env_t, tensors));
     memset(&m->body, 0, sizeof m->body);
-    memset((char *)m + offsetof(actor_msg_t, sys), 0, sizeof *m - offsetof(actor_msg_t, sys));
+    memset((char *)m + offsetof(actor_msg_t, sys), 0, offsetof(actor_msg_t, small) - offsetof(actor_msg_t, sys));
     m->env.ver = WIRE_VERSION;
     m->env.type = type;
     m->env.step = -1;
@@ -80,7 +140,7 @@ void actor_msg_free(actor_msg_t *m)
     }
     if (m->on_free) m->on_free(m->on_free_arg);
     for (uint32_t i = 0; i < WIRE_MAX_TENSORS; i++) free(m->owned[i]);
-    free(m);
+    msg_cache_put(m);
 }
 
 static bt_status_t msg_tensor_name_check(actor_msg_t *m, const char *name)
@@ -122,12 +182,18 @@ tensor_t *actor_msg_tensor_new(actor_msg_t *m, const char *name, dtype_t dt, int
     tensor_t t = msg_view_make(NULL, dt, ndim, shape);
     size_t nbytes = msg_view_nbytes(&t);
     size_t cap = (size_t)wire_align_up(nbytes ? nbytes : 1);
-    void *buf = aligned_alloc(WIRE_ALIGN, cap);
-    if (!buf) return NULL;
+    uint32_t i = m->env.ntensors;
+    void *buf;
+    if (cap <= ACTOR_MSG_SMALL && !m->small_used) {
+        m->small_used = true;
+        buf = m->small + (wire_align_up((uintptr_t)m->small) - (uintptr_t)m->small);
+    } else {
+        buf = aligned_alloc(WIRE_ALIGN, cap);
+        if (!buf) return NULL;
+        m->owned[i] = buf;
+    }
     memset(buf, 0, cap);
     t.data = buf;
-    uint32_t i = m->env.ntensors;
-    m->owned[i] = buf;
     msg_tensor_set(m, name, &t);
     return &m->tensors[i];
 }

@@ -85,6 +85,9 @@ typedef struct {
     actor_free_fn cleanup; /* runs on arg if the message is dropped undelivered */
 } actor_work_result_t;
 
+/* Bytes of a tensor that actor_msg_tensor_new keeps inside the message. */
+#define ACTOR_MSG_SMALL 128u
+
 /* A message. env holds type, src, dst, seq, step, mb and the tensor
  * descriptors; body the typed meta (msg.h); tensors[i] the views of
  * env.tensors[i] (received: into the payload; local: the sender's views). */
@@ -106,6 +109,11 @@ struct actor_msg {
     void          *edge;         /* edge it came from (credit return) */
     void          *tx_edge;      /* edge it is being sent on */
     uint64_t       t_recv_ns;
+    /* Storage for the first small tensor of actor_msg_tensor_new (aligned
+     * inside to WIRE_ALIGN): a small message allocates nothing but itself.
+     * Last member: actor_msg_new does not clear it. */
+    bool           small_used;
+    uint8_t        small[WIRE_ALIGN + ACTOR_MSG_SMALL];
 };
 
 /* ---- messages ---------------------------------------------------------- */

@@ -439,7 +439,7 @@ static void router_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
         log_error("rank %u: bad frame from rank %u (%s): %s; closing this connection", rt->cfg.rank,
                   e->rank, edge_where(e, where, sizeof where), err.reason);
         xport_rx_release(rx);
-        free(m);
+        actor_msg_free(m);
         if (e->ep == ep) {
             edge_fail(e, BT_ERR_PEER_PROTO, err.reason, true);
         } else {
@@ -451,7 +451,7 @@ static void router_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
     if (m->env.type == MSG_CREDIT) {
         xport_rx_release(rx);
         uint32_t n = m->body.credit.credits;
-        free(m);
+        actor_msg_free(m);
         edge_credit_recv(e, n);
         return;
     }

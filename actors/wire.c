@@ -1,15 +1,17 @@
 /* The wire envelope: encoder and hostile-input decoder (contract in wire.h).
  *
- * Decoding runs in three stages so that no byte is trusted before it is
- * checked:
+ * Decoding runs in stages so that no byte is trusted before it is checked:
  *   1. wire_mp_scan walks the raw msgpack bytes without allocating and checks
  *      that they form exactly one object, nested at most WIRE_MAX_DEPTH deep,
  *      whose every container announces no more elements than bytes remain.
  *      msgpack-c allocates count * sizeof(msgpack_object) when it meets an
  *      array header, so without this a 5-byte header claiming 4 billion
  *      elements would ask for ~100 GB.
- *   2. msgpack_unpack builds the object tree in a zone (bounded by stage 1 to
- *      a small multiple of the header size).
+ *   2. wire_mp_build builds the msgpack_object tree into an arena of at most
+ *      header-length objects (a per-thread one for ordinary headers), so a
+ *      frame is decoded without allocating. It enforces the same limits as
+ *      stage 1 (bounds, depth, arena size), so stage 1 runs only when stage 2
+ *      failed, to name the reason: an accepted frame is walked once.
  *   3. wire_env_read checks every object's type and every value's range, then
  *      the tensor layout against the payload length.
  */
@@ -18,6 +20,7 @@
 #include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define WIRE_MAX_DEPTH 16
@@ -155,6 +158,161 @@ static bt_status_t wire_mp_scan(const uint8_t *p, size_t n, wire_err_t *err)
     }
     if (i != n) return wire_err_set(err, "envelope: %zu trailing bytes after the envelope", n - i);
     return BT_OK;
+}
+
+/* ---- stage 2: object tree without msgpack_unpack ------------------------- */
+
+/* Stage 2 builds the same msgpack_object tree msgpack_unpack would (strings,
+ * bin and ext point into the header), but into a caller-provided arena sized
+ * from the header length, so decoding a frame allocates nothing. It runs
+ * only on bytes stage 1 accepted; it still checks every bound it relies on. */
+#define WIRE_ARENA_OBJS 1024u /* 24 KiB per thread: headers up to ~1 KiB */
+static _Thread_local msgpack_object wire_arena_tls[WIRE_ARENA_OBJS];
+
+typedef struct {
+    const uint8_t  *p;
+    size_t          n, i;
+    msgpack_object *arena;
+    size_t          cap, used;
+} wire_builder_t;
+
+static msgpack_object *wire_builder_take(wire_builder_t *b, uint64_t nobj)
+{
+    if (nobj > b->cap - b->used) return NULL;
+    msgpack_object *o = b->arena + b->used;
+    b->used += (size_t)nobj;
+    return o;
+}
+
+static bool wire_builder_bytes(wire_builder_t *b, uint64_t len, const char **ptr)
+{
+    if (len > b->n - b->i) return false;
+    *ptr = (const char *)b->p + b->i;
+    b->i += (size_t)len;
+    return true;
+}
+
+static bool wire_builder_uint(wire_builder_t *b, int nbytes, uint64_t *v)
+{
+    if ((size_t)nbytes > b->n - b->i) return false;
+    *v = wire_be(b->p + b->i, nbytes);
+    b->i += (size_t)nbytes;
+    return true;
+}
+
+static void wire_obj_int(msgpack_object *o, int64_t v)
+{
+    if (v < 0) {
+        o->type = MSGPACK_OBJECT_NEGATIVE_INTEGER;
+        o->via.i64 = v;
+    } else {
+        o->type = MSGPACK_OBJECT_POSITIVE_INTEGER;
+        o->via.u64 = (uint64_t)v;
+    }
+}
+
+static bool wire_mp_build(wire_builder_t *b, msgpack_object *o, int depth)
+{
+    if (b->i >= b->n || depth > WIRE_MAX_DEPTH) return false;
+    uint8_t t = b->p[b->i++];
+    uint64_t len = 0, u = 0;
+    const char *ptr;
+    if (t <= 0x7f) { o->type = MSGPACK_OBJECT_POSITIVE_INTEGER; o->via.u64 = t; return true; }
+    if (t >= 0xe0) { wire_obj_int(o, (int8_t)t); return true; }
+    if (t >= 0xa0 && t <= 0xbf) { len = t & 0x1f; goto str; }
+    if (t >= 0x90 && t <= 0x9f) { len = t & 0x0f; goto array; }
+    if (t >= 0x80 && t <= 0x8f) { len = t & 0x0f; goto map; }
+    switch (t) {
+    case 0xc0: o->type = MSGPACK_OBJECT_NIL; return true;
+    case 0xc2: case 0xc3: o->type = MSGPACK_OBJECT_BOOLEAN; o->via.boolean = t == 0xc3; return true;
+    case 0xcc: case 0xcd: case 0xce: case 0xcf:
+        if (!wire_builder_uint(b, 1 << (t - 0xcc), &u)) return false;
+        o->type = MSGPACK_OBJECT_POSITIVE_INTEGER;
+        o->via.u64 = u;
+        return true;
+    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
+        int nb = 1 << (t - 0xd0);
+        if (!wire_builder_uint(b, nb, &u)) return false;
+        int64_t v = nb == 8 ? (int64_t)u : (int64_t)(u << (64 - 8 * nb)) >> (64 - 8 * nb);
+        wire_obj_int(o, v);
+        return true;
+    }
+    case 0xca: {
+        if (!wire_builder_uint(b, 4, &u)) return false;
+        uint32_t bits = (uint32_t)u;
+        float f;
+        memcpy(&f, &bits, 4);
+        o->type = MSGPACK_OBJECT_FLOAT32;
+        o->via.f64 = f;
+        return true;
+    }
+    case 0xcb: {
+        if (!wire_builder_uint(b, 8, &u)) return false;
+        double d;
+        memcpy(&d, &u, 8);
+        o->type = MSGPACK_OBJECT_FLOAT64;
+        o->via.f64 = d;
+        return true;
+    }
+    case 0xd9: case 0xda: case 0xdb:
+        if (!wire_builder_uint(b, 1 << (t - 0xd9), &len)) return false;
+        goto str;
+    case 0xc4: case 0xc5: case 0xc6:
+        if (!wire_builder_uint(b, 1 << (t - 0xc4), &len) || !wire_builder_bytes(b, len, &ptr)) return false;
+        o->type = MSGPACK_OBJECT_BIN;
+        o->via.bin.ptr = ptr;
+        o->via.bin.size = (uint32_t)len;
+        return true;
+    case 0xc7: case 0xc8: case 0xc9:
+        if (!wire_builder_uint(b, 1 << (t - 0xc7), &len)) return false;
+        goto ext;
+    case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8:
+        len = 1u << (t - 0xd4);
+        goto ext;
+    case 0xdc: case 0xdd:
+        if (!wire_builder_uint(b, t == 0xdc ? 2 : 4, &len)) return false;
+        goto array;
+    case 0xde: case 0xdf:
+        if (!wire_builder_uint(b, t == 0xde ? 2 : 4, &len)) return false;
+        goto map;
+    default:
+        return false;
+    }
+str:
+    if (!wire_builder_bytes(b, len, &ptr)) return false;
+    o->type = MSGPACK_OBJECT_STR;
+    o->via.str.ptr = ptr;
+    o->via.str.size = (uint32_t)len;
+    return true;
+ext: {
+    if (!wire_builder_uint(b, 1, &u) || !wire_builder_bytes(b, len, &ptr)) return false;
+    o->type = MSGPACK_OBJECT_EXT;
+    o->via.ext.type = (int8_t)(uint8_t)u;
+    o->via.ext.ptr = ptr;
+    o->via.ext.size = (uint32_t)len;
+    return true;
+}
+array: {
+    msgpack_object *items = len ? wire_builder_take(b, len) : NULL;
+    if (len && !items) return false;
+    o->type = MSGPACK_OBJECT_ARRAY;
+    o->via.array.size = (uint32_t)len;
+    o->via.array.ptr = items;
+    for (uint64_t k = 0; k < len; k++)
+        if (!wire_mp_build(b, &items[k], depth + 1)) return false;
+    return true;
+}
+map: {
+    _Static_assert(sizeof(msgpack_object_kv) == 2 * sizeof(msgpack_object), "kv is two objects");
+    msgpack_object_kv *kv = len ? (msgpack_object_kv *)wire_builder_take(b, 2 * len) : NULL;
+    if (len && !kv) return false;
+    o->type = MSGPACK_OBJECT_MAP;
+    o->via.map.size = (uint32_t)len;
+    o->via.map.ptr = kv;
+    for (uint64_t k = 0; k < len; k++)
+        if (!wire_mp_build(b, &kv[k].key, depth + 1) || !wire_mp_build(b, &kv[k].val, depth + 1)) return false;
+    return true;
+}
 }
 
 /* ---- stage 3: typed reading ---------------------------------------------- */
@@ -436,44 +594,100 @@ bt_status_t wire_env_decode(const void *hdr, size_t hdr_len, size_t payload_len,
     if (hdr_len == 0 || !hdr) return wire_err_set(err, "envelope: empty header");
     if (hdr_len > lim.max_hdr_bytes)
         return wire_err_set(err, "envelope: header of %zu bytes exceeds the limit %zu", hdr_len, lim.max_hdr_bytes);
-    bt_status_t st = wire_mp_scan(hdr, hdr_len, err);
-    if (st != BT_OK) return st;
+    bt_status_t st;
 
-    /* One chunk covers ordinary envelopes; the scan bounds the worst case. */
-    msgpack_zone zone;
-    if (!msgpack_zone_init(&zone, 2048)) return BT_ERR_NOMEM;
-    msgpack_object root;
-    size_t off = 0;
-    msgpack_unpack_return ur = msgpack_unpack(hdr, hdr_len, &off, &zone, &root);
-    if (ur == MSGPACK_UNPACK_NOMEM_ERROR) {
-        st = BT_ERR_NOMEM;
-        wire_err_set(err, "envelope: out of memory unpacking %zu bytes", hdr_len);
-        goto out_zone;
+    /* A scanned header of n bytes holds at most n objects (each takes a
+     * byte at least; a map entry is two), so n + 1 objects always fit.
+     * Ordinary envelopes use a per-thread arena: no allocation per frame. */
+    size_t need = hdr_len + 1;
+    msgpack_object *arena = wire_arena_tls;
+    msgpack_object *heap = NULL;
+    if (need > WIRE_ARENA_OBJS) {
+        heap = malloc(need * sizeof *heap);
+        if (!heap) {
+            wire_err_set(err, "envelope: out of memory unpacking %zu bytes", hdr_len);
+            return BT_ERR_NOMEM;
+        }
+        arena = heap;
     }
-    if (ur != MSGPACK_UNPACK_SUCCESS || off != hdr_len) {
-        st = wire_err_set(err, "envelope: msgpack parse error %d at byte %zu", (int)ur, off);
-        goto out_zone;
+    wire_builder_t b = {.p = hdr, .n = hdr_len, .arena = arena, .cap = need};
+    msgpack_object root;
+    if (!wire_mp_build(&b, &root, 0) || b.i != hdr_len) {
+        /* The scan names what is wrong; it accepts what the builder accepts. */
+        st = wire_mp_scan(hdr, hdr_len, err);
+        if (st == BT_OK) st = wire_err_set(err, "envelope: msgpack parse error at byte %zu", b.i);
+        goto out_arena;
     }
     const msgpack_object *meta = NULL;
-    if ((st = wire_env_read(&root, payload_len, &lim, env, &meta, err)) != BT_OK) goto out_zone;
+    if ((st = wire_env_read(&root, payload_len, &lim, env, &meta, err)) != BT_OK) goto out_arena;
     if (meta_fn) st = meta_fn(meta_arg, env, meta, err);
-out_zone:
-    msgpack_zone_destroy(&zone);
+out_arena:
+    free(heap);
     return st;
 }
 
 /* ---- encoding ------------------------------------------------------------- */
 
-static int wire_pack_key(msgpack_packer *pk, const wire_key_t *k)
+/* The envelope is written straight into the buffer's reserved tail: a
+ * msgpack_packer calls its write callback (with a capacity check and a
+ * memcpy) for every token, which cost more than the rest of a send. The
+ * bytes are the smallest msgpack forms, as msgpack-c's packer writes them. */
+typedef struct {
+    uint8_t *p;
+} wire_out_t;
+
+static void wire_out_be(wire_out_t *o, uint8_t tag, uint64_t v, int nbytes)
 {
-    return msgpack_pack_str(pk, k->len) | msgpack_pack_str_body(pk, k->s, k->len);
+    *o->p++ = tag;
+    for (int i = nbytes - 1; i >= 0; i--) *o->p++ = (uint8_t)(v >> (8 * i));
 }
 
-static int wire_pack_str(msgpack_packer *pk, const char *s)
+static void wire_out_uint(wire_out_t *o, uint64_t v)
 {
-    size_t len = strlen(s);
-    return msgpack_pack_str(pk, len) | msgpack_pack_str_body(pk, s, len);
+    if (v < 128) *o->p++ = (uint8_t)v;
+    else if (v <= UINT8_MAX) wire_out_be(o, 0xcc, v, 1);
+    else if (v <= UINT16_MAX) wire_out_be(o, 0xcd, v, 2);
+    else if (v <= UINT32_MAX) wire_out_be(o, 0xce, v, 4);
+    else wire_out_be(o, 0xcf, v, 8);
 }
+
+static void wire_out_int(wire_out_t *o, int64_t v)
+{
+    if (v >= 0) wire_out_uint(o, (uint64_t)v);
+    else if (v >= -32) *o->p++ = (uint8_t)(int8_t)v;
+    else if (v >= INT8_MIN) wire_out_be(o, 0xd0, (uint64_t)v, 1);
+    else if (v >= INT16_MIN) wire_out_be(o, 0xd1, (uint64_t)v, 2);
+    else if (v >= INT32_MIN) wire_out_be(o, 0xd2, (uint64_t)v, 4);
+    else wire_out_be(o, 0xd3, (uint64_t)v, 8);
+}
+
+/* Containers and strings here are short: < 2^16 entries, < 256 bytes. */
+static void wire_out_map(wire_out_t *o, uint32_t n)
+{
+    if (n < 16) *o->p++ = (uint8_t)(0x80 | n);
+    else wire_out_be(o, 0xde, n, 2);
+}
+
+static void wire_out_array(wire_out_t *o, uint32_t n)
+{
+    if (n < 16) *o->p++ = (uint8_t)(0x90 | n);
+    else wire_out_be(o, 0xdc, n, 2);
+}
+
+static void wire_out_str(wire_out_t *o, const char *s, size_t len)
+{
+    if (len < 32) *o->p++ = (uint8_t)(0xa0 | len);
+    else wire_out_be(o, 0xd9, len, 1);
+    memcpy(o->p, s, len);
+    o->p += len;
+}
+
+static void wire_out_key(wire_out_t *o, const wire_key_t *k) { wire_out_str(o, k->s, k->len); }
+
+/* Upper bounds of the bytes written above: a key <= 8 bytes, an integer <= 9,
+ * a name <= 2 + 63, a dtype <= 5, a container header <= 3. */
+#define WIRE_ENC_FIXED_MAX  (3 + EK_COUNT * 8 + 7 * 9 + 3)
+#define WIRE_ENC_TENSOR_MAX (3 + TK_COUNT * 8 + 65 + 5 + 3 + TENSOR_MAX_DIMS * 9 + 2 * 9)
 
 bt_status_t wire_env_encode(msgpack_sbuffer *buf, const wire_env_t *env,
                             wire_meta_encode_fn meta_fn, const void *body, wire_err_t *err)
@@ -496,38 +710,67 @@ bt_status_t wire_env_encode(msgpack_sbuffer *buf, const wire_env_t *env,
     }
     wire_limits_t lim = wire_limits_default();
     lim.max_payload = UINT64_MAX;
+    size_t name_len[WIRE_MAX_TENSORS];
     for (uint32_t i = 0; i < env->ntensors; i++) {
         size_t len = strnlen(env->tensors[i].name, WIRE_NAME_MAX);
         if (len == 0 || len >= WIRE_NAME_MAX) {
             wire_err_set(err, "envelope: tensor #%u name is empty or longer than %d bytes", i, WIRE_NAME_MAX - 1);
             return BT_ERR_INVALID;
         }
+        name_len[i] = len;
     }
     if (wire_tensors_check(env, payload_len, &lim, err) != BT_OK) return BT_ERR_INVALID;
 
+    size_t need = WIRE_ENC_FIXED_MAX + (size_t)env->ntensors * WIRE_ENC_TENSOR_MAX;
+    if (buf->alloc - buf->size < need) {
+        size_t cap = buf->alloc ? buf->alloc : 256;
+        while (cap - buf->size < need) cap *= 2;
+        char *data = realloc(buf->data, cap);
+        if (!data) return BT_ERR_NOMEM;
+        buf->data = data;
+        buf->alloc = cap;
+    }
+    wire_out_t o = {.p = (uint8_t *)buf->data + buf->size};
+    uint8_t *start = o.p;
+    wire_out_map(&o, EK_COUNT);
+    wire_out_key(&o, &wire_env_keys[EK_VER]);
+    wire_out_uint(&o, WIRE_VERSION);
+    wire_out_key(&o, &wire_env_keys[EK_TYPE]);
+    wire_out_uint(&o, env->type);
+    wire_out_key(&o, &wire_env_keys[EK_SRC]);
+    wire_out_uint(&o, env->src);
+    wire_out_key(&o, &wire_env_keys[EK_DST]);
+    wire_out_uint(&o, env->dst);
+    wire_out_key(&o, &wire_env_keys[EK_SEQ]);
+    wire_out_uint(&o, env->seq);
+    wire_out_key(&o, &wire_env_keys[EK_STEP]);
+    wire_out_int(&o, env->step);
+    wire_out_key(&o, &wire_env_keys[EK_MB]);
+    wire_out_int(&o, env->mb);
+    wire_out_key(&o, &wire_env_keys[EK_TENSORS]);
+    wire_out_array(&o, env->ntensors);
+    for (uint32_t i = 0; i < env->ntensors; i++) {
+        const wire_tensor_desc_t *d = &env->tensors[i];
+        const char *dt = wire_dtype_name(d->dtype);
+        wire_out_map(&o, TK_COUNT);
+        wire_out_key(&o, &wire_tensor_keys[TK_NAME]);
+        wire_out_str(&o, d->name, name_len[i]);
+        wire_out_key(&o, &wire_tensor_keys[TK_DTYPE]);
+        wire_out_str(&o, dt, strlen(dt));
+        wire_out_key(&o, &wire_tensor_keys[TK_SHAPE]);
+        wire_out_array(&o, (uint32_t)d->ndim);
+        for (int k = 0; k < d->ndim; k++) wire_out_uint(&o, (uint64_t)d->shape[k]);
+        wire_out_key(&o, &wire_tensor_keys[TK_OFFSET]);
+        wire_out_uint(&o, d->offset);
+        wire_out_key(&o, &wire_tensor_keys[TK_NBYTES]);
+        wire_out_uint(&o, d->nbytes);
+    }
+    wire_out_key(&o, &wire_env_keys[EK_META]);
+    assert((size_t)(o.p - start) <= need);
+    buf->size += (size_t)(o.p - start);
+
     msgpack_packer pk;
     msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
-    int rc = msgpack_pack_map(&pk, EK_COUNT);
-    rc |= wire_pack_key(&pk, &wire_env_keys[EK_VER]) | msgpack_pack_uint32(&pk, WIRE_VERSION);
-    rc |= wire_pack_key(&pk, &wire_env_keys[EK_TYPE]) | msgpack_pack_uint32(&pk, env->type);
-    rc |= wire_pack_key(&pk, &wire_env_keys[EK_SRC]) | msgpack_pack_uint32(&pk, env->src);
-    rc |= wire_pack_key(&pk, &wire_env_keys[EK_DST]) | msgpack_pack_uint32(&pk, env->dst);
-    rc |= wire_pack_key(&pk, &wire_env_keys[EK_SEQ]) | msgpack_pack_uint64(&pk, env->seq);
-    rc |= wire_pack_key(&pk, &wire_env_keys[EK_STEP]) | msgpack_pack_int64(&pk, env->step);
-    rc |= wire_pack_key(&pk, &wire_env_keys[EK_MB]) | msgpack_pack_int32(&pk, env->mb);
-    rc |= wire_pack_key(&pk, &wire_env_keys[EK_TENSORS]) | msgpack_pack_array(&pk, env->ntensors);
-    for (uint32_t i = 0; i < env->ntensors && rc == 0; i++) {
-        const wire_tensor_desc_t *d = &env->tensors[i];
-        rc |= msgpack_pack_map(&pk, TK_COUNT);
-        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_NAME]) | wire_pack_str(&pk, d->name);
-        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_DTYPE]) | wire_pack_str(&pk, wire_dtype_name(d->dtype));
-        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_SHAPE]) | msgpack_pack_array(&pk, (size_t)d->ndim);
-        for (int k = 0; k < d->ndim; k++) rc |= msgpack_pack_uint64(&pk, (uint64_t)d->shape[k]);
-        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_OFFSET]) | msgpack_pack_uint64(&pk, d->offset);
-        rc |= wire_pack_key(&pk, &wire_tensor_keys[TK_NBYTES]) | msgpack_pack_uint64(&pk, d->nbytes);
-    }
-    rc |= wire_pack_key(&pk, &wire_env_keys[EK_META]);
-    if (rc != 0) return BT_ERR_NOMEM;
     if (meta_fn) {
         bt_status_t st = meta_fn(&pk, body);
         if (st != BT_OK) {

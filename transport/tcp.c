@@ -160,6 +160,9 @@ static int tcp_done_flush(tcp_xport_t *x)
         free(s);
         n++;
     }
+    /* A send that completed inside send() started the idle watcher; flushed
+     * here, it must not cost the loop an extra non-blocking epoll_wait. */
+    if (ev_is_active(&x->idle)) ev_idle_stop(x->cfg.loop, &x->idle);
     return n;
 }
 
