@@ -71,6 +71,7 @@ struct actor_router {
     pthread_mutex_t       mu;      /* registration, edge states, stop request */
     pthread_cond_t        cv;
     bool                  stop_req;
+    bool                  quiesced;  /* peers may leave: their close is not a failure */
     bt_status_t           stop_status;
 
     struct { void *p; size_t len; } cache[ROUTER_CACHE_SLOTS]; /* I/O loop only */
@@ -193,7 +194,7 @@ static void edge_fail(edge_t *e, bt_status_t why, const char *text, bool close_e
     if (e->failed) return;
     char where[XPORT_ADDR_MAX + 16];
     pthread_mutex_lock(&e->rt->mu);
-    bool stopping = e->rt->stop_req;
+    bool stopping = e->rt->stop_req || e->rt->quiesced;
     pthread_mutex_unlock(&e->rt->mu);
     /* A peer that closes while we stop anyway is the normal end of a job. */
     if (stopping && why == BT_ERR_PEER_CLOSED)
@@ -895,6 +896,13 @@ bt_status_t actor_router_worker_new(actor_router_t *rt, const char *name, actor_
     pthread_mutex_unlock(&rt->mu);
     *out = w;
     return BT_OK;
+}
+
+void actor_router_quiesce(actor_router_t *rt)
+{
+    pthread_mutex_lock(&rt->mu);
+    rt->quiesced = true;
+    pthread_mutex_unlock(&rt->mu);
 }
 
 void actor_router_stop_request(actor_router_t *rt, bt_status_t status)

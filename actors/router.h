@@ -90,6 +90,11 @@ int         actor_router_peer_kind(actor_router_t *rt, uint32_t rank);
 /* The actor that receives MSG_ERROR_REPORT for peer failures. */
 void actor_router_supervisor_set(actor_router_t *rt, uint32_t addr);
 
+/* The job is ending: from now on a peer that closes its link is leaving, not
+ * failing (logged as info, still reported to the supervisor). When every rank
+ * quiesces before any rank tears down, the normal end of a job logs no link
+ * errors. Any thread. */
+void        actor_router_quiesce(actor_router_t *rt);
 /* Ask actor_router_wait to return (any thread, any number of times; the
  * first status wins). */
 void        actor_router_stop_request(actor_router_t *rt, bt_status_t status);

@@ -31,6 +31,7 @@ typedef enum {
     DRV_RUNNING,
     DRV_EVAL,           /* forward-only pass over the evaluation rows */
     DRV_EXPORTING,
+    DRV_QUIESCING,      /* STOP(IN_PROGRESS) sent, waiting for QUIESCED from every rank */
     DRV_DONE,
     DRV_FAILING,
 } drv_phase_t;
@@ -69,7 +70,8 @@ typedef struct {
     drv_phase_t     phase;
     int             world;
     uint64_t       *last_seen;  /* [world] ns of the last message of each rank */
-    int             n_ready, n_metrics, n_exported;
+    int             n_ready, n_metrics, n_exported, n_quiesced;
+    uint64_t        t_quiesce0;
     int64_t         step;       /* step running (1-based) */
     double          loss_sum, scored, grad_norm, lr;
     uint64_t        t0, t_step0, t_phase0;
@@ -206,6 +208,8 @@ static bt_status_t book_write(driver_t *d)
     return BT_OK;
 }
 
+static void finish(driver_t *d);
+
 static void watch_fire(actor_t *self, actor_timer_t *t)
 {
     (void)t;
@@ -247,6 +251,12 @@ static void watch_fire(actor_t *self, actor_timer_t *t)
                 return;
             }
         }
+    }
+    if (d->phase == DRV_QUIESCING && (double)(now - d->t_quiesce0) * 1e-9 > 5.0) {
+        log_warn("driver: %d of %d ranks acknowledged the end of the job within 5 s; stopping all",
+                 d->n_quiesced, d->world);
+        finish(d);
+        return;
     }
     if ((d->phase == DRV_RUNNING || d->phase == DRV_EVAL) &&
         (double)(now - d->t_step0) * 1e-9 > d->step_timeout_s)
@@ -306,11 +316,23 @@ static int msg_rank(driver_t *d, actor_msg_t *m)
     return r;
 }
 
-static void done(driver_t *d)
+/* A normal end takes two phases, so that no rank tears its links down while
+ * another still counts a closing peer as a failure: every rank first
+ * quiesces (and says so), then all are told to stop. */
+static void finish(driver_t *d)
 {
     d->phase = DRV_DONE;
     send_all(d, MSG_STOP, 0, d->step, BT_OK, "job finished");
     actor_router_stop_request(d->rt, BT_OK);
+}
+
+static void done(driver_t *d)
+{
+    d->phase = DRV_QUIESCING;
+    d->n_quiesced = 0;
+    d->t_quiesce0 = clock_now_ns();
+    actor_router_quiesce(d->rt);
+    send_all(d, MSG_STOP, 0, d->step, BT_IN_PROGRESS, "job finishing");
 }
 
 static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
@@ -324,6 +346,8 @@ static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
         d->t0 = clock_now_ns();
         if (d->eval_only) eval_start(d);
         else step_start(d, 1);
+    } else if (state == STAGE_ST_QUIESCED && d->phase == DRV_QUIESCING) {
+        if (++d->n_quiesced == d->world) finish(d);
     } else if (state == STAGE_ST_EXPORTED && ++d->n_exported == d->world) {
         for (int i = 0; i < d->full->n_params; i++)
             if (!d->received[i]) {

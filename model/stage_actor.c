@@ -510,6 +510,17 @@ static actor_ret_t stage_on_stop(actor_t *self, actor_msg_t *m)
 {
     stage_actor_t *s = (stage_actor_t *)self;
     bt_status_t st = (bt_status_t)m->body.stop.status;
+    if (st == BT_IN_PROGRESS) {
+        /* first phase of a normal end: stop treating peer closes as failures,
+         * tell the driver, and wait for the final STOP */
+        actor_router_quiesce(s->cfg.rt);
+        actor_msg_t *a = actor_msg_new(MSG_HEARTBEAT);
+        if (!a) { fail(s, BT_ERR_NOMEM, "quiesce reply"); return ACTOR_DONE; }
+        a->body.heartbeat = (msg_heartbeat_t){.t_ns = clock_now_ns(), .rank = (uint32_t)s->cfg.rank,
+                                              .state = STAGE_ST_QUIESCED, .step = s->step};
+        actor_send(self, s->cfg.driver, a);
+        return ACTOR_DONE;
+    }
     if (st) log_info("rank %d: stopped by the driver: %s", s->cfg.rank, m->body.stop.why);
     actor_router_stop_request(s->cfg.rt, st);
     return ACTOR_DONE;

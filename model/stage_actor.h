@@ -50,6 +50,7 @@ enum {
     STAGE_ST_ALIVE    = 1,
     STAGE_ST_READY    = 2,
     STAGE_ST_EXPORTED = 3,
+    STAGE_ST_QUIESCED = 4, /* answered a STOP with status IN_PROGRESS (job ending) */
     STAGE_CMD_STEP    = 0x5354,
     STAGE_CMD_EXPORT  = 0x4558,
     STAGE_CMD_EVAL    = 0x4556,

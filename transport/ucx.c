@@ -717,11 +717,13 @@ static void ucx_rx_start(ucx_ep_t *ep, ucx_rx_t *r)
 static void ucx_ep_dispatch(ucx_ep_t *ep)
 {
     ucx_xport_t *x = ep->x;
-    if (ep->fail_pending != BT_OK && ep->state != UEP_DEAD) {
-        if (ep->fail_ucs != UCS_OK)
-            ucx_ep_fail(ep, ep->fail_pending, "UCX reports the endpoint failed: %s",
-                        ucs_status_string(ep->fail_ucs));
-        else if (ep->fail_pending == BT_ERR_PEER_PROTO)
+    /* A peer that closed or died may have sent frames that are already here
+     * (eager data UCX holds for us): deliver those first, as tcp delivers the
+     * bytes before the FIN, then report the failure. A collective whose peer
+     * finished and exited otherwise lost that peer's last frames. */
+    bool peer_gone = ep->fail_pending != BT_OK && ep->fail_ucs != UCS_OK;
+    if (ep->fail_pending != BT_OK && !peer_gone && ep->state != UEP_DEAD) {
+        if (ep->fail_pending == BT_ERR_PEER_PROTO)
             ucx_ep_fail(ep, ep->fail_pending, "frame of %zu+%zu bytes exceeds the limit (hdr %u, frame %zu)",
                         ep->bad_hdr, ep->bad_len, XPORT_HDR_MAX, x->cfg.max_frame);
         else
@@ -743,7 +745,10 @@ static void ucx_ep_dispatch(ucx_ep_t *ep)
         }
         if (!r->started) ucx_rx_start(ep, r);
         if (ep->state == UEP_DEAD) return; /* alloc() closed it */
-        if (!r->ready) return;             /* rendezvous still moving */
+        if (!r->ready) {                   /* rendezvous still moving */
+            if (peer_gone) break;          /* ... and never will */
+            return;
+        }
         ep->rx_head = r->next;
         if (!ep->rx_head) ep->rx_tail = NULL;
         if (r->status != BT_OK) {
@@ -763,6 +768,9 @@ static void ucx_ep_dispatch(ucx_ep_t *ep)
         if (x->cfg.cbs.recv) x->cfg.cbs.recv(x->cfg.cbs.arg, &ep->base, &r->rx);
         else ucx_rx_release(&r->rx);
     }
+    if (peer_gone && ep->state != UEP_DEAD)
+        ucx_ep_fail(ep, ep->fail_pending, "UCX reports the endpoint failed: %s",
+                    ucs_status_string(ep->fail_ucs));
 }
 
 static ucx_ep_t *ucx_ep_new(ucx_xport_t *x, bool is_server)
