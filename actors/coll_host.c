@@ -203,7 +203,7 @@ static void coll_poll_cb(struct ev_loop *loop, ev_timer *w, int revents)
  * nothing else to do, so it first spins on the transport's progress for a
  * few microseconds (a reply often arrives within them), then sleeps in the
  * loop with a 1 ms progress tick. The tick is not an optimisation: a
- * transport whose wake-up fd can miss an event (UCX's shared-memory path was
+ * transport whose wake-up fd can miss an event (UCX's worker event fd was
  * seen to, leaving two ranks asleep in different collectives) is still
  * progressed, so a collective can be slow but never silently stuck. */
 static bt_status_t coll_wait_once(coll_host_t *c)

@@ -221,7 +221,7 @@ static void test_interleaved(void)
 }
 /* Every edge class over UCX: control, pipeline, and the data-parallel and
  * tensor-parallel collectives. (The collectives once hung here now and then:
- * UCX's shared-memory wake-up can miss an event; coll_host now progresses on
+ * UCX's worker event fd can miss a wake-up; coll_host now progresses on
  * a 1 ms tick while it waits.) */
 static void test_ucx(void)
 {
