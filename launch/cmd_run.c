@@ -64,35 +64,14 @@ static bt_status_t model_export(const model_t *m, const char *dir, int64_t step)
     return st;
 }
 
-typedef struct {
-    double *x, *y;
-    int n, cap;
-} series_t;
-
-static void series_push(series_t *s, double x, double y)
-{
-    if (s->n == s->cap) {
-        int cap = s->cap ? 2 * s->cap : 256;
-        double *nx = realloc(s->x, (size_t)cap * sizeof *nx);
-        if (!nx) return;
-        s->x = nx;
-        double *ny = realloc(s->y, (size_t)cap * sizeof *ny);
-        if (!ny) return;
-        s->y = ny;
-        s->cap = cap;
-    }
-    s->x[s->n] = x;
-    s->y[s->n++] = y;
-}
-
 static bt_status_t eval_report(train_t *t, FILE *metrics, int64_t step,
-                               series_t *val_curve, double *loss, double *ppl)
+                               plot_curve_t *val_curve, double *loss, double *ppl)
 {
     bt_status_t st = train_eval(t, loss, ppl);
     if (st) return st;
     printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)step, *loss, *ppl);
     fflush(stdout);
-    series_push(val_curve, (double)step, *loss);
+    plot_curve_push(val_curve, (double)step, *loss);
     if (metrics) {
         fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.7g, \"val_ppl\": %.7g}\n",
                 (long long)step, *loss, *ppl);
@@ -148,7 +127,7 @@ int cmd_run(int argc, char **argv)
     model_t *m = NULL;
     train_t *t = NULL;
     FILE *metrics = NULL;
-    series_t curve = {0}, val_curve = {0};
+    plot_curve_t curve = {0}, val_curve = {0};
     uint32_t data_vocab = 0, val_vocab = 0;
     if (job.data.val_dir[0]) {
         if (run_stream_load(job.data.dir, &tokens, &n_train, &data_vocab)) goto out;
@@ -209,7 +188,7 @@ int cmd_run(int argc, char **argv)
         double elapsed = (double)(clock_now_ns() - t0) * 1e-9;
         double tps = (double)tokens_done / train_seconds;
         double eta = elapsed / (double)info.step * (double)(tc.steps - info.step);
-        series_push(&curve, (double)info.step, info.loss);
+        plot_curve_push(&curve, (double)info.step, info.loss);
         if (metrics) {
             fprintf(metrics, "{\"step\": %lld, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, "
                              "\"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
@@ -243,17 +222,15 @@ int cmd_run(int argc, char **argv)
         printf("model written to %s (HF format)\n", job.checkpoint.dir);
     }
     if (job.metrics.plot[0]) {
-        plot_series_t tr = {curve.x, curve.y, curve.n}, va = {val_curve.x, val_curve.y, val_curve.n};
+        plot_series_t tr = plot_curve_view(&curve), va = plot_curve_view(&val_curve);
         if (plot_loss_png(job.metrics.plot, &tr, &va, NULL)) goto out;
         printf("loss curve written to %s\n", job.metrics.plot);
     }
     rc = 0;
 out:
     if (metrics) fclose(metrics);
-    free(curve.x);
-    free(curve.y);
-    free(val_curve.x);
-    free(val_curve.y);
+    plot_curve_free(&curve);
+    plot_curve_free(&val_curve);
     train_destroy(t);
     model_destroy(m);
     free(tokens);

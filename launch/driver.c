@@ -36,29 +36,6 @@ typedef enum {
     DRV_FAILING,
 } drv_phase_t;
 
-/* Loss points for metrics.plot; a failed growth drops the point (the picture
- * is a convenience, the metrics file has every value). */
-typedef struct {
-    double *x, *y;
-    int n, cap;
-} drv_curve_t;
-
-static void drv_curve_push(drv_curve_t *c, double x, double y)
-{
-    if (c->n == c->cap) {
-        int cap = c->cap ? 2 * c->cap : 256;
-        double *nx = realloc(c->x, (size_t)cap * sizeof *nx);
-        if (!nx) return;
-        c->x = nx;
-        double *ny = realloc(c->y, (size_t)cap * sizeof *ny);
-        if (!ny) return;
-        c->y = ny;
-        c->cap = cap;
-    }
-    c->x[c->n] = x;
-    c->y[c->n++] = y;
-}
-
 typedef struct {
     actor_t        a; /* first */
     actor_router_t *rt;
@@ -81,7 +58,7 @@ typedef struct {
     double          eval_loss;  /* result of the last evaluation */
     int64_t         eval_tokens;
     FILE           *metrics;
-    drv_curve_t     curve, val_curve; /* for metrics.plot */
+    plot_curve_t    curve, val_curve; /* for metrics.plot */
     model_t        *full;       /* export target */
     bool           *received;   /* [full->n_params] */
     actor_timer_t   watch, diag;
@@ -397,7 +374,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
             return ACTOR_DONE;
         }
         printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)d->step, vloss, exp(vloss));
-        drv_curve_push(&d->val_curve, (double)d->step, vloss);
+        plot_curve_push(&d->val_curve, (double)d->step, vloss);
         if (d->metrics) {
             fprintf(d->metrics, "{\"step\": %lld, \"val_loss\": %.7g, \"val_ppl\": %.7g}\n",
                     (long long)d->step, vloss, exp(vloss));
@@ -415,7 +392,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
         return ACTOR_DONE;
     }
     d->tokens_done += (int64_t)d->scored;
-    drv_curve_push(&d->curve, (double)d->step, loss);
+    plot_curve_push(&d->curve, (double)d->step, loss);
     double elapsed = (double)(clock_now_ns() - d->t0) * 1e-9;
     double tps = (double)d->tokens_done / elapsed;
     double eta = elapsed / (double)d->step * (double)(steps - d->step);
@@ -858,8 +835,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         }
     }
     if (st == BT_OK && !ev && job->metrics.plot[0] && d.curve.n > 0) {
-        plot_series_t tr = {d.curve.x, d.curve.y, d.curve.n};
-        plot_series_t va = {d.val_curve.x, d.val_curve.y, d.val_curve.n};
+        plot_series_t tr = plot_curve_view(&d.curve), va = plot_curve_view(&d.val_curve);
         if ((st = plot_loss_png(job->metrics.plot, &tr, &va, NULL)) == BT_OK)
             printf("loss curve written to %s\n", job->metrics.plot);
     }
@@ -882,10 +858,8 @@ destroy_router:
     actor_router_destroy(rt);
     free(d.last_seen);
     free(d.received);
-    free(d.curve.x);
-    free(d.curve.y);
-    free(d.val_curve.x);
-    free(d.val_curve.y);
+    plot_curve_free(&d.curve);
+    plot_curve_free(&d.val_curve);
     model_destroy(d.full);
 remove_dir:
     trace_stop();

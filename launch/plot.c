@@ -181,3 +181,31 @@ bt_status_t plot_loss_png(const char *path, const plot_series_t *train, const pl
     free(c.rgb);
     return st;
 }
+
+void plot_curve_push(plot_curve_t *c, double x, double y)
+{
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 256;
+        double *nx = realloc(c->x, (size_t)cap * sizeof *nx);
+        if (!nx) return;
+        c->x = nx;
+        double *ny = realloc(c->y, (size_t)cap * sizeof *ny);
+        if (!ny) return;
+        c->y = ny;
+        c->cap = cap;
+    }
+    c->x[c->n] = x;
+    c->y[c->n++] = y;
+}
+
+plot_series_t plot_curve_view(const plot_curve_t *c)
+{
+    return (plot_series_t){c->x, c->y, c->n};
+}
+
+void plot_curve_free(plot_curve_t *c)
+{
+    free(c->x);
+    free(c->y);
+    *c = (plot_curve_t){0};
+}

@@ -15,6 +15,18 @@ typedef struct {
     int n;
 } plot_series_t;
 
+/* A growing series of points, as a training run collects them. A failed
+ * growth drops the point: the picture is a convenience, the metrics file has
+ * every value. */
+typedef struct {
+    double *x, *y;
+    int n, cap;
+} plot_curve_t;
+
+void          plot_curve_push(plot_curve_t *c, double x, double y);
+plot_series_t plot_curve_view(const plot_curve_t *c);
+void          plot_curve_free(plot_curve_t *c);
+
 typedef struct {
     int width, height;    /* pixels; 0 = 640 x 400 */
     int margin;           /* pixels around the plot area; 0 = 40 */
