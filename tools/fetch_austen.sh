@@ -12,7 +12,9 @@
 # the package works: callers treat that as a failure, never as a skip.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-DATADIR=${1:-$ROOT/data}
+# absolute: the download runs inside $RAW, and a relative DATADIR (as
+# tools/run-default-job.sh passes) would then name the wrong place
+DATADIR=$(mkdir -p "${1:-$ROOT/data}" && cd "${1:-$ROOT/data}" && pwd)
 PKG=r-cran-janeaustenr
 RAW=$DATADIR/raw
 OUT=$DATADIR/austen
