@@ -44,15 +44,6 @@ static bool layout_supported(const job_t *job)
     return false;
 }
 
-static void eta_fmt(char *buf, size_t len, double s)
-{
-    if (!isfinite(s) || s < 0) s = 0;
-    long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else if (t >= 60) snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, len, "%lds", t);
-}
-
 /* Hugging Face directory (config.json + model.safetensors) that
  * `baton eval --model DIR` and transformers can load. */
 static bt_status_t model_export(const model_t *m, const char *dir, int64_t step)
@@ -189,21 +180,12 @@ int cmd_run(int argc, char **argv)
         double tps = (double)tokens_done / train_seconds;
         double eta = elapsed / (double)info.step * (double)(tc.steps - info.step);
         plot_curve_push(&curve, (double)info.step, info.loss);
-        if (metrics) {
-            fprintf(metrics, "{\"step\": %lld, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, "
-                             "\"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
-                    (long long)info.step, info.loss, info.lr, info.grad_norm,
-                    (long long)tokens_done, tps, elapsed);
-            fflush(metrics);
-        }
-        if (!quiet && (info.step == 1 || info.step % job.train.log_every == 0 || info.step == tc.steps)) {
-            char etab[32];
-            eta_fmt(etab, sizeof etab, eta);
-            printf("step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | ETA %s\n",
-                   (long long)info.step, (long long)tc.steps, info.loss, info.lr, info.grad_norm,
-                   tps, etab);
-            fflush(stdout);
-        }
+        run_step_report_t rep = {.step = info.step, .steps = tc.steps, .tokens = tokens_done,
+                                 .loss = info.loss, .lr = info.lr, .grad_norm = info.grad_norm,
+                                 .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta};
+        run_metrics_write(metrics, &rep);
+        if (!quiet && (info.step == 1 || info.step % job.train.log_every == 0 || info.step == tc.steps))
+            run_progress_print(&rep);
         if (n_val > tc.seq_len && job.train.eval_every && info.step % job.train.eval_every == 0 &&
             info.step != tc.steps)
             if (eval_report(t, metrics, info.step, &val_curve, &vloss, &vppl)) goto out;

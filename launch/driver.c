@@ -336,15 +336,6 @@ static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
     return ACTOR_DONE;
 }
 
-static void eta_fmt(char *buf, size_t len, double s)
-{
-    if (!isfinite(s) || s < 0) s = 0;
-    long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, len, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else if (t >= 60) snprintf(buf, len, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, len, "%lds", t);
-}
-
 static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
 {
     driver_t *d = (driver_t *)self;
@@ -396,19 +387,12 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
     double elapsed = (double)(clock_now_ns() - d->t0) * 1e-9;
     double tps = (double)d->tokens_done / elapsed;
     double eta = elapsed / (double)d->step * (double)(steps - d->step);
-    if (d->metrics) {
-        fprintf(d->metrics, "{\"step\": %lld, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, "
-                            "\"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
-                (long long)d->step, loss, d->lr, d->grad_norm, (long long)d->tokens_done, tps, elapsed);
-        fflush(d->metrics);
-    }
-    if (!d->quiet && (d->step == 1 || d->step % d->job->train.log_every == 0 || d->step == steps)) {
-        char etab[32];
-        eta_fmt(etab, sizeof etab, eta);
-        printf("step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | ETA %s\n",
-               (long long)d->step, (long long)steps, loss, d->lr, d->grad_norm, tps, etab);
-        fflush(stdout);
-    }
+    run_step_report_t rep = {.step = d->step, .steps = steps, .tokens = d->tokens_done,
+                             .loss = loss, .lr = d->lr, .grad_norm = d->grad_norm,
+                             .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta};
+    run_metrics_write(d->metrics, &rep);
+    if (!d->quiet && (d->step == 1 || d->step % d->job->train.log_every == 0 || d->step == steps))
+        run_progress_print(&rep);
     next_after(d, false);
     return ACTOR_DONE;
 }

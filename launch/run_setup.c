@@ -1,6 +1,7 @@
 #include "launch/run_setup.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,4 +193,28 @@ bt_status_t run_parent_make(const char *path)
     char dir[JOB_PATH_MAX];
     snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
     return run_dir_make(dir);
+}
+
+void run_metrics_write(FILE *f, const run_step_report_t *r)
+{
+    if (!f) return;
+    fprintf(f, "{\"step\": %lld, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, "
+               "\"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+            (long long)r->step, r->loss, r->lr, r->grad_norm, (long long)r->tokens, r->tokens_per_s,
+            r->elapsed_s);
+    fflush(f);
+}
+
+void run_progress_print(const run_step_report_t *r)
+{
+    double s = r->eta_s;
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    char eta[32];
+    if (t >= 3600) snprintf(eta, sizeof eta, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(eta, sizeof eta, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(eta, sizeof eta, "%lds", t);
+    printf("step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | ETA %s\n",
+           (long long)r->step, (long long)r->steps, r->loss, r->lr, r->grad_norm, r->tokens_per_s, eta);
+    fflush(stdout);
 }

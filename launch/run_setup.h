@@ -5,6 +5,7 @@
 #define BT_LAUNCH_RUN_SETUP_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/status.h"
 #include "launch/job.h"
@@ -31,6 +32,16 @@ void run_train_config(const job_t *job, train_config_t *out);
 
 /* mkdir -p DIR; the directory part of an output file PATH, created when
  * missing. BT_ERR_IO (logged) when a level cannot be created. */
+/* One training step's report, the same for single- and multi-process runs:
+ * the metrics JSON line (when f is non-NULL) and the progress line. */
+typedef struct {
+    int64_t step, steps, tokens; /* tokens done so far */
+    double  loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s;
+} run_step_report_t;
+
+void run_metrics_write(FILE *f, const run_step_report_t *r);
+void run_progress_print(const run_step_report_t *r);
+
 bt_status_t run_dir_make(const char *dir);
 bt_status_t run_parent_make(const char *path);
 
