@@ -6,162 +6,44 @@
  * the sequential reference, which makes any misplaced chunk visible. */
 #include "actors/coll.h"
 #include "base/log.h"
+#include "tests/helpers/group.h"
 #include "tests/test.h"
 
-#include <pthread.h>
 #include <signal.h>
-#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-static const uint8_t secret[32] = "coll-test-secret-0123456789abcd";
+/* ---- group runner ----------------------------------------------------------- */
 
 static float in_f32(int rank, size_t i)
 {
     return (float)((int)((rank * 7919u + i * 104729u) % 1001u) - 500) / 64.0f;
 }
 
-/* ---- group runner ----------------------------------------------------------- */
-
-typedef int (*coll_body_fn)(coll_comm_t *c, void *arg); /* returns failures */
-
-typedef struct {
-    xport_kind_t kind;
-    int rank, size;
-    unsigned timeout_ms;
-    coll_body_fn body;
-    void *arg;
-    char (*addrs)[XPORT_ADDR_MAX];
-    pthread_barrier_t *bar;
-    int failures;
-} coll_thread_t;
-
-static int coll_rank_run(coll_thread_t *t, coll_comm_t *c)
+static test_group_t coll_group(xport_kind_t kind, int n, unsigned timeout_ms)
 {
-    int f = t->body(c, t->arg);
-    coll_destroy(c);
-    return f;
+    return (test_group_t){.job_id = "coll-test", .comm_id = 7, .kind = kind, .size = n,
+                          .timeout_ms = timeout_ms, .segment_bytes = 1 << 20, .kill_rank = -1};
 }
 
-static coll_host_config_t coll_cfg(xport_kind_t kind, int rank, int size, unsigned timeout_ms)
+static int run_threads(xport_kind_t kind, int n, unsigned timeout_ms, test_group_body_fn body,
+                       void *arg)
 {
-    return (coll_host_config_t){.rank = rank, .size = size, .comm_id = 7, .name = "test",
-                                .kind = kind, .job_id = "coll-test", .secret = secret,
-                                .secret_len = sizeof secret, .timeout_ms = timeout_ms,
-                                .segment_bytes = 1 << 20};
+    test_group_t g = coll_group(kind, n, timeout_ms);
+    return test_group_threads(&g, body, arg);
 }
 
-static void *coll_thread_main(void *p)
+/* Forked ranks; `kill_rank` (>= 0) gets SIGKILL `kill_after_ms` after start. */
+static int run_procs(xport_kind_t kind, int n, unsigned timeout_ms, test_group_body_fn body,
+                     void *arg, int kill_rank, int kill_after_ms)
 {
-    coll_thread_t *t = p;
-    coll_host_config_t cfg = coll_cfg(t->kind, t->rank, t->size, t->timeout_ms);
-    coll_comm_t *c = NULL;
-    if (coll_host_open(&cfg, &c, t->addrs[t->rank], XPORT_ADDR_MAX)) {
-        t->failures = 1;
-        pthread_barrier_wait(t->bar);
-        return NULL;
-    }
-    pthread_barrier_wait(t->bar);
-    const char *a[64];
-    for (int j = 0; j < t->size; j++) a[j] = t->addrs[j];
-    if (coll_host_connect(c, a)) {
-        t->failures = 1;
-        coll_destroy(c);
-        return NULL;
-    }
-    t->failures = coll_rank_run(t, c);
-    return NULL;
+    test_group_t g = coll_group(kind, n, timeout_ms);
+    g.kill_rank = kill_rank;
+    g.kill_after_ms = kill_after_ms;
+    return test_group_procs(&g, body, arg);
 }
 
-static int run_threads(xport_kind_t kind, int n, unsigned timeout_ms, coll_body_fn body, void *arg)
-{
-    char addrs[64][XPORT_ADDR_MAX];
-    pthread_barrier_t bar;
-    pthread_barrier_init(&bar, NULL, (unsigned)n);
-    coll_thread_t t[64];
-    pthread_t th[64];
-    for (int r = 0; r < n; r++) {
-        t[r] = (coll_thread_t){.kind = kind, .rank = r, .size = n, .timeout_ms = timeout_ms,
-                               .body = body, .arg = arg, .addrs = addrs, .bar = &bar};
-        pthread_create(&th[r], NULL, coll_thread_main, &t[r]);
-    }
-    int f = 0;
-    for (int r = 0; r < n; r++) {
-        pthread_join(th[r], NULL);
-        f += t[r].failures;
-    }
-    pthread_barrier_destroy(&bar);
-    return f;
-}
-
-static int read_full(int fd, void *buf, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t k = read(fd, (char *)buf + got, n - got);
-        if (k <= 0) return -1;
-        got += (size_t)k;
-    }
-    return 0;
-}
-
-/* Forked ranks; addresses travel over pipes through the parent. Each child's
- * exit status is its failure count. A child listed in `kill_rank` gets
- * SIGKILL from the parent after `kill_after_ms`. */
-static int run_procs(xport_kind_t kind, int n, unsigned timeout_ms, coll_body_fn body, void *arg,
-                     int kill_rank, int kill_after_ms)
-{
-    int up[64][2], down[64][2];
-    pid_t pid[64];
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < n; r++) {
-        if (pipe(up[r]) || pipe(down[r])) return 100;
-        pid[r] = fork();
-        if (pid[r] == 0) {
-            char tag[16];
-            snprintf(tag, sizeof tag, "rank%d", r);
-            log_set_tag(tag);
-            coll_host_config_t cfg = coll_cfg(kind, r, n, timeout_ms);
-            coll_comm_t *c = NULL;
-            char addrs[64][XPORT_ADDR_MAX];
-            memset(addrs, 0, sizeof addrs);
-            if (coll_host_open(&cfg, &c, addrs[r], XPORT_ADDR_MAX)) _exit(50);
-            if (write(up[r][1], addrs[r], XPORT_ADDR_MAX) != XPORT_ADDR_MAX) _exit(51);
-            if (read_full(down[r][0], addrs, (size_t)n * XPORT_ADDR_MAX)) _exit(52);
-            const char *a[64];
-            for (int j = 0; j < n; j++) a[j] = addrs[j];
-            if (coll_host_connect(c, a)) _exit(53);
-            int f = body(c, arg);
-            coll_destroy(c);
-            _exit(f > 40 ? 40 : f);
-        }
-    }
-    char addrs[64][XPORT_ADDR_MAX];
-    for (int r = 0; r < n; r++)
-        if (read_full(up[r][0], addrs[r], XPORT_ADDR_MAX)) return 101;
-    for (int r = 0; r < n; r++)
-        if (write(down[r][1], addrs, (size_t)n * XPORT_ADDR_MAX) < 0) return 102;
-    if (kill_rank >= 0) {
-        usleep((useconds_t)kill_after_ms * 1000);
-        kill(pid[kill_rank], SIGKILL);
-    }
-    int fails = 0;
-    for (int r = 0; r < n; r++) {
-        int status;
-        waitpid(pid[r], &status, 0);
-        close(up[r][0]); close(up[r][1]); close(down[r][0]); close(down[r][1]);
-        if (r == kill_rank) continue;
-        if (!WIFEXITED(status)) {
-            fprintf(stderr, "rank %d died (signal %d)\n", r, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-            fails++;
-        } else {
-            fails += WEXITSTATUS(status);
-        }
-    }
-    return fails;
-}
-
-static int run_group(xport_kind_t kind, int n, coll_body_fn body, void *arg)
+static int run_group(xport_kind_t kind, int n, test_group_body_fn body, void *arg)
 {
     if (kind == XPORT_INPROC) return run_threads(kind, n, 20000, body, arg);
     return run_procs(kind, n, 20000, body, arg, -1, 0);

@@ -9,11 +9,9 @@
  * of the unsharded init, replicated gradients are bit-identical across the
  * group and counted once, pipeline stages under TP, errors naming the
  * field, and a dead TP peer failing the step instead of hanging it. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "actors/coll.h"
@@ -22,6 +20,7 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "tests/helpers/capture.h"
+#include "tests/helpers/group.h"
 #include "tests/test.h"
 
 #define FIX "tests/fixtures/"
@@ -29,131 +28,28 @@
 #define GRAD_RTOL 1e-5
 #define MAX_TP 8
 
-static const uint8_t tp_secret[32] = "model-tp-test-secret-0123456789";
-
 /* ---- a TP group of ranks ------------------------------------------------------ */
 
-typedef int (*tp_body_fn)(coll_comm_t *c, void *arg); /* returns failures */
+typedef test_group_body_fn tp_body_fn;
 
-static coll_host_config_t tp_comm_cfg(xport_kind_t kind, int rank, int size, unsigned timeout_ms)
+static test_group_t tp_group(xport_kind_t kind, int n, unsigned timeout_ms)
 {
-    return (coll_host_config_t){.rank = rank, .size = size, .comm_id = 3, .name = "tp",
-                                .kind = kind, .job_id = "model-tp-test", .secret = tp_secret,
-                                .secret_len = sizeof tp_secret, .timeout_ms = timeout_ms};
-}
-
-typedef struct {
-    int rank, size;
-    tp_body_fn body;
-    void *arg;
-    char (*addrs)[XPORT_ADDR_MAX];
-    pthread_barrier_t *bar;
-    int failures;
-} tp_thread_t;
-
-static void *tp_thread_main(void *p)
-{
-    tp_thread_t *t = p;
-    coll_host_config_t cfg = tp_comm_cfg(XPORT_INPROC, t->rank, t->size, 20000);
-    coll_comm_t *c = NULL;
-    bool opened = coll_host_open(&cfg, &c, t->addrs[t->rank], XPORT_ADDR_MAX) == BT_OK;
-    pthread_barrier_wait(t->bar); /* every address is known past this point */
-    if (!opened) {
-        t->failures = 1;
-        return NULL;
-    }
-    const char *a[MAX_TP];
-    for (int j = 0; j < t->size; j++) a[j] = t->addrs[j];
-    t->failures = coll_host_connect(c, a) == BT_OK ? t->body(c, t->arg) : 1;
-    coll_destroy(c);
-    return NULL;
+    return (test_group_t){.job_id = "model-tp-test", .comm_id = 3, .kind = kind, .size = n,
+                          .timeout_ms = timeout_ms, .kill_rank = -1};
 }
 
 /* Ranks as threads over inproc. */
 static int tp_run_threads(int n, tp_body_fn body, void *arg)
 {
-    char addrs[MAX_TP][XPORT_ADDR_MAX];
-    pthread_barrier_t bar;
-    tp_thread_t t[MAX_TP];
-    pthread_t th[MAX_TP];
-    pthread_barrier_init(&bar, NULL, (unsigned)n);
-    for (int r = 0; r < n; r++) {
-        t[r] = (tp_thread_t){.rank = r, .size = n, .body = body, .arg = arg, .addrs = addrs,
-                             .bar = &bar};
-        pthread_create(&th[r], NULL, tp_thread_main, &t[r]);
-    }
-    int f = 0;
-    for (int r = 0; r < n; r++) {
-        pthread_join(th[r], NULL);
-        f += t[r].failures;
-    }
-    pthread_barrier_destroy(&bar);
-    return f;
+    test_group_t g = tp_group(XPORT_INPROC, n, 20000);
+    return test_group_threads(&g, body, arg);
 }
 
-static int read_all(int fd, void *buf, size_t n)
-{
-    for (size_t got = 0; got < n;) {
-        ssize_t k = read(fd, (char *)buf + got, n - got);
-        if (k <= 0) return -1;
-        got += (size_t)k;
-    }
-    return 0;
-}
-
-/* Ranks as forked processes over tcp; addresses go up and down pipes
- * through the parent. A child's exit status is its failure count. */
+/* Ranks as forked processes over tcp. */
 static int tp_run_procs(int n, unsigned timeout_ms, tp_body_fn body, void *arg)
 {
-    int up[MAX_TP][2], down[MAX_TP][2];
-    pid_t pid[MAX_TP];
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < n; r++) {
-        if (pipe(up[r]) || pipe(down[r])) return 100;
-        pid[r] = fork();
-        if (pid[r] < 0) return 100;
-        if (pid[r] == 0) {
-            char tag[16], addrs[MAX_TP][XPORT_ADDR_MAX];
-            snprintf(tag, sizeof tag, "tp%d", r);
-            log_set_tag(tag);
-            memset(addrs, 0, sizeof addrs);
-            coll_host_config_t cfg = tp_comm_cfg(XPORT_TCP, r, n, timeout_ms);
-            coll_comm_t *c = NULL;
-            if (coll_host_open(&cfg, &c, addrs[r], XPORT_ADDR_MAX) != BT_OK) _exit(50);
-            if (write(up[r][1], addrs[r], XPORT_ADDR_MAX) != XPORT_ADDR_MAX) _exit(51);
-            if (read_all(down[r][0], addrs, (size_t)n * XPORT_ADDR_MAX)) _exit(52);
-            const char *a[MAX_TP];
-            for (int j = 0; j < n; j++) a[j] = addrs[j];
-            if (coll_host_connect(c, a) != BT_OK) _exit(53);
-            int f = body(c, arg);
-            coll_destroy(c);
-            _exit(f > 40 ? 40 : f);
-        }
-    }
-    char addrs[MAX_TP][XPORT_ADDR_MAX];
-    int fails = 0;
-    for (int r = 0; r < n; r++)
-        if (read_all(up[r][0], addrs[r], XPORT_ADDR_MAX)) fails = 101;
-    for (int r = 0; r < n && !fails; r++)
-        if (write(down[r][1], addrs, (size_t)n * XPORT_ADDR_MAX) < 0) fails = 102;
-    for (int r = 0; r < n; r++) {
-        if (fails) close(down[r][1]); /* children blocked on the pipe give up */
-        int status;
-        waitpid(pid[r], &status, 0);
-        close(up[r][0]);
-        close(up[r][1]);
-        close(down[r][0]);
-        if (!fails) close(down[r][1]);
-        if (!WIFEXITED(status)) {
-            fprintf(stderr, "TP rank %d died (signal %d)\n", r,
-                    WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-            fails++;
-        } else {
-            fails += WEXITSTATUS(status);
-        }
-    }
-    return fails;
+    test_group_t g = tp_group(XPORT_TCP, n, timeout_ms);
+    return test_group_procs(&g, body, arg);
 }
 
 /* ---- references --------------------------------------------------------------- */
