@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "base/log.h"
+#include "base/file.h"
 #include "ckpt/safetensors.h"
 
 /* ---- config.json ----------------------------------------------------------- */
@@ -312,51 +313,6 @@ free_root:
     return st;
 }
 
-/* Reads a whole small file (config, index) into a NUL-terminated buffer. */
-static bt_status_t hf_file_read(const char *path, char **buf, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        log_error("%s: cannot open: %s", path, strerror(errno));
-        return errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO;
-    }
-    bt_status_t st = BT_ERR_IO;
-    char *b = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            if (cap > (256u << 20)) {
-                log_error("%s: larger than 256 MB; not a config file", path);
-                st = BT_ERR_INVALID;
-                goto fail;
-            }
-            char *nb = realloc(b, cap);
-            if (!nb) {
-                st = BT_ERR_NOMEM;
-                goto fail;
-            }
-            b = nb;
-        }
-        size_t r = fread(b + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) {
-        log_error("%s: read error", path);
-        goto fail;
-    }
-    fclose(f);
-    b[n] = '\0';
-    *buf = b;
-    *len = n;
-    return BT_OK;
-fail:
-    free(b);
-    fclose(f);
-    return st;
-}
-
 static char *hf_path(const char *dir, const char *name)
 {
     size_t n = strlen(dir) + strlen(name) + 2;
@@ -377,7 +333,7 @@ bt_status_t ckpt_hf_config_load(const char *dir, model_config_t *out)
     if (!path) return BT_ERR_NOMEM;
     char *text;
     size_t len;
-    bt_status_t st = hf_file_read(path, &text, &len);
+    bt_status_t st = base_file_read(path, 256u << 20, &text, &len);
     if (st == BT_OK) {
         st = ckpt_hf_config_parse(text, len, path, out);
         free(text);
@@ -411,7 +367,7 @@ static bt_status_t hf_weights_open_index(const char *dir, const char *ipath, hf_
 {
     char *text;
     size_t len;
-    bt_status_t st = hf_file_read(ipath, &text, &len);
+    bt_status_t st = base_file_read(ipath, 256u << 20, &text, &len);
     if (st != BT_OK) return st;
     json_error_t jerr;
     json_t *root = json_loadb(text, len, 0, &jerr);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/file.h"
 #include "ckpt/gguf.h"
 #include "ckpt/hf.h"
 
@@ -170,35 +171,6 @@ close_file:
     return st;
 }
 
-/* Reads a whole file into a malloc'd buffer. */
-static bt_status_t source_file_read(const char *path, char **buf, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        log_error("%s: cannot open: %s", path, strerror(errno));
-        return BT_ERR_IO;
-    }
-    bt_status_t st = BT_ERR_IO;
-    char *b = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
-        b = malloc((size_t)n + 1);
-        if (!b) st = BT_ERR_NOMEM;
-        else if (fread(b, 1, (size_t)n, f) == (size_t)n) st = BT_OK;
-    }
-    if (st != BT_OK) {
-        log_error("%s: cannot read: %s", path, st == BT_ERR_NOMEM ? "out of memory" : strerror(errno));
-        free(b);
-        fclose(f);
-        return st;
-    }
-    fclose(f);
-    b[n] = '\0';
-    *buf = b;
-    *len = (size_t)n;
-    return BT_OK;
-}
-
 static bt_status_t gguf_tokenizer_load(const char *path, tok_t **out, ckpt_source_special_t *sp)
 {
     gguf_t *g;
@@ -221,7 +193,7 @@ static bt_status_t gguf_tokenizer_load(const char *path, tok_t **out, ckpt_sourc
     close(fd);
     char *json = NULL;
     size_t len = 0;
-    if ((st = gguf_tokenizer_write_json(g, tmp)) == BT_OK) st = source_file_read(tmp, &json, &len);
+    if ((st = gguf_tokenizer_write_json(g, tmp)) == BT_OK) st = base_file_read(tmp, 0, &json, &len);
     unlink(tmp);
     if (st != BT_OK) goto close_file;
     st = tok_load_json(json, len, out);

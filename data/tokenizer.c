@@ -11,6 +11,7 @@
 #include "data/unicode.h"
 
 #include "base/log.h"
+#include "base/file.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -1441,36 +1442,6 @@ static bt_status_t tok_normalize_added(tok_t *tok)
     return BT_OK;
 }
 
-static bt_status_t tok_read_file(const char *path, char **buf, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        log_error("tokenizer: cannot open %s: %s", path, strerror(errno));
-        return errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO;
-    }
-    struct stat sb;
-    if (fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode)) {
-        log_error("tokenizer: %s is not a regular file", path);
-        fclose(f);
-        return BT_ERR_IO;
-    }
-    char *b = malloc((size_t)sb.st_size + 1);
-    if (!b) {
-        fclose(f);
-        return BT_ERR_NOMEM;
-    }
-    size_t got = fread(b, 1, (size_t)sb.st_size, f);
-    fclose(f);
-    if (got != (size_t)sb.st_size) {
-        log_error("tokenizer: short read on %s", path);
-        free(b);
-        return BT_ERR_IO;
-    }
-    *buf = b;
-    *len = got;
-    return BT_OK;
-}
-
 /* json_path names the source in errors; with a real path, a
  * tokenizer_config.json beside it is consulted for BOS/EOS. */
 static bt_status_t tok_load_buffer(const char *buf, size_t len, const char *json_path,
@@ -1563,7 +1534,7 @@ bt_status_t tok_load(const char *path, tok_t **out)
         snprintf(json_path, sizeof json_path, "%s", path);
     char *buf;
     size_t len;
-    bt_status_t st = tok_read_file(json_path, &buf, &len);
+    bt_status_t st = base_file_read(json_path, 0, &buf, &len);
     if (st != BT_OK) return st;
     st = tok_load_buffer(buf, len, json_path, 1, out);
     free(buf);

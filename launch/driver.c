@@ -17,6 +17,7 @@
 #include "actors/trace.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/file.h"
 #include "ckpt/hf.h"
 #include "launch/graph.h"
 #include "launch/plot.h"
@@ -549,31 +550,6 @@ static bt_status_t file_write(const char *dir, const char *name, const void *dat
     return BT_OK;
 }
 
-static bt_status_t file_slurp(const char *path, char **out, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        log_error("driver: cannot read %s: %s", path, strerror(errno));
-        return BT_ERR_IO;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    size_t k;
-    while (buf && (k = fread(buf + len, 1, cap - len, f)) > 0) {
-        len += k;
-        if (len == cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) { free(buf); buf = NULL; }
-            buf = nb;
-        }
-    }
-    fclose(f);
-    if (!buf) return BT_ERR_NOMEM;
-    *out = buf;
-    *n = len;
-    return BT_OK;
-}
-
 static void run_dir_remove(const char *dir)
 {
     char p[1024];
@@ -856,7 +832,7 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
 {
     char *text = NULL;
     size_t len = 0;
-    if (file_slurp(job->path, &text, &len)) return 1;
+    if (base_file_read(job->path, 0, &text, &len)) return 1;
     int rc = driver_main(job, text, len, sets, n_sets, quiet, NULL);
     free(text);
     return rc;
