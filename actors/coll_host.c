@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 
 #define COLL_MAGIC      0x4c435442u /* "BTCL" little-endian */
@@ -81,6 +82,7 @@ typedef struct coll_host {
     coll_peer_t    *peers;
     int             nready;
     bt_status_t     failed;
+    bool            closing;      /* destroy has begun: no timer re-arms */
     uint64_t        seq;          /* sequence number of the current collective */
     coll_kind_t     kind;         /* kind of the current collective */
     unsigned        timeout_ms;
@@ -189,7 +191,7 @@ static void coll_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 static void coll_progress_mark(coll_host_t *c)
 {
-    ev_timer_again(c->loop, &c->timer);
+    if (!c->closing) ev_timer_again(c->loop, &c->timer);
 }
 
 static void coll_poll_cb(struct ev_loop *loop, ev_timer *w, int revents)
@@ -652,11 +654,16 @@ static void coll_host_destroy(coll_comm_t *comm)
             f = nx;
         }
     }
+    c->closing = true;
     ev_timer_stop(c->loop, &c->timer);
     ev_timer_stop(c->loop, &c->poll);
     if (c->x) xport_destroy(c->x);
-    /* let deferred completions (canceled sends) run before the loop goes */
-    while (c->sends_pending > 0 && ev_run(c->loop, EVRUN_NOWAIT)) {}
+    /* Let deferred completions (canceled sends) run before the loop goes,
+     * for a bounded time: an inproc peer that holds one of our zero-copy
+     * frames and is itself gone never completes it, and waiting for it (with
+     * a completion re-arming the timer) once spun here forever. */
+    uint64_t deadline = clock_now_ns() + 1000000000ull;
+    while (c->sends_pending > 0 && clock_now_ns() < deadline && ev_run(c->loop, EVRUN_NOWAIT)) {}
     ev_loop_destroy(c->loop);
     free(c->peers);
     free(c->stage);
