@@ -18,12 +18,13 @@ typedef enum { MF_U32, MF_U64, MF_I32, MF_I64, MF_F32, MF_F64, MF_STR } msg_fiel
 
 typedef struct {
     const char      *key;
+    uint32_t         key_len;
     msg_field_kind_t kind;
     size_t           off;
     size_t           size; /* MF_STR: capacity of the char array */
 } msg_field_t;
 
-#define MF(type, field, kind) {#field, kind, offsetof(type, field), sizeof(((type *)0)->field)}
+#define MF(type, field, kind) {#field, sizeof(#field) - 1, kind, offsetof(type, field), sizeof(((type *)0)->field)}
 
 static int msg_pack_key(msgpack_packer *pk, const char *s)
 {
@@ -165,6 +166,73 @@ static bt_status_t msg_fields_read(const msgpack_object *meta, void *body, const
     return BT_OK;
 }
 
+/* The fast twin of msg_fields_read: the meta map exactly as
+ * msg_fields_pack writes it (its keys, in table order, as exact bytes; no
+ * other key), read straight from the bytes. False defers to
+ * msg_fields_read, which names what is wrong. Values are converted the way
+ * msg_fields_read converts the object tree's, so the body is identical. */
+static bool msg_fields_read_raw(wire_rd_t *r, void *body, const msg_field_t *f, int n)
+{
+    uint32_t cnt;
+    if (!wire_rd_map(r, &cnt) || cnt != (uint32_t)n) return false;
+    uint8_t *b = body;
+    for (int i = 0; i < n; i++) {
+        uint32_t kl = f[i].key_len; /* < 32: a fixstr */
+        if ((size_t)(r->end - r->p) < 1 + kl || r->p[0] != (0xa0 | kl) || memcmp(r->p + 1, f[i].key, kl)) return false;
+        r->p += 1 + kl;
+        void *p = b + f[i].off;
+        bool neg, is32;
+        uint64_t v;
+        double d;
+        switch (f[i].kind) {
+        case MF_U32:
+            if (!wire_rd_uint(r, UINT32_MAX, &v)) return false;
+            { uint32_t x = (uint32_t)v; memcpy(p, &x, 4); }
+            break;
+        case MF_U64:
+            if (!wire_rd_uint(r, UINT64_MAX, &v)) return false;
+            memcpy(p, &v, 8);
+            break;
+        case MF_I32:
+            if (!wire_rd_int(r, &neg, &v) || (neg ? (int64_t)v < INT32_MIN : v > INT32_MAX)) return false;
+            { int32_t x = (int32_t)v; memcpy(p, &x, 4); }
+            break;
+        case MF_I64:
+            if (!wire_rd_int(r, &neg, &v) || (!neg && v > INT64_MAX)) return false;
+            memcpy(p, &v, 8);
+            break;
+        case MF_F64:
+            if (!wire_rd_float(r, &is32, &d)) return false;
+            memcpy(p, &d, 8);
+            break;
+        case MF_F32: {
+            if (!wire_rd_float(r, &is32, &d)) return false;
+            float x = (float)d;
+            /* The tree path widens a float32 to double and narrows it back,
+             * which quiets a signalling NaN; the compiler may fold that
+             * round trip here, so quiet it explicitly. */
+            if (isnan(x)) {
+                uint32_t bits;
+                memcpy(&bits, &x, 4);
+                bits |= 0x00400000u;
+                memcpy(&x, &bits, 4);
+            }
+            memcpy(p, &x, 4);
+            break;
+        }
+        case MF_STR: {
+            const char *sp;
+            uint32_t len;
+            if (!wire_rd_str(r, &sp, &len) || len >= f[i].size || memchr(sp, '\0', len)) return false;
+            memcpy(p, sp, len);
+            ((char *)p)[len] = '\0';
+            break;
+        }
+        }
+    }
+    return true;
+}
+
 /* Field-wise equality (floats bitwise, so NaN == NaN; strings up to NUL). */
 static bool msg_fields_equal(const void *a, const void *b, const msg_field_t *f, int n)
 {
@@ -244,54 +312,32 @@ MSG_SIMPLE_CODEC(act_grad, act_grad_fields, 0)
 MSG_SIMPLE_CODEC(data_batch, data_batch_fields, 0)
 MSG_SIMPLE_CODEC(metrics, metrics_fields, 0)
 
-static bt_status_t msg_ping_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+/* The checks beyond the field table, shared by the tree decoders and the
+ * raw ones (err may be NULL). */
+typedef bt_status_t (*msg_check_fn)(const void *body, wire_err_t *err);
+
+static bt_status_t msg_credit_check(const void *body, wire_err_t *err)
 {
-    return msg_fields_read(meta, body, ping_fields, NF(ping_fields), "PING", err);
-}
-#define msg_pong_encode msg_ping_encode
-static bt_status_t msg_pong_decode(const msgpack_object *meta, void *body, wire_err_t *err)
-{
-    return msg_fields_read(meta, body, ping_fields, NF(ping_fields), "PONG", err);
+    if (((const msg_credit_t *)body)->credits == 0) return wire_err_set(err, "CREDIT: grant of 0 credits");
+    return BT_OK;
 }
 
-static bt_status_t msg_credit_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+static bt_status_t msg_heartbeat_check(const void *body, wire_err_t *err)
 {
-    bt_status_t st = msg_fields_read(meta, body, credit_fields, NF(credit_fields), "CREDIT", err);
-    if (st == BT_OK && ((msg_credit_t *)body)->credits == 0)
-        return wire_err_set(err, "CREDIT: grant of 0 credits");
-    return st;
+    const msg_heartbeat_t *h = body;
+    if (h->step < -1) return wire_err_set(err, "HEARTBEAT: step %lld below -1", (long long)h->step);
+    return BT_OK;
 }
 
-static bt_status_t msg_heartbeat_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+static bt_status_t msg_activation_check(const void *body, wire_err_t *err)
 {
-    bt_status_t st = msg_fields_read(meta, body, heartbeat_fields, NF(heartbeat_fields), "HEARTBEAT", err);
-    if (st == BT_OK && ((msg_heartbeat_t *)body)->step < -1)
-        return wire_err_set(err, "HEARTBEAT: step %lld below -1", (long long)((msg_heartbeat_t *)body)->step);
-    return st;
+    const msg_activation_t *a = body;
+    if (a->vstage < 0) return wire_err_set(err, "ACTIVATION: negative vstage %d", (int)a->vstage);
+    return BT_OK;
 }
 
-static bt_status_t msg_stop_decode(const msgpack_object *meta, void *body, wire_err_t *err)
+static bt_status_t msg_act_grad_check(const void *body, wire_err_t *err)
 {
-    return msg_fields_read(meta, body, stop_fields, NF(stop_fields), "STOP", err);
-}
-
-static bt_status_t msg_error_report_decode(const msgpack_object *meta, void *body, wire_err_t *err)
-{
-    return msg_fields_read(meta, body, error_report_fields, NF(error_report_fields), "ERROR_REPORT", err);
-}
-
-static bt_status_t msg_activation_decode(const msgpack_object *meta, void *body, wire_err_t *err)
-{
-    bt_status_t st = msg_fields_read(meta, body, activation_fields, NF(activation_fields), "ACTIVATION", err);
-    if (st == BT_OK && ((msg_activation_t *)body)->vstage < 0)
-        return wire_err_set(err, "ACTIVATION: negative vstage %d", (int)((msg_activation_t *)body)->vstage);
-    return st;
-}
-
-static bt_status_t msg_act_grad_decode(const msgpack_object *meta, void *body, wire_err_t *err)
-{
-    bt_status_t st = msg_fields_read(meta, body, act_grad_fields, NF(act_grad_fields), "ACT_GRAD", err);
-    if (st != BT_OK) return st;
     const msg_act_grad_t *g = body;
     if (g->vstage < 0) return wire_err_set(err, "ACT_GRAD: negative vstage %d", (int)g->vstage);
     if (!isfinite(g->loss_scale) || g->loss_scale <= 0)
@@ -299,15 +345,27 @@ static bt_status_t msg_act_grad_decode(const msgpack_object *meta, void *body, w
     return BT_OK;
 }
 
-static bt_status_t msg_data_batch_decode(const msgpack_object *meta, void *body, wire_err_t *err)
-{
-    return msg_fields_read(meta, body, data_batch_fields, NF(data_batch_fields), "DATA_BATCH", err);
-}
+/* Types whose body is exactly their field table (+ an optional check). */
+#define MSG_TABLE_DECODE(name, fields, NAME, check)                                            \
+    static bt_status_t msg_##name##_decode(const msgpack_object *meta, void *body, wire_err_t *err) \
+    {                                                                                           \
+        bt_status_t st = msg_fields_read(meta, body, fields, NF(fields), NAME, err);            \
+        msg_check_fn chk = check;                                                               \
+        if (st == BT_OK && chk) st = chk(body, err);                                            \
+        return st;                                                                              \
+    }
 
-static bt_status_t msg_metrics_decode(const msgpack_object *meta, void *body, wire_err_t *err)
-{
-    return msg_fields_read(meta, body, metrics_fields, NF(metrics_fields), "METRICS", err);
-}
+MSG_TABLE_DECODE(ping, ping_fields, "PING", NULL)
+#define msg_pong_encode msg_ping_encode
+MSG_TABLE_DECODE(pong, ping_fields, "PONG", NULL)
+MSG_TABLE_DECODE(credit, credit_fields, "CREDIT", msg_credit_check)
+MSG_TABLE_DECODE(heartbeat, heartbeat_fields, "HEARTBEAT", msg_heartbeat_check)
+MSG_TABLE_DECODE(stop, stop_fields, "STOP", NULL)
+MSG_TABLE_DECODE(error_report, error_report_fields, "ERROR_REPORT", NULL)
+MSG_TABLE_DECODE(activation, activation_fields, "ACTIVATION", msg_activation_check)
+MSG_TABLE_DECODE(act_grad, act_grad_fields, "ACT_GRAD", msg_act_grad_check)
+MSG_TABLE_DECODE(data_batch, data_batch_fields, "DATA_BATCH", NULL)
+MSG_TABLE_DECODE(metrics, metrics_fields, "METRICS", NULL)
 
 static bt_status_t msg_ckpt_shard_encode(msgpack_packer *pk, const void *body)
 {
@@ -376,20 +434,27 @@ const msg_type_info_t msg_types[MSG_TYPE_COUNT] = {
 };
 _Static_assert(sizeof msg_types / sizeof msg_types[0] == MSG_TYPE_COUNT, "one msg_types entry per msg_type_t");
 
-/* Field tables by type, for msg_body_equal. */
-typedef struct { const msg_field_t *f; int n; } msg_field_table_t;
+/* Field tables by type, for msg_body_equal and the raw codecs. `simple`:
+ * the body is exactly the table (+ check), so the raw codecs handle it;
+ * CKPT_SHARD has two arrays besides and always takes the msgpack path. */
+typedef struct {
+    const msg_field_t *f;
+    int                n;
+    bool               simple;
+    msg_check_fn       check;
+} msg_field_table_t;
 static const msg_field_table_t msg_field_tables[MSG_TYPE_COUNT] = {
-    [MSG_PING] = {ping_fields, NF(ping_fields)},
-    [MSG_PONG] = {ping_fields, NF(ping_fields)},
-    [MSG_CREDIT] = {credit_fields, NF(credit_fields)},
-    [MSG_HEARTBEAT] = {heartbeat_fields, NF(heartbeat_fields)},
-    [MSG_STOP] = {stop_fields, NF(stop_fields)},
-    [MSG_ERROR_REPORT] = {error_report_fields, NF(error_report_fields)},
-    [MSG_ACTIVATION] = {activation_fields, NF(activation_fields)},
-    [MSG_ACT_GRAD] = {act_grad_fields, NF(act_grad_fields)},
-    [MSG_DATA_BATCH] = {data_batch_fields, NF(data_batch_fields)},
-    [MSG_METRICS] = {metrics_fields, NF(metrics_fields)},
-    [MSG_CKPT_SHARD] = {ckpt_shard_fields, NF(ckpt_shard_fields)},
+    [MSG_PING] = {ping_fields, NF(ping_fields), true, NULL},
+    [MSG_PONG] = {ping_fields, NF(ping_fields), true, NULL},
+    [MSG_CREDIT] = {credit_fields, NF(credit_fields), true, msg_credit_check},
+    [MSG_HEARTBEAT] = {heartbeat_fields, NF(heartbeat_fields), true, msg_heartbeat_check},
+    [MSG_STOP] = {stop_fields, NF(stop_fields), true, NULL},
+    [MSG_ERROR_REPORT] = {error_report_fields, NF(error_report_fields), true, NULL},
+    [MSG_ACTIVATION] = {activation_fields, NF(activation_fields), true, msg_activation_check},
+    [MSG_ACT_GRAD] = {act_grad_fields, NF(act_grad_fields), true, msg_act_grad_check},
+    [MSG_DATA_BATCH] = {data_batch_fields, NF(data_batch_fields), true, NULL},
+    [MSG_METRICS] = {metrics_fields, NF(metrics_fields), true, NULL},
+    [MSG_CKPT_SHARD] = {ckpt_shard_fields, NF(ckpt_shard_fields), false, NULL},
 };
 _Static_assert(sizeof msg_field_tables / sizeof msg_field_tables[0] == MSG_TYPE_COUNT, "field tables");
 
@@ -427,10 +492,29 @@ static bt_status_t msg_meta_decode(void *arg, const wire_env_t *env, const msgpa
     return msg_types[env->type].decode(meta, arg, err);
 }
 
+/* The raw twin of msg_meta_decode for the simple types (wire_meta_raw_fn). */
+static bool msg_meta_decode_raw(void *arg, const wire_env_t *env, const uint8_t *meta, size_t len)
+{
+    if (env->type >= MSG_TYPE_COUNT) return false;
+    const msg_field_table_t *t = &msg_field_tables[env->type];
+    if (!t->simple) return false;
+    memset(arg, 0, msg_types[env->type].size);
+    wire_rd_t r = {meta, meta + len};
+    if (!msg_fields_read_raw(&r, arg, t->f, t->n) || r.p != r.end) return false;
+    return !t->check || t->check(arg, NULL) == BT_OK;
+}
+
+bt_status_t msg_decode_ex(const void *hdr, size_t hdr_len, size_t payload_len, const wire_limits_t *lim,
+                          wire_env_t *env, msg_body_t *body, wire_decode_path_t path, wire_err_t *err)
+{
+    wire_meta_dec_t md = {.tree = msg_meta_decode, .raw = msg_meta_decode_raw, .arg = body};
+    return wire_env_decode_ex(hdr, hdr_len, payload_len, lim, env, &md, path, err);
+}
+
 bt_status_t msg_decode(const void *hdr, size_t hdr_len, size_t payload_len, const wire_limits_t *lim,
                        wire_env_t *env, msg_body_t *body, wire_err_t *err)
 {
-    return wire_env_decode(hdr, hdr_len, payload_len, lim, env, msg_meta_decode, body, err);
+    return msg_decode_ex(hdr, hdr_len, payload_len, lim, env, body, WIRE_DECODE_AUTO, err);
 }
 
 void msg_frame_init(msg_frame_t *f)

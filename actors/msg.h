@@ -147,6 +147,13 @@ bt_status_t msg_decode(const void *hdr, size_t hdr_len, size_t payload_len,
                        const wire_limits_t *lim, wire_env_t *env, msg_body_t *body,
                        wire_err_t *err);
 
+/* msg_decode through a chosen decoder path (wire_decode_path_t): for the
+ * differential tests and the fuzzer, which compare the fast and the general
+ * path. FAST and FAST_RAW return BT_ERR_UNSUPPORTED when they defer. */
+bt_status_t msg_decode_ex(const void *hdr, size_t hdr_len, size_t payload_len,
+                          const wire_limits_t *lim, wire_env_t *env, msg_body_t *body,
+                          wire_decode_path_t path, wire_err_t *err);
+
 /* A frame ready to send: the encoded envelope and the payload iovec.
  * msg_frame_init before first use, msg_frame_fini at the end; a frame can be
  * rebuilt many times (its header buffer is reused). The frame and the tensor

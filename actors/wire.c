@@ -585,17 +585,13 @@ static wire_limits_t wire_limits_clamp(const wire_limits_t *lim)
     return l;
 }
 
-bt_status_t wire_env_decode(const void *hdr, size_t hdr_len, size_t payload_len,
-                            const wire_limits_t *lim_in, wire_env_t *env,
-                            wire_meta_decode_fn meta_fn, void *meta_arg, wire_err_t *err)
+/* The general path: object tree, then typed reading (stages 2 and 3, and
+ * stage 1 on failure). Accepts any key order and unknown keys. */
+static bt_status_t wire_env_decode_general(const uint8_t *hdr, size_t hdr_len, size_t payload_len,
+                                           const wire_limits_t *lim, wire_env_t *env,
+                                           const wire_meta_dec_t *md, wire_err_t *err)
 {
-    wire_limits_t lim = wire_limits_clamp(lim_in);
-    err->reason[0] = '\0';
-    if (hdr_len == 0 || !hdr) return wire_err_set(err, "envelope: empty header");
-    if (hdr_len > lim.max_hdr_bytes)
-        return wire_err_set(err, "envelope: header of %zu bytes exceeds the limit %zu", hdr_len, lim.max_hdr_bytes);
     bt_status_t st;
-
     /* A scanned header of n bytes holds at most n objects (each takes a
      * byte at least; a map entry is two), so n + 1 objects always fit.
      * Ordinary envelopes use a per-thread arena: no allocation per frame. */
@@ -619,69 +615,162 @@ bt_status_t wire_env_decode(const void *hdr, size_t hdr_len, size_t payload_len,
         goto out_arena;
     }
     const msgpack_object *meta = NULL;
-    if ((st = wire_env_read(&root, payload_len, &lim, env, &meta, err)) != BT_OK) goto out_arena;
-    if (meta_fn) st = meta_fn(meta_arg, env, meta, err);
+    if ((st = wire_env_read(&root, payload_len, lim, env, &meta, err)) != BT_OK) goto out_arena;
+    if (md && md->tree) st = md->tree(md->arg, env, meta, err);
 out_arena:
     free(heap);
     return st;
 }
 
+/* ---- the fast path ---------------------------------------------------------- */
+
+/* dtype from its wire name; -1 when unknown: wire_dtype_lookup's answer
+ * (the differential tests compare them), with the names as 32-bit words. */
+#define WIRE_W4(a, b, c, d) ((uint32_t)(uint8_t)(a) | (uint32_t)(uint8_t)(b) << 8 | \
+                             (uint32_t)(uint8_t)(c) << 16 | (uint32_t)(uint8_t)(d) << 24)
+static int wire_dtype_lookup_fast(const char *s, uint32_t len)
+{
+    static const uint32_t words[DT_COUNT] = {
+        [DT_F32] = WIRE_W4('f', '3', '2', 0), [DT_F16] = WIRE_W4('f', '1', '6', 0),
+        [DT_BF16] = WIRE_W4('b', 'f', '1', '6'), [DT_F64] = WIRE_W4('f', '6', '4', 0),
+        [DT_I32] = WIRE_W4('i', '3', '2', 0), [DT_I64] = WIRE_W4('i', '6', '4', 0),
+        [DT_U8] = WIRE_W4('u', '8', 0, 0),
+    };
+    _Static_assert(sizeof words / sizeof words[0] == DT_COUNT, "dtype name words");
+    if (len < 2 || len > 4) return -1;
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < len; i++) {
+        if (s[i] == '\0') return -1; /* a NUL would alias the padding */
+        w |= (uint32_t)(uint8_t)s[i] << (8 * i);
+    }
+    for (int i = 0; i < DT_COUNT; i++)
+        if (words[i] == w) return i;
+    return -1;
+}
+
+/* One tensor descriptor exactly as the encoder writes it. */
+static bool wire_tensor_fast(wire_rd_t *r, const wire_limits_t *lim, wire_tensor_desc_t *d)
+{
+    const char *s;
+    uint32_t len, ndim;
+    if (!WIRE_RD_LIT(r, "\x85\xa4" "name") || !wire_rd_str(r, &s, &len)) return false;
+    if (len == 0 || len > lim->max_name_len || memchr(s, '\0', len)) return false;
+    memcpy(d->name, s, len);
+    d->name[len] = '\0';
+    if (!WIRE_RD_LIT(r, "\xa5" "dtype") || !wire_rd_str(r, &s, &len)) return false;
+    int dt = wire_dtype_lookup_fast(s, len);
+    if (dt < 0) return false;
+    d->dtype = (dtype_t)dt;
+    if (!WIRE_RD_LIT(r, "\xa5" "shape") || !wire_rd_array(r, &ndim)) return false;
+    if (ndim < 1 || ndim > lim->max_dims) return false;
+    d->ndim = (int)ndim;
+    for (uint32_t k = 0; k < ndim; k++) {
+        uint64_t v;
+        if (!wire_rd_uint(r, lim->max_dim, &v)) return false;
+        d->shape[k] = (int64_t)v;
+    }
+    for (int k = (int)ndim; k < TENSOR_MAX_DIMS; k++) d->shape[k] = 1;
+    return WIRE_RD_LIT(r, "\xa6" "offset") && wire_rd_uint(r, UINT64_MAX, &d->offset) &&
+           WIRE_RD_LIT(r, "\xa6" "nbytes") && wire_rd_uint(r, UINT64_MAX, &d->nbytes);
+}
+
+/* A signed envelope field in [-1, max]. */
+static inline __attribute__((always_inline)) bool wire_rd_signed(wire_rd_t *r, uint64_t max, int64_t *out)
+{
+    bool neg;
+    uint64_t v;
+    if (!wire_rd_int(r, &neg, &v)) return false;
+    if (neg ? v != (uint64_t)-1 : v > max) return false;
+    *out = (int64_t)v;
+    return true;
+}
+
+/* The canonical envelope in one pass over its bytes: the keys the encoder
+ * writes, in its order, each matched as exact bytes, values read straight
+ * into env. True when it accepted (and the meta was decoded), false to defer
+ * to the general path. The checks are the general path's (wire_env_read,
+ * wire_tensor_read, wire_tensors_check is shared), so what this accepts
+ * the general path accepts too, with the same env. */
+static bool wire_env_decode_fast(const uint8_t *hdr, size_t hdr_len, size_t payload_len,
+                                 const wire_limits_t *lim, wire_env_t *env, const wire_meta_dec_t *md,
+                                 bool raw_only)
+{
+    wire_rd_t r = {hdr, hdr + hdr_len};
+    uint64_t u;
+    int64_t s;
+    uint32_t n;
+    /* {"ver": 1, "type": ... */
+    if (!WIRE_RD_LIT(&r, "\x89\xa3" "ver" "\x01") || !WIRE_RD_LIT(&r, "\xa4" "type") || !wire_rd_uint(&r, UINT32_MAX, &u)) return false;
+    env->ver = WIRE_VERSION;
+    env->type = (uint32_t)u;
+    if (!WIRE_RD_LIT(&r, "\xa3" "src") || !wire_rd_uint(&r, UINT32_MAX, &u)) return false;
+    env->src = (actor_addr_t)u;
+    if (!WIRE_RD_LIT(&r, "\xa3" "dst") || !wire_rd_uint(&r, UINT32_MAX, &u)) return false;
+    env->dst = (actor_addr_t)u;
+    if (!WIRE_RD_LIT(&r, "\xa3" "seq") || !wire_rd_uint(&r, UINT64_MAX, &env->seq)) return false;
+    if (!WIRE_RD_LIT(&r, "\xa4" "step") || !wire_rd_signed(&r, INT64_MAX, &env->step)) return false;
+    if (!WIRE_RD_LIT(&r, "\xa2" "mb") || !wire_rd_signed(&r, INT32_MAX, &s)) return false;
+    env->mb = (int32_t)s;
+    if (!WIRE_RD_LIT(&r, "\xa7" "tensors") || !wire_rd_array(&r, &n) || n > lim->max_tensors) return false;
+    env->ntensors = n;
+    for (uint32_t i = 0; i < n; i++)
+        if (!wire_tensor_fast(&r, lim, &env->tensors[i])) return false;
+    if (!WIRE_RD_LIT(&r, "\xa4" "meta")) return false;
+    if (wire_tensors_check(env, payload_len, lim, NULL) != BT_OK) return false;
+
+    /* The meta value spans the rest of the header. */
+    size_t meta_len = (size_t)(r.end - r.p);
+    if (md && md->raw && md->raw(md->arg, env, r.p, meta_len)) return true;
+    if (raw_only) return false;
+    /* Its object tree alone (depth 1, as inside the envelope's map). */
+    if (meta_len + 1 > WIRE_ARENA_OBJS) return false;
+    wire_builder_t b = {.p = r.p, .n = meta_len, .arena = wire_arena_tls, .cap = meta_len + 1};
+    msgpack_object meta;
+    if (!wire_mp_build(&b, &meta, 1) || b.i != meta_len) return false;
+    if (md && md->tree) {
+        wire_err_t err;
+        if (md->tree(md->arg, env, &meta, &err) != BT_OK) return false;
+    }
+    return true;
+}
+
+bt_status_t wire_env_decode_ex(const void *hdr, size_t hdr_len, size_t payload_len,
+                               const wire_limits_t *lim_in, wire_env_t *env, const wire_meta_dec_t *meta,
+                               wire_decode_path_t path, wire_err_t *err)
+{
+    wire_limits_t lim = wire_limits_clamp(lim_in);
+    err->reason[0] = '\0';
+    if (hdr_len == 0 || !hdr) {
+        if (path == WIRE_DECODE_FAST || path == WIRE_DECODE_FAST_RAW) return BT_ERR_UNSUPPORTED;
+        return wire_err_set(err, "envelope: empty header");
+    }
+    if (hdr_len > lim.max_hdr_bytes) {
+        if (path == WIRE_DECODE_FAST || path == WIRE_DECODE_FAST_RAW) return BT_ERR_UNSUPPORTED;
+        return wire_err_set(err, "envelope: header of %zu bytes exceeds the limit %zu", hdr_len, lim.max_hdr_bytes);
+    }
+    if (path != WIRE_DECODE_GENERAL) {
+        if (wire_env_decode_fast(hdr, hdr_len, payload_len, &lim, env, meta, path == WIRE_DECODE_FAST_RAW))
+            return BT_OK;
+        if (path != WIRE_DECODE_AUTO) return BT_ERR_UNSUPPORTED;
+    }
+    return wire_env_decode_general(hdr, hdr_len, payload_len, &lim, env, meta, err);
+}
+
+bt_status_t wire_env_decode(const void *hdr, size_t hdr_len, size_t payload_len,
+                            const wire_limits_t *lim, wire_env_t *env,
+                            wire_meta_decode_fn meta_fn, void *meta_arg, wire_err_t *err)
+{
+    wire_meta_dec_t md = {.tree = meta_fn, .arg = meta_arg};
+    return wire_env_decode_ex(hdr, hdr_len, payload_len, lim, env, &md, WIRE_DECODE_AUTO, err);
+}
+
 /* ---- encoding ------------------------------------------------------------- */
 
-/* The envelope is written straight into the buffer's reserved tail: a
- * msgpack_packer calls its write callback (with a capacity check and a
- * memcpy) for every token, which cost more than the rest of a send. The
- * bytes are the smallest msgpack forms, as msgpack-c's packer writes them. */
-typedef struct {
-    uint8_t *p;
-} wire_out_t;
-
-static void wire_out_be(wire_out_t *o, uint8_t tag, uint64_t v, int nbytes)
-{
-    *o->p++ = tag;
-    for (int i = nbytes - 1; i >= 0; i--) *o->p++ = (uint8_t)(v >> (8 * i));
-}
-
-static void wire_out_uint(wire_out_t *o, uint64_t v)
-{
-    if (v < 128) *o->p++ = (uint8_t)v;
-    else if (v <= UINT8_MAX) wire_out_be(o, 0xcc, v, 1);
-    else if (v <= UINT16_MAX) wire_out_be(o, 0xcd, v, 2);
-    else if (v <= UINT32_MAX) wire_out_be(o, 0xce, v, 4);
-    else wire_out_be(o, 0xcf, v, 8);
-}
-
-static void wire_out_int(wire_out_t *o, int64_t v)
-{
-    if (v >= 0) wire_out_uint(o, (uint64_t)v);
-    else if (v >= -32) *o->p++ = (uint8_t)(int8_t)v;
-    else if (v >= INT8_MIN) wire_out_be(o, 0xd0, (uint64_t)v, 1);
-    else if (v >= INT16_MIN) wire_out_be(o, 0xd1, (uint64_t)v, 2);
-    else if (v >= INT32_MIN) wire_out_be(o, 0xd2, (uint64_t)v, 4);
-    else wire_out_be(o, 0xd3, (uint64_t)v, 8);
-}
-
-/* Containers and strings here are short: < 2^16 entries, < 256 bytes. */
-static void wire_out_map(wire_out_t *o, uint32_t n)
-{
-    if (n < 16) *o->p++ = (uint8_t)(0x80 | n);
-    else wire_out_be(o, 0xde, n, 2);
-}
-
-static void wire_out_array(wire_out_t *o, uint32_t n)
-{
-    if (n < 16) *o->p++ = (uint8_t)(0x90 | n);
-    else wire_out_be(o, 0xdc, n, 2);
-}
-
-static void wire_out_str(wire_out_t *o, const char *s, size_t len)
-{
-    if (len < 32) *o->p++ = (uint8_t)(0xa0 | len);
-    else wire_out_be(o, 0xd9, len, 1);
-    memcpy(o->p, s, len);
-    o->p += len;
-}
-
+/* The envelope is written straight into the buffer's reserved tail (the
+ * wire_out_* writers of wire.h): a msgpack_packer calls its write callback
+ * (with a capacity check and a memcpy) for every token, which cost more
+ * than the rest of a send. The bytes are the smallest msgpack forms, as
+ * msgpack-c's packer writes them. */
 static void wire_out_key(wire_out_t *o, const wire_key_t *k) { wire_out_str(o, k->s, k->len); }
 
 /* Upper bounds of the bytes written above: a key <= 8 bytes, an integer <= 9,
