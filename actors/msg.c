@@ -476,13 +476,59 @@ const char *msg_type_name(uint32_t type)
     return type < MSG_TYPE_COUNT ? msg_types[type].name : "?";
 }
 
-bt_status_t msg_encode(msgpack_sbuffer *buf, const wire_env_t *env, const void *body, wire_err_t *err)
+/* The raw twin of the table-driven encoders (wire_meta_write_fn): the bytes
+ * msg_fields_pack writes through a msgpack_packer (smallest forms, keys in
+ * table order), without a callback per token. A field's key is <= 31 bytes
+ * and its value <= its C size + 5 bytes (strings: length + 3), so a body
+ * takes at most 3 + 37 * fields + sizeof(body) bytes. */
+#define MSG_META_WRITE_FIELDS 8
+_Static_assert(3 + 37 * MSG_META_WRITE_FIELDS + sizeof(msg_body_t) <= WIRE_META_WRITE_MAX, "meta bound");
+
+static size_t msg_meta_write(uint8_t *out, const wire_env_t *env, const void *body)
+{
+    if (env->type >= MSG_TYPE_COUNT) return 0;
+    const msg_field_table_t *t = &msg_field_tables[env->type];
+    if (!t->simple || t->n > MSG_META_WRITE_FIELDS) return 0;
+    const uint8_t *b = body;
+    wire_out_t o = {out};
+    wire_out_map(&o, (uint32_t)t->n);
+    for (int i = 0; i < t->n; i++) {
+        const msg_field_t *f = &t->f[i];
+        const void *p = b + f->off;
+        if (f->key_len >= 32) return 0;
+        wire_out_str(&o, f->key, f->key_len);
+        switch (f->kind) {
+        case MF_U32: { uint32_t v; memcpy(&v, p, 4); wire_out_uint(&o, v); break; }
+        case MF_U64: { uint64_t v; memcpy(&v, p, 8); wire_out_uint(&o, v); break; }
+        case MF_I32: { int32_t v; memcpy(&v, p, 4); wire_out_int(&o, v); break; }
+        case MF_I64: { int64_t v; memcpy(&v, p, 8); wire_out_int(&o, v); break; }
+        case MF_F32: { float v; memcpy(&v, p, 4); wire_out_f32(&o, v); break; }
+        case MF_F64: { double v; memcpy(&v, p, 8); wire_out_f64(&o, v); break; }
+        case MF_STR: {
+            size_t len = strnlen(p, f->size);
+            if (len == f->size) return 0; /* not terminated: the packer path refuses it */
+            wire_out_str(&o, p, len);
+            break;
+        }
+        }
+    }
+    return (size_t)(o.p - out);
+}
+
+bt_status_t msg_encode_ex(msgpack_sbuffer *buf, const wire_env_t *env, const void *body, bool raw,
+                          wire_err_t *err)
 {
     if (env->type >= MSG_TYPE_COUNT) {
         wire_err_set(err, "msg: unknown type %u", env->type);
         return BT_ERR_INVALID;
     }
-    return wire_env_encode(buf, env, msg_types[env->type].encode, body, err);
+    wire_meta_enc_t me = {.pack = msg_types[env->type].encode, .write = raw ? msg_meta_write : NULL, .body = body};
+    return wire_env_encode_ex(buf, env, &me, err);
+}
+
+bt_status_t msg_encode(msgpack_sbuffer *buf, const wire_env_t *env, const void *body, wire_err_t *err)
+{
+    return msg_encode_ex(buf, env, body, true, err);
 }
 
 static bt_status_t msg_meta_decode(void *arg, const wire_env_t *env, const msgpack_object *meta, wire_err_t *err)

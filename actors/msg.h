@@ -141,6 +141,11 @@ const char *msg_type_name(uint32_t type);
 bt_status_t msg_encode(msgpack_sbuffer *buf, const wire_env_t *env, const void *body,
                        wire_err_t *err);
 
+/* msg_encode with (raw = true, what msg_encode does) or without the fast
+ * meta writer; both write the same bytes (checked by tests/test_wire_fast.c). */
+bt_status_t msg_encode_ex(msgpack_sbuffer *buf, const wire_env_t *env, const void *body, bool raw,
+                          wire_err_t *err);
+
 /* Decode hostile header bytes into env + body (body is msg_types[env->type]
  * .size bytes of the union). BT_OK or BT_ERR_PEER_PROTO with err->reason. */
 bt_status_t msg_decode(const void *hdr, size_t hdr_len, size_t payload_len,

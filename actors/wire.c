@@ -781,6 +781,13 @@ static void wire_out_key(wire_out_t *o, const wire_key_t *k) { wire_out_str(o, k
 bt_status_t wire_env_encode(msgpack_sbuffer *buf, const wire_env_t *env,
                             wire_meta_encode_fn meta_fn, const void *body, wire_err_t *err)
 {
+    wire_meta_enc_t me = {.pack = meta_fn, .body = body};
+    return wire_env_encode_ex(buf, env, &me, err);
+}
+
+bt_status_t wire_env_encode_ex(msgpack_sbuffer *buf, const wire_env_t *env, const wire_meta_enc_t *meta,
+                               wire_err_t *err)
+{
     wire_err_t local;
     if (!err) err = &local;
     err->reason[0] = '\0';
@@ -811,6 +818,7 @@ bt_status_t wire_env_encode(msgpack_sbuffer *buf, const wire_env_t *env,
     if (wire_tensors_check(env, payload_len, &lim, err) != BT_OK) return BT_ERR_INVALID;
 
     size_t need = WIRE_ENC_FIXED_MAX + (size_t)env->ntensors * WIRE_ENC_TENSOR_MAX;
+    if (meta && meta->write) need += WIRE_META_WRITE_MAX;
     if (buf->alloc - buf->size < need) {
         size_t cap = buf->alloc ? buf->alloc : 256;
         while (cap - buf->size < need) cap *= 2;
@@ -855,13 +863,17 @@ bt_status_t wire_env_encode(msgpack_sbuffer *buf, const wire_env_t *env,
         wire_out_uint(&o, d->nbytes);
     }
     wire_out_key(&o, &wire_env_keys[EK_META]);
+    size_t meta_len = meta && meta->write ? meta->write(o.p, env, meta->body) : 0;
+    assert(meta_len <= WIRE_META_WRITE_MAX);
+    o.p += meta_len;
     assert((size_t)(o.p - start) <= need);
     buf->size += (size_t)(o.p - start);
+    if (meta_len) return BT_OK;
 
     msgpack_packer pk;
     msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
-    if (meta_fn) {
-        bt_status_t st = meta_fn(&pk, body);
+    if (meta && meta->pack) {
+        bt_status_t st = meta->pack(&pk, meta->body);
         if (st != BT_OK) {
             wire_err_set(err, "envelope: meta encoder failed: %s", bt_status_str(st));
             return st;

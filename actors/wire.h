@@ -92,6 +92,19 @@ typedef struct {
 /* Writes the type-specific meta value (exactly one msgpack object). */
 typedef bt_status_t (*wire_meta_encode_fn)(msgpack_packer *pk, const void *body);
 
+/* Optional fast meta writer: writes the meta value of `body` for env->type
+ * straight into out (room for WIRE_META_WRITE_MAX bytes), byte for byte
+ * what the wire_meta_encode_fn would write, and returns the bytes written;
+ * 0 when it does not handle this body (the packer then runs). */
+#define WIRE_META_WRITE_MAX 1024u
+typedef size_t (*wire_meta_write_fn)(uint8_t *out, const wire_env_t *env, const void *body);
+
+typedef struct {
+    wire_meta_encode_fn pack;  /* NULL: an empty map */
+    wire_meta_write_fn  write; /* may be NULL */
+    const void         *body;
+} wire_meta_enc_t;
+
 /* Append the envelope `env` (ver is forced to WIRE_VERSION; ntensors
  * descriptors must already be laid out canonically, e.g. by
  * wire_tensors_layout) with meta written by meta_fn(body) to `buf`.
@@ -100,6 +113,9 @@ typedef bt_status_t (*wire_meta_encode_fn)(msgpack_packer *pk, const void *body)
  * hold a partial envelope: clear it before reuse. */
 bt_status_t wire_env_encode(msgpack_sbuffer *buf, const wire_env_t *env,
                             wire_meta_encode_fn meta_fn, const void *body, wire_err_t *err);
+/* The same with an optional fast meta writer (meta may be NULL: empty map). */
+bt_status_t wire_env_encode_ex(msgpack_sbuffer *buf, const wire_env_t *env, const wire_meta_enc_t *meta,
+                               wire_err_t *err);
 
 /* Describe `n` contiguous tensors (names[i] <= 63 bytes, unique, non-empty)
  * in env->tensors with the canonical layout, and point iov at their data with

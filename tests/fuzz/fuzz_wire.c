@@ -7,6 +7,10 @@
  *     frame that decodes to the same envelope and body;
  *  2. as the seed of a valid message x: decode(encode(x)) == x, tensor bytes
  *     included.
+ *  3. differential: on the frame of 1, the fast decoder agrees with the
+ *     general one or defers, and msg_decode answers as the general one does
+ *     (wire_gen_diff_check); the frames of 2 must be accepted by the fast
+ *     path (they are what the encoder writes).
  * Seed corpus: tests/fuzz/corpus_wire/. Run: see docs/WIRE.md.
  */
 #include <stdio.h>
@@ -25,6 +29,8 @@ static void fuzz_decode_bytes(const uint8_t *data, size_t size)
     if (size < 4) return;
     uint32_t payload_len = (uint32_t)data[0] | (uint32_t)data[1] << 8 | (uint32_t)data[2] << 16 |
                            (uint32_t)data[3] << 24;
+    const char *diff = wire_gen_diff_check(data + 4, size - 4, payload_len, NULL, NULL);
+    if (diff) fuzz_fail(diff);
     wire_env_t env;
     msg_body_t body;
     wire_err_t err;
@@ -67,6 +73,10 @@ static void fuzz_round_trip(const uint8_t *data, size_t size)
     wire_env_t env2;
     msg_body_t body2;
     if (msg_decode(f.hdr.data, f.hdr.size, plen, NULL, &env2, &body2, &err) != BT_OK) fuzz_fail(err.reason);
+    bool fast_ok = false;
+    const char *diff = wire_gen_diff_check(f.hdr.data, f.hdr.size, plen, NULL, &fast_ok);
+    if (diff) fuzz_fail(diff);
+    if (!fast_ok) fuzz_fail("round trip: the fast path deferred on an encoder-written frame");
     if (!wire_gen_env_equal(&f.env, &env2)) fuzz_fail("round trip: envelope differs");
     if (!msg_body_equal(env.type, &body, &body2)) fuzz_fail("round trip: body differs");
     for (int i = 0; i < nt; i++) {

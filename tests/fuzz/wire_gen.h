@@ -212,4 +212,55 @@ static inline const char *wire_gen_check_decoded(const wire_env_t *env, size_t p
     return NULL;
 }
 
+/* ---- differential property: fast decoder vs general decoder --------------
+ *
+ * On any bytes: the fast path (WIRE_DECODE_FAST, FAST_RAW) returns BT_OK or
+ * defers (BT_ERR_UNSUPPORTED), never anything else; when it accepts, the
+ * general path accepts too, with a byte-identical wire_env_t and body (both
+ * start from the same fill pattern, so a field one of them forgets to write
+ * shows). AUTO (what msg_decode does) returns the general path's status, and
+ * its reason when it rejects. Returns a description of the first violation
+ * or NULL; *fast_ok (may be NULL) tells whether FAST accepted. */
+typedef struct {
+    bt_status_t st;
+    wire_env_t  env;
+    msg_body_t  body;
+    wire_err_t  err;
+} wire_gen_dec_t;
+
+static inline void wire_gen_dec_run(const void *hdr, size_t len, size_t plen, const wire_limits_t *lim,
+                                    wire_decode_path_t path, wire_gen_dec_t *d)
+{
+    memset(d, 0xa5, sizeof *d);
+    d->st = msg_decode_ex(hdr, len, plen, lim, &d->env, &d->body, path, &d->err);
+}
+
+static inline const char *wire_gen_diff_check(const void *hdr, size_t len, size_t plen, const wire_limits_t *lim,
+                                              bool *fast_ok)
+{
+    static _Thread_local wire_gen_dec_t g, f, fr, a;
+    wire_gen_dec_run(hdr, len, plen, lim, WIRE_DECODE_GENERAL, &g);
+    wire_gen_dec_run(hdr, len, plen, lim, WIRE_DECODE_FAST, &f);
+    wire_gen_dec_run(hdr, len, plen, lim, WIRE_DECODE_FAST_RAW, &fr);
+    wire_gen_dec_run(hdr, len, plen, lim, WIRE_DECODE_AUTO, &a);
+    if (fast_ok) *fast_ok = f.st == BT_OK;
+    if (g.st != BT_OK && g.st != BT_ERR_PEER_PROTO && g.st != BT_ERR_NOMEM) return "general: unexpected status";
+    if (g.st == BT_ERR_PEER_PROTO && g.err.reason[0] == '\0') return "general: rejection without a reason";
+    const wire_gen_dec_t *fast[2] = {&f, &fr};
+    for (int i = 0; i < 2; i++) {
+        const wire_gen_dec_t *x = fast[i];
+        if (x->st != BT_OK && x->st != BT_ERR_UNSUPPORTED) return "fast: neither accepted nor deferred";
+        if (x->st != BT_OK) continue;
+        if (g.st != BT_OK) return "fast accepted what the general path rejects";
+        if (memcmp(&x->env, &g.env, sizeof g.env)) return "fast: envelope differs from the general path's";
+        if (memcmp(&x->body, &g.body, sizeof g.body)) return "fast: body differs from the general path's";
+    }
+    if (fr.st == BT_OK && f.st != BT_OK) return "FAST_RAW accepted what FAST deferred";
+    if (a.st != g.st) return "auto: status differs from the general path's";
+    if (a.st != BT_OK && strcmp(a.err.reason, g.err.reason)) return "auto: reason differs from the general path's";
+    if (a.st == BT_OK && (!wire_gen_env_equal(&a.env, &g.env) || !msg_body_equal(a.env.type, &a.body, &g.body)))
+        return "auto: decoded message differs from the general path's";
+    return NULL;
+}
+
 #endif
