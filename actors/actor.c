@@ -139,7 +139,7 @@ void actor_msg_free(actor_msg_t *m)
         return;
     }
     if (m->on_free) m->on_free(m->on_free_arg);
-    for (uint32_t i = 0; i < WIRE_MAX_TENSORS; i++) free(m->owned[i]);
+    for (uint32_t i = 0; i < m->nowned; i++) free(m->owned[i]);
     msg_cache_put(m);
 }
 
@@ -191,6 +191,7 @@ tensor_t *actor_msg_tensor_new(actor_msg_t *m, const char *name, dtype_t dt, int
         buf = aligned_alloc(WIRE_ALIGN, cap);
         if (!buf) return NULL;
         m->owned[i] = buf;
+        m->nowned = i + 1;
     }
     memset(buf, 0, cap);
     t.data = buf;

@@ -105,6 +105,7 @@ struct actor_msg {
     actor_free_fn  on_free;      /* releases borrowed tensor memory */
     void          *on_free_arg;
     void          *owned[WIRE_MAX_TENSORS]; /* buffers allocated by actor_msg_tensor_new */
+    uint32_t       nowned;       /* owned[i] is NULL for i >= nowned */
     void          *rx;           /* xport_rx_t of a received frame */
     void          *edge;         /* edge it came from (credit return) */
     void          *tx_edge;      /* edge it is being sent on */

@@ -182,7 +182,7 @@ static void edge_state_set(edge_t *e, bool up, bool failed, bt_status_t status)
     actor_router_t *rt = e->rt;
     pthread_mutex_lock(&rt->mu);
     e->up = up;
-    if (failed) e->failed = true;
+    if (failed) __atomic_store_n(&e->failed, true, __ATOMIC_RELEASE); /* read unlocked by senders */
     e->status = status;
     pthread_cond_broadcast(&rt->cv);
     pthread_mutex_unlock(&rt->mu);
@@ -341,11 +341,12 @@ bt_status_t actor_router_send_remote_(actor_router_t *rt, actor_t *from, actor_m
         actor_msg_free(m);
         return BT_ERR_NOT_FOUND;
     }
-    pthread_mutex_lock(&rt->mu);
-    bool failed = e->failed;
-    bt_status_t why = e->status;
-    pthread_mutex_unlock(&rt->mu);
-    if (failed) {
+    /* failed is set once and never cleared: a sender that misses a fresh
+     * failure hands the message to the I/O loop, which drops it there. */
+    if (__atomic_load_n(&e->failed, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&rt->mu);
+        bt_status_t why = e->status;
+        pthread_mutex_unlock(&rt->mu);
         actor_msg_free(m);
         return why < 0 ? why : BT_ERR_PEER_CLOSED;
     }

@@ -58,6 +58,7 @@ typedef struct inproc_item {
     xport_rx_t          rx;
     inproc_xport_t     *rx_x;    /* receiver, for cbs.free of a gathered payload */
     bool                gathered;
+    bool                small;   /* INPROC_ITEM_SMALL bytes: reusable */
     int                 iovcnt;
     struct iovec       *iov;     /* points into the tail of this allocation */
     size_t              payload_len;
@@ -67,7 +68,7 @@ typedef struct inproc_item {
 
 struct inproc_box {
     pthread_mutex_t  mu;
-    int              refs;       /* under mu */
+    atomic_int       refs;
     inproc_xport_t  *x;          /* NULL once the xport is destroyed */
     inproc_item_t   *head, *tail;
     char             name[XPORT_ADDR_MAX];
@@ -112,19 +113,13 @@ static atomic_uint     inproc_name_seq;
 
 /* ---- boxes and links -------------------------------------------------- */
 
-static void inproc_box_ref(inproc_box_t *b)
-{
-    pthread_mutex_lock(&b->mu);
-    b->refs++;
-    pthread_mutex_unlock(&b->mu);
-}
+/* Box references are counted without the box lock: every frame takes and
+ * drops one (its reply box), and the lock was taken twice per frame for it. */
+static void inproc_box_ref(inproc_box_t *b) { atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed); }
 
 static void inproc_box_unref(inproc_box_t *b)
 {
-    pthread_mutex_lock(&b->mu);
-    int left = --b->refs;
-    pthread_mutex_unlock(&b->mu);
-    if (left > 0) return;
+    if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1) return;
     pthread_mutex_destroy(&b->mu);
     free(b->job_id);
     free(b);
@@ -140,11 +135,78 @@ static void inproc_link_unref(inproc_link_t *l)
     free(l);
 }
 
+/* Items of up to INPROC_ITEM_SMALL bytes (every control item, and a frame
+ * whose header and iovec fit) are kept per thread for reuse: a frame item
+ * goes back to the sender's thread as its RELEASED item and is freed there,
+ * so in a ping-pong each thread reuses its own items and a frame costs no
+ * malloc/free pair. Bounded, and released when its thread exits. */
+#define INPROC_ITEM_SMALL     512u
+#define INPROC_ITEM_CACHE_MAX 64u
+
+typedef struct {
+    inproc_item_t *head;
+    unsigned       n;
+    bool           registered; /* the key's destructor will free it */
+} inproc_item_cache_t;
+
+static _Thread_local inproc_item_cache_t inproc_item_cache;
+static pthread_key_t inproc_item_cache_key;
+static pthread_once_t inproc_item_cache_once = PTHREAD_ONCE_INIT;
+
+static void inproc_item_cache_release(void *arg)
+{
+    inproc_item_cache_t *c = arg;
+    while (c->head) {
+        inproc_item_t *it = c->head;
+        c->head = it->next;
+        free(it);
+    }
+    c->n = 0;
+    c->registered = false;
+}
+
+static void inproc_item_cache_key_init(void)
+{
+    if (pthread_key_create(&inproc_item_cache_key, inproc_item_cache_release) != 0)
+        BT_PANIC("pthread_key_create failed for the inproc item cache");
+}
+
+/* Raw storage for an item of `size` bytes (contents undefined). */
+static inproc_item_t *inproc_item_alloc(size_t size)
+{
+    inproc_item_cache_t *c = &inproc_item_cache;
+    if (size <= INPROC_ITEM_SMALL && c->head) {
+        inproc_item_t *it = c->head;
+        c->head = it->next;
+        c->n--;
+        return it;
+    }
+    return malloc(size <= INPROC_ITEM_SMALL ? INPROC_ITEM_SMALL : size);
+}
+
+/* Storage back (an item whose references were dropped). */
+static void inproc_item_release(inproc_item_t *it)
+{
+    inproc_item_cache_t *c = &inproc_item_cache;
+    if (!it->small || c->n >= INPROC_ITEM_CACHE_MAX) {
+        free(it);
+        return;
+    }
+    if (!c->registered) {
+        pthread_once(&inproc_item_cache_once, inproc_item_cache_key_init);
+        pthread_setspecific(inproc_item_cache_key, c);
+        c->registered = true;
+    }
+    it->next = c->head;
+    c->head = it;
+    c->n++;
+}
+
 static void inproc_item_free(inproc_item_t *it)
 {
     if (it->link) inproc_link_unref(it->link);
     if (it->reply) inproc_box_unref(it->reply);
-    free(it);
+    inproc_item_release(it);
 }
 
 /* Append to a box and wake its loop. False when the box's xport is gone (the
@@ -167,8 +229,10 @@ static bool inproc_box_post(inproc_box_t *b, inproc_item_t *it, int frame_side)
 
 static inproc_item_t *inproc_item_new(inproc_item_kind_t kind, inproc_link_t *link, size_t extra)
 {
-    inproc_item_t *it = calloc(1, sizeof *it + extra);
+    inproc_item_t *it = inproc_item_alloc(sizeof *it + extra);
     if (!it) return NULL;
+    memset(it, 0, sizeof *it); /* the tail (header, iovec) is written by the sender */
+    it->small = sizeof *it + extra <= INPROC_ITEM_SMALL;
     it->kind = kind;
     if (link) {
         inproc_link_ref(link);
@@ -193,7 +257,7 @@ static void inproc_frame_complete(inproc_item_t *it, bt_status_t status)
     it->status = status;
     inproc_box_t *reply = it->reply;
     it->reply = NULL;
-    if (!inproc_box_post(reply, it, -1)) free(it); /* the sender is gone */
+    if (!inproc_box_post(reply, it, -1)) inproc_item_release(it); /* the sender is gone */
     inproc_box_unref(reply);
 }
 
@@ -391,7 +455,7 @@ static void inproc_frame_deliver(inproc_xport_t *x, inproc_ep_t *ep, inproc_item
             rel->done = it->done;
             rel->arg = it->arg;
             rel->status = BT_OK;
-            if (!inproc_box_post(it->reply, rel, -1)) free(rel);
+            if (!inproc_box_post(it->reply, rel, -1)) inproc_item_release(rel);
         }
         inproc_box_unref(it->reply);
         it->reply = NULL;
@@ -514,7 +578,7 @@ static bt_status_t inproc_create(const xport_config_t *cfg, xport_t **out)
         return BT_ERR_NOMEM;
     }
     pthread_mutex_init(&b->mu, NULL);
-    b->refs = 1;
+    atomic_init(&b->refs, 1);
     b->x = x;
     b->job_id = job2;
     b->self_id = cfg->self_id;
