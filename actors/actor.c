@@ -108,7 +108,7 @@ static void msg_cache_put(actor_msg_t *m)
     c->n++;
 }
 
-actor_msg_t *actor_msg_new(uint32_t type)
+static actor_msg_t *msg_alloc(uint32_t type, bool zero_body)
 {
     actor_msg_t *m = msg_cache.head;
     if (m) {
@@ -122,7 +122,7 @@ actor_msg_t *actor_msg_new(uint32_t type)
      * added and read only below ntensors, the small buffer only when taken:
      * zero everything else. */
     memset(m, 0, offsetof(actor_msg_t, env) + offsetof(wire_env_t, tensors));
-    memset(&m->body, 0, sizeof m->body);
+    if (zero_body) memset(&m->body, 0, sizeof m->body);
     memset((char *)m + offsetof(actor_msg_t, sys), 0, offsetof(actor_msg_t, small) - offsetof(actor_msg_t, sys));
     m->env.ver = WIRE_VERSION;
     m->env.type = type;
@@ -130,6 +130,10 @@ actor_msg_t *actor_msg_new(uint32_t type)
     m->env.mb = -1;
     return m;
 }
+
+actor_msg_t *actor_msg_new(uint32_t type) { return msg_alloc(type, true); }
+
+actor_msg_t *actor_msg_new_rx_(void) { return msg_alloc(0, false); }
 
 void actor_msg_free(actor_msg_t *m)
 {
@@ -143,7 +147,7 @@ void actor_msg_free(actor_msg_t *m)
     msg_cache_put(m);
 }
 
-static bt_status_t msg_tensor_name_check(actor_msg_t *m, const char *name)
+static bt_status_t msg_tensor_name_check(actor_msg_t *m, const char *name, size_t *len_out)
 {
     if (m->env.ntensors >= WIRE_MAX_TENSORS) {
         log_error("message %s: more than %d tensors", msg_type_name(m->env.type), WIRE_MAX_TENSORS);
@@ -155,18 +159,21 @@ static bt_status_t msg_tensor_name_check(actor_msg_t *m, const char *name)
                   WIRE_NAME_MAX - 1);
         return BT_ERR_INVALID;
     }
+    *len_out = len;
     return BT_OK;
 }
 
-static void msg_tensor_set(actor_msg_t *m, const char *name, const tensor_t *view)
+static void msg_tensor_set(actor_msg_t *m, const char *name, size_t len, const tensor_t *view)
 {
     uint32_t i = m->env.ntensors++;
     wire_tensor_desc_t *d = &m->env.tensors[i];
-    memset(d, 0, sizeof *d);
-    memcpy(d->name, name, strlen(name) + 1);
+    /* every field is written (the name up to its NUL): no memset of the
+     * 152-byte descriptor */
+    memcpy(d->name, name, len + 1);
     d->dtype = view->dtype;
     d->ndim = view->ndim;
-    for (int k = 0; k < view->ndim; k++) d->shape[k] = view->shape[k];
+    for (int k = 0; k < TENSOR_MAX_DIMS; k++) d->shape[k] = k < view->ndim ? view->shape[k] : 0;
+    d->offset = 0;
     d->nbytes = msg_view_nbytes(view);
     m->tensors[i] = *view;
 }
@@ -174,7 +181,8 @@ static void msg_tensor_set(actor_msg_t *m, const char *name, const tensor_t *vie
 tensor_t *actor_msg_tensor_new(actor_msg_t *m, const char *name, dtype_t dt, int ndim,
                                const int64_t *shape)
 {
-    if (msg_tensor_name_check(m, name) != BT_OK) return NULL;
+    size_t len;
+    if (msg_tensor_name_check(m, name, &len) != BT_OK) return NULL;
     if (ndim < 1 || ndim > TENSOR_MAX_DIMS || !wire_dtype_size(dt)) {
         log_error("message %s: tensor '%s': bad dtype or ndim %d", msg_type_name(m->env.type), name, ndim);
         return NULL;
@@ -195,19 +203,20 @@ tensor_t *actor_msg_tensor_new(actor_msg_t *m, const char *name, dtype_t dt, int
     }
     memset(buf, 0, cap);
     t.data = buf;
-    msg_tensor_set(m, name, &t);
+    msg_tensor_set(m, name, len, &t);
     return &m->tensors[i];
 }
 
 bt_status_t actor_msg_tensor_add(actor_msg_t *m, const char *name, const tensor_t *view)
 {
-    bt_status_t st = msg_tensor_name_check(m, name);
+    size_t len;
+    bt_status_t st = msg_tensor_name_check(m, name, &len);
     if (st != BT_OK) return st;
     if (!msg_view_contiguous(view) || !wire_dtype_size(view->dtype)) {
         log_error("message %s: tensor '%s' is not contiguous", msg_type_name(m->env.type), name);
         return BT_ERR_INVALID;
     }
-    msg_tensor_set(m, name, view);
+    msg_tensor_set(m, name, len, view);
     return BT_OK;
 }
 

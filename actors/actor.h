@@ -188,4 +188,8 @@ void actor_timer_stop(actor_timer_t *t);
  * on that loop outside any handler, otherwise posted. */
 void actor_deliver_(actor_t *to, actor_msg_t *m);
 
+/* A message for a received frame: as actor_msg_new(0) but the body is not
+ * zeroed (the decoder writes it, zeroing its type's struct first). */
+actor_msg_t *actor_msg_new_rx_(void);
+
 #endif

@@ -588,9 +588,12 @@ bt_status_t msg_frame_build(msg_frame_t *f, const wire_env_t *env, const void *b
     f->env.mb = env->mb;
     f->iovcnt = 0;
     f->payload_len = 0;
-    bt_status_t st = wire_tensors_layout(&f->env, ts, names, n, f->iov, &f->iovcnt, &f->payload_len, err);
-    if (st != BT_OK) return st;
-    st = msg_encode(&f->hdr, &f->env, body, err);
+    if (env->type >= MSG_TYPE_COUNT) {
+        wire_err_set(err, "msg: unknown type %u", env->type);
+        return BT_ERR_INVALID;
+    }
+    wire_meta_enc_t me = {.pack = msg_types[env->type].encode, .write = msg_meta_write, .body = body};
+    bt_status_t st = wire_frame_encode(&f->hdr, &f->env, ts, names, n, f->iov, &f->iovcnt, &f->payload_len, &me, err);
     if (st != BT_OK) msgpack_sbuffer_clear(&f->hdr);
     return st;
 }

@@ -428,7 +428,7 @@ static void router_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
         xport_close(ep);
         return;
     }
-    actor_msg_t *m = actor_msg_new(0);
+    actor_msg_t *m = actor_msg_new_rx_();
     if (!m) BT_PANIC("out of memory receiving a frame");
     wire_err_t err;
     bt_status_t st = msg_decode(rx->hdr, rx->hdr_len, rx->payload_len, NULL, &m->env, &m->body, &err);

@@ -778,6 +778,9 @@ static void wire_out_key(wire_out_t *o, const wire_key_t *k) { wire_out_str(o, k
 #define WIRE_ENC_FIXED_MAX  (3 + EK_COUNT * 8 + 7 * 9 + 3)
 #define WIRE_ENC_TENSOR_MAX (3 + TK_COUNT * 8 + 65 + 5 + 3 + TENSOR_MAX_DIMS * 9 + 2 * 9)
 
+static bt_status_t wire_env_emit(msgpack_sbuffer *buf, const wire_env_t *env, const size_t *name_len,
+                                 const wire_meta_enc_t *meta, wire_err_t *err);
+
 bt_status_t wire_env_encode(msgpack_sbuffer *buf, const wire_env_t *env,
                             wire_meta_encode_fn meta_fn, const void *body, wire_err_t *err)
 {
@@ -816,7 +819,13 @@ bt_status_t wire_env_encode_ex(msgpack_sbuffer *buf, const wire_env_t *env, cons
         name_len[i] = len;
     }
     if (wire_tensors_check(env, payload_len, &lim, err) != BT_OK) return BT_ERR_INVALID;
+    return wire_env_emit(buf, env, name_len, meta, err);
+}
 
+/* Write a validated envelope (name_len[i] = strlen of tensor i's name). */
+static bt_status_t wire_env_emit(msgpack_sbuffer *buf, const wire_env_t *env, const size_t *name_len,
+                                 const wire_meta_enc_t *meta, wire_err_t *err)
+{
     size_t need = WIRE_ENC_FIXED_MAX + (size_t)env->ntensors * WIRE_ENC_TENSOR_MAX;
     if (meta && meta->write) need += WIRE_META_WRITE_MAX;
     if (buf->alloc - buf->size < need) {
@@ -898,12 +907,69 @@ static bool wire_tensor_contiguous(const tensor_t *t)
 /* Padding source for the payload iovec; the transport only reads it. */
 static const uint8_t wire_zeros[WIRE_ALIGN];
 
+static bt_status_t wire_layout(wire_env_t *env, const tensor_t *ts, const char *const *names, int n,
+                               struct iovec *iov, int *iovcnt, size_t *payload_len, size_t *name_len,
+                               wire_err_t *err);
+
 bt_status_t wire_tensors_layout(wire_env_t *env, const tensor_t *ts, const char *const *names,
                                 int n, struct iovec *iov, int *iovcnt, size_t *payload_len,
                                 wire_err_t *err)
 {
+    size_t name_len[WIRE_MAX_TENSORS];
+    wire_err_t local;
+    return wire_layout(env, ts, names, n, iov, iovcnt, payload_len, name_len, err ? err : &local);
+}
+
+/* The descriptors laid out by wire_layout pass wire_tensors_check (as the
+ * encoder runs it: default limits, no payload limit) when every dim is in
+ * range, no size overflows or comes near 2^62, and the names are unique:
+ * then offsets and sizes are canonical by construction. False sends the
+ * caller to the reference check, which decides and names the reason. */
+static bool wire_layout_plainly_valid(const wire_env_t *env)
+{
+    const uint64_t max_dim = wire_limits_default().max_dim;
+    for (uint32_t i = 0; i < env->ntensors; i++) {
+        const wire_tensor_desc_t *d = &env->tensors[i];
+        uint64_t numel = wire_dtype_size(d->dtype);
+        for (int k = 0; k < d->ndim; k++) {
+            if (d->shape[k] < 0 || (uint64_t)d->shape[k] > max_dim) return false;
+            if (__builtin_mul_overflow(numel, (uint64_t)d->shape[k], &numel)) return false;
+        }
+        uint64_t end;
+        if (numel != d->nbytes || __builtin_add_overflow(d->offset, d->nbytes, &end) || end >= (1ull << 62))
+            return false;
+        for (uint32_t j = 0; j < i; j++)
+            if (!strcmp(env->tensors[j].name, d->name)) return false;
+    }
+    return true;
+}
+
+bt_status_t wire_frame_encode(msgpack_sbuffer *buf, wire_env_t *env, const tensor_t *ts,
+                              const char *const *names, int n, struct iovec *iov, int *iovcnt,
+                              size_t *payload_len, const wire_meta_enc_t *meta, wire_err_t *err)
+{
     wire_err_t local;
     if (!err) err = &local;
+    err->reason[0] = '\0';
+    size_t name_len[WIRE_MAX_TENSORS];
+    bt_status_t st = wire_layout(env, ts, names, n, iov, iovcnt, payload_len, name_len, err);
+    if (st != BT_OK) return st;
+    if (env->step < -1 || env->mb < -1) {
+        wire_err_set(err, "envelope: step %lld / mb %d below -1", (long long)env->step, (int)env->mb);
+        return BT_ERR_INVALID;
+    }
+    if (!wire_layout_plainly_valid(env)) {
+        wire_limits_t lim = wire_limits_default();
+        lim.max_payload = UINT64_MAX;
+        if (wire_tensors_check(env, *payload_len, &lim, err) != BT_OK) return BT_ERR_INVALID;
+    }
+    return wire_env_emit(buf, env, name_len, meta, err);
+}
+
+static bt_status_t wire_layout(wire_env_t *env, const tensor_t *ts, const char *const *names, int n,
+                               struct iovec *iov, int *iovcnt, size_t *payload_len, size_t *name_len,
+                               wire_err_t *err)
+{
     if (n < 0 || n > WIRE_MAX_TENSORS) {
         wire_err_set(err, "envelope: %d tensors (0..%d allowed)", n, WIRE_MAX_TENSORS);
         return BT_ERR_INVALID;
@@ -925,6 +991,7 @@ bt_status_t wire_tensors_layout(wire_env_t *env, const tensor_t *ts, const char 
             return BT_ERR_INVALID;
         }
         memcpy(d->name, names[i], len + 1);
+        name_len[i] = len;
         d->dtype = t->dtype;
         d->ndim = t->ndim;
         uint64_t numel = 1;

@@ -126,6 +126,14 @@ bt_status_t wire_tensors_layout(wire_env_t *env, const tensor_t *ts, const char 
                                 int n, struct iovec *iov, int *iovcnt, size_t *payload_len,
                                 wire_err_t *err);
 
+/* wire_tensors_layout, then wire_env_encode_ex of the result, in one call:
+ * what the layout established is not checked again (sizes and names that
+ * are out of the ordinary still go through the encoder's full check), so
+ * it accepts and writes exactly what the two calls would. */
+bt_status_t wire_frame_encode(msgpack_sbuffer *buf, wire_env_t *env, const tensor_t *ts,
+                              const char *const *names, int n, struct iovec *iov, int *iovcnt,
+                              size_t *payload_len, const wire_meta_enc_t *meta, wire_err_t *err);
+
 /* ---- decoding ----------------------------------------------------------- */
 
 /* Called by wire_env_decode with the envelope's meta object while it is

@@ -430,6 +430,73 @@ static void test_wire_fast_encoder_frames(void)
     msg_frame_fini(&f);
 }
 
+/* The one-call frame encoder (msg_frame_build: wire_frame_encode with the
+ * raw meta writer) against the reference pair wire_tensors_layout +
+ * msg_encode through the msgpack packer, on messages with broken parts too
+ * (negative, huge and overflowing dims, duplicate names, strided views,
+ * unknown dtypes, step/mb below -1, unterminated strings): same status,
+ * and the same bytes, iovec and payload length when accepted. */
+static void test_wire_fast_encoder_equivalence(void)
+{
+    enum { N = 20000 };
+    msg_frame_t f;
+    msg_frame_init(&f);
+    msgpack_sbuffer ref;
+    msgpack_sbuffer_init(&ref);
+    static rnd_msg_t m;
+    static wire_env_t renv;
+    struct iovec riov[2 * WIRE_MAX_TENSORS];
+    int ok = 0, refused = 0;
+    for (int it = 0; it < N; it++) {
+        rnd_msg(&m, (uint32_t)rnd_below(MSG_TYPE_COUNT), true);
+        if (m.nt > 4 && rnd_below(2)) m.nt = 1 + (int)rnd_below(4);
+        switch (rnd_below(10)) {
+        case 0: if (m.nt) m.ts[rnd_below((uint64_t)m.nt)].shape[0] = -(int64_t)rnd_below(3) - 1; break;
+        case 1: if (m.nt) { /* dims whose product overflows or exceeds the limit */
+                    tensor_t *t = &m.ts[rnd_below((uint64_t)m.nt)];
+                    for (int k = 0; k < t->ndim; k++) t->shape[k] = ((int64_t)1 << 40) + (int64_t)rnd_below(2) - 1;
+                } break;
+        case 2: if (m.nt > 1) m.name_ptr[1] = m.name_ptr[0]; break;
+        case 3: if (m.nt && m.ts[0].ndim > 1) m.ts[0].stride[0] = m.ts[0].stride[0] * 2 + 1; break;
+        case 4: if (m.nt) m.ts[0].dtype = (dtype_t)DT_COUNT; break;
+        case 5: m.env.step = -2; break;
+        case 6: m.env.mb = INT32_MIN; break;
+        case 7: if (m.env.type == MSG_STOP) memset(m.body.stop.why, 'a', sizeof m.body.stop.why); break;
+        default: break;
+        }
+        wire_err_t err, rerr;
+        bt_status_t st = msg_frame_build(&f, &m.env, &m.body, m.ts, m.name_ptr, m.nt, &err);
+        memset(&renv, 0, sizeof renv);
+        renv.type = m.env.type;
+        renv.src = m.env.src;
+        renv.dst = m.env.dst;
+        renv.seq = m.env.seq;
+        renv.step = m.env.step;
+        renv.mb = m.env.mb;
+        int riovcnt = 0;
+        size_t rplen = 0;
+        msgpack_sbuffer_clear(&ref);
+        bt_status_t rst = wire_tensors_layout(&renv, m.ts, m.name_ptr, m.nt, riov, &riovcnt, &rplen, &rerr);
+        if (rst == BT_OK) rst = msg_encode_ex(&ref, &renv, &m.body, false, &rerr);
+        CHECK_MSG(st == rst, "type %s: frame build %s (%s), reference %s (%s)", msg_type_name(m.env.type),
+                  bt_status_str(st), err.reason, bt_status_str(rst), rerr.reason);
+        if (st != BT_OK || rst != BT_OK) {
+            refused++;
+            CHECK(f.hdr.size == 0);
+            continue;
+        }
+        ok++;
+        CHECK(f.hdr.size == ref.size && !memcmp(f.hdr.data, ref.data, ref.size));
+        CHECK(f.payload_len == rplen && f.iovcnt == riovcnt);
+        for (int i = 0; i < riovcnt && i < f.iovcnt; i++)
+            CHECK(f.iov[i].iov_base == riov[i].iov_base && f.iov[i].iov_len == riov[i].iov_len);
+    }
+    printf("frame encoder vs reference: %d accepted, %d refused by both\n", ok, refused);
+    CHECK(ok > N / 3 && refused > N / 10);
+    msgpack_sbuffer_destroy(&ref);
+    msg_frame_fini(&f);
+}
+
 /* Mutations of encoder frames: agree or defer (wire_gen_diff_check). Both
  * outcomes must occur, or the mutations do not reach the fast path. */
 static void test_wire_fast_mutations(void)
@@ -529,5 +596,6 @@ static void test_wire_fast_noncanonical(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_wire_fast_encoder_frames, test_wire_fast_mutations, test_wire_fast_noncanonical);
+    TEST_RUN(argc, argv, test_wire_fast_encoder_frames, test_wire_fast_encoder_equivalence, test_wire_fast_mutations,
+             test_wire_fast_noncanonical);
 }
