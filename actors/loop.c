@@ -136,12 +136,16 @@ static void loop_wake_cb(struct ev_loop *ev, ev_async *w, int revents)
     loop_finish_if_stopping(l);
 }
 
+/* The prepare watcher is active only while the local queue may hold items
+ * (actor_loop_post starts it): an idle loop then pays no prepare round per
+ * iteration. */
 static void loop_drain_cb(struct ev_loop *ev, ev_prepare *w, int revents)
 {
-    (void)ev; (void)revents;
+    (void)revents;
     actor_loop_t *l = w->data;
     loop_local_drain(l);
     loop_finish_if_stopping(l);
+    if (!l->lq_head && !l->stopping) ev_prepare_stop(ev, w);
 }
 
 static void loop_spin_cb(struct ev_loop *ev, ev_idle *w, int revents)
@@ -202,7 +206,6 @@ bt_status_t actor_loop_create(const char *name, actor_loop_t **out)
     ev_async_start(l->ev, &l->wake);
     ev_prepare_init(&l->drain, loop_drain_cb);
     l->drain.data = l;
-    ev_prepare_start(l->ev, &l->drain);
     ev_idle_init(&l->spin, loop_spin_cb);
     l->spin.data = l;
     *out = l;
@@ -288,6 +291,7 @@ bt_status_t actor_loop_post(actor_loop_t *l, actor_item_t *it)
     if (tls_loop == l && !l->stopping) {
         *l->lq_tail = it;
         l->lq_tail = &it->next;
+        if (!ev_is_active(&l->drain)) ev_prepare_start(l->ev, &l->drain);
         return BT_OK;
     }
     pthread_mutex_lock(&l->mu);

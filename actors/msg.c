@@ -21,10 +21,68 @@ typedef struct {
     uint32_t         key_len;
     msg_field_kind_t kind;
     size_t           off;
-    size_t           size; /* MF_STR: capacity of the char array */
+    size_t           size;  /* MF_STR: capacity of the char array */
+    uint64_t         kw[2]; /* the key as encoded (fixstr header + bytes), as two
+                             * little-endian words, for keys of <= 15 bytes */
 } msg_field_t;
 
-#define MF(type, field, kind) {#field, sizeof(#field) - 1, kind, offsetof(type, field), sizeof(((type *)0)->field)}
+/* Byte j of the encoded key `s` (0: the fixstr header), folded at compile time. */
+#define MF_KC_(s, j)                                                                             \
+    ((j) == 0 ? (uint64_t)(0xa0 | (sizeof(s) - 1))                                               \
+     : (j) <= sizeof(s) - 1 ? (uint64_t)(uint8_t)(s)[(j) >= 1 && (j) <= sizeof(s) - 1 ? (j) - 1 : 0] \
+                            : 0)
+#define MF_KW_(s, b)                                                                                       \
+    (MF_KC_(s, (b) + 0) | MF_KC_(s, (b) + 1) << 8 | MF_KC_(s, (b) + 2) << 16 | MF_KC_(s, (b) + 3) << 24 |   \
+     MF_KC_(s, (b) + 4) << 32 | MF_KC_(s, (b) + 5) << 40 | MF_KC_(s, (b) + 6) << 48 | MF_KC_(s, (b) + 7) << 56)
+#define MF(type, field, kind)                                                                       \
+    {#field, sizeof(#field) - 1, kind, offsetof(type, field), sizeof(((type *)0)->field),           \
+     {MF_KW_(#field, 0), MF_KW_(#field, 8)}}
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define MSG_KEY_WORDS 1 /* kw[] usable: keys as two word loads/stores */
+#else
+#define MSG_KEY_WORDS 0
+#endif
+
+/* Mask of the first n (1..8) bytes of a little-endian word. */
+static inline uint64_t msg_mask(uint32_t n) { return n >= 8 ? ~0ull : (1ull << (8 * n)) - 1; }
+
+/* Whether the encoded key of f is at r->p (and consumed). */
+static inline bool msg_key_read(wire_rd_t *r, const msg_field_t *f)
+{
+    uint32_t kl = f->key_len, el = kl + 1;
+    size_t avail = (size_t)(r->end - r->p);
+    if (avail < el) return false;
+    if (MSG_KEY_WORDS && el <= 8 && avail >= 8) {
+        uint64_t w0;
+        memcpy(&w0, r->p, 8);
+        if ((w0 & msg_mask(el)) != f->kw[0]) return false;
+    } else if (MSG_KEY_WORDS && el <= 16 && avail >= 16) {
+        uint64_t w0, w1;
+        memcpy(&w0, r->p, 8);
+        memcpy(&w1, r->p + 8, 8);
+        if (w0 != f->kw[0] || (w1 & msg_mask(el - 8)) != f->kw[1]) return false;
+    } else {
+        /* near the end of the header: byte by byte */
+        if (kl >= 32 || r->p[0] != (0xa0 | kl)) return false;
+        for (uint32_t j = 0; j < kl; j++)
+            if (r->p[1 + j] != (uint8_t)f->key[j]) return false;
+    }
+    r->p += el;
+    return true;
+}
+
+/* Write the encoded key of f; out has room for 32 bytes past it. */
+static inline void msg_key_write(wire_out_t *o, const msg_field_t *f)
+{
+    if (MSG_KEY_WORDS && f->key_len < 16) {
+        memcpy(o->p, &f->kw[0], 8);
+        memcpy(o->p + 8, &f->kw[1], 8);
+        o->p += f->key_len + 1;
+        return;
+    }
+    wire_out_str(o, f->key, f->key_len);
+}
 
 static int msg_pack_key(msgpack_packer *pk, const char *s)
 {
@@ -177,9 +235,7 @@ static bool msg_fields_read_raw(wire_rd_t *r, void *body, const msg_field_t *f, 
     if (!wire_rd_map(r, &cnt) || cnt != (uint32_t)n) return false;
     uint8_t *b = body;
     for (int i = 0; i < n; i++) {
-        uint32_t kl = f[i].key_len; /* < 32: a fixstr */
-        if ((size_t)(r->end - r->p) < 1 + kl || r->p[0] != (0xa0 | kl) || memcmp(r->p + 1, f[i].key, kl)) return false;
-        r->p += 1 + kl;
+        if (!msg_key_read(r, &f[i])) return false;
         void *p = b + f[i].off;
         bool neg, is32;
         uint64_t v;
@@ -496,7 +552,7 @@ static size_t msg_meta_write(uint8_t *out, const wire_env_t *env, const void *bo
         const msg_field_t *f = &t->f[i];
         const void *p = b + f->off;
         if (f->key_len >= 32) return 0;
-        wire_out_str(&o, f->key, f->key_len);
+        msg_key_write(&o, f);
         switch (f->kind) {
         case MF_U32: { uint32_t v; memcpy(&v, p, 4); wire_out_uint(&o, v); break; }
         case MF_U64: { uint64_t v; memcpy(&v, p, 8); wire_out_uint(&o, v); break; }
