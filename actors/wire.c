@@ -35,6 +35,21 @@ static const uint8_t wire_dtype_sizes[DT_COUNT] = {
 };
 _Static_assert(sizeof wire_dtype_names / sizeof wire_dtype_names[0] == DT_COUNT, "dtype names");
 _Static_assert(sizeof wire_dtype_sizes / sizeof wire_dtype_sizes[0] == DT_COUNT, "dtype sizes");
+/* The names again as little-endian 32-bit words (NUL padded) and their
+ * lengths, for the fast paths. */
+#define WIRE_W4(a, b, c, d) ((uint32_t)(uint8_t)(a) | (uint32_t)(uint8_t)(b) << 8 | \
+                             (uint32_t)(uint8_t)(c) << 16 | (uint32_t)(uint8_t)(d) << 24)
+static const uint32_t wire_dtype_words[DT_COUNT] = {
+    [DT_F32] = WIRE_W4('f', '3', '2', 0), [DT_F16] = WIRE_W4('f', '1', '6', 0),
+    [DT_BF16] = WIRE_W4('b', 'f', '1', '6'), [DT_F64] = WIRE_W4('f', '6', '4', 0),
+    [DT_I32] = WIRE_W4('i', '3', '2', 0), [DT_I64] = WIRE_W4('i', '6', '4', 0),
+    [DT_U8] = WIRE_W4('u', '8', 0, 0),
+};
+static const uint8_t wire_dtype_lens[DT_COUNT] = {
+    [DT_F32] = 3, [DT_F16] = 3, [DT_BF16] = 4, [DT_F64] = 3, [DT_I32] = 3, [DT_I64] = 3, [DT_U8] = 2,
+};
+_Static_assert(sizeof wire_dtype_words / sizeof wire_dtype_words[0] == DT_COUNT, "dtype words");
+_Static_assert(sizeof wire_dtype_lens / sizeof wire_dtype_lens[0] == DT_COUNT, "dtype name lengths");
 
 size_t wire_dtype_size(dtype_t dt)
 {
@@ -626,17 +641,8 @@ out_arena:
 
 /* dtype from its wire name; -1 when unknown: wire_dtype_lookup's answer
  * (the differential tests compare them), with the names as 32-bit words. */
-#define WIRE_W4(a, b, c, d) ((uint32_t)(uint8_t)(a) | (uint32_t)(uint8_t)(b) << 8 | \
-                             (uint32_t)(uint8_t)(c) << 16 | (uint32_t)(uint8_t)(d) << 24)
 static int wire_dtype_lookup_fast(const char *s, uint32_t len)
 {
-    static const uint32_t words[DT_COUNT] = {
-        [DT_F32] = WIRE_W4('f', '3', '2', 0), [DT_F16] = WIRE_W4('f', '1', '6', 0),
-        [DT_BF16] = WIRE_W4('b', 'f', '1', '6'), [DT_F64] = WIRE_W4('f', '6', '4', 0),
-        [DT_I32] = WIRE_W4('i', '3', '2', 0), [DT_I64] = WIRE_W4('i', '6', '4', 0),
-        [DT_U8] = WIRE_W4('u', '8', 0, 0),
-    };
-    _Static_assert(sizeof words / sizeof words[0] == DT_COUNT, "dtype name words");
     if (len < 2 || len > 4) return -1;
     uint32_t w = 0;
     for (uint32_t i = 0; i < len; i++) {
@@ -644,7 +650,7 @@ static int wire_dtype_lookup_fast(const char *s, uint32_t len)
         w |= (uint32_t)(uint8_t)s[i] << (8 * i);
     }
     for (int i = 0; i < DT_COUNT; i++)
-        if (words[i] == w) return i;
+        if (wire_dtype_words[i] == w) return i;
     return -1;
 }
 
@@ -654,7 +660,9 @@ static bool wire_tensor_fast(wire_rd_t *r, const wire_limits_t *lim, wire_tensor
     const char *s;
     uint32_t len, ndim;
     if (!WIRE_RD_LIT(r, "\x85\xa4" "name") || !wire_rd_str(r, &s, &len)) return false;
-    if (len == 0 || len > lim->max_name_len || memchr(s, '\0', len)) return false;
+    if (len == 0 || len > lim->max_name_len) return false;
+    for (uint32_t k = 0; k < len; k++)
+        if (s[k] == '\0') return false;
     memcpy(d->name, s, len);
     d->name[len] = '\0';
     if (!WIRE_RD_LIT(r, "\xa5" "dtype") || !wire_rd_str(r, &s, &len)) return false;
@@ -857,12 +865,20 @@ static bt_status_t wire_env_emit(msgpack_sbuffer *buf, const wire_env_t *env, co
     wire_out_array(&o, env->ntensors);
     for (uint32_t i = 0; i < env->ntensors; i++) {
         const wire_tensor_desc_t *d = &env->tensors[i];
-        const char *dt = wire_dtype_name(d->dtype);
         wire_out_map(&o, TK_COUNT);
         wire_out_key(&o, &wire_tensor_keys[TK_NAME]);
         wire_out_str(&o, d->name, name_len[i]);
         wire_out_key(&o, &wire_tensor_keys[TK_DTYPE]);
-        wire_out_str(&o, dt, strlen(dt));
+        /* the dtype name (validated above) as one word store; the buffer
+         * has room for the 4 bytes */
+        uint8_t dl = wire_dtype_lens[d->dtype];
+        *o.p++ = (uint8_t)(0xa0 | dl);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        memcpy(o.p, &wire_dtype_words[d->dtype], 4);
+#else
+        memcpy(o.p, wire_dtype_names[d->dtype], dl);
+#endif
+        o.p += dl;
         wire_out_key(&o, &wire_tensor_keys[TK_SHAPE]);
         wire_out_array(&o, (uint32_t)d->ndim);
         for (int k = 0; k < d->ndim; k++) wire_out_uint(&o, (uint64_t)d->shape[k]);
