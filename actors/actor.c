@@ -123,7 +123,7 @@ static actor_msg_t *msg_alloc(uint32_t type, bool zero_body)
      * zero everything else. */
     memset(m, 0, offsetof(actor_msg_t, env) + offsetof(wire_env_t, tensors));
     if (zero_body) memset(&m->body, 0, sizeof m->body);
-    memset((char *)m + offsetof(actor_msg_t, sys), 0, offsetof(actor_msg_t, small) - offsetof(actor_msg_t, sys));
+    memset((char *)m + offsetof(actor_msg_t, sys), 0, offsetof(actor_msg_t, owned) - offsetof(actor_msg_t, sys));
     m->env.ver = WIRE_VERSION;
     m->env.type = type;
     m->env.step = -1;
@@ -198,6 +198,9 @@ tensor_t *actor_msg_tensor_new(actor_msg_t *m, const char *name, dtype_t dt, int
     } else {
         buf = aligned_alloc(WIRE_ALIGN, cap);
         if (!buf) return NULL;
+        /* owned[] is not cleared per message: entries below i that no
+         * allocation wrote (views, the small buffer, received tensors) */
+        for (uint32_t j = m->nowned; j < i; j++) m->owned[j] = NULL;
         m->owned[i] = buf;
         m->nowned = i + 1;
     }

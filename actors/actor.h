@@ -104,16 +104,17 @@ struct actor_msg {
     actor_t       *to;
     actor_free_fn  on_free;      /* releases borrowed tensor memory */
     void          *on_free_arg;
-    void          *owned[WIRE_MAX_TENSORS]; /* buffers allocated by actor_msg_tensor_new */
-    uint32_t       nowned;       /* owned[i] is NULL for i >= nowned */
     void          *rx;           /* xport_rx_t of a received frame */
     void          *edge;         /* edge it came from (credit return) */
     void          *tx_edge;      /* edge it is being sent on */
     uint64_t       t_recv_ns;
-    /* Storage for the first small tensor of actor_msg_tensor_new (aligned
-     * inside to WIRE_ALIGN): a small message allocates nothing but itself.
-     * Last member: actor_msg_new does not clear it. */
+    uint32_t       nowned;       /* owned[0..nowned) are valid (NULL or a buffer) */
     bool           small_used;
+    /* Not cleared by actor_msg_new from here on (owned[] beyond nowned is
+     * stale until an allocation writes it). */
+    void          *owned[WIRE_MAX_TENSORS]; /* buffers allocated by actor_msg_tensor_new */
+    /* Storage for the first small tensor of actor_msg_tensor_new (aligned
+     * inside to WIRE_ALIGN): a small message allocates nothing but itself. */
     uint8_t        small[WIRE_ALIGN + ACTOR_MSG_SMALL];
 };
 

@@ -305,8 +305,17 @@ static void edge_msg_send(edge_t *e, actor_msg_t *m) { edge_frame_send(e, m, &m-
 
 static void edge_credit_send(edge_t *e, uint32_t n)
 {
-    wire_env_t env = {.ver = WIRE_VERSION, .type = MSG_CREDIT, .src = ACTOR_ADDR(e->rt->cfg.rank, 0),
-                      .dst = ACTOR_ADDR(e->rank, 0), .step = -1, .mb = -1};
+    /* Only the scalar fields: msg_frame_build reads no descriptor, and an
+     * initializer would zero all 16 of them (2.4 KB) per credit frame. */
+    wire_env_t env;
+    env.ver = WIRE_VERSION;
+    env.type = MSG_CREDIT;
+    env.src = ACTOR_ADDR(e->rt->cfg.rank, 0);
+    env.dst = ACTOR_ADDR(e->rank, 0);
+    env.seq = 0;
+    env.step = -1;
+    env.mb = -1;
+    env.ntensors = 0;
     msg_credit_t body = {.edge = e->rt->cfg.rank, .credits = n};
     edge_frame_send(e, NULL, &env, &body);
 }

@@ -933,6 +933,49 @@ static void test_actor_trace_hooks(void)
     CHECK(system(cmd) == 0);
 }
 
+/* Recycled messages keep stale owned[] slots (actor_msg_new does not clear
+ * them): a message that mixes views, the in-message small buffer and
+ * allocated tensors, reused from the per-thread cache, frees exactly its
+ * own buffers (ASan/glibc would catch a stale or double free) and its
+ * tensors hold their own data. */
+static void test_actor_msg_recycled_owned(void)
+{
+    static float big[64]; /* a view: not owned */
+    int64_t shape_small[1] = {4}, shape_big[1] = {1000};
+    tensor_t view;
+    memset(&view, 0, sizeof view);
+    view.dtype = DT_F32;
+    view.ndim = 1;
+    view.shape[0] = 64;
+    view.stride[0] = 1;
+    view.data = big;
+    for (int round = 0; round < 50; round++) {
+        actor_msg_t *m = actor_msg_new(MSG_ACTIVATION);
+        REQUIRE(m);
+        int order = round % 3;
+        char name[8];
+        for (int i = 0; i < 6; i++) {
+            snprintf(name, sizeof name, "t%d", i);
+            int kind = (i + order) % 3;
+            if (kind == 0) {
+                CHECK(actor_msg_tensor_add(m, name, &view) == BT_OK);
+            } else {
+                tensor_t *t = actor_msg_tensor_new(m, name, DT_F32, 1, kind == 1 ? shape_small : shape_big);
+                REQUIRE(t);
+                ((float *)t->data)[0] = (float)(round * 10 + i);
+            }
+        }
+        for (int i = 0; i < 6; i++) {
+            snprintf(name, sizeof name, "t%d", i);
+            tensor_t *t = actor_msg_tensor(m, name);
+            REQUIRE(t);
+            if ((i + order) % 3 == 0) CHECK(t->data == big);
+            else CHECK(((float *)t->data)[0] == (float)(round * 10 + i));
+        }
+        actor_msg_free(m);
+    }
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -943,12 +986,12 @@ int main(int argc, char **argv)
              test_actor_two_procs_ucx,
              test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported,
              test_actor_killed_peer_reported_ucx,
-             test_actor_busy_poll_inproc_tcp, test_actor_trace_hooks);
+             test_actor_busy_poll_inproc_tcp, test_actor_trace_hooks, test_actor_msg_recycled_owned);
 #else
     TEST_RUN(argc, argv, test_actor_loop_post_call_stop, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
              test_actor_worker_completions, test_actor_kept_then_released, test_actor_orderly_stop,
              test_actor_inproc_auto, test_actor_two_procs_tcp,
              test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported,
-             test_actor_busy_poll_inproc_tcp, test_actor_trace_hooks);
+             test_actor_busy_poll_inproc_tcp, test_actor_trace_hooks, test_actor_msg_recycled_owned);
 #endif
 }
