@@ -32,10 +32,10 @@ static size_t msg_view_nbytes(const tensor_t *t)
 
 static bool msg_view_contiguous(const tensor_t *t)
 {
-    int64_t want = 1;
+    uint64_t want = 1; /* unsigned: hostile shapes may overflow the product */
     for (int k = t->ndim - 1; k >= 0; k--) {
-        if (t->shape[k] != 1 && t->stride[k] != want) return false;
-        want *= t->shape[k];
+        if (t->shape[k] != 1 && (uint64_t)t->stride[k] != want) return false;
+        want *= (uint64_t)t->shape[k];
     }
     return true;
 }
@@ -48,11 +48,11 @@ static tensor_t msg_view_make(void *data, dtype_t dt, int ndim, const int64_t *s
     t.ndim = ndim;
     t.device = DEVICE_CPU;
     t.data = data;
-    int64_t stride = 1;
+    uint64_t stride = 1; /* unsigned: a product of large dims may overflow */
     for (int k = TENSOR_MAX_DIMS - 1; k >= 0; k--) {
         t.shape[k] = k < ndim ? shape[k] : 1;
-        t.stride[k] = stride;
-        stride *= t.shape[k];
+        t.stride[k] = (int64_t)stride;
+        stride *= (uint64_t)t.shape[k];
     }
     return t;
 }

@@ -912,10 +912,10 @@ static bt_status_t wire_env_emit(msgpack_sbuffer *buf, const wire_env_t *env, co
 /* Contiguity of a view: strides (in elements) are the row-major ones. */
 static bool wire_tensor_contiguous(const tensor_t *t)
 {
-    int64_t expect = 1;
+    uint64_t expect = 1; /* unsigned: hostile shapes may overflow the product */
     for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] != 1 && t->stride[i] != expect) return false;
-        expect *= t->shape[i];
+        if (t->shape[i] != 1 && (uint64_t)t->stride[i] != expect) return false;
+        expect *= (uint64_t)t->shape[i];
     }
     return true;
 }
@@ -1042,11 +1042,13 @@ tensor_t wire_tensor_view(const wire_env_t *env, uint32_t i, void *payload)
     t.dtype = d->dtype;
     t.ndim = d->ndim;
     t.device = DEVICE_CPU;
-    int64_t stride = 1;
+    /* Unsigned: dims of up to max_dim beside a zero dim are a valid (empty)
+     * tensor whose stride product overflows int64. */
+    uint64_t stride = 1;
     for (int k = TENSOR_MAX_DIMS - 1; k >= 0; k--) {
         t.shape[k] = k < d->ndim ? d->shape[k] : 1;
-        t.stride[k] = stride;
-        stride *= t.shape[k];
+        t.stride[k] = (int64_t)stride;
+        stride *= (uint64_t)t.shape[k];
     }
     t.data = payload ? (uint8_t *)payload + d->offset : NULL;
     return t;

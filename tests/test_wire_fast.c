@@ -194,10 +194,10 @@ static void rnd_msg(rnd_msg_t *m, uint32_t type, bool valid)
             }
         }
         if (zero >= 0 && t->ndim > 1 && rnd_below(2)) t->shape[(zero + 1) % t->ndim] = (int64_t)1 << 40;
-        int64_t stride = 1;
+        uint64_t stride = 1; /* the product may overflow: unsigned */
         for (int k = t->ndim - 1; k >= 0; k--) {
-            t->stride[k] = stride;
-            stride *= t->shape[k];
+            t->stride[k] = (int64_t)stride;
+            stride *= (uint64_t)t->shape[k];
         }
         t->data = g_data;
         /* unique, 1..63 bytes, any byte but NUL */
@@ -302,8 +302,10 @@ static size_t mutate_widen(const uint8_t *in, size_t n, uint8_t *out)
 }
 
 /* One random mutation of in[0..n) into out (room for n + 64); returns the
- * new length; *plen may change too. */
-static size_t mutate(const uint8_t *in, size_t n, uint8_t *out, size_t *plen, msgpack_sbuffer *tmp)
+ * new length; *plen may change too. The key edits unpack with msgpack-c,
+ * which trusts container counts (a hostile count asks for gigabytes), so
+ * they apply only to pristine encoder frames. */
+static size_t mutate(const uint8_t *in, size_t n, uint8_t *out, size_t *plen, msgpack_sbuffer *tmp, bool pristine)
 {
     static const uint8_t interesting[] = {0x00, 0x01, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1,
                                           0xc2, 0xca, 0xcb, 0xcc, 0xcf, 0xd0, 0xd3, 0xd9, 0xdb, 0xdc, 0xdd,
@@ -335,6 +337,10 @@ static size_t mutate(const uint8_t *in, size_t n, uint8_t *out, size_t *plen, ms
     }
     case 5: /* reordered keys */
     case 6: { /* an unknown key */
+        if (!pristine) {
+            out[rnd_below(n)] ^= 0x01;
+            return n;
+        }
         msgpack_sbuffer_clear(tmp);
         if (!mutate_tree(in, n, tmp, rnd_below(2) == 0) || tmp->size > n + 64) return n;
         memcpy(out, tmp->data, tmp->size);
@@ -457,7 +463,7 @@ static void test_wire_fast_encoder_equivalence(void)
                     for (int k = 0; k < t->ndim; k++) t->shape[k] = ((int64_t)1 << 40) + (int64_t)rnd_below(2) - 1;
                 } break;
         case 2: if (m.nt > 1) m.name_ptr[1] = m.name_ptr[0]; break;
-        case 3: if (m.nt && m.ts[0].ndim > 1) m.ts[0].stride[0] = m.ts[0].stride[0] * 2 + 1; break;
+        case 3: if (m.nt && m.ts[0].ndim > 1) m.ts[0].stride[0] = (int64_t)((uint64_t)m.ts[0].stride[0] * 2 + 1); break;
         case 4: if (m.nt) m.ts[0].dtype = (dtype_t)DT_COUNT; break;
         case 5: m.env.step = -2; break;
         case 6: m.env.mb = INT32_MIN; break;
@@ -523,7 +529,7 @@ static void test_wire_fast_mutations(void)
             uint8_t *bufs[2] = {a, b};
             int depth = 1 + (int)rnd_below(3);
             for (int d = 0; d < depth && n + 64 < MUT_BUF - 128; d++) {
-                n = mutate(src, n, bufs[d & 1], &plen, &tmp);
+                n = mutate(src, n, bufs[d & 1], &plen, &tmp, d == 0);
                 src = bufs[d & 1];
                 if (!n) break;
             }
