@@ -779,7 +779,6 @@ bt_status_t wire_env_decode(const void *hdr, size_t hdr_len, size_t payload_len,
  * (with a capacity check and a memcpy) for every token, which cost more
  * than the rest of a send. The bytes are the smallest msgpack forms, as
  * msgpack-c's packer writes them. */
-static void wire_out_key(wire_out_t *o, const wire_key_t *k) { wire_out_str(o, k->s, k->len); }
 
 /* Upper bounds of the bytes written above: a key <= 8 bytes, an integer <= 9,
  * a name <= 2 + 63, a dtype <= 5, a container header <= 3. */
@@ -846,29 +845,30 @@ static bt_status_t wire_env_emit(msgpack_sbuffer *buf, const wire_env_t *env, co
     }
     wire_out_t o = {.p = (uint8_t *)buf->data + buf->size};
     uint8_t *start = o.p;
-    wire_out_map(&o, EK_COUNT);
-    wire_out_key(&o, &wire_env_keys[EK_VER]);
-    wire_out_uint(&o, WIRE_VERSION);
-    wire_out_key(&o, &wire_env_keys[EK_TYPE]);
+    /* Keys as literals written by word stores (the bounds above allot 8
+     * bytes to each key, so the 8-byte stores stay inside `need`); the
+     * literals are the key tables' entries as encoded. */
+    _Static_assert(EK_COUNT == 9 && TK_COUNT == 5 && WIRE_VERSION == 1, "literal map sizes and version");
+    WIRE_OUT_LIT(&o, "\x89\xa3" "ver" "\x01");
+    WIRE_OUT_LIT(&o, "\xa4" "type");
     wire_out_uint(&o, env->type);
-    wire_out_key(&o, &wire_env_keys[EK_SRC]);
+    WIRE_OUT_LIT(&o, "\xa3" "src");
     wire_out_uint(&o, env->src);
-    wire_out_key(&o, &wire_env_keys[EK_DST]);
+    WIRE_OUT_LIT(&o, "\xa3" "dst");
     wire_out_uint(&o, env->dst);
-    wire_out_key(&o, &wire_env_keys[EK_SEQ]);
+    WIRE_OUT_LIT(&o, "\xa3" "seq");
     wire_out_uint(&o, env->seq);
-    wire_out_key(&o, &wire_env_keys[EK_STEP]);
+    WIRE_OUT_LIT(&o, "\xa4" "step");
     wire_out_int(&o, env->step);
-    wire_out_key(&o, &wire_env_keys[EK_MB]);
+    WIRE_OUT_LIT(&o, "\xa2" "mb");
     wire_out_int(&o, env->mb);
-    wire_out_key(&o, &wire_env_keys[EK_TENSORS]);
+    WIRE_OUT_LIT(&o, "\xa7" "tensors");
     wire_out_array(&o, env->ntensors);
     for (uint32_t i = 0; i < env->ntensors; i++) {
         const wire_tensor_desc_t *d = &env->tensors[i];
-        wire_out_map(&o, TK_COUNT);
-        wire_out_key(&o, &wire_tensor_keys[TK_NAME]);
+        WIRE_OUT_LIT(&o, "\x85\xa4" "name");
         wire_out_str(&o, d->name, name_len[i]);
-        wire_out_key(&o, &wire_tensor_keys[TK_DTYPE]);
+        WIRE_OUT_LIT(&o, "\xa5" "dtype");
         /* the dtype name (validated above) as one word store; the buffer
          * has room for the 4 bytes */
         uint8_t dl = wire_dtype_lens[d->dtype];
@@ -879,15 +879,15 @@ static bt_status_t wire_env_emit(msgpack_sbuffer *buf, const wire_env_t *env, co
         memcpy(o.p, wire_dtype_names[d->dtype], dl);
 #endif
         o.p += dl;
-        wire_out_key(&o, &wire_tensor_keys[TK_SHAPE]);
+        WIRE_OUT_LIT(&o, "\xa5" "shape");
         wire_out_array(&o, (uint32_t)d->ndim);
         for (int k = 0; k < d->ndim; k++) wire_out_uint(&o, (uint64_t)d->shape[k]);
-        wire_out_key(&o, &wire_tensor_keys[TK_OFFSET]);
+        WIRE_OUT_LIT(&o, "\xa6" "offset");
         wire_out_uint(&o, d->offset);
-        wire_out_key(&o, &wire_tensor_keys[TK_NBYTES]);
+        WIRE_OUT_LIT(&o, "\xa6" "nbytes");
         wire_out_uint(&o, d->nbytes);
     }
-    wire_out_key(&o, &wire_env_keys[EK_META]);
+    WIRE_OUT_LIT(&o, "\xa4" "meta");
     size_t meta_len = meta && meta->write ? meta->write(o.p, env, meta->body) : 0;
     assert(meta_len <= WIRE_META_WRITE_MAX);
     o.p += meta_len;

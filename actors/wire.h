@@ -239,7 +239,6 @@ static inline __attribute__((always_inline)) bool wire_rd_lit(wire_rd_t *r, cons
                                                              uint64_t word)
 {
     size_t avail = (size_t)(r->end - r->p);
-    if (avail < n) return false;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     if (n <= 8 && avail >= 8) {
         uint64_t w, mask = n == 8 ? ~0ull : (1ull << (8 * n)) - 1;
@@ -249,6 +248,7 @@ static inline __attribute__((always_inline)) bool wire_rd_lit(wire_rd_t *r, cons
         return true;
     }
 #endif
+    if (avail < n) return false;
     for (size_t i = 0; i < n; i++)
         if (r->p[i] != (uint8_t)bytes[i]) return false;
     r->p += n;
@@ -384,6 +384,25 @@ static inline void wire_out_int(wire_out_t *o, int64_t v)
     else if (v >= INT32_MIN) wire_out_be(o, 0xd2, (uint64_t)v, 4);
     else wire_out_be(o, 0xd3, (uint64_t)v, 8);
 }
+
+/* Exact bytes from a string literal (an encoded key): one 8-byte store of
+ * the word folded at compile time when the literal is <= 8 bytes, so the
+ * caller must have 8 writable bytes at o->p. */
+static inline __attribute__((always_inline)) void wire_out_lit(wire_out_t *o, size_t n, uint64_t word,
+                                                              const char *bytes)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (n <= 8) {
+        memcpy(o->p, &word, 8);
+        o->p += n;
+        return;
+    }
+#endif
+    (void)word;
+    memcpy(o->p, bytes, n);
+    o->p += n;
+}
+#define WIRE_OUT_LIT(o, lit) wire_out_lit((o), sizeof(lit) - 1, WIRE_LIT_WORD_(lit), (lit))
 
 /* Containers here are short (< 2^16 entries). */
 static inline void wire_out_map(wire_out_t *o, uint32_t n)
