@@ -69,9 +69,10 @@ typedef struct {
     coll_frame_t *head, *tail;
 } coll_peer_t;
 
-typedef struct {
+typedef struct coll_send {
     uint8_t hdr[COLL_HDR_BYTES];
     struct coll_host *c;
+    struct coll_send *prev, *next; /* c->sends: started, not completed */
 } coll_send_t;
 
 typedef struct coll_host {
@@ -89,6 +90,7 @@ typedef struct coll_host {
     unsigned        connect_ms;
     size_t          seg_bytes;
     int             sends_pending;
+    coll_send_t    *sends;        /* the pending ones, freed by destroy if never completed */
     ev_timer        timer;
     ev_timer        poll;         /* progress tick while a call waits */
     uint8_t        *stage;        /* reduction staging (reduce-scatter work) */
@@ -320,6 +322,9 @@ static void coll_on_send_done(void *arg, bt_status_t st)
     coll_send_t *s = arg;
     coll_host_t *c = s->c;
     c->sends_pending--;
+    if (s->prev) s->prev->next = s->next;
+    else c->sends = s->next;
+    if (s->next) s->next->prev = s->prev;
     if (st != BT_OK) coll_fail(c, st);
     free(s);
     coll_progress_mark(c);
@@ -357,6 +362,10 @@ static bt_status_t coll_send_seg(coll_host_t *c, int peer, uint32_t step, uint32
         return c->failed;
     }
     c->sends_pending++;
+    snd->prev = NULL;
+    snd->next = c->sends;
+    if (c->sends) c->sends->prev = snd;
+    c->sends = snd;
     return BT_OK;
 }
 
@@ -664,6 +673,13 @@ static void coll_host_destroy(coll_comm_t *comm)
      * a completion re-arming the timer) once spun here forever. */
     uint64_t deadline = clock_now_ns() + 1000000000ull;
     while (c->sends_pending > 0 && clock_now_ns() < deadline && ev_run(c->loop, EVRUN_NOWAIT)) {}
+    /* Sends still pending now never complete (xport.h: after destroy, done()
+     * fires for none, an inproc frame a peer still holds included). */
+    while (c->sends) {
+        coll_send_t *s = c->sends;
+        c->sends = s->next;
+        free(s);
+    }
     ev_loop_destroy(c->loop);
     free(c->peers);
     free(c->stage);
