@@ -47,6 +47,8 @@ struct actor_loop {
     bool            stopping;
     uint32_t        busy_us;
     uint64_t        busy_until_ns;
+    bool            spinning;   /* inside loop_spin_cb's poll loop */
+    bool            armed;      /* busy_arm ran while spinning: refresh busy_until_ns */
     loop_poller_t   pollers[LOOP_MAX_POLLERS];
     int             npollers;
 
@@ -163,10 +165,17 @@ static void loop_spin_cb(struct ev_loop *ev, ev_idle *w, int revents)
         unsigned idle = 0;
         while (now < l->busy_until_ns) {
             int got = 0;
+            /* busy_arm called from the pollers' callbacks only flags the
+             * loop: the window is refreshed below with one clock read per
+             * poll round instead of one per receive and per send (it starts
+             * a little later, so it is never shorter). */
+            l->spinning = true;
             for (int i = 0; i < l->npollers; i++) got += l->pollers[i].fn(l->pollers[i].arg);
             atomic_fetch_add_explicit(&l->n_spins, 1, memory_order_relaxed);
             if (l->lq_head) loop_local_drain(l);
-            if (got > 0) {
+            l->spinning = false;
+            if (got > 0 || l->armed) {
+                l->armed = false;
                 now = clock_now_ns();
                 l->busy_until_ns = now + (uint64_t)l->busy_us * 1000u;
                 idle = 0;
@@ -399,6 +408,10 @@ void actor_loop_poller_remove(actor_loop_t *l, actor_loop_poll_fn fn, void *arg)
 void actor_loop_busy_arm(actor_loop_t *l)
 {
     if (l->busy_us == 0 || l->npollers == 0) return;
+    if (l->spinning) { /* loop_spin_cb refreshes the window after this round */
+        l->armed = true;
+        return;
+    }
     l->busy_until_ns = clock_now_ns() + (uint64_t)l->busy_us * 1000u;
     if (!ev_is_active(&l->spin)) ev_idle_start(l->ev, &l->spin);
 }
