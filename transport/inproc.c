@@ -219,10 +219,14 @@ static bool inproc_box_post(inproc_box_t *b, inproc_item_t *it, int frame_side)
         return false;
     }
     it->next = NULL;
+    /* One wake-up per burst: a box that is not empty was signalled by the
+     * post that filled it, and its drain (which takes the whole list under
+     * this lock) has not run yet. */
+    bool was_empty = !b->head;
     if (b->tail) b->tail->next = it;
     else __atomic_store_n(&b->head, it, __ATOMIC_RELEASE); /* see inproc_drain */
     b->tail = it;
-    ev_async_send(b->x->cfg.loop, &b->x->async);
+    if (was_empty) ev_async_send(b->x->cfg.loop, &b->x->async);
     pthread_mutex_unlock(&b->mu);
     return true;
 }
