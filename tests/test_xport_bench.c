@@ -24,13 +24,15 @@ static void test_ref_sock_pingpong(void)
 static void test_ref_ucx_perftest(void)
 {
     double lat = 0, gbs = 0;
-    REQUIRE(bench_ref_ucx_perftest("ucp_am_lat", 8, 2000, &lat, &gbs) == BT_OK);
-    CHECK_MSG(sane(lat, gbs), "lat %g us, %g GB/s", lat, gbs);
-    CHECK(bench_ref_ucx_perftest("no_such_test", 8, 10, &lat, &gbs) == BT_ERR_INVALID);
+    for (int err_mode = 0; err_mode < 2; err_mode++) {
+        REQUIRE(bench_ref_ucx_perftest("ucp_am_lat", 8, 2000, err_mode, &lat, &gbs) == BT_OK);
+        CHECK_MSG(sane(lat, gbs), "err_mode %d: lat %g us, %g GB/s", err_mode, lat, gbs);
+    }
+    CHECK(bench_ref_ucx_perftest("no_such_test", 8, 10, true, &lat, &gbs) == BT_ERR_INVALID);
     /* the tool missing from PATH is an error, not a hang or a zero */
     char *path = strdup(getenv("PATH") ? getenv("PATH") : "");
     setenv("PATH", "/nonexistent-baton-dir", 1);
-    CHECK(bench_ref_ucx_perftest("ucp_am_lat", 8, 10, &lat, &gbs) == BT_ERR_NOT_FOUND);
+    CHECK(bench_ref_ucx_perftest("ucp_am_lat", 8, 10, true, &lat, &gbs) == BT_ERR_NOT_FOUND);
     setenv("PATH", path, 1);
     free(path);
 }
@@ -64,9 +66,11 @@ static int measure(void)
         printf("ref sockets        8 B  latency %8.2f us\n", lat);
     if (bench_ref_sock_pingpong(big, 4, &lat, &gbs) == BT_OK)
         printf("ref sockets  256 MiB  bandwidth %8.2f GB/s\n", gbs);
-    if (bench_ref_ucx_perftest("ucp_am_lat", 8, 20000, &lat, &gbs) == BT_OK)
+    if (bench_ref_ucx_perftest("ucp_am_lat", 8, 20000, false, &lat, &gbs) == BT_OK)
         printf("ucx_perftest am_lat 8 B latency %8.2f us\n", lat);
-    if (bench_ref_ucx_perftest("ucp_am_bw", big, 4, &lat, &gbs) == BT_OK)
+    if (bench_ref_ucx_perftest("ucp_am_lat", 8, 20000, true, &lat, &gbs) == BT_OK)
+        printf("ucx_perftest -e am_lat 8 B latency %8.2f us\n", lat);
+    if (bench_ref_ucx_perftest("ucp_am_bw", big, 4, true, &lat, &gbs) == BT_OK)
         printf("ucx_perftest am_bw 256 MiB bandwidth %8.2f GB/s\n", gbs);
     for (int k = 0; k < XPORT_KIND_COUNT; k++) {
         if (!xport_ops_get((xport_kind_t)k)) continue;
