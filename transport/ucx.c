@@ -93,6 +93,7 @@ typedef struct ucx_send {
     bt_status_t        status;
     bool               reported;      /* done() already fired (endpoint failure) */
     unsigned           am_id;
+    size_t             blk_size;      /* bytes allocated (ucx_blk_get) */
     uint8_t           *hdr;           /* UCX_PFX_LEN prefix + the caller's header, inside this block */
     size_t             hdr_len;       /* prefix included */
     size_t             payload_len;
@@ -105,6 +106,7 @@ typedef struct ucx_rx {
     struct ucx_rx *next;
     ucx_xport_t   *x;
     uint8_t        kind;             /* UCX_AM_HS, UCX_AM_DATA or UCX_AM_BYE */
+    size_t         blk_size;         /* bytes allocated (ucx_blk_get) */
     bool           rndv;
     uint32_t       pfx_slot, pfx_tag; /* HS: the sender's connection id */
     bool           started;          /* buffer chosen, data moving */
@@ -171,6 +173,8 @@ struct ucx_xport {
     ev_timer        poll;
     ucx_ep_t       *eps;
     ucx_ep_t       *last_hit;        /* lookup cache */
+    void           *blk_free;        /* cached UCX_BLK-byte blocks (sends, receives) */
+    unsigned        blk_nfree;
     ucx_ep_t      **slots;           /* connection ids: the endpoint of each slot, or NULL */
     uint32_t        nslots;
     uint64_t        stray;           /* data frames for no live connection (dropped) */
@@ -201,6 +205,45 @@ static bt_status_t ucx_status_map(ucs_status_t s)
     }
 }
 
+/* Send and receive records of up to UCX_BLK bytes (nearly all: a frame
+ * header is small) come from a per-xport cache; it saves a calloc and a
+ * free per message. Larger ones are allocated to size. Only the record's
+ * struct part (zeroed bytes) is cleared; the caller fills the rest. */
+#define UCX_BLK      640u
+#define UCX_BLK_KEEP 256u
+typedef struct ucx_blk { struct ucx_blk *next; } ucx_blk_t;
+
+static void *ucx_blk_get(ucx_xport_t *x, size_t size, size_t zeroed)
+{
+    void *p;
+    if (size <= UCX_BLK && x->blk_free) {
+        ucx_blk_t *b = x->blk_free;
+        x->blk_free = b->next;
+        x->blk_nfree--;
+        p = b;
+    } else {
+        p = malloc(size <= UCX_BLK ? UCX_BLK : size);
+        if (!p) return NULL;
+    }
+    memset(p, 0, zeroed);
+    return p;
+}
+
+static void ucx_blk_put(ucx_xport_t *x, void *p, size_t size)
+{
+    if (size > UCX_BLK || x->blk_nfree >= UCX_BLK_KEEP) {
+        free(p);
+        return;
+    }
+    ucx_blk_t *b = p;
+    b->next = x->blk_free;
+    x->blk_free = b;
+    x->blk_nfree++;
+}
+
+static void ucx_send_free(ucx_xport_t *x, ucx_send_t *s) { ucx_blk_put(x, s, s->blk_size); }
+static void ucx_rx_free(ucx_xport_t *x, ucx_rx_t *r) { ucx_blk_put(x, r, r->blk_size); }
+
 static void ucx_ep_hold(ucx_ep_t *ep) { ep->refs++; }
 
 static void ucx_ep_unref(ucx_ep_t *ep)
@@ -227,7 +270,7 @@ static int ucx_done_flush(ucx_xport_t *x)
         x->done_head = s->done_next;
         if (!x->done_head) x->done_tail = NULL;
         if (s->done && !s->reported) s->done(s->arg, s->status);
-        free(s);
+        ucx_send_free(x, s);
         n++;
     }
     return n;
@@ -343,7 +386,7 @@ static void ucx_recv_data_cb(void *request, ucs_status_t status, size_t length, 
     r->req = NULL;
     if (r->orphan) {
         ucx_rx_free_buf(r->x, r->buf, r->len);
-        free(r);
+        ucx_rx_free(r->x, r);
         return;
     }
     r->ucs = status;
@@ -409,12 +452,14 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
         ep->bad_len = length;
         return UCS_OK;
     }
-    ucx_rx_t *r = calloc(1, sizeof *r + header_length);
+    size_t r_size = sizeof(ucx_rx_t) + header_length;
+    ucx_rx_t *r = ucx_blk_get(x, r_size, sizeof *r);
     if (!r) {
         ep->fail_pending = BT_ERR_NOMEM;
         return UCS_OK;
     }
     r->x = x;
+    r->blk_size = r_size;
     r->kind = kind;
     r->rndv = rndv;
     r->pfx_slot = slot;
@@ -431,7 +476,7 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
             /* not persistent (should not happen with PERSISTENT_DATA): copy now */
             r->buf = malloc(length);
             if (!r->buf) {
-                free(r);
+                ucx_rx_free(x, r);
                 ep->fail_pending = BT_ERR_NOMEM;
                 return UCS_OK;
             }
@@ -534,8 +579,10 @@ static ucx_send_t *ucx_send_new(ucx_xport_t *x, unsigned am_id, const void *hdr,
                                 xport_send_done_fn done, void *arg)
 {
     size_t iov_bytes = (size_t)iovcnt * sizeof(ucp_dt_iov_t);
-    ucx_send_t *s = calloc(1, sizeof *s + iov_bytes + UCX_PFX_LEN + hdr_len);
+    size_t s_size = sizeof(ucx_send_t) + iov_bytes + UCX_PFX_LEN + hdr_len;
+    ucx_send_t *s = ucx_blk_get(x, s_size, sizeof *s);
     if (!s) return NULL;
+    s->blk_size = s_size;
     s->x = x;
     s->am_id = am_id;
     s->hdr = (uint8_t *)s->iov + iov_bytes; /* the prefix is written when the send is posted */
@@ -578,7 +625,7 @@ static bt_status_t ucx_send(xport_ep_t *base, const void *hdr, size_t hdr_len,
     }
     bt_status_t st = ucx_send_post(ep, s);
     if (st != BT_OK && st != BT_IN_PROGRESS) {
-        free(s);
+        ucx_send_free(x, s);
         return st;
     }
     return BT_IN_PROGRESS;
@@ -589,7 +636,7 @@ static bt_status_t ucx_hs_send(ucx_ep_t *ep, const uint8_t *msg, size_t len)
     ucx_send_t *s = ucx_send_new(ep->x, UCX_AM_HS, msg, len, NULL, 0, NULL, NULL);
     if (!s) return BT_ERR_NOMEM;
     bt_status_t st = ucx_send_post(ep, s);
-    if (st != BT_OK && st != BT_IN_PROGRESS) free(s);
+    if (st != BT_OK && st != BT_IN_PROGRESS) ucx_send_free(ep->x, s);
     return st == BT_IN_PROGRESS ? BT_OK : st;
 }
 
@@ -644,7 +691,7 @@ static void ucx_ep_teardown(ucx_ep_t *ep, bt_status_t status, bool force, bool r
         }
         if (r->desc) ucp_am_data_release(x->worker, r->desc);
         ucx_rx_free_buf(x, r->buf, r->len);
-        free(r);
+        ucx_rx_free(x, r);
     }
     ep->rx_tail = NULL;
     if (ep->uep) {
@@ -722,7 +769,7 @@ static bt_status_t ucx_bye_send(ucx_ep_t *ep, uint8_t what)
     ucx_send_t *s = ucx_send_new(ep->x, UCX_AM_BYE, &what, 1, NULL, 0, NULL, NULL);
     if (!s) return BT_ERR_NOMEM;
     bt_status_t st = ucx_send_post(ep, s);
-    if (st != BT_OK && st != BT_IN_PROGRESS) free(s);
+    if (st != BT_OK && st != BT_IN_PROGRESS) ucx_send_free(ep->x, s);
     return st == BT_IN_PROGRESS ? BT_OK : st;
 }
 
@@ -850,7 +897,7 @@ static void ucx_rx_release(xport_rx_t *rx)
 {
     ucx_rx_t *r = (ucx_rx_t *)rx;
     ucx_rx_free_buf(r->x, r->buf, r->len);
-    free(r);
+    ucx_rx_free(r->x, r);
 }
 
 /* Choose the buffer for the FIFO head and start moving its data. */
@@ -964,14 +1011,14 @@ static void ucx_ep_dispatch(ucx_ep_t *ep)
             ep->rx_head = r->next;
             if (!ep->rx_head) ep->rx_tail = NULL;
             ucx_hs_consume(ep, r);
-            free(r);
+            ucx_rx_free(x, r);
             continue;
         }
         if (r->kind == UCX_AM_BYE) {
             uint8_t what = r->hdr_len == 1 ? r->hdr[0] : 0;
             ep->rx_head = r->next;
             if (!ep->rx_head) ep->rx_tail = NULL;
-            free(r);
+            ucx_rx_free(x, r);
             ucx_bye_consume(ep, what);
             return;
         }
@@ -981,7 +1028,7 @@ static void ucx_ep_dispatch(ucx_ep_t *ep)
             if (!ep->rx_head) ep->rx_tail = NULL;
             if (r->desc) ucp_am_data_release(x->worker, r->desc);
             ucx_rx_free_buf(x, r->buf, r->len);
-            free(r);
+            ucx_rx_free(x, r);
             continue;
         }
         if (ep->state != UEP_OPEN) {
@@ -1001,7 +1048,7 @@ static void ucx_ep_dispatch(ucx_ep_t *ep)
             ucs_status_t ucs = r->ucs;
             size_t len = r->len;
             ucx_rx_free_buf(x, r->buf, r->len);
-            free(r);
+            ucx_rx_free(x, r);
             if (st == BT_ERR_PEER_PROTO)
                 ucx_ep_fail(ep, st, "receiver refused a payload of %zu bytes", len);
             else
@@ -1192,6 +1239,11 @@ static void ucx_xport_free(ucx_xport_t *x)
 {
     if (x->worker) ucp_worker_destroy(x->worker);
     if (x->ctx) ucp_cleanup(x->ctx);
+    while (x->blk_free) {
+        ucx_blk_t *b = x->blk_free;
+        x->blk_free = b->next;
+        free(b);
+    }
     free(x->slots);
     free(x->job_id);
     free(x->listen_addr);
@@ -1416,7 +1468,7 @@ static bt_status_t ucx_connect(xport_t *base, const char *addr, xport_ep_t **out
     ucx_send_t *s_hello = ucx_send_new(x, UCX_AM_HS, ep->hs_hello, sizeof ep->hs_hello, NULL, 0,
                                        NULL, NULL);
     if (!s_hello || (st = ucx_send_post(ep, s_hello)) < 0) {
-        free(s_hello);
+        if (s_hello) ucx_send_free(x, s_hello);
         ep->fail_pending = BT_ERR_PEER_UNREACH;
     }
     ucx_wake(x);
