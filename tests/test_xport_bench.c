@@ -3,7 +3,9 @@
  * runs the full measurement (8 B latency, 256 MiB bandwidth) for the report. */
 #include "tests/test.h"
 
+#include "base/log.h"
 #include "bench/ref.h"
+#include "tests/helpers/capture.h"
 
 #include <signal.h>
 
@@ -36,6 +38,47 @@ static void test_ref_ucx_perftest(void)
     setenv("PATH", path, 1);
     free(path);
 }
+
+#ifdef BT_HAVE_UCX
+/* Same-host ucx connections must run over shared memory (transport/ucx.c
+ * turns UCX_MM_ERROR_HANDLING on); with it forced off they fall back to tcp,
+ * which shows the check can tell the two apart. The transport names its
+ * lanes at debug level. */
+static char *ucx_lanes_logged(const char *mm_err)
+{
+    char *saved = getenv("UCX_MM_ERROR_HANDLING") ? strdup(getenv("UCX_MM_ERROR_HANDLING")) : NULL;
+    if (mm_err) setenv("UCX_MM_ERROR_HANDLING", mm_err, 1);
+    log_set_level(LOG_DEBUG);
+    test_capture_t cap;
+    test_capture_begin(&cap);
+    double lat = 0, gbs = 0;
+    bt_status_t st = bench_xport_pingpong(XPORT_UCX, 8, 20, false, &lat, &gbs);
+    char *text = test_capture_end(&cap);
+    log_set_level(LOG_INFO);
+    if (saved) setenv("UCX_MM_ERROR_HANDLING", saved, 1);
+    else unsetenv("UCX_MM_ERROR_HANDLING");
+    free(saved);
+    CHECK(st == BT_OK);
+    return text;
+}
+
+static void test_ucx_same_host_shared_memory(void)
+{
+    char *text = ucx_lanes_logged(NULL);
+    const char *line = strstr(text, "runs over ");
+    CHECK_MSG(line && (!strncmp(line + 10, "sysv/", 5) || !strncmp(line + 10, "posix/", 6)),
+              "ucx lanes: %.300s", line ? line : text);
+    free(text);
+    text = ucx_lanes_logged("n");
+    line = strstr(text, "runs over ");
+    CHECK_MSG(line && !strncmp(line + 10, "tcp/", 4), "ucx lanes without shm error handling: %.300s",
+              line ? line : text);
+    free(text);
+}
+#define UCX_SHM test_ucx_same_host_shared_memory,
+#else
+#define UCX_SHM
+#endif
 
 static void pingpong_kind(xport_kind_t kind)
 {
@@ -92,5 +135,5 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "--measure")) return measure();
 #define TEST_RUN_EXPANDED(...) TEST_RUN(__VA_ARGS__)
     TEST_RUN_EXPANDED(argc, argv, test_ref_sock_pingpong, test_ref_ucx_perftest, test_xport_pingpong_inproc,
-             test_xport_pingpong_tcp, UCX_PP);
+             test_xport_pingpong_tcp, UCX_PP UCX_SHM);
 }

@@ -816,8 +816,44 @@ static void ucx_hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
     ucx_dispatch(x);
 }
 
+/* At debug level, which UCX transports carry the connection, from
+ * ucp_ep_print_info's lane lines ("lane[1]:  3:sysv/memory.0 md[2] -> ...
+ * am am_bw#0 keepalive"): "sysv/memory.0 (am am_bw#0 keepalive); ...". */
+static void ucx_ep_log_lanes(const ucx_ep_t *ep)
+{
+    if (!log_enabled(LOG_DEBUG) || !ep->uep) return;
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *f = open_memstream(&text, &text_len);
+    if (!f) return;
+    ucp_ep_print_info(ep->uep, f);
+    fclose(f);
+    char out[512];
+    size_t n = 0;
+    out[0] = '\0';
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *lane = strstr(line, "lane[");
+        char *colon = lane ? strchr(lane, ':') : NULL;
+        char *arrow = strstr(line, "->");
+        if (!colon || !arrow) continue; /* also skips the connection manager's lane */
+        char tl[64] = "", roles[128] = "";
+        const char *tl_at = strchr(colon + 1, ':'); /* "  3:sysv/memory.0 md[2]" */
+        if (!tl_at || sscanf(tl_at + 1, "%63s", tl) != 1) continue;
+        const char *r = arrow + 2 + strspn(arrow + 2, " "); /* "md[2]/sysv/sysdev[255] am ..." */
+        r += strcspn(r, " ");
+        snprintf(roles, sizeof roles, "%s", r + strspn(r, " "));
+        int w = snprintf(out + n, sizeof out - n, "%s%s (%s)", n ? "; " : "", tl, roles);
+        if (w < 0 || (size_t)w >= sizeof out - n) break;
+        n += (size_t)w;
+    }
+    free(text);
+    log_debug("ucx: connection to %s (id %u) runs over %s", ep->base.peer_addr, ep->hs.peer_id,
+              n ? out : "(no lanes reported)");
+}
+
 static void ucx_hs_finish(ucx_ep_t *ep)
 {
+    ucx_ep_log_lanes(ep);
     ucx_xport_t *x = ep->x;
     ev_timer_stop(x->cfg.loop, &ep->hs_timer);
     ep->state = UEP_OPEN;
