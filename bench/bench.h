@@ -16,6 +16,7 @@ typedef struct {
     double latency_us;        /* one-way, 8-byte messages; 0 when not measured */
     double bandwidth_gbps;    /* at bandwidth_bytes; 0 when not measured */
     size_t bandwidth_bytes;
+    double latency_plain_us;  /* ucx: ucp_am_lat without error handling (context only); else 0 */
 } bench_ref_t;
 
 /* Measure the reference for a transport kind (bench/bench_ref.c): plain

@@ -2,6 +2,8 @@
  * helper's reference programs (bench/ref.h) in the same run:
  *   tcp     plain blocking-socket ping-pong (bench/ref_sock_pingpong.c)
  *   ucx     ucx_perftest ucp_am_lat / ucp_am_bw (bench/ref_ucx_perftest.c)
+ *           with endpoints in error-handling mode, as ours are (-e); the
+ *           latency without it is measured too, for context
  *   inproc  no outside reference exists; our transport without the actor
  *           layer (bench/ref_xport_pingpong.c, busy polling) stands in. */
 #include "bench/bench.h"
@@ -32,10 +34,13 @@ bt_status_t bench_ref_run(xport_kind_t kind, unsigned iters, size_t big_bytes, b
         if (st == BT_OK && big_bytes) st = bench_ref_sock_pingpong(big_bytes, ref_iters_for(big_bytes), &unused, &bw);
         break;
     case XPORT_UCX:
-        snprintf(out->name, sizeof out->name, "ucx_perftest ucp_am_lat/ucp_am_bw");
-        st = bench_ref_ucx_perftest("ucp_am_lat", 8, (int)iters, &lat, &unused);
+        snprintf(out->name, sizeof out->name, "ucx_perftest -e ucp_am_lat/ucp_am_bw");
+        st = bench_ref_ucx_perftest("ucp_am_lat", 8, (int)iters, true, &lat, &unused);
         if (st == BT_OK && big_bytes)
-            st = bench_ref_ucx_perftest("ucp_am_bw", big_bytes, ref_iters_for(big_bytes), &unused, &bw);
+            st = bench_ref_ucx_perftest("ucp_am_bw", big_bytes, ref_iters_for(big_bytes), true, &unused, &bw);
+        if (st == BT_OK
+            && bench_ref_ucx_perftest("ucp_am_lat", 8, (int)iters, false, &out->latency_plain_us, &unused) != BT_OK)
+            out->latency_plain_us = 0;
         break;
     case XPORT_INPROC:
         snprintf(out->name, sizeof out->name, "xport_pingpong inproc (no actors)");

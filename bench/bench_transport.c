@@ -628,6 +628,8 @@ static void print_human(const bench_opts_t *o, const bench_result_t *r, const be
     if (ref && ref->latency_us > 0)
         printf("  reference %s: %.2f us one-way -> ratio %.2fx\n", ref->name, ref->latency_us,
                r->lat_us / ref->latency_us);
+    if (ref && ref->latency_plain_us > 0)
+        printf("  (ucx_perftest ucp_am_lat without error handling: %.2f us one-way)\n", ref->latency_plain_us);
     for (int i = 0; i < o->nsizes; i++)
         printf("  bandwidth %10zu B: %.3f GB/s\n", o->sizes[i], r->bw_gbps[i]);
     if (ref && ref->bandwidth_gbps > 0 && o->nsizes)
@@ -659,6 +661,7 @@ static void print_json(const bench_opts_t *o, const bench_result_t *r, const ben
         printf(",\"ref\":\"%s\",\"ref_latency_us\":%.4f,\"ref_bandwidth_GBps\":%.4f", ref->name,
                ref->latency_us, ref->bandwidth_gbps);
         printf(",\"latency_ratio\":%.4f", ref->latency_us > 0 ? r->lat_us / ref->latency_us : 0.0);
+        if (ref->latency_plain_us > 0) printf(",\"ref_latency_plain_us\":%.4f", ref->latency_plain_us);
         printf(",\"bandwidth_ratio\":%.4f",
                ref->bandwidth_gbps > 0 && o->nsizes ? r->bw_gbps[o->nsizes - 1] / ref->bandwidth_gbps : 0.0);
     }

@@ -19,8 +19,11 @@ bt_status_t bench_ref_sock_pingpong(size_t bytes, int iters, double *lat_us, dou
 /* Runs `ucx_perftest` (Debian ucx-utils) as server + client on loopback:
  * test "ucp_am_lat" (lat_us from its average latency) or "ucp_am_bw"
  * (gbytes_s from its average bandwidth; lat_us is its per-message
- * overhead). BT_ERR_NOT_FOUND when the tool is missing. */
-bt_status_t bench_ref_ucx_perftest(const char *test, size_t bytes, int iters,
+ * overhead). err_mode: endpoints in peer error-handling mode (-e) and the
+ * UCX settings transport/ucx.c applies (xport_ucx_settings, unless the
+ * environment sets them), i.e. the configuration our transport runs in.
+ * BT_ERR_NOT_FOUND when the tool is missing. */
+bt_status_t bench_ref_ucx_perftest(const char *test, size_t bytes, int iters, bool err_mode,
                                    double *lat_us, double *gbytes_s);
 
 /* Our own transport without actors: two threads, each with its own libev

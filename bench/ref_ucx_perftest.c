@@ -4,6 +4,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "transport/xport.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -46,11 +47,17 @@ static int perftest_free_port(void)
     return port;
 }
 
-static pid_t perftest_spawn(const char *tool, char *const argv[], int out_fd)
+static pid_t perftest_spawn(const char *tool, char *const argv[], int out_fd, bool err_mode)
 {
     fflush(NULL);
     pid_t pid = fork();
     if (pid != 0) return pid;
+    /* as transport/ucx.c configures its context */
+    for (int i = 0; err_mode && i < XPORT_UCX_NSETTINGS; i++) {
+        char env[96];
+        snprintf(env, sizeof env, "UCX_%s", xport_ucx_settings[i].name);
+        if (!xport_ucx_setting_from_env(i)) setenv(env, xport_ucx_settings[i].value, 1);
+    }
     int null_fd = open("/dev/null", O_RDWR);
     dup2(out_fd >= 0 ? out_fd : null_fd, 1);
     dup2(null_fd, 2);
@@ -67,11 +74,11 @@ static void perftest_reap(pid_t pid, bool kill_it)
 }
 
 /* Run the client, collect its stdout (bounded), return its exit status. */
-static int perftest_client(const char *tool, char *const argv[], char *out, size_t cap)
+static int perftest_client(const char *tool, char *const argv[], bool err_mode, char *out, size_t cap)
 {
     int pfd[2];
     if (pipe(pfd) != 0) return -1;
-    pid_t pid = perftest_spawn(tool, argv, pfd[1]);
+    pid_t pid = perftest_spawn(tool, argv, pfd[1], err_mode);
     close(pfd[1]);
     size_t got = 0;
     uint64_t deadline = clock_now_ns() + PERFTEST_TIMEOUT_S * 1000000000ull;
@@ -98,7 +105,7 @@ static int perftest_client(const char *tool, char *const argv[], char *out, size
     return timed_out ? -1 : WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
 }
 
-bt_status_t bench_ref_ucx_perftest(const char *test, size_t bytes, int iters,
+bt_status_t bench_ref_ucx_perftest(const char *test, size_t bytes, int iters, bool err_mode,
                                    double *lat_us, double *gbytes_s)
 {
     char tool[512];
@@ -116,12 +123,13 @@ bt_status_t bench_ref_ucx_perftest(const char *test, size_t bytes, int iters,
         snprintf(size, sizeof size, "%zu", bytes);
         snprintf(n, sizeof n, "%d", iters);
         snprintf(warm, sizeof warm, "%d", bytes >= (1u << 20) ? 1 : 1000);
-        char *srv_argv[] = {"ucx_perftest", "-p", port, NULL};
-        pid_t srv = perftest_spawn(tool, srv_argv, -1);
+        /* "-e" last, or the terminating NULL in its place */
+        char *srv_argv[] = {"ucx_perftest", "-p", port, err_mode ? "-e" : NULL, NULL};
+        pid_t srv = perftest_spawn(tool, srv_argv, -1, err_mode);
         usleep(200000 * (useconds_t)(attempt + 1)); /* let the server bind */
         char *cli_argv[] = {"ucx_perftest", "127.0.0.1", "-p", port, "-t", (char *)test,
-                            "-s", size, "-n", n, "-w", warm, NULL};
-        int rc = perftest_client(tool, cli_argv, out, 1 << 16);
+                            "-s", size, "-n", n, "-w", warm, err_mode ? "-e" : NULL, NULL};
+        int rc = perftest_client(tool, cli_argv, err_mode, out, 1 << 16);
         const char *fin = strstr(out, "Final:");
         unsigned long it;
         double p50, lat_avg, lat_all, bw_avg, bw_all;

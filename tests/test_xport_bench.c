@@ -3,7 +3,9 @@
  * runs the full measurement (8 B latency, 256 MiB bandwidth) for the report. */
 #include "tests/test.h"
 
+#include "base/log.h"
 #include "bench/ref.h"
+#include "tests/helpers/capture.h"
 
 #include <signal.h>
 
@@ -24,16 +26,59 @@ static void test_ref_sock_pingpong(void)
 static void test_ref_ucx_perftest(void)
 {
     double lat = 0, gbs = 0;
-    REQUIRE(bench_ref_ucx_perftest("ucp_am_lat", 8, 2000, &lat, &gbs) == BT_OK);
-    CHECK_MSG(sane(lat, gbs), "lat %g us, %g GB/s", lat, gbs);
-    CHECK(bench_ref_ucx_perftest("no_such_test", 8, 10, &lat, &gbs) == BT_ERR_INVALID);
+    for (int err_mode = 0; err_mode < 2; err_mode++) {
+        REQUIRE(bench_ref_ucx_perftest("ucp_am_lat", 8, 2000, err_mode, &lat, &gbs) == BT_OK);
+        CHECK_MSG(sane(lat, gbs), "err_mode %d: lat %g us, %g GB/s", err_mode, lat, gbs);
+    }
+    CHECK(bench_ref_ucx_perftest("no_such_test", 8, 10, true, &lat, &gbs) == BT_ERR_INVALID);
     /* the tool missing from PATH is an error, not a hang or a zero */
     char *path = strdup(getenv("PATH") ? getenv("PATH") : "");
     setenv("PATH", "/nonexistent-baton-dir", 1);
-    CHECK(bench_ref_ucx_perftest("ucp_am_lat", 8, 10, &lat, &gbs) == BT_ERR_NOT_FOUND);
+    CHECK(bench_ref_ucx_perftest("ucp_am_lat", 8, 10, true, &lat, &gbs) == BT_ERR_NOT_FOUND);
     setenv("PATH", path, 1);
     free(path);
 }
+
+#ifdef BT_HAVE_UCX
+/* Same-host ucx connections must run over shared memory (transport/ucx.c
+ * turns UCX_MM_ERROR_HANDLING on); with it forced off they fall back to tcp,
+ * which shows the check can tell the two apart. The transport names its
+ * lanes at debug level. */
+static char *ucx_lanes_logged(const char *mm_err)
+{
+    char *saved = getenv("UCX_MM_ERROR_HANDLING") ? strdup(getenv("UCX_MM_ERROR_HANDLING")) : NULL;
+    if (mm_err) setenv("UCX_MM_ERROR_HANDLING", mm_err, 1);
+    log_set_level(LOG_DEBUG);
+    test_capture_t cap;
+    test_capture_begin(&cap);
+    double lat = 0, gbs = 0;
+    bt_status_t st = bench_xport_pingpong(XPORT_UCX, 8, 20, false, &lat, &gbs);
+    char *text = test_capture_end(&cap);
+    log_set_level(LOG_INFO);
+    if (saved) setenv("UCX_MM_ERROR_HANDLING", saved, 1);
+    else unsetenv("UCX_MM_ERROR_HANDLING");
+    free(saved);
+    CHECK(st == BT_OK);
+    return text;
+}
+
+static void test_ucx_same_host_shared_memory(void)
+{
+    char *text = ucx_lanes_logged(NULL);
+    const char *line = strstr(text, "runs over ");
+    CHECK_MSG(line && (!strncmp(line + 10, "sysv/", 5) || !strncmp(line + 10, "posix/", 6)),
+              "ucx lanes: %.300s", line ? line : text);
+    free(text);
+    text = ucx_lanes_logged("n");
+    line = strstr(text, "runs over ");
+    CHECK_MSG(line && !strncmp(line + 10, "tcp/", 4), "ucx lanes without shm error handling: %.300s",
+              line ? line : text);
+    free(text);
+}
+#define UCX_SHM test_ucx_same_host_shared_memory,
+#else
+#define UCX_SHM
+#endif
 
 static void pingpong_kind(xport_kind_t kind)
 {
@@ -64,9 +109,11 @@ static int measure(void)
         printf("ref sockets        8 B  latency %8.2f us\n", lat);
     if (bench_ref_sock_pingpong(big, 4, &lat, &gbs) == BT_OK)
         printf("ref sockets  256 MiB  bandwidth %8.2f GB/s\n", gbs);
-    if (bench_ref_ucx_perftest("ucp_am_lat", 8, 20000, &lat, &gbs) == BT_OK)
+    if (bench_ref_ucx_perftest("ucp_am_lat", 8, 20000, false, &lat, &gbs) == BT_OK)
         printf("ucx_perftest am_lat 8 B latency %8.2f us\n", lat);
-    if (bench_ref_ucx_perftest("ucp_am_bw", big, 4, &lat, &gbs) == BT_OK)
+    if (bench_ref_ucx_perftest("ucp_am_lat", 8, 20000, true, &lat, &gbs) == BT_OK)
+        printf("ucx_perftest -e am_lat 8 B latency %8.2f us\n", lat);
+    if (bench_ref_ucx_perftest("ucp_am_bw", big, 4, true, &lat, &gbs) == BT_OK)
         printf("ucx_perftest am_bw 256 MiB bandwidth %8.2f GB/s\n", gbs);
     for (int k = 0; k < XPORT_KIND_COUNT; k++) {
         if (!xport_ops_get((xport_kind_t)k)) continue;
@@ -88,5 +135,5 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "--measure")) return measure();
 #define TEST_RUN_EXPANDED(...) TEST_RUN(__VA_ARGS__)
     TEST_RUN_EXPANDED(argc, argv, test_ref_sock_pingpong, test_ref_ucx_perftest, test_xport_pingpong_inproc,
-             test_xport_pingpong_tcp, UCX_PP);
+             test_xport_pingpong_tcp, UCX_PP UCX_SHM);
 }

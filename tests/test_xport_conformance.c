@@ -118,6 +118,7 @@ typedef struct {
     int             n_eps;
     int             connected;
     bool            finished;
+    uint64_t        finish_ns;   /* sendclose: finish at this time */
     int             rc;
     uint64_t        sent_done, rx_count, errors;
     uint64_t        send_errors;
@@ -203,6 +204,18 @@ static void child_on_connected(void *arg, xport_ep_t *ep, bt_status_t st)
     }
     if (!strcmp(c->mode, "stream") || !strcmp(c->mode, "bidir")) {
         child_stream_start(c, ep, 0);
+    } else if (!strcmp(c->mode, "sendexit")) {
+        /* post everything, then destroy the transport and exit at once,
+         * without waiting for a single send to complete */
+        child_stream_start(c, ep, 0);
+        c->finished = true;
+    } else if (!strcmp(c->mode, "sendclose")) {
+        /* post everything and close the endpoint at once; the process
+         * lives on a while, so the close alone must deliver the frames */
+        child_stream_start(c, ep, 0);
+        xport_close(ep);
+        c->eps[0] = NULL;
+        c->finish_ns = clock_now_ns() + 1000000000ull;
     } else if (!strcmp(c->mode, "multi")) {
         uint32_t conn = 0;
         for (int i = 0; i < c->n_eps; i++) if (c->eps[i] == ep) conn = (uint32_t)i;
@@ -295,6 +308,7 @@ static void child_on_error(void *arg, xport_ep_t *ep, bt_status_t why)
 static void child_tick(struct ev_loop *loop, ev_timer *w, int revents)
 {
     child_t *c = w->data;
+    if (c->finish_ns && clock_now_ns() >= c->finish_ns) c->finished = true;
     child_maybe_report(c);
     if (c->finished) ev_break(loop, EVBREAK_ALL);
 }
@@ -671,6 +685,38 @@ static void case_order(xport_kind_t kind)
     CHECK(s.got == s.want);
     CHECK(s.bad == 0);
     CHECK(s.report && s.report_err == 0);
+    parent_finish(&p);
+    check_kids_ok(&p);
+}
+
+/* ---- case: a peer that sends and exits at once -------------------------- */
+
+static bool cond_stream_and_close(parent_t *p)
+{
+    stream_ctx_t *s = p->ctx;
+    return p->errors_cb > 0 || s->bad > 0; /* the close comes after the frames, or too early */
+}
+
+/* The child posts frames of up to 1 MiB (rendezvous sizes on ucx) and
+ * right away destroys its transport and exits ("sendexit") or closes the
+ * endpoint and lives on ("sendclose"): every frame must still arrive, intact
+ * and in order, and only then the close (tcp: the FIN after the bytes; ucx:
+ * the BYE after the frames, acknowledged once their data is pulled). */
+static void case_send_then(xport_kind_t kind, const char *mode)
+{
+    parent_t p;
+    REQUIRE(parent_setup(&p, kind));
+    stream_ctx_t s = {.want = 48, .max = PATTERN_LEN};
+    s.report = true; /* sendexit sends no report */
+    p.ctx = &s;
+    p.on_recv = stream_on_recv;
+    parent_spawn(&p, mode, s.want, s.max);
+    CHECK(parent_run(&p, cond_stream_and_close, 60));
+    CHECK_MSG(s.got == s.want, "got %llu of %llu frames before the close", (unsigned long long)s.got,
+              (unsigned long long)s.want);
+    CHECK(s.bad == 0);
+    CHECK_MSG(p.errors_cb == 1 && p.last_error == BT_ERR_PEER_CLOSED, "%d error callbacks, last %s",
+              p.errors_cb, bt_status_str(p.last_error));
     parent_finish(&p);
     check_kids_ok(&p);
 }
@@ -1537,7 +1583,10 @@ static int raw_ucx_main(const char *addr, int variant)
     ucs_status_ptr_t req = variant == 2 ? ucp_am_send_nbx(ep, 9, hdr, 40, payload, sizeof payload, &sp)
                          : variant == 0 ? ucp_am_send_nbx(ep, 2, hdr, 40, payload, sizeof payload, &sp)
                                         : ucp_am_send_nbx(ep, 1, hdr, 17, NULL, 0, &sp);
-    uint64_t deadline = clock_now_ns() + 5000000000ull;
+    /* variant 0's frame carries no valid connection id (its 8-byte prefix
+     * is 0x77...), so the server drops the frame unattributed and the peer
+     * at its handshake deadline (5 s): wait longer than that */
+    uint64_t deadline = clock_now_ns() + 8000000000ull;
     while (!g_raw_ucx_failed && clock_now_ns() < deadline) {
         ucp_worker_progress(w);
         usleep(100);
@@ -1701,22 +1750,27 @@ static void test_kind_table(void)
 XPORT_CASES(DEFINE_CASE, inproc)
 XPORT_CASES(DEFINE_CASE, tcp)
 static void test_kill_send_tcp(void) { case_kill_send(XPORT_TCP); }
+static void test_send_exit_tcp(void) { case_send_then(XPORT_TCP, "sendexit"); }
+static void test_send_close_tcp(void) { case_send_then(XPORT_TCP, "sendclose"); }
 static void test_kill_send_inproc(void) { case_kill_send_inproc(); }
 #ifdef BT_HAVE_UCX
 XPORT_CASES(DEFINE_CASE, ucx)
 static void test_kill_send_ucx(void) { case_kill_send(XPORT_UCX); }
+static void test_send_exit_ucx(void) { case_send_then(XPORT_UCX, "sendexit"); }
+static void test_send_close_ucx(void) { case_send_then(XPORT_UCX, "sendclose"); }
 #endif
 
 #define NAME_CASE(name, kind) test_##name##_##kind,
 #ifdef BT_HAVE_UCX
-#define UCX_TESTS XPORT_CASES(NAME_CASE, ucx) test_kill_send_ucx, test_ucx_raw_bad_peers,
+#define UCX_TESTS XPORT_CASES(NAME_CASE, ucx) test_kill_send_ucx, test_send_exit_ucx, test_send_close_ucx, \
+                  test_ucx_raw_bad_peers,
 #else
 #define UCX_TESTS
 #endif
 #define ALL_TESTS \
     test_kind_table, test_handshake_messages, test_secret_file, \
     XPORT_CASES(NAME_CASE, inproc) test_kill_send_inproc, test_inproc_close_takes_back, \
-    XPORT_CASES(NAME_CASE, tcp) test_kill_send_tcp, test_tcp_bad_frames, test_tcp_bad_handshake_raw, \
+    XPORT_CASES(NAME_CASE, tcp) test_kill_send_tcp, test_send_exit_tcp, test_send_close_tcp, test_tcp_bad_frames, test_tcp_bad_handshake_raw, \
     test_tcp_ipv6, test_tcp_pending_handshake_cap, \
     UCX_TESTS
 #define TEST_RUN_EXPANDED(...) TEST_RUN(__VA_ARGS__)

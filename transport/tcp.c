@@ -15,12 +15,19 @@
  * closed endpoint is marked DEAD at once and freed when the last reference
  * goes.
  *
+ * Close: frames send() accepted are delivered. close() of an endpoint with
+ * unwritten frames makes it CLOSING: no more reads or callbacks, the queue
+ * drains from the write watcher, then FIN and close; if it cannot drain
+ * within TCP_CLOSE_S the rest is canceled. destroy() drains every such
+ * endpoint the same way, waiting on the sockets for that bounded time.
+ *
  * Completions: send() never calls done() itself. Completed sends go on the
  * xport's done list, which handlers flush before they return and an ev_idle
  * watcher flushes when a send finished inside send() or close().
  */
 #include "transport/xport.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "transport/handshake.h"
 #include "transport/sockaddr.h"
@@ -30,6 +37,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +53,7 @@
 #define TCP_IOV_BATCH     64
 #define TCP_DEFAULT_MAX_FRAME (1ull << 30)
 #define TCP_DEFAULT_HS_MS 5000u
+#define TCP_CLOSE_S       2.0   /* how long a closed endpoint may take to drain its queue */
 
 typedef struct tcp_xport tcp_xport_t;
 
@@ -60,7 +69,7 @@ typedef struct tcp_send {
     struct iovec       iov[];   /* fhdr, hdr, payload pieces (zero-length ones left out) */
 } tcp_send_t;
 
-typedef enum { EP_CONNECTING, EP_HANDSHAKE, EP_OPEN, EP_DEAD } tcp_ep_state_t;
+typedef enum { EP_CONNECTING, EP_HANDSHAKE, EP_OPEN, EP_CLOSING, EP_DEAD } tcp_ep_state_t;
 typedef enum { RX_FHDR, RX_HDR, RX_PAYLOAD } tcp_rx_stage_t;
 
 typedef struct tcp_ep {
@@ -226,7 +235,9 @@ static void tcp_ep_fail(tcp_ep_t *ep, bt_status_t status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    if (was == EP_OPEN && status == BT_ERR_PEER_CLOSED && !strcmp(why, "connection closed"))
+    if (was == EP_CLOSING)
+        log_warn("tcp: closing %s: %s; frames not yet written are dropped", ep->base.peer_addr, why);
+    else if (was == EP_OPEN && status == BT_ERR_PEER_CLOSED && !strcmp(why, "connection closed"))
         log_info("tcp: peer %s (id %u) closed the connection", ep->base.peer_addr, ep->base.peer_id);
     else if (was == EP_OPEN && status == BT_ERR_PEER_CLOSED)
         log_warn("tcp: peer %s (id %u) closed: %s", ep->base.peer_addr, ep->base.peer_id, why);
@@ -240,7 +251,9 @@ static void tcp_ep_fail(tcp_ep_t *ep, bt_status_t status, const char *fmt, ...)
     tcp_ep_unlink(ep);
     tcp_ep_teardown(ep, status);
     tcp_done_flush(x);
-    if (was == EP_OPEN) {
+    if (was == EP_CLOSING) {
+        /* closed by its owner: nobody to tell */
+    } else if (was == EP_OPEN) {
         if (x->cfg.cbs.error) x->cfg.cbs.error(x->cfg.cbs.arg, &ep->base, status);
     } else if (!ep->is_server) {
         if (x->cfg.cbs.connected) x->cfg.cbs.connected(x->cfg.cbs.arg, &ep->base, status);
@@ -264,11 +277,15 @@ static void tcp_hs_out_append(tcp_ep_t *ep, const uint8_t *p, size_t n)
     ep->hs_out_len += n;
 }
 
+/* The handshake's deadline, or a close's. */
 static void tcp_hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     tcp_ep_t *ep = w->data;
-    tcp_ep_fail(ep, BT_ERR_PEER_TIMEOUT, "handshake not finished within %u ms",
-                ep->x->cfg.handshake_ms);
+    if (ep->state == EP_CLOSING)
+        tcp_ep_fail(ep, BT_ERR_CANCELED, "queue not drained within %.0f s of the close", TCP_CLOSE_S);
+    else
+        tcp_ep_fail(ep, BT_ERR_PEER_TIMEOUT, "handshake not finished within %u ms",
+                    ep->x->cfg.handshake_ms);
 }
 
 /* Both sides: start the handshake once the socket is connected. */
@@ -548,6 +565,17 @@ static void tcp_ep_read(tcp_ep_t *ep)
 /* ---- send ------------------------------------------------------------- */
 
 /* Write handshake bytes then (when open) queued frames until EAGAIN. */
+/* A closing endpoint's queue is empty: FIN after the last byte, and gone. */
+static void tcp_close_finish(tcp_ep_t *ep)
+{
+    if (ep->fd >= 0) shutdown(ep->fd, SHUT_WR);
+    ep->state = EP_DEAD;
+    tcp_ep_unlink(ep);
+    tcp_ep_teardown(ep, BT_ERR_CANCELED);
+    tcp_done_schedule(ep->x);
+    tcp_ep_unref(ep); /* the list's reference */
+}
+
 static void tcp_ep_write(tcp_ep_t *ep)
 {
     tcp_xport_t *x = ep->x;
@@ -564,7 +592,7 @@ static void tcp_ep_write(tcp_ep_t *ep)
         }
         ep->hs_out_off += (size_t)w;
     }
-    if (ep->state != EP_OPEN) goto stop_writable;
+    if (ep->state != EP_OPEN && ep->state != EP_CLOSING) goto stop_writable;
     while (ep->sq_head && budget > 0) {
         struct iovec iov[TCP_IOV_BATCH];
         int n = 0;
@@ -607,6 +635,10 @@ static void tcp_ep_write(tcp_ep_t *ep)
         }
     }
     if (ep->sq_head) goto wait_writable;
+    if (ep->state == EP_CLOSING) {
+        tcp_close_finish(ep);
+        return;
+    }
 stop_writable:
     if (ep->state != EP_CONNECTING) ev_io_stop(x->cfg.loop, &ep->wio);
     return;
@@ -620,7 +652,7 @@ static bt_status_t tcp_send(xport_ep_t *base, const void *hdr, size_t hdr_len,
 {
     tcp_ep_t *ep = (tcp_ep_t *)base;
     tcp_xport_t *x = ep->x;
-    if (ep->state == EP_DEAD) return BT_ERR_PEER_CLOSED;
+    if (ep->state == EP_DEAD || ep->state == EP_CLOSING) return BT_ERR_PEER_CLOSED;
     if (iovcnt < 0 || (iovcnt > 0 && !iov) || (hdr_len > 0 && !hdr)) return BT_ERR_INVALID;
     size_t payload_len = 0;
     for (int i = 0; i < iovcnt; i++) payload_len += iov[i].iov_len;
@@ -822,7 +854,18 @@ static bt_status_t tcp_create(const xport_config_t *cfg, xport_t **out)
 static void tcp_close(xport_ep_t *base)
 {
     tcp_ep_t *ep = (tcp_ep_t *)base;
-    if (ep->state == EP_DEAD) return;
+    if (ep->state == EP_DEAD || ep->state == EP_CLOSING) return;
+    if (ep->state == EP_OPEN && ep->sq_head && ep->fd >= 0) {
+        /* deliver what send() accepted: drain, then close (tcp_close_finish) */
+        tcp_xport_t *x = ep->x;
+        ep->state = EP_CLOSING;
+        ev_io_stop(x->cfg.loop, &ep->rio);
+        ev_timer_stop(x->cfg.loop, &ep->hs_timer);
+        ev_timer_set(&ep->hs_timer, TCP_CLOSE_S, 0.0);
+        ev_timer_start(x->cfg.loop, &ep->hs_timer);
+        ev_io_start(x->cfg.loop, &ep->wio);
+        return;
+    }
     ep->state = EP_DEAD;
     tcp_ep_unlink(ep);
     tcp_ep_teardown(ep, BT_ERR_CANCELED);
@@ -833,7 +876,26 @@ static void tcp_close(xport_ep_t *base)
 static void tcp_destroy(xport_t *base)
 {
     tcp_xport_t *x = (tcp_xport_t *)base;
-    while (x->eps) tcp_close(&x->eps->base);
+    /* Open endpoints with unwritten frames drain first (bounded): a peer
+     * gets every frame sent before destroy, then the FIN. */
+    for (tcp_ep_t *ep = x->eps, *next; ep; ep = next) {
+        next = ep->next;
+        tcp_close(&ep->base);
+    }
+    uint64_t deadline = clock_now_ns() + (uint64_t)(TCP_CLOSE_S * 1e9);
+    while (x->eps && clock_now_ns() < deadline) {
+        struct pollfd pfd[64];
+        tcp_ep_t *who[64];
+        nfds_t n = 0;
+        for (tcp_ep_t *ep = x->eps; ep && n < 64; ep = ep->next) {
+            pfd[n] = (struct pollfd){.fd = ep->fd, .events = POLLOUT};
+            who[n++] = ep;
+        }
+        if (poll(pfd, n, 10) < 0 && errno != EINTR) break;
+        for (nfds_t i = 0; i < n; i++)
+            if (pfd[i].revents) tcp_ep_write(who[i]); /* may finish (free) who[i] only */
+    }
+    while (x->eps) tcp_ep_fail(x->eps, BT_ERR_CANCELED, "queue not drained within %.0f s of destroy", TCP_CLOSE_S);
     if (x->lfd >= 0) {
         ev_io_stop(x->cfg.loop, &x->lio);
         close(x->lfd);

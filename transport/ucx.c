@@ -11,7 +11,30 @@
  * Messages: AM id HS carries handshake messages (handshake.h) in the AM
  * header; AM id DATA carries the frame header as the AM header and the
  * payload as AM data (iovec datatype when the sender gave several pieces).
- * A DATA message before the handshake passed drops the peer.
+ * A DATA message before the handshake passed drops the peer. AM id BYE
+ * closes in order (ucx_close_begin): the closer's BYE follows its last frame,
+ * the peer acknowledges once every frame before it is in, and only then does
+ * the closer close its UCX endpoint (a UCX close fails the peer's pending
+ * rendezvous pulls, and its close notice can overtake shared-memory data).
+ *
+ * Connection ids: every AM header starts with an 8-byte prefix, two
+ * little-endian u32s. On HS messages it is the sender's own (slot, tag) for
+ * the connection; on DATA messages it is the receiver's (slot, tag), learned
+ * from the peer's hello. The receiver finds the endpoint of a DATA message by
+ * its slot and checks the random tag, so data frames need no
+ * UCP_AM_SEND_FLAG_REPLY. Only HS messages carry REPLY (the server learns
+ * which UCX endpoint a hello came from), and they go as rendezvous: UCX 1.13's
+ * short-reply protocol miscomputes its size limit on shared memory with error
+ * handling ("Invalid am_short_iov length: 124 (expected: <= 100)"), and
+ * without REPLY on data frames shared memory can be used at all (below).
+ *
+ * UCX settings (xport_ucx_settings in transport/xport.c; the environment
+ * wins): UCX keeps its posix/sysv shared-memory transports off for endpoints
+ * in error-handling mode unless UCX_MM_ERROR_HANDLING (or its POSIX_/SYSV_
+ * forms) says otherwise; we turn it on, so two processes of one host talk
+ * through shared memory and a dead peer is still reported (the shared-memory
+ * lane does the keepalive). And we turn tcp put off: with tcp lanes for
+ * rendezvous RMA, every ucp_worker_progress pays an epoll_wait.
  *
  * Receive: the AM callback (inside ucp_worker_progress) only records the
  * message on its endpoint's FIFO, keeping UCX's data (persistent eager data
@@ -37,18 +60,25 @@
 #include "transport/handshake.h"
 #include "transport/sockaddr.h"
 
+#include <errno.h>
 #include <ev.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <ucp/api/ucp.h>
 
 #define UCX_AM_HS   1u
 #define UCX_AM_DATA 2u
+#define UCX_AM_BYE  3u   /* orderly close: one header byte, UCX_BYE_* */
+#define UCX_BYE_REQ 1u
+#define UCX_BYE_ACK 2u
+#define UCX_CLOSE_S 2.0  /* how long a closing endpoint waits for the peer's ack */
 #define UCX_DEFAULT_MAX_FRAME (1ull << 30)
 #define UCX_DEFAULT_HS_MS 5000u
 #define UCX_POLL_S  0.002
+#define UCX_PFX_LEN 8u   /* (slot, tag) prefix of every AM header */
 
 typedef struct ucx_xport ucx_xport_t;
 typedef struct ucx_ep ucx_ep_t;
@@ -63,23 +93,27 @@ typedef struct ucx_send {
     bt_status_t        status;
     bool               reported;      /* done() already fired (endpoint failure) */
     unsigned           am_id;
-    const void        *hdr;
-    size_t             hdr_len;
+    size_t             blk_size;      /* bytes allocated (ucx_blk_get) */
+    uint8_t           *hdr;           /* UCX_PFX_LEN prefix + the caller's header, inside this block */
+    size_t             hdr_len;       /* prefix included */
     size_t             payload_len;
     int                iovcnt;
-    ucp_dt_iov_t       iov[];
+    ucp_dt_iov_t       iov[];         /* followed by the header bytes */
 } ucx_send_t;
 
 typedef struct ucx_rx {
     xport_rx_t     rx;               /* first: release() gets this back */
     struct ucx_rx *next;
     ucx_xport_t   *x;
-    bool           is_hs;
+    uint8_t        kind;             /* UCX_AM_HS, UCX_AM_DATA or UCX_AM_BYE */
+    size_t         blk_size;         /* bytes allocated (ucx_blk_get) */
     bool           rndv;
+    uint32_t       pfx_slot, pfx_tag; /* HS: the sender's connection id */
     bool           started;          /* buffer chosen, data moving */
     bool           ready;            /* data in the buffer */
     bool           orphan;           /* endpoint died while a rndv receive was in flight */
     bt_status_t    status;
+    ucs_status_t   ucs;              /* what UCX said of a failed receive */
     void          *desc;             /* UCX data or rndv descriptor not yet consumed */
     void          *req;
     void          *buf;
@@ -88,7 +122,9 @@ typedef struct ucx_rx {
     uint8_t        hdr[];
 } ucx_rx_t;
 
-typedef enum { UEP_HANDSHAKE, UEP_OPEN, UEP_DEAD } ucx_ep_state_t;
+/* CLOSING: closed by us (ucx_close or destroy); a BYE is out and the UCX
+ * endpoint stays until the peer acknowledges it (or UCX_CLOSE_S passes). */
+typedef enum { UEP_HANDSHAKE, UEP_OPEN, UEP_CLOSING, UEP_DEAD } ucx_ep_state_t;
 
 struct ucx_ep {
     xport_ep_t      base;            /* first */
@@ -96,9 +132,13 @@ struct ucx_ep {
     ucx_ep_t       *prev, *next;
     int             refs;
     ucp_ep_h        uep;
+    uint32_t        slot, tag;       /* our id for this connection (x->slots index, random tag) */
+    uint32_t        peer_slot, peer_tag; /* the peer's, from its hello */
     ucx_ep_state_t  state;
     bool            is_server;
     bt_status_t     fail_pending;    /* set by the UCX error callback */
+    bool            fail_drained;    /* progressed until idle since: all its frames are here */
+    bool            bye_seen;        /* the peer closed in order (its BYE came) */
     ucs_status_t    fail_ucs;        /* what UCX said, for the log line */
     size_t          bad_hdr, bad_len; /* an oversized frame, for the log line */
     ev_timer        hs_timer;
@@ -133,6 +173,11 @@ struct ucx_xport {
     ev_timer        poll;
     ucx_ep_t       *eps;
     ucx_ep_t       *last_hit;        /* lookup cache */
+    void           *blk_free;        /* cached UCX_BLK-byte blocks (sends, receives) */
+    unsigned        blk_nfree;
+    ucx_ep_t      **slots;           /* connection ids: the endpoint of each slot, or NULL */
+    uint32_t        nslots;
+    uint64_t        stray;           /* data frames for no live connection (dropped) */
     ucx_conn_req_t *conn_reqs;
     ucx_send_t     *done_head, *done_tail;
     unsigned        inflight;        /* sends + rndv receives + closes in UCX's hands */
@@ -160,6 +205,45 @@ static bt_status_t ucx_status_map(ucs_status_t s)
     }
 }
 
+/* Send and receive records of up to UCX_BLK bytes (nearly all: a frame
+ * header is small) come from a per-xport cache; it saves a calloc and a
+ * free per message. Larger ones are allocated to size. Only the record's
+ * struct part (zeroed bytes) is cleared; the caller fills the rest. */
+#define UCX_BLK      640u
+#define UCX_BLK_KEEP 256u
+typedef struct ucx_blk { struct ucx_blk *next; } ucx_blk_t;
+
+static void *ucx_blk_get(ucx_xport_t *x, size_t size, size_t zeroed)
+{
+    void *p;
+    if (size <= UCX_BLK && x->blk_free) {
+        ucx_blk_t *b = x->blk_free;
+        x->blk_free = b->next;
+        x->blk_nfree--;
+        p = b;
+    } else {
+        p = malloc(size <= UCX_BLK ? UCX_BLK : size);
+        if (!p) return NULL;
+    }
+    memset(p, 0, zeroed);
+    return p;
+}
+
+static void ucx_blk_put(ucx_xport_t *x, void *p, size_t size)
+{
+    if (size > UCX_BLK || x->blk_nfree >= UCX_BLK_KEEP) {
+        free(p);
+        return;
+    }
+    ucx_blk_t *b = p;
+    b->next = x->blk_free;
+    x->blk_free = b;
+    x->blk_nfree++;
+}
+
+static void ucx_send_free(ucx_xport_t *x, ucx_send_t *s) { ucx_blk_put(x, s, s->blk_size); }
+static void ucx_rx_free(ucx_xport_t *x, ucx_rx_t *r) { ucx_blk_put(x, r, r->blk_size); }
+
 static void ucx_ep_hold(ucx_ep_t *ep) { ep->refs++; }
 
 static void ucx_ep_unref(ucx_ep_t *ep)
@@ -186,7 +270,7 @@ static int ucx_done_flush(ucx_xport_t *x)
         x->done_head = s->done_next;
         if (!x->done_head) x->done_tail = NULL;
         if (s->done && !s->reported) s->done(s->arg, s->status);
-        free(s);
+        ucx_send_free(x, s);
         n++;
     }
     return n;
@@ -200,6 +284,53 @@ static void ucx_inflight_unlink(ucx_send_t *s)
     else ep->inflight = s->next;
     if (s->next) s->next->prev = s->prev;
     s->prev = s->next = NULL;
+}
+
+static void ucx_pfx_write(uint8_t *p, uint32_t slot, uint32_t tag)
+{
+    for (int i = 0; i < 4; i++) {
+        p[i] = (uint8_t)(slot >> (8 * i));
+        p[4 + i] = (uint8_t)(tag >> (8 * i));
+    }
+}
+
+static void ucx_pfx_read(const uint8_t *p, uint32_t *slot, uint32_t *tag)
+{
+    *slot = *tag = 0;
+    for (int i = 0; i < 4; i++) {
+        *slot |= (uint32_t)p[i] << (8 * i);
+        *tag |= (uint32_t)p[4 + i] << (8 * i);
+    }
+}
+
+/* Give ep a connection id: a free slot and a random tag (a frame for a slot
+ * whose connection is gone, or was reused since, is then not delivered). */
+static bool ucx_slot_take(ucx_xport_t *x, ucx_ep_t *ep)
+{
+    uint32_t i = 0;
+    while (i < x->nslots && x->slots[i]) i++;
+    if (i == x->nslots) {
+        uint32_t n = x->nslots ? 2 * x->nslots : 16;
+        ucx_ep_t **grown = realloc(x->slots, n * sizeof *grown);
+        if (!grown) return false;
+        memset(grown + x->nslots, 0, (n - x->nslots) * sizeof *grown);
+        x->slots = grown;
+        x->nslots = n;
+    }
+    if (getrandom(&ep->tag, sizeof ep->tag, 0) != (ssize_t)sizeof ep->tag) {
+        log_error("ucx: getrandom: %s", strerror(errno));
+        return false;
+    }
+    ep->slot = i;
+    x->slots[i] = ep;
+    return true;
+}
+
+static ucx_ep_t *ucx_slot_find(const ucx_xport_t *x, uint32_t slot, uint32_t tag)
+{
+    if (slot >= x->nslots) return NULL;
+    ucx_ep_t *ep = x->slots[slot];
+    return ep && ep->tag == tag ? ep : NULL;
 }
 
 static ucx_ep_t *ucx_ep_lookup(ucx_xport_t *x, ucp_ep_h uep)
@@ -255,9 +386,10 @@ static void ucx_recv_data_cb(void *request, ucs_status_t status, size_t length, 
     r->req = NULL;
     if (r->orphan) {
         ucx_rx_free_buf(r->x, r->buf, r->len);
-        free(r);
+        ucx_rx_free(r->x, r);
         return;
     }
+    r->ucs = status;
     r->status = status == UCS_OK && length == r->len ? BT_OK
               : status == UCS_OK ? BT_ERR_PEER_PROTO : ucx_status_map(status);
     r->ready = true;
@@ -274,12 +406,44 @@ static void ucx_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
 }
 
 static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_length, void *data,
-                              size_t length, const ucp_am_recv_param_t *param, bool is_hs)
+                              size_t length, const ucp_am_recv_param_t *param, uint8_t kind)
 {
+    bool is_hs = kind == UCX_AM_HS;
     ucx_xport_t *x = arg;
-    ucx_ep_t *ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
-                   ? ucx_ep_lookup(x, param->reply_ep) : NULL;
-    if (!ep || ep->state == UEP_DEAD || ep->fail_pending != BT_OK) return UCS_OK; /* dropped */
+    ucx_ep_t *ep = NULL;
+    uint32_t slot = 0, tag = 0;
+    if (header_length >= UCX_PFX_LEN) ucx_pfx_read(header, &slot, &tag);
+    if (is_hs) {
+        if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ep = ucx_ep_lookup(x, param->reply_ep);
+    } else {
+        ep = header_length >= UCX_PFX_LEN ? ucx_slot_find(x, slot, tag) : NULL;
+        if (!ep) {
+            /* a frame for a connection closed here while the peer was still
+             * sending, or a forged id: nobody to deliver it to or to blame */
+            x->stray++;
+            if (slot < x->nslots)
+                log_debug("ucx: dropping a %zu+%zu-byte frame for closed connection %u/%08x",
+                          header_length, length, slot, tag);
+            else
+                log_warn("ucx: dropping a %zu+%zu-byte frame for unknown connection %u/%08x",
+                         header_length, length, slot, tag);
+            return UCS_OK;
+        }
+    }
+    /* Dropped: a dead endpoint, or one we are failing for a reason of our
+     * own. A peer that closed (fail_ucs set) still gets its last frames
+     * delivered: its close notice travels apart from the data (the
+     * connection manager's socket vs shared memory) and can come first. */
+    if (!ep || ep->state == UEP_DEAD || (ep->fail_pending != BT_OK && ep->fail_ucs == UCS_OK))
+        return UCS_OK;
+    if (header_length < UCX_PFX_LEN) { /* an HS message without its prefix */
+        ep->fail_pending = BT_ERR_PEER_PROTO;
+        ep->bad_hdr = header_length;
+        ep->bad_len = length;
+        return UCS_OK;
+    }
+    header = (const uint8_t *)header + UCX_PFX_LEN;
+    header_length -= UCX_PFX_LEN;
     bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     if (header_length > XPORT_HDR_MAX || header_length > x->cfg.max_frame
         || length > x->cfg.max_frame - header_length) {
@@ -288,19 +452,23 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
         ep->bad_len = length;
         return UCS_OK;
     }
-    ucx_rx_t *r = calloc(1, sizeof *r + header_length);
+    size_t r_size = sizeof(ucx_rx_t) + header_length;
+    ucx_rx_t *r = ucx_blk_get(x, r_size, sizeof *r);
     if (!r) {
         ep->fail_pending = BT_ERR_NOMEM;
         return UCS_OK;
     }
     r->x = x;
-    r->is_hs = is_hs;
+    r->blk_size = r_size;
+    r->kind = kind;
     r->rndv = rndv;
-    r->len = is_hs ? 0 : length;
+    r->pfx_slot = slot;
+    r->pfx_tag = tag;
+    r->len = kind == UCX_AM_DATA ? length : 0;
     r->hdr_len = header_length;
     memcpy(r->hdr, header, header_length);
     ucs_status_t ret = UCS_OK;
-    if (!is_hs && length > 0) {
+    if (kind == UCX_AM_DATA && length > 0) {
         if (rndv || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA)) {
             r->desc = data; /* kept: released or received outside progress */
             ret = UCS_INPROGRESS;
@@ -308,7 +476,7 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
             /* not persistent (should not happen with PERSISTENT_DATA): copy now */
             r->buf = malloc(length);
             if (!r->buf) {
-                free(r);
+                ucx_rx_free(x, r);
                 ep->fail_pending = BT_ERR_NOMEM;
                 return UCS_OK;
             }
@@ -325,13 +493,19 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
 static ucs_status_t ucx_am_data_cb(void *arg, const void *header, size_t header_length,
                                    void *data, size_t length, const ucp_am_recv_param_t *param)
 {
-    return ucx_am_cb(arg, header, header_length, data, length, param, false);
+    return ucx_am_cb(arg, header, header_length, data, length, param, UCX_AM_DATA);
+}
+
+static ucs_status_t ucx_am_bye_cb(void *arg, const void *header, size_t header_length,
+                                  void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    return ucx_am_cb(arg, header, header_length, data, 0, param, UCX_AM_BYE);
 }
 
 static ucs_status_t ucx_am_hs_cb(void *arg, const void *header, size_t header_length,
                                  void *data, size_t length, const ucp_am_recv_param_t *param)
 {
-    return ucx_am_cb(arg, header, header_length, data, 0, param, true);
+    return ucx_am_cb(arg, header, header_length, data, 0, param, UCX_AM_HS);
 }
 
 static void ucx_conn_cb(ucp_conn_request_h req, void *arg)
@@ -354,12 +528,15 @@ static void ucx_conn_cb(ucp_conn_request_h req, void *arg)
 static bt_status_t ucx_send_post(ucx_ep_t *ep, ucx_send_t *s)
 {
     ucx_xport_t *x = ep->x;
+    bool hs = s->am_id == UCX_AM_HS;
+    if (hs) ucx_pfx_write(s->hdr, ep->slot, ep->tag);
+    else ucx_pfx_write(s->hdr, ep->peer_slot, ep->peer_tag);
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA
                         | UCP_OP_ATTR_FIELD_FLAGS,
         .cb.send = ucx_send_cb,
         .user_data = s,
-        .flags = UCP_AM_SEND_FLAG_REPLY,
+        .flags = hs ? UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV : 0,
     };
     const void *buf = NULL;
     size_t count = 0;
@@ -380,8 +557,12 @@ static bt_status_t ucx_send_post(ucx_ep_t *ep, ucx_send_t *s)
     }
     if (UCS_PTR_IS_ERR(r)) {
         bt_status_t st = ucx_status_map(UCS_PTR_STATUS(r));
-        log_error("ucx: send to %s failed: %s", ep->base.peer_addr,
-                  ucs_status_string(UCS_PTR_STATUS(r)));
+        if (s->am_id == UCX_AM_BYE) /* the peer may have closed first: harmless */
+            log_debug("ucx: close message to %s not sent: %s", ep->base.peer_addr,
+                      ucs_status_string(UCS_PTR_STATUS(r)));
+        else
+            log_error("ucx: send to %s failed: %s", ep->base.peer_addr,
+                      ucs_status_string(UCS_PTR_STATUS(r)));
         return st;
     }
     s->ep = ep;
@@ -397,12 +578,16 @@ static ucx_send_t *ucx_send_new(ucx_xport_t *x, unsigned am_id, const void *hdr,
                                 const struct iovec *iov, int iovcnt,
                                 xport_send_done_fn done, void *arg)
 {
-    ucx_send_t *s = calloc(1, sizeof *s + (size_t)iovcnt * sizeof(ucp_dt_iov_t));
+    size_t iov_bytes = (size_t)iovcnt * sizeof(ucp_dt_iov_t);
+    size_t s_size = sizeof(ucx_send_t) + iov_bytes + UCX_PFX_LEN + hdr_len;
+    ucx_send_t *s = ucx_blk_get(x, s_size, sizeof *s);
     if (!s) return NULL;
+    s->blk_size = s_size;
     s->x = x;
     s->am_id = am_id;
-    s->hdr = hdr;
-    s->hdr_len = hdr_len;
+    s->hdr = (uint8_t *)s->iov + iov_bytes; /* the prefix is written when the send is posted */
+    if (hdr_len) memcpy(s->hdr + UCX_PFX_LEN, hdr, hdr_len);
+    s->hdr_len = UCX_PFX_LEN + hdr_len;
     s->done = done;
     s->arg = arg;
     for (int i = 0; i < iovcnt; i++) {
@@ -419,7 +604,8 @@ static bt_status_t ucx_send(xport_ep_t *base, const void *hdr, size_t hdr_len,
 {
     ucx_ep_t *ep = (ucx_ep_t *)base;
     ucx_xport_t *x = ep->x;
-    if (ep->state == UEP_DEAD || ep->fail_pending != BT_OK) return BT_ERR_PEER_CLOSED;
+    if (ep->state == UEP_DEAD || ep->state == UEP_CLOSING || ep->fail_pending != BT_OK)
+        return BT_ERR_PEER_CLOSED;
     if (iovcnt < 0 || (iovcnt > 0 && !iov) || (hdr_len > 0 && !hdr)) return BT_ERR_INVALID;
     size_t payload_len = 0;
     for (int i = 0; i < iovcnt; i++) payload_len += iov[i].iov_len;
@@ -439,7 +625,7 @@ static bt_status_t ucx_send(xport_ep_t *base, const void *hdr, size_t hdr_len,
     }
     bt_status_t st = ucx_send_post(ep, s);
     if (st != BT_OK && st != BT_IN_PROGRESS) {
-        free(s);
+        ucx_send_free(x, s);
         return st;
     }
     return BT_IN_PROGRESS;
@@ -450,7 +636,7 @@ static bt_status_t ucx_hs_send(ucx_ep_t *ep, const uint8_t *msg, size_t len)
     ucx_send_t *s = ucx_send_new(ep->x, UCX_AM_HS, msg, len, NULL, 0, NULL, NULL);
     if (!s) return BT_ERR_NOMEM;
     bt_status_t st = ucx_send_post(ep, s);
-    if (st != BT_OK && st != BT_IN_PROGRESS) free(s);
+    if (st != BT_OK && st != BT_IN_PROGRESS) ucx_send_free(ep->x, s);
     return st == BT_IN_PROGRESS ? BT_OK : st;
 }
 
@@ -460,6 +646,7 @@ static void ucx_ep_unlink(ucx_ep_t *ep)
 {
     ucx_xport_t *x = ep->x;
     if (x->last_hit == ep) x->last_hit = NULL;
+    if (ep->slot < x->nslots && x->slots[ep->slot] == ep) x->slots[ep->slot] = NULL;
     if (ep->prev) ep->prev->next = ep->next;
     else if (x->eps == ep) x->eps = ep->next;
     if (ep->next) ep->next->prev = ep->prev;
@@ -504,7 +691,7 @@ static void ucx_ep_teardown(ucx_ep_t *ep, bt_status_t status, bool force, bool r
         }
         if (r->desc) ucp_am_data_release(x->worker, r->desc);
         ucx_rx_free_buf(x, r->buf, r->len);
-        free(r);
+        ucx_rx_free(x, r);
     }
     ep->rx_tail = NULL;
     if (ep->uep) {
@@ -527,6 +714,17 @@ static void ucx_ep_teardown(ucx_ep_t *ep, bt_status_t status, bool force, bool r
 
 static void ucx_ep_fail(ucx_ep_t *ep, bt_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The end of a close we began (ucx_close, destroy): nobody to tell. */
+static void ucx_ep_close_finish(ucx_ep_t *ep, bool force)
+{
+    if (ep->state == UEP_DEAD) return;
+    ep->state = UEP_DEAD;
+    ucx_ep_hold(ep);
+    ucx_ep_teardown(ep, BT_ERR_CANCELED, force, false);
+    ep->refs--;                           /* the list's reference */
+    ucx_ep_unref(ep);
+}
+
 static void ucx_ep_fail(ucx_ep_t *ep, bt_status_t status, const char *fmt, ...)
 {
     if (ep->state == UEP_DEAD) return;
@@ -537,7 +735,16 @@ static void ucx_ep_fail(ucx_ep_t *ep, bt_status_t status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    if (was == UEP_OPEN && status == BT_ERR_PEER_CLOSED)
+    if (was == UEP_CLOSING) {
+        log_debug("ucx: closing %s: %s", ep->base.peer_addr, why);
+        ucx_ep_close_finish(ep, true);
+        return;
+    }
+    /* an orderly close by the peer (a BYE) is no failure: flush our ack */
+    bool orderly = status == BT_ERR_PEER_CLOSED && ep->bye_seen;
+    if (orderly)
+        log_debug("ucx: peer %s (id %u) closed the connection", ep->base.peer_addr, ep->base.peer_id);
+    else if (was == UEP_OPEN && status == BT_ERR_PEER_CLOSED)
         log_warn("ucx: peer %s (id %u) gone: %s", ep->base.peer_addr, ep->base.peer_id, why);
     else
         log_error("ucx: dropping peer %s (id %d, %s): %s [%s]", ep->base.peer_addr,
@@ -546,7 +753,7 @@ static void ucx_ep_fail(ucx_ep_t *ep, bt_status_t status, const char *fmt, ...)
     ep->state = UEP_DEAD;
     ucx_ep_hold(ep);
     ucx_done_flush(x);                    /* earlier completions first */
-    ucx_ep_teardown(ep, status, true, true);
+    ucx_ep_teardown(ep, status, !orderly, true);
     ucx_done_flush(x);
     if (was == UEP_OPEN) {
         if (x->cfg.cbs.error) x->cfg.cbs.error(x->cfg.cbs.arg, &ep->base, status);
@@ -557,28 +764,96 @@ static void ucx_ep_fail(ucx_ep_t *ep, bt_status_t status, const char *fmt, ...)
     ucx_ep_unref(ep);
 }
 
+static bt_status_t ucx_bye_send(ucx_ep_t *ep, uint8_t what)
+{
+    ucx_send_t *s = ucx_send_new(ep->x, UCX_AM_BYE, &what, 1, NULL, 0, NULL, NULL);
+    if (!s) return BT_ERR_NOMEM;
+    bt_status_t st = ucx_send_post(ep, s);
+    if (st != BT_OK && st != BT_IN_PROGRESS) ucx_send_free(ep->x, s);
+    return st == BT_IN_PROGRESS ? BT_OK : st;
+}
+
+/* Orderly close of an open endpoint: a BYE after everything we sent, and
+ * the UCX endpoint stays until the peer acknowledges it. The peer answers
+ * only once every frame before the BYE is in (rendezvous data pulled):
+ * closing the UCX endpoint earlier would fail the peer's pulls, and a
+ * flush does not wait for them (a shared-memory sender's part is done once
+ * the data is in the peer's fifo). Anything else is closed at once. */
+static void ucx_close_begin(ucx_ep_t *ep)
+{
+    if (ep->state == UEP_OPEN && ep->fail_pending == BT_OK && ep->uep
+        && ucx_bye_send(ep, UCX_BYE_REQ) == BT_OK) {
+        ep->state = UEP_CLOSING;
+        ev_timer_set(&ep->hs_timer, UCX_CLOSE_S, 0.0);
+        ev_timer_start(ep->x->cfg.loop, &ep->hs_timer);
+        return;
+    }
+    ucx_ep_close_finish(ep, ep->state != UEP_OPEN);
+}
+
 static void ucx_close(xport_ep_t *base)
 {
     ucx_ep_t *ep = (ucx_ep_t *)base;
-    if (ep->state == UEP_DEAD) return;
-    ep->state = UEP_DEAD;
-    ucx_ep_teardown(ep, BT_ERR_CANCELED, false, false);
-    ucx_ep_unref(ep);
+    if (ep->state == UEP_DEAD || ep->state == UEP_CLOSING) return;
+    ucx_close_begin(ep);
 }
 
 /* ---- handshake -------------------------------------------------------- */
 
+/* The handshake's deadline, or a close's. */
 static void ucx_hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     ucx_ep_t *ep = w->data;
     ucx_xport_t *x = ep->x; /* ep is freed by the failure */
-    ucx_ep_fail(ep, BT_ERR_PEER_TIMEOUT, "handshake not finished within %u ms",
-                x->cfg.handshake_ms);
+    if (ep->state == UEP_CLOSING) {
+        log_warn("ucx: peer %s did not acknowledge our close within %.0f s; closing anyway",
+                 ep->base.peer_addr, UCX_CLOSE_S);
+        ucx_ep_close_finish(ep, true);
+    } else {
+        ucx_ep_fail(ep, BT_ERR_PEER_TIMEOUT, "handshake not finished within %u ms",
+                    x->cfg.handshake_ms);
+    }
     ucx_dispatch(x);
+}
+
+/* At debug level, which UCX transports carry the connection, from
+ * ucp_ep_print_info's lane lines ("lane[1]:  3:sysv/memory.0 md[2] -> ...
+ * am am_bw#0 keepalive"): "sysv/memory.0 (am am_bw#0 keepalive); ...". */
+static void ucx_ep_log_lanes(const ucx_ep_t *ep)
+{
+    if (!log_enabled(LOG_DEBUG) || !ep->uep) return;
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *f = open_memstream(&text, &text_len);
+    if (!f) return;
+    ucp_ep_print_info(ep->uep, f);
+    fclose(f);
+    char out[512];
+    size_t n = 0;
+    out[0] = '\0';
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *lane = strstr(line, "lane[");
+        char *colon = lane ? strchr(lane, ':') : NULL;
+        char *arrow = strstr(line, "->");
+        if (!colon || !arrow) continue; /* also skips the connection manager's lane */
+        char tl[64] = "", roles[128] = "";
+        const char *tl_at = strchr(colon + 1, ':'); /* "  3:sysv/memory.0 md[2]" */
+        if (!tl_at || sscanf(tl_at + 1, "%63s", tl) != 1) continue;
+        const char *r = arrow + 2 + strspn(arrow + 2, " "); /* "md[2]/sysv/sysdev[255] am ..." */
+        r += strcspn(r, " ");
+        snprintf(roles, sizeof roles, "%s", r + strspn(r, " "));
+        int w = snprintf(out + n, sizeof out - n, "%s%s (%s)", n ? "; " : "", tl, roles);
+        if (w < 0 || (size_t)w >= sizeof out - n) break;
+        n += (size_t)w;
+    }
+    free(text);
+    log_debug("ucx: connection to %s (id %u) runs over %s", ep->base.peer_addr, ep->hs.peer_id,
+              n ? out : "(no lanes reported)");
 }
 
 static void ucx_hs_finish(ucx_ep_t *ep)
 {
+    ucx_ep_log_lanes(ep);
     ucx_xport_t *x = ep->x;
     ev_timer_stop(x->cfg.loop, &ep->hs_timer);
     ep->state = UEP_OPEN;
@@ -618,12 +893,18 @@ static void ucx_hs_consume(ucx_ep_t *ep, const ucx_rx_t *r)
             ucx_ep_fail(ep, st, "%s", why);
             return;
         }
+        ep->peer_slot = r->pfx_slot;
+        ep->peer_tag = r->pfx_tag;
         ep->hs_step = 1;
         if (!ep->is_server) {
             xport_hs_proof_write(&ep->hs, ep->hs_proof);
             st = ucx_hs_send(ep, ep->hs_proof, sizeof ep->hs_proof);
             if (st != BT_OK) ucx_ep_fail(ep, st, "cannot send the handshake proof");
         }
+        return;
+    }
+    if (r->pfx_slot != ep->peer_slot || r->pfx_tag != ep->peer_tag) {
+        ucx_ep_fail(ep, BT_ERR_PEER_PROTO, "handshake proof under another connection id than the hello");
         return;
     }
     if (r->hdr_len != XPORT_HS_PROOF_LEN) {
@@ -652,7 +933,7 @@ static void ucx_rx_release(xport_rx_t *rx)
 {
     ucx_rx_t *r = (ucx_rx_t *)rx;
     ucx_rx_free_buf(r->x, r->buf, r->len);
-    free(r);
+    ucx_rx_free(r->x, r);
 }
 
 /* Choose the buffer for the FIFO head and start moving its data. */
@@ -706,12 +987,35 @@ static void ucx_rx_start(ucx_ep_t *ep, ucx_rx_t *r)
     if (q == NULL) {
         r->ready = true;
     } else if (UCS_PTR_IS_ERR(q)) {
-        r->status = ucx_status_map(UCS_PTR_STATUS(q));
+        r->ucs = UCS_PTR_STATUS(q);
+        r->status = ucx_status_map(r->ucs);
         r->ready = true;
     } else {
         r->req = q;
         x->inflight++;
     }
+}
+
+/* A BYE from the peer: everything it sent before is in (the FIFO is in
+ * order and the frames before it were delivered, their data pulled). */
+static void ucx_bye_consume(ucx_ep_t *ep, uint8_t what)
+{
+    if (what == UCX_BYE_REQ && (ep->state == UEP_OPEN || ep->state == UEP_CLOSING)) {
+        (void)ucx_bye_send(ep, UCX_BYE_ACK); /* goes out before our close's flush */
+        if (ep->state == UEP_CLOSING) {      /* both closed at once */
+            ucx_ep_close_finish(ep, false);
+            return;
+        }
+        ep->bye_seen = true;
+        ucx_ep_fail(ep, BT_ERR_PEER_CLOSED, "peer closed the connection");
+        return;
+    }
+    if (what == UCX_BYE_ACK && ep->state == UEP_CLOSING) {
+        ucx_ep_close_finish(ep, false);
+        return;
+    }
+    ucx_ep_fail(ep, BT_ERR_PEER_PROTO, "unexpected close message %u (%s)", what,
+                ep->state == UEP_OPEN ? "open" : "handshake");
 }
 
 static void ucx_ep_dispatch(ucx_ep_t *ep)
@@ -724,19 +1028,43 @@ static void ucx_ep_dispatch(ucx_ep_t *ep)
     bool peer_gone = ep->fail_pending != BT_OK && ep->fail_ucs != UCS_OK;
     if (ep->fail_pending != BT_OK && !peer_gone && ep->state != UEP_DEAD) {
         if (ep->fail_pending == BT_ERR_PEER_PROTO)
-            ucx_ep_fail(ep, ep->fail_pending, "frame of %zu+%zu bytes exceeds the limit (hdr %u, frame %zu)",
+            ucx_ep_fail(ep, ep->fail_pending,
+                        "frame of %zu+%zu bytes refused (no connection prefix, or over the limit: hdr %u, frame %zu)",
                         ep->bad_hdr, ep->bad_len, XPORT_HDR_MAX, x->cfg.max_frame);
         else
             ucx_ep_fail(ep, ep->fail_pending, "out of memory for a frame");
         return;
     }
+    if (peer_gone && !ep->fail_drained) {
+        /* frames the peer sent (and flushed) before it closed may still sit
+         * in a shared-memory fifo: take them in before reporting the end */
+        ep->fail_drained = true;
+        while (ucp_worker_progress(x->worker)) {}
+    }
     while (ep->rx_head && ep->state != UEP_DEAD) {
         ucx_rx_t *r = ep->rx_head;
-        if (r->is_hs) {
+        if (r->kind == UCX_AM_HS) {
             ep->rx_head = r->next;
             if (!ep->rx_head) ep->rx_tail = NULL;
             ucx_hs_consume(ep, r);
-            free(r);
+            ucx_rx_free(x, r);
+            continue;
+        }
+        if (r->kind == UCX_AM_BYE) {
+            uint8_t what = r->hdr_len == 1 ? r->hdr[0] : 0;
+            ep->rx_head = r->next;
+            if (!ep->rx_head) ep->rx_tail = NULL;
+            ucx_rx_free(x, r);
+            ucx_bye_consume(ep, what);
+            return;
+        }
+        if (ep->state == UEP_CLOSING) { /* we closed: nobody wants it */
+            if (r->started && !r->ready) return; /* a pull begun before the close */
+            ep->rx_head = r->next;
+            if (!ep->rx_head) ep->rx_tail = NULL;
+            if (r->desc) ucp_am_data_release(x->worker, r->desc);
+            ucx_rx_free_buf(x, r->buf, r->len);
+            ucx_rx_free(x, r);
             continue;
         }
         if (ep->state != UEP_OPEN) {
@@ -753,10 +1081,14 @@ static void ucx_ep_dispatch(ucx_ep_t *ep)
         if (!ep->rx_head) ep->rx_tail = NULL;
         if (r->status != BT_OK) {
             bt_status_t st = r->status;
+            ucs_status_t ucs = r->ucs;
+            size_t len = r->len;
             ucx_rx_free_buf(x, r->buf, r->len);
-            free(r);
-            ucx_ep_fail(ep, st, st == BT_ERR_PEER_PROTO ? "receiver refused a payload"
-                                                        : "payload receive failed");
+            ucx_rx_free(x, r);
+            if (st == BT_ERR_PEER_PROTO)
+                ucx_ep_fail(ep, st, "receiver refused a payload of %zu bytes", len);
+            else
+                ucx_ep_fail(ep, st, "receive of a %zu-byte payload failed: %s", len, ucs_status_string(ucs));
             return;
         }
         r->rx = (xport_rx_t){
@@ -786,6 +1118,11 @@ static ucx_ep_t *ucx_ep_new(ucx_xport_t *x, bool is_server)
     ep->state = UEP_HANDSHAKE;
     if (xport_hs_init(&ep->hs, is_server, x->job_id, x->secret, x->cfg.secret_len,
                       x->cfg.self_id) != BT_OK) {
+        free(ep);
+        return NULL;
+    }
+    if (!ucx_slot_take(x, ep)) {
+        xport_hs_clear(&ep->hs);
         free(ep);
         return NULL;
     }
@@ -938,6 +1275,12 @@ static void ucx_xport_free(ucx_xport_t *x)
 {
     if (x->worker) ucp_worker_destroy(x->worker);
     if (x->ctx) ucp_cleanup(x->ctx);
+    while (x->blk_free) {
+        ucx_blk_t *b = x->blk_free;
+        x->blk_free = b->next;
+        free(b);
+    }
+    free(x->slots);
     free(x->job_id);
     free(x->listen_addr);
     if (x->secret) memset(x->secret, 0, x->cfg.secret_len);
@@ -979,6 +1322,15 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
         log_error("ucx: ucp_config_read: %s", ucs_status_string(s));
         ucx_xport_free(x);
         return BT_ERR_UNSUPPORTED;
+    }
+    /* shared memory between the processes of a host, in error-handling mode
+     * (see the top of this file); an explicit environment setting wins */
+    for (int i = 0; i < XPORT_UCX_NSETTINGS; i++) {
+        const xport_ucx_setting_t *set = &xport_ucx_settings[i];
+        if (xport_ucx_setting_from_env(i)) continue;
+        s = ucp_config_modify(ucfg, set->key, set->value);
+        if (s != UCS_OK)
+            log_warn("ucx: cannot set UCX_%s=%s: %s", set->name, set->value, ucs_status_string(s));
     }
     ucp_params_t prm = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
@@ -1023,6 +1375,12 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
         hp.flags = UCP_AM_FLAG_WHOLE_MSG;
         s = ucp_worker_set_am_recv_handler(x->worker, &hp);
     }
+    if (s == UCS_OK) {
+        hp.id = UCX_AM_BYE;
+        hp.cb = ucx_am_bye_cb;
+        hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+        s = ucp_worker_set_am_recv_handler(x->worker, &hp);
+    }
     if (s == UCS_OK) s = ucp_worker_get_efd(x->worker, &x->efd);
     if (s != UCS_OK) {
         log_error("ucx: worker setup: %s", ucs_status_string(s));
@@ -1046,26 +1404,33 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
 static void ucx_destroy(xport_t *base)
 {
     ucx_xport_t *x = (ucx_xport_t *)base;
-    /* Open endpoints close with a flush, not a force: a peer must still get
-     * what we sent before destroy (eager sends complete locally as soon as
-     * UCX has buffered them), as a TCP peer gets the bytes before the FIN.
-     * The wait below is bounded, so a dead peer cannot hold destroy. */
-    while (x->eps) {
-        ucx_ep_t *ep = x->eps;
-        bool graceful = ep->state == UEP_OPEN;
-        ep->state = UEP_DEAD;
-        ucx_ep_teardown(ep, BT_ERR_CANCELED, !graceful, false);
-        ucx_ep_unref(ep);
-    }
-    if (x->listener) ucp_listener_destroy(x->listener);
-    x->listener = NULL;
+    /* no new peers */
     while (x->conn_reqs) {
         ucx_conn_req_t *c = x->conn_reqs;
         x->conn_reqs = c->next;
+        ucp_listener_reject(x->listener, c->req);
         free(c);
     }
+    if (x->listener) ucp_listener_destroy(x->listener);
+    x->listener = NULL;
+    /* Open endpoints close in order (ucx_close_begin): a peer gets all we
+     * sent before destroy, as a TCP peer gets the bytes before the FIN.
+     * Endpoints still in their handshake go at once. The wait is bounded,
+     * so a dead or stuck peer cannot hold destroy. */
+    for (ucx_ep_t *ep = x->eps, *next; ep; ep = next) {
+        next = ep->next;
+        if (ep->state == UEP_OPEN) ucx_close_begin(ep);
+        else if (ep->state == UEP_HANDSHAKE) ucx_ep_close_finish(ep, true);
+    }
+    uint64_t deadline = clock_now_ns() + (uint64_t)(UCX_CLOSE_S * 1e9);
+    while (x->eps && clock_now_ns() < deadline) ucx_poll(x);
+    while (x->eps) {
+        ucx_ep_t *ep = x->eps;
+        log_warn("ucx: peer %s did not acknowledge our close at destroy", ep->base.peer_addr);
+        ucx_ep_close_finish(ep, true);
+    }
     /* let UCX finish the closes and cancellations it started */
-    uint64_t deadline = clock_now_ns() + 2000000000ull;
+    deadline = clock_now_ns() + 2000000000ull;
     while (x->inflight && clock_now_ns() < deadline) ucp_worker_progress(x->worker);
     if (x->inflight) log_warn("ucx: %u operations still in flight at destroy", x->inflight);
     ucx_done_flush(x);
@@ -1139,7 +1504,7 @@ static bt_status_t ucx_connect(xport_t *base, const char *addr, xport_ep_t **out
     ucx_send_t *s_hello = ucx_send_new(x, UCX_AM_HS, ep->hs_hello, sizeof ep->hs_hello, NULL, 0,
                                        NULL, NULL);
     if (!s_hello || (st = ucx_send_post(ep, s_hello)) < 0) {
-        free(s_hello);
+        if (s_hello) ucx_send_free(x, s_hello);
         ep->fail_pending = BT_ERR_PEER_UNREACH;
     }
     ucx_wake(x);
@@ -1147,10 +1512,18 @@ static bt_status_t ucx_connect(xport_t *base, const char *addr, xport_ep_t **out
     return BT_IN_PROGRESS;
 }
 
+/* A busy loop's poll: one ucp_worker_progress, then what it delivered. Not
+ * ucx_poll's progress-until-idle: with error handling on, UCX keeps a tcp
+ * lane for keepalive and every progress costs an epoll_wait, so the extra
+ * empty progress after each event would be a syscall per message; the busy
+ * loop calls again at once anyway. */
 static int ucx_progress(xport_t *base)
 {
     ucx_xport_t *x = (ucx_xport_t *)base;
-    return ucx_poll(x);
+    unsigned before = x->events;
+    int n = (int)ucp_worker_progress(x->worker);
+    if (ucx_has_work(x)) ucx_dispatch(x);
+    return n + (int)(x->events - before);
 }
 
 static uint32_t ucx_ep_peer_id(const xport_ep_t *ep) { return ep->peer_id; }

@@ -173,7 +173,13 @@ typedef struct xport_ops {
     bt_status_t (*send)(xport_ep_t *ep, const void *hdr, size_t hdr_len,
                         const struct iovec *iov, int iovcnt,
                         xport_send_done_fn done, void *arg);
-    void        (*close)(xport_ep_t *ep);   /* no error callback for a local close */
+    /* Close: no error callback for a local close. Frames send() accepted
+     * are still delivered, within a bounded time (tcp: the queue drains,
+     * then FIN; ucx: an orderly close the peer acknowledges once the frames
+     * are in; inproc: hand-off is immediate). destroy() does the same for
+     * every open endpoint before it returns. The peer sees BT_ERR_PEER_CLOSED
+     * after the last frame. */
+    void        (*close)(xport_ep_t *ep);
     /* Make progress without waiting; returns how many events were handled.
      * The libev watchers call this too; busy loops call it directly. */
     int         (*progress)(xport_t *x);
@@ -207,6 +213,21 @@ static inline int  xport_progress(xport_t *x) { return x->ops->progress(x); }
 extern const xport_ops_t xport_inproc_ops;
 extern const xport_ops_t xport_tcp_ops;
 extern const xport_ops_t xport_ucx_ops; /* present when built with UCX */
+
+/* UCX settings the ucx transport applies to its context unless the
+ * environment sets them (or an alias of them); the benchmark's ucx_perftest
+ * reference runs under the same ones. Names are without the "UCX_" prefix. */
+typedef struct {
+    const char *name;       /* the environment variable, less "UCX_" */
+    const char *key;        /* what ucp_config_modify takes for it (UCX 1.13 matches
+                             * some names with their table prefix, some without) */
+    const char *value;
+    const char *aliases[2]; /* other variables that mean the same, NULL if none */
+} xport_ucx_setting_t;
+#define XPORT_UCX_NSETTINGS 2
+extern const xport_ucx_setting_t xport_ucx_settings[XPORT_UCX_NSETTINGS];
+/* True when the environment sets setting i (by its name or an alias). */
+bool xport_ucx_setting_from_env(int i);
 
 /* Ops for a kind, or NULL when that transport is not built. */
 const xport_ops_t *xport_ops_get(xport_kind_t kind);
