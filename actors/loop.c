@@ -57,6 +57,13 @@ struct actor_loop {
 
 static _Thread_local actor_loop_t *tls_loop;
 
+/* A counter written by one thread only (read by others for stats): a
+ * relaxed load and store, without the locked read-modify-write. */
+static inline void loop_count(_Atomic uint64_t *c, uint64_t n)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n, memory_order_relaxed);
+}
+
 actor_loop_t *actor_loop_current(void) { return tls_loop; }
 struct ev_loop *actor_loop_ev(actor_loop_t *l) { return l->ev; }
 const char *actor_loop_name(const actor_loop_t *l) { return l->name; }
@@ -109,7 +116,7 @@ static actor_item_t *loop_local_take(actor_loop_t *l)
 static void loop_local_drain(actor_loop_t *l)
 {
     actor_item_t *batch = loop_local_take(l);
-    if (batch) atomic_fetch_add_explicit(&l->n_local, loop_items_run(batch), memory_order_relaxed);
+    if (batch) loop_count(&l->n_local, loop_items_run(batch));
     if (l->lq_head && !ev_is_active(&l->spin)) ev_idle_start(l->ev, &l->spin);
 }
 
@@ -132,9 +139,9 @@ static void loop_wake_cb(struct ev_loop *ev, ev_async *w, int revents)
 {
     (void)ev; (void)revents;
     actor_loop_t *l = w->data;
-    atomic_fetch_add_explicit(&l->n_wakeups, 1, memory_order_relaxed);
+    loop_count(&l->n_wakeups, 1);
     actor_item_t *batch = loop_inbox_take(l);
-    atomic_fetch_add_explicit(&l->n_posted, loop_items_run(batch), memory_order_relaxed);
+    loop_count(&l->n_posted, loop_items_run(batch));
     loop_finish_if_stopping(l);
 }
 
@@ -171,7 +178,7 @@ static void loop_spin_cb(struct ev_loop *ev, ev_idle *w, int revents)
              * a little later, so it is never shorter). */
             l->spinning = true;
             for (int i = 0; i < l->npollers; i++) got += l->pollers[i].fn(l->pollers[i].arg);
-            atomic_fetch_add_explicit(&l->n_spins, 1, memory_order_relaxed);
+            loop_count(&l->n_spins, 1);
             if (l->lq_head) loop_local_drain(l);
             l->spinning = false;
             if (got > 0 || l->armed) {

@@ -79,6 +79,13 @@ struct actor_router {
 
 /* ---- small helpers ------------------------------------------------------- */
 
+/* The edge counters are written on the I/O loop only (read by stats from
+ * any thread): a relaxed load and store, without a locked read-modify-write. */
+static inline void edge_count(_Atomic uint64_t *c)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
+}
+
 uint32_t actor_router_rank(const actor_router_t *rt) { return rt->cfg.rank; }
 actor_loop_t *actor_router_io_loop(actor_router_t *rt) { return rt->io; }
 
@@ -292,7 +299,7 @@ static void edge_frame_send(edge_t *e, actor_msg_t *m, const wire_env_t *env, co
     log_debug("rank %u: sent %s to %08x (%zu+%zu bytes)", rt->cfg.rank, msg_type_name(env->type), env->dst,
               c->frame.hdr.size, c->frame.payload_len);
     if (m) {
-        atomic_fetch_add_explicit(&e->n_sent, 1, memory_order_relaxed);
+        edge_count(&e->n_sent);
         if (trace_enabled())
             trace_send(env->src, env->dst, env->type, env->seq,
                        c->frame.hdr.size + c->frame.payload_len, env->step, env->mb,
@@ -470,7 +477,7 @@ static void router_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
     m->edge = e;
     m->t_recv_ns = t_ns;
     for (uint32_t i = 0; i < m->env.ntensors; i++) m->tensors[i] = wire_tensor_view(&m->env, i, rx->payload);
-    atomic_fetch_add_explicit(&e->n_received, 1, memory_order_relaxed);
+    edge_count(&e->n_received);
     if (trace_enabled())
         trace_recv(m->env.dst, m->env.src, m->env.type, m->env.seq, rx->hdr_len + rx->payload_len,
                    m->env.step, m->env.mb, t_ns);
