@@ -122,7 +122,9 @@ static actor_msg_t *msg_alloc(uint32_t type, bool zero_body)
      * added and read only below ntensors, the small buffer only when taken:
      * zero everything else. */
     memset(m, 0, offsetof(actor_msg_t, env) + offsetof(wire_env_t, tensors));
-    if (zero_body) memset(&m->body, 0, sizeof m->body);
+    /* The body of a wire type is its struct (up to ~400 bytes for the
+     * largest member of the union): zero that one. */
+    if (zero_body) memset(&m->body, 0, type < MSG_TYPE_COUNT ? msg_types[type].size : sizeof m->body);
     memset((char *)m + offsetof(actor_msg_t, sys), 0, offsetof(actor_msg_t, owned) - offsetof(actor_msg_t, sys));
     m->env.ver = WIRE_VERSION;
     m->env.type = type;

@@ -120,8 +120,8 @@ struct actor_msg {
 
 /* ---- messages ---------------------------------------------------------- */
 
-/* A new message of `type` with step = mb = -1 and a zeroed body; NULL when
- * out of memory. */
+/* A new message of `type` with step = mb = -1 and a zeroed body (for a wire
+ * type: that type's struct in the body union); NULL when out of memory. */
 actor_msg_t *actor_msg_new(uint32_t type);
 /* Free a message (any thread). Received messages give their buffer back to
  * the transport and a credit to the sender. */
