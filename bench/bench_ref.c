@@ -18,7 +18,7 @@ static int ref_iters_for(size_t bytes)
 {
     size_t n = (512u << 20) / (bytes ? bytes : 1);
     if (n > 20000) n = 20000;
-    if (n < 4) n = 4;
+    if (n < 8) n = 8;
     return (int)n;
 }
 
