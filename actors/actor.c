@@ -288,18 +288,18 @@ static void msg_dispatch(actor_t *a, actor_msg_t *m)
     }
     uint64_t t0 = 0;
     if (trace_enabled()) {
-        t0 = clock_now_ns();
+        t0 = trace_ticks();
         /* Remote frames were recorded by the router when they arrived. */
         if (!m->rx && type < MSG_TYPE_COUNT)
-            trace_recv(a->addr, m->env.src, type, m->env.seq, actor_msg_payload_bytes(m),
-                       m->env.step, m->env.mb, t0);
+            trace_recv_tk(a->addr, m->env.src, type, m->env.seq, actor_msg_payload_bytes(m),
+                          m->env.step, m->env.mb, t0);
     }
     int64_t step = m->env.step;
     int32_t mb = m->env.mb;
     actor_depth++;
     actor_ret_t r = h(a, m);
     actor_depth--;
-    if (t0) trace_span(a->addr, TRACE_SPAN_HANDLER, 0, type, step, mb, t0, clock_now_ns());
+    if (t0) trace_span_tk(a->addr, TRACE_SPAN_HANDLER, type, step, mb, t0, trace_ticks());
     if (r == ACTOR_DONE) actor_msg_free(m);
 }
 
@@ -360,8 +360,8 @@ bt_status_t actor_send(actor_t *self, uint32_t dst, actor_msg_t *m)
         return BT_ERR_NOT_FOUND;
     }
     if (trace_enabled())
-        trace_send(self->addr, dst, m->env.type, m->env.seq, actor_msg_payload_bytes(m),
-                   m->env.step, m->env.mb, clock_now_ns());
+        trace_send_tk(self->addr, dst, m->env.type, m->env.seq, actor_msg_payload_bytes(m),
+                      m->env.step, m->env.mb, trace_ticks());
     actor_deliver_(to, m);
     return BT_OK;
 }
@@ -388,11 +388,11 @@ static void actor_timer_cb(struct ev_loop *ev, ev_timer *w, int revents)
     actor_t *a = t->owner;
     if (!ev_is_active(w)) actor_timer_stop(t); /* one-shot: unlink before the callback */
     if (a->state != ACTOR_RUNNING) return;
-    uint64_t t0 = trace_enabled() ? clock_now_ns() : 0;
+    uint64_t t0 = trace_enabled() ? trace_ticks() : 0;
     actor_depth++;
     t->cb(a, t);
     actor_depth--;
-    if (t0) trace_span(a->addr, TRACE_SPAN_HANDLER, 0, 0xffff, -1, -1, t0, clock_now_ns());
+    if (t0) trace_span_tk(a->addr, TRACE_SPAN_HANDLER, 0xffff, -1, -1, t0, trace_ticks());
 }
 
 void actor_timer_start(actor_t *self, actor_timer_t *t, double after_s, double repeat_s,

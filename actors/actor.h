@@ -107,7 +107,6 @@ struct actor_msg {
     void          *rx;           /* xport_rx_t of a received frame */
     void          *edge;         /* edge it came from (credit return) */
     void          *tx_edge;      /* edge it is being sent on */
-    uint64_t       t_recv_ns;    /* arrival of a received frame, while tracing (else 0) */
     uint32_t       nowned;       /* owned[0..nowned) are valid (NULL or a buffer) */
     bool           small_used;
     /* Not cleared by actor_msg_new from here on (owned[] beyond nowned is

@@ -301,9 +301,8 @@ static void edge_frame_send(edge_t *e, actor_msg_t *m, const wire_env_t *env, co
     if (m) {
         edge_count(&e->n_sent);
         if (trace_enabled())
-            trace_send(env->src, env->dst, env->type, env->seq,
-                       c->frame.hdr.size + c->frame.payload_len, env->step, env->mb,
-                       clock_now_ns());
+            trace_send_tk(env->src, env->dst, env->type, env->seq,
+                          c->frame.hdr.size + c->frame.payload_len, env->step, env->mb, trace_ticks());
     }
     actor_loop_busy_arm(rt->io);
 }
@@ -436,7 +435,7 @@ static void router_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
     actor_router_t *rt = arg;
     edge_t *e = ep->user;
     /* the arrival time is for the trace only: no clock read per frame otherwise */
-    uint64_t t_ns = trace_enabled() ? clock_now_ns() : 0;
+    uint64_t t_ticks = trace_enabled() ? trace_ticks() : 0;
     actor_loop_busy_arm(rt->io);
     char where[XPORT_ADDR_MAX + 16];
     if (!e) {
@@ -476,12 +475,11 @@ static void router_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
     }
     m->rx = rx;
     m->edge = e;
-    m->t_recv_ns = t_ns;
     for (uint32_t i = 0; i < m->env.ntensors; i++) m->tensors[i] = wire_tensor_view(&m->env, i, rx->payload);
     edge_count(&e->n_received);
-    if (trace_enabled()) /* tracing may have started since t_ns was (not) read */
-        trace_recv(m->env.dst, m->env.src, m->env.type, m->env.seq, rx->hdr_len + rx->payload_len,
-                   m->env.step, m->env.mb, t_ns ? t_ns : clock_now_ns());
+    if (trace_enabled()) /* tracing may have started since t_ticks was (not) read */
+        trace_recv_tk(m->env.dst, m->env.src, m->env.type, m->env.seq, rx->hdr_len + rx->payload_len,
+                      m->env.step, m->env.mb, t_ticks ? t_ticks : trace_ticks());
     actor_t *to = actor_router_lookup_(rt, actor_addr_slot(m->env.dst));
     if (!to) {
         log_warn("rank %u: %s from rank %u for slot %u, which has no actor; dropped", rt->cfg.rank,

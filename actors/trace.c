@@ -23,6 +23,88 @@
 #include "base/log.h"
 
 _Atomic bool trace_on_;
+_Atomic bool trace_tsc_;
+
+/* ---- the tick clock (trace_ticks) ------------------------------------------ */
+
+static bool     g_tsc_forced_off;
+static bool     g_cal_set;          /* a calibration base exists */
+static uint64_t g_cal_tsc0, g_cal_ns0;
+static double   g_cal_rate;         /* ns per tick, updated at each drain */
+#define TRACE_CAL_MIN_NS 2000000ull /* shortest base the rate is taken over */
+
+void trace_clock_force_monotonic(bool force) { g_tsc_forced_off = force; }
+
+/* The TSC is usable as a clock shared by threads and processes when the CPU
+ * says it is invariant and the kernel keeps time with it (the kernel then
+ * checked it is synchronized across CPUs). */
+static bool trace_tsc_usable(void)
+{
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0x80000000u), "c"(0));
+    if (a < 0x80000007u) return false;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0x80000007u), "c"(0));
+    if (!(d & (1u << 8))) return false; /* invariant TSC */
+    char src[32] = "";
+    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+    if (!f) return false;
+    bool ok = fgets(src, sizeof src, f) && !strncmp(src, "tsc", 3) && (src[3] == '\n' || !src[3]);
+    fclose(f);
+    return ok;
+#else
+    return false;
+#endif
+}
+
+/* A (ticks, ns) pair read as close together as the clocks allow. */
+static void trace_cal_sample(uint64_t *tsc, uint64_t *ns)
+{
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; i < 5; i++) {
+        uint64_t a = clock_now_ns();
+        uint64_t t = trace_ticks();
+        uint64_t b = clock_now_ns();
+        if (b - a < best) {
+            best = b - a;
+            *tsc = t;
+            *ns = a + (b - a) / 2;
+        }
+    }
+}
+
+/* The rate over the longest base there is (first start .. now): its error
+ * is the sampling jitter (~tens of ns) over the base, so a converted time
+ * is off by at most about that jitter. A base shorter than 2 ms is
+ * stretched by waiting (only a trace that stops right after it started). */
+static void trace_cal_update(void)
+{
+    uint64_t tsc, ns;
+    trace_cal_sample(&tsc, &ns);
+    while (ns - g_cal_ns0 < TRACE_CAL_MIN_NS) trace_cal_sample(&tsc, &ns);
+    g_cal_rate = (double)(ns - g_cal_ns0) / (double)(tsc - g_cal_tsc0);
+}
+
+static uint64_t trace_cal_convert(uint64_t ticks)
+{
+    int64_t d = (int64_t)(ticks - g_cal_tsc0);
+    return g_cal_ns0 + (uint64_t)(int64_t)((double)d * g_cal_rate);
+}
+
+/* Ticks to ns in records about to be written (g_mu held). */
+static void trace_recs_convert(trace_rec_t *r, uint64_t n, bool *cal_fresh)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        if (!(r[i].reserved & TRACE_REC_TICKS)) continue;
+        if (!*cal_fresh) {
+            trace_cal_update();
+            *cal_fresh = true;
+        }
+        r[i].t0 = trace_cal_convert(r[i].t0);
+        r[i].t1 = trace_cal_convert(r[i].t1);
+        r[i].reserved &= ~TRACE_REC_TICKS;
+    }
+}
 
 typedef struct trace_ring {
     trace_rec_t      *buf;
@@ -164,6 +246,7 @@ static void trace_drain_locked(void)
         ok &= trace_str_blk(TRACE_BLK_ACTOR, g_actors[i].actor, g_actors[i].name);
         g_actors[i].written = true;
     }
+    bool cal_fresh = false;
     for (trace_ring_t **pp = &g_rings; *pp;) {
         trace_ring_t *g = *pp;
         if (g->name[0] && !g->name_written) {
@@ -176,6 +259,7 @@ static void trace_drain_locked(void)
         while (t < h) {
             uint64_t cap = g->mask + 1, at = t & g->mask;
             uint64_t n = h - t < cap - at ? h - t : cap - at; /* up to the wrap */
+            trace_recs_convert(&g->buf[at], n, &cal_fresh);
             ok &= trace_blk_write(TRACE_BLK_RECS, g->idx, (uint32_t)n, &g->buf[at], n * sizeof(trace_rec_t));
             t += n;
             atomic_store_explicit(&g->tail, t, memory_order_release);
@@ -298,6 +382,13 @@ bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cf
     }
     g_file = f;
     g_sessions++;
+    /* the tick clock: decided while no event is being recorded */
+    const char *clk = getenv("BATON_TRACE_CLOCK"); /* "monotonic": never the TSC */
+    atomic_store(&trace_tsc_, !g_tsc_forced_off && !(clk && !strcmp(clk, "monotonic")) && trace_tsc_usable());
+    if (atomic_load(&trace_tsc_) && !g_cal_set) {
+        trace_cal_sample(&g_cal_tsc0, &g_cal_ns0);
+        g_cal_set = true;
+    }
     g_ring_records = ring;
     g_flush_ms = c.flush_ms ? c.flush_ms : 100;
     g_dropped_retired = 0;

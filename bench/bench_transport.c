@@ -61,6 +61,7 @@ typedef struct {
     uint32_t     trace_msgs;     /* ping-pongs per half round */
     bool         refs;
     char         trace_dir[256];
+    const char  *trace_all;      /* --trace-all DIR: trace the whole run (both ranks) */
 } bench_opts_t;
 
 typedef struct {
@@ -95,7 +96,7 @@ static double trace_record_cost_ns(const char *dir)
     for (int b = 0; b < batches; b++) {
         uint64_t t0 = thread_cpu_ns();
         for (int i = 0; i < batch; i++)
-            trace_send(ACTOR_ADDR(0, 1), ACTOR_ADDR(1, 1), MSG_PING, (uint64_t)i, 100, i, 3, clock_now_ns());
+            trace_send_tk(ACTOR_ADDR(0, 1), ACTOR_ADDR(1, 1), MSG_PING, (uint64_t)i, 100, i, 3, trace_ticks());
         total += thread_cpu_ns() - t0;
         trace_flush();
     }
@@ -495,6 +496,7 @@ static int bench_echo_serve(actor_router_t *rt, echo_actor_t *echo, const bench_
 static void bench_child(int card_fd, const bench_opts_t *o)
 {
     log_set_tag("echo");
+    if (o->trace_all && trace_start(o->trace_all, 1, NULL) != BT_OK) _exit(6);
     actor_router_t *rt = bench_router(1, o);
     if (!rt) _exit(3);
     echo_actor_t echo = {.own_trace = true, .trace_dir = o->trace_dir};
@@ -512,6 +514,8 @@ static bt_status_t bench_run(const bench_opts_t *o, bench_result_t *res)
 {
     memset(res, 0, sizeof *res);
     pid_t pid = -1;
+    /* forked below: the echo process starts its own */
+    if (o->trace_all && trace_start(o->trace_all, 0, NULL) != BT_OK) return BT_ERR_IO;
     actor_router_t *r1 = NULL;
     echo_actor_t echo = {.own_trace = false};
     char card[ACTOR_CARD_MAX] = {0};
@@ -618,10 +622,12 @@ static void bench_usage(FILE *f)
     fprintf(f,
             "usage: baton bench transport [--transport inproc|tcp|ucx] [--json] [--iters N]\n"
             "                             [--sizes 4K,64K,1M,16M,256M] [--busy-us N]\n"
-            "                             [--trace-rounds N] [--trace-msgs N] [--no-ref]\n"
+            "                             [--trace-rounds N] [--trace-msgs N] [--trace-all DIR] [--no-ref]\n"
             "  latency: 8-byte ping-pong, one-way = RTT/2 (--iters round trips)\n"
             "  bandwidth: a window of in-flight messages per size, each acknowledged\n"
             "  --trace-rounds N: N rounds of ping-pong with tracing off then on (overhead)\n"
+            "  --trace-all DIR: trace the whole run into DIR (`baton trace DIR` reads it);\n"
+            "                   with an instruction counter, the cost of tracing per message\n"
             "  --busy-us N: spin on the transport N us after each event (default 2000 for\n"
             "               ucx and inproc, 0 for tcp)\n");
 }
@@ -691,11 +697,12 @@ int bench_transport_main(int argc, char **argv)
         {"iters", required_argument, NULL, 'n'},     {"sizes", required_argument, NULL, 's'},
         {"busy-us", required_argument, NULL, 'b'},   {"trace-rounds", required_argument, NULL, 'r'},
         {"trace-msgs", required_argument, NULL, 'm'}, {"no-ref", no_argument, NULL, 'R'},
+        {"trace-all", required_argument, NULL, 'T'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "t:jn:s:b:r:m:Rh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "t:jn:s:b:r:m:RT:h", opts, NULL)) != -1) {
         switch (c) {
         case 't': {
             bool is_auto;
@@ -715,6 +722,7 @@ int bench_transport_main(int argc, char **argv)
         case 'r': o.trace_rounds = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'm': o.trace_msgs = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'R': o.refs = false; break;
+        case 'T': o.trace_all = optarg; break;
         case 's': {
             char *dup = strdup(optarg), *save = NULL;
             o.nsizes = 0;
@@ -746,6 +754,10 @@ int bench_transport_main(int argc, char **argv)
     }
     if (o.trace_rounds > 1000 || (o.trace_rounds && o.trace_msgs == 0)) {
         fprintf(stderr, "baton bench transport: --trace-rounds 0..1000 with --trace-msgs > 0\n");
+        return 2;
+    }
+    if (o.trace_all && o.trace_rounds) {
+        fprintf(stderr, "baton bench transport: --trace-all and --trace-rounds exclude each other\n");
         return 2;
     }
     o.busy_us = busy >= 0 ? (uint32_t)busy : (o.kind == XPORT_TCP ? 0u : 2000u);

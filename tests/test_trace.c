@@ -589,8 +589,74 @@ static void test_trace_cost(void)
     dir_remove();
 }
 
+/* The actor path's records take trace_ticks() (the TSC where usable): in
+ * the file they must read as CLOCK_MONOTONIC ns, between clock_gettime
+ * readings taken around them, in both clock modes, on several threads, and
+ * with the rate calibrated over a base of only a few ms. */
+typedef struct { uint64_t before, after; } tick_window_t;
+
+static void *tick_main(void *p)
+{
+    tick_window_t *w = p;
+    for (int k = 0; k < 4; k++) {
+        w[k].before = clock_now_ns();
+        uint64_t t = trace_ticks();
+        w[k].after = clock_now_ns();
+        trace_send_tk(ACTOR_ADDR(0, 1), ACTOR_ADDR(0, 2), MSG_PING, (uint64_t)k, 8, -1, -1, t);
+        uint64_t t1 = trace_ticks();
+        trace_span_tk(ACTOR_ADDR(0, 1), TRACE_SPAN_HANDLER, MSG_PING, -1, -1, t, t1);
+        usleep(1000);
+    }
+    return NULL;
+}
+
+static void test_trace_tick_clock(void)
+{
+    for (int force = 0; force < 2; force++) {
+        trace_clock_force_monotonic(force);
+        dir_make();
+        trace_config_t cfg = {.no_flusher = true};
+        REQUIRE(trace_start(g_dir, 0, &cfg) == BT_OK);
+        printf("trace clock: %s\n", atomic_load(&trace_tsc_) ? "TSC" : "clock_gettime");
+        tick_window_t w[2][4];
+        pthread_t th;
+        pthread_create(&th, NULL, tick_main, w[1]);
+        tick_main(w[0]);
+        pthread_join(th, NULL);
+        trace_stop();
+        trace_set_t set;
+        char err[512];
+        REQUIRE(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
+        int sends = 0, spans = 0;
+        for (size_t i = 0; i < set.files[0].nrecs; i++) {
+            const trace_rec_t *r = &set.files[0].recs[i];
+            CHECK(r->reserved == 0);
+            if (r->ev == TRACE_EV_SEND && r->seq < 4) {
+                /* which thread: the one whose window holds it */
+                bool in = false;
+                for (int th_i = 0; th_i < 2; th_i++)
+                    in |= r->t0 + 2000 >= w[th_i][r->seq].before && r->t0 <= w[th_i][r->seq].after + 2000;
+                CHECK_MSG(in, "send %llu at %llu ns, windows [%llu, %llu] / [%llu, %llu] (force %d)",
+                          (unsigned long long)r->seq, (unsigned long long)r->t0,
+                          (unsigned long long)w[0][r->seq].before, (unsigned long long)w[0][r->seq].after,
+                          (unsigned long long)w[1][r->seq].before, (unsigned long long)w[1][r->seq].after, force);
+                sends++;
+            }
+            if (r->ev == TRACE_EV_SPAN) {
+                CHECK(r->t1 >= r->t0 && r->t1 - r->t0 < 1000000);
+                spans++;
+            }
+        }
+        CHECK(sends == 8 && spans == 8);
+        trace_set_free(&set);
+        dir_remove();
+    }
+    trace_clock_force_monotonic(false);
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_trace_processes, test_trace_threads_merge, test_trace_overflow,
-             test_trace_flusher_drains, test_trace_corrupt_files, test_trace_file_mutations, test_trace_cost);
+             test_trace_flusher_drains, test_trace_corrupt_files, test_trace_file_mutations, test_trace_cost,
+             test_trace_tick_clock);
 }
