@@ -106,20 +106,6 @@ static void trace_recs_convert(trace_rec_t *r, uint64_t n, bool *cal_fresh)
     }
 }
 
-typedef struct trace_ring {
-    trace_rec_t      *buf;
-    uint64_t          mask;          /* capacity - 1 */
-    _Atomic uint64_t  head;          /* next slot to write; owner thread only */
-    _Atomic uint64_t  tail;          /* next slot to read; flusher only */
-    _Atomic uint64_t  dropped;       /* owner only */
-    uint64_t          dropped_seen;  /* flusher: dropped already written */
-    _Atomic int       retired;       /* owner thread exited */
-    uint32_t          idx;           /* thread index within the process */
-    char              name[TRACE_STR_MAX];
-    bool              name_written;
-    struct trace_ring *next;
-} trace_ring_t;
-
 typedef struct {
     actor_addr_t actor;
     char         name[TRACE_STR_MAX];
@@ -158,7 +144,9 @@ static bool            g_flusher_running;
 static pthread_t       g_flusher;
 static uint32_t        g_flush_ms = 100;
 
-static _Thread_local trace_ring_t *tl_ring;
+_Static_assert(TRACE_RING_NAME_MAX == TRACE_STR_MAX, "ring names are file names");
+_Thread_local trace_ring_t *trace_tl_ring_;
+#define tl_ring trace_tl_ring_
 
 static void trace_ring_retire(void *p)
 {
@@ -173,7 +161,7 @@ static void trace_key_init(void)
 }
 
 /* The calling thread's ring, created on first use (not the hot path). */
-static trace_ring_t *trace_ring_get(void)
+trace_ring_t *trace_ring_get_(void)
 {
     if (tl_ring) return tl_ring;
     pthread_once(&g_key_once, trace_key_init);
@@ -198,26 +186,18 @@ static trace_ring_t *trace_ring_get(void)
     return g;
 }
 
-static void trace_wake_flusher(void)
+void trace_wake_flusher_(void)
 {
     if (atomic_exchange_explicit(&g_wake, 1, memory_order_acq_rel) == 0) pthread_cond_signal(&g_wake_cv);
 }
 
 void trace_record_(const trace_rec_t *r)
 {
-    trace_ring_t *g = tl_ring;
-    if (__builtin_expect(g == NULL, 0) && !(g = trace_ring_get())) return;
-    uint64_t h = atomic_load_explicit(&g->head, memory_order_relaxed);
-    uint64_t t = atomic_load_explicit(&g->tail, memory_order_acquire);
-    if (__builtin_expect(h - t > g->mask, 0)) {
-        atomic_store_explicit(&g->dropped, atomic_load_explicit(&g->dropped, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
-        return;
-    }
-    g->buf[h & g->mask] = *r;
-    atomic_store_explicit(&g->head, h + 1, memory_order_release);
-    /* fill rises one at a time, so it meets exactly half once per rise */
-    if (__builtin_expect(h + 1 - t == (g->mask + 1) / 2, 0)) trace_wake_flusher();
+    trace_slot_t sl;
+    trace_rec_t *slot = trace_slot_begin_(&sl);
+    if (!slot) return;
+    *slot = *r;
+    trace_slot_commit_(&sl);
 }
 
 /* ---- file writing (g_mu held) -------------------------------------------- */
@@ -468,7 +448,7 @@ uint64_t trace_dropped(void)
 
 void trace_thread_name(const char *name)
 {
-    trace_ring_t *g = trace_ring_get();
+    trace_ring_t *g = trace_ring_get_();
     if (!g) return;
     pthread_mutex_lock(&g_mu);
     snprintf(g->name, sizeof g->name, "%s", name);

@@ -143,6 +143,78 @@ static inline bool trace_enabled(void)
 
 void trace_record_(const trace_rec_t *r);
 
+/* ---- internals of recording, inline for the actor path's records -------
+ * A thread's ring (single producer: the thread; single consumer: the
+ * flusher). A record is written in place: begin gives the slot (NULL when
+ * the ring is full: the event is dropped and counted), commit publishes it. */
+#define TRACE_RING_NAME_MAX 48 /* == TRACE_STR_MAX (trace_file.h), asserted in trace.c */
+typedef struct trace_ring {
+    trace_rec_t      *buf;
+    uint64_t          mask;          /* capacity - 1 */
+    _Atomic uint64_t  head;          /* next slot to write; owner thread only */
+    _Atomic uint64_t  tail;          /* next slot to read; flusher only */
+    _Atomic uint64_t  dropped;       /* owner only */
+    uint64_t          dropped_seen;  /* flusher: dropped already written */
+    _Atomic int       retired;       /* owner thread exited */
+    uint32_t          idx;           /* thread index within the process */
+    char              name[TRACE_RING_NAME_MAX];
+    bool              name_written;
+    struct trace_ring *next;
+} trace_ring_t;
+
+extern _Thread_local trace_ring_t *trace_tl_ring_;
+trace_ring_t *trace_ring_get_(void);  /* the calling thread's ring, created on first use */
+void          trace_wake_flusher_(void);
+
+typedef struct {
+    trace_ring_t *g;
+    uint64_t      h, t;
+} trace_slot_t;
+
+static inline trace_rec_t *trace_slot_begin_(trace_slot_t *sl)
+{
+    trace_ring_t *g = trace_tl_ring_;
+    if (__builtin_expect(g == NULL, 0) && !(g = trace_ring_get_())) return NULL;
+    uint64_t h = atomic_load_explicit(&g->head, memory_order_relaxed);
+    uint64_t t = atomic_load_explicit(&g->tail, memory_order_acquire);
+    if (__builtin_expect(h - t > g->mask, 0)) {
+        atomic_store_explicit(&g->dropped, atomic_load_explicit(&g->dropped, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+        return NULL;
+    }
+    sl->g = g;
+    sl->h = h;
+    sl->t = t;
+    return &g->buf[h & g->mask];
+}
+
+static inline void trace_slot_commit_(const trace_slot_t *sl)
+{
+    atomic_store_explicit(&sl->g->head, sl->h + 1, memory_order_release);
+    /* fill rises one at a time, so it meets exactly half once per rise */
+    if (__builtin_expect(sl->h + 1 - sl->t == (sl->g->mask + 1) / 2, 0)) trace_wake_flusher_();
+}
+
+/* Every field of a record, in place (the slot holds an old record). */
+static inline void trace_slot_fill_(trace_rec_t *r, uint8_t ev, uint8_t kind, uint32_t msg_type,
+                                    actor_addr_t actor, uint64_t t0, uint64_t t1, uint64_t bytes,
+                                    uint64_t seq, int64_t step, actor_addr_t peer, int32_t mb)
+{
+    r->ev = ev;
+    r->kind = kind;
+    r->msg_type = (uint16_t)msg_type;
+    r->actor = actor;
+    r->t0 = t0;
+    r->t1 = t1;
+    r->bytes = bytes;
+    r->seq = seq;
+    r->step = step;
+    r->peer = peer;
+    r->mb = mb;
+    r->name_id = 0;
+    r->reserved = atomic_load_explicit(&trace_tsc_, memory_order_relaxed) ? TRACE_REC_TICKS : 0;
+}
+
 static inline void trace_send(actor_addr_t src, actor_addr_t dst, uint32_t msg_type,
                               uint64_t seq, uint64_t bytes, int64_t step, int32_t mb,
                               uint64_t t_ns)
@@ -178,35 +250,39 @@ static inline void trace_span(actor_addr_t actor, trace_span_kind_t kind, uint32
     trace_record_(&r);
 }
 
-/* The same, with t0/t1 from trace_ticks() (the actor path's records). */
+/* The same, with t0/t1 from trace_ticks() (the actor path's records),
+ * written in place in the ring. */
 static inline void trace_send_tk(actor_addr_t src, actor_addr_t dst, uint32_t msg_type, uint64_t seq,
                                  uint64_t bytes, int64_t step, int32_t mb, uint64_t ticks)
 {
     if (!trace_enabled()) return;
-    trace_rec_t r = {.ev = TRACE_EV_SEND, .msg_type = (uint16_t)msg_type, .actor = src,
-                     .t0 = ticks, .t1 = ticks, .bytes = bytes, .seq = seq, .step = step,
-                     .peer = dst, .mb = mb, .reserved = atomic_load_explicit(&trace_tsc_, memory_order_relaxed) ? TRACE_REC_TICKS : 0};
-    trace_record_(&r);
+    trace_slot_t sl;
+    trace_rec_t *r = trace_slot_begin_(&sl);
+    if (!r) return;
+    trace_slot_fill_(r, TRACE_EV_SEND, 0, msg_type, src, ticks, ticks, bytes, seq, step, dst, mb);
+    trace_slot_commit_(&sl);
 }
 
 static inline void trace_recv_tk(actor_addr_t dst, actor_addr_t src, uint32_t msg_type, uint64_t seq,
                                  uint64_t bytes, int64_t step, int32_t mb, uint64_t ticks)
 {
     if (!trace_enabled()) return;
-    trace_rec_t r = {.ev = TRACE_EV_RECV, .msg_type = (uint16_t)msg_type, .actor = dst,
-                     .t0 = ticks, .t1 = ticks, .bytes = bytes, .seq = seq, .step = step,
-                     .peer = src, .mb = mb, .reserved = atomic_load_explicit(&trace_tsc_, memory_order_relaxed) ? TRACE_REC_TICKS : 0};
-    trace_record_(&r);
+    trace_slot_t sl;
+    trace_rec_t *r = trace_slot_begin_(&sl);
+    if (!r) return;
+    trace_slot_fill_(r, TRACE_EV_RECV, 0, msg_type, dst, ticks, ticks, bytes, seq, step, src, mb);
+    trace_slot_commit_(&sl);
 }
 
 static inline void trace_span_tk(actor_addr_t actor, trace_span_kind_t kind, uint32_t msg_type,
                                  int64_t step, int32_t mb, uint64_t t0, uint64_t t1)
 {
     if (!trace_enabled()) return;
-    trace_rec_t r = {.ev = TRACE_EV_SPAN, .kind = (uint8_t)kind, .msg_type = (uint16_t)msg_type,
-                     .actor = actor, .t0 = t0, .t1 = t1, .step = step, .mb = mb,
-                     .reserved = atomic_load_explicit(&trace_tsc_, memory_order_relaxed) ? TRACE_REC_TICKS : 0};
-    trace_record_(&r);
+    trace_slot_t sl;
+    trace_rec_t *r = trace_slot_begin_(&sl);
+    if (!r) return;
+    trace_slot_fill_(r, TRACE_EV_SPAN, (uint8_t)kind, msg_type, actor, t0, t1, 0, 0, step, 0, mb);
+    trace_slot_commit_(&sl);
 }
 
 /* A compute span that also carries the CPU time the recording thread spent
