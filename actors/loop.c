@@ -20,6 +20,12 @@
  * (a multiple of the former), while spinning. */
 #define LOOP_SPIN_CLOCK_EVERY 16u
 #define LOOP_SPIN_YIELD_EVERY 64u
+/* ... but only once the loop has been idle this long: a sched_yield is a
+ * pass through the scheduler even when nothing else is runnable (~1 us on
+ * our VM, perf: __schedule + do_sched_yield were ~35% of an inproc
+ * ping-pong), so a loop whose peer answers within microseconds must not pay
+ * it, while one whose peer waits for this core still gives it up soon. */
+#define LOOP_SPIN_YIELD_AFTER_NS 20000ull
 _Static_assert(LOOP_SPIN_YIELD_EVERY % LOOP_SPIN_CLOCK_EVERY == 0, "yield on a clock read");
 
 typedef struct {
@@ -170,6 +176,7 @@ static void loop_spin_cb(struct ev_loop *ev, ev_idle *w, int revents)
          * clock is read after an event and every LOOP_SPIN_CLOCK_EVERY empty
          * polls only: on a VM a clock read costs more than an empty poll. */
         unsigned idle = 0;
+        uint64_t idle_since = now;
         while (now < l->busy_until_ns) {
             int got = 0;
             /* busy_arm called from the pollers' callbacks only flags the
@@ -186,12 +193,14 @@ static void loop_spin_cb(struct ev_loop *ev, ev_idle *w, int revents)
                 now = clock_now_ns();
                 l->busy_until_ns = now + (uint64_t)l->busy_us * 1000u;
                 idle = 0;
+                idle_since = now;
             } else if (++idle % LOOP_SPIN_CLOCK_EVERY == 0) {
                 now = clock_now_ns();
                 /* With more runnable threads than cores the peer we wait
                  * for may need this core; on an idle core this returns at
                  * once. */
-                if (idle % LOOP_SPIN_YIELD_EVERY == 0) sched_yield();
+                if (idle % LOOP_SPIN_YIELD_EVERY == 0 && now - idle_since >= LOOP_SPIN_YIELD_AFTER_NS)
+                    sched_yield();
             }
             if (now >= round_end || l->stopping) return;
             /* A post from another thread would otherwise wait for epoll. */

@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -510,6 +511,14 @@ static void bench_child(int card_fd, const bench_opts_t *o)
     _exit(0);
 }
 
+static void bench_pin_self(void *arg)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET((int)(intptr_t)arg, &set);
+    sched_setaffinity(0, sizeof set, &set);
+}
+
 static bt_status_t bench_run(const bench_opts_t *o, bench_result_t *res)
 {
     memset(res, 0, sizeof *res);
@@ -562,6 +571,10 @@ static bt_status_t bench_run(const bench_opts_t *o, bench_result_t *res)
         log_error("bench: cannot connect to the echo side over %s: %s", xport_kind_name(o->kind),
                   bt_status_str(st));
         goto out;
+    }
+    if (getenv("BT_PIN") && *getenv("BT_PIN")) {
+        actor_loop_post_fn(actor_router_io_loop(r0), bench_pin_self, (void *)0);
+        if (r1) actor_loop_post_fn(actor_router_io_loop(r1), bench_pin_self, (void *)1);
     }
     st = actor_register(r0, &p->base, &pinger_class, actor_router_io_loop(r0), "pinger", 1);
     if (st == BT_OK) st = actor_router_wait(r0, 0);

@@ -581,7 +581,14 @@ static bt_status_t inproc_create(const xport_config_t *cfg, xport_t **out)
         free(x); free(b); free(job); free(job2);
         return BT_ERR_NOMEM;
     }
-    pthread_mutex_init(&b->mu, NULL);
+    /* adaptive: the critical sections are a few list operations, and a
+     * spinning receiver takes the lock right after the sender posts; a
+     * plain mutex then sleeps in the kernel (futex) and wakes late */
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+    pthread_mutex_init(&b->mu, &ma);
+    pthread_mutexattr_destroy(&ma);
     atomic_init(&b->refs, 1);
     b->x = x;
     b->job_id = job2;
