@@ -309,6 +309,11 @@ static void edge_frame_send(edge_t *e, actor_msg_t *m, const wire_env_t *env, co
         if (m) actor_msg_free(m);
         return;
     }
+    /* The send is stamped when the frame goes to the transport: a stamp
+     * taken after xport_send returns can come after the peer's receive
+     * stamp (a tcp or inproc send hands the frame over at once, and the
+     * sender may lose its core right then), which made negative latencies. */
+    uint64_t t_send = trace_enabled() ? trace_ticks() : 0;
     st = xport_send(e->ep, c->frame.hdr.data, c->frame.hdr.size, c->frame.iov, c->frame.iovcnt,
                     edge_send_done, c);
     if (st != BT_IN_PROGRESS) {
@@ -322,9 +327,9 @@ static void edge_frame_send(edge_t *e, actor_msg_t *m, const wire_env_t *env, co
               c->frame.hdr.size, c->frame.payload_len);
     if (m) {
         edge_count(&e->n_sent);
-        if (trace_enabled())
+        if (t_send)
             trace_send_tk(env->src, env->dst, env->type, env->seq,
-                          c->frame.hdr.size + c->frame.payload_len, env->step, env->mb, trace_ticks());
+                          c->frame.hdr.size + c->frame.payload_len, env->step, env->mb, t_send);
     }
     actor_loop_busy_arm(rt->io);
 }

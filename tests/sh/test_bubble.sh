@@ -86,6 +86,20 @@ else
     fail bubble_summary_order_1f1b "$line"
 fi
 
+# Causality across processes: every traced edge's mean send -> receive
+# latency is >= 0 (sends are stamped when the frame goes to the transport;
+# stamped after it returned, a sender that lost its core made receives come
+# "before" their sends, e.g. METRICS at -132 us). The clocks are the same
+# CLOCK_MONOTONIC (the TSC, converted); 1 us is left for the conversion.
+neg=$(awk '/^edges/ { on = 1; next } /^actors/ { on = 0 } on && $NF ~ /^-?[0-9.]+$/ && NF >= 8 {
+        mean = $(NF - 1); if (mean < -1.0) print }' "$tmp/summary.txt")
+edges=$(awk '/^edges/ { on = 1; next } /^actors/ { on = 0 } on && NF >= 8 && $(NF - 2) ~ /^[0-9]+$/' "$tmp/summary.txt" | wc -l)
+if [ -z "$neg" ] && [ "$edges" -ge 3 ]; then
+    pass trace_edges_causal
+else
+    fail trace_edges_causal "edges with a negative mean latency (of $edges): $neg"
+fi
+
 # The Perfetto JSON: fwd/bwd spans of each rank (= pipeline stage) in time
 # order, one line per (rank, step) with the sequence of F<mb>/B<mb>.
 "$BATON" trace "$tmp/trace" -o "$tmp/trace.json" >/dev/null 2>&1
