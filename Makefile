@@ -92,7 +92,7 @@ run: deps
 
 # libFuzzer: every tests/fuzz/fuzz_X.c becomes build/fuzz/fuzz_X, linked
 # against the library sources built with clang and the fuzzer sanitizers.
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -I. -fsanitize=fuzzer-no-link,address,undefined \
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -I. -MMD -MP -fsanitize=fuzzer-no-link,address,undefined \
                $(if $(filter 1,$(HAVE_UCX)),-DBT_HAVE_UCX=1)
 fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 build/fuzz/obj/%.o: %.c
@@ -105,3 +105,4 @@ clean:
 	rm -rf build
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find build/fuzz/obj -name '*.d' 2>/dev/null)
