@@ -286,20 +286,28 @@ static void msg_dispatch(actor_t *a, actor_msg_t *m)
         msg_drop(m);
         return;
     }
-    uint64_t t0 = 0;
+    /* Traced: one record for the receive and the handler span it started
+     * (arrival: the router's stamp for a remote frame, else the dispatch). */
+    uint64_t t0 = 0, t_arr = 0, bytes = 0, seq = 0;
+    actor_addr_t src = 0;
     if (trace_enabled()) {
         t0 = trace_ticks();
-        /* Remote frames were recorded by the router when they arrived. */
-        if (!m->rx && type < MSG_TYPE_COUNT)
-            trace_recv_tk(a->addr, m->env.src, type, m->env.seq, actor_msg_payload_bytes(m),
-                          m->env.step, m->env.mb, t0);
+        t_arr = m->rx && m->t_recv_tk && m->t_recv_tk <= t0 ? m->t_recv_tk : t0;
+        bytes = m->rx ? m->rx_bytes : actor_msg_payload_bytes(m);
+        seq = m->env.seq;
+        src = m->env.src;
     }
     int64_t step = m->env.step;
     int32_t mb = m->env.mb;
     actor_depth++;
     actor_ret_t r = h(a, m);
     actor_depth--;
-    if (t0) trace_span_tk(a->addr, TRACE_SPAN_HANDLER, type, step, mb, t0, trace_ticks());
+    if (t0) {
+        if (type < MSG_TYPE_COUNT)
+            trace_recv_handled_tk(a->addr, src, type, seq, bytes, step, mb, t_arr, t0, trace_ticks());
+        else
+            trace_span_tk(a->addr, TRACE_SPAN_HANDLER, type, step, mb, t0, trace_ticks());
+    }
     if (r == ACTOR_DONE) actor_msg_free(m);
 }
 

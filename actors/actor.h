@@ -105,6 +105,8 @@ struct actor_msg {
     actor_free_fn  on_free;      /* releases borrowed tensor memory */
     void          *on_free_arg;
     void          *rx;           /* xport_rx_t of a received frame */
+    uint64_t       t_recv_tk;    /* trace_ticks() at arrival, while tracing, else 0 (router; with rx) */
+    uint64_t       rx_bytes;     /* header + payload bytes of the frame (router; with rx) */
     void          *edge;         /* edge it came from (credit return) */
     void          *tx_edge;      /* edge it is being sent on */
     uint32_t       nowned;       /* owned[0..nowned) are valid (NULL or a buffer) */

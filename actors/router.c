@@ -504,9 +504,9 @@ static void router_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
     m->edge = e;
     for (uint32_t i = 0; i < m->env.ntensors; i++) m->tensors[i] = wire_tensor_view(&m->env, i, rx->payload);
     edge_count(&e->n_received);
-    if (trace_enabled()) /* tracing may have started since t_ticks was (not) read */
-        trace_recv_tk(m->env.dst, m->env.src, m->env.type, m->env.seq, rx->hdr_len + rx->payload_len,
-                      m->env.step, m->env.mb, t_ticks ? t_ticks : trace_ticks());
+    /* the receive is recorded with its handler span at dispatch (actor.c) */
+    m->t_recv_tk = t_ticks;
+    m->rx_bytes = rx->hdr_len + rx->payload_len;
     actor_t *to = actor_router_lookup_(rt, actor_addr_slot(m->env.dst));
     if (!to) {
         log_warn("rank %u: %s from rank %u for slot %u, which has no actor; dropped", rt->cfg.rank,

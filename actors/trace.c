@@ -30,7 +30,6 @@ _Atomic bool trace_tsc_;
 static bool     g_tsc_forced_off;
 static bool     g_cal_set;          /* a calibration base exists */
 static uint64_t g_cal_tsc0, g_cal_ns0;
-static double   g_cal_rate;         /* ns per tick, updated at each drain */
 #define TRACE_CAL_MIN_NS 2000000ull /* shortest base the rate is taken over */
 
 void trace_clock_force_monotonic(bool force) { g_tsc_forced_off = force; }
@@ -73,37 +72,16 @@ static void trace_cal_sample(uint64_t *tsc, uint64_t *ns)
     }
 }
 
-/* The rate over the longest base there is (first start .. now): its error
- * is the sampling jitter (~tens of ns) over the base, so a converted time
- * is off by at most about that jitter. A base shorter than 2 ms is
- * stretched by waiting (only a trace that stops right after it started). */
-static void trace_cal_update(void)
+/* A sample at least TRACE_CAL_MIN_NS after the base (a trace that stops
+ * right after it started waits that long), for a CLOCK block: the reader
+ * takes the rate between the base and the last block's sample, whose error
+ * is the sampling jitter (~tens of ns) over the base. */
+static void trace_cal_block(trace_clock_blk_t *c)
 {
     uint64_t tsc, ns;
     trace_cal_sample(&tsc, &ns);
     while (ns - g_cal_ns0 < TRACE_CAL_MIN_NS) trace_cal_sample(&tsc, &ns);
-    g_cal_rate = (double)(ns - g_cal_ns0) / (double)(tsc - g_cal_tsc0);
-}
-
-static uint64_t trace_cal_convert(uint64_t ticks)
-{
-    int64_t d = (int64_t)(ticks - g_cal_tsc0);
-    return g_cal_ns0 + (uint64_t)(int64_t)((double)d * g_cal_rate);
-}
-
-/* Ticks to ns in records about to be written (g_mu held). */
-static void trace_recs_convert(trace_rec_t *r, uint64_t n, bool *cal_fresh)
-{
-    for (uint64_t i = 0; i < n; i++) {
-        if (!(r[i].reserved & TRACE_REC_TICKS)) continue;
-        if (!*cal_fresh) {
-            trace_cal_update();
-            *cal_fresh = true;
-        }
-        r[i].t0 = trace_cal_convert(r[i].t0);
-        r[i].t1 = trace_cal_convert(r[i].t1);
-        r[i].reserved &= ~TRACE_REC_TICKS;
-    }
+    *c = (trace_clock_blk_t){.ticks0 = g_cal_tsc0, .ns0 = g_cal_ns0, .ticks1 = tsc, .ns1 = ns};
 }
 
 typedef struct {
@@ -226,7 +204,13 @@ static void trace_drain_locked(void)
         ok &= trace_str_blk(TRACE_BLK_ACTOR, g_actors[i].actor, g_actors[i].name);
         g_actors[i].written = true;
     }
-    bool cal_fresh = false;
+    /* tick records are written as they are, after a CLOCK block the reader
+     * converts them with */
+    if (g_cal_set && atomic_load(&trace_tsc_)) {
+        trace_clock_blk_t c;
+        trace_cal_block(&c);
+        ok &= trace_blk_write(TRACE_BLK_CLOCK, 0, 0, &c, sizeof c);
+    }
     for (trace_ring_t **pp = &g_rings; *pp;) {
         trace_ring_t *g = *pp;
         if (g->name[0] && !g->name_written) {
@@ -239,7 +223,6 @@ static void trace_drain_locked(void)
         while (t < h) {
             uint64_t cap = g->mask + 1, at = t & g->mask;
             uint64_t n = h - t < cap - at ? h - t : cap - at; /* up to the wrap */
-            trace_recs_convert(&g->buf[at], n, &cal_fresh);
             ok &= trace_blk_write(TRACE_BLK_RECS, g->idx, (uint32_t)n, &g->buf[at], n * sizeof(trace_rec_t));
             t += n;
             atomic_store_explicit(&g->tail, t, memory_order_release);

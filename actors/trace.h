@@ -15,10 +15,11 @@
  * caller usually has them already. The per-message records of the actor
  * path (trace_*_tk) take trace_ticks() instead: the TSC where it is
  * invariant and the kernel's own clock source (one rdtsc, ~10 ns on our
- * VM against ~25 ns for clock_gettime), else clock_now_ns(). The flusher
- * converts ticks to CLOCK_MONOTONIC ns before writing, with a rate
- * calibrated against clock_gettime since the first trace_start, so files
- * hold ns only.
+ * VM against ~25 ns for clock_gettime), else clock_now_ns(). Ticks go to
+ * the file as they are, after a CLOCK block (trace_file.h) with which the
+ * reader converts them to CLOCK_MONOTONIC ns; readers see ns only. A
+ * received message is one record (trace_recv_handled_tk: arrival, handler
+ * start and end), split into the receive and its handler span at load.
  *
  * Flow ids: a send and its receive are joined by (src, dst, seq) of the
  * envelope; trace_send is recorded by the sender with (src=self, dst=peer),
@@ -44,7 +45,7 @@
 /* ---- file format (little-endian host layout; magic + version first) ------ */
 
 #define TRACE_MAGIC   0x43525442u /* "BTRC" */
-#define TRACE_VERSION 1u
+#define TRACE_VERSION 2u /* 2: tick records + CLOCK blocks, handled receives; 1 still read */
 
 typedef enum {
     TRACE_EV_SEND = 0,  /* actor = src, peer = dst */
@@ -85,6 +86,10 @@ typedef struct {
     uint32_t     reserved;  /* 0 on disk; in a ring, TRACE_REC_TICKS: t0/t1 are trace_ticks() */
 } trace_rec_t;
 #define TRACE_REC_TICKS 1u
+/* A receive record with kind TRACE_RECV_HANDLED also carries its handler
+ * span: t0 = arrival, t1 = handler end, name_id = arrival -> handler start
+ * (same unit as t0/t1, saturated). Readers split it in two at load. */
+#define TRACE_RECV_HANDLED 1u
 _Static_assert(sizeof(trace_rec_t) == 64, "trace record is 64 bytes on disk");
 
 /* ---- recording ---------------------------------------------------------- */
@@ -263,14 +268,19 @@ static inline void trace_send_tk(actor_addr_t src, actor_addr_t dst, uint32_t ms
     trace_slot_commit_(&sl);
 }
 
-static inline void trace_recv_tk(actor_addr_t dst, actor_addr_t src, uint32_t msg_type, uint64_t seq,
-                                 uint64_t bytes, int64_t step, int32_t mb, uint64_t ticks)
+/* A receive and the handler span it started, in one record: arrival at
+ * t_arr, handler [t_start, t_end] (ticks). */
+static inline void trace_recv_handled_tk(actor_addr_t dst, actor_addr_t src, uint32_t msg_type, uint64_t seq,
+                                         uint64_t bytes, int64_t step, int32_t mb, uint64_t t_arr,
+                                         uint64_t t_start, uint64_t t_end)
 {
     if (!trace_enabled()) return;
     trace_slot_t sl;
     trace_rec_t *r = trace_slot_begin_(&sl);
     if (!r) return;
-    trace_slot_fill_(r, TRACE_EV_RECV, 0, msg_type, dst, ticks, ticks, bytes, seq, step, src, mb);
+    trace_slot_fill_(r, TRACE_EV_RECV, TRACE_RECV_HANDLED, msg_type, dst, t_arr, t_end, bytes, seq, step, src, mb);
+    uint64_t delay = t_start - t_arr;
+    r->name_id = delay > UINT32_MAX ? UINT32_MAX : (uint32_t)delay;
     trace_slot_commit_(&sl);
 }
 

@@ -6,7 +6,10 @@
  *
  * Block kinds: RECS (count records of thread arg), DROPPED (count events
  * thread arg dropped), NAME (id arg), ACTOR (actor arg), THREAD (thread arg):
- * string bodies of len bytes, no NUL. The kind's top 16 bits are a block
+ * string bodies of len bytes, no NUL. CLOCK (version 2): a trace_clock_blk_t,
+ * two (ticks, CLOCK_MONOTONIC ns) samples; records flagged TRACE_REC_TICKS
+ * hold ticks, which the reader converts with the rate between the last CLOCK
+ * block's samples (the writer's longest base, so the best rate). The kind's top 16 bits are a block
  * magic so that a reader notices garbage at once. Host byte order: files are
  * read on the machine (or architecture) that wrote them.
  */
@@ -37,7 +40,13 @@ enum {
     TRACE_BLK_ACTOR,
     TRACE_BLK_THREAD,
     TRACE_BLK_END,
+    TRACE_BLK_CLOCK,
 };
+
+typedef struct {
+    uint64_t ticks0, ns0;   /* at the first trace_start of the process */
+    uint64_t ticks1, ns1;   /* at this drain; ns1 - ns0 >= 2 ms */
+} trace_clock_blk_t;
 
 typedef struct {
     uint32_t kind;   /* TRACE_BLK_MAGIC | TRACE_BLK_* */

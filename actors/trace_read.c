@@ -66,6 +66,66 @@ void trace_file_free(trace_file_t *f)
     memset(f, 0, sizeof *f);
 }
 
+/* Version 2 records, made what every reader below expects:
+ * - TRACE_REC_TICKS: t0/t1 (and a handled receive's dispatch delay) are TSC
+ *   ticks, converted to ns with the rate between the last CLOCK block's
+ *   two samples;
+ * - a handled receive (TRACE_EV_RECV, kind TRACE_RECV_HANDLED: arrival t0,
+ *   handler end t1, dispatch delay in name_id) becomes the receive at t0
+ *   and the handler span [t0 + delay, t1] it stands for. */
+static bt_status_t trace_file_v2_finish(trace_file_t *f, const trace_clock_blk_t *clk, char *err, size_t cap)
+{
+    size_t handled = 0;
+    double rate = clk ? (double)(clk->ns1 - clk->ns0) / (double)(clk->ticks1 - clk->ticks0) : 0.0;
+    for (size_t i = 0; i < f->nrecs; i++) {
+        trace_rec_t *r = &f->recs[i];
+        bool is_handled = r->ev == TRACE_EV_RECV && r->kind == TRACE_RECV_HANDLED;
+        handled += is_handled;
+        if (!(r->reserved & TRACE_REC_TICKS)) continue;
+        if (!clk)
+            return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: tick-stamped records but no clock block", f->path);
+        int64_t d0 = (int64_t)(r->t0 - clk->ticks0), d1 = (int64_t)(r->t1 - clk->ticks0);
+        r->t0 = clk->ns0 + (uint64_t)(int64_t)((double)d0 * rate);
+        r->t1 = clk->ns0 + (uint64_t)(int64_t)((double)d1 * rate);
+        if (is_handled) r->name_id = (uint32_t)((double)r->name_id * rate + 0.5);
+        r->reserved &= ~TRACE_REC_TICKS;
+    }
+    if (!handled) return BT_OK;
+    trace_rec_t *recs = malloc((f->nrecs + handled) * sizeof *recs);
+    uint32_t *tid = malloc((f->nrecs + handled) * sizeof *tid);
+    if (!recs || !tid) {
+        free(recs);
+        free(tid);
+        return BT_ERR_NOMEM;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < f->nrecs; i++) {
+        trace_rec_t r = f->recs[i];
+        if (!(r.ev == TRACE_EV_RECV && r.kind == TRACE_RECV_HANDLED)) {
+            recs[n] = r;
+            tid[n++] = f->rec_tid[i];
+            continue;
+        }
+        uint64_t start = r.t0 + r.name_id;
+        if (start > r.t1) start = r.t1; /* rounding of the converted delay */
+        trace_rec_t span = {.ev = TRACE_EV_SPAN, .kind = TRACE_SPAN_HANDLER, .msg_type = r.msg_type,
+                            .actor = r.actor, .t0 = start, .t1 = r.t1, .step = r.step, .mb = r.mb};
+        r.kind = 0;
+        r.name_id = 0;
+        r.t1 = r.t0;
+        recs[n] = r;
+        tid[n++] = f->rec_tid[i];
+        recs[n] = span;
+        tid[n++] = f->rec_tid[i];
+    }
+    free(f->recs);
+    free(f->rec_tid);
+    f->recs = recs;
+    f->rec_tid = tid;
+    f->nrecs = n;
+    return BT_OK;
+}
+
 static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_t *f, char *err, size_t cap)
 {
     const char *path = f->path;
@@ -75,8 +135,8 @@ static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_
     memcpy(&h, buf, sizeof h);
     if (h.magic != TRACE_MAGIC)
         return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: not a baton trace file (magic 0x%08x)", path, h.magic);
-    if (h.version != TRACE_VERSION)
-        return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: trace format version %u, this baton reads %u", path,
+    if (h.version < 1 || h.version > TRACE_VERSION)
+        return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: trace format version %u, this baton reads 1..%u", path,
                           h.version, TRACE_VERSION);
     if (h.rec_size != sizeof(trace_rec_t))
         return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: record size %u, expected %zu", path, h.rec_size,
@@ -84,6 +144,8 @@ static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_
     f->rank = h.rank;
     f->pid = h.pid;
     size_t off = sizeof h, cap_recs = 0;
+    bool have_clock = false;
+    trace_clock_blk_t clk = {0};
     while (off < size) {
         trace_blk_t b;
         if (size - off < sizeof b)
@@ -127,6 +189,16 @@ static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_
         }
         case TRACE_BLK_DROPPED:
             f->dropped += b.count;
+            break;
+        case TRACE_BLK_CLOCK:
+            if (h.version < 2 || b.len != sizeof clk)
+                return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: bad clock block at byte %zu (%u bytes)", path,
+                                  off, b.len);
+            memcpy(&clk, buf + body, sizeof clk);
+            if (clk.ticks1 <= clk.ticks0 || clk.ns1 <= clk.ns0)
+                return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: clock block at byte %zu does not advance", path,
+                                  off);
+            have_clock = true;
             break;
         case TRACE_BLK_NAME:
         case TRACE_BLK_THREAD:
@@ -173,7 +245,7 @@ static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_
         off = body + b.len;
     }
     if (!f->complete) log_warn("trace: %s has no end block (the process did not stop cleanly); using what it holds", path);
-    return BT_OK;
+    return h.version >= 2 ? trace_file_v2_finish(f, have_clock ? &clk : NULL, err, cap) : BT_OK;
 }
 
 bt_status_t trace_file_load(const char *path, trace_file_t *f, char *err, size_t cap)

@@ -87,7 +87,7 @@ static uint64_t thread_cpu_ns(void)
  * in batches that fit the ring (flushed between batches, untimed). A round
  * trip of the ping-pong records 6 events (a send, a receive and a handler
  * span on each side) and reads the clock about 6 more times than untraced. */
-#define BT_TRACE_RECS_PER_RT 6
+#define BT_TRACE_RECS_PER_RT 4 /* per round trip: a send, and a receive with its handler span, per message */
 static double trace_record_cost_ns(const char *dir)
 {
     trace_config_t tc = {.no_flusher = true};

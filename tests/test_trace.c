@@ -12,6 +12,7 @@
 
 #include "actors/msg.h"
 #include "actors/trace.h"
+#include "actors/trace_file.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "launch/cli.h"
@@ -397,8 +398,22 @@ static void file_write(const char *path, const void *data, size_t len)
     fclose(f);
 }
 
+/* Byte offset of the first record of the first record block, or 0. */
+static size_t first_rec_offset(const uint8_t *buf, size_t len)
+{
+    size_t off = sizeof(trace_file_hdr_t);
+    while (off + sizeof(trace_blk_t) <= len) {
+        trace_blk_t b;
+        memcpy(&b, buf + off, sizeof b);
+        if ((b.kind & ~TRACE_BLK_MAGIC_MASK) == TRACE_BLK_RECS) return off + sizeof b;
+        off += sizeof b + b.len;
+    }
+    return 0;
+}
+
 static void test_trace_corrupt_files(void)
 {
+    trace_clock_force_monotonic(true); /* a file without clock blocks, as version 1 wrote */
     dir_make();
     trace_config_t cfg = {.no_flusher = true};
     REQUIRE(trace_start(g_dir, 4, &cfg) == BT_OK);
@@ -443,6 +458,24 @@ static void test_trace_corrupt_files(void)
     file_write(path, bad, len);
     CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_ERR_CORRUPT);
     CHECK_MSG(strstr(err, "trace format version 99"), "%s", err);
+    /* version 1 (before tick records): still read */
+    memcpy(bad, buf, len);
+    bad[4] = 1;
+    file_write(path, bad, len);
+    CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
+    if (set.nfiles == 1) CHECK(set.files[0].nrecs == 10 && set.files[0].recs[0].t0 == T_BASE);
+    trace_set_free(&set);
+    /* a tick-stamped record without a clock block to convert it with */
+    memcpy(bad, buf, len);
+    size_t rec_off = first_rec_offset(bad, len);
+    REQUIRE(rec_off > 0);
+    trace_rec_t rec;
+    memcpy(&rec, bad + rec_off, sizeof rec);
+    rec.reserved = TRACE_REC_TICKS;
+    memcpy(bad + rec_off, &rec, sizeof rec);
+    file_write(path, bad, len);
+    CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_ERR_CORRUPT);
+    CHECK_MSG(strstr(err, path) && strstr(err, "no clock block"), "%s", err);
     /* garbage where a block header should be */
     memcpy(bad, buf, len);
     memset(bad + 32, 0x5a, 16);
@@ -464,6 +497,7 @@ static void test_trace_corrupt_files(void)
     CHECK(strstr(err, "no trace-*.bin files") != NULL);
     CHECK(cmd_trace(2, argv) == 1);
     dir_remove();
+    trace_clock_force_monotonic(false);
 }
 
 /* Random damage to a valid file: the reader returns OK or CORRUPT (with
@@ -595,6 +629,20 @@ static void test_trace_cost(void)
  * with the rate calibrated over a base of only a few ms. */
 typedef struct { uint64_t before, after; } tick_window_t;
 
+/* A window around one trace_ticks() reading, in ns. */
+static uint64_t tick_in(tick_window_t *w)
+{
+    w->before = clock_now_ns();
+    uint64_t t = trace_ticks();
+    w->after = clock_now_ns();
+    return t;
+}
+
+static bool tick_window_holds(const tick_window_t *w, uint64_t ns)
+{
+    return ns + 2000 >= w->before && ns <= w->after + 2000;
+}
+
 static void *tick_main(void *p)
 {
     tick_window_t *w = p;
@@ -623,14 +671,42 @@ static void test_trace_tick_clock(void)
         pthread_create(&th, NULL, tick_main, w[1]);
         tick_main(w[0]);
         pthread_join(th, NULL);
+        /* a receive with its handler span in one record: split at load */
+        tick_window_t arr, start, end;
+        uint64_t ta = tick_in(&arr);
+        usleep(300);
+        uint64_t ts = tick_in(&start);
+        usleep(300);
+        uint64_t te = tick_in(&end);
+        trace_recv_handled_tk(ACTOR_ADDR(0, 3), ACTOR_ADDR(1, 4), MSG_PONG, 77, 1234, 5, 6, ta, ts, te);
         trace_stop();
         trace_set_t set;
         char err[512];
         REQUIRE(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
-        int sends = 0, spans = 0;
+        int sends = 0, spans = 0, handled_recv = 0, handled_span = 0;
         for (size_t i = 0; i < set.files[0].nrecs; i++) {
             const trace_rec_t *r = &set.files[0].recs[i];
             CHECK(r->reserved == 0);
+            if (r->actor == ACTOR_ADDR(0, 3)) {
+                if (r->ev == TRACE_EV_RECV) {
+                    CHECK(r->kind == 0 && r->name_id == 0 && r->t1 == r->t0);
+                    CHECK(r->peer == ACTOR_ADDR(1, 4) && r->seq == 77 && r->bytes == 1234 && r->step == 5
+                          && r->mb == 6 && r->msg_type == MSG_PONG);
+                    CHECK_MSG(tick_window_holds(&arr, r->t0), "receive at %llu, window [%llu, %llu] (force %d)",
+                              (unsigned long long)r->t0, (unsigned long long)arr.before,
+                              (unsigned long long)arr.after, force);
+                    handled_recv++;
+                } else if (r->ev == TRACE_EV_SPAN) {
+                    CHECK(r->kind == TRACE_SPAN_HANDLER && r->msg_type == MSG_PONG && r->step == 5 && r->mb == 6);
+                    CHECK_MSG(tick_window_holds(&start, r->t0) && tick_window_holds(&end, r->t1),
+                              "handler [%llu, %llu], windows [%llu, %llu] [%llu, %llu] (force %d)",
+                              (unsigned long long)r->t0, (unsigned long long)r->t1,
+                              (unsigned long long)start.before, (unsigned long long)start.after,
+                              (unsigned long long)end.before, (unsigned long long)end.after, force);
+                    handled_span++;
+                }
+                continue;
+            }
             if (r->ev == TRACE_EV_SEND && r->seq < 4) {
                 /* which thread: the one whose window holds it */
                 bool in = false;
@@ -648,6 +724,7 @@ static void test_trace_tick_clock(void)
             }
         }
         CHECK(sends == 8 && spans == 8);
+        CHECK(handled_recv == 1 && handled_span == 1);
         trace_set_free(&set);
         dir_remove();
     }
