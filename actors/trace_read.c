@@ -77,6 +77,9 @@ static bt_status_t trace_file_v2_finish(trace_file_t *f, const trace_clock_blk_t
 {
     size_t handled = 0;
     double rate = clk ? (double)(clk->ns1 - clk->ns0) / (double)(clk->ticks1 - clk->ticks0) : 0.0;
+    /* any real TSC runs between 10 MHz and 100 GHz */
+    if (clk && !(rate > 0.01 && rate < 100.0))
+        return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: implausible clock block (%g ns per tick)", f->path, rate);
     for (size_t i = 0; i < f->nrecs; i++) {
         trace_rec_t *r = &f->recs[i];
         bool is_handled = r->ev == TRACE_EV_RECV && r->kind == TRACE_RECV_HANDLED;
@@ -84,10 +87,18 @@ static bt_status_t trace_file_v2_finish(trace_file_t *f, const trace_clock_blk_t
         if (!(r->reserved & TRACE_REC_TICKS)) continue;
         if (!clk)
             return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: tick-stamped records but no clock block", f->path);
-        int64_t d0 = (int64_t)(r->t0 - clk->ticks0), d1 = (int64_t)(r->t1 - clk->ticks0);
-        r->t0 = clk->ns0 + (uint64_t)(int64_t)((double)d0 * rate);
-        r->t1 = clk->ns0 + (uint64_t)(int64_t)((double)d1 * rate);
-        if (is_handled) r->name_id = (uint32_t)((double)r->name_id * rate + 0.5);
+        double n0 = (double)(int64_t)(r->t0 - clk->ticks0) * rate;
+        double n1 = (double)(int64_t)(r->t1 - clk->ticks0) * rate;
+        if (!(fabs(n0) < 4e18 && fabs(n1) < 4e18)) /* a converted value must fit: no UB on a hostile file */
+            return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: record %zu lies %g s from its clock base", f->path, i,
+                              n0 / 1e9);
+        r->t0 = clk->ns0 + (uint64_t)(int64_t)n0;
+        r->t1 = clk->ns0 + (uint64_t)(int64_t)n1;
+        if (r->t1 < r->t0) r->t1 = r->t0;
+        if (is_handled) {
+            double delay = (double)r->name_id * rate + 0.5;
+            r->name_id = delay >= (double)UINT32_MAX ? UINT32_MAX : (uint32_t)delay;
+        }
         r->reserved &= ~TRACE_REC_TICKS;
     }
     if (!handled) return BT_OK;

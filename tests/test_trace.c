@@ -476,6 +476,36 @@ static void test_trace_corrupt_files(void)
     file_write(path, bad, len);
     CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_ERR_CORRUPT);
     CHECK_MSG(strstr(err, path) && strstr(err, "no clock block"), "%s", err);
+    /* ... with a clock block after the header: an implausible rate, then a
+     * record far beyond what a converted time can hold */
+    {
+        uint8_t *with = malloc(len + sizeof(trace_blk_t) + sizeof(trace_clock_blk_t));
+        size_t hl = sizeof(trace_file_hdr_t);
+        trace_blk_t cb = {.kind = TRACE_BLK_MAGIC | TRACE_BLK_CLOCK, .len = sizeof(trace_clock_blk_t)};
+        trace_clock_blk_t clk = {.ticks0 = 1000, .ns0 = 5000, .ticks1 = 1001, .ns1 = 5000 + 1000000000ull};
+        memcpy(with, bad, hl);
+        memcpy(with + hl, &cb, sizeof cb);
+        memcpy(with + hl + sizeof cb, &clk, sizeof clk);
+        memcpy(with + hl + sizeof cb + sizeof clk, bad + hl, len - hl);
+        size_t wlen = len + sizeof cb + sizeof clk;
+        file_write(path, with, wlen);
+        CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_ERR_CORRUPT);
+        CHECK_MSG(strstr(err, "implausible clock block"), "%s", err);
+        clk.ticks1 = 1000 + 20000000ull; /* 50 ns per tick */
+        memcpy(with + hl + sizeof cb, &clk, sizeof clk);
+        rec.t0 = rec.t1 = 1000 + (1ull << 62); /* 2.3e20 ns after the base */
+        memcpy(with + rec_off + sizeof cb + sizeof clk, &rec, sizeof rec);
+        file_write(path, with, wlen);
+        CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_ERR_CORRUPT);
+        CHECK_MSG(strstr(err, "from its clock base"), "%s", err);
+        rec.t0 = rec.t1 = 1000 + 20; /* 1 us after the base */
+        memcpy(with + rec_off + sizeof cb + sizeof clk, &rec, sizeof rec);
+        file_write(path, with, wlen);
+        CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
+        if (set.nfiles == 1) CHECK(set.files[0].recs[0].t0 == 5000 + 1000 && set.files[0].recs[0].reserved == 0);
+        trace_set_free(&set);
+        free(with);
+    }
     /* garbage where a block header should be */
     memcpy(bad, buf, len);
     memset(bad + 32, 0x5a, 16);
