@@ -2,7 +2,7 @@
  * per process (contract in trace.h; file layout in trace_file.h).
  *
  * Memory safety across start/stop: a ring is never freed while its thread
- * lives (the thread may be inside trace_record_ at any moment, even after
+ * lives (the thread may be inside trace_rec_put_ at any moment, even after
  * trace_stop cleared the flag), only after the thread exited (pthread key
  * destructor marks it retired) and the flusher drained it, or never for the
  * main thread. Rings outlive sessions: trace_start discards what an old
@@ -167,15 +167,6 @@ trace_ring_t *trace_ring_get_(void)
 void trace_wake_flusher_(void)
 {
     if (atomic_exchange_explicit(&g_wake, 1, memory_order_acq_rel) == 0) pthread_cond_signal(&g_wake_cv);
-}
-
-void trace_record_(const trace_rec_t *r)
-{
-    trace_slot_t sl;
-    trace_rec_t *slot = trace_slot_begin_(&sl);
-    if (!slot) return;
-    *slot = *r;
-    trace_slot_commit_(&sl);
 }
 
 /* ---- file writing (g_mu held) -------------------------------------------- */

@@ -146,8 +146,6 @@ static inline bool trace_enabled(void)
     return __builtin_expect(atomic_load_explicit(&trace_on_, memory_order_relaxed), 0);
 }
 
-void trace_record_(const trace_rec_t *r);
-
 /* ---- internals of recording, inline for the actor path's records -------
  * A thread's ring (single producer: the thread; single consumer: the
  * flusher). A record is written in place: begin gives the slot (NULL when
@@ -200,24 +198,37 @@ static inline void trace_slot_commit_(const trace_slot_t *sl)
     if (__builtin_expect(sl->h + 1 - sl->t == (sl->g->mask + 1) / 2, 0)) trace_wake_flusher_();
 }
 
-/* Every field of a record, in place (the slot holds an old record). */
-static inline void trace_slot_fill_(trace_rec_t *r, uint8_t ev, uint8_t kind, uint32_t msg_type,
-                                    actor_addr_t actor, uint64_t t0, uint64_t t1, uint64_t bytes,
-                                    uint64_t seq, int64_t step, actor_addr_t peer, int32_t mb)
+/* Write one record in place (every field: the slot holds an old one) and
+ * publish it; a full ring drops it. `bits` is the bytes/value word; flags
+ * go to `reserved` (TRACE_REC_TICKS when t0/t1 are trace_ticks()). Every
+ * recording call below is this with its fields. */
+static inline void trace_rec_put_(uint8_t ev, uint8_t kind, uint32_t msg_type, actor_addr_t actor,
+                                  actor_addr_t peer, uint64_t t0, uint64_t t1, uint64_t bits,
+                                  uint64_t seq, int64_t step, int32_t mb, uint32_t name_id, uint32_t flags)
 {
+    trace_slot_t sl;
+    trace_rec_t *r = trace_slot_begin_(&sl);
+    if (!r) return;
     r->ev = ev;
     r->kind = kind;
     r->msg_type = (uint16_t)msg_type;
     r->actor = actor;
     r->t0 = t0;
     r->t1 = t1;
-    r->bytes = bytes;
+    r->bytes = bits;
     r->seq = seq;
     r->step = step;
     r->peer = peer;
     r->mb = mb;
-    r->name_id = 0;
-    r->reserved = atomic_load_explicit(&trace_tsc_, memory_order_relaxed) ? TRACE_REC_TICKS : 0;
+    r->name_id = name_id;
+    r->reserved = flags;
+    trace_slot_commit_(&sl);
+}
+
+/* TRACE_REC_TICKS when trace_ticks() reads the TSC, else 0 (ticks are ns). */
+static inline uint32_t trace_ticks_flag_(void)
+{
+    return atomic_load_explicit(&trace_tsc_, memory_order_relaxed) ? TRACE_REC_TICKS : 0;
 }
 
 static inline void trace_send(actor_addr_t src, actor_addr_t dst, uint32_t msg_type,
@@ -225,10 +236,7 @@ static inline void trace_send(actor_addr_t src, actor_addr_t dst, uint32_t msg_t
                               uint64_t t_ns)
 {
     if (!trace_enabled()) return;
-    trace_rec_t r = {.ev = TRACE_EV_SEND, .msg_type = (uint16_t)msg_type, .actor = src,
-                     .t0 = t_ns, .t1 = t_ns, .bytes = bytes, .seq = seq, .step = step,
-                     .peer = dst, .mb = mb};
-    trace_record_(&r);
+    trace_rec_put_(TRACE_EV_SEND, 0, msg_type, src, dst, t_ns, t_ns, bytes, seq, step, mb, 0, 0);
 }
 
 static inline void trace_recv(actor_addr_t dst, actor_addr_t src, uint32_t msg_type,
@@ -236,10 +244,7 @@ static inline void trace_recv(actor_addr_t dst, actor_addr_t src, uint32_t msg_t
                               uint64_t t_ns)
 {
     if (!trace_enabled()) return;
-    trace_rec_t r = {.ev = TRACE_EV_RECV, .msg_type = (uint16_t)msg_type, .actor = dst,
-                     .t0 = t_ns, .t1 = t_ns, .bytes = bytes, .seq = seq, .step = step,
-                     .peer = src, .mb = mb};
-    trace_record_(&r);
+    trace_rec_put_(TRACE_EV_RECV, 0, msg_type, dst, src, t_ns, t_ns, bytes, seq, step, mb, 0, 0);
 }
 
 /* A span [t0, t1] of `kind` on `actor`; name_id 0 names it after msg_type
@@ -249,23 +254,16 @@ static inline void trace_span(actor_addr_t actor, trace_span_kind_t kind, uint32
                               uint64_t t1)
 {
     if (!trace_enabled()) return;
-    trace_rec_t r = {.ev = TRACE_EV_SPAN, .kind = (uint8_t)kind, .msg_type = (uint16_t)msg_type,
-                     .actor = actor, .t0 = t0, .t1 = t1, .step = step, .mb = mb,
-                     .name_id = name_id};
-    trace_record_(&r);
+    trace_rec_put_(TRACE_EV_SPAN, (uint8_t)kind, msg_type, actor, 0, t0, t1, 0, 0, step, mb, name_id, 0);
 }
 
-/* The same, with t0/t1 from trace_ticks() (the actor path's records),
- * written in place in the ring. */
+/* The actor path's records: t0/t1 from trace_ticks(). */
 static inline void trace_send_tk(actor_addr_t src, actor_addr_t dst, uint32_t msg_type, uint64_t seq,
                                  uint64_t bytes, int64_t step, int32_t mb, uint64_t ticks)
 {
     if (!trace_enabled()) return;
-    trace_slot_t sl;
-    trace_rec_t *r = trace_slot_begin_(&sl);
-    if (!r) return;
-    trace_slot_fill_(r, TRACE_EV_SEND, 0, msg_type, src, ticks, ticks, bytes, seq, step, dst, mb);
-    trace_slot_commit_(&sl);
+    trace_rec_put_(TRACE_EV_SEND, 0, msg_type, src, dst, ticks, ticks, bytes, seq, step, mb, 0,
+                   trace_ticks_flag_());
 }
 
 /* A receive and the handler span it started, in one record: arrival at
@@ -275,24 +273,17 @@ static inline void trace_recv_handled_tk(actor_addr_t dst, actor_addr_t src, uin
                                          uint64_t t_start, uint64_t t_end)
 {
     if (!trace_enabled()) return;
-    trace_slot_t sl;
-    trace_rec_t *r = trace_slot_begin_(&sl);
-    if (!r) return;
-    trace_slot_fill_(r, TRACE_EV_RECV, TRACE_RECV_HANDLED, msg_type, dst, t_arr, t_end, bytes, seq, step, src, mb);
     uint64_t delay = t_start - t_arr;
-    r->name_id = delay > UINT32_MAX ? UINT32_MAX : (uint32_t)delay;
-    trace_slot_commit_(&sl);
+    trace_rec_put_(TRACE_EV_RECV, TRACE_RECV_HANDLED, msg_type, dst, src, t_arr, t_end, bytes, seq, step, mb,
+                   delay > UINT32_MAX ? UINT32_MAX : (uint32_t)delay, trace_ticks_flag_());
 }
 
 static inline void trace_span_tk(actor_addr_t actor, trace_span_kind_t kind, uint32_t msg_type,
                                  int64_t step, int32_t mb, uint64_t t0, uint64_t t1)
 {
     if (!trace_enabled()) return;
-    trace_slot_t sl;
-    trace_rec_t *r = trace_slot_begin_(&sl);
-    if (!r) return;
-    trace_slot_fill_(r, TRACE_EV_SPAN, (uint8_t)kind, msg_type, actor, t0, t1, 0, 0, step, 0, mb);
-    trace_slot_commit_(&sl);
+    trace_rec_put_(TRACE_EV_SPAN, (uint8_t)kind, msg_type, actor, 0, t0, t1, 0, 0, step, mb, 0,
+                   trace_ticks_flag_());
 }
 
 /* A compute span that also carries the CPU time the recording thread spent
@@ -304,27 +295,23 @@ static inline void trace_span_cpu(actor_addr_t actor, uint32_t name_id, int64_t 
                                   uint64_t t0, uint64_t t1, uint64_t cpu_ns)
 {
     if (!trace_enabled()) return;
-    trace_rec_t r = {.ev = TRACE_EV_SPAN, .kind = TRACE_SPAN_COMPUTE, .msg_type = 0xffff,
-                     .actor = actor, .t0 = t0, .t1 = t1, .bytes = cpu_ns, .step = step, .mb = mb,
-                     .name_id = name_id};
-    trace_record_(&r);
+    trace_rec_put_(TRACE_EV_SPAN, TRACE_SPAN_COMPUTE, 0xffff, actor, 0, t0, t1, cpu_ns, 0, step, mb, name_id, 0);
 }
+
 static inline void trace_instant(actor_addr_t actor, uint32_t name_id, int64_t step,
                                  uint64_t t_ns)
 {
     if (!trace_enabled()) return;
-    trace_rec_t r = {.ev = TRACE_EV_INSTANT, .msg_type = 0xffff, .actor = actor, .t0 = t_ns,
-                     .t1 = t_ns, .step = step, .mb = -1, .name_id = name_id};
-    trace_record_(&r);
+    trace_rec_put_(TRACE_EV_INSTANT, 0, 0xffff, actor, 0, t_ns, t_ns, 0, 0, step, -1, name_id, 0);
 }
 
 static inline void trace_counter(actor_addr_t actor, uint32_t name_id, double value,
                                  uint64_t t_ns)
 {
     if (!trace_enabled()) return;
-    trace_rec_t r = {.ev = TRACE_EV_COUNTER, .msg_type = 0xffff, .actor = actor, .t0 = t_ns,
-                     .t1 = t_ns, .step = -1, .mb = -1, .name_id = name_id, .value = value};
-    trace_record_(&r);
+    uint64_t bits;
+    memcpy(&bits, &value, sizeof bits); /* the record's bytes/value union */
+    trace_rec_put_(TRACE_EV_COUNTER, 0, 0xffff, actor, 0, t_ns, t_ns, bits, 0, -1, -1, name_id, 0);
 }
 
 /* ---- reading, merging, summary (baton trace) ----------------------------- */
