@@ -2,7 +2,6 @@
 
 #include <assert.h>
 #include <ev.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +9,7 @@
 #include "actors/router.h"
 #include "actors/trace.h"
 #include "base/clock.h"
+#include "base/freelist.h"
 #include "base/log.h"
 
 _Static_assert(sizeof(ev_timer) <= sizeof(((actor_timer_t *)0)->w), "actor_timer_t.w holds an ev_timer");
@@ -63,61 +63,18 @@ static tensor_t msg_view_make(void *data, dtype_t dt, int ndim, const int64_t *s
  * cache is bounded and released when its thread exits. */
 #define MSG_CACHE_MAX 64u
 
-typedef struct {
-    actor_msg_t *head;
-    unsigned     n;
-    bool         registered; /* the key's destructor will free it */
-} msg_cache_t;
-
-static _Thread_local msg_cache_t msg_cache;
-static pthread_key_t msg_cache_key;
-static pthread_once_t msg_cache_once = PTHREAD_ONCE_INIT;
-
-static void msg_cache_release(void *arg)
-{
-    msg_cache_t *c = arg;
-    while (c->head) {
-        actor_msg_t *m = c->head;
-        c->head = (actor_msg_t *)m->item.next;
-        free(m);
-    }
-    c->n = 0;
-    c->registered = false;
-}
-
-static void msg_cache_key_init(void)
-{
-    if (pthread_key_create(&msg_cache_key, msg_cache_release) != 0)
-        BT_PANIC("pthread_key_create failed for the message cache");
-}
+static _Thread_local base_freelist_t msg_cache = {.max = MSG_CACHE_MAX};
 
 static void msg_cache_put(actor_msg_t *m)
 {
-    msg_cache_t *c = &msg_cache;
-    if (c->n >= MSG_CACHE_MAX) {
-        free(m);
-        return;
-    }
-    if (!c->registered) { /* the thread's exit frees the cache */
-        pthread_once(&msg_cache_once, msg_cache_key_init);
-        pthread_setspecific(msg_cache_key, c);
-        c->registered = true;
-    }
-    m->item.next = (actor_item_t *)c->head;
-    c->head = m;
-    c->n++;
+    base_freelist_free_at_exit(&msg_cache);
+    if (!base_freelist_push(&msg_cache, m)) free(m);
 }
 
 static actor_msg_t *msg_alloc(uint32_t type, bool zero_body)
 {
-    actor_msg_t *m = msg_cache.head;
-    if (m) {
-        msg_cache.head = (actor_msg_t *)m->item.next;
-        msg_cache.n--;
-    } else {
-        m = malloc(sizeof *m);
-        if (!m) return NULL;
-    }
+    actor_msg_t *m = base_freelist_pop(&msg_cache);
+    if (!m && !(m = malloc(sizeof *m))) return NULL;
     /* The descriptor and view arrays (2.5 KB) are written as tensors are
      * added and read only below ntensors, the small buffer only when taken:
      * zero everything else. */

@@ -13,6 +13,7 @@
 #include "actors/credit.h"
 #include "actors/trace.h"
 #include "base/clock.h"
+#include "base/freelist.h"
 #include "base/log.h"
 
 #define ROUTER_MAX_LOOPS   64
@@ -80,8 +81,7 @@ struct actor_router {
     bt_status_t           stop_status;
 
     struct { void *p; size_t len; } cache[ROUTER_CACHE_SLOTS]; /* I/O loop only */
-    void            *small_free;   /* ROUTER_SMALL_MAX-byte blocks, linked through their first word; I/O loop only */
-    uint32_t         small_nfree;
+    base_freelist_t  small;        /* ROUTER_SMALL_MAX-byte blocks; I/O loop only */
 };
 
 /* ---- small helpers ------------------------------------------------------- */
@@ -139,13 +139,8 @@ static void *router_payload_alloc(void *arg, xport_ep_t *ep, const void *hdr, si
     (void)ep; (void)hdr; (void)hdr_len;
     actor_router_t *rt = arg;
     if (payload_len <= ROUTER_SMALL_MAX) {
-        void *p = rt->small_free;
-        if (p) {
-            memcpy(&rt->small_free, p, sizeof(void *));
-            rt->small_nfree--;
-            return p;
-        }
-        return aligned_alloc(WIRE_ALIGN, ROUTER_SMALL_MAX);
+        void *p = base_freelist_pop(&rt->small);
+        return p ? p : aligned_alloc(WIRE_ALIGN, ROUTER_SMALL_MAX);
     }
     if (payload_len >= ROUTER_CACHE_MIN) {
         for (int i = 0; i < ROUTER_CACHE_SLOTS; i++) {
@@ -163,12 +158,7 @@ static void *router_payload_alloc(void *arg, xport_ep_t *ep, const void *hdr, si
 static void router_payload_free(void *arg, void *payload, size_t payload_len)
 {
     actor_router_t *rt = arg;
-    if (payload && payload_len <= ROUTER_SMALL_MAX && rt->small_nfree < ROUTER_SMALL_KEEP) {
-        memcpy(payload, &rt->small_free, sizeof(void *));
-        rt->small_free = payload;
-        rt->small_nfree++;
-        return;
-    }
+    if (payload && payload_len <= ROUTER_SMALL_MAX && base_freelist_push(&rt->small, payload)) return;
     if (payload && payload_len >= ROUTER_CACHE_MIN) {
         for (int i = 0; i < ROUTER_CACHE_SLOTS; i++) {
             if (!rt->cache[i].p) {
@@ -866,6 +856,7 @@ bt_status_t actor_router_create(const actor_router_config_t *cfg, actor_router_t
     actor_router_t *rt = calloc(1, sizeof *rt);
     if (!rt) return BT_ERR_NOMEM;
     rt->cfg = *cfg;
+    rt->small.max = ROUTER_SMALL_KEEP;
     snprintf(rt->job_id, sizeof rt->job_id, "%s", cfg->job_id ? cfg->job_id : "baton");
     snprintf(rt->host, sizeof rt->host, "%s", cfg->listen_host ? cfg->listen_host : "127.0.0.1");
     rt->cfg.job_id = rt->job_id;
@@ -1055,11 +1046,7 @@ void actor_router_destroy(actor_router_t *rt)
         free(e);
     }
     for (int i = 0; i < ROUTER_CACHE_SLOTS; i++) free(rt->cache[i].p);
-    while (rt->small_free) {
-        void *p = rt->small_free;
-        memcpy(&rt->small_free, p, sizeof(void *));
-        free(p);
-    }
+    base_freelist_drain(&rt->small);
     pthread_cond_destroy(&rt->cv);
     pthread_mutex_destroy(&rt->mu);
     free(rt->secret);

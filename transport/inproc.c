@@ -24,6 +24,7 @@
  */
 #include "transport/xport.h"
 
+#include "base/freelist.h"
 #include "base/log.h"
 
 #include <ev.h>
@@ -143,63 +144,20 @@ static void inproc_link_unref(inproc_link_t *l)
 #define INPROC_ITEM_SMALL     512u
 #define INPROC_ITEM_CACHE_MAX 64u
 
-typedef struct {
-    inproc_item_t *head;
-    unsigned       n;
-    bool           registered; /* the key's destructor will free it */
-} inproc_item_cache_t;
-
-static _Thread_local inproc_item_cache_t inproc_item_cache;
-static pthread_key_t inproc_item_cache_key;
-static pthread_once_t inproc_item_cache_once = PTHREAD_ONCE_INIT;
-
-static void inproc_item_cache_release(void *arg)
-{
-    inproc_item_cache_t *c = arg;
-    while (c->head) {
-        inproc_item_t *it = c->head;
-        c->head = it->next;
-        free(it);
-    }
-    c->n = 0;
-    c->registered = false;
-}
-
-static void inproc_item_cache_key_init(void)
-{
-    if (pthread_key_create(&inproc_item_cache_key, inproc_item_cache_release) != 0)
-        BT_PANIC("pthread_key_create failed for the inproc item cache");
-}
+static _Thread_local base_freelist_t inproc_item_cache = {.max = INPROC_ITEM_CACHE_MAX};
 
 /* Raw storage for an item of `size` bytes (contents undefined). */
 static inproc_item_t *inproc_item_alloc(size_t size)
 {
-    inproc_item_cache_t *c = &inproc_item_cache;
-    if (size <= INPROC_ITEM_SMALL && c->head) {
-        inproc_item_t *it = c->head;
-        c->head = it->next;
-        c->n--;
-        return it;
-    }
-    return malloc(size <= INPROC_ITEM_SMALL ? INPROC_ITEM_SMALL : size);
+    inproc_item_t *it = size <= INPROC_ITEM_SMALL ? base_freelist_pop(&inproc_item_cache) : NULL;
+    return it ? it : malloc(size <= INPROC_ITEM_SMALL ? INPROC_ITEM_SMALL : size);
 }
 
 /* Storage back (an item whose references were dropped). */
 static void inproc_item_release(inproc_item_t *it)
 {
-    inproc_item_cache_t *c = &inproc_item_cache;
-    if (!it->small || c->n >= INPROC_ITEM_CACHE_MAX) {
-        free(it);
-        return;
-    }
-    if (!c->registered) {
-        pthread_once(&inproc_item_cache_once, inproc_item_cache_key_init);
-        pthread_setspecific(inproc_item_cache_key, c);
-        c->registered = true;
-    }
-    it->next = c->head;
-    c->head = it;
-    c->n++;
+    base_freelist_free_at_exit(&inproc_item_cache);
+    if (!it->small || !base_freelist_push(&inproc_item_cache, it)) free(it);
 }
 
 static void inproc_item_free(inproc_item_t *it)

@@ -56,6 +56,7 @@
 #include "transport/xport.h"
 
 #include "base/clock.h"
+#include "base/freelist.h"
 #include "base/log.h"
 #include "transport/handshake.h"
 #include "transport/sockaddr.h"
@@ -173,8 +174,7 @@ struct ucx_xport {
     ev_timer        poll;
     ucx_ep_t       *eps;
     ucx_ep_t       *last_hit;        /* lookup cache */
-    void           *blk_free;        /* cached UCX_BLK-byte blocks (sends, receives) */
-    unsigned        blk_nfree;
+    base_freelist_t blks;            /* cached UCX_BLK-byte blocks (sends, receives) */
     ucx_ep_t      **slots;           /* connection ids: the endpoint of each slot, or NULL */
     uint32_t        nslots;
     uint64_t        stray;           /* data frames for no live connection (dropped) */
@@ -211,34 +211,18 @@ static bt_status_t ucx_status_map(ucs_status_t s)
  * struct part (zeroed bytes) is cleared; the caller fills the rest. */
 #define UCX_BLK      640u
 #define UCX_BLK_KEEP 256u
-typedef struct ucx_blk { struct ucx_blk *next; } ucx_blk_t;
 
 static void *ucx_blk_get(ucx_xport_t *x, size_t size, size_t zeroed)
 {
-    void *p;
-    if (size <= UCX_BLK && x->blk_free) {
-        ucx_blk_t *b = x->blk_free;
-        x->blk_free = b->next;
-        x->blk_nfree--;
-        p = b;
-    } else {
-        p = malloc(size <= UCX_BLK ? UCX_BLK : size);
-        if (!p) return NULL;
-    }
+    void *p = size <= UCX_BLK ? base_freelist_pop(&x->blks) : NULL;
+    if (!p && !(p = malloc(size <= UCX_BLK ? UCX_BLK : size))) return NULL;
     memset(p, 0, zeroed);
     return p;
 }
 
 static void ucx_blk_put(ucx_xport_t *x, void *p, size_t size)
 {
-    if (size > UCX_BLK || x->blk_nfree >= UCX_BLK_KEEP) {
-        free(p);
-        return;
-    }
-    ucx_blk_t *b = p;
-    b->next = x->blk_free;
-    x->blk_free = b;
-    x->blk_nfree++;
+    if (size > UCX_BLK || !base_freelist_push(&x->blks, p)) free(p);
 }
 
 static void ucx_send_free(ucx_xport_t *x, ucx_send_t *s) { ucx_blk_put(x, s, s->blk_size); }
@@ -1275,11 +1259,7 @@ static void ucx_xport_free(ucx_xport_t *x)
 {
     if (x->worker) ucp_worker_destroy(x->worker);
     if (x->ctx) ucp_cleanup(x->ctx);
-    while (x->blk_free) {
-        ucx_blk_t *b = x->blk_free;
-        x->blk_free = b->next;
-        free(b);
-    }
+    base_freelist_drain(&x->blks);
     free(x->slots);
     free(x->job_id);
     free(x->listen_addr);
@@ -1302,6 +1282,7 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
     x->base.caps = xport_ucx_ops.caps;
     x->cfg = *cfg;
     x->efd = -1;
+    x->blks.max = UCX_BLK_KEEP;
     if (!x->cfg.max_frame) x->cfg.max_frame = UCX_DEFAULT_MAX_FRAME;
     if (!x->cfg.handshake_ms) x->cfg.handshake_ms = UCX_DEFAULT_HS_MS;
     x->job_id = strdup(cfg->job_id);
