@@ -761,14 +761,9 @@ static bt_status_t inproc_send(xport_ep_t *base, const void *hdr, size_t hdr_len
     inproc_ep_t *ep = (inproc_ep_t *)base;
     inproc_xport_t *x = ep->x;
     if (ep->dead) return BT_ERR_PEER_CLOSED;
-    if (iovcnt < 0 || (iovcnt > 0 && !iov) || (hdr_len > 0 && !hdr)) return BT_ERR_INVALID;
-    size_t payload_len = 0;
-    for (int i = 0; i < iovcnt; i++) payload_len += iov[i].iov_len;
-    if (hdr_len > XPORT_HDR_MAX || hdr_len > x->cfg.max_frame
-        || payload_len > x->cfg.max_frame - hdr_len) {
-        log_error("inproc: send of %zu+%zu bytes exceeds the frame limit", hdr_len, payload_len);
-        return BT_ERR_INVALID;
-    }
+    size_t payload_len;
+    bt_status_t st = xport_send_check(base, x->cfg.max_frame, hdr, hdr_len, iov, iovcnt, &payload_len);
+    if (st != BT_OK) return st;
     size_t hdr_pad = (hdr_len + 15) & ~(size_t)15;
     inproc_item_t *it = inproc_item_new(IT_FRAME, ep->link, hdr_pad + (size_t)iovcnt * sizeof *iov);
     if (!it) return BT_ERR_NOMEM;

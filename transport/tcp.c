@@ -653,15 +653,9 @@ static bt_status_t tcp_send(xport_ep_t *base, const void *hdr, size_t hdr_len,
     tcp_ep_t *ep = (tcp_ep_t *)base;
     tcp_xport_t *x = ep->x;
     if (ep->state == EP_DEAD || ep->state == EP_CLOSING) return BT_ERR_PEER_CLOSED;
-    if (iovcnt < 0 || (iovcnt > 0 && !iov) || (hdr_len > 0 && !hdr)) return BT_ERR_INVALID;
-    size_t payload_len = 0;
-    for (int i = 0; i < iovcnt; i++) payload_len += iov[i].iov_len;
-    if (hdr_len > XPORT_HDR_MAX || hdr_len > x->cfg.max_frame
-        || payload_len > x->cfg.max_frame - hdr_len) {
-        log_error("tcp: send of %zu+%zu bytes to %s exceeds the frame limit (hdr %u, frame %zu)",
-                  hdr_len, payload_len, ep->base.peer_addr, XPORT_HDR_MAX, x->cfg.max_frame);
-        return BT_ERR_INVALID;
-    }
+    size_t payload_len;
+    bt_status_t st = xport_send_check(base, x->cfg.max_frame, hdr, hdr_len, iov, iovcnt, &payload_len);
+    if (st != BT_OK) return st;
     tcp_send_t *s = malloc(sizeof *s + (size_t)(2 + iovcnt) * sizeof(struct iovec));
     if (!s) return BT_ERR_NOMEM;
     s->next = NULL;

@@ -590,15 +590,9 @@ static bt_status_t ucx_send(xport_ep_t *base, const void *hdr, size_t hdr_len,
     ucx_xport_t *x = ep->x;
     if (ep->state == UEP_DEAD || ep->state == UEP_CLOSING || ep->fail_pending != BT_OK)
         return BT_ERR_PEER_CLOSED;
-    if (iovcnt < 0 || (iovcnt > 0 && !iov) || (hdr_len > 0 && !hdr)) return BT_ERR_INVALID;
-    size_t payload_len = 0;
-    for (int i = 0; i < iovcnt; i++) payload_len += iov[i].iov_len;
-    if (hdr_len > XPORT_HDR_MAX || hdr_len > x->cfg.max_frame
-        || payload_len > x->cfg.max_frame - hdr_len) {
-        log_error("ucx: send of %zu+%zu bytes to %s exceeds the frame limit", hdr_len,
-                  payload_len, ep->base.peer_addr);
-        return BT_ERR_INVALID;
-    }
+    size_t payload_len;
+    bt_status_t st = xport_send_check(base, x->cfg.max_frame, hdr, hdr_len, iov, iovcnt, &payload_len);
+    if (st != BT_OK) return st;
     ucx_send_t *s = ucx_send_new(x, UCX_AM_DATA, hdr, hdr_len, iov, iovcnt, done, arg);
     if (!s) return BT_ERR_NOMEM;
     if (ep->state != UEP_OPEN) { /* frames wait for the handshake */
@@ -607,7 +601,7 @@ static bt_status_t ucx_send(xport_ep_t *base, const void *hdr, size_t hdr_len,
         ep->pending_tail = s;
         return BT_IN_PROGRESS;
     }
-    bt_status_t st = ucx_send_post(ep, s);
+    st = ucx_send_post(ep, s);
     if (st != BT_OK && st != BT_IN_PROGRESS) {
         ucx_send_free(x, s);
         return st;

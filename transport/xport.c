@@ -5,6 +5,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
+
+bt_status_t xport_send_check(const xport_ep_t *ep, size_t max_frame, const void *hdr, size_t hdr_len,
+                             const struct iovec *iov, int iovcnt, size_t *payload_len)
+{
+    if (iovcnt < 0 || (iovcnt > 0 && !iov) || (hdr_len > 0 && !hdr)) return BT_ERR_INVALID;
+    size_t n = 0;
+    for (int i = 0; i < iovcnt; i++) n += iov[i].iov_len;
+    if (hdr_len > XPORT_HDR_MAX || hdr_len > max_frame || n > max_frame - hdr_len) {
+        log_error("%s: send of %zu+%zu bytes to %s exceeds the frame limit (hdr %u, frame %zu)", ep->ops->name,
+                  hdr_len, n, ep->peer_addr, XPORT_HDR_MAX, max_frame);
+        return BT_ERR_INVALID;
+    }
+    *payload_len = n;
+    return BT_OK;
+}
+
 /* Why each (see transport/ucx.c's header comment for the measurements):
  *  MM_ERROR_HANDLING=y  shared memory between the processes of a host in
  *      peer error-handling mode; UCX 1.13 keeps posix/sysv off in that mode

@@ -214,6 +214,12 @@ extern const xport_ops_t xport_inproc_ops;
 extern const xport_ops_t xport_tcp_ops;
 extern const xport_ops_t xport_ucx_ops; /* present when built with UCX */
 
+/* The argument checks every send() makes: BT_ERR_INVALID for a NULL
+ * pointer with a length, or a frame over XPORT_HDR_MAX / max_frame (logged,
+ * naming the transport and the peer); else BT_OK and *payload_len. */
+bt_status_t xport_send_check(const xport_ep_t *ep, size_t max_frame, const void *hdr, size_t hdr_len,
+                             const struct iovec *iov, int iovcnt, size_t *payload_len);
+
 /* UCX settings the ucx transport applies to its context unless the
  * environment sets them (or an alias of them); the benchmark's ucx_perftest
  * reference runs under the same ones. Names are without the "UCX_" prefix. */
