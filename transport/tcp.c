@@ -877,11 +877,13 @@ static void tcp_destroy(xport_t *base)
         tcp_close(&ep->base);
     }
     uint64_t deadline = clock_now_ns() + (uint64_t)(TCP_CLOSE_S * 1e9);
-    while (x->eps && clock_now_ns() < deadline) {
-        struct pollfd pfd[64];
-        tcp_ep_t *who[64];
-        nfds_t n = 0;
-        for (tcp_ep_t *ep = x->eps; ep && n < 64; ep = ep->next) {
+    size_t cap = 0;
+    for (tcp_ep_t *ep = x->eps; ep; ep = ep->next) cap++;
+    struct pollfd *pfd = malloc((cap ? cap : 1) * sizeof *pfd);
+    tcp_ep_t **who = malloc((cap ? cap : 1) * sizeof *who);
+    while (pfd && who && x->eps && clock_now_ns() < deadline) {
+        nfds_t n = 0; /* the list only shrinks: cap bounds it */
+        for (tcp_ep_t *ep = x->eps; ep; ep = ep->next) {
             pfd[n] = (struct pollfd){.fd = ep->fd, .events = POLLOUT};
             who[n++] = ep;
         }
@@ -889,6 +891,8 @@ static void tcp_destroy(xport_t *base)
         for (nfds_t i = 0; i < n; i++)
             if (pfd[i].revents) tcp_ep_write(who[i]); /* may finish (free) who[i] only */
     }
+    free(pfd);
+    free(who);
     while (x->eps) tcp_ep_fail(x->eps, BT_ERR_CANCELED, "queue not drained within %.0f s of destroy", TCP_CLOSE_S);
     if (x->lfd >= 0) {
         ev_io_stop(x->cfg.loop, &x->lio);
