@@ -2,7 +2,7 @@
  * per process (contract in trace.h; file layout in trace_file.h).
  *
  * Memory safety across start/stop: a ring is never freed while its thread
- * lives (the thread may be inside trace_rec_put_ at any moment, even after
+ * lives (the thread may be inside a recording call at any moment, even after
  * trace_stop cleared the flag), only after the thread exited (pthread key
  * destructor marks it retired) and the flusher drained it, or never for the
  * main thread. Rings outlive sessions: trace_start discards what an old
@@ -105,7 +105,7 @@ static trace_actor_name_t g_actors[TRACE_MAX_ACTORS];
 static uint32_t        g_nactors;
 static FILE           *g_file;
 static char            g_path[4096];
-static uint32_t        g_ring_records = 16384;
+static uint32_t        g_ring_records = 16384; /* slots */
 static uint32_t        g_sessions;
 static bool            g_atexit_registered;
 
@@ -123,13 +123,13 @@ static pthread_t       g_flusher;
 static uint32_t        g_flush_ms = 100;
 
 _Static_assert(TRACE_RING_NAME_MAX == TRACE_STR_MAX, "ring names are file names");
-_Thread_local trace_ring_t *trace_tl_ring_;
-#define tl_ring trace_tl_ring_
+_Thread_local trace_cursor_t trace_cur_;
 
 static void trace_ring_retire(void *p)
 {
     trace_ring_t *g = p;
-    tl_ring = NULL; /* a later event of this thread (another destructor) gets a new ring */
+    /* a later event of this thread (another destructor) gets a new ring */
+    trace_cur_ = (trace_cursor_t){0};
     atomic_store_explicit(&g->retired, 1, memory_order_release);
 }
 
@@ -139,9 +139,9 @@ static void trace_key_init(void)
 }
 
 /* The calling thread's ring, created on first use (not the hot path). */
-trace_ring_t *trace_ring_get_(void)
+static trace_ring_t *trace_ring_get(void)
 {
-    if (tl_ring) return tl_ring;
+    if (trace_cur_.g) return trace_cur_.g;
     pthread_once(&g_key_once, trace_key_init);
     trace_ring_t *g = calloc(1, sizeof *g);
     if (!g) return NULL;
@@ -160,13 +160,80 @@ trace_ring_t *trace_ring_get_(void)
     g_rings = g;
     pthread_mutex_unlock(&g_mu);
     pthread_setspecific(g_key, g);
-    tl_ring = g;
+    trace_cur_ = (trace_cursor_t){.pos = g->buf, .lim = g->buf, .g = g};
     return g;
 }
 
+/* A new look at the flusher's tail: the cursor's free run (up to the wrap)
+ * and the head at which the fill reaches half the ring. */
+trace_slot_t *trace_claim_slow_(uint32_t n)
+{
+    trace_ring_t *g = trace_ring_get();
+    if (!g) return NULL;
+    trace_cursor_t *c = &trace_cur_;
+    uint64_t cap = g->mask + 1, h = c->head;
+    uint64_t t = atomic_load_explicit(&g->tail, memory_order_acquire);
+    uint64_t used = h - t, at = h & g->mask, to_wrap = cap - at;
+    if (to_wrap < n) { /* a pair would straddle the wrap: a pad slot first */
+        if (used + to_wrap + n > cap) goto full;
+        g->buf[at].ev = TRACE_SLOT_PAD;
+        c->head = h += to_wrap;
+        atomic_store_explicit(&g->head, h, memory_order_release);
+        used += to_wrap;
+        at = 0;
+        to_wrap = cap;
+    }
+    if (cap - used < n) goto full;
+    c->pos = &g->buf[at];
+    c->lim = c->pos + (cap - used < to_wrap ? cap - used : to_wrap);
+    c->wake = used < cap / 2 ? t + cap / 2 : h + 1; /* at half full (again, if it is past) */
+    return c->pos;
+full:
+    atomic_store_explicit(&g->dropped, atomic_load_explicit(&g->dropped, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    c->pos = c->lim = &g->buf[at]; /* the next record looks again */
+    return NULL;
+}
+
+/* Once per look at the tail (trace_claim_slow_ sets the next wake). */
 void trace_wake_flusher_(void)
 {
+    trace_cur_.wake = UINT64_MAX;
     if (atomic_exchange_explicit(&g_wake, 1, memory_order_acq_rel) == 0) pthread_cond_signal(&g_wake_cv);
+}
+
+void trace_put_wide_(const trace_rec_t *r)
+{
+    trace_slot_t *at = trace_cur_.pos;
+    if (trace_cur_.lim - at < 2 && !(at = trace_claim_slow_(2))) return;
+    memset(at, 0, 2 * sizeof *at);
+    memcpy(at, r, sizeof *r);
+    at->ev = (uint8_t)(r->ev | TRACE_SLOT_WIDE);
+    trace_commit_(2);
+}
+
+void trace_put_compact_wide_(uint8_t ev, uint32_t msg_type, actor_addr_t actor, actor_addr_t peer, uint64_t seq,
+                             int64_t step, int32_t mb, uint64_t bytes, uint64_t t0, uint64_t delay, uint64_t dur)
+{
+    uint32_t flags = ev & TRACE_SLOT_TICKS ? TRACE_REC_TICKS : 0;
+    uint8_t  e = ev & TRACE_SLOT_EV_MASK;
+    uint64_t t1 = t0 + dur < t0 ? t0 : t0 + dur;
+    if (e == TRACE_EV_SPAN) {
+        trace_put_wide_(&(trace_rec_t){.ev = e, .kind = (uint8_t)peer, .msg_type = (uint16_t)msg_type,
+                                       .actor = actor, .t0 = t0, .t1 = t1, .step = step, .mb = mb,
+                                       .reserved = flags});
+        return;
+    }
+    trace_rec_t r = {.ev = e, .msg_type = (uint16_t)msg_type, .actor = actor, .peer = peer, .t0 = t0, .t1 = t0,
+                     .bytes = bytes, .seq = seq, .step = step, .mb = mb, .reserved = flags};
+    trace_put_wide_(&r);
+    if (e == TRACE_EV_RECV && (ev & TRACE_SLOT_HANDLED)) { /* the handler span, a record of its own */
+        uint64_t start = t0 + delay < t0 ? t0 : t0 + delay;
+        uint64_t end = start + dur < start ? start : start + dur;
+        trace_put_wide_(&(trace_rec_t){.ev = TRACE_EV_SPAN, .kind = TRACE_SPAN_HANDLER,
+                                       .msg_type = (uint16_t)msg_type, .actor = actor, .t0 = start, .t1 = end,
+                                       .step = step, .mb = mb, .reserved = flags});
+    }
 }
 
 /* ---- file writing (g_mu held) -------------------------------------------- */
@@ -214,7 +281,7 @@ static void trace_drain_locked(void)
         while (t < h) {
             uint64_t cap = g->mask + 1, at = t & g->mask;
             uint64_t n = h - t < cap - at ? h - t : cap - at; /* up to the wrap */
-            ok &= trace_blk_write(TRACE_BLK_RECS, g->idx, (uint32_t)n, &g->buf[at], n * sizeof(trace_rec_t));
+            ok &= trace_blk_write(TRACE_BLK_RECS, g->idx, (uint32_t)n, &g->buf[at], n * sizeof(trace_slot_t));
             t += n;
             atomic_store_explicit(&g->tail, t, memory_order_release);
         }
@@ -326,7 +393,7 @@ bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cf
         return BT_ERR_IO;
     }
     trace_file_hdr_t h = {.magic = TRACE_MAGIC, .version = TRACE_VERSION, .rank = rank,
-                          .pid = (uint32_t)getpid(), .rec_size = sizeof(trace_rec_t),
+                          .pid = (uint32_t)getpid(), .rec_size = sizeof(trace_slot_t),
                           .t_start_ns = clock_now_ns()};
     if (fwrite(&h, sizeof h, 1, f) != 1) {
         log_error("trace: cannot write %s: %s", g_path, strerror(errno));
@@ -422,7 +489,7 @@ uint64_t trace_dropped(void)
 
 void trace_thread_name(const char *name)
 {
-    trace_ring_t *g = trace_ring_get_();
+    trace_ring_t *g = trace_ring_get();
     if (!g) return;
     pthread_mutex_lock(&g_mu);
     snprintf(g->name, sizeof g->name, "%s", name);

@@ -137,7 +137,142 @@ static bt_status_t trace_file_v2_finish(trace_file_t *f, const trace_clock_blk_t
     return BT_OK;
 }
 
-static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_t *f, char *err, size_t cap)
+static bool trace_rec_valid(const trace_rec_t *r)
+{
+    return r->ev < TRACE_EV_COUNT && !(r->ev == TRACE_EV_SPAN && r->kind >= TRACE_SPAN_KIND_COUNT) && r->t1 >= r->t0;
+}
+
+/* ---- version 3: slots ----------------------------------------------------
+ * Compact records hold the low 32 bits of an envelope seq. Per stream (a
+ * send or receive, actor, peer) the seqs rise one at a time and a stream is
+ * recorded by one thread in order, so the full seq is the one nearest to
+ * the stream's last (within 2^31 either way). */
+typedef struct {
+    actor_addr_t actor, peer;
+    uint8_t      used, ev;
+    uint64_t     seq;   /* the stream's last */
+} trace_seq_slot_t;
+
+typedef struct trace_seqs {
+    trace_seq_slot_t *v;
+    size_t            cap, n; /* cap: power of two */
+} trace_seqs_t;
+
+static size_t trace_seq_hash(uint8_t ev, actor_addr_t actor, actor_addr_t peer, size_t cap)
+{
+    uint64_t k = ((uint64_t)actor << 32 | peer) * 0x9E3779B97F4A7C15ull ^ ev;
+    return (size_t)(k >> 17) & (cap - 1);
+}
+
+/* The entry of a stream (found or new), NULL when out of memory. */
+static trace_seq_slot_t *trace_seqs_at(trace_seqs_t *m, uint8_t ev, actor_addr_t actor, actor_addr_t peer,
+                                       bool *fresh)
+{
+    if (2 * (m->n + 1) > m->cap) {
+        size_t nc = m->cap ? 2 * m->cap : 64;
+        trace_seq_slot_t *nv = calloc(nc, sizeof *nv);
+        if (!nv) return NULL;
+        for (size_t i = 0; i < m->cap; i++) {
+            if (!m->v[i].used) continue;
+            size_t j = trace_seq_hash(m->v[i].ev, m->v[i].actor, m->v[i].peer, nc);
+            while (nv[j].used) j = (j + 1) & (nc - 1);
+            nv[j] = m->v[i];
+        }
+        free(m->v);
+        m->v = nv;
+        m->cap = nc;
+    }
+    size_t j = trace_seq_hash(ev, actor, peer, m->cap);
+    while (m->v[j].used && !(m->v[j].ev == ev && m->v[j].actor == actor && m->v[j].peer == peer))
+        j = (j + 1) & (m->cap - 1);
+    *fresh = !m->v[j].used;
+    if (*fresh) {
+        m->v[j] = (trace_seq_slot_t){.actor = actor, .peer = peer, .used = 1, .ev = ev};
+        m->n++;
+    }
+    return &m->v[j];
+}
+
+/* The full seq of a compact record's low 32 bits; a wide record's full seq
+ * (lo64 with full = true) becomes its stream's reference. */
+static bool trace_seq_restore(trace_seqs_t *m, uint8_t ev, actor_addr_t actor, actor_addr_t peer, uint64_t lo64,
+                              bool full, uint64_t *seq)
+{
+    bool fresh;
+    trace_seq_slot_t *e = trace_seqs_at(m, ev, actor, peer, &fresh);
+    if (!e) return false;
+    if (full || fresh) {
+        *seq = lo64;
+    } else {
+        int32_t d = (int32_t)((uint32_t)lo64 - (uint32_t)e->seq);
+        *seq = e->seq + (uint64_t)(int64_t)d;
+    }
+    e->seq = *seq;
+    return true;
+}
+
+/* Expand n slots of a version 3 record block (file offset `at`) into f's
+ * records, written by thread `tid`. Room for n records is there: a slot
+ * makes at most one. */
+static bt_status_t trace_slots_parse(trace_file_t *f, const uint8_t *p, uint32_t n, uint32_t tid, size_t at,
+                                     trace_seqs_t *seqs, char *err, size_t cap)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        trace_slot_t s;
+        memcpy(&s, p + (size_t)i * sizeof s, sizeof s);
+        size_t where = at + (size_t)i * sizeof s;
+        trace_rec_t r;
+        if (s.ev == TRACE_SLOT_PAD) continue;
+        if (s.ev & TRACE_SLOT_WIDE) {
+            if (i + 1 >= n)
+                return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: wide record at byte %zu ends its block", f->path,
+                                  where);
+            memcpy(&r, p + (size_t)i * sizeof s, sizeof r);
+            r.ev &= (uint8_t)~TRACE_SLOT_WIDE;
+            i++;
+            if (!trace_rec_valid(&r) || (r.reserved & ~TRACE_REC_TICKS) ||
+                (r.ev == TRACE_EV_RECV && r.kind == TRACE_RECV_HANDLED))
+                return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: bad wide record at byte %zu (event %u, kind %u)",
+                                  f->path, where, r.ev, r.kind);
+            if ((r.ev == TRACE_EV_SEND || r.ev == TRACE_EV_RECV) &&
+                !trace_seq_restore(seqs, r.ev, r.actor, r.peer, r.seq, true, &r.seq))
+                return BT_ERR_NOMEM;
+        } else {
+            uint8_t ev = s.ev & TRACE_SLOT_EV_MASK;
+            bool handled = s.ev & TRACE_SLOT_HANDLED;
+            if ((s.ev & ~(TRACE_SLOT_EV_MASK | TRACE_SLOT_TICKS | TRACE_SLOT_HANDLED)) || ev > TRACE_EV_SPAN ||
+                (handled && ev != TRACE_EV_RECV) || (ev == TRACE_EV_SPAN && s.peer >= TRACE_SPAN_KIND_COUNT))
+                return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: bad record at byte %zu (event byte 0x%02x)",
+                                  f->path, where, s.ev);
+            uint64_t t1 = s.t0 + (uint64_t)s.delay + s.dur;
+            if (t1 < s.t0)
+                return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: record at byte %zu ends before it starts", f->path,
+                                  where);
+            r = (trace_rec_t){.ev = ev, .msg_type = s.msg_type == 0xff ? 0xffff : s.msg_type, .actor = s.actor,
+                              .t0 = s.t0, .t1 = s.t0, .step = s.step, .mb = s.mb,
+                              .reserved = s.ev & TRACE_SLOT_TICKS ? TRACE_REC_TICKS : 0};
+            if (ev == TRACE_EV_SPAN) {
+                r.kind = (uint8_t)s.peer;
+                r.t1 = t1;
+            } else {
+                r.peer = s.peer;
+                r.bytes = s.bytes;
+                if (!trace_seq_restore(seqs, ev, s.actor, s.peer, s.seq, false, &r.seq)) return BT_ERR_NOMEM;
+                if (handled) { /* split by trace_file_v2_finish */
+                    r.kind = TRACE_RECV_HANDLED;
+                    r.t1 = t1;
+                    r.name_id = s.delay;
+                }
+            }
+        }
+        f->recs[f->nrecs] = r;
+        f->rec_tid[f->nrecs++] = tid;
+    }
+    return BT_OK;
+}
+
+static bt_status_t trace_file_parse_blocks(const uint8_t *buf, size_t size, trace_file_t *f, trace_seqs_t *seqs,
+                                           char *err, size_t cap)
 {
     const char *path = f->path;
     trace_file_hdr_t h;
@@ -149,13 +284,15 @@ static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_
     if (h.version < 1 || h.version > TRACE_VERSION)
         return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: trace format version %u, this baton reads 1..%u", path,
                           h.version, TRACE_VERSION);
-    if (h.rec_size != sizeof(trace_rec_t))
-        return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: record size %u, expected %zu", path, h.rec_size,
-                          sizeof(trace_rec_t));
+    size_t rec_size = h.version >= 3 ? sizeof(trace_slot_t) : sizeof(trace_rec_t);
+    if (h.rec_size != rec_size)
+        return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: record size %u, expected %zu for version %u", path,
+                          h.rec_size, rec_size, h.version);
     f->rank = h.rank;
     f->pid = h.pid;
     size_t off = sizeof h, cap_recs = 0;
     bool have_clock = false;
+
     trace_clock_blk_t clk = {0};
     while (off < size) {
         trace_blk_t b;
@@ -172,9 +309,10 @@ static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_
                               path, off, b.len, size - body);
         switch (kind) {
         case TRACE_BLK_RECS: {
-            if ((uint64_t)b.count * sizeof(trace_rec_t) != b.len || b.count == 0)
+            if ((uint64_t)b.count * rec_size != b.len || b.count == 0)
                 return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: record block at byte %zu: %u records in %u bytes",
                                   path, off, b.count, b.len);
+            /* a slot expands to at most two records (a wide pair to one) */
             if (f->nrecs + b.count > cap_recs) {
                 size_t nc = cap_recs ? cap_recs : 1024;
                 while (nc < f->nrecs + b.count) nc *= 2;
@@ -186,11 +324,15 @@ static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_
                 f->rec_tid = t;
                 cap_recs = nc;
             }
+            if (h.version >= 3) {
+                bt_status_t st = trace_slots_parse(f, buf + body, b.count, b.arg, body, seqs, err, cap);
+                if (st != BT_OK) return st;
+                break;
+            }
             memcpy(f->recs + f->nrecs, buf + body, b.len);
             for (uint32_t i = 0; i < b.count; i++) {
                 const trace_rec_t *r = &f->recs[f->nrecs + i];
-                if (r->ev >= TRACE_EV_COUNT || (r->ev == TRACE_EV_SPAN && r->kind >= TRACE_SPAN_KIND_COUNT) ||
-                    r->t1 < r->t0)
+                if (!trace_rec_valid(r))
                     return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: bad record at byte %zu (event %u, kind %u)",
                                       path, body + (size_t)i * sizeof *r, r->ev, r->kind);
                 f->rec_tid[f->nrecs + i] = b.arg;
@@ -257,6 +399,14 @@ static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_
     }
     if (!f->complete) log_warn("trace: %s has no end block (the process did not stop cleanly); using what it holds", path);
     return h.version >= 2 ? trace_file_v2_finish(f, have_clock ? &clk : NULL, err, cap) : BT_OK;
+}
+
+static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_t *f, char *err, size_t cap)
+{
+    trace_seqs_t seqs = {0};
+    bt_status_t st = trace_file_parse_blocks(buf, size, f, &seqs, err, cap);
+    free(seqs.v);
+    return st;
 }
 
 bt_status_t trace_file_load(const char *path, trace_file_t *f, char *err, size_t cap)

@@ -373,8 +373,8 @@ static void test_trace_flusher_drains(void)
     pthread_t th;
     pthread_create(&th, NULL, overflow_main, NULL); /* new thread: a 256-record ring */
     pthread_join(th, NULL);
-    for (int round = 0; round < 10; round++) {
-        for (int k = 0; k < 128; k++)
+    for (int round = 0; round < 20; round++) { /* an instant takes two slots */
+        for (int k = 0; k < 64; k++)
             trace_instant(ACTOR_ADDR(0, 1), 0, round, T_BASE + (uint64_t)k);
         usleep(20000); /* the half-full wake-up lets the flusher catch up */
     }
@@ -389,6 +389,98 @@ static void test_trace_flusher_drains(void)
     CHECK(set.files[0].dropped == 0);
     trace_set_free(&set);
     dir_remove();
+}
+
+/* Version 3 slots: seqs past 2^32 come back whole (a compact record keeps
+ * their low 32 bits), fields a slot cannot hold make the record wide and
+ * come back exact, a handled receive comes back as the receive and its
+ * handler span, and a wide record at the ring's last slot goes after a pad
+ * (or is dropped, counted, when the ring has one slot left). */
+static void *slots_wrap_main(void *p)
+{
+    (void)p;
+    for (int k = 0; k < 7; k++) trace_send(ACTOR_ADDR(0, 5), ACTOR_ADDR(0, 6), MSG_PING, (uint64_t)k, 8, 1, 0, T_BASE);
+    trace_instant(ACTOR_ADDR(0, 5), 0, 1, T_BASE); /* 1 slot left: dropped */
+    trace_flush();
+    trace_instant(ACTOR_ADDR(0, 5), 0, 2, T_BASE + 1); /* at the last slot: pad, then the pair after the wrap */
+    for (int k = 7; k < 10; k++) trace_send(ACTOR_ADDR(0, 5), ACTOR_ADDR(0, 6), MSG_PING, (uint64_t)k, 8, 1, 0, T_BASE);
+    return NULL;
+}
+
+static void test_trace_slots(void)
+{
+    trace_clock_force_monotonic(true); /* ticks are ns: the stamps below come back as given */
+    dir_make();
+    trace_config_t cfg = {.ring_records = 8, .no_flusher = true};
+    REQUIRE(trace_start(g_dir, 0, &cfg) == BT_OK);
+    pthread_t th;
+    pthread_create(&th, NULL, slots_wrap_main, NULL); /* a fresh thread: an 8-slot ring */
+    pthread_join(th, NULL);
+    CHECK(trace_dropped() == 1);
+    trace_stop();
+    trace_set_t set;
+    char err[512];
+    REQUIRE(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
+    const trace_file_t *f = &set.files[0];
+    CHECK(f->nrecs == 11 && f->dropped == 1);
+    for (size_t i = 0; i < f->nrecs && i < 11; i++) {
+        const trace_rec_t *r = &f->recs[i];
+        if (i == 7) {
+            CHECK(r->ev == TRACE_EV_INSTANT && r->step == 2 && r->t0 == T_BASE + 1);
+        } else {
+            CHECK(r->ev == TRACE_EV_SEND && r->seq == (i < 7 ? i : i - 1) && r->bytes == 8 && r->step == 1 &&
+                  r->mb == 0 && r->msg_type == MSG_PING);
+        }
+    }
+    trace_set_free(&set);
+
+    cfg.ring_records = 0;
+    REQUIRE(trace_start(g_dir, 1, &cfg) == BT_OK);
+    const uint64_t s0 = 0xfffffff0ull;
+    for (uint64_t k = 0; k < 32; k++) {
+        trace_send(ACTOR_ADDR(1, 1), ACTOR_ADDR(1, 2), MSG_PING, s0 + k, 8, -1, -1, T_BASE + k * 100);
+        trace_recv(ACTOR_ADDR(1, 2), ACTOR_ADDR(1, 1), MSG_PING, s0 + k, 8, -1, -1, T_BASE + k * 100 + 50);
+    }
+    /* every field a slot holds, at once out of range */
+    trace_send(ACTOR_ADDR(1, 3), ACTOR_ADDR(1, 4), 300, 5, 5ull << 30, 1ll << 40, 40000, T_BASE);
+    uint64_t ta = T_BASE + 1000;
+    trace_recv_handled_tk(ACTOR_ADDR(1, 4), ACTOR_ADDR(1, 3), MSG_PONG, 7, 64, 3, -1, ta, ta + 10, ta + 30);
+    trace_recv_handled_tk(ACTOR_ADDR(1, 4), ACTOR_ADDR(1, 3), MSG_PONG, 8, 64, 3, -1, ta, ta + 5000000000ull,
+                          ta + 5000000100ull); /* a 5 s wait: wider than a slot's 32-bit delay */
+    trace_span_tk(ACTOR_ADDR(1, 4), TRACE_SPAN_COMM, 0xffff, 4, 2, ta, ta + 77);
+    trace_stop();
+    REQUIRE(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
+    REQUIRE(set.nfiles == 2);
+    f = &set.files[1];
+    int sends = 0, recvs = 0, ok_seq = 0, handler_spans = 0, comm = 0, wide_send = 0, recv78 = 0;
+    for (size_t i = 0; i < f->nrecs; i++) {
+        const trace_rec_t *r = &f->recs[i];
+        if (r->actor == ACTOR_ADDR(1, 1) || r->actor == ACTOR_ADDR(1, 2)) {
+            uint64_t k = r->ev == TRACE_EV_SEND ? (uint64_t)sends++ : (uint64_t)recvs++;
+            ok_seq += r->seq == s0 + k;
+        } else if (r->ev == TRACE_EV_SEND) {
+            wide_send += r->msg_type == 300 && r->bytes == 5ull << 30 && r->step == 1ll << 40 && r->mb == 40000 &&
+                         r->seq == 5;
+        } else if (r->ev == TRACE_EV_RECV) {
+            recv78 += r->t0 == ta && r->t1 == ta && (r->seq == 7 || r->seq == 8) && r->bytes == 64 && r->step == 3;
+        } else if (r->ev == TRACE_EV_SPAN && r->kind == TRACE_SPAN_HANDLER) {
+            handler_spans += (r->t0 == ta + 10 && r->t1 == ta + 30) ||
+                             (r->t0 == ta + 5000000000ull && r->t1 == ta + 5000000100ull);
+        } else if (r->ev == TRACE_EV_SPAN && r->kind == TRACE_SPAN_COMM) {
+            comm += r->t0 == ta && r->t1 == ta + 77 && r->step == 4 && r->mb == 2 && r->msg_type == 0xffff;
+        }
+    }
+    CHECK(sends == 32 && recvs == 32 && ok_seq == 64);
+    CHECK(wide_send == 1 && recv78 == 2 && handler_spans == 2 && comm == 1);
+    trace_summary_t sum;
+    REQUIRE(trace_summary_compute(&set, &sum) == BT_OK);
+    CHECK(sum.unmatched_recvs == 2); /* the two PONGs were never sent */
+    for (size_t e = 0; e < sum.nedges; e++)
+        if (sum.edges[e].src == ACTOR_ADDR(1, 1)) CHECK(sum.edges[e].count == 32 && sum.edges[e].matched == 32);
+    trace_summary_free(&sum);
+    trace_set_free(&set);
+    dir_remove();
+    trace_clock_force_monotonic(false);
 }
 
 static void file_write(const char *path, const void *data, size_t len)
@@ -409,6 +501,30 @@ static size_t first_rec_offset(const uint8_t *buf, size_t len)
         off += sizeof b + b.len;
     }
     return 0;
+}
+
+/* A file as versions 1 and 2 wrote it (64-byte records, ns stamps): n
+ * sends of seq 0..n-1 at T_BASE, then the end block. Returns its length. */
+static size_t old_file_build(uint8_t *out, uint32_t version, uint32_t n)
+{
+    trace_file_hdr_t h = {.magic = TRACE_MAGIC, .version = version, .rank = 9, .pid = 1,
+                          .rec_size = sizeof(trace_rec_t), .t_start_ns = T_BASE};
+    size_t off = 0;
+    memcpy(out, &h, sizeof h);
+    off += sizeof h;
+    trace_blk_t b = {.kind = TRACE_BLK_MAGIC | TRACE_BLK_RECS, .count = n, .len = n * (uint32_t)sizeof(trace_rec_t)};
+    memcpy(out + off, &b, sizeof b);
+    off += sizeof b;
+    for (uint32_t k = 0; k < n; k++) {
+        trace_rec_t r = {.ev = TRACE_EV_SEND, .msg_type = MSG_PING, .actor = ACTOR_ADDR(9, 1),
+                         .peer = ACTOR_ADDR(9, 2), .t0 = T_BASE, .t1 = T_BASE, .bytes = 1, .seq = k, .step = -1,
+                         .mb = -1};
+        memcpy(out + off, &r, sizeof r);
+        off += sizeof r;
+    }
+    trace_blk_t end = {.kind = TRACE_BLK_MAGIC | TRACE_BLK_END};
+    memcpy(out + off, &end, sizeof end);
+    return off + sizeof end;
 }
 
 static void test_trace_corrupt_files(void)
@@ -446,7 +562,7 @@ static void test_trace_corrupt_files(void)
     CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_ERR_CORRUPT);
     CHECK_MSG(strstr(err, path) && strstr(err, "truncated header"), "%s", err);
     /* bad magic */
-    uint8_t *bad = malloc(len);
+    uint8_t *bad = malloc(len + 1024); /* room for an old-format file too */
     memcpy(bad, buf, len);
     bad[0] ^= 0xff;
     file_write(path, bad, len);
@@ -458,21 +574,23 @@ static void test_trace_corrupt_files(void)
     file_write(path, bad, len);
     CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_ERR_CORRUPT);
     CHECK_MSG(strstr(err, "trace format version 99"), "%s", err);
-    /* version 1 (before tick records): still read */
-    memcpy(bad, buf, len);
-    bad[4] = 1;
-    file_write(path, bad, len);
-    CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
-    if (set.nfiles == 1) CHECK(set.files[0].nrecs == 10 && set.files[0].recs[0].t0 == T_BASE);
-    trace_set_free(&set);
+    /* versions 1 and 2 (64-byte records): still read */
+    for (uint32_t v = 1; v <= 2; v++) {
+        size_t olen = old_file_build(bad, v, 10);
+        file_write(path, bad, olen);
+        CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
+        if (set.nfiles == 1)
+            CHECK(set.files[0].nrecs == 10 && set.files[0].recs[0].t0 == T_BASE && set.files[0].recs[9].seq == 9);
+        trace_set_free(&set);
+    }
     /* a tick-stamped record without a clock block to convert it with */
     memcpy(bad, buf, len);
     size_t rec_off = first_rec_offset(bad, len);
     REQUIRE(rec_off > 0);
-    trace_rec_t rec;
-    memcpy(&rec, bad + rec_off, sizeof rec);
-    rec.reserved = TRACE_REC_TICKS;
-    memcpy(bad + rec_off, &rec, sizeof rec);
+    trace_slot_t slot;
+    memcpy(&slot, bad + rec_off, sizeof slot);
+    slot.ev |= TRACE_SLOT_TICKS;
+    memcpy(bad + rec_off, &slot, sizeof slot);
     file_write(path, bad, len);
     CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_ERR_CORRUPT);
     CHECK_MSG(strstr(err, path) && strstr(err, "no clock block"), "%s", err);
@@ -493,18 +611,51 @@ static void test_trace_corrupt_files(void)
         CHECK_MSG(strstr(err, "implausible clock block"), "%s", err);
         clk.ticks1 = 1000 + 20000000ull; /* 50 ns per tick */
         memcpy(with + hl + sizeof cb, &clk, sizeof clk);
-        rec.t0 = rec.t1 = 1000 + (1ull << 62); /* 2.3e20 ns after the base */
-        memcpy(with + rec_off + sizeof cb + sizeof clk, &rec, sizeof rec);
+        slot.t0 = 1000 + (1ull << 62); /* 2.3e20 ns after the base */
+        memcpy(with + rec_off + sizeof cb + sizeof clk, &slot, sizeof slot);
         file_write(path, with, wlen);
         CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_ERR_CORRUPT);
         CHECK_MSG(strstr(err, "from its clock base"), "%s", err);
-        rec.t0 = rec.t1 = 1000 + 20; /* 1 us after the base */
-        memcpy(with + rec_off + sizeof cb + sizeof clk, &rec, sizeof rec);
+        slot.t0 = 1000 + 20; /* 1 us after the base */
+        memcpy(with + rec_off + sizeof cb + sizeof clk, &slot, sizeof slot);
         file_write(path, with, wlen);
         CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
         if (set.nfiles == 1) CHECK(set.files[0].recs[0].t0 == 5000 + 1000 && set.files[0].recs[0].reserved == 0);
         trace_set_free(&set);
         free(with);
+    }
+    /* slot damage the reader must name: an unknown event byte, a span of
+     * an unknown kind, a handled flag on a send, a wide record cut by its
+     * block's end */
+    {
+        const struct { uint8_t ev; uint32_t peer; const char *what; } cases[] = {
+            {0x07, 1, "event byte 0x07"},
+            {TRACE_EV_SPAN, TRACE_SPAN_KIND_COUNT, "event byte 0x02"},
+            {TRACE_EV_SEND | TRACE_SLOT_HANDLED, 1, "event byte 0x10"},
+            {TRACE_EV_SEND | 0x20, 1, "event byte 0x20"},
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            memcpy(bad, buf, len);
+            trace_slot_t d;
+            memcpy(&d, bad + rec_off, sizeof d);
+            d.ev = cases[c].ev;
+            d.peer = cases[c].peer;
+            memcpy(bad + rec_off, &d, sizeof d);
+            file_write(path, bad, len);
+            CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_ERR_CORRUPT);
+            CHECK_MSG(strstr(err, path) && strstr(err, "bad record at byte") && strstr(err, cases[c].what), "%s", err);
+        }
+        memcpy(bad, buf, len);
+        trace_blk_t rb;
+        memcpy(&rb, bad + rec_off - sizeof rb, sizeof rb);
+        trace_slot_t d;
+        size_t last = rec_off + (size_t)(rb.count - 1) * sizeof d;
+        memcpy(&d, bad + last, sizeof d);
+        d.ev |= TRACE_SLOT_WIDE;
+        memcpy(bad + last, &d, sizeof d);
+        file_write(path, bad, len);
+        CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_ERR_CORRUPT);
+        CHECK_MSG(strstr(err, "wide record at byte") && strstr(err, "ends its block"), "%s", err);
     }
     /* garbage where a block header should be */
     memcpy(bad, buf, len);
@@ -765,5 +916,5 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_trace_processes, test_trace_threads_merge, test_trace_overflow,
              test_trace_flusher_drains, test_trace_corrupt_files, test_trace_file_mutations, test_trace_cost,
-             test_trace_tick_clock);
+             test_trace_tick_clock, test_trace_slots);
 }
