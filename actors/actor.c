@@ -223,7 +223,9 @@ static void msg_drop(actor_msg_t *m)
     actor_msg_free(m);
 }
 
-static void msg_dispatch(actor_t *a, actor_msg_t *m)
+/* queued: m waited in the loop's queue (else it is dispatched from the
+ * call that delivered it, the receive callback for a remote frame). */
+static void msg_dispatch(actor_t *a, actor_msg_t *m, bool queued)
 {
     if (a->state == ACTOR_NEW) actor_start_now(a);
     uint32_t type = m->env.type;
@@ -243,13 +245,17 @@ static void msg_dispatch(actor_t *a, actor_msg_t *m)
         msg_drop(m);
         return;
     }
-    /* Traced: one record for the receive and the handler span it started
-     * (arrival: the router's stamp for a remote frame, else the dispatch). */
+    /* Traced: one record for the receive and the handler span it started.
+     * Arrival: the router's stamp for a remote frame, else the dispatch. A
+     * remote frame handled from its receive callback starts its handler at
+     * the arrival stamp (taken just before: one clock read less per
+     * message on the critical path). */
     uint64_t t0 = 0, t_arr = 0, bytes = 0, seq = 0;
     actor_addr_t src = 0;
     if (trace_enabled()) {
-        t0 = trace_ticks();
-        t_arr = m->rx && m->t_recv_tk && m->t_recv_tk <= t0 ? m->t_recv_tk : t0;
+        bool stamped = m->rx && m->t_recv_tk;
+        t0 = stamped && !queued ? m->t_recv_tk : trace_ticks();
+        t_arr = stamped && m->t_recv_tk <= t0 ? m->t_recv_tk : t0;
         bytes = m->rx ? m->rx_bytes : actor_msg_payload_bytes(m);
         seq = m->env.seq;
         src = m->env.src;
@@ -271,7 +277,7 @@ static void msg_dispatch(actor_t *a, actor_msg_t *m)
 static void msg_item_run(actor_item_t *it)
 {
     actor_msg_t *m = (actor_msg_t *)it;
-    msg_dispatch(m->to, m);
+    msg_dispatch(m->to, m, true);
 }
 
 static void msg_item_cancel(actor_item_t *it) { msg_drop((actor_msg_t *)it); }
@@ -280,7 +286,7 @@ void actor_deliver_(actor_t *to, actor_msg_t *m)
 {
     m->to = to;
     if (actor_depth == 0 && actor_loop_current() == to->loop) {
-        msg_dispatch(to, m);
+        msg_dispatch(to, m, false);
         return;
     }
     m->item.run = msg_item_run;

@@ -451,8 +451,6 @@ static void router_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
 {
     actor_router_t *rt = arg;
     edge_t *e = ep->user;
-    /* the arrival time is for the trace only: no clock read per frame otherwise */
-    uint64_t t_ticks = trace_enabled() ? trace_ticks() : 0;
     actor_loop_busy_arm(rt->io);
     char where[XPORT_ADDR_MAX + 16];
     if (!e) {
@@ -494,8 +492,11 @@ static void router_on_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx)
     m->edge = e;
     for (uint32_t i = 0; i < m->env.ntensors; i++) m->tensors[i] = wire_tensor_view(&m->env, i, rx->payload);
     edge_count(&e->n_received);
-    /* the receive is recorded with its handler span at dispatch (actor.c) */
-    m->t_recv_tk = t_ticks;
+    /* The arrival, for the trace only (no clock read per frame otherwise),
+     * stamped once the frame is decoded: a message handled right away
+     * starts its handler at this stamp. The receive is recorded with its
+     * handler span at dispatch (actor.c). */
+    m->t_recv_tk = trace_enabled() ? trace_ticks() : 0;
     m->rx_bytes = rx->hdr_len + rx->payload_len;
     actor_t *to = actor_router_lookup_(rt, actor_addr_slot(m->env.dst));
     if (!to) {
