@@ -49,7 +49,7 @@
 typedef enum { PH_WARM = 0, PH_LAT, PH_TRACE, PH_BW, PH_DONE } bench_phase_t;
 
 /* control codes in MSG_HEARTBEAT.state */
-enum { CTL_TRACE_OFF = 0, CTL_TRACE_ON = 1, CTL_QUIT = 2 };
+enum { CTL_TRACE_OFF = 0, CTL_TRACE_ON = 1, CTL_QUIT = 2, CTL_FLUSH = 3 };
 
 typedef struct {
     xport_kind_t kind;
@@ -147,10 +147,12 @@ static actor_ret_t echo_on_ctl(actor_t *self, actor_msg_t *m)
         return ACTOR_DONE;
     }
     /* Benchmark control only: starting a trace file is I/O, done between
-     * measured halves, never inside them. The reply carries this thread's
-     * CPU time before (end of the last half) and after the switch. */
+     * measured halves, never inside them; writing the records is not (a
+     * half ends with CTL_FLUSH). The reply carries this thread's CPU time
+     * before (end of the last half) and after the switch. */
+    if (code == CTL_FLUSH && e->own_trace) trace_flush();
     uint64_t cpu_before = thread_cpu_ns();
-    if (e->own_trace) {
+    if (e->own_trace && code != CTL_FLUSH) {
         if (code == CTL_TRACE_ON) trace_start(e->trace_dir, actor_router_rank(self->rt), NULL);
         else trace_stop();
     }
@@ -186,6 +188,7 @@ typedef struct {
     bench_phase_t       phase;
     bool                held;      /* out of credit: wait for CREDIT_READY */
     bool                waiting_ctl;
+    bool                flushing;  /* a tracing half's CTL_FLUSH is out */
     uint64_t            n, target, sent, acked;
     uint64_t            warm;      /* bandwidth: untimed messages before the timed ones */
     uint64_t            t_start, t_ping;
@@ -364,6 +367,11 @@ static actor_ret_t pinger_on_ctl_ack(actor_t *self, actor_msg_t *m)
     const bench_opts_t *o = p->o;
     p->waiting_ctl = false;
     if (p->phase != PH_TRACE) return ACTOR_DONE;
+    if (p->flushing) {
+        p->flushing = false;
+        pinger_trace_half_done(p);
+        return ACTOR_DONE;
+    }
     uint64_t echo_before = m->body.heartbeat.t_ns, echo_after = (uint64_t)m->body.heartbeat.step;
     if (p->echo_cpu_start) {
         /* the half that just ended: tr_on already flipped for the next one */
@@ -425,7 +433,12 @@ static actor_ret_t pinger_on_pong(actor_t *self, actor_msg_t *m)
             p->res->lat_p99_us = p->rtt_ns[p->target * 99 / 100] / 2.0 / 1000.0;
         }
         if (p->phase == PH_TRACE) {
-            pinger_trace_half_done(p);
+            /* Both halves end with a flush round trip inside their window,
+             * so the "on" half pays for writing all its records (the ring
+             * of a short half would otherwise go out after it). */
+            trace_flush();
+            p->flushing = true;
+            pinger_ctl(p, CTL_FLUSH);
             return ACTOR_DONE;
         }
         pinger_next_phase(p);
