@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,12 +113,15 @@ static bool            g_atexit_registered;
 static pthread_key_t   g_key;
 static pthread_once_t  g_key_once = PTHREAD_ONCE_INIT;
 
-/* flusher */
-static pthread_mutex_t g_wake_mu = PTHREAD_MUTEX_INITIALIZER;
-/* never destroyed: a producer may signal it at any time, flusher or not */
-static pthread_cond_t  g_wake_cv = PTHREAD_COND_INITIALIZER;
-static _Atomic int     g_wake;
-static bool            g_stopping;
+/* flusher: woken through a semaphore, not a condition variable (a post is
+ * one atomic and at most one futex wake, with no waiter groups that a
+ * fork() could copy half-updated into the child; glibc 2.36's condition
+ * variables also have a lost-wakeup bug, sourceware 25847). Never destroyed:
+ * a producer may post at any time, flusher or not. */
+static sem_t           g_wake_sem;
+static pthread_once_t  g_wake_once = PTHREAD_ONCE_INIT;
+static _Atomic int     g_wake;     /* a post is pending: producers post once */
+static _Atomic bool    g_stopping;
 static bool            g_flusher_running;
 static pthread_t       g_flusher;
 static uint32_t        g_flush_ms = 100;
@@ -199,7 +203,7 @@ full:
 void trace_wake_flusher_(void)
 {
     trace_cur_.wake = UINT64_MAX;
-    if (atomic_exchange_explicit(&g_wake, 1, memory_order_acq_rel) == 0) pthread_cond_signal(&g_wake_cv);
+    if (atomic_exchange_explicit(&g_wake, 1, memory_order_acq_rel) == 0) sem_post(&g_wake_sem);
 }
 
 void trace_put_wide_(const trace_rec_t *r)
@@ -308,28 +312,27 @@ static void trace_drain_locked(void)
     }
 }
 
+static void trace_wake_init(void)
+{
+    if (sem_init(&g_wake_sem, 0, 0) != 0) BT_PANIC("trace: sem_init: %s", strerror(errno));
+}
+
 static void *trace_flusher_main(void *arg)
 {
     (void)arg;
-    pthread_mutex_lock(&g_wake_mu);
-    while (!g_stopping) {
-        if (!atomic_load(&g_wake)) {
-            struct timespec ts; /* the default condvar clock */
-            clock_gettime(CLOCK_REALTIME, &ts);
-            uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)g_flush_ms * 1000000ull;
-            ts.tv_sec += (time_t)(ns / 1000000000ull);
-            ts.tv_nsec = (long)(ns % 1000000000ull);
-            pthread_cond_timedwait(&g_wake_cv, &g_wake_mu, &ts);
-        }
+    while (!atomic_load(&g_stopping)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)g_flush_ms * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        while (sem_clockwait(&g_wake_sem, CLOCK_MONOTONIC, &ts) != 0 && errno == EINTR) {}
         atomic_store(&g_wake, 0);
-        if (g_stopping) break;
-        pthread_mutex_unlock(&g_wake_mu);
+        if (atomic_load(&g_stopping)) break;
         pthread_mutex_lock(&g_mu);
         trace_drain_locked();
         pthread_mutex_unlock(&g_mu);
-        pthread_mutex_lock(&g_wake_mu);
     }
-    pthread_mutex_unlock(&g_wake_mu);
     return NULL;
 }
 
@@ -340,26 +343,20 @@ static void trace_atexit(void) { trace_stop(); }
  * no lock may be held by a thread that does not exist in it. So the locks
  * are taken around fork and the child starts with tracing off and no file;
  * it may call trace_start itself. */
-static void trace_fork_prepare(void)
-{
-    pthread_mutex_lock(&g_mu);
-    pthread_mutex_lock(&g_wake_mu);
-}
+static void trace_fork_prepare(void) { pthread_mutex_lock(&g_mu); }
 
-static void trace_fork_parent(void)
-{
-    pthread_mutex_unlock(&g_wake_mu);
-    pthread_mutex_unlock(&g_mu);
-}
+static void trace_fork_parent(void) { pthread_mutex_unlock(&g_mu); }
 
 static void trace_fork_child(void)
 {
     atomic_store(&trace_on_, false);
     g_file = NULL; /* the parent's FILE is not ours to flush or close */
     g_flusher_running = false;
-    g_stopping = false;
+    atomic_store(&g_stopping, false);
     atomic_store(&g_wake, 0);
-    pthread_mutex_unlock(&g_wake_mu);
+    /* the parent's flusher may have been waiting on it: a fresh one */
+    sem_destroy(&g_wake_sem);
+    trace_wake_init();
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -427,7 +424,8 @@ bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cf
         pthread_atfork(trace_fork_prepare, trace_fork_parent, trace_fork_child);
         g_atexit_registered = true;
     }
-    g_stopping = false;
+    pthread_once(&g_wake_once, trace_wake_init);
+    atomic_store(&g_stopping, false);
     g_flusher_running = false;
     atomic_store(&g_wake, 0);
     if (!c.no_flusher) {
@@ -454,10 +452,8 @@ void trace_stop(void)
     g_flusher_running = false;
     pthread_mutex_unlock(&g_mu);
     if (running) {
-        pthread_mutex_lock(&g_wake_mu);
-        g_stopping = true;
-        pthread_cond_signal(&g_wake_cv);
-        pthread_mutex_unlock(&g_wake_mu);
+        atomic_store(&g_stopping, true);
+        sem_post(&g_wake_sem);
         pthread_join(g_flusher, NULL);
     }
     pthread_mutex_lock(&g_mu);
@@ -468,6 +464,13 @@ void trace_stop(void)
         if (!ok) log_error("trace: closing %s failed: %s", g_path, strerror(errno));
         g_file = NULL;
     }
+    pthread_mutex_unlock(&g_mu);
+}
+
+void trace_set_recording(bool on)
+{
+    pthread_mutex_lock(&g_mu);
+    if (g_file) atomic_store(&trace_on_, on);
     pthread_mutex_unlock(&g_mu);
 }
 

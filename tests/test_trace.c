@@ -329,6 +329,45 @@ static void test_trace_processes(void)
     dir_remove();
 }
 
+/* fork() while the flusher thread waits on its condition variable: the
+ * child inherits the variable with a waiter that does not exist in it. The
+ * child must still start, signal and stop its own flusher (it used to hang
+ * in trace_stop's pthread_cond_signal). */
+static void test_trace_fork_while_flushing(void)
+{
+    int ok = 0, runs = 0;
+    for (int k = 0; k < 40; k++) {
+        dir_make();
+        REQUIRE(trace_start(g_dir, 0, &(trace_config_t){.flush_ms = 1000}) == BT_OK);
+        if (k % 2) usleep(2000); /* the flusher is waiting; else it is on its way there */
+        pid_t pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            alarm(10); /* a hang fails the test instead of stalling the suite */
+            if (trace_start(g_dir, 10, NULL) != BT_OK) _exit(2);
+            trace_send(ACTOR_ADDR(10, 1), ACTOR_ADDR(10, 2), MSG_PING, 0, 8, -1, -1, T_BASE);
+            trace_stop();
+            _exit(0);
+        }
+        int status = 0;
+        REQUIRE(waitpid(pid, &status, 0) == pid);
+        runs++;
+        ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+            printf("child %d: %s %d\n", k, WIFSIGNALED(status) ? "signal" : "exit",
+                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        trace_stop();
+        trace_set_t set;
+        char err[512];
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+            CHECK(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK && set.nfiles == 2);
+            trace_set_free(&set);
+        }
+        dir_remove();
+    }
+    CHECK(ok == runs);
+}
+
 /* A full ring drops and counts; nothing blocks; the file says how many. */
 static void *overflow_main(void *p)
 {
@@ -916,5 +955,5 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_trace_processes, test_trace_threads_merge, test_trace_overflow,
              test_trace_flusher_drains, test_trace_corrupt_files, test_trace_file_mutations, test_trace_cost,
-             test_trace_tick_clock, test_trace_slots);
+             test_trace_tick_clock, test_trace_slots, test_trace_fork_while_flushing);
 }
