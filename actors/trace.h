@@ -117,6 +117,10 @@ bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cf
  * Idempotent; registered with atexit by trace_start. Events recorded after
  * stop are ignored. */
 void trace_stop(void);
+/* Pause (false) or resume (true) recording without closing the file:
+ * paused, every recording call costs what it costs with tracing off. No
+ * effect when tracing is not started. */
+void trace_set_recording(bool on);
 /* Drain every ring now (any thread; serialized with the flusher). */
 void trace_flush(void);
 /* Events dropped because a ring was full, since trace_start. */

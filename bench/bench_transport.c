@@ -110,6 +110,7 @@ static double trace_record_cost_ns(const char *dir)
 typedef struct {
     actor_t     base;
     bool        own_trace;  /* toggles tracing of its process (not for inproc) */
+    bool        tracing;    /* its trace session is started */
     const char *trace_dir;
 } echo_actor_t;
 
@@ -153,8 +154,9 @@ static actor_ret_t echo_on_ctl(actor_t *self, actor_msg_t *m)
     if (code == CTL_FLUSH && e->own_trace) trace_flush();
     uint64_t cpu_before = thread_cpu_ns();
     if (e->own_trace && code != CTL_FLUSH) {
-        if (code == CTL_TRACE_ON) trace_start(e->trace_dir, actor_router_rank(self->rt), NULL);
-        else trace_stop();
+        /* one session for all rounds, paused in the "off" halves */
+        if (!e->tracing && trace_start(e->trace_dir, actor_router_rank(self->rt), NULL) == BT_OK) e->tracing = true;
+        trace_set_recording(code == CTL_TRACE_ON);
     }
     actor_msg_t *r = actor_msg_new(MSG_HEARTBEAT);
     if (r) {
@@ -296,11 +298,20 @@ static void pinger_next_phase(pinger_t *p)
         return;
     case PH_LAT:
         if (o->trace_rounds > 0) {
-            /* the first control message (tracing off) starts the first half */
+            /* One trace session for all rounds (inproc: it covers the echo
+             * rank too), recording in the "on" halves only: what is
+             * measured is tracing's steady state, as a traced run has it,
+             * not the start of a session. The first control message
+             * (tracing off) starts the first half. */
             p->phase = PH_TRACE;
             p->round = 0;
             p->tr_on = false;
             p->target = o->trace_msgs;
+            if (trace_start(o->trace_dir, 0, NULL) != BT_OK) {
+                actor_router_stop_request(p->base.rt, BT_ERR_IO);
+                return;
+            }
+            trace_set_recording(false);
             pinger_ctl(p, CTL_TRACE_OFF);
             return;
         }
@@ -341,13 +352,13 @@ static void pinger_trace_half_done(pinger_t *p)
         p->ratios[p->round] = rate; /* off rate, divided below */
         p->off_rate_sum += rate;
         p->tr_on = true;
-        trace_start(o->trace_dir, 0, NULL); /* inproc: covers the echo rank too */
+        trace_set_recording(true);
         pinger_ctl(p, CTL_TRACE_ON);
     } else {
         p->ratios[p->round] = rate / p->ratios[p->round];
         p->on_rate_sum += rate;
         p->tr_on = false;
-        trace_stop();
+        trace_set_recording(false);
         pinger_ctl(p, CTL_TRACE_OFF);
         p->round++;
     }
@@ -388,6 +399,7 @@ static actor_ret_t pinger_on_ctl_ack(actor_t *self, actor_msg_t *m)
     }
     if (p->round == o->trace_rounds) {
         uint32_t n = o->trace_rounds;
+        trace_stop();
         p->res->trace_overhead_pct = (1.0 - median(p->ratios, n)) * 100.0;
         p->res->trace_off_rate = p->off_rate_sum / n;
         p->res->trace_on_rate = p->on_rate_sum / n;
