@@ -402,6 +402,9 @@ typedef struct {
  * with complete = false and a warning. */
 bt_status_t trace_dir_load(const char *dir, trace_set_t *set, char *err, size_t err_cap);
 bt_status_t trace_file_load(const char *path, trace_file_t *f, char *err, size_t err_cap);
+/* The same from a file's bytes in memory; `path` names it in errors. */
+bt_status_t trace_file_load_mem(const uint8_t *buf, size_t size, const char *path, trace_file_t *f, char *err,
+                                size_t err_cap);
 void        trace_file_free(trace_file_t *f);
 void        trace_set_free(trace_set_t *set);
 

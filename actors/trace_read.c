@@ -409,6 +409,18 @@ static bt_status_t trace_file_parse(const uint8_t *buf, size_t size, trace_file_
     return st;
 }
 
+bt_status_t trace_file_load_mem(const uint8_t *buf, size_t size, const char *path, trace_file_t *f, char *err,
+                                size_t cap)
+{
+    memset(f, 0, sizeof *f);
+    f->path = strdup(path);
+    if (!f->path) return trace_errf(err, cap, BT_ERR_NOMEM, "%s: out of memory", path);
+    bt_status_t st = trace_file_parse(buf, size, f, err, cap);
+    if (st == BT_ERR_NOMEM) trace_errf(err, cap, st, "%s: out of memory", path);
+    if (st != BT_OK) trace_file_free(f);
+    return st;
+}
+
 bt_status_t trace_file_load(const char *path, trace_file_t *f, char *err, size_t cap)
 {
     memset(f, 0, sizeof *f);
@@ -425,11 +437,7 @@ bt_status_t trace_file_load(const char *path, trace_file_t *f, char *err, size_t
         st = trace_errf(err, cap, BT_ERR_IO, "%s: short read", path);
         goto out_buf;
     }
-    f->path = strdup(path);
-    if (!f->path) { st = BT_ERR_NOMEM; goto out_buf; }
-    st = trace_file_parse(buf, (size_t)size, f, err, cap);
-    if (st == BT_ERR_NOMEM) trace_errf(err, cap, st, "%s: out of memory", path);
-    if (st != BT_OK) trace_file_free(f);
+    st = trace_file_load_mem(buf, (size_t)size, path, f, err, cap);
 out_buf:
     free(buf);
 out_file:
