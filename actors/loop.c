@@ -432,6 +432,11 @@ void actor_loop_busy_arm(actor_loop_t *l)
     if (!ev_is_active(&l->spin)) ev_idle_start(l->ev, &l->spin);
 }
 
+/* The spin is an idle watcher: while it is active libev polls with a zero
+ * timeout. (Queued local work is not enough: the loop's own prepare may
+ * drain it before the poll.) */
+bool actor_loop_spinning(const actor_loop_t *l) { return ev_is_active(&l->spin); }
+
 void actor_loop_stats(const actor_loop_t *l, actor_loop_stats_t *out)
 {
     out->posted = atomic_load(&l->n_posted);

@@ -73,6 +73,10 @@ void actor_loop_poller_add(actor_loop_t *l, actor_loop_poll_fn fn, void *arg);
 void actor_loop_poller_remove(actor_loop_t *l, actor_loop_poll_fn fn, void *arg);
 /* Something happened: keep spinning for busy_us more. Cheap; loop thread only. */
 void actor_loop_busy_arm(actor_loop_t *l);
+/* The loop's next poll will not block: it is spinning on its pollers. Meant
+ * for ev_prepare callbacks (a transport need not arm for readiness then);
+ * loop thread only. */
+bool actor_loop_spinning(const actor_loop_t *l);
 
 /* Counters for tests and benchmarks. */
 typedef struct {

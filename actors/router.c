@@ -581,6 +581,9 @@ static int router_poll(void *arg)
     return xport_progress(x);
 }
 
+/* xport_config_t.spinning: the io loop spins on the transports' progress. */
+static bool router_io_spinning(void *arg) { return actor_loop_spinning(((actor_router_t *)arg)->io); }
+
 static bt_status_t router_xport_get(actor_router_t *rt, xport_kind_t kind, xport_t **out)
 {
     if (rt->xp[kind]) {
@@ -600,6 +603,7 @@ static bt_status_t router_xport_get(actor_router_t *rt, xport_kind_t kind, xport
         .listen_addr = kind == XPORT_INPROC ? NULL : listen,
         .max_frame = rt->cfg.max_frame,
         .busy_poll = rt->cfg.busy_poll_us > 0,
+        .spinning = router_io_spinning,
         .cbs = {
             .arg = rt,
             .accept = router_on_accept,

@@ -83,6 +83,9 @@ typedef struct {
     int      bad;        /* payload or id mismatches */
     int      stops;      /* stop hook calls */
     int64_t  elems;      /* f32 elements per ping */
+    double   gap_s;      /* pinger: wait this long before each next ping */
+    actor_timer_t gap;
+    uint64_t max_rtt_ns; /* pinger: the slowest round trip */
 } pp_actor_t;
 
 static void pp_fill(float *x, int64_t n, uint64_t id)
@@ -140,13 +143,23 @@ static actor_ret_t pp_on_ping(actor_t *self, actor_msg_t *m)
     return ACTOR_DONE;
 }
 
+static void pp_gap_done(actor_t *self, actor_timer_t *t)
+{
+    (void)t;
+    pp_actor_t *a = (pp_actor_t *)self;
+    pp_send_ping(a, (uint64_t)a->got);
+}
+
 static actor_ret_t pp_on_pong(actor_t *self, actor_msg_t *m)
 {
     pp_actor_t *a = (pp_actor_t *)self;
     if (m->body.pong.id != (uint64_t)a->got) a->bad++;
+    uint64_t rtt = clock_now_ns() - m->body.pong.t_ns;
+    if (rtt > a->max_rtt_ns) a->max_rtt_ns = rtt;
     a->got++;
-    if (a->got < a->limit) pp_send_ping(a, (uint64_t)a->got);
-    else actor_router_stop_request(self->rt, BT_OK);
+    if (a->got >= a->limit) actor_router_stop_request(self->rt, BT_OK);
+    else if (a->gap_s > 0) actor_timer_start(self, &a->gap, a->gap_s, 0, pp_gap_done);
+    else pp_send_ping(a, (uint64_t)a->got);
     return ACTOR_DONE;
 }
 
@@ -868,11 +881,51 @@ static void busy_pingpong(const char *kind)
     CHECK(st.spins > 0); /* the loop really spun on the transport */
 }
 
+/* Busy-polling loops that go idle between messages: each ping comes after
+ * both loops stopped spinning (200 us window, 5 ms gaps), so each must have
+ * armed its transport for readiness again (ucx: the worker's event fd,
+ * unwatched while spinning) to see it. A loop that missed one would sleep
+ * until the test's deadline. */
+static void busy_idle_pingpong(const char *kind)
+{
+    actor_router_config_t c0 = {.rank = 0, .job_id = "test-actor", .credits = 4, .busy_poll_us = 200};
+    actor_router_config_t c1 = c0;
+    c1.rank = 1;
+    actor_router_t *r0, *r1;
+    REQUIRE(actor_router_create(&c0, &r0) == BT_OK);
+    REQUIRE(actor_router_create(&c1, &r1) == BT_OK);
+    char card[ACTOR_CARD_MAX];
+    REQUIRE(actor_router_listen(r1, ACTOR_KINDS_ALL, card, sizeof card) == BT_OK);
+    pp_actor_t ponger = {.elems = 16};
+    REQUIRE(actor_register(r1, &ponger.base, &pp_class, actor_router_io_loop(r1), "ponger", 1) == BT_OK);
+    CHECK(actor_router_connect_str(r0, 1, card, kind) == BT_OK);
+    CHECK(actor_router_wait_peer(r0, 1, 5000) == BT_OK);
+    pp_actor_t pinger = {.limit = 30, .elems = 16, .peer = ponger.base.addr, .gap_s = 0.005};
+    REQUIRE(actor_register(r0, &pinger.base, &pp_class, actor_router_io_loop(r0), "pinger", 1) == BT_OK);
+    CHECK(actor_router_wait(r0, 20000) == BT_OK);
+    actor_router_destroy(r0);
+    actor_router_destroy(r1);
+    CHECK(pinger.got == 30 && ponger.got == 30 && pinger.bad == 0 && ponger.bad == 0);
+    CHECK_MSG(pinger.max_rtt_ns < 500000000ull, "%s: slowest round trip %.1f ms", kind,
+              (double)pinger.max_rtt_ns / 1e6);
+    printf("%s: 30 pings after idle gaps, slowest round trip %.3f ms\n", kind, (double)pinger.max_rtt_ns / 1e6);
+}
+
 static void test_actor_busy_poll_inproc_tcp(void)
 {
     busy_pingpong("inproc");
     busy_pingpong("tcp");
+    busy_idle_pingpong("inproc");
+    busy_idle_pingpong("tcp");
 }
+
+#ifdef BT_HAVE_UCX
+static void test_actor_busy_poll_ucx(void)
+{
+    busy_pingpong("ucx");
+    busy_idle_pingpong("ucx");
+}
+#endif
 
 /* ---- tracing hooks ------------------------------------------------------------- */
 
@@ -986,7 +1039,8 @@ int main(int argc, char **argv)
              test_actor_two_procs_ucx,
              test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported,
              test_actor_killed_peer_reported_ucx,
-             test_actor_busy_poll_inproc_tcp, test_actor_trace_hooks, test_actor_msg_recycled_owned);
+             test_actor_busy_poll_inproc_tcp, test_actor_busy_poll_ucx, test_actor_trace_hooks,
+             test_actor_msg_recycled_owned);
 #else
     TEST_RUN(argc, argv, test_actor_loop_post_call_stop, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
              test_actor_worker_completions, test_actor_kept_then_released, test_actor_orderly_stop,

@@ -154,6 +154,11 @@ typedef struct {
     bool            busy_poll;    /* the caller spins on progress(): the transport
                                    * then polls sockets/workers itself and does not
                                    * wait for the loop to report readiness */
+    /* With busy_poll: true while the loop will not block in its next poll
+     * (it spins on progress()), called with cbs.arg from the loop's thread
+     * before it polls. A transport that must arm for readiness (ucx:
+     * ucp_worker_arm) does so only when this is false. NULL: always. */
+    bool          (*spinning)(void *arg);
     xport_cbs_t     cbs;
 } xport_config_t;
 
