@@ -47,7 +47,11 @@
  * an ev_prepare progresses and re-arms (ucp_worker_arm) before the loop
  * blocks, and while operations are in flight a short ev_timer polls as well
  * in case a transport reports completions without an event. In busy_poll
- * mode progress() calls ucp_worker_progress directly.
+ * mode progress() calls ucp_worker_progress directly, and while the loop
+ * spins (cfg.spinning) the prepare neither arms nor watches the event fd:
+ * arming fails while the peer keeps sending and costs a read of the
+ * worker's event fds per attempt, and the unarmed fd stays readable, which
+ * would keep libev from running the spin.
  *
  * Memory: host memory. XPORT_CAP_CUDA_MEM is set only when UCX reports CUDA
  * memory support (ucp_context_query); Debian's UCX has none, so GPU payloads
