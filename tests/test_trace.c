@@ -368,6 +368,32 @@ static void test_trace_fork_while_flushing(void)
     CHECK(ok == runs);
 }
 
+/* Paused recording records nothing and drops nothing; resumed, it goes on
+ * into the same file. Pausing a stopped trace does not start it. */
+static void test_trace_pause_resume(void)
+{
+    dir_make();
+    REQUIRE(trace_start(g_dir, 0, &(trace_config_t){.no_flusher = true}) == BT_OK);
+    for (int phase = 0; phase < 3; phase++) {
+        trace_set_recording(phase != 1);
+        CHECK(trace_enabled() == (phase != 1));
+        for (int k = 0; k < 3; k++)
+            trace_send(ACTOR_ADDR(0, 1), ACTOR_ADDR(0, 2), MSG_PING, (uint64_t)(phase * 3 + k), 8, phase, -1,
+                       T_BASE + (uint64_t)(phase * 3 + k));
+    }
+    trace_stop();
+    trace_set_recording(true);
+    CHECK(!trace_enabled());
+    trace_set_t set;
+    char err[512];
+    REQUIRE(trace_dir_load(g_dir, &set, err, sizeof err) == BT_OK);
+    CHECK(set.nfiles == 1 && set.files[0].nrecs == 6 && set.files[0].dropped == 0);
+    if (set.nfiles == 1 && set.files[0].nrecs == 6)
+        CHECK(set.files[0].recs[2].seq == 2 && set.files[0].recs[3].seq == 6 && set.files[0].recs[3].step == 2);
+    trace_set_free(&set);
+    dir_remove();
+}
+
 /* A full ring drops and counts; nothing blocks; the file says how many. */
 static void *overflow_main(void *p)
 {
@@ -955,5 +981,6 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_trace_processes, test_trace_threads_merge, test_trace_overflow,
              test_trace_flusher_drains, test_trace_corrupt_files, test_trace_file_mutations, test_trace_cost,
-             test_trace_tick_clock, test_trace_slots, test_trace_fork_while_flushing);
+             test_trace_tick_clock, test_trace_slots, test_trace_fork_while_flushing,
+             test_trace_pause_resume);
 }
