@@ -175,13 +175,13 @@ trace_slot_t *trace_claim_slow_(uint32_t n)
     trace_ring_t *g = trace_ring_get();
     if (!g) return NULL;
     trace_cursor_t *c = &trace_cur_;
-    uint64_t cap = g->mask + 1, h = c->head;
+    uint64_t cap = g->mask + 1, h = atomic_load_explicit(&g->head, memory_order_relaxed);
     uint64_t t = atomic_load_explicit(&g->tail, memory_order_acquire);
     uint64_t used = h - t, at = h & g->mask, to_wrap = cap - at;
     if (to_wrap < n) { /* a pair would straddle the wrap: a pad slot first */
         if (used + to_wrap + n > cap) goto full;
         g->buf[at].ev = TRACE_SLOT_PAD;
-        c->head = h += to_wrap;
+        h += to_wrap;
         atomic_store_explicit(&g->head, h, memory_order_release);
         used += to_wrap;
         at = 0;

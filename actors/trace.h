@@ -209,9 +209,8 @@ typedef struct trace_ring {
  * taking one is a compare; the slow path (trace_claim_slow_) takes a new
  * look, wraps, creates the ring on first use and counts drops. */
 typedef struct {
-    trace_slot_t *pos, *lim;
-    uint64_t      head;  /* == ring->head: index of pos */
-    uint64_t      wake;  /* wake the flusher when head reaches this */
+    trace_slot_t *pos, *lim;  /* pos: the slot of index ring->head */
+    uint64_t      wake;       /* wake the flusher when ring->head reaches this */
     trace_ring_t *g;
 } trace_cursor_t;
 extern _Thread_local trace_cursor_t trace_cur_;
@@ -239,9 +238,10 @@ static inline __attribute__((always_inline)) void trace_commit_(uint32_t n)
 {
     trace_cursor_t *c = &trace_cur_;
     c->pos += n;
-    c->head += n;
-    atomic_store_explicit(&c->g->head, c->head, memory_order_release);
-    if (__builtin_expect(c->head >= c->wake, 0)) trace_wake_flusher_();
+    /* the owner is the only writer of head: a relaxed load is its own value */
+    uint64_t h = atomic_load_explicit(&c->g->head, memory_order_relaxed) + n;
+    atomic_store_explicit(&c->g->head, h, memory_order_release);
+    if (__builtin_expect(h >= c->wake, 0)) trace_wake_flusher_();
 }
 
 /* One compact record: ev is TRACE_EV_* | TRACE_SLOT_TICKS/HANDLED; fields
