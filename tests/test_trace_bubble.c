@@ -63,16 +63,24 @@ static void trace_build(trace_file_t f[2], trace_rec_t recs[2][64], actor_addr_t
     }
 }
 
-static void test_ideal_1f1b(void)
+/* The bubble report of the two-stage trace trace_build makes of ops0/ops1. */
+static bool bubble_of(const op_t *ops0, const op_t *ops1, int stretch, trace_bubble_t *b)
 {
     trace_file_t f[2];
     trace_rec_t recs[2][64];
     actor_addr_t ids[2];
-    trace_build(f, recs, ids, s0_1f1b, s1_1f1b, 0);
+    trace_build(f, recs, ids, ops0, ops1, stretch);
     trace_set_t set = {.files = f, .nfiles = 2};
+    char err[128] = "";
+    bt_status_t st = trace_bubble_compute(&set, b, err, sizeof err);
+    if (st != BT_OK) fprintf(stderr, "trace_bubble_compute: %s\n", err);
+    return st == BT_OK;
+}
+
+static void test_ideal_1f1b(void)
+{
     trace_bubble_t b;
-    char err[128];
-    REQUIRE(trace_bubble_compute(&set, &b, err, sizeof err) == BT_OK);
+    REQUIRE(bubble_of(s0_1f1b, s1_1f1b, 0, &b));
     CHECK(b.p == 2 && b.m == 4 && b.vpp == 1 && b.nstages == 2);
     CHECK_NEAR(b.theory, 0.2, 0, 1e-12);
     for (int s = 0; s < 2; s++) {
@@ -93,14 +101,8 @@ static void test_ideal_1f1b(void)
 /* GPipe order: same bubble, but not the 1F1B order; the checker must say so. */
 static void test_gpipe_order_flagged(void)
 {
-    trace_file_t f[2];
-    trace_rec_t recs[2][64];
-    actor_addr_t ids[2];
-    trace_build(f, recs, ids, s0_gpipe, s1_gpipe, 0);
-    trace_set_t set = {.files = f, .nfiles = 2};
     trace_bubble_t b;
-    char err[128];
-    REQUIRE(trace_bubble_compute(&set, &b, err, sizeof err) == BT_OK);
+    REQUIRE(bubble_of(s0_gpipe, s1_gpipe, 0, &b));
     CHECK_NEAR(b.bubble, 0.2, 0, 1e-12);
     CHECK_NEAR(b.replay, 0.2, 0, 1e-12);
     CHECK(!b.stages[0].order_1f1b && !b.stages[1].order_1f1b && !b.order_1f1b);
@@ -112,14 +114,8 @@ static void test_gpipe_order_flagged(void)
  * 12: measured (30/35 idle...) moves, the replay stays at the theory. */
 static void test_preempted_op(void)
 {
-    trace_file_t f[2];
-    trace_rec_t recs[2][64];
-    actor_addr_t ids[2];
-    trace_build(f, recs, ids, s0_1f1b, s1_1f1b, 5);
-    trace_set_t set = {.files = f, .nfiles = 2};
     trace_bubble_t b;
-    char err[128];
-    REQUIRE(trace_bubble_compute(&set, &b, err, sizeof err) == BT_OK);
+    REQUIRE(bubble_of(s0_1f1b, s1_1f1b, 5, &b));
     /* stage 0: windows 15 + 20, busy 12 + 17 -> idle 6 / 35 */
     CHECK_NEAR(b.stages[0].bubble, 6.0 / 35.0, 0, 1e-12);
     /* stage 1: busy 12 + 12 -> idle 11 / 35 */
