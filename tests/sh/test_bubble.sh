@@ -18,9 +18,7 @@
 #   track lists, for every step, fwd/bwd with microbatch numbers in the 1F1B
 #   order: stage 0 F0 F1 B0 F2 B1 F3 B2 B3, stage 1 F0 B0 F1 B1 F2 B2 F3 B3.
 set -u
-BATON=${BATON:-build/baton}
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
+. "$(dirname "$0")/lib.bash"
 export BATON_STEP_TIMEOUT=60
 tmp=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"' EXIT

@@ -7,11 +7,10 @@
 set -u
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-ok() { echo "PASS $1"; }
-ko() { echo "FAIL $1${2:+: $2}"; }
+. "$(dirname "$0")/lib.bash"
 
-if ! tools/fetch_austen.sh; then ko austen_fetch "tools/fetch_austen.sh failed"; exit 1; fi
-ok austen_fetch
+if ! tools/fetch_austen.sh; then fail austen_fetch "tools/fetch_austen.sh failed"; exit 1; fi
+pass austen_fetch
 
 books=(sensesensibility prideprejudice mansfieldpark emma northangerabbey persuasion)
 lines=(12624 13030 15349 16235 7856 8328)
@@ -25,14 +24,14 @@ for i in "${!books[@]}"; do
     cut=$(( n * 9 / 10 ))
     train_want=$(( train_want + cut )); val_want=$(( val_want + n - cut ))
 done
-if [ -z "$bad" ]; then ok austen_books; else ko austen_books "$bad"; fi
+if [ -z "$bad" ]; then pass austen_books; else fail austen_books "$bad"; fi
 
 # train/val: per-book parts separated by one empty line (5 separators each)
 tn=$(wc -l <data/austen/train.txt); vn=$(wc -l <data/austen/val.txt)
 if [ "$tn" -eq $(( train_want + 5 )) ] && [ "$vn" -eq $(( val_want + 5 )) ] &&
    [ "$(head -n1 data/austen/train.txt)" = "SENSE AND SENSIBILITY" ] &&
    [ "$(sed -n "$(( 12624 - 12624 * 9 / 10 ))p" data/austen/val.txt)" = "$(tail -n1 data/austen/sensesensibility.txt)" ]
-then ok austen_split; else ko austen_split "train $tn (want $(( train_want + 5 ))), val $vn (want $(( val_want + 5 )))"; fi
+then pass austen_split; else fail austen_split "train $tn (want $(( train_want + 5 ))), val $vn (want $(( val_want + 5 )))"; fi
 
 # damaged packages: a clear error naming the problem, exit 1
 pkg=data/raw/pkg/usr/lib/R/site-library/janeaustenr
@@ -43,4 +42,4 @@ cp "$pkg/data/Rdata.rdb" "$TMP/flip/data/"; head -c 100 "$pkg/data/Rdata.rdx" >"
 python3 tools/extract_austen.py "$TMP/flip" "$TMP/o2" >/dev/null 2>"$TMP/e2"; rc2=$?
 if [ $rc1 -eq 1 ] && grep -q 'truncated' "$TMP/e1" && [ $rc2 -eq 1 ] && grep -q 'Rdata.rdx: corrupt' "$TMP/e2" &&
    ! grep -q Traceback "$TMP/e1" "$TMP/e2"
-then ok austen_damaged_package; else ko austen_damaged_package "rc $rc1 $rc2: $(cat "$TMP/e1" "$TMP/e2")"; fi
+then pass austen_damaged_package; else fail austen_damaged_package "rc $rc1 $rc2: $(cat "$TMP/e1" "$TMP/e2")"; fi

@@ -3,10 +3,8 @@
 # layouts give the single-process loss (rel <= 1e-6) and transformers' loss
 # (tests/fixtures/*/expected.json, rel <= 1e-5); bad layouts fail clearly.
 set -u
-BATON=${BATON:-build/baton}
+. "$(dirname "$0")/lib.bash"
 FIX=tests/fixtures
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 export BATON_STEP_TIMEOUT=30
 num() { sed -n "s/.*\"$1\": *\([0-9.eE+-]*\).*/\1/p" | head -1; }
 close() { awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= r * (b < 0 ? -b : b)) }'; }

@@ -3,10 +3,8 @@
 # driver must exit non-zero within a few seconds with a message naming the
 # rank, and leave no process of the job behind.
 set -u
-BATON=${BATON:-build/baton}
+. "$(dirname "$0")/lib.bash"
 tmp=$(mktemp -d /tmp/test_dist_kill.XXXXXX)
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 driver=
 cleanup() { [ -n "$driver" ] && kill -9 "$driver" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT

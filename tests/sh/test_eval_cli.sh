@@ -3,16 +3,13 @@
 # written by tools/gen_fixtures.py) and its error cases.
 # Loss and ppl: relative error <= 1e-5; grad_norm: <= 1e-4.
 set -u
-BATON=${BATON:-build/baton}
+. "$(dirname "$0")/lib.bash"
 FIX=tests/fixtures
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 # field NAME JSON -> the number after "NAME":
-field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" <<<"$2" | head -1; }
 # relerr A B -> |A-B|/|B|
 close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d;
     m = b < 0 ? -b : b; exit !(a != "" && d <= t * m) }'; }

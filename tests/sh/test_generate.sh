@@ -3,12 +3,10 @@
 # and its HF twin (tests/fixtures/gguf_model/generate.json, written by
 # tools/gen_gguf_model_fixture.py), sampling reproducibility and usage errors.
 set -u
-BATON=${BATON:-build/baton}
+. "$(dirname "$0")/lib.bash"
 F=tests/fixtures/gguf_model
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 ids_of() { sed -n 's/.*"ids": \[\([^]]*\)\].*/\1/p' <<<"$1" | tr -d ' '; }
 
 max_new=24

@@ -3,14 +3,11 @@
 # (tests/fixtures/gguf_model, written by tools/gen_gguf_model_fixture.py), and
 # GGUF/model-source error cases. Losses: relative difference <= 1e-5.
 set -u
-BATON=${BATON:-build/baton}
+. "$(dirname "$0")/lib.bash"
 F=tests/fixtures/gguf_model
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
-field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" <<<"$2" | head -1; }
 expected() { cat "$F/expected_$1.json"; }
 close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d;
     m = b < 0 ? -b : b; exit !(a != "" && b != "" && d <= t * m) }'; }

@@ -3,11 +3,9 @@
 # tp-dp-pp with tp fastest, pipeline edges, collective groups) is printed
 # without starting anything; invalid layouts fail with the field named.
 set -u
-BATON=${BATON:-build/baton}
+. "$(dirname "$0")/lib.bash"
 tmp=$(mktemp -d /tmp/test_graph.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 mkdir -p "$tmp/data"
 echo "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20" > "$tmp/data/tokens.txt"

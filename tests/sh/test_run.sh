@@ -3,11 +3,9 @@
 # stream must show falling loss, write metrics/PNG/validation perplexity;
 # bad job files and unsupported layouts must fail with clear messages.
 set -u
-BATON=${BATON:-build/baton}
+. "$(dirname "$0")/lib.bash"
 tmp=$(mktemp -d /tmp/test_run.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 # Synthetic stream: a deterministic noisy cycle over 48 ids (learnable).
 mkdir -p "$tmp/data"

@@ -3,11 +3,9 @@
 # (fixture GPT-2-style tokenizer) -> training with a separate validation
 # shard set; the vocabulary comes from the shards (model.vocab unset).
 set -u
-BATON=${BATON:-build/baton}
+. "$(dirname "$0")/lib.bash"
 tmp=$(mktemp -d /tmp/test_run_shards.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
 
 gen() {  # repetitive text with 5% random insertions (seeded: deterministic)
     awk -v seed="$1" -v n="$2" 'BEGIN { srand(seed);
