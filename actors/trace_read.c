@@ -66,7 +66,8 @@ void trace_file_free(trace_file_t *f)
     memset(f, 0, sizeof *f);
 }
 
-/* Version 2 records, made what every reader below expects:
+/* Records of versions 2 and 3 (slots come here expanded), made what every
+ * reader below expects:
  * - TRACE_REC_TICKS: t0/t1 (and a handled receive's dispatch delay) are TSC
  *   ticks, converted to ns with the rate between the last CLOCK block's
  *   two samples;

@@ -1241,8 +1241,9 @@ static void ucx_prepare_cb(struct ev_loop *loop, ev_prepare *w, int revents)
     ucx_xport_t *x = w->data;
     /* A loop that spins on progress() will not block: no arming. Arming
      * while the peer keeps sending fails (UCS_ERR_BUSY) and costs a read of
-     * each of the worker's event fds per attempt (perf: 8 attempts per loop
-     * iteration, ~16 us, in the ping-pong's busy loop). */
+     * each of the worker's event fds per attempt (a ping-pong's busy loops
+     * made ~8 attempts per libev iteration, ~60,000 reads per 44,000
+     * messages). */
     if (x->cfg.busy_poll && x->cfg.spinning && x->cfg.spinning(x->cfg.cbs.arg)) {
         /* Nor watching the event fd, which stays readable while unarmed: a
          * pending fd event would keep libev from running the spin (an idle
