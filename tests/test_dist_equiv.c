@@ -100,32 +100,30 @@ typedef struct {
     double loss_rel, val_rel, param_abs;
 } diff_t;
 
+/* The largest relative difference between the `key` values of runs name
+ * and ref, of which there must be `want` each: -1 when there are not. */
+static int max_rel_diff(const char *name, const char *ref, const char *key, int want, double *out)
+{
+    double a[16], b[16];
+    int na = losses(name, key, a, 16), nb = losses(ref, key, b, 16);
+    if (na != want || nb != want) {
+        fprintf(stderr, "%s: %d %s values, reference %d (want %d)\n", name, na, key, nb, want);
+        return -1;
+    }
+    *out = 0;
+    for (int i = 0; i < want; i++) {
+        double r = fabs(a[i] - b[i]) / fabs(b[i]);
+        if (r > *out) *out = r;
+    }
+    return 0;
+}
+
 /* Compare run `name` against run `ref`: -1 when something is missing. */
 static int compare(const char *name, const char *ref, diff_t *d)
 {
-    double a[16], b[16];
-    int na = losses(name, "loss", a, 16), nb = losses(ref, "loss", b, 16);
-    if (na != 5 || nb != 5) {
-        fprintf(stderr, "%s: %d losses, reference %d (want 5)\n", name, na, nb);
-        return -1;
-    }
-    d->loss_rel = 0;
-    for (int i = 0; i < 5; i++) {
-        double r = fabs(a[i] - b[i]) / fabs(b[i]);
-        if (r > d->loss_rel) d->loss_rel = r;
-    }
+    if (max_rel_diff(name, ref, "loss", 5, &d->loss_rel) != 0) return -1;
     /* validation after steps 2, 4 and 5 (eval_every 2, and the end) */
-    na = losses(name, "val_loss", a, 16);
-    nb = losses(ref, "val_loss", b, 16);
-    if (na != 3 || nb != 3) {
-        fprintf(stderr, "%s: %d validation losses, reference %d (want 3)\n", name, na, nb);
-        return -1;
-    }
-    d->val_rel = 0;
-    for (int i = 0; i < 3; i++) {
-        double r = fabs(a[i] - b[i]) / fabs(b[i]);
-        if (r > d->val_rel) d->val_rel = r;
-    }
+    if (max_rel_diff(name, ref, "val_loss", 3, &d->val_rel) != 0) return -1;
     char pa[512], pb[512];
     snprintf(pa, sizeof pa, "%s/%s/ck", dir, name);
     snprintf(pb, sizeof pb, "%s/%s/ck", dir, ref);
