@@ -80,7 +80,11 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELPER_OBJ) $(BUILD)/libbaton.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-test: all
+# test and run install what is missing first and then build in a fresh make,
+# so that a first `make test` on a new machine finds the packages (HAVE_UCX
+# and the flags above are computed when make starts).
+test: deps
+	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) tests/run.sh $(T)
 
 deps:

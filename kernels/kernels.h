@@ -20,9 +20,11 @@
 
 /* ---- backend control (added by the kernels helper) --------------------- */
 
-/* Threads the CPU backend may use inside one kernel call (OpenBLAS's pool);
- * n <= 0 means "all cores". Several rank processes sharing a host should each
- * ask for their share (cores / local ranks). Process-wide. */
+/* Threads the CPU backend may use inside one kernel call (its own pool;
+ * OpenBLAS itself always runs single-threaded); n <= 0 means "all cores".
+ * Several rank processes sharing a host should each ask for their share
+ * (cores / local ranks). Process-wide. Results are bit-identical for every
+ * thread count. BATON_CPU_THREADS, when set, overrides every request. */
 void kern_cpu_set_threads(int n);
 
 /* ---- dense algebra ---------------------------------------------------- */

@@ -481,11 +481,11 @@ int worker_main(const char *run_dir, int rank)
         log_error("worker: rank %d outside the job's %d ranks", rank, w->g.world);
         goto fail;
     }
-    /* The ranks of a job share this host's cores: one process per core gets
-     * one BLAS thread (OpenBLAS' default, a thread per core in every
-     * process, oversubscribes them and its idle threads spin).
-     * OPENBLAS_NUM_THREADS, when set, decides instead. */
-    if (!getenv("OPENBLAS_NUM_THREADS")) {
+    /* The ranks of a job share this host's cores: each gets its share for
+     * the CPU backend's pool (a thread per core in every process would
+     * oversubscribe them). The share changes speed only, never the bits
+     * (kernels/cpu/pool.c); BATON_CPU_THREADS, when set, decides instead. */
+    {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         long per = cores > 0 ? cores / w->g.world : 1;
         kern_cpu_set_threads(per >= 1 ? (int)per : 1);

@@ -11,6 +11,11 @@
  * single-process run with grad_accum = dp * M (the global batch; the data
  * actor's slice mapping is in model/data_actor.h).
  *
+ * Pure pipeline layouts sum in the same order as one process, so they must
+ * be bit-identical to it: same losses, same parameter bits. The reference
+ * runs with 2 CPU threads, pp2 with 1 thread per rank and pp3 with 3, so
+ * that the thread count (kernels/cpu/pool.c) is shown not to matter.
+ *
  * Fixture: a random-init Llama (4 layers, hidden 64, vocab 256, 4 heads, 2
  * KV heads), seq 16, micro_batch 2, on a synthetic token stream. */
 #include <errno.h>
@@ -61,14 +66,16 @@ static int fixture(void)
     return 0;
 }
 
-/* baton run JOB --set ... into dir/<name>/{m.jsonl,ck}; returns the exit status. */
-static int run(const char *name, const char *sets)
+/* baton run JOB --set ... into dir/<name>/{m.jsonl,ck} with `threads` CPU
+ * threads per process (0: baton's default share); returns the exit status. */
+static int run_threads(const char *name, const char *sets, int threads)
 {
-    char cmd[2048];
+    char cmd[2048], env[64] = "";
+    if (threads > 0) snprintf(env, sizeof env, "BATON_CPU_THREADS=%d ", threads);
     snprintf(cmd, sizeof cmd,
-             "mkdir -p %s/%s && %s run %s/job.yaml --quiet %s --set metrics.file=%s/%s/m.jsonl "
+             "mkdir -p %s/%s && %s%s run %s/job.yaml --quiet %s --set metrics.file=%s/%s/m.jsonl "
              "--set checkpoint.dir=%s/%s/ck > %s/%s/log 2>&1",
-             dir, name, baton(), dir, sets, dir, name, dir, name, dir, name);
+             dir, name, env, baton(), dir, sets, dir, name, dir, name, dir, name);
     int rc = system(cmd);
     if (rc != 0) {
         fprintf(stderr, "%s failed (status %d); its log:\n", name, rc);
@@ -77,6 +84,8 @@ static int run(const char *name, const char *sets)
     }
     return rc;
 }
+
+static int run(const char *name, const char *sets) { return run_threads(name, sets, 0); }
 
 /* The values of `key` in the metrics lines of run `name`. */
 static int losses(const char *name, const char *key, double *out, int max)
@@ -169,10 +178,13 @@ static int reference(int ga, int tied, int small_lr, char *name, size_t cap)
     char sets[256];
     snprintf(sets, sizeof sets, "--set train.grad_accum=%d --set model.tie_embeddings=%s %s", ga,
              tied ? "true" : "false", small_lr ? lr_small : "");
-    return run(name, sets);
+    return run_threads(name, sets, 2);
 }
 
-static void layout_check(const char *name, const char *sets, int ga, int tied)
+/* exact: the layout sums in the same order as one process (pure pipeline),
+ * so every loss and every parameter bit must equal the reference's. */
+static void layout_check_threads(const char *name, const char *sets, int ga, int tied, int threads,
+                                 bool exact)
 {
     REQUIRE(fixture() == 0);
     char ref[64];
@@ -181,17 +193,32 @@ static void layout_check(const char *name, const char *sets, int ga, int tied)
     char all[1024];
     snprintf(all, sizeof all, "%s --set model.tie_embeddings=%s %s", sets, tied ? "true" : "false",
              small ? lr_small : "");
-    REQUIRE(run(name, all) == 0);
+    REQUIRE(run_threads(name, all, threads) == 0);
     diff_t d;
     REQUIRE(compare(name, ref, &d) == 0);
     printf("  %-28s max rel loss diff %.3g, val loss %.3g, max param diff %.3g\n", name, d.loss_rel,
            d.val_rel, d.param_abs);
-    CHECK(d.loss_rel <= 1e-5);
-    CHECK(d.val_rel <= 1e-5);
-    CHECK(d.param_abs <= 1e-5);
+    double tol = exact ? 0 : 1e-5;
+    CHECK(d.loss_rel <= tol);
+    CHECK(d.val_rel <= tol);
+    CHECK(d.param_abs <= tol);
 }
 
-static void test_pp2(void) { layout_check("pp2", "--set parallel.pp=2", 2, 0); }
+static void layout_check(const char *name, const char *sets, int ga, int tied)
+{
+    layout_check_threads(name, sets, ga, tied, 0, false);
+}
+
+/* One process at 1 thread against the reference at 2. */
+static void test_single_1thread(void)
+{
+    layout_check_threads("single_1thread", "--set train.grad_accum=2", 2, 0, 1, true);
+}
+
+static void test_pp2(void)
+{
+    layout_check_threads("pp2", "--set parallel.pp=2", 2, 0, 1, true);
+}
 static void test_dp2(void) { layout_check("dp2", "--set parallel.dp=2", 4, 0); }
 static void test_pp2_dp2_tied(void)
 {
@@ -208,8 +235,9 @@ static void test_pp2_dp2_zero1_tied(void)
 }
 static void test_pp3_uneven(void)
 {
-    layout_check("pp3_split_2_1_1",
-                 "--set parallel.pp=3 --set parallel.split=[2,1,1] --set train.grad_accum=3", 3, 0);
+    layout_check_threads("pp3_split_2_1_1",
+                         "--set parallel.pp=3 --set parallel.split=[2,1,1] --set train.grad_accum=3",
+                         3, 0, 3, true);
 }
 static void test_interleaved(void)
 {
@@ -275,7 +303,7 @@ static void test_cleanup(void)
 int main(int argc, char **argv)
 {
     setenv("BATON_STEP_TIMEOUT", "30", 0); /* a hang fails in 30 s, not 300 */
-    TEST_RUN(argc, argv, test_pp2, test_dp2, test_pp2_dp2_tied, test_dp2_zero1,
+    TEST_RUN(argc, argv, test_single_1thread, test_pp2, test_dp2, test_pp2_dp2_tied, test_dp2_zero1,
              test_pp2_dp2_zero1_tied, test_pp3_uneven, test_interleaved, test_ucx, test_tp2_ucx, test_tp2,
              test_tp2_pp2, test_tp2_dp2_zero1, test_tp2_pp2_dp2_tied,
              test_detects_difference, test_cleanup);

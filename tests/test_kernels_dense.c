@@ -2,6 +2,8 @@
  * argument checks, against float64 references. */
 #include "tests/test_kernels_common.h"
 
+#include <pthread.h>
+
 /* ---- matmul ---------------------------------------------------------------- */
 
 static void ref_matmul(double *c, const double *a, const double *b, int64_t M, int64_t N,
@@ -20,7 +22,9 @@ static void test_matmul_shapes_transposes_beta(void)
 {
     kt_rng_t rng = {1};
     const int64_t shapes[][3] = {{1, 1, 1}, {3, 7, 17}, {17, 33, 7}, {65, 1, 33}, {1, 65, 3},
-                                 {33, 17, 65}, {128, 96, 80}};
+                                 {33, 17, 65}, {128, 96, 80},
+                                 /* large enough to be tiled over the pool */
+                                 {300, 200, 50}, {70, 520, 40}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         for (int t = 0; t < 4; t++) {
@@ -55,6 +59,95 @@ static void test_matmul_shapes_transposes_beta(void)
     tensor_t C = tensor_3d(c, DT_F32, 2, 3, 5);
     kern_matmul(&C, &A, &B, false, false, 1, 0);
     kt_close("matmul 3-D", c, cd, 30, 1e-6);
+}
+
+/* The CPU backend's products are bit-identical for every thread count
+ * (kernels/cpu/pool.c): OpenBLAS's own threading is not (with 0.3.21 on an
+ * AMD EPYC 3 600 of 24 576 elements of a 128x192x64 product differed between
+ * 1 and 2 threads), and a run's result then depended on how many processes
+ * shared the host. */
+static void mm_run(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K,
+                   int t)
+{
+    bool ta = t & 1, tb = t & 2;
+    tensor_t A = ta ? tensor_2d((float *)a, DT_F32, K, M) : tensor_2d((float *)a, DT_F32, M, K);
+    tensor_t B = tb ? tensor_2d((float *)b, DT_F32, N, K) : tensor_2d((float *)b, DT_F32, K, N);
+    tensor_t C = tensor_2d(c, DT_F32, M, N);
+    kern_matmul(&C, &A, &B, ta, tb, 1.0f, t == 3 ? 0.5f : 0.0f);
+}
+
+static const int64_t mm_det_shapes[][3] = {{128, 192, 64}, {37, 384, 1024}, {1024, 384, 64},
+                                           {256, 1030, 96}, {130, 129, 300}, {16, 96, 32}};
+#define MM_DET_N ((int)(sizeof mm_det_shapes / sizeof mm_det_shapes[0]))
+
+static void test_matmul_bits_independent_of_threads(void)
+{
+    kt_rng_t rng = {5};
+    const int threads[] = {1, 2, 3, 8};
+    for (int s = 0; s < MM_DET_N; s++) {
+        int64_t M = mm_det_shapes[s][0], N = mm_det_shapes[s][1], K = mm_det_shapes[s][2];
+        float *a = kt_rand(&rng, M * K, -1, 1), *b = kt_rand(&rng, K * N, -1, 1);
+        float *c0 = kt_rand(&rng, M * N, -1, 1), *c = malloc((size_t)(M * N) * sizeof *c);
+        float *ref = malloc((size_t)(M * N) * sizeof *ref);
+        for (int t = 0; t < 4; t++) {
+            for (int h = 0; h < 4; h++) {
+                kern_cpu_set_threads(threads[h]);
+                memcpy(c, c0, (size_t)(M * N) * sizeof *c);
+                mm_run(c, a, b, M, N, K, t);
+                if (h == 0) memcpy(ref, c, (size_t)(M * N) * sizeof *c);
+                int64_t diff = 0;
+                for (int64_t i = 0; i < M * N; i++) diff += memcmp(&c[i], &ref[i], sizeof *c) != 0;
+                CHECK_MSG(diff == 0, "%lldx%lldx%lld t%d: %lld elements differ at %d threads",
+                          (long long)M, (long long)N, (long long)K, t, (long long)diff,
+                          threads[h]);
+            }
+        }
+        free(a), free(b), free(c0), free(c), free(ref);
+    }
+    kern_cpu_set_threads(2);
+}
+
+/* Two compute threads of one process multiply at once: the one that finds
+ * the pool busy runs its tiles itself, with the same bits. */
+typedef struct {
+    const float *a, *b;
+    float       *c;
+    int64_t      M, N, K;
+    int          rounds;
+} mm_conc_t;
+
+static void *mm_conc_thread(void *arg)
+{
+    mm_conc_t *m = arg;
+    for (int r = 0; r < m->rounds; r++) mm_run(m->c + r * m->M * m->N, m->a, m->b, m->M, m->N, m->K, 0);
+    return NULL;
+}
+
+static void test_matmul_concurrent_callers(void)
+{
+    kt_rng_t rng = {6};
+    int64_t M = 256, N = 200, K = 64;
+    enum { ROUNDS = 20 };
+    float *a = kt_rand(&rng, M * K, -1, 1), *b = kt_rand(&rng, K * N, -1, 1);
+    float *ref = calloc((size_t)(M * N), sizeof *ref);
+    mm_run(ref, a, b, M, N, K, 0);
+    mm_conc_t m[2];
+    pthread_t tid[2];
+    for (int i = 0; i < 2; i++) {
+        m[i] = (mm_conc_t){.a = a, .b = b, .M = M, .N = N, .K = K, .rounds = ROUNDS,
+                           .c = calloc((size_t)(ROUNDS * M * N), sizeof(float))};
+        REQUIRE(pthread_create(&tid[i], NULL, mm_conc_thread, &m[i]) == 0);
+    }
+    for (int i = 0; i < 2; i++) pthread_join(tid[i], NULL);
+    int64_t diff = 0;
+    for (int i = 0; i < 2; i++) {
+        for (int r = 0; r < ROUNDS; r++)
+            diff += memcmp(m[i].c + r * M * N, ref, (size_t)(M * N) * sizeof *ref) != 0;
+        free(m[i].c);
+    }
+    CHECK_MSG(diff == 0, "%lld of %d concurrent products differ from the serial one",
+              (long long)diff, 2 * ROUNDS);
+    free(a), free(b), free(ref);
 }
 
 /* ---- linear ---------------------------------------------------------------- */
@@ -314,7 +407,8 @@ static void test_dispatch_misuse_panics(void)
 int main(int argc, char **argv)
 {
     kern_cpu_set_threads(2);
-    TEST_RUN(argc, argv, test_matmul_shapes_transposes_beta, test_linear_fwd_bwd,
+    TEST_RUN(argc, argv, test_matmul_shapes_transposes_beta, test_matmul_bits_independent_of_threads,
+             test_matmul_concurrent_callers, test_linear_fwd_bwd,
              test_elementwise_ops, test_copy_conversions, test_empty_tensors,
              test_dispatch_misuse_panics);
 }

@@ -24,7 +24,15 @@ void   cpu_vsilu_mul(float *out, const float *g, const float *u, int64_t n);
 void   cpu_vsilu_mul_bwd(float *dgate, float *dup, const float *dout, const float *g,
                          const float *u, int64_t n);
 
-/* matmul.c (OpenBLAS) */
+/* pool.c: the backend's threads (see pool.c for the contract). n <= 0: all
+ * cores; BATON_CPU_THREADS, when set, overrides every request. */
+typedef void (*cpu_task_fn)(void *arg, int64_t task);
+void cpu_pool_set_threads(int n);
+int  cpu_pool_threads(void);
+void cpu_pool_run(int64_t n_tasks, cpu_task_fn fn, void *arg);
+
+/* matmul.c (OpenBLAS, one thread per call; large products tiled over the
+ * pool by shape, so the bits never depend on the thread count) */
 void cpu_set_threads(int n);
 void cpu_matmul(float *c,       /* [M,N] */
                 const float *a, /* [M,K], or [K,M] when trans_a */

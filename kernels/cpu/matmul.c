@@ -1,4 +1,10 @@
-/* Dense products on the CPU through OpenBLAS (STYLE.md rule 15). */
+/* Dense products on the CPU through OpenBLAS, single-threaded per call; a
+ * large product is cut into tiles that the pool (pool.c) runs in parallel.
+ *
+ * Determinism: the tiles depend on M, N and K only, never on the thread
+ * count, and each tile is one sgemm on its own block of C, so a product's
+ * bits are the same whatever number of threads computes it (OpenBLAS's own
+ * threading does not give that). */
 #include "kernels/cpu/cpu.h"
 
 #include "base/log.h"
@@ -6,10 +12,45 @@
 #include <cblas.h>
 #include <stdlib.h>
 
-void cpu_set_threads(int n)
+void cpu_set_threads(int n) { cpu_pool_set_threads(n); }
+
+/* Below this many multiply-adds a product is one call: a tile hand-off
+ * costs a few microseconds, 2^18 FMAs take ~20 us on one core. */
+#define MM_SPLIT_FMAS (1ll << 18)
+#define MM_TILE_MIN   64   /* rows or columns per tile, a multiple of every */
+#define MM_TILES_MAX  16   /* micro-kernel's unroll; at most this many tiles */
+
+typedef struct {
+    float       *c;
+    const float *a, *b;
+    int64_t      M, N, K, lda, ldb, ldc;
+    bool         trans_a, trans_b, split_rows;
+    float        alpha, beta;
+    int64_t      tile; /* rows (split_rows) or columns per tile */
+} mm_job_t;
+
+static void mm_sgemm(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K,
+                     int64_t lda, int64_t ldb, int64_t ldc, bool trans_a, bool trans_b,
+                     float alpha, float beta)
 {
-    if (n <= 0) n = openblas_get_num_procs();
-    openblas_set_num_threads(n);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, alpha, a,
+                (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+/* Tile i: rows [i*tile, ...) of C (the matching rows of op(A), all of B) or
+ * columns (all of A, the matching columns of op(B)). */
+static void mm_tile(void *arg, int64_t i)
+{
+    const mm_job_t *j = arg;
+    int64_t lo = i * j->tile, dim = j->split_rows ? j->M : j->N;
+    int64_t n = dim - lo < j->tile ? dim - lo : j->tile;
+    if (j->split_rows)
+        mm_sgemm(j->c + lo * j->ldc, j->trans_a ? j->a + lo : j->a + lo * j->lda, j->b, n, j->N,
+                 j->K, j->lda, j->ldb, j->ldc, j->trans_a, j->trans_b, j->alpha, j->beta);
+    else
+        mm_sgemm(j->c + lo, j->a, j->trans_b ? j->b + lo * j->ldb : j->b + lo, j->M, n, j->K,
+                 j->lda, j->ldb, j->ldc, j->trans_a, j->trans_b, j->alpha, j->beta);
 }
 
 void cpu_matmul_ld(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K,
@@ -24,9 +65,18 @@ void cpu_matmul_ld(float *c, const float *a, const float *b, int64_t M, int64_t 
                 c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
         return;
     }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, alpha, a,
-                (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+    mm_job_t j = {.c = c, .a = a, .b = b, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb,
+                  .ldc = ldc, .trans_a = trans_a, .trans_b = trans_b, .alpha = alpha,
+                  .beta = beta, .split_rows = M >= N};
+    int64_t dim = j.split_rows ? M : N;
+    if (M * N * K < MM_SPLIT_FMAS || dim < 2 * MM_TILE_MIN) {
+        mm_sgemm(c, a, b, M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta);
+        return;
+    }
+    /* the smallest multiple of MM_TILE_MIN that makes at most MM_TILES_MAX tiles */
+    int64_t per = (dim + MM_TILES_MAX - 1) / MM_TILES_MAX;
+    j.tile = (per + MM_TILE_MIN - 1) / MM_TILE_MIN * MM_TILE_MIN;
+    cpu_pool_run((dim + j.tile - 1) / j.tile, mm_tile, &j);
 }
 
 void cpu_matmul(float *c, const float *a, const float *b, int64_t M, int64_t N, int64_t K,
