@@ -27,7 +27,7 @@
 #include "actors/loop.h"
 #include "actors/msg.h"
 #include "base/status.h"
-#include "kernels/tensor.h"
+#include "base/tensor.h"
 
 /* Local runtime events, numbered after the wire types. */
 typedef enum {

@@ -31,7 +31,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
-#include "kernels/tensor.h"
+#include "base/tensor.h"
 #include "transport/xport.h"
 
 typedef enum {

@@ -35,7 +35,7 @@
 #include <sys/uio.h>
 
 #include "base/status.h"
-#include "kernels/tensor.h"
+#include "base/tensor.h"
 
 /* An actor's address: (process rank << 16) | local actor slot. */
 typedef uint32_t actor_addr_t;

@@ -81,6 +81,7 @@ const char *bt_status_str(bt_status_t s)
     case BT_ERR_CANCELED: return "CANCELED";
     case BT_ERR_CORRUPT: return "CORRUPT";
     case BT_ERR_NUMERIC: return "NUMERIC";
+    case BT_ERR_DEVICE: return "DEVICE";
     case BT_ERR_PEER_CLOSED: return "PEER_CLOSED";
     case BT_ERR_PEER_PROTO: return "PEER_PROTO";
     case BT_ERR_PEER_AUTH: return "PEER_AUTH";

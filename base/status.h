@@ -24,6 +24,7 @@ typedef enum {
     BT_ERR_CANCELED    = -8,
     BT_ERR_CORRUPT     = -9,  /* checksum / format mismatch in stored data */
     BT_ERR_NUMERIC     = -10, /* NaN/Inf detected */
+    BT_ERR_DEVICE      = -11, /* a device or its library failed (CUDA, cuBLASLt, NCCL) */
 
     /* peer and link failures: [-199, -100] */
     BT_ERR_PEER_FIRST  = -100,

@@ -69,7 +69,7 @@ typedef struct {
 static void bench_gemm_body(void *p)
 {
     bench_gemm_t *g = p;
-    kern_matmul(&g->c, &g->a, &g->b, false, true, 1.0f, 0.0f);
+    kern_matmul(kern_stream_host(), &g->c, &g->a, &g->b, false, true, 1.0f, 0.0f);
 }
 
 static void bench_gemm(FILE *out, int64_t M, int64_t N, int64_t K)
@@ -97,13 +97,13 @@ typedef struct {
 static void bench_attn_fwd_body(void *p)
 {
     bench_attn_t *a = p;
-    kern_attention_fwd(&a->o, &a->lse, &a->q, &a->k, &a->v, a->scale, true, 0);
+    kern_attention_fwd(kern_stream_host(), &a->o, &a->lse, &a->q, &a->k, &a->v, a->scale, true, 0);
 }
 
 static void bench_attn_bwd_body(void *p)
 {
     bench_attn_t *a = p;
-    kern_attention_bwd(&a->dq, &a->dk, &a->dv, &a->dout, &a->q, &a->k, &a->v, &a->o, &a->lse,
+    kern_attention_bwd(kern_stream_host(), &a->dq, &a->dk, &a->dv, &a->dout, &a->q, &a->k, &a->v, &a->o, &a->lse,
                        a->scale, true, 0);
 }
 
@@ -141,19 +141,19 @@ typedef struct {
 static void bench_rmsnorm_body(void *p)
 {
     bench_rows_t *r = p;
-    kern_rmsnorm_fwd(&r->out, &r->rstd, &r->x, &r->w, 1e-5f);
+    kern_rmsnorm_fwd(kern_stream_host(), &r->out, &r->rstd, &r->x, &r->w, 1e-5f);
 }
 
 static void bench_swiglu_body(void *p)
 {
     bench_rows_t *r = p;
-    kern_swiglu_fwd(&r->out, &r->gate, &r->up);
+    kern_swiglu_fwd(kern_stream_host(), &r->out, &r->gate, &r->up);
 }
 
 static void bench_xent_body(void *p)
 {
     bench_rows_t *r = p;
-    kern_xent_fwd_bwd(&r->losses, &r->dlogits, &r->logits, &r->targets, 1.0f, -100);
+    kern_xent_fwd_bwd(kern_stream_host(), &r->losses, &r->dlogits, &r->logits, &r->targets, 1.0f, -100);
 }
 
 static void bench_rows(FILE *out, const char *filter)

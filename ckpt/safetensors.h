@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
-#include "kernels/tensor.h"
+#include "base/tensor.h"
 
 #define CKPT_ST_MAX_DIMS 8
 #define CKPT_ST_MAX_HEADER (100u << 20) /* as the reference implementation */

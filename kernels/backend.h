@@ -1,15 +1,19 @@
-/* The backend interface behind kernels/kernels.h (internal to kernels/).
+/* The backend interface behind kernels/device.h and kernels/kernels.h
+ * (internal to kernels/).
  *
- * kernels.c checks every call (shapes, contiguity, dtypes, devices), reduces
- * the tensors to data pointers and dimensions, and calls the ops table of the
- * tensors' device. A backend therefore never re-validates: it gets pointers it
- * may trust, element counts, and the dtype of the data (one of the bits in its
- * compute_dtypes for compute ops; any dtype for zero/copy/sumsq/count, where
- * the backend decides and panics for what it lacks).
+ * kernels.c checks every call (shapes, contiguity, dtypes, devices: all on
+ * the stream's device) and then calls the ops table of the stream's device
+ * with the tensors themselves, so a backend never re-validates: it reads
+ * data, dtype and shape, which it may trust. A compute op is only called
+ * for a dtype its op_dtypes entry lists.
  *
- * Adding a backend (the CUDA twins): fill a kern_backend_ops_t with designated
- * initializers in its own file and put it in kern_backends[] in kernels.c.
- * Model code does not change. Every entry is required.
+ * Streams: every backend's stream struct starts with kern_stream_t (below);
+ * a backend records the first failure of queued work in it (kern_stream_fail).
+ *
+ * Adding a backend: fill a kern_backend_t with designated initializers in
+ * its own file and put it in kern_backends[] (kernels/device.c) under its
+ * device kind. Model code does not change. Every entry is required; an op
+ * the device lacks has a zero op_dtypes entry (and its function may panic).
  *
  * Layouts and conventions are those of kernels.h: row-major contiguous,
  * backward entries accumulate (+=) and skip NULL gradient outputs.
@@ -19,81 +23,118 @@
 
 #include "kernels/kernels.h"
 
+typedef struct kern_backend kern_backend_t;
+
+/* The public head of every backend's stream. */
+struct kern_stream {
+    const kern_backend_t *be;
+    device_t dev;
+    bt_status_t error; /* first failure of queued work, BT_OK if none */
+    char error_op[48];
+};
+
+/* The public head of every backend's event. */
+struct kern_event {
+    const kern_backend_t *be;
+    device_t dev;
+};
+
+/* Records the first failure on s (later ones are dropped); logs it once. */
+void kern_stream_fail(kern_stream_t *s, const char *op, const char *detail);
+
 /* Shape of one attention call: q[B,Tq,Hq,D] k[B,Tk,Hkv,D] v[B,Tk,Hkv,Dv]. */
 typedef struct {
     int64_t B, Tq, Tk, Hq, Hkv, D, Dv;
-    float   scale;
-    bool    causal;
+    float scale;
+    bool causal;
     int64_t q_offset;
 } kern_attn_shape_t;
 
-typedef struct {
+typedef const tensor_t ct_t; /* shorthand for the input tensors below */
+
+struct kern_backend {
     const char *name;
-    uint32_t    compute_dtypes; /* bit (1u << dtype) per dtype the compute ops take */
+    device_kind_t kind;
+    uint32_t op_dtypes[KERN_OP_COUNT]; /* bit (1u << dtype) per compute dtype */
 
-    void (*set_threads)(int n);
+    /* devices and memory */
+    bool (*usable)(int index, char *why, size_t why_cap);
+    bt_status_t (*mem_alloc)(int index, size_t nbytes, void **out);
+    void (*mem_free)(int index, void *p);
+    bt_status_t (*host_alloc)(int index, size_t nbytes, void **out);
+    void (*host_free)(int index, void *p);
 
-    /* c[M,N] = alpha op(a) op(b) + beta c; a is [M,K] or [K,M] (trans_a), b [K,N] or [N,K] */
-    void (*matmul)(void *c, const void *a, const void *b, dtype_t dt, int64_t M, int64_t N,
-                   int64_t K, bool trans_a, bool trans_b, float alpha, float beta);
-    void (*linear_fwd)(void *out, const void *x, const void *w, const void *bias, dtype_t dt,
-                       int64_t N, int64_t IC, int64_t OC);
-    void (*linear_bwd)(void *dx, void *dw, void *dbias, const void *dout, const void *x,
-                       const void *w, dtype_t dt, int64_t N, int64_t IC, int64_t OC);
+    /* streams and events */
+    bt_status_t (*stream_create)(int index, kern_stream_t **out);
+    void (*stream_destroy)(kern_stream_t *s);
+    bt_status_t (*stream_sync)(kern_stream_t *s);
+    bt_status_t (*stream_notify)(kern_stream_t *s, kern_notify_fn fn, void *arg);
+    bt_status_t (*stream_reserve)(kern_stream_t *s, size_t nbytes);
+    bt_status_t (*event_create)(int index, kern_event_t **out);
+    void (*event_destroy)(kern_event_t *e);
+    void (*event_record)(kern_event_t *e, kern_stream_t *s);
+    void (*stream_wait)(kern_stream_t *s, kern_event_t *e);
 
-    void (*zero)(void *p, size_t nbytes);
-    void (*copy)(void *dst, dtype_t dst_dt, const void *src, dtype_t src_dt, int64_t n);
-    void (*add)(void *out, const void *a, const void *b, dtype_t dt, int64_t n);
-    void (*axpy)(void *y, float alpha, const void *x, dtype_t dt, int64_t n);
-    void (*scale)(void *p, float s, dtype_t dt, int64_t n);
-    double (*sumsq)(const void *p, dtype_t dt, int64_t n);
-    int64_t (*count_nonfinite)(const void *p, dtype_t dt, int64_t n);
+    /* copies: nbytes between host memory and the device (upload, download) */
+    void (*upload)(kern_stream_t *s, void *dst, const void *host, size_t nbytes);
+    void (*download)(kern_stream_t *s, void *host, const void *src, size_t nbytes);
 
-    void (*embedding_fwd)(void *out, const void *table, const int32_t *ids, dtype_t dt, int64_t N,
-                          int64_t V, int64_t C, int64_t vocab_start);
-    void (*embedding_bwd)(void *dtable, const void *dout, const int32_t *ids, dtype_t dt,
-                          int64_t N, int64_t V, int64_t C, int64_t vocab_start);
+    /* compute: c[M,N] = alpha op(a) op(b) + beta c */
+    void (*matmul)(kern_stream_t *s, tensor_t *c, ct_t *a, ct_t *b, bool trans_a, bool trans_b,
+                   float alpha, float beta);
+    void (*linear_fwd)(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w, ct_t *bias);
+    void (*linear_bwd)(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias, ct_t *dout,
+                       ct_t *x, ct_t *w);
 
-    void (*rmsnorm_fwd)(void *out, float *rstd, const void *x, const void *w, dtype_t dt,
-                        int64_t N, int64_t C, float eps);
-    void (*rmsnorm_bwd)(void *dx, void *dw, const void *dout, const void *x, const void *w,
-                        const float *rstd, dtype_t dt, int64_t N, int64_t C);
+    void (*zero)(kern_stream_t *s, tensor_t *t);
+    void (*copy)(kern_stream_t *s, tensor_t *dst, ct_t *src); /* dtype conversion */
+    void (*add)(kern_stream_t *s, tensor_t *out, ct_t *a, ct_t *b);
+    void (*axpy)(kern_stream_t *s, tensor_t *y, float alpha, ct_t *x);
+    void (*scale)(kern_stream_t *s, tensor_t *t, float f);
+    double (*sumsq)(kern_stream_t *s, ct_t *t);            /* waits for the stream */
+    int64_t (*count_nonfinite)(kern_stream_t *s, ct_t *t); /* waits for the stream */
 
-    /* BT = tokens, H heads of D; P rows in the cos/sin tables */
-    void (*rope_fwd)(void *out, const void *x, const float *cos, const float *sin,
-                     const int32_t *pos, dtype_t dt, int64_t BT, int64_t H, int64_t D, int64_t P);
-    void (*rope_bwd)(void *dx, const void *dout, const float *cos, const float *sin,
-                     const int32_t *pos, dtype_t dt, int64_t BT, int64_t H, int64_t D, int64_t P);
+    void (*embedding_fwd)(kern_stream_t *s, tensor_t *out, ct_t *table, ct_t *ids,
+                          int64_t vocab_start);
+    void (*embedding_bwd)(kern_stream_t *s, tensor_t *dtable, ct_t *dout, ct_t *ids,
+                          int64_t vocab_start);
 
-    void (*attention_fwd)(void *out, float *lse, const void *q, const void *k, const void *v,
-                          dtype_t dt, const kern_attn_shape_t *s);
-    void (*attention_bwd)(void *dq, void *dk, void *dv, const void *dout, const void *q,
-                          const void *k, const void *v, const void *out, const float *lse,
-                          dtype_t dt, const kern_attn_shape_t *s);
+    void (*rmsnorm_fwd)(kern_stream_t *s, tensor_t *out, tensor_t *rstd, ct_t *x, ct_t *w,
+                        float eps);
+    void (*rmsnorm_bwd)(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout, ct_t *x, ct_t *w,
+                        ct_t *rstd);
 
-    void (*swiglu_fwd)(void *out, const void *gate, const void *up, dtype_t dt, int64_t n);
-    void (*swiglu_bwd)(void *dgate, void *dup, const void *dout, const void *gate, const void *up,
-                       dtype_t dt, int64_t n);
+    /* x, out as [BT, H, D]; tables [P, D/2] */
+    void (*rope_fwd)(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *cos, ct_t *sin, ct_t *pos);
+    void (*rope_bwd)(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *cos, ct_t *sin, ct_t *pos);
 
-    int64_t (*xent_fwd_bwd)(float *losses, void *dlogits, const void *logits,
-                            const int32_t *targets, dtype_t dt, int64_t N, int64_t V, float dloss,
-                            int32_t ignore_index);
-    void (*xent_vp_max)(float *row_max, const void *logits, dtype_t dt, int64_t N, int64_t V);
-    void (*xent_vp_sum)(float *sumexp, float *tgt_logit, const void *logits, const float *gmax,
-                        const int32_t *targets, dtype_t dt, int64_t N, int64_t V,
-                        int64_t vocab_start, int32_t ignore_index);
-    int64_t (*xent_vp_finish)(float *losses, void *dlogits, const void *logits, const float *gmax,
-                              const float *sumexp, const float *tgt_logit, const int32_t *targets,
-                              dtype_t dt, int64_t N, int64_t V, int64_t vocab_start, float dloss,
-                              int32_t ignore_index);
+    void (*attention_fwd)(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *q, ct_t *k, ct_t *v,
+                          const kern_attn_shape_t *sh);
+    void (*attention_bwd)(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv, ct_t *dout,
+                          ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
+                          const kern_attn_shape_t *sh);
 
-    void (*adamw)(void *param, const void *grad, float *m, float *v, dtype_t dt, int64_t n,
-                  const adamw_args_t *args);
-} kern_backend_ops_t;
+    void (*swiglu_fwd)(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *up);
+    void (*swiglu_bwd)(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, ct_t *dout, ct_t *gate,
+                       ct_t *up);
 
-extern const kern_backend_ops_t kern_cpu_ops;
+    void (*xent_fwd_bwd)(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits, ct_t *logits,
+                         ct_t *targets, float dloss, int32_t ignore_index);
+    void (*xent_vp_max)(kern_stream_t *s, tensor_t *row_max, ct_t *logits);
+    void (*xent_vp_sum)(kern_stream_t *s, tensor_t *sumexp, tensor_t *tgt_logit, ct_t *logits,
+                        ct_t *gmax, ct_t *targets, int64_t vocab_start, int32_t ignore_index);
+    void (*xent_vp_finish)(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits, ct_t *logits,
+                           ct_t *gmax, ct_t *sumexp, ct_t *tgt_logit, ct_t *targets,
+                           int64_t vocab_start, float dloss, int32_t ignore_index);
+
+    void (*adamw)(kern_stream_t *s, tensor_t *param, tensor_t *param_copy, ct_t *grad, tensor_t *m,
+                  tensor_t *v, const adamw_args_t *args);
+};
+
+extern const kern_backend_t kern_cpu_backend;
+extern const kern_backend_t kern_fenced_backend;
 #ifdef BT_HAVE_CUDA
-extern const kern_backend_ops_t kern_cuda_ops;
+extern const kern_backend_t kern_cuda_backend;
 #endif
 
 #endif

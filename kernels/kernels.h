@@ -1,24 +1,31 @@
-/* The kernel dispatch: model code calls only these. Each call looks at the
- * tensors' device and dtype and runs the matching implementation (cpu/ now,
- * cuda/ bf16 twins later), so model code never changes when a backend is
- * added. An unsupported (device, dtype) pair panics with the op's name: it is
- * a caller bug, not bad input.
+/* The kernel dispatch: model code calls only these (and kernels/device.h
+ * for memory, copies and streams). Every op runs on a stream and on the
+ * stream's device: all its tensors must live there. The call checks its
+ * arguments, then hands the tensors to the device's backend (cpu/, fenced/,
+ * cuda/), so model code never changes when a backend is added. Misuse (a
+ * shape, dtype or device that does not match, a dtype the backend lacks)
+ * panics with the op's name: it is a caller bug, not bad input; the model
+ * asks kern_supports() for every op it needs when it is built.
  *
- * Conventions (llm.c style, STYLE.md rule 8):
- *  - arguments go outputs, inputs, then scalars;
+ * Conventions (llm.c style):
+ *  - arguments go stream, outputs, inputs, then scalars;
  *  - every tensor is contiguous; shapes are in the comments, with
  *    N = rows (tokens, B*T flattened), C = channels;
  *  - backward functions ACCUMULATE into their gradient outputs (+=), so that
  *    gradient accumulation over microbatches and branches needs no copies;
  *    a NULL gradient output is skipped;
- *  - forward functions overwrite their outputs.
+ *  - forward functions overwrite their outputs;
+ *  - on cpu and fenced an op is done when it returns; on cuda it is queued
+ *    (kernels/device.h). The two reductions that return a value to the host
+ *    (kern_sumsq, kern_count_nonfinite) wait for the stream.
  */
 #ifndef BT_KERNELS_KERNELS_H
 #define BT_KERNELS_KERNELS_H
 
-#include "kernels/tensor.h"
+#include "base/tensor.h"
+#include "kernels/device.h"
 
-/* ---- backend control (added by the kernels helper) --------------------- */
+/* ---- backend control ---------------------------------------------------- */
 
 /* Threads the CPU backend may use inside one kernel call (its own pool;
  * OpenBLAS itself always runs single-threaded); n <= 0 means "all cores".
@@ -31,29 +38,30 @@ void kern_cpu_set_threads(int n);
 
 /* C[M,N] = alpha * op(A) @ op(B) + beta * C, with op(X) = X or X^T.
  * A, B, C are 2-D (or flattened to rows x cols). */
-void kern_matmul(tensor_t *c, const tensor_t *a, const tensor_t *b,
-                 bool trans_a, bool trans_b, float alpha, float beta);
+void kern_matmul(kern_stream_t *s, tensor_t *c, const tensor_t *a, const tensor_t *b, bool trans_a,
+                 bool trans_b, float alpha, float beta);
 
 /* out[N,OC] = x[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be NULL). */
-void kern_linear_fwd(tensor_t *out, const tensor_t *x, const tensor_t *w, const tensor_t *bias);
+void kern_linear_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *x, const tensor_t *w,
+                     const tensor_t *bias);
 /* dx[N,IC] += dout @ w; dw[OC,IC] += dout^T @ x; dbias[OC] += sum_rows(dout). */
-void kern_linear_bwd(tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+void kern_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
                      const tensor_t *dout, const tensor_t *x, const tensor_t *w);
 
 /* ---- elementwise -------------------------------------------------------- */
 
-void   kern_zero(tensor_t *t);
+void kern_zero(kern_stream_t *s, tensor_t *t);
 /* dst = src, converting dtype (f32 <-> bf16/f16/f64); same numel. */
-void   kern_copy(tensor_t *dst, const tensor_t *src);
+void kern_copy(kern_stream_t *s, tensor_t *dst, const tensor_t *src);
 /* out = a + b (out may alias a or b). */
-void   kern_add(tensor_t *out, const tensor_t *a, const tensor_t *b);
+void kern_add(kern_stream_t *s, tensor_t *out, const tensor_t *a, const tensor_t *b);
 /* y += alpha * x */
-void   kern_axpy(tensor_t *y, float alpha, const tensor_t *x);
-void   kern_scale(tensor_t *t, float s);
+void kern_axpy(kern_stream_t *s, tensor_t *y, float alpha, const tensor_t *x);
+void kern_scale(kern_stream_t *s, tensor_t *t, float f);
 /* sum of squares in double (for global-norm clipping). */
-double kern_sumsq(const tensor_t *t);
+double kern_sumsq(kern_stream_t *s, const tensor_t *t);
 /* number of non-finite elements (NaN/Inf check). */
-int64_t kern_count_nonfinite(const tensor_t *t);
+int64_t kern_count_nonfinite(kern_stream_t *s, const tensor_t *t);
 
 /* ---- embedding ---------------------------------------------------------- */
 
@@ -61,19 +69,19 @@ int64_t kern_count_nonfinite(const tensor_t *t);
  * [vocab_start, vocab_start + V); rows for ids outside are zero (this is the
  * vocabulary-parallel embedding shard; vocab_start = 0 unsharded).
  * table[V,C], ids[N] i32. */
-void kern_embedding_fwd(tensor_t *out, const tensor_t *table, const tensor_t *ids,
+void kern_embedding_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *table, const tensor_t *ids,
                         int64_t vocab_start);
 /* dtable[V,C] += scatter of dout[N,C] by ids (same range rule). */
-void kern_embedding_bwd(tensor_t *dtable, const tensor_t *dout, const tensor_t *ids,
-                        int64_t vocab_start);
+void kern_embedding_bwd(kern_stream_t *s, tensor_t *dtable, const tensor_t *dout,
+                        const tensor_t *ids, int64_t vocab_start);
 
 /* ---- RMSNorm ------------------------------------------------------------ */
 
 /* out[N,C] = x * rstd * w, rstd[N] (f32) = 1/sqrt(mean(x^2) + eps). */
-void kern_rmsnorm_fwd(tensor_t *out, tensor_t *rstd, const tensor_t *x, const tensor_t *w,
-                      float eps);
-void kern_rmsnorm_bwd(tensor_t *dx, tensor_t *dw, const tensor_t *dout, const tensor_t *x,
-                      const tensor_t *w, const tensor_t *rstd);
+void kern_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, const tensor_t *x,
+                      const tensor_t *w, float eps);
+void kern_rmsnorm_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, const tensor_t *dout,
+                      const tensor_t *x, const tensor_t *w, const tensor_t *rstd);
 
 /* ---- rotary embeddings (HF "rotate_half" convention) ------------------ */
 
@@ -81,11 +89,11 @@ void kern_rmsnorm_bwd(tensor_t *dx, tensor_t *dw, const tensor_t *dout, const te
  * pos[B*T] i32 gives each token's position (p < P). out may alias x.
  * out[..., i]       = x[i] * cos[p,i] - x[i+D/2] * sin[p,i]
  * out[..., i+D/2]   = x[i+D/2] * cos[p,i] + x[i] * sin[p,i]      (i < D/2) */
-void kern_rope_fwd(tensor_t *out, const tensor_t *x, const tensor_t *cos, const tensor_t *sin,
-                   const tensor_t *pos);
+void kern_rope_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *x, const tensor_t *cos,
+                   const tensor_t *sin, const tensor_t *pos);
 /* dx += R^T dout (dx may alias dout only when dx was zero: use a copy). */
-void kern_rope_bwd(tensor_t *dx, const tensor_t *dout, const tensor_t *cos, const tensor_t *sin,
-                   const tensor_t *pos);
+void kern_rope_bwd(kern_stream_t *s, tensor_t *dx, const tensor_t *dout, const tensor_t *cos,
+                   const tensor_t *sin, const tensor_t *pos);
 
 /* ---- attention ---------------------------------------------------------- */
 
@@ -96,20 +104,21 @@ void kern_rope_bwd(tensor_t *dx, const tensor_t *dout, const tensor_t *cos, cons
  * causal: query i (absolute position q_offset + i) sees keys j <= q_offset + i
  * (q_offset lets a context-parallel shard of queries attend to a longer key
  * range; 0 for ordinary attention with Tq == Tk). */
-void kern_attention_fwd(tensor_t *out, tensor_t *lse, const tensor_t *q, const tensor_t *k,
-                        const tensor_t *v, float scale, bool causal, int64_t q_offset);
-/* dq, dk, dv accumulate. */
-void kern_attention_bwd(tensor_t *dq, tensor_t *dk, tensor_t *dv, const tensor_t *dout,
-                        const tensor_t *q, const tensor_t *k, const tensor_t *v,
-                        const tensor_t *out, const tensor_t *lse, float scale, bool causal,
+void kern_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, const tensor_t *q,
+                        const tensor_t *k, const tensor_t *v, float scale, bool causal,
                         int64_t q_offset);
+/* dq, dk, dv accumulate. */
+void kern_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
+                        const tensor_t *dout, const tensor_t *q, const tensor_t *k,
+                        const tensor_t *v, const tensor_t *out, const tensor_t *lse, float scale,
+                        bool causal, int64_t q_offset);
 
 /* ---- MLP ---------------------------------------------------------------- */
 
 /* out[N,F] = silu(gate) * up. */
-void kern_swiglu_fwd(tensor_t *out, const tensor_t *gate, const tensor_t *up);
-void kern_swiglu_bwd(tensor_t *dgate, tensor_t *dup, const tensor_t *dout, const tensor_t *gate,
-                     const tensor_t *up);
+void kern_swiglu_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *gate, const tensor_t *up);
+void kern_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, const tensor_t *dout,
+                     const tensor_t *gate, const tensor_t *up);
 
 /* ---- loss --------------------------------------------------------------- */
 
@@ -117,9 +126,10 @@ void kern_swiglu_bwd(tensor_t *dgate, tensor_t *dup, const tensor_t *dout, const
  * loss 0, no gradient). losses[N] f32 (nats). When dlogits[N,V] is non-NULL
  * it is OVERWRITTEN with dloss * (softmax - onehot) per row, dloss being the
  * gradient of the caller's total loss w.r.t. each row's loss (1/num_scored
- * for a mean). Returns the number of scored rows. */
-int64_t kern_xent_fwd_bwd(tensor_t *losses, tensor_t *dlogits, const tensor_t *logits,
-                          const tensor_t *targets, float dloss, int32_t ignore_index);
+ * for a mean). */
+void kern_xent_fwd_bwd(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits,
+                       const tensor_t *logits, const tensor_t *targets, float dloss,
+                       int32_t ignore_index);
 
 /* Vocabulary-parallel pieces of the same loss (tensor parallelism): each rank
  * holds logits[N,Vr] for vocab [vocab_start, vocab_start+Vr).
@@ -127,14 +137,14 @@ int64_t kern_xent_fwd_bwd(tensor_t *losses, tensor_t *dlogits, const tensor_t *l
  * Pass 2: sumexp[N] = sum exp(logit - gmax); tgt[N] = logit of the target
  *         when it is in this shard else 0.                (all-reduce SUM)
  * Pass 3: losses = log(sumexp) + gmax - tgt; dlogits as above for the shard. */
-void kern_xent_vp_max(tensor_t *row_max, const tensor_t *logits);
-void kern_xent_vp_sum(tensor_t *sumexp, tensor_t *tgt_logit, const tensor_t *logits,
-                      const tensor_t *gmax, const tensor_t *targets, int64_t vocab_start,
-                      int32_t ignore_index);
-int64_t kern_xent_vp_finish(tensor_t *losses, tensor_t *dlogits, const tensor_t *logits,
-                            const tensor_t *gmax, const tensor_t *sumexp,
-                            const tensor_t *tgt_logit, const tensor_t *targets,
-                            int64_t vocab_start, float dloss, int32_t ignore_index);
+void kern_xent_vp_max(kern_stream_t *s, tensor_t *row_max, const tensor_t *logits);
+void kern_xent_vp_sum(kern_stream_t *s, tensor_t *sumexp, tensor_t *tgt_logit,
+                      const tensor_t *logits, const tensor_t *gmax, const tensor_t *targets,
+                      int64_t vocab_start, int32_t ignore_index);
+void kern_xent_vp_finish(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits,
+                         const tensor_t *logits, const tensor_t *gmax, const tensor_t *sumexp,
+                         const tensor_t *tgt_logit, const tensor_t *targets, int64_t vocab_start,
+                         float dloss, int32_t ignore_index);
 
 /* ---- optimizer ---------------------------------------------------------- */
 
@@ -148,7 +158,10 @@ typedef struct {
  *   p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
  *   p -= (lr / (1-b1^t)) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
  * param, grad, m, v share shape; m, v are f32. */
-void kern_adamw(tensor_t *param, const tensor_t *grad, tensor_t *m, tensor_t *v,
-                const adamw_args_t *args);
+/* param_copy, when non-NULL, receives the updated parameter in its own
+ * dtype in the same pass (the bf16 compute copy of an f32 master). grad is
+ * param's dtype or f32. */
+void kern_adamw(kern_stream_t *s, tensor_t *param, tensor_t *param_copy, const tensor_t *grad,
+                tensor_t *m, tensor_t *v, const adamw_args_t *args);
 
 #endif

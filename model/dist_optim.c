@@ -130,7 +130,7 @@ static double chunk_sumsq(const dist_optim_t *d, int c, size_t lo, size_t hi)
         if (a >= b) continue;
         int64_t len = (int64_t)(b - a);
         tensor_t g = tensor_make(m->grad_mem + a, DT_F32, m->params[i].t.device, 1, &len);
-        s += kern_sumsq(&g);
+        s += kern_sumsq(kern_stream_host(), &g);
     }
     return s;
 }

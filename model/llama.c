@@ -255,15 +255,15 @@ static bt_status_t row_parallel_fwd(model_t *m, model_acts_t *a, tensor_t *out,
                                     int layer)
 {
     if (m->par.tp_size == 1) {
-        kern_linear_fwd(out, x, P(m, w), P(m, bias));
+        kern_linear_fwd(kern_stream_host(), out, x, P(m, w), P(m, bias));
         return BT_OK;
     }
-    kern_linear_fwd(out, x, P(m, w), NULL);
+    kern_linear_fwd(kern_stream_host(), out, x, P(m, w), NULL);
     int64_t N = out->shape[0], C = out->shape[1];
     bt_status_t st = tp_all_reduce(m, out->data, (size_t)(N * C), COLL_SUM, what, layer);
     if (st != BT_OK || bias < 0) return st;
     tensor_t ones = t2(a->ones, N, 1), b = t2(P(m, bias)->data, 1, C);
-    kern_matmul(out, &ones, &b, false, false, 1.0f, 1.0f);
+    kern_matmul(kern_stream_host(), out, &ones, &b, false, false, 1.0f, 1.0f);
     return BT_OK;
 }
 
@@ -297,23 +297,23 @@ static bt_status_t layer_forward(model_t *m, model_acts_t *a, int li, int64_t B,
     tensor_t pos = tensor_1d(a->pos, DT_I32, N);
     float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)D);
 
-    kern_rmsnorm_fwd(&ln1, &rstd1, &res, P(m, x->input_norm), eps);
-    kern_linear_fwd(&q, &ln1, P(m, x->q), P(m, x->q_bias));
-    kern_linear_fwd(&k, &ln1, P(m, x->k), P(m, x->k_bias));
-    kern_linear_fwd(&v, &ln1, P(m, x->v), P(m, x->v_bias));
-    kern_rope_fwd(&q4, &q4, &cos, &sin, &pos);
-    kern_rope_fwd(&k4, &k4, &cos, &sin, &pos);
-    kern_attention_fwd(&att4, &lse, &q4, &k4, &v4, scale, true, 0);
+    kern_rmsnorm_fwd(kern_stream_host(), &ln1, &rstd1, &res, P(m, x->input_norm), eps);
+    kern_linear_fwd(kern_stream_host(), &q, &ln1, P(m, x->q), P(m, x->q_bias));
+    kern_linear_fwd(kern_stream_host(), &k, &ln1, P(m, x->k), P(m, x->k_bias));
+    kern_linear_fwd(kern_stream_host(), &v, &ln1, P(m, x->v), P(m, x->v_bias));
+    kern_rope_fwd(kern_stream_host(), &q4, &q4, &cos, &sin, &pos);
+    kern_rope_fwd(kern_stream_host(), &k4, &k4, &cos, &sin, &pos);
+    kern_attention_fwd(kern_stream_host(), &att4, &lse, &q4, &k4, &v4, scale, true, 0);
     st = row_parallel_fwd(m, a, &tmp, &att, x->o, x->o_bias, "o_proj output", layer);
     if (st != BT_OK) return st;
-    kern_add(&mid, &res, &tmp);
-    kern_rmsnorm_fwd(&ln2, &rstd2, &mid, P(m, x->post_norm), eps);
-    kern_linear_fwd(&gate, &ln2, P(m, x->gate), P(m, x->gate_bias));
-    kern_linear_fwd(&up, &ln2, P(m, x->up), P(m, x->up_bias));
-    kern_swiglu_fwd(&h, &gate, &up);
+    kern_add(kern_stream_host(), &mid, &res, &tmp);
+    kern_rmsnorm_fwd(kern_stream_host(), &ln2, &rstd2, &mid, P(m, x->post_norm), eps);
+    kern_linear_fwd(kern_stream_host(), &gate, &ln2, P(m, x->gate), P(m, x->gate_bias));
+    kern_linear_fwd(kern_stream_host(), &up, &ln2, P(m, x->up), P(m, x->up_bias));
+    kern_swiglu_fwd(kern_stream_host(), &h, &gate, &up);
     st = row_parallel_fwd(m, a, &tmp, &h, x->down, x->down_bias, "down_proj output", layer);
     if (st != BT_OK) return st;
-    kern_add(&res_next, &mid, &tmp);
+    kern_add(kern_stream_host(), &res_next, &mid, &tmp);
     return BT_OK;
 }
 
@@ -356,36 +356,36 @@ static bt_status_t layer_backward(model_t *m, model_acts_t *a, int li, int64_t B
     tensor_t dqr = t2(a->dqr, N, Cq), dkr = t2(a->dkr, N, Ckv), dv = t2(a->dv, N, Ckv);
 
     /* MLP: res_{l+1} = mid + down(swiglu(gate(ln2), up(ln2))) */
-    kern_zero(&dh);
-    kern_linear_bwd(&dh, G(m, x->down), G(m, x->down_bias), &dres, &h, P(m, x->down));
-    kern_zero(&dgate);
-    kern_zero(&dup);
-    kern_swiglu_bwd(&dgate, &dup, &dh, &gate, &up);
-    kern_zero(&dln);
-    kern_linear_bwd(&dln, G(m, x->gate), G(m, x->gate_bias), &dgate, &ln2, P(m, x->gate));
-    kern_linear_bwd(&dln, G(m, x->up), G(m, x->up_bias), &dup, &ln2, P(m, x->up));
+    kern_zero(kern_stream_host(), &dh);
+    kern_linear_bwd(kern_stream_host(), &dh, G(m, x->down), G(m, x->down_bias), &dres, &h, P(m, x->down));
+    kern_zero(kern_stream_host(), &dgate);
+    kern_zero(kern_stream_host(), &dup);
+    kern_swiglu_bwd(kern_stream_host(), &dgate, &dup, &dh, &gate, &up);
+    kern_zero(kern_stream_host(), &dln);
+    kern_linear_bwd(kern_stream_host(), &dln, G(m, x->gate), G(m, x->gate_bias), &dgate, &ln2, P(m, x->gate));
+    kern_linear_bwd(kern_stream_host(), &dln, G(m, x->up), G(m, x->up_bias), &dup, &ln2, P(m, x->up));
     st = tp_all_reduce(m, a->dln, (size_t)(N * C), COLL_SUM, "d post_attention_layernorm", layer);
     if (st != BT_OK) return st;
-    kern_rmsnorm_bwd(&dres, G(m, x->post_norm), &dln, &mid, P(m, x->post_norm), &rstd2);
+    kern_rmsnorm_bwd(kern_stream_host(), &dres, G(m, x->post_norm), &dln, &mid, P(m, x->post_norm), &rstd2);
 
     /* attention: mid = res_l + o(attn(rope(q(ln1)), rope(k(ln1)), v(ln1))) */
-    kern_zero(&datt);
-    kern_linear_bwd(&datt, G(m, x->o), G(m, x->o_bias), &dres, &att, P(m, x->o));
-    kern_zero(&dq4);
-    kern_zero(&dk4);
-    kern_zero(&dv4);
-    kern_attention_bwd(&dq4, &dk4, &dv4, &datt4, &q4, &k4, &v4, &att4, &lse, scale, true, 0);
-    kern_zero(&dqr4);
-    kern_zero(&dkr4);
-    kern_rope_bwd(&dqr4, &dq4, &cos, &sin, &pos);
-    kern_rope_bwd(&dkr4, &dk4, &cos, &sin, &pos);
-    kern_zero(&dln);
-    kern_linear_bwd(&dln, G(m, x->q), G(m, x->q_bias), &dqr, &ln1, P(m, x->q));
-    kern_linear_bwd(&dln, G(m, x->k), G(m, x->k_bias), &dkr, &ln1, P(m, x->k));
-    kern_linear_bwd(&dln, G(m, x->v), G(m, x->v_bias), &dv, &ln1, P(m, x->v));
+    kern_zero(kern_stream_host(), &datt);
+    kern_linear_bwd(kern_stream_host(), &datt, G(m, x->o), G(m, x->o_bias), &dres, &att, P(m, x->o));
+    kern_zero(kern_stream_host(), &dq4);
+    kern_zero(kern_stream_host(), &dk4);
+    kern_zero(kern_stream_host(), &dv4);
+    kern_attention_bwd(kern_stream_host(), &dq4, &dk4, &dv4, &datt4, &q4, &k4, &v4, &att4, &lse, scale, true, 0);
+    kern_zero(kern_stream_host(), &dqr4);
+    kern_zero(kern_stream_host(), &dkr4);
+    kern_rope_bwd(kern_stream_host(), &dqr4, &dq4, &cos, &sin, &pos);
+    kern_rope_bwd(kern_stream_host(), &dkr4, &dk4, &cos, &sin, &pos);
+    kern_zero(kern_stream_host(), &dln);
+    kern_linear_bwd(kern_stream_host(), &dln, G(m, x->q), G(m, x->q_bias), &dqr, &ln1, P(m, x->q));
+    kern_linear_bwd(kern_stream_host(), &dln, G(m, x->k), G(m, x->k_bias), &dkr, &ln1, P(m, x->k));
+    kern_linear_bwd(kern_stream_host(), &dln, G(m, x->v), G(m, x->v_bias), &dv, &ln1, P(m, x->v));
     st = tp_all_reduce(m, a->dln, (size_t)(N * C), COLL_SUM, "d input_layernorm", layer);
     if (st != BT_OK) return st;
-    kern_rmsnorm_bwd(&dres, G(m, x->input_norm), &dln, &res, P(m, x->input_norm), &rstd1);
+    kern_rmsnorm_bwd(kern_stream_host(), &dres, G(m, x->input_norm), &dln, &res, P(m, x->input_norm), &rstd1);
     return BT_OK;
 }
 
@@ -432,18 +432,23 @@ free_bufs:
 static int64_t head_xent(model_t *m, model_acts_t *a, tensor_t *losses, tensor_t *dlogits,
                          const tensor_t *logits, const tensor_t *tg, float dloss)
 {
-    if (m->par.tp_size == 1)
-        return kern_xent_fwd_bwd(losses, dlogits, logits, tg, dloss, MODEL_IGNORE_INDEX);
+    int64_t scored = model_count_scored(tg->data, tensor_numel(tg));
+    if (m->par.tp_size == 1) {
+        kern_xent_fwd_bwd(kern_stream_host(), losses, dlogits, logits, tg, dloss,
+                          MODEL_IGNORE_INDEX);
+        return scored;
+    }
     int64_t rows = logits->shape[0];
     tensor_t gmax = t1(a->vmax, rows), sumexp = t1(a->vsum, rows), tgt = t1(a->vsum + rows, rows);
-    kern_xent_vp_max(&gmax, logits);
+    kern_xent_vp_max(kern_stream_host(), &gmax, logits);
     bt_status_t st = tp_all_reduce(m, a->vmax, (size_t)rows, COLL_MAX, "the logits' row max", -1);
     if (st != BT_OK) return st;
-    kern_xent_vp_sum(&sumexp, &tgt, logits, &gmax, tg, m->vocab_start, MODEL_IGNORE_INDEX);
+    kern_xent_vp_sum(kern_stream_host(), &sumexp, &tgt, logits, &gmax, tg, m->vocab_start, MODEL_IGNORE_INDEX);
     st = tp_all_reduce(m, a->vsum, 2 * (size_t)rows, COLL_SUM, "the logits' sum-exp", -1);
     if (st != BT_OK) return st;
-    return kern_xent_vp_finish(losses, dlogits, logits, &gmax, &sumexp, &tgt, tg, m->vocab_start,
-                               dloss, MODEL_IGNORE_INDEX);
+    kern_xent_vp_finish(kern_stream_host(), losses, dlogits, logits, &gmax, &sumexp, &tgt, tg,
+                        m->vocab_start, dloss, MODEL_IGNORE_INDEX);
+    return scored;
 }
 
 /* Final norm, lm_head and cross-entropy over row chunks. With dloss > 0 the
@@ -457,10 +462,10 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
     int64_t N = b->B * b->T, C = c->hidden_size, V = m->vocab;
     tensor_t x = t2(a->res + (size_t)a->nl * (size_t)N * (size_t)C, N, C);
     tensor_t lnf = t2(a->lnf, N, C), rstdf = t1(a->rstdf, N);
-    kern_rmsnorm_fwd(&lnf, &rstdf, &x, P(m, m->final_norm), (float)c->rms_norm_eps);
+    kern_rmsnorm_fwd(kern_stream_host(), &lnf, &rstdf, &x, P(m, m->final_norm), (float)c->rms_norm_eps);
     if (dloss > 0) {
         tensor_t dlnf = t2(a->dlnf, N, C);
-        kern_zero(&dlnf);
+        kern_zero(kern_stream_host(), &dlnf);
     }
     double sum = 0.0;
     int64_t scored = 0;
@@ -471,7 +476,7 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
         tensor_t xin = t2(a->lnf + (size_t)r0 * (size_t)C, rows, C);
         tensor_t logits = t2(a->logits, rows, V), losses = t1(a->losses, rows);
         tensor_t tg = tensor_1d((void *)(b->targets + r0), DT_I32, rows);
-        kern_linear_fwd(&logits, &xin, P(m, m->lm_head), NULL);
+        kern_linear_fwd(kern_stream_host(), &logits, &xin, P(m, m->lm_head), NULL);
         if (b->logits_out) {
             float *dst = b->logits_out + (size_t)r0 * (size_t)c->vocab_size;
             if (m->par.tp_size == 1)
@@ -486,7 +491,7 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
         for (int64_t i = 0; i < rows; i++) sum += a->losses[i];
         if (dloss > 0) {
             tensor_t dx = t2(a->dlnf + (size_t)r0 * (size_t)C, rows, C);
-            kern_linear_bwd(&dx, G(m, m->lm_head), NULL, &dlogits, &xin, P(m, m->lm_head));
+            kern_linear_bwd(kern_stream_host(), &dx, G(m, m->lm_head), NULL, &dlogits, &xin, P(m, m->lm_head));
         }
     }
     if (dloss > 0 &&
@@ -555,7 +560,7 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
         /* vocab-parallel: rows outside this rank's slice are zero, so the
          * sum over the group is the lookup */
         tensor_t ids = tensor_1d(a->ids, DT_I32, N);
-        kern_embedding_fwd(&res0, P(m, m->embed), &ids, m->vocab_start);
+        kern_embedding_fwd(kern_stream_host(), &res0, P(m, m->embed), &ids, m->vocab_start);
         st = tp_all_reduce(m, a->res, (size_t)(N * C), COLL_SUM, "the embedding", -1);
         if (st != BT_OK) return st;
     } else {
@@ -589,8 +594,8 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a, const float *dx_ou
     if (s->has_head) {
         tensor_t x = t2(a->res + (size_t)a->nl * (size_t)(N * C), N, C);
         tensor_t dlnf = t2(a->dlnf, N, C), rstdf = t1(a->rstdf, N);
-        kern_zero(&dres);
-        kern_rmsnorm_bwd(&dres, G(m, m->final_norm), &dlnf, &x, P(m, m->final_norm), &rstdf);
+        kern_zero(kern_stream_host(), &dres);
+        kern_rmsnorm_bwd(kern_stream_host(), &dres, G(m, m->final_norm), &dlnf, &x, P(m, m->final_norm), &rstdf);
     } else {
         memcpy(a->dres, dx_out, (size_t)(N * C) * sizeof(float));
     }
@@ -601,7 +606,7 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a, const float *dx_ou
     }
     if (s->has_embedding) {
         tensor_t ids = tensor_1d(a->ids, DT_I32, N);
-        kern_embedding_bwd(G(m, m->embed), &dres, &ids, m->vocab_start);
+        kern_embedding_bwd(kern_stream_host(), G(m, m->embed), &dres, &ids, m->vocab_start);
     } else {
         memcpy(dx_in, a->dres, (size_t)(N * C) * sizeof(float));
     }

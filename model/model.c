@@ -288,7 +288,7 @@ double model_grads_sumsq(const model_t *m)
 {
     if (!m->grad_mem) return 0.0;
     double s = 0.0;
-    for (int i = 0; i < m->n_params; i++) s += kern_sumsq(&m->grads[i].t);
+    for (int i = 0; i < m->n_params; i++) s += kern_sumsq(kern_stream_host(), &m->grads[i].t);
     return s;
 }
 

@@ -58,7 +58,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
-#include "kernels/tensor.h"
+#include "base/tensor.h"
 
 #define MODEL_IGNORE_INDEX (-100)
 #define MODEL_NAME_MAX 96

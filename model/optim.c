@@ -103,7 +103,7 @@ tensor_t optim_moment2(const optim_t *o, int i) { return o->v[i]; }
 double optim_grad_norm(const optim_t *o)
 {
     double sum = 0.0;
-    for (int i = 0; i < o->n; i++) sum += kern_sumsq(&o->params[i].grad);
+    for (int i = 0; i < o->n; i++) sum += kern_sumsq(kern_stream_host(), &o->params[i].grad);
     return sqrt(sum);
 }
 
@@ -117,7 +117,7 @@ double optim_clip_coef(double total_norm, double max_norm)
 const char *optim_find_nonfinite_grad(const optim_t *o)
 {
     for (int i = 0; i < o->n; i++)
-        if (kern_count_nonfinite(&o->params[i].grad)) return o->params[i].name;
+        if (kern_count_nonfinite(kern_stream_host(), &o->params[i].grad)) return o->params[i].name;
     return NULL;
 }
 
@@ -125,12 +125,12 @@ void optim_step(optim_t *o, double lr, double clip_coef)
 {
     o->step++;
     for (int i = 0; i < o->n; i++) {
-        if (clip_coef < 1.0) kern_scale(&o->params[i].grad, (float)clip_coef);
+        if (clip_coef < 1.0) kern_scale(kern_stream_host(), &o->params[i].grad, (float)clip_coef);
         adamw_args_t args = {
             .lr = (float)lr, .beta1 = (float)o->cfg.beta1, .beta2 = (float)o->cfg.beta2,
             .eps = (float)o->cfg.eps, .weight_decay = o->decay[i] ? (float)o->cfg.weight_decay : 0.0f,
             .step = o->step,
         };
-        kern_adamw(&o->params[i].param, &o->params[i].grad, &o->m[i], &o->v[i], &args);
+        kern_adamw(kern_stream_host(), &o->params[i].param, NULL, &o->params[i].grad, &o->m[i], &o->v[i], &args);
     }
 }

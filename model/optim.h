@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
-#include "kernels/tensor.h"
+#include "base/tensor.h"
 
 struct model;
 

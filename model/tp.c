@@ -52,7 +52,7 @@ double model_grads_sumsq_unique(const model_t *m)
     double s = 0.0;
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].shard_dim != MODEL_SHARD_NONE || m->par.tp_rank == 0)
-            s += kern_sumsq(&m->grads[i].t);
+            s += kern_sumsq(kern_stream_host(), &m->grads[i].t);
     return s;
 }
 

@@ -59,7 +59,7 @@ static void test_adamw_matches_torch(void)
             REQUIRE(k == n);
             tensor_t G = tensor_1d(g, DT_F32, n);
             a.step = (int64_t)s + 1;
-            kern_adamw(&P, &G, &M, &V, &a);
+            kern_adamw(kern_stream_host(), &P, NULL, &G, &M, &V, &a);
             double *rp = kt_to_d(wp, n), *rm = kt_to_d(wm, n), *rv = kt_to_d(wv, n);
             kt_close("adamw param", p, rp, n, 1e-6);
             kt_close("adamw exp_avg", m, rm, n, 1e-6);
@@ -93,7 +93,7 @@ static void test_adamw_rule_f64(void)
         float *g = kt_rand(&rng, n, -1, 1);
         tensor_t G = tensor_1d(g, DT_F32, n);
         a.step = t;
-        kern_adamw(&P, &G, &M, &V, &a);
+        kern_adamw(kern_stream_host(), &P, NULL, &G, &M, &V, &a);
         for (int64_t i = 0; i < n; i++) {
             rp[i] *= 1 - 0.01 * 0.1;
             rm[i] = 0.9 * rm[i] + 0.1 * g[i];
@@ -120,11 +120,11 @@ static void test_adamw_vector_equals_scalar(void)
                       .weight_decay = 0.1f, .step = 7};
     tensor_t P = tensor_1d(p1, DT_F32, n), M = tensor_1d(m1, DT_F32, n);
     tensor_t V = tensor_1d(v1, DT_F32, n), G = tensor_1d(g, DT_F32, n);
-    kern_adamw(&P, &G, &M, &V, &a);
+    kern_adamw(kern_stream_host(), &P, NULL, &G, &M, &V, &a);
     for (int64_t i = 0; i < n; i++) {
         tensor_t Pi = tensor_1d(p2 + i, DT_F32, 1), Mi = tensor_1d(m2 + i, DT_F32, 1);
         tensor_t Vi = tensor_1d(v2 + i, DT_F32, 1), Gi = tensor_1d(g + i, DT_F32, 1);
-        kern_adamw(&Pi, &Gi, &Mi, &Vi, &a);
+        kern_adamw(kern_stream_host(), &Pi, NULL, &Gi, &Mi, &Vi, &a);
     }
     CHECK(!memcmp(p1, p2, (size_t)n * 4) && !memcmp(m1, m2, (size_t)n * 4) &&
           !memcmp(v1, v2, (size_t)n * 4));
@@ -139,7 +139,7 @@ static void bad_moment_dtype(void *arg)
     tensor_t P = tensor_1d(p, DT_F32, 4), G = tensor_1d(g, DT_F32, 4);
     tensor_t M = tensor_1d(m, DT_F64, 4), V = tensor_1d(v, DT_F32, 4);
     adamw_args_t a = {.lr = 1, .beta1 = 0.9f, .beta2 = 0.9f, .eps = 1e-8f, .step = 1};
-    kern_adamw(&P, &G, &M, &V, &a);
+    kern_adamw(kern_stream_host(), &P, NULL, &G, &M, &V, &a);
 }
 
 static void bad_step(void *arg)
@@ -147,7 +147,7 @@ static void bad_step(void *arg)
     float p[4] = {0};
     tensor_t P = tensor_1d(p, DT_F32, 4);
     adamw_args_t a = {.lr = 1, .beta1 = 0.9f, .beta2 = 0.9f, .eps = 1e-8f, .step = 0};
-    kern_adamw(&P, &P, &P, &P, &a);
+    kern_adamw(kern_stream_host(), &P, NULL, &P, &P, &P, &a);
 }
 
 static void test_adamw_misuse_panics(void)

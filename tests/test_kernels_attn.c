@@ -135,7 +135,7 @@ static void attn_case(const attn_shape_t *s, bool fd, uint64_t seed)
     tensor_t dQ = tensor_4d(dq, DT_F32, s->B, s->Tq, s->Hq, s->D);
     tensor_t dK = tensor_4d(dk, DT_F32, s->B, s->Tk, s->Hkv, s->D);
     tensor_t dV = tensor_4d(dv, DT_F32, s->B, s->Tk, s->Hkv, s->Dv);
-    kern_attention_fwd(&O, &L, &Q, &K, &V, scale, s->causal, s->q_offset);
+    kern_attention_fwd(kern_stream_host(), &O, &L, &Q, &K, &V, scale, s->causal, s->q_offset);
     char what[160];
     snprintf(what, sizeof what, "B%lld Tq%lld Tk%lld Hq%lld Hkv%lld D%lld Dv%lld %s off%lld",
              (long long)s->B, (long long)s->Tq, (long long)s->Tk, (long long)s->Hq,
@@ -144,7 +144,7 @@ static void attn_case(const attn_shape_t *s, bool fd, uint64_t seed)
     int before = test_case_failures;
     kt_close("attn out", out, rout, no, 1e-5);
     kt_close("attn lse", lse, rlse, nl, 1e-5);
-    kern_attention_bwd(&dQ, &dK, &dV, &dO, &Q, &K, &V, &O, &L, scale, s->causal, s->q_offset);
+    kern_attention_bwd(kern_stream_host(), &dQ, &dK, &dV, &dO, &Q, &K, &V, &O, &L, scale, s->causal, s->q_offset);
     kt_close_base("attn dq", dq, dq0, rdq, nq, 1e-4);
     kt_close_base("attn dk", dk, dk0, rdk, nk, 1e-4);
     kt_close_base("attn dv", dv, dv0, rdv, nv, 1e-4);
@@ -156,7 +156,7 @@ static void attn_case(const attn_shape_t *s, bool fd, uint64_t seed)
     /* NULL gradients are skipped and do not change the others */
     float *dk2 = kt_dup(dk0, nk);
     tensor_t dK2 = tensor_4d(dk2, DT_F32, s->B, s->Tk, s->Hkv, s->D);
-    kern_attention_bwd(NULL, &dK2, NULL, &dO, &Q, &K, &V, &O, &L, scale, s->causal, s->q_offset);
+    kern_attention_bwd(kern_stream_host(), NULL, &dK2, NULL, &dO, &Q, &K, &V, &O, &L, scale, s->causal, s->q_offset);
     CHECK(!memcmp(dk2, dk, (size_t)nk * sizeof *dk));
     if (test_case_failures != before) fprintf(stderr, "  ^ in attention case %s\n", what);
 
@@ -205,8 +205,8 @@ static void test_attention_context_parallel_split(void)
     tensor_t V = tensor_4d(v, DT_F32, B, T, H, D), O = tensor_4d(out, DT_F32, B, T, H, D);
     tensor_t dO = tensor_4d(dout, DT_F32, B, T, H, D), L = tensor_3d(lse, DT_F32, B, H, T);
     tensor_t dK = tensor_4d(dk, DT_F32, B, T, H, D), dV = tensor_4d(dv, DT_F32, B, T, H, D);
-    kern_attention_fwd(&O, &L, &Q, &K, &V, scale, true, 0);
-    kern_attention_bwd(NULL, &dK, &dV, &dO, &Q, &K, &V, &O, &L, scale, true, 0);
+    kern_attention_fwd(kern_stream_host(), &O, &L, &Q, &K, &V, scale, true, 0);
+    kern_attention_bwd(kern_stream_host(), NULL, &dK, &dV, &dO, &Q, &K, &V, &O, &L, scale, true, 0);
 
     float *sout = kt_alloc(T * H * D), *slse = kt_alloc(H * half);
     float *sdk = kt_alloc(T * H * D), *sdv = kt_alloc(T * H * D);
@@ -217,11 +217,11 @@ static void test_attention_context_parallel_split(void)
         tensor_t Os = tensor_4d(sout + off * H * D, DT_F32, B, half, H, D);
         tensor_t dOs = tensor_4d(dout + off * H * D, DT_F32, B, half, H, D);
         tensor_t Ls = tensor_3d(slse, DT_F32, B, H, half);
-        kern_attention_fwd(&Os, &Ls, &Qs, &K, &V, scale, true, off);
+        kern_attention_fwd(kern_stream_host(), &Os, &Ls, &Qs, &K, &V, scale, true, off);
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < half; i++)
                 CHECK_NEAR(slse[h * half + i], lse[h * T + off + i], 1e-6, 1e-6);
-        kern_attention_bwd(NULL, &sdK, &sdV, &dOs, &Qs, &K, &V, &Os, &Ls, scale, true, off);
+        kern_attention_bwd(kern_stream_host(), NULL, &sdK, &sdV, &dOs, &Qs, &K, &V, &Os, &Ls, scale, true, off);
     }
     double *ro = kt_to_d(out, T * H * D), *rk = kt_to_d(dk, T * H * D), *rv = kt_to_d(dv, T * H * D);
     kt_close("cp out", sout, ro, T * H * D, 1e-6);

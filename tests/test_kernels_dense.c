@@ -39,7 +39,7 @@ static void test_matmul_shapes_transposes_beta(void)
             tensor_t A = ta ? tensor_2d(a, DT_F32, K, M) : tensor_2d(a, DT_F32, M, K);
             tensor_t B = tb ? tensor_2d(b, DT_F32, N, K) : tensor_2d(b, DT_F32, K, N);
             tensor_t C = tensor_2d(c, DT_F32, M, N);
-            kern_matmul(&C, &A, &B, ta, tb, alpha, beta);
+            kern_matmul(kern_stream_host(), &C, &A, &B, ta, tb, alpha, beta);
             char what[64];
             snprintf(what, sizeof what, "matmul %lldx%lldx%lld t%d", (long long)M, (long long)N,
                      (long long)K, t);
@@ -57,7 +57,7 @@ static void test_matmul_shapes_transposes_beta(void)
     ref_matmul(cd, ad, bd, 6, 5, 4, false, false, 1, 0);
     tensor_t A = tensor_3d(a, DT_F32, 2, 3, 4), B = tensor_2d(b, DT_F32, 4, 5);
     tensor_t C = tensor_3d(c, DT_F32, 2, 3, 5);
-    kern_matmul(&C, &A, &B, false, false, 1, 0);
+    kern_matmul(kern_stream_host(), &C, &A, &B, false, false, 1, 0);
     kt_close("matmul 3-D", c, cd, 30, 1e-6);
 }
 
@@ -73,7 +73,7 @@ static void mm_run(float *c, const float *a, const float *b, int64_t M, int64_t 
     tensor_t A = ta ? tensor_2d((float *)a, DT_F32, K, M) : tensor_2d((float *)a, DT_F32, M, K);
     tensor_t B = tb ? tensor_2d((float *)b, DT_F32, N, K) : tensor_2d((float *)b, DT_F32, K, N);
     tensor_t C = tensor_2d(c, DT_F32, M, N);
-    kern_matmul(&C, &A, &B, ta, tb, 1.0f, t == 3 ? 0.5f : 0.0f);
+    kern_matmul(kern_stream_host(), &C, &A, &B, ta, tb, 1.0f, t == 3 ? 0.5f : 0.0f);
 }
 
 static const int64_t mm_det_shapes[][3] = {{128, 192, 64}, {37, 384, 1024}, {1024, 384, 64},
@@ -199,9 +199,9 @@ static void test_linear_fwd_bwd(void)
             tensor_t Bt = tensor_1d(b, DT_F32, OC), O = tensor_2d(out, DT_F32, N, OC);
             tensor_t dO = tensor_2d(dout, DT_F32, N, OC), dX = tensor_2d(dx, DT_F32, N, IC);
             tensor_t dW = tensor_2d(dw, DT_F32, OC, IC), dB = tensor_1d(db, DT_F32, OC);
-            kern_linear_fwd(&O, &X, &W, with_bias ? &Bt : NULL);
+            kern_linear_fwd(kern_stream_host(), &O, &X, &W, with_bias ? &Bt : NULL);
             kt_close("linear fwd", out, ref, N * OC, 1e-5);
-            kern_linear_bwd(&dX, &dW, with_bias ? &dB : NULL, &dO, &X, &W);
+            kern_linear_bwd(kern_stream_host(), &dX, &dW, with_bias ? &dB : NULL, &dO, &X, &W);
             kt_fd_check("linear dx", c.x, N * IC, dx, dx0, linear_loss, &c, 200, 1e-4, &rng);
             kt_fd_check("linear dw", c.w, OC * IC, dw, dw0, linear_loss, &c, 200, 1e-4, &rng);
             if (with_bias)
@@ -211,7 +211,7 @@ static void test_linear_fwd_bwd(void)
             /* NULL dx and dw are skipped */
             float *dw2 = kt_dup(dw0, OC * IC);
             tensor_t dW2 = tensor_2d(dw2, DT_F32, OC, IC);
-            kern_linear_bwd(NULL, &dW2, NULL, &dO, &X, &W);
+            kern_linear_bwd(kern_stream_host(), NULL, &dW2, NULL, &dO, &X, &W);
             CHECK(!memcmp(dw2, dw, (size_t)(OC * IC) * sizeof *dw));
             free(x), free(w), free(b), free(out), free(dout), free(dx0), free(dw0), free(db0);
             free(dx), free(dw), free(db), free(dw2), free(ref);
@@ -229,34 +229,34 @@ static void test_elementwise_ops(void)
     float *a = kt_rand(&rng, n, -2, 2), *b = kt_rand(&rng, n, -2, 2), *o = kt_alloc(n);
     double *ref = kt_alloc_d(n);
     tensor_t A = tensor_1d(a, DT_F32, n), B = tensor_1d(b, DT_F32, n), O = tensor_1d(o, DT_F32, n);
-    kern_add(&O, &A, &B);
+    kern_add(kern_stream_host(), &O, &A, &B);
     for (int64_t i = 0; i < n; i++) ref[i] = (double)a[i] + b[i];
     kt_close("add", o, ref, n, 1e-7);
     float *a2 = kt_dup(a, n);
     tensor_t A2 = tensor_2d(a2, DT_F32, 7, 143);
     tensor_t B2 = tensor_2d(b, DT_F32, 7, 143);
-    kern_add(&A2, &A2, &B2); /* out aliases a */
+    kern_add(kern_stream_host(), &A2, &A2, &B2); /* out aliases a */
     kt_close("add in place", a2, ref, n, 1e-7);
 
     float *y = kt_dup(a, n);
     tensor_t Y = tensor_1d(y, DT_F32, n);
-    kern_axpy(&Y, -0.375f, &B);
+    kern_axpy(kern_stream_host(), &Y, -0.375f, &B);
     for (int64_t i = 0; i < n; i++) ref[i] = (double)a[i] - 0.375 * b[i];
     kt_close("axpy", y, ref, n, 1e-6);
-    kern_scale(&Y, 3.0f);
+    kern_scale(kern_stream_host(), &Y, 3.0f);
     for (int64_t i = 0; i < n; i++) ref[i] *= 3.0;
     kt_close("scale", y, ref, n, 1e-6);
-    kern_zero(&Y);
+    kern_zero(kern_stream_host(), &Y);
     int nz = 0;
     for (int64_t i = 0; i < n; i++) nz += y[i] != 0.0f;
     CHECK(nz == 0);
 
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)a[i] * a[i];
-    CHECK_NEAR(kern_sumsq(&A), ss, 1e-12, 0);
-    CHECK(kern_count_nonfinite(&A) == 0);
+    CHECK_NEAR(kern_sumsq(kern_stream_host(), &A), ss, 1e-12, 0);
+    CHECK(kern_count_nonfinite(kern_stream_host(), &A) == 0);
     a[5] = NAN, a[17] = INFINITY, a[1000] = -INFINITY;
-    CHECK(kern_count_nonfinite(&A) == 3);
+    CHECK(kern_count_nonfinite(kern_stream_host(), &A) == 3);
     free(a), free(b), free(o), free(ref), free(a2), free(y);
 }
 
@@ -272,9 +272,9 @@ static void test_copy_conversions(void)
     tensor_t F = tensor_1d(f, DT_F32, n), BF = tensor_1d(bf, DT_BF16, n);
     tensor_t HF = tensor_2d(hf, DT_F16, 3, 111), D = tensor_1d(d, DT_F64, n);
     tensor_t BK = tensor_1d(back, DT_F32, n);
-    kern_copy(&BF, &F);
-    kern_copy(&HF, &F);
-    kern_copy(&D, &F);
+    kern_copy(kern_stream_host(), &BF, &F);
+    kern_copy(kern_stream_host(), &HF, &F);
+    kern_copy(kern_stream_host(), &D, &F);
     int bad = 0;
     for (int64_t i = 0; i < n; i++) {
         bad += bf[i] != f32_to_bf16(f[i]);
@@ -282,30 +282,30 @@ static void test_copy_conversions(void)
         bad += !(d[i] == (double)f[i] || (isnan(d[i]) && isnan(f[i])));
     }
     CHECK_MSG(bad == 0, "%d converted elements differ", bad);
-    kern_copy(&BK, &BF);
+    kern_copy(kern_stream_host(), &BK, &BF);
     for (int64_t i = 0; i < n; i++) bad += !(back[i] == bf16_to_f32(bf[i]) || isnan(back[i]));
-    kern_copy(&BK, &HF);
+    kern_copy(kern_stream_host(), &BK, &HF);
     for (int64_t i = 0; i < n; i++) bad += !(back[i] == f16_to_f32(hf[i]) || isnan(back[i]));
-    kern_copy(&BK, &D);
+    kern_copy(kern_stream_host(), &BK, &D);
     for (int64_t i = 0; i < n; i++) bad += !(back[i] == f[i] || (isnan(back[i]) && isnan(f[i])));
     CHECK_MSG(bad == 0, "%d round-tripped elements differ", bad);
     /* bf16 -> f16 goes through f32 */
     uint16_t *h2 = calloc((size_t)n, 2);
     tensor_t H2 = tensor_1d(h2, DT_F16, n);
-    kern_copy(&H2, &BF);
+    kern_copy(kern_stream_host(), &H2, &BF);
     for (int64_t i = 4; i < n; i++) bad += h2[i] != f32_to_f16(bf16_to_f32(bf[i]));
     CHECK(bad == 0);
     /* reductions over other float dtypes */
     double ss = 0;
     for (int64_t i = 4; i < n; i++) ss += (double)bf16_to_f32(bf[i]) * bf16_to_f32(bf[i]);
     tensor_t BFtail = tensor_1d(bf + 4, DT_BF16, n - 4);
-    CHECK_NEAR(kern_sumsq(&BFtail), ss, 1e-12, 0);
-    CHECK(kern_count_nonfinite(&BF) == 2 && kern_count_nonfinite(&HF) == 2);
-    CHECK(kern_count_nonfinite(&D) == 2);
+    CHECK_NEAR(kern_sumsq(kern_stream_host(), &BFtail), ss, 1e-12, 0);
+    CHECK(kern_count_nonfinite(kern_stream_host(), &BF) == 2 && kern_count_nonfinite(kern_stream_host(), &HF) == 2);
+    CHECK(kern_count_nonfinite(kern_stream_host(), &D) == 2);
     /* same-dtype copy of integers */
     int32_t ia[5] = {1, -2, 3, 1 << 30, 5}, ib[5] = {0};
     tensor_t IA = tensor_1d(ia, DT_I32, 5), IB = tensor_1d(ib, DT_I32, 5);
-    kern_copy(&IB, &IA);
+    kern_copy(kern_stream_host(), &IB, &IA);
     CHECK(!memcmp(ia, ib, sizeof ia));
     free(f), free(bf), free(hf), free(d), free(back), free(h2);
 }
@@ -318,22 +318,22 @@ static void test_empty_tensors(void)
     tensor_t X = tensor_2d(NULL, DT_F32, 0, 4), W = tensor_2d(w, DT_F32, 3, 4);
     tensor_t O = tensor_2d(NULL, DT_F32, 0, 3), Bt = tensor_1d(b, DT_F32, 3);
     tensor_t dW = tensor_2d(dw, DT_F32, 3, 4), dX = tensor_2d(NULL, DT_F32, 0, 4);
-    kern_linear_fwd(&O, &X, &W, &Bt);
-    kern_linear_bwd(&dX, &dW, NULL, &O, &X, &W);
+    kern_linear_fwd(kern_stream_host(), &O, &X, &W, &Bt);
+    kern_linear_bwd(kern_stream_host(), &dX, &dW, NULL, &O, &X, &W);
     int bad = 0;
     for (int i = 0; i < 12; i++) bad += dw[i] != 1.0f; /* += of an empty sum */
     CHECK(bad == 0);
     tensor_t A = tensor_2d(NULL, DT_F32, 0, 5), Bm = tensor_2d(NULL, DT_F32, 5, 0);
     tensor_t C = tensor_2d(NULL, DT_F32, 0, 0);
-    kern_matmul(&C, &A, &Bm, false, false, 1, 0);
+    kern_matmul(kern_stream_host(), &C, &A, &Bm, false, false, 1, 0);
     tensor_t Q = tensor_4d(NULL, DT_F32, 1, 0, 2, 4), K = tensor_4d(q, DT_F32, 1, 2, 2, 4);
     tensor_t Oa = tensor_4d(NULL, DT_F32, 1, 0, 2, 4), L = tensor_3d(NULL, DT_F32, 1, 2, 0);
-    kern_attention_fwd(&Oa, &L, &Q, &K, &K, 0.5f, true, 2);
-    kern_attention_bwd(NULL, NULL, NULL, &Oa, &Q, &K, &K, &Oa, &L, 0.5f, true, 2);
+    kern_attention_fwd(kern_stream_host(), &Oa, &L, &Q, &K, &K, 0.5f, true, 2);
+    kern_attention_bwd(kern_stream_host(), NULL, NULL, NULL, &Oa, &Q, &K, &K, &Oa, &L, 0.5f, true, 2);
     tensor_t Lg = tensor_2d(NULL, DT_F32, 0, 7), Tg = tensor_1d(NULL, DT_I32, 0);
     tensor_t Ls = tensor_1d(NULL, DT_F32, 0);
-    CHECK(kern_xent_fwd_bwd(&Ls, NULL, &Lg, &Tg, 1, -100) == 0);
-    CHECK(kern_sumsq(&X) == 0.0 && kern_count_nonfinite(&X) == 0);
+    kern_xent_fwd_bwd(kern_stream_host(), &Ls, NULL, &Lg, &Tg, 1, -100);
+    CHECK(kern_sumsq(kern_stream_host(), &X) == 0.0 && kern_count_nonfinite(kern_stream_host(), &X) == 0);
 }
 
 /* ---- dispatch argument checks ---------------------------------------------- */
@@ -343,7 +343,7 @@ static void bad_matmul_inner(void *arg)
     float buf[64];
     tensor_t a = tensor_2d(buf, DT_F32, 3, 4), b = tensor_2d(buf, DT_F32, 5, 2);
     tensor_t c = tensor_2d(buf + 32, DT_F32, 3, 2);
-    kern_matmul(&c, &a, &b, false, false, 1, 0);
+    kern_matmul(kern_stream_host(), &c, &a, &b, false, false, 1, 0);
 }
 
 static void bad_linear_dtype(void *arg)
@@ -351,7 +351,7 @@ static void bad_linear_dtype(void *arg)
     float buf[64];
     tensor_t x = tensor_2d(buf, DT_F32, 2, 4), w = tensor_2d(buf, DT_BF16, 3, 4);
     tensor_t o = tensor_2d(buf + 32, DT_F32, 2, 3);
-    kern_linear_fwd(&o, &x, &w, NULL);
+    kern_linear_fwd(kern_stream_host(), &o, &x, &w, NULL);
 }
 
 static void bad_noncontig(void *arg)
@@ -359,7 +359,7 @@ static void bad_noncontig(void *arg)
     float buf[64];
     tensor_t a = tensor_2d(buf, DT_F32, 4, 4);
     a.stride[0] = 1, a.stride[1] = 4;
-    kern_scale(&a, 2);
+    kern_scale(kern_stream_host(), &a, 2);
 }
 
 static void bad_cuda(void *arg)
@@ -367,14 +367,21 @@ static void bad_cuda(void *arg)
     float buf[4];
     tensor_t a = tensor_1d(buf, DT_F32, 4);
     a.device.kind = DEV_CUDA;
-    kern_scale(&a, 2);
+    kern_scale(kern_stream_host(), &a, 2);
+}
+
+static void bad_fenced_on_host(void *arg)
+{
+    float buf[4];
+    tensor_t a = tensor_on(tensor_1d(buf, DT_F32, 4), (device_t){DEV_FENCED, 0});
+    kern_scale(kern_stream_host(), &a, 2);
 }
 
 static void bad_bf16_compute(void *arg)
 {
     uint16_t buf[4];
     tensor_t a = tensor_1d(buf, DT_BF16, 4);
-    kern_scale(&a, 2);
+    kern_scale(kern_stream_host(), &a, 2);
 }
 
 static void bad_gqa(void *arg)
@@ -382,7 +389,7 @@ static void bad_gqa(void *arg)
     float buf[256];
     tensor_t q = tensor_4d(buf, DT_F32, 1, 2, 3, 4), k = tensor_4d(buf, DT_F32, 1, 2, 2, 4);
     tensor_t o = tensor_4d(buf, DT_F32, 1, 2, 3, 4), l = tensor_3d(buf, DT_F32, 1, 3, 2);
-    kern_attention_fwd(&o, &l, &q, &k, &k, 1, true, 0);
+    kern_attention_fwd(kern_stream_host(), &o, &l, &q, &k, &k, 1, true, 0);
 }
 
 static void bad_device_mix(void *arg)
@@ -390,7 +397,7 @@ static void bad_device_mix(void *arg)
     float buf[8];
     tensor_t a = tensor_1d(buf, DT_F32, 4), b = tensor_1d(buf + 4, DT_F32, 4);
     b.device.index = 1;
-    kern_axpy(&a, 1, &b);
+    kern_axpy(kern_stream_host(), &a, 1, &b);
 }
 
 static void test_dispatch_misuse_panics(void)
@@ -398,10 +405,11 @@ static void test_dispatch_misuse_panics(void)
     CHECK(kt_panics(bad_matmul_inner, NULL, "kern_matmul: inner dims differ"));
     CHECK(kt_panics(bad_linear_dtype, NULL, "kern_linear_fwd: w is bf16, expected f32"));
     CHECK(kt_panics(bad_noncontig, NULL, "kern_scale: t f32[4,4] is not contiguous"));
-    CHECK(kt_panics(bad_cuda, NULL, "kern_scale: cuda kernels are not built"));
+    CHECK(kt_panics(bad_cuda, NULL, "kern_scale: t is on cuda:0 but the call runs on cpu"));
+    CHECK(kt_panics(bad_fenced_on_host, NULL, "kern_scale: t is on fenced but the call runs on cpu"));
     CHECK(kt_panics(bad_bf16_compute, NULL, "kern_scale: the cpu backend has no bf16 kernel"));
     CHECK(kt_panics(bad_gqa, NULL, "3 query heads are not a multiple of 2 kv heads"));
-    CHECK(kt_panics(bad_device_mix, NULL, "kern_axpy: x is on cpu:1"));
+    CHECK(kt_panics(bad_device_mix, NULL, "kern_axpy: x is on cpu:1 but the call runs on cpu"));
 }
 
 int main(int argc, char **argv)

@@ -59,8 +59,7 @@ static void test_xent_fwd_bwd(void)
         for (int64_t n = 0; n < N; n++) ref[n] = t[n] == IGNORE ? 0 : ref_row_loss(c.x + n * V, V, t[n]);
         tensor_t L = tensor_1d(losses, DT_F32, N), X = tensor_2d(x, DT_F32, N, V);
         tensor_t Tg = tensor_1d(t, DT_I32, N), DL = tensor_2d(dl, DT_F32, N, V);
-        int64_t got = kern_xent_fwd_bwd(&L, &DL, &X, &Tg, dloss, IGNORE);
-        CHECK(got == scored);
+        kern_xent_fwd_bwd(kern_stream_host(), &L, &DL, &X, &Tg, dloss, IGNORE);
         kt_close("xent losses", losses, ref, N, 1e-5);
         kt_fd_check("xent dlogits", c.x, N * V, dl, NULL, xent_loss, &c, 400, 1e-4, &rng);
         int bad = 0;
@@ -70,7 +69,7 @@ static void test_xent_fwd_bwd(void)
         /* without dlogits: same losses */
         float *l2 = kt_alloc(N);
         tensor_t L2 = tensor_1d(l2, DT_F32, N);
-        CHECK(kern_xent_fwd_bwd(&L2, NULL, &X, &Tg, dloss, IGNORE) == scored);
+        kern_xent_fwd_bwd(kern_stream_host(), &L2, NULL, &X, &Tg, dloss, IGNORE);
         CHECK(!memcmp(l2, losses, (size_t)N * sizeof *l2));
         free(x), free(t), free(losses), free(dl), free(c.x), free(ref), free(l2);
     }
@@ -89,7 +88,7 @@ static void xent_vp_case(int64_t N, int64_t V, int shards, uint64_t seed)
     float *full_l = kt_alloc(N), *full_d = kt_alloc(N * V);
     tensor_t FL = tensor_1d(full_l, DT_F32, N), FD = tensor_2d(full_d, DT_F32, N, V);
     tensor_t X = tensor_2d(x, DT_F32, N, V), Tg = tensor_1d(t, DT_I32, N);
-    kern_xent_fwd_bwd(&FL, &FD, &X, &Tg, dloss, IGNORE);
+    kern_xent_fwd_bwd(kern_stream_host(), &FL, &FD, &X, &Tg, dloss, IGNORE);
 
     int64_t start[4];
     for (int s = 0; s <= shards; s++) start[s] = V * s / shards;
@@ -104,7 +103,7 @@ static void xent_vp_case(int64_t N, int64_t V, int shards, uint64_t seed)
         for (int64_t n = 0; n < N; n++)
             memcpy(xs[s] + n * Vr, x + n * V + start[s], (size_t)Vr * sizeof *x);
         tensor_t Xs = tensor_2d(xs[s], DT_F32, N, Vr), M = tensor_1d(m, DT_F32, N);
-        kern_xent_vp_max(&M, &Xs);
+        kern_xent_vp_max(kern_stream_host(), &M, &Xs);
         for (int64_t n = 0; n < N; n++) gmax[n] = m[n] > gmax[n] ? m[n] : gmax[n]; /* MAX */
     }
     tensor_t GM = tensor_1d(gmax, DT_F32, N), SE = tensor_1d(se, DT_F32, N);
@@ -113,15 +112,15 @@ static void xent_vp_case(int64_t N, int64_t V, int shards, uint64_t seed)
     for (int s = 0; s < shards; s++) {
         int64_t Vr = start[s + 1] - start[s];
         tensor_t Xs = tensor_2d(xs[s], DT_F32, N, Vr);
-        kern_xent_vp_sum(&SE, &TL, &Xs, &GM, &Tg, start[s], IGNORE);
+        kern_xent_vp_sum(kern_stream_host(), &SE, &TL, &Xs, &GM, &Tg, start[s], IGNORE);
         for (int64_t n = 0; n < N; n++) gsum[n] += se[n], gtgt[n] += tl[n]; /* SUM */
     }
     for (int s = 0; s < shards; s++) {
         int64_t Vr = start[s + 1] - start[s];
         float *d = kt_rand(&rng, N * Vr, 7, 8); /* overwritten */
         tensor_t Xs = tensor_2d(xs[s], DT_F32, N, Vr), D = tensor_2d(d, DT_F32, N, Vr);
-        CHECK(kern_xent_vp_finish(&LS, &D, &Xs, &GM, &GS, &GT, &Tg, start[s], dloss, IGNORE) ==
-              scored);
+        kern_xent_vp_finish(kern_stream_host(), &LS, &D, &Xs, &GM, &GS, &GT, &Tg, start[s], dloss,
+                            IGNORE);
         for (int64_t n = 0; n < N; n++) memcpy(sd + n * V + start[s], d + n * Vr, (size_t)Vr * 4);
         double *rl = kt_to_d(full_l, N);
         kt_close("vp losses", ls, rl, N, 1e-5); /* every rank gets the full loss */
@@ -147,7 +146,7 @@ static void bad_target(void *arg)
     float x[6] = {0}, l[2];
     int32_t t[2] = {1, 3};
     tensor_t X = tensor_2d(x, DT_F32, 2, 3), L = tensor_1d(l, DT_F32, 2), T = tensor_1d(t, DT_I32, 2);
-    kern_xent_fwd_bwd(&L, NULL, &X, &T, 1, IGNORE);
+    kern_xent_fwd_bwd(kern_stream_host(), &L, NULL, &X, &T, 1, IGNORE);
 }
 
 static void test_xent_target_out_of_vocab_panics(void)

@@ -17,7 +17,7 @@ static void test_embedding_fwd_bwd_shards(void)
     float *out = kt_alloc(N * C), *dout = kt_rand(&rng, N * C, -1, 1);
     tensor_t T = tensor_2d(table, DT_F32, Vtot, C), I = tensor_1d(ids, DT_I32, N);
     tensor_t O = tensor_2d(out, DT_F32, N, C), dO = tensor_2d(dout, DT_F32, N, C);
-    kern_embedding_fwd(&O, &T, &I, 0);
+    kern_embedding_fwd(kern_stream_host(), &O, &T, &I, 0);
     int bad = 0;
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++) bad += out[n * C + c] != table[ids[n] * C + c];
@@ -26,7 +26,7 @@ static void test_embedding_fwd_bwd_shards(void)
     /* backward: the loss is linear in the table, so the gradient is exact */
     float *d0 = kt_rand(&rng, Vtot * C, -1, 1), *dt = kt_dup(d0, Vtot * C);
     tensor_t DT = tensor_2d(dt, DT_F32, Vtot, C);
-    kern_embedding_bwd(&DT, &dO, &I, 0);
+    kern_embedding_bwd(kern_stream_host(), &DT, &dO, &I, 0);
     double *ref = kt_alloc_d(Vtot * C);
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++) ref[ids[n] * C + c] += dout[n * C + c];
@@ -40,7 +40,7 @@ static void test_embedding_fwd_bwd_shards(void)
         int64_t V = starts[s + 1] - starts[s];
         tensor_t Ts = tensor_2d(table + starts[s] * C, DT_F32, V, C);
         tensor_t P = tensor_2d(part, DT_F32, N, C);
-        kern_embedding_fwd(&P, &Ts, &I, starts[s]);
+        kern_embedding_fwd(kern_stream_host(), &P, &Ts, &I, starts[s]);
         for (int64_t n = 0; n < N; n++) {
             bool mine = ids[n] >= starts[s] && ids[n] < starts[s + 1];
             for (int64_t c = 0; c < C; c++) {
@@ -50,7 +50,7 @@ static void test_embedding_fwd_bwd_shards(void)
         }
         float *ds = kt_dup(d0 + starts[s] * C, V * C);
         tensor_t DS = tensor_2d(ds, DT_F32, V, C);
-        kern_embedding_bwd(&DS, &dO, &I, starts[s]);
+        kern_embedding_bwd(kern_stream_host(), &DS, &dO, &I, starts[s]);
         bad += memcmp(ds, dt + starts[s] * C, (size_t)(V * C) * sizeof *ds) != 0;
         free(ds);
     }
@@ -107,10 +107,10 @@ static void test_rmsnorm_fwd_bwd(void)
         tensor_t O = tensor_2d(out, DT_F32, N, C), Rs = tensor_1d(rstd, DT_F32, N);
         tensor_t dO = tensor_2d(dout, DT_F32, N, C), dX = tensor_2d(dx, DT_F32, N, C);
         tensor_t dW = tensor_1d(dw, DT_F32, C);
-        kern_rmsnorm_fwd(&O, &Rs, &X, &W, eps);
+        kern_rmsnorm_fwd(kern_stream_host(), &O, &Rs, &X, &W, eps);
         kt_close("rmsnorm out", out, ref, N * C, 1e-6);
         kt_close("rmsnorm rstd", rstd, rref, N, 1e-6);
-        kern_rmsnorm_bwd(&dX, &dW, &dO, &X, &W, &Rs);
+        kern_rmsnorm_bwd(kern_stream_host(), &dX, &dW, &dO, &X, &W, &Rs);
         kt_fd_check("rmsnorm dx", c.x, N * C, dx, dx0, rms_loss, &c, 300, 1e-4, &rng);
         kt_fd_check("rmsnorm dw", c.w, C, dw, dw0, rms_loss, &c, 300, 1e-4, &rng);
         free(x), free(w), free(out), free(rstd), free(dout), free(dx0), free(dw0), free(dx);
@@ -123,7 +123,7 @@ static void test_rmsnorm_fwd_bwd(void)
     ref_rmsnorm(ref, NULL, &c);
     tensor_t X = tensor_2d(x, DT_F32, 1, 4), W = tensor_1d(w, DT_F32, 4);
     tensor_t O = tensor_2d(o, DT_F32, 1, 4), R = tensor_1d(r, DT_F32, 1);
-    kern_rmsnorm_fwd(&O, &R, &X, &W, 1e-6f);
+    kern_rmsnorm_fwd(kern_stream_host(), &O, &R, &X, &W, 1e-6f);
     kt_close("rmsnorm small", o, ref, 4, 1e-5);
     free(c.x), free(c.w);
 }
@@ -188,13 +188,13 @@ static void test_rope_fwd_bwd(void)
         tensor_t Cs = tensor_2d(cosf_, DT_F32, P, half), Sn = tensor_2d(sinf_, DT_F32, P, half);
         tensor_t Ps = tensor_1d(pos, DT_I32, B * T), dO = tensor_4d(dout, DT_F32, B, T, H, D);
         tensor_t dX = tensor_4d(dx, DT_F32, B, T, H, D);
-        kern_rope_fwd(&O, &X, &Cs, &Sn, &Ps);
+        kern_rope_fwd(kern_stream_host(), &O, &X, &Cs, &Sn, &Ps);
         kt_close("rope fwd", out, ref, n, 1e-6);
         float *xi = kt_dup(x, n); /* in place: out aliases x */
         tensor_t Xi = tensor_4d(xi, DT_F32, B, T, H, D);
-        kern_rope_fwd(&Xi, &Xi, &Cs, &Sn, &Ps);
+        kern_rope_fwd(kern_stream_host(), &Xi, &Xi, &Cs, &Sn, &Ps);
         CHECK(!memcmp(xi, out, (size_t)n * sizeof *xi));
-        kern_rope_bwd(&dX, &dO, &Cs, &Sn, &Ps);
+        kern_rope_bwd(kern_stream_host(), &dX, &dO, &Cs, &Sn, &Ps);
         kt_fd_check("rope dx", c.x, n, dx, dx0, rope_loss, &c, 300, 1e-5, &rng);
         free(cosf_), free(sinf_), free(pos), free(x), free(out), free(dout), free(dx0), free(dx);
         free(cd), free(sd), free(c.x), free(c.R), free(ref), free(xi);
@@ -207,7 +207,7 @@ static void bad_rope_pos(void *arg)
     int32_t pos[2] = {0, 2};
     tensor_t X = tensor_4d(x, DT_F32, 1, 2, 1, 4), C = tensor_2d(t, DT_F32, 2, 2);
     tensor_t P = tensor_1d(pos, DT_I32, 2);
-    kern_rope_fwd(&X, &X, &C, &C, &P);
+    kern_rope_fwd(kern_stream_host(), &X, &X, &C, &C, &P);
 }
 
 static void test_rope_position_out_of_table_panics(void)
@@ -245,14 +245,14 @@ static void test_swiglu_fwd_bwd(void)
         tensor_t G = tensor_1d(g, DT_F32, n), U = tensor_1d(u, DT_F32, n);
         tensor_t O = tensor_1d(o, DT_F32, n), dO = tensor_1d(dout, DT_F32, n);
         tensor_t dG = tensor_1d(dg, DT_F32, n), dU = tensor_1d(du, DT_F32, n);
-        kern_swiglu_fwd(&O, &G, &U);
+        kern_swiglu_fwd(kern_stream_host(), &O, &G, &U);
         kt_close("swiglu fwd", o, ref, n, 1e-6);
-        kern_swiglu_bwd(&dG, &dU, &dO, &G, &U);
+        kern_swiglu_bwd(kern_stream_host(), &dG, &dU, &dO, &G, &U);
         kt_fd_check("swiglu dgate", c.g, n, dg, dg0, swiglu_loss, &c, 300, 1e-5, &rng);
         kt_fd_check("swiglu dup", c.u, n, du, du0, swiglu_loss, &c, 300, 1e-5, &rng);
         float *du2 = kt_dup(du0, n);
         tensor_t dU2 = tensor_1d(du2, DT_F32, n);
-        kern_swiglu_bwd(NULL, &dU2, &dO, &G, &U);
+        kern_swiglu_bwd(kern_stream_host(), NULL, &dU2, &dO, &G, &U);
         CHECK(!memcmp(du2, du, (size_t)n * sizeof *du));
         free(g), free(u), free(o), free(dout), free(dg0), free(du0), free(dg), free(du);
         free(du2), free(c.g), free(c.u), free(c.R), free(ref);

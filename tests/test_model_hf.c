@@ -272,7 +272,7 @@ static void test_hf_stages_tied(void)
     CHECK_NEAR(sum / (double)r.n_scored, r.loss, LOSS_RTOL, 0);
     /* sum the two embedding gradients into stage 0's, then compare all */
     tensor_t *g0 = &m0->grads[m0->embed].t;
-    kern_axpy(g0, 1.0f, &m1->grads[m1->lm_head].t);
+    kern_axpy(kern_stream_host(), g0, 1.0f, &m1->grads[m1->lm_head].t);
     grads_check(m0, &r, "tied stage 0 (+ head copy)");
     for (int i = 0; i < m1->n_params; i++) {
         if (i == m1->lm_head) continue;

@@ -1,7 +1,7 @@
 /* kernels/tensor.c: dtypes, views, bf16/f16 conversions. The conversion
  * references are built from first principles (ldexp decoding, nearest
  * representable by exhaustive neighbour search), not from the code tested. */
-#include "kernels/tensor.h"
+#include "base/tensor.h"
 #include "tests/test_kernels_common.h"
 
 #include <float.h>

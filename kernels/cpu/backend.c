@@ -1,150 +1,312 @@
-/* The CPU backend's ops table: fp32 compute, all float dtypes for copy and
- * the reductions. The adapters only turn the dispatch's void pointers into
- * the float pointers of the layer files; kernels.c guarantees the dtype. */
+/* The CPU backend: host memory, streams that run every op at once on the
+ * calling thread, fp32 compute (all float dtypes for copy and the
+ * reductions). The adapters turn the dispatch's checked tensors into the
+ * pointers and dimensions of the layer files. */
 #include "kernels/cpu/cpu.h"
 
-static void cpu_op_matmul(void *c, const void *a, const void *b, dtype_t dt, int64_t M, int64_t N,
-                          int64_t K, bool trans_a, bool trans_b, float alpha, float beta)
+#include <stdlib.h>
+#include <string.h>
+
+#define F32 (1u << DT_F32)
+
+/* ---- devices, memory, streams --------------------------------------------- */
+
+static bool cpu_usable(int index, char *why, size_t cap)
 {
-    cpu_matmul(c, a, b, M, N, K, trans_a, trans_b, alpha, beta);
+    (void)why, (void)cap;
+    return index == 0;
 }
 
-static void cpu_op_linear_fwd(void *out, const void *x, const void *w, const void *bias,
-                              dtype_t dt, int64_t N, int64_t IC, int64_t OC)
+static bt_status_t cpu_mem_alloc(int index, size_t nbytes, void **out)
 {
-    cpu_linear_fwd(out, x, w, bias, N, IC, OC);
+    (void)index;
+    /* 64-byte aligned rows for the vector code; never NULL for 0 bytes */
+    void *p = aligned_alloc(64, (nbytes + 63) / 64 * 64 + (nbytes == 0 ? 64 : 0));
+    if (!p) return BT_ERR_NOMEM;
+    *out = p;
+    return BT_OK;
 }
 
-static void cpu_op_linear_bwd(void *dx, void *dw, void *dbias, const void *dout, const void *x,
-                              const void *w, dtype_t dt, int64_t N, int64_t IC, int64_t OC)
+static void cpu_mem_free(int index, void *p)
 {
-    cpu_linear_bwd(dx, dw, dbias, dout, x, w, N, IC, OC);
+    (void)index;
+    free(p);
 }
 
-static void cpu_op_add(void *out, const void *a, const void *b, dtype_t dt, int64_t n)
+typedef struct {
+    kern_stream_t base;
+} cpu_stream_t;
+
+typedef struct {
+    kern_event_t base;
+} cpu_event_t;
+
+static bt_status_t cpu_stream_create(int index, kern_stream_t **out)
 {
-    cpu_add(out, a, b, n);
+    cpu_stream_t *s = calloc(1, sizeof *s);
+    if (!s) return BT_ERR_NOMEM;
+    s->base.be = &kern_cpu_backend;
+    s->base.dev = (device_t){DEV_CPU, index};
+    *out = &s->base;
+    return BT_OK;
 }
 
-static void cpu_op_axpy(void *y, float alpha, const void *x, dtype_t dt, int64_t n)
+static void cpu_stream_destroy(kern_stream_t *s) { free(s); }
+static bt_status_t cpu_stream_sync(kern_stream_t *s) { return s->error; }
+
+static bt_status_t cpu_stream_notify(kern_stream_t *s, kern_notify_fn fn, void *arg)
 {
-    cpu_axpy(y, alpha, x, n);
+    fn(arg, s->error);
+    return BT_OK;
 }
 
-static void cpu_op_scale(void *p, float s, dtype_t dt, int64_t n) { cpu_scale(p, s, n); }
-
-static void cpu_op_embedding_fwd(void *out, const void *table, const int32_t *ids, dtype_t dt,
-                                 int64_t N, int64_t V, int64_t C, int64_t vocab_start)
+static bt_status_t cpu_stream_reserve(kern_stream_t *s, size_t nbytes)
 {
-    cpu_embedding_fwd(out, table, ids, N, V, C, vocab_start);
+    (void)s, (void)nbytes; /* the layer files allocate their own host scratch */
+    return BT_OK;
 }
 
-static void cpu_op_embedding_bwd(void *dtable, const void *dout, const int32_t *ids, dtype_t dt,
-                                 int64_t N, int64_t V, int64_t C, int64_t vocab_start)
+static bt_status_t cpu_event_create(int index, kern_event_t **out)
 {
-    cpu_embedding_bwd(dtable, dout, ids, N, V, C, vocab_start);
+    cpu_event_t *e = calloc(1, sizeof *e);
+    if (!e) return BT_ERR_NOMEM;
+    e->base.be = &kern_cpu_backend;
+    e->base.dev = (device_t){DEV_CPU, index};
+    *out = &e->base;
+    return BT_OK;
 }
 
-static void cpu_op_rmsnorm_fwd(void *out, float *rstd, const void *x, const void *w, dtype_t dt,
-                               int64_t N, int64_t C, float eps)
+static void cpu_event_destroy(kern_event_t *e) { free(e); }
+/* work is done when queued: an event is always complete */
+static void cpu_event_record(kern_event_t *e, kern_stream_t *s) { (void)e, (void)s; }
+static void cpu_stream_wait(kern_stream_t *s, kern_event_t *e) { (void)e, (void)s; }
+
+static void cpu_upload(kern_stream_t *s, void *dst, const void *host, size_t n)
 {
-    cpu_rmsnorm_fwd(out, rstd, x, w, N, C, eps);
+    (void)s;
+    memcpy(dst, host, n);
 }
 
-static void cpu_op_rmsnorm_bwd(void *dx, void *dw, const void *dout, const void *x, const void *w,
-                               const float *rstd, dtype_t dt, int64_t N, int64_t C)
+static void cpu_download(kern_stream_t *s, void *host, const void *src, size_t n)
 {
-    cpu_rmsnorm_bwd(dx, dw, dout, x, w, rstd, N, C);
+    (void)s;
+    memcpy(host, src, n);
 }
 
-static void cpu_op_rope_fwd(void *out, const void *x, const float *cos, const float *sin,
-                            const int32_t *pos, dtype_t dt, int64_t BT, int64_t H, int64_t D,
-                            int64_t P)
+/* ---- compute ------------------------------------------------------------------ */
+
+static void cpu_op_matmul(kern_stream_t *s, tensor_t *c, ct_t *a, ct_t *b, bool ta, bool tb,
+                          float alpha, float beta)
 {
-    cpu_rope_fwd(out, x, cos, sin, pos, BT, H, D, P);
+    int64_t M = tensor_rows(c), N = tensor_cols(c);
+    int64_t K = ta ? tensor_rows(a) : tensor_cols(a);
+    cpu_matmul(c->data, a->data, b->data, M, N, K, ta, tb, alpha, beta);
 }
 
-static void cpu_op_rope_bwd(void *dx, const void *dout, const float *cos, const float *sin,
-                            const int32_t *pos, dtype_t dt, int64_t BT, int64_t H, int64_t D,
-                            int64_t P)
+static void cpu_op_linear_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w, ct_t *bias)
 {
-    cpu_rope_bwd(dx, dout, cos, sin, pos, BT, H, D, P);
+    cpu_linear_fwd(out->data, x->data, w->data, bias ? bias->data : NULL, tensor_rows(x),
+                   tensor_cols(x), w->shape[0]);
 }
 
-static void cpu_op_attention_fwd(void *out, float *lse, const void *q, const void *k,
-                                 const void *v, dtype_t dt, const kern_attn_shape_t *s)
+static void cpu_op_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+                              ct_t *dout, ct_t *x, ct_t *w)
 {
-    cpu_attention_fwd(out, lse, q, k, v, s);
+    cpu_linear_bwd(dx ? dx->data : NULL, dw ? dw->data : NULL, dbias ? dbias->data : NULL,
+                   dout->data, x->data, w->data, tensor_rows(x), tensor_cols(x), w->shape[0]);
 }
 
-static void cpu_op_attention_bwd(void *dq, void *dk, void *dv, const void *dout, const void *q,
-                                 const void *k, const void *v, const void *out, const float *lse,
-                                 dtype_t dt, const kern_attn_shape_t *s)
+static void cpu_op_zero(kern_stream_t *s, tensor_t *t) { cpu_zero(t->data, tensor_nbytes(t)); }
+
+static void cpu_op_copy(kern_stream_t *s, tensor_t *dst, ct_t *src)
 {
-    cpu_attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, s);
+    cpu_copy(dst->data, dst->dtype, src->data, src->dtype, tensor_numel(dst));
 }
 
-static void cpu_op_swiglu_fwd(void *out, const void *gate, const void *up, dtype_t dt, int64_t n)
+static void cpu_op_add(kern_stream_t *s, tensor_t *out, ct_t *a, ct_t *b)
 {
-    cpu_swiglu_fwd(out, gate, up, n);
+    cpu_add(out->data, a->data, b->data, tensor_numel(out));
 }
 
-static void cpu_op_swiglu_bwd(void *dgate, void *dup, const void *dout, const void *gate,
-                              const void *up, dtype_t dt, int64_t n)
+static void cpu_op_axpy(kern_stream_t *s, tensor_t *y, float alpha, ct_t *x)
 {
-    cpu_swiglu_bwd(dgate, dup, dout, gate, up, n);
+    cpu_axpy(y->data, alpha, x->data, tensor_numel(y));
 }
 
-static int64_t cpu_op_xent_fwd_bwd(float *losses, void *dlogits, const void *logits,
-                                   const int32_t *targets, dtype_t dt, int64_t N, int64_t V,
-                                   float dloss, int32_t ignore_index)
+static void cpu_op_scale(kern_stream_t *s, tensor_t *t, float f)
 {
-    return cpu_xent_fwd_bwd(losses, dlogits, logits, targets, N, V, dloss, ignore_index);
+    cpu_scale(t->data, f, tensor_numel(t));
 }
 
-static void cpu_op_xent_vp_max(float *row_max, const void *logits, dtype_t dt, int64_t N,
-                               int64_t V)
+static double cpu_op_sumsq(kern_stream_t *s, ct_t *t)
 {
-    cpu_xent_vp_max(row_max, logits, N, V);
+    return cpu_sumsq(t->data, t->dtype, tensor_numel(t));
 }
 
-static void cpu_op_xent_vp_sum(float *sumexp, float *tgt_logit, const void *logits,
-                               const float *gmax, const int32_t *targets, dtype_t dt, int64_t N,
-                               int64_t V, int64_t vocab_start, int32_t ignore_index)
+static int64_t cpu_op_count_nonfinite(kern_stream_t *s, ct_t *t)
 {
-    cpu_xent_vp_sum(sumexp, tgt_logit, logits, gmax, targets, N, V, vocab_start, ignore_index);
+    return cpu_count_nonfinite(t->data, t->dtype, tensor_numel(t));
 }
 
-static int64_t cpu_op_xent_vp_finish(float *losses, void *dlogits, const void *logits,
-                                     const float *gmax, const float *sumexp,
-                                     const float *tgt_logit, const int32_t *targets, dtype_t dt,
-                                     int64_t N, int64_t V, int64_t vocab_start, float dloss,
-                                     int32_t ignore_index)
+static void cpu_op_embedding_fwd(kern_stream_t *s, tensor_t *out, ct_t *table, ct_t *ids,
+                                 int64_t vocab_start)
 {
-    return cpu_xent_vp_finish(losses, dlogits, logits, gmax, sumexp, tgt_logit, targets, N, V,
-                              vocab_start, dloss, ignore_index);
+    cpu_embedding_fwd(out->data, table->data, ids->data, tensor_rows(out), table->shape[0],
+                      table->shape[1], vocab_start);
 }
 
-static void cpu_op_adamw(void *param, const void *grad, float *m, float *v, dtype_t dt, int64_t n,
-                         const adamw_args_t *args)
+static void cpu_op_embedding_bwd(kern_stream_t *s, tensor_t *dtable, ct_t *dout, ct_t *ids,
+                                 int64_t vocab_start)
 {
-    cpu_adamw(param, grad, m, v, n, args);
+    cpu_embedding_bwd(dtable->data, dout->data, ids->data, tensor_rows(dout), dtable->shape[0],
+                      dtable->shape[1], vocab_start);
 }
 
-const kern_backend_ops_t kern_cpu_ops = {
+static void cpu_op_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, ct_t *x, ct_t *w,
+                               float eps)
+{
+    cpu_rmsnorm_fwd(out->data, rstd->data, x->data, w->data, tensor_rows(x), tensor_cols(x), eps);
+}
+
+static void cpu_op_rmsnorm_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout, ct_t *x,
+                               ct_t *w, ct_t *rstd)
+{
+    cpu_rmsnorm_bwd(dx ? dx->data : NULL, dw ? dw->data : NULL, dout->data, x->data, w->data,
+                    rstd->data, tensor_rows(x), tensor_cols(x));
+}
+
+/* x as [BT, H, D] */
+static void rope_dims(ct_t *x, ct_t *cos, int64_t *BT, int64_t *H, int64_t *D, int64_t *P)
+{
+    *D = x->shape[x->ndim - 1];
+    *H = x->shape[x->ndim - 2];
+    *BT = *D * *H > 0 ? tensor_numel(x) / (*D * *H) : 0;
+    *P = cos->shape[0];
+}
+
+static void cpu_op_rope_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *cos, ct_t *sin,
+                            ct_t *pos)
+{
+    int64_t BT, H, D, P;
+    rope_dims(x, cos, &BT, &H, &D, &P);
+    cpu_rope_fwd(out->data, x->data, cos->data, sin->data, pos->data, BT, H, D, P);
+}
+
+static void cpu_op_rope_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *cos, ct_t *sin,
+                            ct_t *pos)
+{
+    int64_t BT, H, D, P;
+    rope_dims(dout, cos, &BT, &H, &D, &P);
+    cpu_rope_bwd(dx->data, dout->data, cos->data, sin->data, pos->data, BT, H, D, P);
+}
+
+static void cpu_op_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *q, ct_t *k,
+                                 ct_t *v, const kern_attn_shape_t *sh)
+{
+    cpu_attention_fwd(out->data, lse->data, q->data, k->data, v->data, sh);
+}
+
+static void cpu_op_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
+                                 ct_t *dout, ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
+                                 const kern_attn_shape_t *sh)
+{
+    cpu_attention_bwd(dq ? dq->data : NULL, dk ? dk->data : NULL, dv ? dv->data : NULL, dout->data,
+                      q->data, k->data, v->data, out->data, lse->data, sh);
+}
+
+static void cpu_op_swiglu_fwd(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *up)
+{
+    cpu_swiglu_fwd(out->data, gate->data, up->data, tensor_numel(out));
+}
+
+static void cpu_op_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, ct_t *dout,
+                              ct_t *gate, ct_t *up)
+{
+    cpu_swiglu_bwd(dgate ? dgate->data : NULL, dup ? dup->data : NULL, dout->data, gate->data,
+                   up->data, tensor_numel(dout));
+}
+
+static void cpu_op_xent_fwd_bwd(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits, ct_t *logits,
+                                ct_t *targets, float dloss, int32_t ignore_index)
+{
+    cpu_xent_fwd_bwd(losses->data, dlogits ? dlogits->data : NULL, logits->data, targets->data,
+                     tensor_rows(logits), tensor_cols(logits), dloss, ignore_index);
+}
+
+static void cpu_op_xent_vp_max(kern_stream_t *s, tensor_t *row_max, ct_t *logits)
+{
+    cpu_xent_vp_max(row_max->data, logits->data, tensor_rows(logits), tensor_cols(logits));
+}
+
+static void cpu_op_xent_vp_sum(kern_stream_t *s, tensor_t *sumexp, tensor_t *tgt_logit,
+                               ct_t *logits, ct_t *gmax, ct_t *targets, int64_t vocab_start,
+                               int32_t ignore_index)
+{
+    cpu_xent_vp_sum(sumexp->data, tgt_logit->data, logits->data, gmax->data, targets->data,
+                    tensor_rows(logits), tensor_cols(logits), vocab_start, ignore_index);
+}
+
+static void cpu_op_xent_vp_finish(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits,
+                                  ct_t *logits, ct_t *gmax, ct_t *sumexp, ct_t *tgt_logit,
+                                  ct_t *targets, int64_t vocab_start, float dloss,
+                                  int32_t ignore_index)
+{
+    cpu_xent_vp_finish(losses ? losses->data : NULL, dlogits ? dlogits->data : NULL, logits->data,
+                       gmax->data, sumexp->data, tgt_logit->data, targets->data,
+                       tensor_rows(logits), tensor_cols(logits), vocab_start, dloss, ignore_index);
+}
+
+static void cpu_op_adamw(kern_stream_t *s, tensor_t *param, tensor_t *param_copy, ct_t *grad,
+                         tensor_t *m, tensor_t *v, const adamw_args_t *args)
+{
+    int64_t n = tensor_numel(param);
+    cpu_adamw(param->data, grad->data, m->data, v->data, n, args);
+    if (param_copy) cpu_copy(param_copy->data, param_copy->dtype, param->data, DT_F32, n);
+}
+
+const kern_backend_t kern_cpu_backend = {
     .name = "cpu",
-    .compute_dtypes = 1u << DT_F32,
-    .set_threads = cpu_set_threads,
+    .kind = DEV_CPU,
+    .op_dtypes =
+        {
+            [KERN_OP_MATMUL] = F32,
+            [KERN_OP_LINEAR] = F32,
+            [KERN_OP_ELEMENTWISE] = F32,
+            [KERN_OP_REDUCE] = F32 | (1u << DT_BF16) | (1u << DT_F16) | (1u << DT_F64),
+            [KERN_OP_EMBEDDING] = F32,
+            [KERN_OP_RMSNORM] = F32,
+            [KERN_OP_ROPE] = F32,
+            [KERN_OP_ATTENTION] = F32,
+            [KERN_OP_SWIGLU] = F32,
+            [KERN_OP_XENT] = F32,
+            [KERN_OP_ADAMW] = F32,
+        },
+    .usable = cpu_usable,
+    .mem_alloc = cpu_mem_alloc,
+    .mem_free = cpu_mem_free,
+    .host_alloc = cpu_mem_alloc,
+    .host_free = cpu_mem_free,
+    .stream_create = cpu_stream_create,
+    .stream_destroy = cpu_stream_destroy,
+    .stream_sync = cpu_stream_sync,
+    .stream_notify = cpu_stream_notify,
+    .stream_reserve = cpu_stream_reserve,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait = cpu_stream_wait,
+    .upload = cpu_upload,
+    .download = cpu_download,
     .matmul = cpu_op_matmul,
     .linear_fwd = cpu_op_linear_fwd,
     .linear_bwd = cpu_op_linear_bwd,
-    .zero = cpu_zero,
-    .copy = cpu_copy,
+    .zero = cpu_op_zero,
+    .copy = cpu_op_copy,
     .add = cpu_op_add,
     .axpy = cpu_op_axpy,
     .scale = cpu_op_scale,
-    .sumsq = cpu_sumsq,
-    .count_nonfinite = cpu_count_nonfinite,
+    .sumsq = cpu_op_sumsq,
+    .count_nonfinite = cpu_op_count_nonfinite,
     .embedding_fwd = cpu_op_embedding_fwd,
     .embedding_bwd = cpu_op_embedding_bwd,
     .rmsnorm_fwd = cpu_op_rmsnorm_fwd,

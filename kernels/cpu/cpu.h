@@ -33,7 +33,6 @@ void cpu_pool_run(int64_t n_tasks, cpu_task_fn fn, void *arg);
 
 /* matmul.c (OpenBLAS, one thread per call; large products tiled over the
  * pool by shape, so the bits never depend on the thread count) */
-void cpu_set_threads(int n);
 void cpu_matmul(float *c,       /* [M,N] */
                 const float *a, /* [M,K], or [K,M] when trans_a */
                 const float *b, /* [K,N], or [N,K] when trans_b */

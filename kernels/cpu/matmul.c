@@ -12,7 +12,6 @@
 #include <cblas.h>
 #include <stdlib.h>
 
-void cpu_set_threads(int n) { cpu_pool_set_threads(n); }
 
 /* Below this many multiply-adds a product is one call: a tile hand-off
  * costs a few microseconds, 2^18 FMAs take ~20 us on one core. */

@@ -1,8 +1,13 @@
-/* A tensor is dtype, shape, strides, device and data (STYLE.md rule 9).
- * Tensors do not own memory: a view into an allocation someone else owns
- * (the model's parameter block, an activation arena, a message payload). */
-#ifndef BT_KERNELS_TENSOR_H
-#define BT_KERNELS_TENSOR_H
+/* A tensor is dtype, shape, strides, device and data: the one tensor type of
+ * every layer (kernels, model, messages, checkpoints), with the one dtype
+ * table. Tensors do not own memory: a view into an allocation someone else
+ * owns (the model's parameter block, an activation arena, a message
+ * payload). The data of a tensor whose device is not the host (see
+ * device_is_host) is an address on that device: host code may compute
+ * offsets from it but never dereferences it; only the device's backend
+ * (kernels/device.h) reads or writes it. */
+#ifndef BT_BASE_TENSOR_H
+#define BT_BASE_TENSOR_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -19,12 +24,28 @@ typedef enum {
     DT_COUNT,
 } dtype_t;
 
-typedef enum { DEV_CPU = 0, DEV_CUDA, DEV_COUNT } device_kind_t;
+/* DEV_FENCED is the test device: host memory that the host cannot touch
+ * outside the backend's own calls (kernels/fenced/), so that any direct host
+ * access to "device" memory crashes the test that makes it. */
+typedef enum { DEV_CPU = 0, DEV_CUDA, DEV_FENCED, DEV_COUNT } device_kind_t;
 
 typedef struct {
     device_kind_t kind;
     int           index; /* CUDA ordinal; 0 on CPU */
 } device_t;
+
+#define DEVICE_STR_MAX 16
+const char *device_kind_name(device_kind_t k); /* "cpu", "cuda", "fenced" */
+/* "cpu", "cuda", "cuda:N", "fenced" -> *out; false for anything else. */
+bool        device_parse(const char *s, device_t *out);
+/* "cpu", "cuda:1", ... into buf[DEVICE_STR_MAX]; returns buf. */
+const char *device_str(device_t d, char *buf);
+static inline bool device_eq(device_t a, device_t b)
+{
+    return a.kind == b.kind && a.index == b.index;
+}
+/* Whether host code may dereference memory of this device. */
+static inline bool device_is_host(device_t d) { return d.kind == DEV_CPU; }
 
 #define TENSOR_MAX_DIMS 4
 
@@ -40,11 +61,18 @@ typedef struct tensor {
 static const device_t DEVICE_CPU = {DEV_CPU, 0};
 
 size_t      dtype_size(dtype_t dt);
+bool        dtype_is_float(dtype_t dt);   /* f32, f16, bf16, f64 */
 const char *dtype_name(dtype_t dt);        /* "f32", "bf16", ... */
 int         dtype_parse(const char *name); /* -1 when unknown */
 
-/* A contiguous view; ndim in 1..TENSOR_MAX_DIMS. */
+/* A contiguous view; ndim in 1..TENSOR_MAX_DIMS. The _1d.._4d forms are on
+ * the host (DEVICE_CPU); tensor_on() moves a view's device tag. */
 tensor_t tensor_make(void *data, dtype_t dt, device_t dev, int ndim, const int64_t *shape);
+static inline tensor_t tensor_on(tensor_t t, device_t dev)
+{
+    t.device = dev;
+    return t;
+}
 tensor_t tensor_1d(void *data, dtype_t dt, int64_t d0);
 tensor_t tensor_2d(void *data, dtype_t dt, int64_t d0, int64_t d1);
 tensor_t tensor_3d(void *data, dtype_t dt, int64_t d0, int64_t d1, int64_t d2);

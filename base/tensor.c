@@ -1,8 +1,9 @@
-/* Tensor views and scalar dtype conversions (kernels/tensor.h). */
-#include "kernels/tensor.h"
+/* Tensor views and scalar dtype conversions (base/tensor.h). */
+#include "base/tensor.h"
 
 #include "base/log.h"
 
+#include <stdio.h>
 #include <string.h>
 
 typedef struct {
@@ -17,6 +18,54 @@ static const dtype_info_t dtype_infos[] = {
 _Static_assert(sizeof dtype_infos / sizeof dtype_infos[0] == DT_COUNT, "one entry per dtype");
 
 static bool dtype_valid(dtype_t dt) { return (unsigned)dt < (unsigned)DT_COUNT; }
+
+bool dtype_is_float(dtype_t dt)
+{
+    return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16 || dt == DT_F64;
+}
+
+static const char *const device_kind_names[] = {
+    [DEV_CPU] = "cpu", [DEV_CUDA] = "cuda", [DEV_FENCED] = "fenced",
+};
+_Static_assert(sizeof device_kind_names / sizeof device_kind_names[0] == DEV_COUNT,
+               "one name per device kind");
+
+const char *device_kind_name(device_kind_t k)
+{
+    return (unsigned)k < (unsigned)DEV_COUNT ? device_kind_names[k] : "invalid";
+}
+
+bool device_parse(const char *s, device_t *out)
+{
+    if (!s) return false;
+    for (int k = 0; k < DEV_COUNT; k++) {
+        size_t n = strlen(device_kind_names[k]);
+        if (strncmp(s, device_kind_names[k], n)) continue;
+        if (!s[n]) {
+            *out = (device_t){(device_kind_t)k, 0};
+            return true;
+        }
+        /* only cuda has ordinals: "cuda:N" with N in [0, 1023] */
+        if (k != DEV_CUDA || s[n] != ':' || !s[n + 1]) return false;
+        int idx = 0;
+        for (const char *p = s + n + 1; *p; p++) {
+            if (*p < '0' || *p > '9' || idx > 102) return false;
+            idx = idx * 10 + (*p - '0');
+        }
+        if (idx > 1023) return false;
+        *out = (device_t){DEV_CUDA, idx};
+        return true;
+    }
+    return false;
+}
+
+const char *device_str(device_t d, char *buf)
+{
+    if (d.kind == DEV_CUDA || d.index != 0)
+        snprintf(buf, DEVICE_STR_MAX, "%s:%d", device_kind_name(d.kind), d.index);
+    else snprintf(buf, DEVICE_STR_MAX, "%s", device_kind_name(d.kind));
+    return buf;
+}
 
 size_t dtype_size(dtype_t dt)
 {

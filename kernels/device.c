@@ -1,0 +1,197 @@
+/* Devices, memory, streams and copies (kernels/device.h): each call finds
+ * the backend of its device and passes on. */
+#include "kernels/device.h"
+
+#include "base/log.h"
+#include "kernels/backend.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Indexed by device_kind_t. A NULL entry is a backend this binary was built
+ * without. */
+static const kern_backend_t *const kern_backends[] = {
+    [DEV_CPU] = &kern_cpu_backend,
+#ifdef BT_HAVE_CUDA
+    [DEV_CUDA] = &kern_cuda_backend,
+#else
+    [DEV_CUDA] = NULL,
+#endif
+    [DEV_FENCED] = &kern_fenced_backend,
+};
+_Static_assert(sizeof kern_backends / sizeof kern_backends[0] == DEV_COUNT,
+               "one backend entry per device kind");
+
+static const char *const kern_op_names[] = {
+    [KERN_OP_MATMUL] = "matmul",
+    [KERN_OP_LINEAR] = "linear",
+    [KERN_OP_ELEMENTWISE] = "elementwise",
+    [KERN_OP_REDUCE] = "reduce",
+    [KERN_OP_EMBEDDING] = "embedding",
+    [KERN_OP_RMSNORM] = "rmsnorm",
+    [KERN_OP_ROPE] = "rope",
+    [KERN_OP_ATTENTION] = "attention",
+    [KERN_OP_SWIGLU] = "swiglu",
+    [KERN_OP_XENT] = "cross_entropy",
+    [KERN_OP_ADAMW] = "adamw",
+};
+_Static_assert(sizeof kern_op_names / sizeof kern_op_names[0] == KERN_OP_COUNT, "one name per op");
+
+const char *kern_op_name(kern_op_t op)
+{
+    return (unsigned)op < KERN_OP_COUNT ? kern_op_names[op] : "invalid";
+}
+
+/* The backend of dev; panics on a device kind that is not built (callers
+ * check kern_device_usable first: using such a device is a bug). */
+static const kern_backend_t *kern_be(device_t dev, const char *what)
+{
+    if ((unsigned)dev.kind >= DEV_COUNT) BT_PANIC("%s: invalid device kind %d", what, dev.kind);
+    const kern_backend_t *be = kern_backends[dev.kind];
+    if (!be)
+        BT_PANIC("%s: %s kernels are not built into this binary (the CUDA backend needs nvcc "
+                 "and kernels/cuda/*.cu at build time)",
+                 what, device_kind_name(dev.kind));
+    return be;
+}
+
+bool kern_device_usable(device_t dev, char *why, size_t why_cap)
+{
+    if ((unsigned)dev.kind >= DEV_COUNT || !kern_backends[dev.kind]) {
+        snprintf(why, why_cap, "this binary was built without the %s backend%s",
+                 device_kind_name(dev.kind),
+                 dev.kind == DEV_CUDA ? " (build where nvcc is on PATH)" : "");
+        return false;
+    }
+    return kern_backends[dev.kind]->usable(dev.index, why, why_cap);
+}
+
+bool kern_supports(device_t dev, kern_op_t op, dtype_t dt)
+{
+    if ((unsigned)dev.kind >= DEV_COUNT || !kern_backends[dev.kind]) return false;
+    if ((unsigned)op >= KERN_OP_COUNT || (unsigned)dt >= DT_COUNT) return false;
+    return (kern_backends[dev.kind]->op_dtypes[op] & (1u << dt)) != 0;
+}
+
+bt_status_t kern_mem_alloc(device_t dev, size_t nbytes, void **out)
+{
+    bt_status_t st = kern_be(dev, "kern_mem_alloc")->mem_alloc(dev.index, nbytes, out);
+    if (st != BT_OK) {
+        char d[DEVICE_STR_MAX];
+        log_error("%s: cannot allocate %.1f MB of device memory", device_str(dev, d),
+                  (double)nbytes / 1e6);
+    }
+    return st;
+}
+
+void kern_mem_free(device_t dev, void *p)
+{
+    if (p) kern_be(dev, "kern_mem_free")->mem_free(dev.index, p);
+}
+
+bt_status_t kern_host_alloc(device_t dev, size_t nbytes, void **out)
+{
+    bt_status_t st = kern_be(dev, "kern_host_alloc")->host_alloc(dev.index, nbytes, out);
+    if (st != BT_OK) {
+        char d[DEVICE_STR_MAX];
+        log_error("%s: cannot allocate %.1f MB of staging host memory", device_str(dev, d),
+                  (double)nbytes / 1e6);
+    }
+    return st;
+}
+
+void kern_host_free(device_t dev, void *p)
+{
+    if (p) kern_be(dev, "kern_host_free")->host_free(dev.index, p);
+}
+
+bt_status_t kern_stream_create(device_t dev, kern_stream_t **out)
+{
+    return kern_be(dev, "kern_stream_create")->stream_create(dev.index, out);
+}
+
+void kern_stream_destroy(kern_stream_t *s)
+{
+    if (s) s->be->stream_destroy(s);
+}
+
+device_t kern_stream_device(const kern_stream_t *s) { return s->dev; }
+
+bt_status_t kern_stream_sync(kern_stream_t *s) { return s->be->stream_sync(s); }
+
+bt_status_t kern_stream_notify(kern_stream_t *s, kern_notify_fn fn, void *arg)
+{
+    return s->be->stream_notify(s, fn, arg);
+}
+
+bt_status_t kern_stream_reserve(kern_stream_t *s, size_t nbytes)
+{
+    return s->be->stream_reserve(s, nbytes);
+}
+
+void kern_stream_fail(kern_stream_t *s, const char *op, const char *detail)
+{
+    if (s->error != BT_OK) return;
+    s->error = BT_ERR_DEVICE;
+    snprintf(s->error_op, sizeof s->error_op, "%s", op);
+    char d[DEVICE_STR_MAX];
+    log_error("%s: %s failed: %s", device_str(s->dev, d), op, detail);
+}
+
+static kern_stream_t *host_stream;
+static pthread_once_t host_stream_once = PTHREAD_ONCE_INIT;
+
+static void host_stream_init(void)
+{
+    if (kern_stream_create(DEVICE_CPU, &host_stream) != BT_OK)
+        BT_PANIC("kern_stream_host: cannot create the host stream");
+}
+
+kern_stream_t *kern_stream_host(void)
+{
+    pthread_once(&host_stream_once, host_stream_init);
+    return host_stream;
+}
+
+bt_status_t kern_event_create(device_t dev, kern_event_t **out)
+{
+    return kern_be(dev, "kern_event_create")->event_create(dev.index, out);
+}
+
+void kern_event_destroy(kern_event_t *e)
+{
+    if (e) e->be->event_destroy(e);
+}
+
+void kern_event_record(kern_event_t *e, kern_stream_t *s) { s->be->event_record(e, s); }
+
+void kern_stream_wait(kern_stream_t *s, kern_event_t *e) { s->be->stream_wait(s, e); }
+
+void kern_upload(kern_stream_t *s, tensor_t *dst, const void *host)
+{
+    if (!device_eq(dst->device, s->dev)) {
+        char a[DEVICE_STR_MAX], b[DEVICE_STR_MAX];
+        BT_PANIC("kern_upload: dst is on %s but the stream on %s", device_str(dst->device, a),
+                 device_str(s->dev, b));
+    }
+    size_t n = tensor_nbytes(dst);
+    if (n == 0) return;
+    if (!dst->data || !host) BT_PANIC("kern_upload: NULL buffer for %zu bytes", n);
+    if (!tensor_is_contiguous(dst)) BT_PANIC("kern_upload: dst is not contiguous");
+    s->be->upload(s, dst->data, host, n);
+}
+
+void kern_download(kern_stream_t *s, void *host, const tensor_t *src)
+{
+    if (!device_eq(src->device, s->dev)) {
+        char a[DEVICE_STR_MAX], b[DEVICE_STR_MAX];
+        BT_PANIC("kern_download: src is on %s but the stream on %s", device_str(src->device, a),
+                 device_str(s->dev, b));
+    }
+    size_t n = tensor_nbytes(src);
+    if (n == 0) return;
+    if (!src->data || !host) BT_PANIC("kern_download: NULL buffer for %zu bytes", n);
+    if (!tensor_is_contiguous(src)) BT_PANIC("kern_download: src is not contiguous");
+    s->be->download(s, host, src->data, n);
+}

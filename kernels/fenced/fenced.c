@@ -1,0 +1,353 @@
+/* The fenced test device: the CPU backend's kernels on host memory that the
+ * host cannot touch outside this backend's own calls.
+ *
+ * Why: model, optimizer, pipeline stage and messages must reach device
+ * memory only through the backend (kernels/device.h). On a GPU a stray host
+ * access is a crash or silent garbage at best; here it is a SIGSEGV at the
+ * faulting instruction, on any machine. Every allocation is its own mmap,
+ * kept PROT_NONE; each backend call opens the fence (every allocation
+ * readable and writable), runs the CPU kernel, and closes it again. The
+ * results are the CPU backend's, bit for bit.
+ *
+ * The fence is process-wide and counted: calls from several threads nest,
+ * and it closes when the last one returns. A host access racing with a
+ * backend call on another thread is therefore not caught; every
+ * single-threaded stray access is.
+ *
+ * Cost: two mprotect calls per allocation per op; meant for the fixture
+ * models of the test suite, not for speed. */
+#include "kernels/backend.h"
+
+#include "base/log.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct fence_region {
+    void *p;
+    size_t len; /* mapped bytes, a multiple of the page size */
+    struct fence_region *next;
+} fence_region_t;
+
+static struct {
+    pthread_mutex_t mu;
+    fence_region_t *regions;
+    int open; /* calls inside the fence */
+} fence = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void fence_protect_all(int prot)
+{
+    for (fence_region_t *r = fence.regions; r; r = r->next)
+        if (mprotect(r->p, r->len, prot) != 0)
+            BT_PANIC("fenced device: mprotect of %zu bytes failed", r->len);
+}
+
+static void fence_open(void)
+{
+    pthread_mutex_lock(&fence.mu);
+    if (fence.open++ == 0) fence_protect_all(PROT_READ | PROT_WRITE);
+    pthread_mutex_unlock(&fence.mu);
+}
+
+static void fence_close(void)
+{
+    pthread_mutex_lock(&fence.mu);
+    if (--fence.open == 0) fence_protect_all(PROT_NONE);
+    pthread_mutex_unlock(&fence.mu);
+}
+
+#define FENCED(call)                                                                               \
+    do {                                                                                           \
+        fence_open();                                                                              \
+        call;                                                                                      \
+        fence_close();                                                                             \
+    } while (0)
+
+static bool fenced_usable(int index, char *why, size_t cap)
+{
+    (void)why, (void)cap;
+    return index == 0;
+}
+
+static bt_status_t fenced_mem_alloc(int index, size_t nbytes, void **out)
+{
+    (void)index;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t len = (nbytes + page - 1) / page * page;
+    if (len == 0) len = page;
+    fence_region_t *r = malloc(sizeof *r);
+    if (!r) return BT_ERR_NOMEM;
+    pthread_mutex_lock(&fence.mu);
+    int prot = fence.open ? PROT_READ | PROT_WRITE : PROT_NONE;
+    void *p = mmap(NULL, len, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        pthread_mutex_unlock(&fence.mu);
+        free(r);
+        return BT_ERR_NOMEM;
+    }
+    *r = (fence_region_t){.p = p, .len = len, .next = fence.regions};
+    fence.regions = r;
+    pthread_mutex_unlock(&fence.mu);
+    *out = p;
+    return BT_OK;
+}
+
+static void fenced_mem_free(int index, void *p)
+{
+    (void)index;
+    pthread_mutex_lock(&fence.mu);
+    for (fence_region_t **rp = &fence.regions; *rp; rp = &(*rp)->next) {
+        if ((*rp)->p != p) continue;
+        fence_region_t *r = *rp;
+        *rp = r->next;
+        munmap(r->p, r->len);
+        free(r);
+        pthread_mutex_unlock(&fence.mu);
+        return;
+    }
+    pthread_mutex_unlock(&fence.mu);
+    BT_PANIC("fenced device: free of %p, which it did not allocate", p);
+}
+
+static bt_status_t fenced_host_alloc(int index, size_t nbytes, void **out)
+{
+    return kern_cpu_backend.host_alloc(index, nbytes, out);
+}
+
+static void fenced_host_free(int index, void *p) { kern_cpu_backend.host_free(index, p); }
+
+typedef struct {
+    kern_stream_t base;
+} fenced_stream_t;
+
+typedef struct {
+    kern_event_t base;
+} fenced_event_t;
+
+static bt_status_t fenced_stream_create(int index, kern_stream_t **out)
+{
+    fenced_stream_t *s = calloc(1, sizeof *s);
+    if (!s) return BT_ERR_NOMEM;
+    s->base.be = &kern_fenced_backend;
+    s->base.dev = (device_t){DEV_FENCED, index};
+    *out = &s->base;
+    return BT_OK;
+}
+
+static void fenced_stream_destroy(kern_stream_t *s) { free(s); }
+static bt_status_t fenced_stream_sync(kern_stream_t *s) { return s->error; }
+
+static bt_status_t fenced_stream_notify(kern_stream_t *s, kern_notify_fn fn, void *arg)
+{
+    fn(arg, s->error);
+    return BT_OK;
+}
+
+static bt_status_t fenced_stream_reserve(kern_stream_t *s, size_t nbytes)
+{
+    (void)s, (void)nbytes;
+    return BT_OK;
+}
+
+static bt_status_t fenced_event_create(int index, kern_event_t **out)
+{
+    fenced_event_t *e = calloc(1, sizeof *e);
+    if (!e) return BT_ERR_NOMEM;
+    e->base.be = &kern_fenced_backend;
+    e->base.dev = (device_t){DEV_FENCED, index};
+    *out = &e->base;
+    return BT_OK;
+}
+
+static void fenced_event_destroy(kern_event_t *e) { free(e); }
+static void fenced_event_record(kern_event_t *e, kern_stream_t *s) { (void)e, (void)s; }
+static void fenced_stream_wait(kern_stream_t *s, kern_event_t *e) { (void)e, (void)s; }
+
+static void fenced_upload(kern_stream_t *s, void *dst, const void *host, size_t n)
+{
+    FENCED(memcpy(dst, host, n));
+}
+
+static void fenced_download(kern_stream_t *s, void *host, const void *src, size_t n)
+{
+    FENCED(memcpy(host, src, n));
+}
+
+/* ---- compute: the CPU kernels inside the fence --------------------------- */
+
+static const kern_backend_t *const cpu = &kern_cpu_backend;
+
+static void f_matmul(kern_stream_t *s, tensor_t *c, ct_t *a, ct_t *b, bool ta, bool tb, float al,
+                     float be)
+{
+    FENCED(cpu->matmul(s, c, a, b, ta, tb, al, be));
+}
+static void f_linear_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w, ct_t *bias)
+{
+    FENCED(cpu->linear_fwd(s, out, x, w, bias));
+}
+static void f_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias, ct_t *dout,
+                         ct_t *x, ct_t *w)
+{
+    FENCED(cpu->linear_bwd(s, dx, dw, dbias, dout, x, w));
+}
+static void f_zero(kern_stream_t *s, tensor_t *t) { FENCED(cpu->zero(s, t)); }
+static void f_copy(kern_stream_t *s, tensor_t *dst, ct_t *src) { FENCED(cpu->copy(s, dst, src)); }
+static void f_add(kern_stream_t *s, tensor_t *out, ct_t *a, ct_t *b)
+{
+    FENCED(cpu->add(s, out, a, b));
+}
+static void f_axpy(kern_stream_t *s, tensor_t *y, float alpha, ct_t *x)
+{
+    FENCED(cpu->axpy(s, y, alpha, x));
+}
+static void f_scale(kern_stream_t *s, tensor_t *t, float f) { FENCED(cpu->scale(s, t, f)); }
+static double f_sumsq(kern_stream_t *s, ct_t *t)
+{
+    double r;
+    FENCED(r = cpu->sumsq(s, t));
+    return r;
+}
+static int64_t f_count_nonfinite(kern_stream_t *s, ct_t *t)
+{
+    int64_t r;
+    FENCED(r = cpu->count_nonfinite(s, t));
+    return r;
+}
+static void f_embedding_fwd(kern_stream_t *s, tensor_t *out, ct_t *table, ct_t *ids, int64_t v0)
+{
+    FENCED(cpu->embedding_fwd(s, out, table, ids, v0));
+}
+static void f_embedding_bwd(kern_stream_t *s, tensor_t *dtable, ct_t *dout, ct_t *ids, int64_t v0)
+{
+    FENCED(cpu->embedding_bwd(s, dtable, dout, ids, v0));
+}
+static void f_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, ct_t *x, ct_t *w,
+                          float eps)
+{
+    FENCED(cpu->rmsnorm_fwd(s, out, rstd, x, w, eps));
+}
+static void f_rmsnorm_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout, ct_t *x,
+                          ct_t *w, ct_t *rstd)
+{
+    FENCED(cpu->rmsnorm_bwd(s, dx, dw, dout, x, w, rstd));
+}
+static void f_rope_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *cos, ct_t *sin, ct_t *pos)
+{
+    FENCED(cpu->rope_fwd(s, out, x, cos, sin, pos));
+}
+static void f_rope_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *cos, ct_t *sin, ct_t *pos)
+{
+    FENCED(cpu->rope_bwd(s, dx, dout, cos, sin, pos));
+}
+static void f_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *q, ct_t *k,
+                            ct_t *v, const kern_attn_shape_t *sh)
+{
+    FENCED(cpu->attention_fwd(s, out, lse, q, k, v, sh));
+}
+static void f_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv, ct_t *dout,
+                            ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
+                            const kern_attn_shape_t *sh)
+{
+    FENCED(cpu->attention_bwd(s, dq, dk, dv, dout, q, k, v, out, lse, sh));
+}
+static void f_swiglu_fwd(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *up)
+{
+    FENCED(cpu->swiglu_fwd(s, out, gate, up));
+}
+static void f_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, ct_t *dout, ct_t *gate,
+                         ct_t *up)
+{
+    FENCED(cpu->swiglu_bwd(s, dgate, dup, dout, gate, up));
+}
+static void f_xent_fwd_bwd(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits, ct_t *logits,
+                           ct_t *targets, float dloss, int32_t ii)
+{
+    FENCED(cpu->xent_fwd_bwd(s, losses, dlogits, logits, targets, dloss, ii));
+}
+static void f_xent_vp_max(kern_stream_t *s, tensor_t *row_max, ct_t *logits)
+{
+    FENCED(cpu->xent_vp_max(s, row_max, logits));
+}
+static void f_xent_vp_sum(kern_stream_t *s, tensor_t *sumexp, tensor_t *tgt, ct_t *logits,
+                          ct_t *gmax, ct_t *targets, int64_t v0, int32_t ii)
+{
+    FENCED(cpu->xent_vp_sum(s, sumexp, tgt, logits, gmax, targets, v0, ii));
+}
+static void f_xent_vp_finish(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits, ct_t *logits,
+                             ct_t *gmax, ct_t *sumexp, ct_t *tgt, ct_t *targets, int64_t v0,
+                             float dloss, int32_t ii)
+{
+    FENCED(
+        cpu->xent_vp_finish(s, losses, dlogits, logits, gmax, sumexp, tgt, targets, v0, dloss, ii));
+}
+static void f_adamw(kern_stream_t *s, tensor_t *param, tensor_t *param_copy, ct_t *grad,
+                    tensor_t *m, tensor_t *v, const adamw_args_t *args)
+{
+    FENCED(cpu->adamw(s, param, param_copy, grad, m, v, args));
+}
+
+#define F32 (1u << DT_F32)
+
+const kern_backend_t kern_fenced_backend = {
+    .name = "fenced",
+    .kind = DEV_FENCED,
+    .op_dtypes =
+        {
+            [KERN_OP_MATMUL] = F32,
+            [KERN_OP_LINEAR] = F32,
+            [KERN_OP_ELEMENTWISE] = F32,
+            [KERN_OP_REDUCE] = F32 | (1u << DT_BF16) | (1u << DT_F16) | (1u << DT_F64),
+            [KERN_OP_EMBEDDING] = F32,
+            [KERN_OP_RMSNORM] = F32,
+            [KERN_OP_ROPE] = F32,
+            [KERN_OP_ATTENTION] = F32,
+            [KERN_OP_SWIGLU] = F32,
+            [KERN_OP_XENT] = F32,
+            [KERN_OP_ADAMW] = F32,
+        },
+    .usable = fenced_usable,
+    .mem_alloc = fenced_mem_alloc,
+    .mem_free = fenced_mem_free,
+    .host_alloc = fenced_host_alloc,
+    .host_free = fenced_host_free,
+    .stream_create = fenced_stream_create,
+    .stream_destroy = fenced_stream_destroy,
+    .stream_sync = fenced_stream_sync,
+    .stream_notify = fenced_stream_notify,
+    .stream_reserve = fenced_stream_reserve,
+    .event_create = fenced_event_create,
+    .event_destroy = fenced_event_destroy,
+    .event_record = fenced_event_record,
+    .stream_wait = fenced_stream_wait,
+    .upload = fenced_upload,
+    .download = fenced_download,
+    .matmul = f_matmul,
+    .linear_fwd = f_linear_fwd,
+    .linear_bwd = f_linear_bwd,
+    .zero = f_zero,
+    .copy = f_copy,
+    .add = f_add,
+    .axpy = f_axpy,
+    .scale = f_scale,
+    .sumsq = f_sumsq,
+    .count_nonfinite = f_count_nonfinite,
+    .embedding_fwd = f_embedding_fwd,
+    .embedding_bwd = f_embedding_bwd,
+    .rmsnorm_fwd = f_rmsnorm_fwd,
+    .rmsnorm_bwd = f_rmsnorm_bwd,
+    .rope_fwd = f_rope_fwd,
+    .rope_bwd = f_rope_bwd,
+    .attention_fwd = f_attention_fwd,
+    .attention_bwd = f_attention_bwd,
+    .swiglu_fwd = f_swiglu_fwd,
+    .swiglu_bwd = f_swiglu_bwd,
+    .xent_fwd_bwd = f_xent_fwd_bwd,
+    .xent_vp_max = f_xent_vp_max,
+    .xent_vp_sum = f_xent_vp_sum,
+    .xent_vp_finish = f_xent_vp_finish,
+    .adamw = f_adamw,
+};
