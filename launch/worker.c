@@ -7,7 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "actors/coll.h"
+#include "coll/coll.h"
 #include "actors/router.h"
 #include "actors/trace.h"
 #include "base/clock.h"

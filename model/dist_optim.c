@@ -11,17 +11,21 @@
  * optimizers over this rank's shard of the flat parameter block, cut at
  * parameter boundaries into 1-D pieces: one set with weight decay, one
  * without (the policy is decided on the whole tensor's shape, which a 1-D
- * piece no longer shows). */
+ * piece no longer shows). Offsets are in elements of the f32 blocks; ZeRO-1
+ * needs parameters and gradients in f32 (carved alike). */
 typedef struct {
     optim_t *full;
     optim_t *decay, *no_decay;
     size_t   counts[1024], offs[1024]; /* ZeRO-1 shard of every dp rank (elements) */
     size_t   lo, hi;                   /* this rank's shard [lo, hi) */
+    size_t   n;                        /* elements in the gradient block */
 } chunk_opt_t;
 
 struct dist_optim {
     dist_optim_config_t cfg;
     chunk_opt_t         c[DIST_OPTIM_MAX_CHUNKS];
+    void               *host;          /* staging for collectives on host memory */
+    size_t              host_bytes;
 };
 
 static bool policy_decays(optim_decay_t policy, const tensor_t *t)
@@ -34,15 +38,29 @@ static bool policy_decays(optim_decay_t policy, const tensor_t *t)
     }
 }
 
+/* element offset of parameter i in the parameter (and gradient) block */
 static size_t param_offset(const model_t *m, int i)
 {
-    return (size_t)((const float *)m->params[i].t.data - m->param_mem);
+    return (size_t)((const char *)m->params[i].t.data - (const char *)m->param_mem) /
+           sizeof(float);
+}
+
+/* [lo, lo + n) of an f32 block on m's device */
+static tensor_t range(const model_t *m, void *block, size_t lo, size_t n)
+{
+    int64_t len = (int64_t)n;
+    return tensor_make((char *)block + lo * sizeof(float), DT_F32, m->place.dev, 1, &len);
 }
 
 static bt_status_t shard_optims_create(dist_optim_t *d, model_t *m, chunk_opt_t *co)
 {
     coll_comm_t *dp = d->cfg.dp;
-    coll_counts_even(m->n_elems, dp->size, co->counts);
+    if (m->place.param_dtype != DT_F32 || m->place.grad_dtype != DT_F32) {
+        log_error("ZeRO-1: parameters and gradients must be f32 (got %s, %s)",
+                  dtype_name(m->place.param_dtype), dtype_name(m->place.grad_dtype));
+        return BT_ERR_UNSUPPORTED;
+    }
+    coll_counts_even(co->n, dp->size, co->counts);
     size_t at = 0;
     for (int r = 0; r < dp->size; r++) {
         co->offs[r] = at;
@@ -59,11 +77,10 @@ static bt_status_t shard_optims_create(dist_optim_t *d, model_t *m, chunk_opt_t 
         size_t p0 = param_offset(m, i), p1 = p0 + (size_t)tensor_numel(&m->params[i].t);
         size_t a = p0 > co->lo ? p0 : co->lo, b = p1 < co->hi ? p1 : co->hi;
         if (a >= b) continue;
-        int64_t len = (int64_t)(b - a);
         optim_param_t piece = {
             .name = m->params[i].name,
-            .param = tensor_make(m->param_mem + a, DT_F32, m->params[i].t.device, 1, &len),
-            .grad = tensor_make(m->grad_mem + a, DT_F32, m->params[i].t.device, 1, &len),
+            .param = range(m, m->param_mem, a, b - a),
+            .grad = range(m, m->grad_mem, a, b - a),
         };
         if (policy_decays(d->cfg.optim.decay, &m->params[i].t)) dec[nd++] = piece;
         else nodec[nn++] = piece;
@@ -71,8 +88,8 @@ static bt_status_t shard_optims_create(dist_optim_t *d, model_t *m, chunk_opt_t 
     optim_config_t all = d->cfg.optim, none = d->cfg.optim;
     all.decay = OPTIM_DECAY_ALL;
     none.decay = OPTIM_DECAY_NONE;
-    if ((st = optim_create(&all, dec, nd, &co->decay))) goto free_lists;
-    st = optim_create(&none, nodec, nn, &co->no_decay);
+    if ((st = optim_create(&all, dec, nd, m->stream, &co->decay))) goto free_lists;
+    st = optim_create(&none, nodec, nn, m->stream, &co->no_decay);
 free_lists:
     free(dec);
     free(nodec);
@@ -91,8 +108,10 @@ bt_status_t dist_optim_create(const dist_optim_config_t *cfg, dist_optim_t **out
     }
     bt_status_t st = BT_OK;
     for (int c = 0; c < cfg->n_chunks && !st; c++) {
-        if (cfg->zero1 && cfg->dp) st = shard_optims_create(d, cfg->chunks[c], &d->c[c]);
-        else st = optim_create_for_model(&cfg->optim, cfg->chunks[c], &d->c[c].full);
+        model_t *m = cfg->chunks[c];
+        d->c[c].n = m->grad_bytes / dtype_size(m->place.grad_dtype);
+        if (cfg->zero1 && cfg->dp) st = shard_optims_create(d, m, &d->c[c]);
+        else st = optim_create_for_model(&cfg->optim, m, &d->c[c].full);
     }
     if (st) {
         dist_optim_destroy(d);
@@ -110,7 +129,54 @@ void dist_optim_destroy(dist_optim_t *d)
         optim_destroy(d->c[c].decay);
         optim_destroy(d->c[c].no_decay);
     }
+    if (d->host && d->cfg.n_chunks) kern_host_free(d->cfg.chunks[0]->place.dev, d->host);
     free(d);
+}
+
+/* The collectives of the step on device blocks: direct when the
+ * communicator takes the device's memory, else staged through host memory
+ * (download, collective, upload). */
+typedef enum { DC_ALL_REDUCE, DC_REDUCE_SCATTER, DC_ALL_GATHER } dc_kind_t;
+
+static bt_status_t dev_coll(dist_optim_t *d, coll_comm_t *comm, dc_kind_t kind, model_t *m,
+                            void *block, dtype_t dt, size_t n, const size_t *counts, size_t lo,
+                            size_t hi)
+{
+    size_t es = dtype_size(dt);
+    bt_status_t st = kern_stream_sync(m->stream);
+    if (st != BT_OK) return st;
+    bool direct = (comm->mem_devices & (1u << m->place.dev.kind)) != 0;
+    char *buf = block;
+    if (!direct) {
+        if (n * es > d->host_bytes) {
+            kern_host_free(m->place.dev, d->host);
+            d->host = NULL;
+            d->host_bytes = 0;
+            if ((st = kern_host_alloc(m->place.dev, n * es, &d->host)) != BT_OK) return st;
+            d->host_bytes = n * es;
+        }
+        buf = d->host;
+        int64_t all = (int64_t)n, mine = (int64_t)(hi - lo);
+        tensor_t src = kind == DC_ALL_GATHER
+                           ? tensor_make((char *)block + lo * es, dt, m->place.dev, 1, &mine)
+                           : tensor_make(block, dt, m->place.dev, 1, &all);
+        kern_download(m->stream, kind == DC_ALL_GATHER ? buf + lo * es : buf, &src);
+        if ((st = kern_stream_sync(m->stream)) != BT_OK) return st;
+    }
+    switch (kind) {
+    case DC_ALL_REDUCE: st = coll_all_reduce(comm, buf, n, dt, COLL_SUM); break;
+    case DC_REDUCE_SCATTER:
+        st = coll_reduce_scatter(comm, buf + lo * es, buf, counts, dt, COLL_SUM);
+        break;
+    case DC_ALL_GATHER: st = coll_all_gather(comm, buf, buf + lo * es, counts, dt); break;
+    }
+    if (st != BT_OK || direct) return st;
+    int64_t all = (int64_t)n, mine = (int64_t)(hi - lo);
+    tensor_t dst = kind == DC_REDUCE_SCATTER
+                       ? tensor_make((char *)block + lo * es, dt, m->place.dev, 1, &mine)
+                       : tensor_make(block, dt, m->place.dev, 1, &all);
+    kern_upload(m->stream, &dst, kind == DC_REDUCE_SCATTER ? buf + lo * es : buf);
+    return kern_stream_sync(m->stream);
 }
 
 /* Sum of squares of m's gradient elements in [lo, hi) that this rank counts
@@ -124,13 +190,12 @@ static double chunk_sumsq(const dist_optim_t *d, int c, size_t lo, size_t hi)
         if (c == d->cfg.head_copy_chunk && !strcmp(m->params[i].name, "model.embed_tokens.weight"))
             continue;
         /* replicated over TP: identical on every TP rank, counted on rank 0 */
-        if (m->par.tp_rank != 0 && m->params[i].shard_dim == MODEL_SHARD_NONE) continue;
+        if (m->par.tp_rank != 0 && m->params[i].spec.group == SHARD_GROUP_NONE) continue;
         size_t p0 = param_offset(m, i), p1 = p0 + (size_t)tensor_numel(&m->params[i].t);
         size_t a = p0 > lo ? p0 : lo, b = p1 < hi ? p1 : hi;
         if (a >= b) continue;
-        int64_t len = (int64_t)(b - a);
-        tensor_t g = tensor_make(m->grad_mem + a, DT_F32, m->params[i].t.device, 1, &len);
-        s += kern_sumsq(kern_stream_host(), &g);
+        tensor_t g = range(m, m->grad_mem, a, b - a);
+        s += kern_sumsq(m->stream, &g);
     }
     return s;
 }
@@ -146,18 +211,19 @@ static bt_status_t tied_reduce(dist_optim_t *d)
 {
     const dist_optim_config_t *c = &d->cfg;
     if (c->embed_chunk >= 0 && c->head_copy_chunk >= 0) { /* both here: a local sum */
-        tensor_t *a = embed_grad(c->chunks[c->embed_chunk]);
-        tensor_t *b = embed_grad(c->chunks[c->head_copy_chunk]);
-        size_t n = (size_t)tensor_numel(a);
-        coll_reduce_local(a->data, b->data, n, DT_F32, COLL_SUM);
-        memcpy(b->data, a->data, n * sizeof(float));
-        return BT_OK;
+        model_t *m = c->chunks[c->embed_chunk];
+        tensor_t *a = embed_grad(m), *b = embed_grad(c->chunks[c->head_copy_chunk]);
+        kern_add(m->stream, a, a, b);
+        kern_copy(m->stream, b, a);
+        return kern_stream_sync(m->stream);
     }
     if (!c->emb) return BT_OK;
     int k = c->embed_chunk >= 0 ? c->embed_chunk : c->head_copy_chunk;
     if (k < 0) BT_PANIC("rank %d is in an embedding group without an embedding", c->rank);
-    tensor_t *g = embed_grad(c->chunks[k]);
-    return coll_all_reduce(c->emb, g->data, (size_t)tensor_numel(g), DT_F32, COLL_SUM);
+    model_t *m = c->chunks[k];
+    tensor_t *g = embed_grad(m);
+    size_t n = (size_t)tensor_numel(g);
+    return dev_coll(d, c->emb, DC_ALL_REDUCE, m, g->data, g->dtype, n, NULL, 0, n);
 }
 
 bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, double *grad_norm, double *lr_out)
@@ -172,14 +238,15 @@ bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, double *grad_norm, do
         model_t *m = c->chunks[k];
         chunk_opt_t *co = &d->c[k];
         if (zero) {
-            st = coll_reduce_scatter(c->dp, m->grad_mem + co->lo, m->grad_mem, co->counts, DT_F32,
-                                     COLL_SUM);
+            st = dev_coll(d, c->dp, DC_REDUCE_SCATTER, m, m->grad_mem, DT_F32, co->n, co->counts,
+                          co->lo, co->hi);
             if (st) return st;
             sumsq += chunk_sumsq(d, k, co->lo, co->hi);
         } else {
-            if (c->dp && (st = coll_all_reduce(c->dp, m->grad_mem, m->n_elems, DT_F32, COLL_SUM)))
+            if (c->dp && (st = dev_coll(d, c->dp, DC_ALL_REDUCE, m, m->grad_mem,
+                                        m->place.grad_dtype, co->n, NULL, 0, co->n)))
                 return st;
-            if (!c->dp || c->dp->rank == 0) sumsq += chunk_sumsq(d, k, 0, m->n_elems);
+            if (!c->dp || c->dp->rank == 0) sumsq += chunk_sumsq(d, k, 0, co->n);
         }
     }
     if (c->world && (st = coll_all_reduce(c->world, &sumsq, 1, DT_F64, COLL_SUM))) return st;
@@ -195,14 +262,16 @@ bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, double *grad_norm, do
     double coef = optim_clip_coef(norm, c->clip);
     for (int k = 0; k < c->n_chunks; k++) {
         chunk_opt_t *co = &d->c[k];
+        model_t *m = c->chunks[k];
         if (!zero) {
             optim_step(co->full, lr, coef);
+            if ((st = kern_stream_sync(m->stream))) return st;
             continue;
         }
         optim_step(co->decay, lr, coef);
         optim_step(co->no_decay, lr, coef);
-        model_t *m = c->chunks[k];
-        st = coll_all_gather(c->dp, m->param_mem, m->param_mem + co->lo, co->counts, DT_F32);
+        st = dev_coll(d, c->dp, DC_ALL_GATHER, m, m->param_mem, DT_F32, co->n, co->counts, co->lo,
+                      co->hi);
         if (st) return st;
     }
     return BT_OK;

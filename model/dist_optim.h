@@ -22,7 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "actors/coll.h"
+#include "coll/coll.h"
 #include "base/status.h"
 #include "model/lr_schedule.h"
 #include "model/model.h"

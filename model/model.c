@@ -1,5 +1,7 @@
-/* Model lifetime: config validation, the named parameter layout, the one
- * parameter block and its gradient twin. Forward/backward: model/llama.c. */
+/* Model lifetime: the named parameter layout the kinds build, the one
+ * parameter block on the model's device and its gradient twin, and moving
+ * tensors between the device and the host. Forward/backward: model/run.c;
+ * TP bookkeeping: model/tp.c. */
 #include "model/model.h"
 
 #include <math.h>
@@ -9,70 +11,17 @@
 
 #include "base/log.h"
 #include "kernels/kernels.h"
+#include "model/arch.h"
+#include "model/kind.h"
+#include "model/model_int.h"
 
-static const char *const model_arch_names[] = {
-    [MODEL_ARCH_LLAMA] = "LlamaForCausalLM",
-    [MODEL_ARCH_MISTRAL] = "MistralForCausalLM",
-    [MODEL_ARCH_QWEN2] = "Qwen2ForCausalLM",
-};
-_Static_assert(sizeof model_arch_names / sizeof model_arch_names[0] == MODEL_ARCH_COUNT,
-               "model_arch_names must name every architecture");
+/* Views start on 64-byte boundaries so that kernels see aligned rows. */
+#define MODEL_VIEW_ALIGN 64
 
-const char *model_arch_name(model_arch_t arch)
+model_place_t model_place_host(void)
 {
-    return (unsigned)arch < MODEL_ARCH_COUNT ? model_arch_names[arch] : "?";
-}
-
-/* Views start on 64-byte boundaries (16 floats) so that kernels see aligned rows. */
-#define MODEL_VIEW_ALIGN 16
-
-bt_status_t model_config_validate(const model_config_t *c)
-{
-#define MODEL_REQUIRE(cond, ...) do { if (!(cond)) { log_error(__VA_ARGS__); \
-    return BT_ERR_INVALID; } } while (0)
-    MODEL_REQUIRE((unsigned)c->arch < MODEL_ARCH_COUNT, "model config: unknown architecture %d",
-                  (int)c->arch);
-    MODEL_REQUIRE(c->vocab_size > 0, "model config: vocab_size=%lld must be > 0",
-                  (long long)c->vocab_size);
-    MODEL_REQUIRE(c->vocab_size <= INT32_MAX, "model config: vocab_size=%lld too large",
-                  (long long)c->vocab_size);
-    MODEL_REQUIRE(c->hidden_size > 0, "model config: hidden_size=%lld must be > 0",
-                  (long long)c->hidden_size);
-    MODEL_REQUIRE(c->intermediate_size > 0, "model config: intermediate_size=%lld must be > 0",
-                  (long long)c->intermediate_size);
-    MODEL_REQUIRE(c->num_layers > 0 && c->num_layers < 100000,
-                  "model config: num_hidden_layers=%lld out of range", (long long)c->num_layers);
-    MODEL_REQUIRE(c->num_heads > 0, "model config: num_attention_heads=%lld must be > 0",
-                  (long long)c->num_heads);
-    MODEL_REQUIRE(c->num_kv_heads > 0 && c->num_heads % c->num_kv_heads == 0,
-                  "model config: num_key_value_heads=%lld must divide num_attention_heads=%lld",
-                  (long long)c->num_kv_heads, (long long)c->num_heads);
-    MODEL_REQUIRE(c->head_dim > 0 && c->head_dim % 2 == 0,
-                  "model config: head_dim=%lld must be even and > 0", (long long)c->head_dim);
-    MODEL_REQUIRE(c->max_position_embeddings > 0,
-                  "model config: max_position_embeddings=%lld must be > 0",
-                  (long long)c->max_position_embeddings);
-    MODEL_REQUIRE(c->sliding_window >= 0, "model config: sliding_window=%lld must be >= 0",
-                  (long long)c->sliding_window);
-    MODEL_REQUIRE(c->rms_norm_eps > 0 && c->rms_norm_eps < 1,
-                  "model config: rms_norm_eps=%g out of range", c->rms_norm_eps);
-    MODEL_REQUIRE((unsigned)c->rope.kind < MODEL_ROPE_COUNT, "model config: unknown rope kind %d",
-                  (int)c->rope.kind);
-    MODEL_REQUIRE(c->rope.theta > 0, "model config: rope_theta=%g must be > 0", c->rope.theta);
-    if (c->rope.kind != MODEL_ROPE_DEFAULT)
-        MODEL_REQUIRE(c->rope.factor > 0, "model config: rope factor=%g must be > 0",
-                      c->rope.factor);
-    if (c->rope.kind == MODEL_ROPE_LLAMA3) {
-        MODEL_REQUIRE(c->rope.high_freq_factor > c->rope.low_freq_factor &&
-                      c->rope.low_freq_factor > 0,
-                      "model config: llama3 rope needs high_freq_factor > low_freq_factor > 0 "
-                      "(got %g, %g)", c->rope.high_freq_factor, c->rope.low_freq_factor);
-        MODEL_REQUIRE(c->rope.original_max_position > 0,
-                      "model config: llama3 rope original_max_position_embeddings=%lld",
-                      (long long)c->rope.original_max_position);
-    }
-    return BT_OK;
-#undef MODEL_REQUIRE
+    return (model_place_t){.dev = DEVICE_CPU, .param_dtype = DT_F32, .act_dtype = DT_F32,
+                           .grad_dtype = DT_F32};
 }
 
 model_stage_t model_stage_full(const model_config_t *cfg)
@@ -81,87 +30,70 @@ model_stage_t model_stage_full(const model_config_t *cfg)
                            .has_embedding = true, .has_head = true};
 }
 
-/* Layout under construction for one TP rank. */
-typedef struct {
-    model_param_t *out; /* NULL: count only */
-    int            n;
-    int            tp_rank, tp_size;
-} layout_ctx_t;
-
-/* Appends one parameter of HF shape [d0, d1] (ndim 1: [d0]) to the layout,
- * split along `dim` over the TP group (near-even; exact for heads and the
- * MLP, which validation makes divisible), and returns its index. */
-static int layout_add(layout_ctx_t *lc, int ndim, int64_t d0, int64_t d1, model_shard_dim_t dim,
-                      const char *fmt, int layer, const char *suffix)
+int model_layout_add(model_layout_t *lb, const char *name, int ndim, int64_t d0, int64_t d1,
+                     int split_dim, int64_t unit)
 {
-    if (lc->out) {
-        model_param_t *p = &lc->out[lc->n];
+    if (lb->out) {
+        model_param_t *p = &lb->out[lb->n];
         memset(p, 0, sizeof *p);
-        if (layer >= 0) snprintf(p->name, sizeof p->name, fmt, layer, suffix);
-        else snprintf(p->name, sizeof p->name, "%s", fmt);
-        int64_t shape[2] = {d0, ndim > 1 ? d1 : 1};
-        p->shard_dim = dim;
-        p->full_shape[0] = shape[0];
-        p->full_shape[1] = shape[1];
-        if (dim != MODEL_SHARD_NONE)
-            model_tp_split(shape[dim], lc->tp_size, lc->tp_rank, &p->shard_offset,
-                              &shape[dim]);
-        p->t.dtype = DT_F32;
-        p->t.device = DEVICE_CPU;
-        p->t.ndim = ndim;
-        p->t.shape[0] = shape[0];
-        p->t.shape[1] = shape[1];
-        p->t.stride[0] = ndim > 1 ? shape[1] : 1;
-        p->t.stride[1] = 1;
+        snprintf(p->name, sizeof p->name, "%s", name);
+        int64_t shape[2] = {d0, d1};
+        p->spec = shard_whole(ndim, shape);
+        if (split_dim >= 0)
+            p->spec = shard_split(&p->spec, split_dim, SHARD_GROUP_TP, lb->tp_rank, lb->tp_size,
+                                  unit);
+        int64_t local[SHARD_MAX_DIMS];
+        int nd = shard_local_shape(&p->spec, local);
+        p->t = tensor_make(NULL, DT_F32, DEVICE_CPU, nd, local);
     }
-    return lc->n++;
+    return lb->n++;
 }
 
-/* Megatron splits: q/k/v, gate/up (and their biases) column-parallel (rows of
- * the HF [out, in] weight), o/down row-parallel (columns) with replicated
- * biases, embedding and lm_head by vocabulary rows, norms replicated. */
+/* The layout of stage st for one TP rank: embedding, each layer's
+ * sublayers (pre-norm weight, then the kind's tensors), final norm, head.
+ * subs (when non-NULL) receives the sublayers; returns the tensor count. */
 static int layout_build(const model_config_t *c, const model_stage_t *st,
-                        const model_parallel_t *par, model_param_t *out, model_layer_ix_t *lix,
-                        int *embed, int *final_norm, int *lm_head)
+                        const model_parallel_t *par, model_param_t *out, model_sub_t *subs,
+                        int *n_subs, int *embed, int *final_norm, int *lm_head)
 {
-    layout_ctx_t lc = {.out = out, .tp_rank = par ? par->tp_rank : 0,
-                       .tp_size = par ? par->tp_size : 1};
-    int64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
-    int64_t Cq = c->num_heads * c->head_dim, Ckv = c->num_kv_heads * c->head_dim;
-    const model_shard_dim_t ROW = MODEL_SHARD_ROWS, COL = MODEL_SHARD_COLS, REP = MODEL_SHARD_NONE;
-    const char *L = "model.layers.%d.%s";
-    int e = -1, fn = -1, lh = -1;
+    const model_arch_info_t *arch = model_arch_info(c->arch);
+    model_layout_t lb = {.out = out, .tp_rank = par ? par->tp_rank : 0,
+                         .tp_size = par ? par->tp_size : 1};
+    int64_t C = c->hidden_size, V = c->vocab_size;
+    int e = -1, fn = -1, lh = -1, ns = 0;
     if (st->has_embedding || (st->has_head && c->tie_word_embeddings))
-        e = layout_add(&lc, 2, V, C, ROW, "model.embed_tokens.weight", -1, NULL);
+        e = model_layout_add(&lb, arch->embed, 2, V, C, 0, 1);
     for (int l = st->first_layer; l < st->last_layer; l++) {
-        model_layer_ix_t x;
-        memset(&x, -1, sizeof x);
-        x.input_norm = layout_add(&lc, 1, C, 0, REP, L, l, "input_layernorm.weight");
-        x.q = layout_add(&lc, 2, Cq, C, ROW, L, l, "self_attn.q_proj.weight");
-        if (c->qkv_bias) x.q_bias = layout_add(&lc, 1, Cq, 0, ROW, L, l, "self_attn.q_proj.bias");
-        x.k = layout_add(&lc, 2, Ckv, C, ROW, L, l, "self_attn.k_proj.weight");
-        if (c->qkv_bias) x.k_bias = layout_add(&lc, 1, Ckv, 0, ROW, L, l, "self_attn.k_proj.bias");
-        x.v = layout_add(&lc, 2, Ckv, C, ROW, L, l, "self_attn.v_proj.weight");
-        if (c->qkv_bias) x.v_bias = layout_add(&lc, 1, Ckv, 0, ROW, L, l, "self_attn.v_proj.bias");
-        x.o = layout_add(&lc, 2, C, Cq, COL, L, l, "self_attn.o_proj.weight");
-        if (c->o_bias) x.o_bias = layout_add(&lc, 1, C, 0, REP, L, l, "self_attn.o_proj.bias");
-        x.post_norm = layout_add(&lc, 1, C, 0, REP, L, l, "post_attention_layernorm.weight");
-        x.gate = layout_add(&lc, 2, F, C, ROW, L, l, "mlp.gate_proj.weight");
-        if (c->mlp_bias) x.gate_bias = layout_add(&lc, 1, F, 0, ROW, L, l, "mlp.gate_proj.bias");
-        x.up = layout_add(&lc, 2, F, C, ROW, L, l, "mlp.up_proj.weight");
-        if (c->mlp_bias) x.up_bias = layout_add(&lc, 1, F, 0, ROW, L, l, "mlp.up_proj.bias");
-        x.down = layout_add(&lc, 2, C, F, COL, L, l, "mlp.down_proj.weight");
-        if (c->mlp_bias) x.down_bias = layout_add(&lc, 1, C, 0, REP, L, l, "mlp.down_proj.bias");
-        if (lix) lix[l - st->first_layer] = x;
+        const model_kind_t *kinds[2] = {model_mixer_kind(c->blocks[l].mixer),
+                                        model_ffn_kind(c->blocks[l].ffn)};
+        const char *norms[2] = {arch->mixer_norm, arch->ffn_norm};
+        const char *prefixes[2] = {arch->mixer_prefix, arch->ffn_prefix};
+        for (int k = 0; k < 2; k++) {
+            if (!kinds[k]) continue;
+            char layer[MODEL_NAME_MAX], name[MODEL_NAME_MAX + 40], prefix[MODEL_NAME_MAX + 40];
+            snprintf(layer, sizeof layer, arch->layer_prefix, l);
+            snprintf(name, sizeof name, "%s.%s.weight", layer, norms[k]);
+            snprintf(prefix, sizeof prefix, "%s.%s", layer, prefixes[k]);
+            model_sub_t sub;
+            memset(&sub, 0, sizeof sub);
+            for (int i = 0; i < MODEL_SUB_SLOTS; i++) sub.ix[i] = -1;
+            sub.kind = kinds[k];
+            sub.layer = l;
+            sub.norm = model_layout_add(&lb, name, 1, C, 0, -1, 1);
+            kinds[k]->layout(&lb, c, prefix, &sub);
+            if (subs) subs[ns] = sub;
+            ns++;
+        }
     }
     if (st->has_head) {
-        fn = layout_add(&lc, 1, C, 0, REP, "model.norm.weight", -1, NULL);
-        lh = c->tie_word_embeddings ? e : layout_add(&lc, 2, V, C, ROW, "lm_head.weight", -1, NULL);
+        fn = model_layout_add(&lb, arch->final_norm, 1, C, 0, -1, 1);
+        lh = c->tie_word_embeddings ? e : model_layout_add(&lb, arch->lm_head, 2, V, C, 0, 1);
     }
+    if (n_subs) *n_subs = ns;
     if (embed) *embed = st->has_embedding ? e : -1;
     if (final_norm) *final_norm = fn;
     if (lm_head) *lm_head = lh;
-    return lc.n;
+    return lb.n;
 }
 
 int model_layout(const model_config_t *cfg, const model_stage_t *stage, model_param_t *out)
@@ -173,7 +105,7 @@ int model_layout_tp(const model_config_t *cfg, const model_stage_t *stage,
                     const model_parallel_t *par, model_param_t *out)
 {
     model_stage_t full = model_stage_full(cfg);
-    return layout_build(cfg, stage ? stage : &full, par, out, NULL, NULL, NULL, NULL);
+    return layout_build(cfg, stage ? stage : &full, par, out, NULL, NULL, NULL, NULL, NULL);
 }
 
 bt_status_t model_create(const model_config_t *cfg, const model_stage_t *stage, model_t **out)
@@ -183,6 +115,81 @@ bt_status_t model_create(const model_config_t *cfg, const model_stage_t *stage, 
 
 bt_status_t model_create_tp(const model_config_t *cfg, const model_stage_t *stage,
                             const model_parallel_t *par, model_t **out)
+{
+    model_place_t host = model_place_host();
+    return model_create_on(cfg, stage, par, &host, out);
+}
+
+/* Every kernel op the stage needs, in the dtypes it needs them. */
+static bt_status_t place_check(const model_t *m)
+{
+    const model_place_t *p = &m->place;
+    char why[160], d[DEVICE_STR_MAX];
+    if (!kern_device_usable(p->dev, why, sizeof why)) {
+        log_error("model: device %s cannot be used: %s", device_str(p->dev, d), why);
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (p->param_dtype != p->act_dtype) {
+        log_error("model: parameters in %s with activations in %s: the kernels take one "
+                  "compute dtype",
+                  dtype_name(p->param_dtype), dtype_name(p->act_dtype));
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (p->grad_dtype != p->param_dtype && p->grad_dtype != DT_F32) {
+        log_error("model: gradients in %s: they are f32 or the parameter dtype",
+                  dtype_name(p->grad_dtype));
+        return BT_ERR_UNSUPPORTED;
+    }
+    static const kern_op_t common[] = {KERN_OP_EMBEDDING, KERN_OP_RMSNORM, KERN_OP_LINEAR,
+                                       KERN_OP_XENT, KERN_OP_ELEMENTWISE, KERN_OP_MATMUL};
+    for (size_t i = 0; i < sizeof common / sizeof common[0]; i++)
+        if (!kern_supports(p->dev, common[i], p->act_dtype)) {
+            log_error("model: the %s backend has no %s kernel for %s", device_str(p->dev, d),
+                      kern_op_name(common[i]), dtype_name(p->act_dtype));
+            return BT_ERR_UNSUPPORTED;
+        }
+    if (!kern_supports(p->dev, KERN_OP_REDUCE, p->grad_dtype)) {
+        log_error("model: the %s backend cannot reduce %s gradients", device_str(p->dev, d),
+                  dtype_name(p->grad_dtype));
+        return BT_ERR_UNSUPPORTED;
+    }
+    for (int s = 0; s < m->n_subs; s++) {
+        const model_kind_t *k = m->subs[s].kind;
+        for (int i = 0; i < k->n_ops; i++)
+            if (!kern_supports(p->dev, k->ops[i], p->act_dtype)) {
+                log_error("model: the %s backend has no %s kernel for %s (needed by the %s "
+                          "block of layer %d)",
+                          device_str(p->dev, d), kern_op_name(k->ops[i]),
+                          dtype_name(p->act_dtype), k->name, m->subs[s].layer);
+                return BT_ERR_UNSUPPORTED;
+            }
+    }
+    return BT_OK;
+}
+
+/* Carves views of dtype dt out of base for every parameter; returns bytes. */
+static size_t carve(model_param_t *views, int n, void *base, dtype_t dt, device_t dev)
+{
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        off = (off + MODEL_VIEW_ALIGN - 1) / MODEL_VIEW_ALIGN * MODEL_VIEW_ALIGN;
+        tensor_t *t = &views[i].t;
+        *t = tensor_make(base ? (char *)base + off : NULL, dt, dev, t->ndim, t->shape);
+        off += tensor_nbytes(t);
+    }
+    return (off + MODEL_VIEW_ALIGN - 1) / MODEL_VIEW_ALIGN * MODEL_VIEW_ALIGN;
+}
+
+/* the whole of [p, p + bytes) on dev, as a byte tensor */
+static tensor_t bytes_view(void *p, size_t bytes, device_t dev)
+{
+    int64_t n = (int64_t)bytes;
+    return tensor_make(p, DT_U8, dev, 1, &n);
+}
+
+bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stage,
+                            const model_parallel_t *par, const model_place_t *place,
+                            model_t **out)
 {
     bt_status_t st = model_config_validate(cfg);
     if (st != BT_OK) return st;
@@ -201,58 +208,52 @@ bt_status_t model_create_tp(const model_config_t *cfg, const model_stage_t *stag
     m->cfg = *cfg;
     m->stage = *s;
     m->par = *par;
-    m->n_heads = cfg->num_heads / par->tp_size;
-    m->n_kv_heads = cfg->num_kv_heads / par->tp_size;
-    m->ffn = cfg->intermediate_size / par->tp_size;
-    model_tp_split(cfg->vocab_size, par->tp_size, par->tp_rank, &m->vocab_start, &m->vocab);
-    int nl = s->last_layer - s->first_layer;
-    int n = layout_build(cfg, s, par, NULL, NULL, NULL, NULL, NULL);
-    m->params = calloc((size_t)n ? (size_t)n : 1, sizeof *m->params);
-    m->grads = calloc((size_t)n ? (size_t)n : 1, sizeof *m->grads);
-    m->layers = calloc(nl ? (size_t)nl : 1, sizeof *m->layers);
-    if (!m->params || !m->grads || !m->layers) {
+    m->place = *place;
+    model_vocab_split(cfg->vocab_size, par->tp_size, par->tp_rank, &m->vocab_start, &m->vocab);
+    int ns = 0;
+    int n = layout_build(cfg, s, par, NULL, NULL, &ns, NULL, NULL, NULL);
+    m->params = calloc((size_t)n + 1, sizeof *m->params);
+    m->grads = calloc((size_t)n + 1, sizeof *m->grads);
+    m->subs = calloc((size_t)ns + 1, sizeof *m->subs);
+    if (!m->params || !m->grads || !m->subs) {
         st = BT_ERR_NOMEM;
-        goto free_model;
+        goto fail;
     }
-    m->n_params = layout_build(cfg, s, par, m->params, m->layers, &m->embed, &m->final_norm,
-                               &m->lm_head);
-    size_t off = 0;
+    m->n_params = layout_build(cfg, s, par, m->params, m->subs, &m->n_subs, &m->embed,
+                               &m->final_norm, &m->lm_head);
+    if ((st = place_check(m)) != BT_OK) goto fail;
+    if ((st = kern_stream_create(place->dev, &m->stream)) != BT_OK) goto fail;
+    m->param_bytes = carve(m->params, m->n_params, NULL, place->param_dtype, place->dev);
+    if ((st = kern_mem_alloc(place->dev, m->param_bytes, &m->param_mem)) != BT_OK) {
+        log_error("model: cannot allocate %zu bytes of parameters", m->param_bytes);
+        goto fail;
+    }
+    carve(m->params, m->n_params, m->param_mem, place->param_dtype, place->dev);
+    tensor_t all = bytes_view(m->param_mem, m->param_bytes, place->dev);
+    kern_zero(m->stream, &all);
     for (int i = 0; i < m->n_params; i++) {
-        off = (off + MODEL_VIEW_ALIGN - 1) / MODEL_VIEW_ALIGN * MODEL_VIEW_ALIGN;
-        m->params[i].t.data = (void *)(uintptr_t)off; /* offset until the block exists */
-        off += (size_t)tensor_numel(&m->params[i].t);
-    }
-    m->n_elems = off;
-    m->param_mem = aligned_alloc(64, (off * sizeof(float) + 63) / 64 * 64);
-    if (!m->param_mem) {
-        log_error("model: cannot allocate %zu parameters", off);
-        st = BT_ERR_NOMEM;
-        goto free_model;
-    }
-    memset(m->param_mem, 0, off * sizeof(float));
-    for (int i = 0; i < m->n_params; i++) {
-        size_t o = (size_t)(uintptr_t)m->params[i].t.data;
-        m->params[i].t.data = m->param_mem + o;
         m->grads[i] = m->params[i];
-        m->grads[i].t.data = NULL;
+        m->grads[i].t = tensor_make(NULL, place->grad_dtype, place->dev, m->params[i].t.ndim,
+                                    m->params[i].t.shape);
     }
+    if ((st = kern_stream_sync(m->stream)) != BT_OK) goto fail;
     *out = m;
     return BT_OK;
 
-free_model:
-    free(m->layers);
-    free(m->grads);
-    free(m->params);
-    free(m);
+fail:
+    model_destroy(m);
     return st;
 }
 
 void model_destroy(model_t *m)
 {
     if (!m) return;
-    free(m->grad_mem);
-    free(m->param_mem);
-    free(m->layers);
+    if (m->stream) kern_stream_sync(m->stream);
+    kern_mem_free(m->place.dev, m->grad_mem);
+    kern_mem_free(m->place.dev, m->param_mem);
+    kern_host_free(m->place.dev, m->host_buf);
+    kern_stream_destroy(m->stream);
+    free(m->subs);
     free(m->grads);
     free(m->params);
     free(m);
@@ -265,35 +266,107 @@ int model_param_find(const model_t *m, const char *name)
     return -1;
 }
 
+bt_status_t model_host_buf(model_t *m, size_t bytes, void **out)
+{
+    if (bytes > m->host_buf_bytes) {
+        kern_host_free(m->place.dev, m->host_buf);
+        m->host_buf = NULL;
+        m->host_buf_bytes = 0;
+        bt_status_t st = kern_host_alloc(m->place.dev, bytes, &m->host_buf);
+        if (st != BT_OK) return st;
+        m->host_buf_bytes = bytes;
+    }
+    *out = m->host_buf;
+    return BT_OK;
+}
+
+/* host f32 <-> a tensor t of m's device in t's dtype */
+bt_status_t model_tensor_read_f32(const model_t *m, const tensor_t *t, float *host)
+{
+    if (t->dtype == DT_F32) {
+        kern_download(m->stream, host, t);
+        return kern_stream_sync(m->stream);
+    }
+    void *raw = malloc(tensor_nbytes(t) + 1);
+    if (!raw) return BT_ERR_NOMEM;
+    kern_download(m->stream, raw, t);
+    bt_status_t st = kern_stream_sync(m->stream);
+    if (st == BT_OK) {
+        tensor_t src = tensor_on(*t, DEVICE_CPU), dst = tensor_on(*t, DEVICE_CPU);
+        src.data = raw;
+        dst.dtype = DT_F32;
+        dst.data = host;
+        kern_copy(kern_stream_host(), &dst, &src);
+    }
+    free(raw);
+    return st;
+}
+
+bt_status_t model_tensor_write_f32(model_t *m, tensor_t *t, const float *host)
+{
+    if (t->dtype == DT_F32) {
+        kern_upload(m->stream, t, host);
+        return kern_stream_sync(m->stream);
+    }
+    void *raw = malloc(tensor_nbytes(t) + 1);
+    if (!raw) return BT_ERR_NOMEM;
+    tensor_t src = tensor_on(*t, DEVICE_CPU), dst = tensor_on(*t, DEVICE_CPU);
+    src.dtype = DT_F32;
+    src.data = (void *)host;
+    dst.data = raw;
+    kern_copy(kern_stream_host(), &dst, &src);
+    kern_upload(m->stream, t, raw);
+    bt_status_t st = kern_stream_sync(m->stream);
+    free(raw);
+    return st;
+}
+
+bt_status_t model_param_read(const model_t *m, int i, bool grad, float *host)
+{
+    if (grad && !m->grad_mem) {
+        log_error("model: reading the gradient of %s, but gradients are not allocated",
+                  m->params[i].name);
+        return BT_ERR_INVALID;
+    }
+    return model_tensor_read_f32(m, grad ? &m->grads[i].t : &m->params[i].t, host);
+}
+
+bt_status_t model_param_write(model_t *m, int i, const float *host)
+{
+    return model_tensor_write_f32(m, &m->params[i].t, host);
+}
+
 bt_status_t model_grads_alloc(model_t *m)
 {
     if (m->grad_mem) return BT_OK;
-    m->grad_mem = aligned_alloc(64, (m->n_elems * sizeof(float) + 63) / 64 * 64);
-    if (!m->grad_mem) {
-        log_error("model: cannot allocate gradients for %zu parameters", m->n_elems);
+    m->grad_bytes = carve(m->grads, m->n_params, NULL, m->place.grad_dtype, m->place.dev);
+    if (kern_mem_alloc(m->place.dev, m->grad_bytes, &m->grad_mem) != BT_OK) {
+        log_error("model: cannot allocate gradients for %d tensors (%zu bytes)", m->n_params,
+                  m->grad_bytes);
         return BT_ERR_NOMEM;
     }
-    memset(m->grad_mem, 0, m->n_elems * sizeof(float));
-    for (int i = 0; i < m->n_params; i++)
-        m->grads[i].t.data = m->grad_mem + ((float *)m->params[i].t.data - m->param_mem);
-    return BT_OK;
+    carve(m->grads, m->n_params, m->grad_mem, m->place.grad_dtype, m->place.dev);
+    model_grads_zero(m);
+    return kern_stream_sync(m->stream);
 }
 
 void model_grads_zero(model_t *m)
 {
-    if (m->grad_mem) memset(m->grad_mem, 0, m->n_elems * sizeof(float));
+    if (!m->grad_mem) return;
+    tensor_t all = bytes_view(m->grad_mem, m->grad_bytes, m->place.dev);
+    kern_zero(m->stream, &all);
 }
 
 double model_grads_sumsq(const model_t *m)
 {
     if (!m->grad_mem) return 0.0;
     double s = 0.0;
-    for (int i = 0; i < m->n_params; i++) s += kern_sumsq(kern_stream_host(), &m->grads[i].t);
+    for (int i = 0; i < m->n_params; i++) s += kern_sumsq(m->stream, &m->grads[i].t);
     return s;
 }
 
 /* splitmix64, addressed by draw number: draw k (0-based) from seed s. Being
- * counter-based lets a TP shard draw exactly its elements' numbers. */
+ * counter-based lets any piece of a tensor draw exactly its elements'. */
 static uint64_t model_rng_at(uint64_t s, uint64_t k)
 {
     uint64_t z = s + (k + 1) * 0x9e3779b97f4a7c15ull;
@@ -307,40 +380,39 @@ static double model_rng_uniform(uint64_t s, uint64_t k)
     return ((double)(model_rng_at(s, k) >> 11) + 0.5) / 9007199254740992.0;
 }
 
-void model_init_random(model_t *m, uint64_t seed, float std)
+bt_status_t model_init_random(model_t *m, uint64_t seed, float std)
 {
     for (int i = 0; i < m->n_params; i++) {
         model_param_t *p = &m->params[i];
-        float *d = p->t.data;
-        int64_t rows = p->t.shape[0], cols = p->t.ndim > 1 ? p->t.shape[1] : 1;
-        int64_t full_cols = p->t.ndim > 1 ? p->full_shape[1] : 1;
+        int64_t n = tensor_numel(&p->t);
+        float *h = malloc((size_t)(n ? n : 1) * sizeof *h);
+        if (!h) return BT_ERR_NOMEM;
         size_t len = strlen(p->name);
         bool is_norm = len > 11 && strstr(p->name, "norm.weight") != NULL;
         bool is_bias = len > 5 && !strcmp(p->name + len - 5, ".bias");
         /* Seed per tensor by name so that a stage initializes its layers
          * exactly as the whole model would; element j of the HF tensor uses
-         * draws 2j and 2j+1, so a TP shard gets its slice of the same values. */
+         * draws 2j and 2j+1, so a TP piece gets its slice of the same values. */
         uint64_t s = seed;
         for (size_t k = 0; k < len; k++) s = (s ^ (uint8_t)p->name[k]) * 0x100000001b3ull;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < cols; c++) {
-                int64_t gr = r, gc = c;
-                if (p->shard_dim == MODEL_SHARD_ROWS) gr += p->shard_offset;
-                if (p->shard_dim == MODEL_SHARD_COLS) gc += p->shard_offset;
-                uint64_t g = (uint64_t)(gr * full_cols + gc);
-                float *dst = &d[r * cols + c];
-                if (is_norm) *dst = 1.0f;
-                else if (is_bias) *dst = 0.0f;
-                else {
-                    double u1 = model_rng_uniform(s, 2 * g), u2 = model_rng_uniform(s, 2 * g + 1);
-                    *dst = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-                }
+        for (int64_t k = 0; k < n; k++) {
+            if (is_norm) h[k] = 1.0f;
+            else if (is_bias) h[k] = 0.0f;
+            else {
+                uint64_t g = (uint64_t)shard_global_index(&p->spec, k);
+                double u1 = model_rng_uniform(s, 2 * g), u2 = model_rng_uniform(s, 2 * g + 1);
+                h[k] = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
             }
+        }
+        bt_status_t st = model_param_write(m, i, h);
+        free(h);
+        if (st != BT_OK) return st;
     }
+    return BT_OK;
 }
 
-void model_targets_from_ids(int32_t *targets, const int32_t *ids, const int64_t *len,
-                            int64_t B, int64_t T)
+void model_targets_from_ids(int32_t *targets, const int32_t *ids, const int64_t *len, int64_t B,
+                            int64_t T)
 {
     for (int64_t b = 0; b < B; b++) {
         int64_t n = len ? len[b] : T;
@@ -359,7 +431,7 @@ int64_t model_count_scored(const int32_t *targets, int64_t n)
 int64_t model_num_params(const model_config_t *cfg)
 {
     int n = model_layout(cfg, NULL, NULL);
-    model_param_t *p = calloc((size_t)n, sizeof *p);
+    model_param_t *p = calloc((size_t)n + 1, sizeof *p);
     if (!p) return -1;
     model_layout(cfg, NULL, p);
     int64_t total = 0;
@@ -370,12 +442,15 @@ int64_t model_num_params(const model_config_t *cfg)
 
 double model_flops_per_token(const model_config_t *c, int64_t T)
 {
-    /* 6 flops per matmul weight per token (forward 2, backward 4), the
-     * embedding lookup excluded; attention scores and values 12*L*Hq*D*T
-     * (PaLM's convention, not halved for the causal mask). */
-    int64_t C = c->hidden_size, F = c->intermediate_size;
-    int64_t Cq = c->num_heads * c->head_dim, Ckv = c->num_kv_heads * c->head_dim;
-    double per_layer = (double)C * Cq * 2 + (double)C * Ckv * 2 + 3.0 * C * F;
-    double dense = per_layer * (double)c->num_layers + (double)c->vocab_size * C;
-    return 6.0 * dense + 12.0 * (double)c->num_layers * (double)Cq * (double)T;
+    /* 6 flops per multiply-add per token (forward 2, backward 4): the
+     * blocks' weights and attention products, and the head; the embedding
+     * lookup excluded */
+    double fma = (double)c->vocab_size * (double)c->hidden_size;
+    for (int64_t l = 0; l < c->num_layers; l++) {
+        const model_kind_t *k[2] = {model_mixer_kind(c->blocks[l].mixer),
+                                    model_ffn_kind(c->blocks[l].ffn)};
+        for (int i = 0; i < 2; i++)
+            if (k[i]) fma += k[i]->fma_per_token(c, T);
+    }
+    return 6.0 * fma;
 }

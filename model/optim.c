@@ -10,11 +10,14 @@
 
 struct optim {
     optim_config_t cfg;
+    kern_stream_t *s;
+    device_t       dev;
     int            n;
     optim_param_t *params;  /* copies of the borrowed views */
     bool          *decay;   /* [n] */
-    float         *moments; /* 2 * total floats: m then v for every parameter */
-    tensor_t      *m, *v;   /* [n] views into moments */
+    void          *state;   /* device: m, v for every parameter, then the f32 masters */
+    tensor_t      *m, *v;   /* [n] views into state */
+    tensor_t      *master;  /* [n] f32 master of a non-f32 parameter, else .data NULL */
     int64_t        step;
 };
 
@@ -28,43 +31,66 @@ static bool decays(optim_decay_t policy, const tensor_t *t)
     }
 }
 
+static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
 bt_status_t optim_create(const optim_config_t *cfg, const optim_param_t *params, int n,
-                         optim_t **out)
+                         kern_stream_t *s, optim_t **out)
 {
     optim_t *o = calloc(1, sizeof *o);
     if (!o) return BT_ERR_NOMEM;
     o->cfg = *cfg;
+    o->s = s;
+    o->dev = kern_stream_device(s);
     o->n = n;
-    size_t total = 0;
+    size_t bytes = 0;
     for (int i = 0; i < n; i++) {
-        if (params[i].param.dtype != DT_F32 || !tensor_same_shape(&params[i].param, &params[i].grad)) {
-            log_error("optimizer: parameter %s: needs an f32 tensor and a gradient of the same shape",
-                      params[i].name);
+        const optim_param_t *p = &params[i];
+        if (!dtype_is_float(p->param.dtype) || !tensor_same_shape(&p->param, &p->grad) ||
+            !device_eq(p->param.device, o->dev) || !device_eq(p->grad.device, o->dev)) {
+            log_error("optimizer: parameter %s: needs a float tensor and a gradient of the same "
+                      "shape on the optimizer's device",
+                      p->name);
             free(o);
             return BT_ERR_INVALID;
         }
-        total += (size_t)tensor_numel(&params[i].param);
+        size_t one = align64((size_t)tensor_numel(&p->param) * sizeof(float));
+        bytes += 2 * one + (p->param.dtype != DT_F32 ? one : 0);
     }
     o->params = calloc((size_t)n + 1, sizeof *o->params);
     o->decay = calloc((size_t)n + 1, sizeof *o->decay);
     o->m = calloc((size_t)n + 1, sizeof *o->m);
     o->v = calloc((size_t)n + 1, sizeof *o->v);
-    o->moments = calloc(2 * total + 1, sizeof *o->moments);
-    if (!o->params || !o->decay || !o->m || !o->v || !o->moments) {
-        optim_destroy(o);
-        return BT_ERR_NOMEM;
+    o->master = calloc((size_t)n + 1, sizeof *o->master);
+    bt_status_t st = BT_ERR_NOMEM;
+    if (!o->params || !o->decay || !o->m || !o->v || !o->master) goto fail;
+    if ((st = kern_mem_alloc(o->dev, bytes ? bytes : 64, &o->state)) != BT_OK) {
+        log_error("optimizer: cannot allocate %zu bytes of AdamW state", bytes);
+        goto fail;
     }
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         const tensor_t *p = &params[i].param;
+        size_t one = align64((size_t)tensor_numel(p) * sizeof(float));
         o->params[i] = params[i];
         o->decay[i] = decays(cfg->decay, p);
-        o->m[i] = tensor_make(o->moments + off, DT_F32, p->device, p->ndim, p->shape);
-        o->v[i] = tensor_make(o->moments + total + off, DT_F32, p->device, p->ndim, p->shape);
-        off += (size_t)tensor_numel(p);
+        o->m[i] = tensor_make((char *)o->state + off, DT_F32, o->dev, p->ndim, p->shape);
+        o->v[i] = tensor_make((char *)o->state + off + one, DT_F32, o->dev, p->ndim, p->shape);
+        kern_zero(s, &o->m[i]);
+        kern_zero(s, &o->v[i]);
+        off += 2 * one;
+        if (p->dtype != DT_F32) {
+            /* the master starts as the copy widened */
+            o->master[i] = tensor_make((char *)o->state + off, DT_F32, o->dev, p->ndim, p->shape);
+            kern_copy(s, &o->master[i], p);
+            off += one;
+        }
     }
+    if ((st = kern_stream_sync(s)) != BT_OK) goto fail;
     *out = o;
     return BT_OK;
+fail:
+    optim_destroy(o);
+    return st;
 }
 
 bt_status_t optim_create_for_model(const optim_config_t *cfg, model_t *m, optim_t **out)
@@ -78,7 +104,7 @@ bt_status_t optim_create_for_model(const optim_config_t *cfg, model_t *m, optim_
     for (int i = 0; i < m->n_params; i++)
         ps[i] = (optim_param_t){.name = m->params[i].name, .param = m->params[i].t,
                                 .grad = m->grads[i].t};
-    bt_status_t st = optim_create(cfg, ps, m->n_params, out);
+    bt_status_t st = optim_create(cfg, ps, m->n_params, m->stream, out);
     free(ps);
     return st;
 }
@@ -86,7 +112,8 @@ bt_status_t optim_create_for_model(const optim_config_t *cfg, model_t *m, optim_
 void optim_destroy(optim_t *o)
 {
     if (!o) return;
-    free(o->moments);
+    if (o->state) kern_mem_free(o->dev, o->state);
+    free(o->master);
     free(o->v);
     free(o->m);
     free(o->decay);
@@ -103,7 +130,7 @@ tensor_t optim_moment2(const optim_t *o, int i) { return o->v[i]; }
 double optim_grad_norm(const optim_t *o)
 {
     double sum = 0.0;
-    for (int i = 0; i < o->n; i++) sum += kern_sumsq(kern_stream_host(), &o->params[i].grad);
+    for (int i = 0; i < o->n; i++) sum += kern_sumsq(o->s, &o->params[i].grad);
     return sqrt(sum);
 }
 
@@ -117,7 +144,7 @@ double optim_clip_coef(double total_norm, double max_norm)
 const char *optim_find_nonfinite_grad(const optim_t *o)
 {
     for (int i = 0; i < o->n; i++)
-        if (kern_count_nonfinite(kern_stream_host(), &o->params[i].grad)) return o->params[i].name;
+        if (kern_count_nonfinite(o->s, &o->params[i].grad)) return o->params[i].name;
     return NULL;
 }
 
@@ -125,12 +152,18 @@ void optim_step(optim_t *o, double lr, double clip_coef)
 {
     o->step++;
     for (int i = 0; i < o->n; i++) {
-        if (clip_coef < 1.0) kern_scale(kern_stream_host(), &o->params[i].grad, (float)clip_coef);
+        if (clip_coef < 1.0) kern_scale(o->s, &o->params[i].grad, (float)clip_coef);
         adamw_args_t args = {
-            .lr = (float)lr, .beta1 = (float)o->cfg.beta1, .beta2 = (float)o->cfg.beta2,
-            .eps = (float)o->cfg.eps, .weight_decay = o->decay[i] ? (float)o->cfg.weight_decay : 0.0f,
+            .lr = (float)lr,
+            .beta1 = (float)o->cfg.beta1,
+            .beta2 = (float)o->cfg.beta2,
+            .eps = (float)o->cfg.eps,
+            .weight_decay = o->decay[i] ? (float)o->cfg.weight_decay : 0.0f,
             .step = o->step,
         };
-        kern_adamw(kern_stream_host(), &o->params[i].param, NULL, &o->params[i].grad, &o->m[i], &o->v[i], &args);
+        bool copy = o->master[i].data != NULL;
+        kern_adamw(o->s, copy ? &o->master[i] : &o->params[i].param,
+                   copy ? &o->params[i].param : NULL, &o->params[i].grad, &o->m[i], &o->v[i],
+                   &args);
     }
 }

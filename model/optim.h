@@ -1,7 +1,11 @@
 /* AdamW over a set of named parameter tensors, with global-norm clipping.
  *
  * The optimizer borrows the parameter and gradient views (a model's, or one
- * pipeline stage's / ZeRO shard's) and owns the f32 moment buffers m and v.
+ * pipeline stage's / ZeRO shard's) and owns the f32 moment buffers m and v,
+ * on the parameters' device (one allocation, through kernels/device.h), and
+ * runs on the stream it is given. When a parameter's dtype is not f32 (a
+ * bf16 compute copy) the optimizer keeps an f32 master of it and writes the
+ * copy in the same AdamW pass.
  * Per-step use:
  *   double norm = optim_grad_norm(o);               sqrt(sum of squares)
  *   double coef = optim_clip_coef(norm, max_norm);  torch clip_grad_norm_
@@ -19,6 +23,7 @@
 
 #include "base/status.h"
 #include "base/tensor.h"
+#include "kernels/device.h"
 
 struct model;
 
@@ -34,14 +39,15 @@ typedef struct {
 
 typedef struct {
     const char *name;   /* borrowed; for messages */
-    tensor_t    param;  /* f32, borrowed */
-    tensor_t    grad;   /* same shape, borrowed */
+    tensor_t    param;  /* borrowed; f32, or a lower-precision copy (see above) */
+    tensor_t    grad;   /* same shape, borrowed; f32 or param's dtype */
 } optim_param_t;
 
 typedef struct optim optim_t;
 
+/* Every parameter on the device of stream s. */
 bt_status_t optim_create(const optim_config_t *cfg, const optim_param_t *params, int n,
-                         optim_t **out);
+                         kern_stream_t *s, optim_t **out);
 /* All parameters of a model (its params/grads views; grads must exist). */
 bt_status_t optim_create_for_model(const optim_config_t *cfg, struct model *m, optim_t **out);
 void        optim_destroy(optim_t *o);
@@ -59,7 +65,7 @@ const char *optim_find_nonfinite_grad(const optim_t *o);
 /* grads *= clip_coef (when < 1), then one AdamW update with learning rate lr. */
 void        optim_step(optim_t *o, double lr, double clip_coef);
 
-/* Moment buffers of parameter i (checkpointing, tests). */
+/* Moment buffers of parameter i (checkpointing, tests), on the device. */
 tensor_t    optim_moment1(const optim_t *o, int i);
 tensor_t    optim_moment2(const optim_t *o, int i);
 

@@ -31,6 +31,7 @@ shard_spec_t shard_whole(int ndim, const int64_t *shape)
     }
     s.flat_len = -1;
     s.split_dim = -1;
+    s.unit = 1;
     s.size = 1;
     return s;
 }
@@ -51,6 +52,7 @@ shard_spec_t shard_split(const shard_spec_t *of, int dim, shard_group_t group, i
     s.extent[dim] = n * unit;
     s.group = group;
     s.split_dim = dim;
+    s.unit = unit;
     s.rank = r;
     s.size = size;
     return s;
@@ -130,6 +132,18 @@ bool shard_overlap(const shard_spec_t *a, const shard_spec_t *b, shard_spec_t *o
     }
     if (out) *out = r;
     return true;
+}
+
+int64_t shard_global_index(const shard_spec_t *s, int64_t k)
+{
+    int64_t box_k = s->flat_len >= 0 ? s->flat_start + k : k, g[SHARD_MAX_DIMS];
+    for (int d = s->ndim - 1; d >= 0; d--) {
+        g[d] = s->offset[d] + box_k % s->extent[d];
+        box_k /= s->extent[d];
+    }
+    int64_t ix = 0;
+    for (int d = 0; d < s->ndim; d++) ix = ix * s->global[d] + g[d];
+    return ix;
 }
 
 /* Row-major flat index, inside box s, of global coordinates g. */

@@ -45,6 +45,7 @@ typedef struct {
     int64_t       flat_start, flat_len; /* flat_len < 0: the whole box */
     shard_group_t group;
     int           split_dim;            /* -1: not split along a dimension */
+    int64_t       unit;                 /* the split's granularity along split_dim */
     int           rank, size;           /* place in the group (0, 1 when not split) */
 } shard_spec_t;
 
@@ -69,6 +70,8 @@ int64_t shard_global_numel(const shard_spec_t *s);
 int     shard_local_shape(const shard_spec_t *s, int64_t *shape);
 bool    shard_is_whole(const shard_spec_t *s);
 bool    shard_same_global(const shard_spec_t *a, const shard_spec_t *b);
+/* Global row-major index of the piece's k-th stored element. */
+int64_t shard_global_index(const shard_spec_t *s, int64_t k);
 /* Whether a and b share at least one element; *out (may be NULL) the
  * intersection of their boxes (flat ranges are not intersected). */
 bool    shard_overlap(const shard_spec_t *a, const shard_spec_t *b, shard_spec_t *out);

@@ -19,8 +19,8 @@ struct stage_job {
     float          dloss;       /* 0 for an evaluation forward */
     model_acts_t  *acts;
     model_batch_t  batch;
-    const float   *x_in, *dx_out;
-    float         *x_out, *dx_in;
+    const void    *x_in, *dx_out; /* host: message payloads in the activation dtype */
+    void          *x_out, *dx_in;
     actor_msg_t   *out;         /* sent on completion (ACTIVATION / ACT_GRAD) */
     model_loss_t   loss;
     int64_t        step;
@@ -181,10 +181,10 @@ static bt_status_t job_op_run(void *arg)
     bt_status_t st;
     if (j->op.kind == PIPE_OP_FWD) {
         bool head = m->stage.has_head;
-        st = model_stage_forward(m, a, &j->batch, j->x_in, j->dloss, j->x_out,
-                                 head ? &j->loss : NULL);
+        st = model_stage_forward_io(m, a, &j->batch, j->x_in, j->dloss, j->x_out,
+                                    head ? &j->loss : NULL);
     } else {
-        st = model_stage_backward(m, a, j->dx_out, j->dx_in);
+        st = model_stage_backward_io(m, a, j->dx_out, j->dx_in);
     }
     trace_span_cpu(s->a.addr, j->op.kind == PIPE_OP_FWD ? name_fwd : name_bwd, j->step, j->op.mb, t0,
                    clock_now_ns(), stage_cpu_ns() - c0);
@@ -261,13 +261,14 @@ static void advance(stage_actor_t *s)
     *j = (stage_job_t){.s = s, .op = op, .v = v, .step = p->eval ? STAGE_EVAL_STEP : s->step, .dloss = p->eval ? 0.0f : c->dloss,
                        .acts = s->acts[p->eval ? ix(s, 0, op.chunk) : k]};
     int64_t rows = c->B;
+    dtype_t act = c->chunks[op.chunk]->place.act_dtype;
     if (op.kind == PIPE_OP_FWD) {
         actor_msg_t *d = p->data_in[op.mb];
         if ((v == 0 || v == last) && !d) return;
         if (v != 0 && !p->act_in[k]) return;
         tensor_t *x = v != 0 ? actor_msg_tensor(p->act_in[k], "x") : NULL;
         rows = d ? actor_msg_tensor(d, "tokens")->shape[0] : x->shape[0];
-        if (rows < 1 || rows > c->B || (x && x->shape[0] != rows)) {
+        if (rows < 1 || rows > c->B || (x && (x->shape[0] != rows || x->dtype != act))) {
             fail(s, BT_ERR_INVALID, "microbatch rows");
             return;
         }
@@ -278,18 +279,25 @@ static void advance(stage_actor_t *s)
         if (v != last) {
             int64_t shape[3] = {rows, c->T, c->chunks[op.chunk]->cfg.hidden_size};
             j->out = actor_msg_new(MSG_ACTIVATION);
-            tensor_t *xo = j->out ? actor_msg_tensor_new(j->out, "x", DT_F32, 3, shape) : NULL;
+            tensor_t *xo = j->out ? actor_msg_tensor_new(j->out, "x", act, 3, shape) : NULL;
             if (!xo) { fail(s, BT_ERR_NOMEM, "activation buffer"); return; }
             j->x_out = xo->data;
             j->out->body.activation.vstage = v + 1;
         }
     } else {
         if (v != last && !p->grad_in[k]) return;
-        if (v != last) j->dx_out = actor_msg_tensor(p->grad_in[k], "dx")->data;
+        if (v != last) {
+            const tensor_t *g = actor_msg_tensor(p->grad_in[k], "dx");
+            if (g->dtype != act || g->shape[0] != rows) {
+                fail(s, BT_ERR_INVALID, "activation gradient shape");
+                return;
+            }
+            j->dx_out = g->data;
+        }
         if (v != 0) {
             int64_t shape[3] = {rows, c->T, c->chunks[op.chunk]->cfg.hidden_size};
             j->out = actor_msg_new(MSG_ACT_GRAD);
-            tensor_t *dx = j->out ? actor_msg_tensor_new(j->out, "dx", DT_F32, 3, shape) : NULL;
+            tensor_t *dx = j->out ? actor_msg_tensor_new(j->out, "dx", act, 3, shape) : NULL;
             if (!dx) { fail(s, BT_ERR_NOMEM, "gradient buffer"); return; }
             j->dx_in = dx->data;
             j->out->body.act_grad = (msg_act_grad_t){.vstage = v - 1, .loss_scale = 1.0f};

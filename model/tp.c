@@ -1,16 +1,18 @@
-/* Tensor-parallel bookkeeping: validating a TP placement, how extents split
- * over the group, counting replicated gradients once, and assembling
- * HF-shaped tensors from the shards (docs/PARALLEL.md). The forward/backward
- * collectives live in model/llama.c. */
+/* Tensor-parallel bookkeeping (docs/PARALLEL.md): validating a TP
+ * placement, the vocabulary split, the reductions the model and its kinds
+ * issue (staged through host memory when the collective cannot take device
+ * memory), counting replicated gradients once, and assembling HF-shaped
+ * tensors from the pieces with their shard specs. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/coll.h"
 #include "base/log.h"
+#include "coll/coll.h"
 #include "kernels/kernels.h"
-#include "model/model.h"
+#include "model/kind.h"
+#include "model/model_int.h"
 
-void model_tp_split(int64_t extent, int tp_size, int tp_rank, int64_t *start, int64_t *count)
+void model_vocab_split(int64_t extent, int tp_size, int tp_rank, int64_t *start, int64_t *count)
 {
     int64_t base = extent / tp_size, extra = extent % tp_size;
     *count = base + (tp_rank < extra ? 1 : 0);
@@ -19,31 +21,85 @@ void model_tp_split(int64_t extent, int tp_size, int tp_rank, int64_t *start, in
 
 bt_status_t model_parallel_validate(const model_config_t *c, const model_parallel_t *par)
 {
-#define TP_REQUIRE(cond, ...) do { if (!(cond)) { log_error(__VA_ARGS__); \
-    return BT_ERR_INVALID; } } while (0)
     if (!par) return BT_OK;
     int tp = par->tp_size;
-    TP_REQUIRE(tp >= 1 && par->tp_rank >= 0 && par->tp_rank < tp,
-               "model: tensor-parallel tp_rank=%d outside tp_size=%d", par->tp_rank, tp);
+    if (tp < 1 || par->tp_rank < 0 || par->tp_rank >= tp) {
+        log_error("model: tensor-parallel tp_rank=%d outside tp_size=%d", par->tp_rank, tp);
+        return BT_ERR_INVALID;
+    }
     if (tp == 1) return BT_OK;
-    TP_REQUIRE(par->tp_comm != NULL, "model: tp_size=%d needs a tp_comm (NULL given)", tp);
-    TP_REQUIRE(par->tp_comm->size == tp && par->tp_comm->rank == par->tp_rank,
-               "model: tp_comm is rank %d of %d, but the model is TP rank %d of tp_size=%d",
-               par->tp_comm->rank, par->tp_comm->size, par->tp_rank, tp);
-    TP_REQUIRE(c->num_heads % tp == 0,
-               "model: tp_size=%d does not divide num_attention_heads=%lld", tp,
-               (long long)c->num_heads);
-    TP_REQUIRE(c->num_kv_heads % tp == 0,
-               "model: tp_size=%d does not divide num_key_value_heads=%lld (each TP rank must "
-               "hold whole KV-head groups; KV-head replication is not implemented)", tp,
-               (long long)c->num_kv_heads);
-    TP_REQUIRE(c->intermediate_size % tp == 0,
-               "model: tp_size=%d does not divide intermediate_size=%lld", tp,
-               (long long)c->intermediate_size);
-    TP_REQUIRE(c->vocab_size >= tp, "model: tp_size=%d exceeds vocab_size=%lld", tp,
-               (long long)c->vocab_size);
+    if (!par->tp_comm) {
+        log_error("model: tp_size=%d needs a tp_comm (NULL given)", tp);
+        return BT_ERR_INVALID;
+    }
+    if (par->tp_comm->size != tp || par->tp_comm->rank != par->tp_rank) {
+        log_error("model: tp_comm is rank %d of %d, but the model is TP rank %d of tp_size=%d",
+                  par->tp_comm->rank, par->tp_comm->size, par->tp_rank, tp);
+        return BT_ERR_INVALID;
+    }
+    if (c->vocab_size < tp) {
+        log_error("model: tp_size=%d exceeds vocab_size=%lld", tp, (long long)c->vocab_size);
+        return BT_ERR_INVALID;
+    }
+    return model_config_kinds_validate(c, tp);
+}
+
+bool model_coll_direct(const model_t *m, const coll_comm_t *c)
+{
+    return (c->mem_devices & (1u << m->place.dev.kind)) != 0;
+}
+
+bt_status_t model_tp_reduce(model_t *m, tensor_t *t, coll_op_t op, const char *what, int layer)
+{
+    if (m->par.tp_size == 1) return BT_OK;
+    coll_comm_t *comm = m->par.tp_comm;
+    size_t n = (size_t)tensor_numel(t);
+    bt_status_t st;
+    if (model_coll_direct(m, comm)) {
+        /* the kernels queued before must be done with t */
+        if ((st = kern_stream_sync(m->stream)) == BT_OK)
+            st = coll_all_reduce(comm, t->data, n, t->dtype, op);
+    } else {
+        void *h;
+        if ((st = model_host_buf(m, tensor_nbytes(t), &h)) != BT_OK) return st;
+        kern_download(m->stream, h, t);
+        if ((st = kern_stream_sync(m->stream)) == BT_OK &&
+            (st = coll_all_reduce(comm, h, n, t->dtype, op)) == BT_OK) {
+            kern_upload(m->stream, t, h);
+            st = kern_stream_sync(m->stream); /* h is reused by the next reduction */
+        }
+    }
+    if (st != BT_OK) {
+        char where[32] = "";
+        if (layer >= 0) snprintf(where, sizeof where, " in layer %d", layer);
+        log_error("model: TP all-reduce of %s%s failed (TP rank %d of %d): %s", what, where,
+                  m->par.tp_rank, m->par.tp_size, bt_status_str(st));
+    }
+    return st;
+}
+
+bt_status_t model_tp_sum(model_t *m, tensor_t *t, const char *what, int layer)
+{
+    return model_tp_reduce(m, t, COLL_SUM, what, layer);
+}
+
+bt_status_t model_row_parallel_fwd(model_run_t *r, tensor_t *out, const tensor_t *x,
+                                   const tensor_t *w, const tensor_t *bias, const char *what,
+                                   int layer)
+{
+    model_t *m = r->m;
+    if (m->par.tp_size == 1) {
+        kern_linear_fwd(r->s, out, x, w, bias);
+        return BT_OK;
+    }
+    kern_linear_fwd(r->s, out, x, w, NULL);
+    bt_status_t st = model_tp_sum(m, out, what, layer);
+    if (st != BT_OK || !bias) return st;
+    /* the replicated bias once, as the rank-1 update ones[N,1] @ bias[1,C] */
+    int64_t C = out->shape[1];
+    tensor_t b = tensor_make(bias->data, bias->dtype, bias->device, 2, (int64_t[]){1, C});
+    kern_matmul(r->s, out, r->ones, &b, false, false, 1.0f, 1.0f);
     return BT_OK;
-#undef TP_REQUIRE
 }
 
 double model_grads_sumsq_unique(const model_t *m)
@@ -51,63 +107,44 @@ double model_grads_sumsq_unique(const model_t *m)
     if (!m->grad_mem) return 0.0;
     double s = 0.0;
     for (int i = 0; i < m->n_params; i++)
-        if (m->params[i].shard_dim != MODEL_SHARD_NONE || m->par.tp_rank == 0)
-            s += kern_sumsq(kern_stream_host(), &m->grads[i].t);
+        if (m->params[i].spec.group != SHARD_GROUP_NONE || m->par.tp_rank == 0)
+            s += kern_sumsq(m->stream, &m->grads[i].t);
     return s;
 }
 
 bt_status_t model_param_gather(const model_t *m, int i, bool grad, float *full)
 {
     const model_param_t *p = &m->params[i];
-    if (grad && !m->grad_mem) {
-        log_error("model: gathering the gradient of %s, but gradients are not allocated",
-                  p->name);
-        return BT_ERR_INVALID;
-    }
-    const float *src = grad ? m->grads[i].t.data : p->t.data;
     int tp = m->par.tp_size;
-    int64_t numel = tensor_numel(&p->t);
-    if (tp == 1 || p->shard_dim == MODEL_SHARD_NONE) {
-        memcpy(full, src, (size_t)numel * sizeof(float));
-        return BT_OK;
-    }
-    int64_t rows = p->full_shape[0], cols = p->t.ndim > 1 ? p->full_shape[1] : 1;
+    int64_t n = tensor_numel(&p->t);
+    if (tp == 1 || p->spec.group == SHARD_GROUP_NONE) return model_param_read(m, i, grad, full);
+    float *mine = malloc((size_t)n * sizeof *mine);
+    float *all = malloc((size_t)shard_global_numel(&p->spec) * sizeof *all);
     size_t *counts = malloc((size_t)tp * sizeof *counts);
-    float *tmp = NULL;
-    if (!counts) return BT_ERR_NOMEM;
+    bt_status_t st = BT_ERR_NOMEM;
+    if (!mine || !all || !counts) goto out;
+    if ((st = model_param_read(m, i, grad, mine)) != BT_OK) goto out;
+    shard_spec_t whole = shard_whole(p->spec.ndim, p->spec.global), piece[64];
+    if (tp > 64) BT_PANIC("model_param_gather: tp_size %d > 64", tp);
     for (int r = 0; r < tp; r++) {
-        int64_t start, n;
-        model_tp_split(p->full_shape[p->shard_dim], tp, r, &start, &n);
-        counts[r] = (size_t)(p->shard_dim == MODEL_SHARD_ROWS ? n * cols : rows * n);
+        piece[r] = shard_split(&whole, p->spec.split_dim, SHARD_GROUP_TP, r, tp, p->spec.unit);
+        counts[r] = (size_t)shard_numel(&piece[r]);
     }
-    bt_status_t st;
-    if (p->shard_dim == MODEL_SHARD_ROWS) {
-        /* rank-major concatenation of row blocks is the tensor itself */
-        st = coll_all_gather(m->par.tp_comm, full, src, counts, DT_F32);
-    } else {
-        tmp = malloc((size_t)(rows * cols) * sizeof *tmp);
-        if (!tmp) {
-            st = BT_ERR_NOMEM;
-            goto free_counts;
-        }
-        st = coll_all_gather(m->par.tp_comm, tmp, src, counts, DT_F32);
-        if (st == BT_OK) {
-            const float *blk = tmp;
-            for (int r = 0; r < tp; r++) {
-                int64_t start, n;
-                model_tp_split(cols, tp, r, &start, &n);
-                for (int64_t row = 0; row < rows; row++)
-                    memcpy(full + row * cols + start, blk + row * n, (size_t)n * sizeof(float));
-                blk += rows * n;
-            }
-        }
-    }
-    if (st != BT_OK)
+    st = coll_all_gather(m->par.tp_comm, all, mine, counts, DT_F32);
+    if (st != BT_OK) {
         log_error("model: TP all-gather of %s%s failed: %s", grad ? "the gradient of " : "",
                   p->name, bt_status_str(st));
-    free(tmp);
-free_counts:
+        goto out;
+    }
+    const float *blk = all;
+    for (int r = 0; r < tp; r++) {
+        shard_copy(&whole, full, &piece[r], blk, sizeof(float));
+        blk += counts[r];
+    }
+out:
     free(counts);
+    free(all);
+    free(mine);
     return st;
 }
 
@@ -116,16 +153,15 @@ bt_status_t model_tp_gather(const model_t *m, bool grads, model_t *full)
     int64_t most = 0;
     for (int i = 0; i < m->n_params; i++) {
         const model_param_t *p = &m->params[i];
-        int64_t n = p->full_shape[0] * (p->t.ndim > 1 ? p->full_shape[1] : 1);
+        int64_t n = shard_global_numel(&p->spec);
         if (n > most) most = n;
         if (!full) continue;
         int j = model_param_find(full, p->name);
-        if (j < 0 || full->params[j].t.ndim != p->t.ndim ||
-            full->params[j].t.shape[0] != p->full_shape[0] ||
-            (p->t.ndim > 1 && full->params[j].t.shape[1] != p->full_shape[1]) ||
+        if (j < 0 || !shard_same_global(&full->params[j].spec, &p->spec) ||
             full->par.tp_size != 1) {
             log_error("model: gather target has no whole %s (it must be a tp_size-1 model of the "
-                      "same config and stage)", p->name);
+                      "same config and stage)",
+                      p->name);
             return BT_ERR_INVALID;
         }
         if (grads && !full->grad_mem) {
@@ -133,18 +169,15 @@ bt_status_t model_tp_gather(const model_t *m, bool grads, model_t *full)
             return BT_ERR_INVALID;
         }
     }
-    float *scratch = NULL;
-    if (!full && !(scratch = malloc((size_t)(most ? most : 1) * sizeof *scratch)))
-        return BT_ERR_NOMEM;
+    float *buf = malloc((size_t)(most ? most : 1) * sizeof *buf);
+    if (!buf) return BT_ERR_NOMEM;
     bt_status_t st = BT_OK;
     for (int i = 0; i < m->n_params && st == BT_OK; i++) {
-        float *dst = scratch;
-        if (full) {
-            int j = model_param_find(full, m->params[i].name);
-            dst = grads ? full->grads[j].t.data : full->params[j].t.data;
-        }
-        st = model_param_gather(m, i, grads, dst);
+        st = model_param_gather(m, i, grads, buf);
+        if (st != BT_OK || !full) continue;
+        int j = model_param_find(full, m->params[i].name);
+        st = model_tensor_write_f32(full, grads ? &full->grads[j].t : &full->params[j].t, buf);
     }
-    free(scratch);
+    free(buf);
     return st;
 }

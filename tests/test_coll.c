@@ -4,7 +4,7 @@
  * Inputs are multiples of 1/64 of small magnitude, so float sums over a few
  * ranks are exact whatever the reduction order: results must be bit-equal to
  * the sequential reference, which makes any misplaced chunk visible. */
-#include "actors/coll.h"
+#include "coll/coll.h"
 #include "base/log.h"
 #include "tests/helpers/group.h"
 #include "tests/test.h"

@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "actors/coll.h"
+#include "coll/coll.h"
 #include "base/log.h"
 #include "ckpt/hf.h"
 #include "kernels/kernels.h"

@@ -5,7 +5,7 @@
 #ifndef BT_TESTS_GROUP_H
 #define BT_TESTS_GROUP_H
 
-#include "actors/coll.h"
+#include "coll/coll.h"
 
 #define TEST_GROUP_MAX 64
 

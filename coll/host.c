@@ -9,7 +9,7 @@
  *
  * The communicator owns a private libev loop driven by the calling thread
  * (ev_run ONCE while waiting), so collectives never touch an actor loop. */
-#include "actors/coll.h"
+#include "coll/coll.h"
 
 #include <ev.h>
 #include <stdio.h>
@@ -722,6 +722,7 @@ bt_status_t coll_host_open(const coll_host_config_t *cfg, coll_comm_t **out, cha
     c->pub.rank = cfg->rank;
     c->pub.size = cfg->size;
     c->pub.id = cfg->comm_id;
+    c->pub.mem_devices = 1u << DEV_CPU;
     snprintf(c->name, sizeof c->name, "%s", cfg->name ? cfg->name : "group");
     c->pub.name = c->name;
     c->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 30000;

@@ -24,8 +24,8 @@
  *  - Results are deterministic for a given size and counts (fixed reduction
  *    order), but not bit-identical to a sequential sum.
  */
-#ifndef BT_ACTORS_COLL_H
-#define BT_ACTORS_COLL_H
+#ifndef BT_COLL_COLL_H
+#define BT_COLL_COLL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -71,6 +71,8 @@ struct coll_comm {
     int               size;
     uint32_t          id;     /* communicator id (distinguishes groups in logs) */
     const char       *name;   /* e.g. "dp0", "tp1" (owned by the backend) */
+    unsigned          mem_devices; /* bit (1u << device_kind_t) per kind of memory the
+                                    * buffers may be in (host backend: the host only) */
 };
 
 static inline bt_status_t coll_all_reduce(coll_comm_t *c, void *buf, size_t count, dtype_t dt,

@@ -1,0 +1,30 @@
+/* Architecture tables (model/arch.h). */
+#include "model/arch.h"
+
+#include <stddef.h>
+
+/* Llama, Mistral and Qwen2 share every name; they differ in their configs
+ * (biases, sliding windows), which ckpt/hf.c reads. */
+#define LLAMA_NAMES                                                                                \
+    .embed = "model.embed_tokens.weight", .final_norm = "model.norm.weight",                       \
+    .lm_head = "lm_head.weight", .layer_prefix = "model.layers.%d",                                \
+    .mixer_norm = "input_layernorm", .mixer_prefix = "self_attn",                                  \
+    .ffn_norm = "post_attention_layernorm", .ffn_prefix = "mlp"
+
+static const model_arch_info_t model_archs[] = {
+    [MODEL_ARCH_LLAMA] = {.hf_class = "LlamaForCausalLM", LLAMA_NAMES},
+    [MODEL_ARCH_MISTRAL] = {.hf_class = "MistralForCausalLM", LLAMA_NAMES},
+    [MODEL_ARCH_QWEN2] = {.hf_class = "Qwen2ForCausalLM", LLAMA_NAMES},
+};
+_Static_assert(sizeof model_archs / sizeof model_archs[0] == MODEL_ARCH_COUNT,
+               "one entry per architecture");
+
+const model_arch_info_t *model_arch_info(model_arch_t arch)
+{
+    return (unsigned)arch < MODEL_ARCH_COUNT ? &model_archs[arch] : NULL;
+}
+
+const char *model_arch_name(model_arch_t arch)
+{
+    return (unsigned)arch < MODEL_ARCH_COUNT ? model_archs[arch].hf_class : "?";
+}

@@ -1,0 +1,333 @@
+/* Grouped-query attention with rotary embeddings (MODEL_MIXER_ATTENTION):
+ * Llama, Mistral, Qwen2.
+ *
+ *   q, k, v = ln Wq^T (+bq), ln Wk^T (+bk), ln Wv^T (+bv); rope(q), rope(k)
+ *   y = attention(q, k, v) Wo^T (+bo)
+ *
+ * TP (Megatron): q/k/v (and their biases) column-parallel by whole heads,
+ * each rank holding whole KV-head groups; o row-parallel, its bias
+ * replicated and added once after the all-reduce. The input gradient is a
+ * partial sum over the ranks' heads and is all-reduced here. */
+#include "model/kind.h"
+
+#include "base/log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { A_Q = 0, A_K, A_V, A_O, A_QB, A_KB, A_VB, A_OB, A_SLOTS };
+_Static_assert(A_SLOTS <= MODEL_SUB_SLOTS, "attention slots fit a sublayer");
+
+/* This TP rank's dimensions. */
+typedef struct {
+    int64_t Hq, Hkv, D, Cq, Ckv, half;
+} attn_dims_t;
+
+static attn_dims_t attn_dims(const model_t *m)
+{
+    const model_attn_config_t *a = &m->cfg.attn;
+    attn_dims_t d = {.Hq = a->num_heads / m->par.tp_size, .Hkv = a->num_kv_heads / m->par.tp_size,
+                     .D = a->head_dim};
+    d.Cq = d.Hq * d.D;
+    d.Ckv = d.Hkv * d.D;
+    d.half = d.D / 2;
+    return d;
+}
+
+static bt_status_t attn_validate(const model_config_t *c, int tp)
+{
+    const model_attn_config_t *a = &c->attn;
+    const model_rope_t *r = &a->rope;
+#define A_REQUIRE(cond, ...)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            log_error(__VA_ARGS__);                                                                \
+            return BT_ERR_INVALID;                                                                 \
+        }                                                                                          \
+    } while (0)
+    A_REQUIRE(a->num_heads > 0, "model config: num_attention_heads=%lld must be > 0",
+              (long long)a->num_heads);
+    A_REQUIRE(a->num_kv_heads > 0 && a->num_heads % a->num_kv_heads == 0,
+              "model config: num_key_value_heads=%lld must divide num_attention_heads=%lld",
+              (long long)a->num_kv_heads, (long long)a->num_heads);
+    A_REQUIRE(a->head_dim > 0 && a->head_dim % 2 == 0,
+              "model config: head_dim=%lld must be even and > 0", (long long)a->head_dim);
+    A_REQUIRE(a->sliding_window >= 0, "model config: sliding_window=%lld must be >= 0",
+              (long long)a->sliding_window);
+    A_REQUIRE((unsigned)r->kind < MODEL_ROPE_COUNT, "model config: unknown rope kind %d",
+              (int)r->kind);
+    A_REQUIRE(r->theta > 0, "model config: rope_theta=%g must be > 0", r->theta);
+    if (r->kind != MODEL_ROPE_DEFAULT)
+        A_REQUIRE(r->factor > 0, "model config: rope factor=%g must be > 0", r->factor);
+    if (r->kind == MODEL_ROPE_LLAMA3) {
+        A_REQUIRE(r->high_freq_factor > r->low_freq_factor && r->low_freq_factor > 0,
+                  "model config: llama3 rope needs high_freq_factor > low_freq_factor > 0 "
+                  "(got %g, %g)",
+                  r->high_freq_factor, r->low_freq_factor);
+        A_REQUIRE(r->original_max_position > 0,
+                  "model config: llama3 rope original_max_position_embeddings=%lld",
+                  (long long)r->original_max_position);
+    }
+    if (tp > 1) {
+        A_REQUIRE(a->num_heads % tp == 0,
+                  "model: tp_size=%d does not divide num_attention_heads=%lld", tp,
+                  (long long)a->num_heads);
+        A_REQUIRE(a->num_kv_heads % tp == 0,
+                  "model: tp_size=%d does not divide num_key_value_heads=%lld (each TP rank must "
+                  "hold whole KV-head groups; KV-head replication is not implemented)",
+                  tp, (long long)a->num_kv_heads);
+    }
+    return BT_OK;
+#undef A_REQUIRE
+}
+
+static void attn_layout(model_layout_t *lb, const model_config_t *c, const char *prefix,
+                        model_sub_t *sub)
+{
+    const model_attn_config_t *a = &c->attn;
+    int64_t C = c->hidden_size, D = a->head_dim;
+    int64_t Cq = a->num_heads * D, Ckv = a->num_kv_heads * D;
+    char n[MODEL_NAME_MAX];
+#define ADD(slot, suffix, ndim, d0, d1, dim)                                                       \
+    do {                                                                                           \
+        snprintf(n, sizeof n, "%s.%s", prefix, suffix);                                            \
+        sub->ix[slot] = model_layout_add(lb, n, ndim, d0, d1, dim, D);                             \
+    } while (0)
+    ADD(A_Q, "q_proj.weight", 2, Cq, C, 0);
+    if (a->qkv_bias) ADD(A_QB, "q_proj.bias", 1, Cq, 0, 0);
+    ADD(A_K, "k_proj.weight", 2, Ckv, C, 0);
+    if (a->qkv_bias) ADD(A_KB, "k_proj.bias", 1, Ckv, 0, 0);
+    ADD(A_V, "v_proj.weight", 2, Ckv, C, 0);
+    if (a->qkv_bias) ADD(A_VB, "v_proj.bias", 1, Ckv, 0, 0);
+    ADD(A_O, "o_proj.weight", 2, C, Cq, 1);
+    if (a->o_bias) ADD(A_OB, "o_proj.bias", 1, C, 0, -1);
+#undef ADD
+}
+
+/* saved: q [N,Cq] k v [N,Ckv] att [N,Cq] (activation dtype), lse [B,Hq,T] f32 */
+typedef struct {
+    size_t q, k, v, att, lse, total;
+} attn_saved_t;
+
+static attn_saved_t attn_saved_layout(const model_t *m, int64_t B, int64_t T)
+{
+    attn_dims_t d = attn_dims(m);
+    size_t N = (size_t)(B * T), es = dtype_size(m->place.act_dtype);
+    attn_saved_t s;
+    s.q = 0;
+    s.k = s.q + model_align(N * (size_t)d.Cq * es);
+    s.v = s.k + model_align(N * (size_t)d.Ckv * es);
+    s.att = s.v + model_align(N * (size_t)d.Ckv * es);
+    s.lse = s.att + model_align(N * (size_t)d.Cq * es);
+    s.total = s.lse + model_align((size_t)(B * d.Hq * T) * sizeof(float));
+    return s;
+}
+
+static size_t attn_saved_bytes(const model_t *m, int64_t B, int64_t T)
+{
+    return attn_saved_layout(m, B, T).total;
+}
+
+/* scratch: datt dq dqr [N,Cq], dk dkr dv [N,Ckv] */
+static size_t attn_scratch_bytes(const model_t *m, int64_t B, int64_t T)
+{
+    attn_dims_t d = attn_dims(m);
+    size_t N = (size_t)(B * T), es = dtype_size(m->place.act_dtype);
+    return 3 * model_align(N * (size_t)d.Cq * es) + 3 * model_align(N * (size_t)d.Ckv * es);
+}
+
+/* shared: the RoPE tables cos, sin [T, D/2] f32 for positions 0..T-1 */
+static size_t attn_shared_bytes(const model_t *m, int64_t T)
+{
+    return 2 * model_align((size_t)(T * (m->cfg.attn.head_dim / 2)) * sizeof(float));
+}
+
+/* Inverse frequencies as transformers computes them (float32 arithmetic). */
+static void rope_inv_freq(const model_attn_config_t *c, float *inv, int64_t half)
+{
+    const model_rope_t *r = &c->rope;
+    int64_t dim = c->head_dim;
+    for (int64_t i = 0; i < half; i++) {
+        float e = (float)(2 * i) / (float)dim;
+        float f = 1.0f / powf((float)r->theta, e);
+        if (r->kind == MODEL_ROPE_LINEAR) {
+            f = f / (float)r->factor;
+        } else if (r->kind == MODEL_ROPE_LLAMA3) {
+            double old = (double)r->original_max_position;
+            double low_wl = old / r->low_freq_factor, high_wl = old / r->high_freq_factor;
+            double wl = 2.0 * M_PI / (double)f;
+            float scaled = wl > low_wl ? f / (float)r->factor : f;
+            if (!(wl < high_wl) && !(wl > low_wl)) {
+                double smooth =
+                    (old / wl - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+                scaled = (float)((1.0 - smooth) * scaled / r->factor + smooth * scaled);
+            }
+            f = scaled;
+        }
+        inv[i] = f;
+    }
+}
+
+static void rope_tables(const model_t *m, int64_t T, void *shared, tensor_t *cos, tensor_t *sin)
+{
+    int64_t half = m->cfg.attn.head_dim / 2, shape[2] = {T, half};
+    size_t bytes = model_align((size_t)(T * half) * sizeof(float));
+    *cos = tensor_make(shared, DT_F32, m->place.dev, 2, shape);
+    *sin = tensor_make((char *)shared + bytes, DT_F32, m->place.dev, 2, shape);
+}
+
+static bt_status_t attn_shared_init(const model_t *m, int64_t T, void *shared)
+{
+    const model_attn_config_t *c = &m->cfg.attn;
+    if (c->sliding_window > 0 && T > c->sliding_window) {
+        log_error("model: sequence length %lld exceeds sliding_window=%lld; sliding-window "
+                  "attention is not implemented (shorten the window/--window)",
+                  (long long)T, (long long)c->sliding_window);
+        return BT_ERR_UNSUPPORTED;
+    }
+    int64_t half = c->head_dim / 2;
+    float *inv = malloc((size_t)half * sizeof *inv);
+    float *h = malloc((size_t)(2 * T * half) * sizeof *h);
+    if (!inv || !h) {
+        free(inv);
+        free(h);
+        return BT_ERR_NOMEM;
+    }
+    rope_inv_freq(c, inv, half);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < half; i++) {
+            float ang = (float)t * inv[i];
+            h[t * half + i] = cosf(ang);
+            h[T * half + t * half + i] = sinf(ang);
+        }
+    tensor_t cos, sin;
+    rope_tables(m, T, shared, &cos, &sin);
+    kern_upload(m->stream, &cos, h);
+    kern_upload(m->stream, &sin, h + T * half);
+    bt_status_t st = kern_stream_sync(m->stream);
+    free(inv);
+    free(h);
+    return st;
+}
+
+/* The views of one sublayer's saved region. */
+typedef struct {
+    tensor_t q, k, v, att, q4, k4, v4, att4, lse;
+} attn_views_t;
+
+static attn_views_t attn_views(const model_run_t *r, void *saved)
+{
+    const model_t *m = r->m;
+    attn_dims_t d = attn_dims(m);
+    attn_saved_t L = attn_saved_layout(m, r->B, r->T);
+    int64_t N = r->N;
+    attn_views_t v;
+    v.q = model_act_view(m, saved, L.q, 2, (int64_t[]){N, d.Cq});
+    v.k = model_act_view(m, saved, L.k, 2, (int64_t[]){N, d.Ckv});
+    v.v = model_act_view(m, saved, L.v, 2, (int64_t[]){N, d.Ckv});
+    v.att = model_act_view(m, saved, L.att, 2, (int64_t[]){N, d.Cq});
+    v.q4 = model_act_view(m, saved, L.q, 4, (int64_t[]){r->B, r->T, d.Hq, d.D});
+    v.k4 = model_act_view(m, saved, L.k, 4, (int64_t[]){r->B, r->T, d.Hkv, d.D});
+    v.v4 = model_act_view(m, saved, L.v, 4, (int64_t[]){r->B, r->T, d.Hkv, d.D});
+    v.att4 = model_act_view(m, saved, L.att, 4, (int64_t[]){r->B, r->T, d.Hq, d.D});
+    v.lse = tensor_make((char *)saved + L.lse, DT_F32, m->place.dev, 3,
+                        (int64_t[]){r->B, d.Hq, r->T});
+    return v;
+}
+
+static bt_status_t attn_forward(model_run_t *r, const model_sub_t *sub, void *saved,
+                                const tensor_t *ln, tensor_t *y)
+{
+    model_t *m = r->m;
+    kern_stream_t *s = r->s;
+    attn_dims_t d = attn_dims(m);
+    attn_views_t v = attn_views(r, saved);
+    tensor_t cos, sin;
+    rope_tables(m, r->T_cap, r->shared, &cos, &sin);
+    float scale = 1.0f / sqrtf((float)d.D);
+    kern_linear_fwd(s, &v.q, ln, model_sub_param(m, sub, A_Q), model_sub_param(m, sub, A_QB));
+    kern_linear_fwd(s, &v.k, ln, model_sub_param(m, sub, A_K), model_sub_param(m, sub, A_KB));
+    kern_linear_fwd(s, &v.v, ln, model_sub_param(m, sub, A_V), model_sub_param(m, sub, A_VB));
+    kern_rope_fwd(s, &v.q4, &v.q4, &cos, &sin, r->pos);
+    kern_rope_fwd(s, &v.k4, &v.k4, &cos, &sin, r->pos);
+    kern_attention_fwd(s, &v.att4, &v.lse, &v.q4, &v.k4, &v.v4, scale, true, 0);
+    return model_row_parallel_fwd(r, y, &v.att, model_sub_param(m, sub, A_O),
+                                  model_sub_param(m, sub, A_OB), "o_proj output", sub->layer);
+}
+
+static bt_status_t attn_backward(model_run_t *r, const model_sub_t *sub, void *saved,
+                                 const tensor_t *ln, const tensor_t *dy, tensor_t *dln)
+{
+    model_t *m = r->m;
+    kern_stream_t *s = r->s;
+    attn_dims_t d = attn_dims(m);
+    attn_views_t v = attn_views(r, saved);
+    tensor_t cos, sin;
+    rope_tables(m, r->T_cap, r->shared, &cos, &sin);
+    float scale = 1.0f / sqrtf((float)d.D);
+    int64_t N = r->N, B = r->B, T = r->T;
+    size_t es = dtype_size(m->place.act_dtype);
+    size_t bq = model_align((size_t)(N * d.Cq) * es), bkv = model_align((size_t)(N * d.Ckv) * es);
+    void *sc = r->scratch;
+    tensor_t datt = model_act_view(m, sc, 0, 2, (int64_t[]){N, d.Cq});
+    tensor_t datt4 = model_act_view(m, sc, 0, 4, (int64_t[]){B, T, d.Hq, d.D});
+    tensor_t dq4 = model_act_view(m, sc, bq, 4, (int64_t[]){B, T, d.Hq, d.D});
+    tensor_t dqr = model_act_view(m, sc, 2 * bq, 2, (int64_t[]){N, d.Cq});
+    tensor_t dqr4 = model_act_view(m, sc, 2 * bq, 4, (int64_t[]){B, T, d.Hq, d.D});
+    tensor_t dk4 = model_act_view(m, sc, 3 * bq, 4, (int64_t[]){B, T, d.Hkv, d.D});
+    tensor_t dkr = model_act_view(m, sc, 3 * bq + bkv, 2, (int64_t[]){N, d.Ckv});
+    tensor_t dkr4 = model_act_view(m, sc, 3 * bq + bkv, 4, (int64_t[]){B, T, d.Hkv, d.D});
+    tensor_t dv = model_act_view(m, sc, 3 * bq + 2 * bkv, 2, (int64_t[]){N, d.Ckv});
+    tensor_t dv4 = model_act_view(m, sc, 3 * bq + 2 * bkv, 4, (int64_t[]){B, T, d.Hkv, d.D});
+
+    kern_zero(s, &datt);
+    kern_linear_bwd(s, &datt, model_sub_grad(m, sub, A_O), model_sub_grad(m, sub, A_OB), dy,
+                    &v.att, model_sub_param(m, sub, A_O));
+    kern_zero(s, &dq4);
+    kern_zero(s, &dk4);
+    kern_zero(s, &dv4);
+    kern_attention_bwd(s, &dq4, &dk4, &dv4, &datt4, &v.q4, &v.k4, &v.v4, &v.att4, &v.lse, scale,
+                       true, 0);
+    kern_zero(s, &dqr4);
+    kern_zero(s, &dkr4);
+    kern_rope_bwd(s, &dqr4, &dq4, &cos, &sin, r->pos);
+    kern_rope_bwd(s, &dkr4, &dk4, &cos, &sin, r->pos);
+    kern_zero(s, dln);
+    kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_Q), model_sub_grad(m, sub, A_QB), &dqr, ln,
+                    model_sub_param(m, sub, A_Q));
+    kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_K), model_sub_grad(m, sub, A_KB), &dkr, ln,
+                    model_sub_param(m, sub, A_K));
+    kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_V), model_sub_grad(m, sub, A_VB), &dv, ln,
+                    model_sub_param(m, sub, A_V));
+    return model_tp_sum(m, dln, "the attention input gradient", sub->layer);
+}
+
+/* weights: q, k, v, o; scores and values: 2 * T * Hq * D (PaLM's convention,
+ * not halved for the causal mask) */
+static double attn_fma_per_token(const model_config_t *c, int64_t T)
+{
+    const model_attn_config_t *a = &c->attn;
+    double C = (double)c->hidden_size, Cq = (double)(a->num_heads * a->head_dim);
+    double Ckv = (double)(a->num_kv_heads * a->head_dim);
+    return C * Cq * 2 + C * Ckv * 2 + 2.0 * Cq * (double)T;
+}
+
+static const kern_op_t attn_ops[] = {KERN_OP_LINEAR, KERN_OP_ROPE, KERN_OP_ATTENTION,
+                                     KERN_OP_MATMUL, KERN_OP_ELEMENTWISE};
+
+const model_kind_t model_kind_attention = {
+    .name = "attention",
+    .validate = attn_validate,
+    .layout = attn_layout,
+    .saved_bytes = attn_saved_bytes,
+    .scratch_bytes = attn_scratch_bytes,
+    .shared_bytes = attn_shared_bytes,
+    .shared_init = attn_shared_init,
+    .forward = attn_forward,
+    .backward = attn_backward,
+    .fma_per_token = attn_fma_per_token,
+    .ops = attn_ops,
+    .n_ops = (int)(sizeof attn_ops / sizeof attn_ops[0]),
+};

@@ -1,0 +1,113 @@
+/* Block kinds: what a mixer or a feed-forward kind implements, and the
+ * services the model gives it (model/model.c, model/run.c, model/tp.c).
+ *
+ * A sublayer of kind K in layer l computes, on the residual stream x,
+ *     ln = rmsnorm(x; norm weight)       (generic, run.c)
+ *     y  = K.forward(ln)                 (the kind)
+ *     x' = x + y                         (generic)
+ * and backward gets dy = d x' (the residual gradient), returns d ln; the
+ * generic part adds the norm's backward into the residual gradient. So a
+ * kind sees only its own input and output, whole ([N, C] on every TP rank),
+ * and owns everything in between: its tensors and their names under the
+ * prefix the architecture gives, their TP split, what it keeps for
+ * backward, its scratch, and its collectives (a row-parallel output or a
+ * column-parallel input gradient is the kind's to reduce).
+ *
+ * Adding a kind: a file with a const model_kind_t, an entry in its enum
+ * (model/config.h), a sub-config there if it has one, and its row in the
+ * kind tables (model/model.c). No other kind changes.
+ */
+#ifndef BT_MODEL_KIND_H
+#define BT_MODEL_KIND_H
+
+#include "kernels/kernels.h"
+#include "model/model.h"
+
+/* Layout under construction: kinds append their tensors. */
+typedef struct {
+    model_param_t *out; /* NULL: count only */
+    int            n;
+    int            tp_rank, tp_size;
+} model_layout_t;
+
+/* Appends the HF tensor `name` of global shape [d0] (ndim 1) or [d0, d1],
+ * split over the TP group along split_dim in whole runs of `unit` elements
+ * (split_dim -1: replicated, whole on every rank); returns its index. */
+int model_layout_add(model_layout_t *lb, const char *name, int ndim, int64_t d0, int64_t d1,
+                     int split_dim, int64_t unit);
+
+/* What a kind's forward and backward run with. */
+typedef struct {
+    model_t       *m;
+    kern_stream_t *s;           /* m->stream */
+    int64_t        B, T, N;     /* this microbatch; N = B*T */
+    int64_t        T_cap;       /* the arena's T: rows of per-position tables */
+    const tensor_t *pos;        /* [N] i32 positions */
+    const tensor_t *ones;       /* [N, 1] of 1 in the activation dtype (bias after a reduction) */
+    void          *shared;      /* this kind's per-arena state (shared_init), or NULL */
+    void          *scratch;     /* scratch_bytes, shared by every sublayer */
+} model_run_t;
+
+struct model_kind {
+    const char *name; /* "attention", "mlp" */
+    /* Checks the kind's sub-config and that tp_size divides what it splits,
+     * naming the config field. */
+    bt_status_t (*validate)(const model_config_t *c, int tp_size);
+    /* Appends the sublayer's tensors (names "<prefix>.<tensor>"), filling
+     * sub->ix with their indices (-1 for absent optional ones). */
+    void (*layout)(model_layout_t *lb, const model_config_t *c, const char *prefix,
+                   model_sub_t *sub);
+    /* Bytes one microbatch of B x T keeps between forward and backward, and
+     * the scratch its forward/backward needs (shared by all sublayers). */
+    size_t (*saved_bytes)(const model_t *m, int64_t B, int64_t T);
+    size_t (*scratch_bytes)(const model_t *m, int64_t B, int64_t T);
+    /* State shared by every sublayer of this kind in one arena (e.g. RoPE
+     * tables): its size, and filling it once (NULL when none). Fails when T
+     * is not supported (a sliding window shorter than T). */
+    size_t (*shared_bytes)(const model_t *m, int64_t T);
+    bt_status_t (*shared_init)(const model_t *m, int64_t T, void *shared);
+    /* y[N, C] (overwritten) from ln[N, C]; saved is this sublayer's region. */
+    bt_status_t (*forward)(model_run_t *r, const model_sub_t *sub, void *saved, const tensor_t *ln,
+                           tensor_t *y);
+    /* dln[N, C] (overwritten) from dy[N, C]; parameter gradients accumulate. */
+    bt_status_t (*backward)(model_run_t *r, const model_sub_t *sub, void *saved,
+                            const tensor_t *ln, const tensor_t *dy, tensor_t *dln);
+    /* Multiply-adds per token of forward (weights and, for attention, the
+     * score and value products at sequence length T), for MFU. */
+    double (*fma_per_token)(const model_config_t *c, int64_t T);
+    const kern_op_t *ops; /* kernel ops it calls, checked with kern_supports */
+    int              n_ops;
+};
+
+extern const model_kind_t model_kind_attention;
+extern const model_kind_t model_kind_mlp;
+
+/* The kind of a mixer / feed-forward enum value (NULL for NONE). */
+const model_kind_t *model_mixer_kind(unsigned k);
+const model_kind_t *model_ffn_kind(unsigned k);
+/* Every kind the layers of c use checks its sub-config at tp_size. */
+bt_status_t model_config_kinds_validate(const model_config_t *c, int tp_size);
+
+/* ---- services for kinds ---------------------------------------------------- */
+
+/* A view of `bytes` at byte offset off of region base (kinds carve their
+ * saved and scratch regions with it), in the activation dtype. */
+tensor_t model_act_view(const model_t *m, void *base, size_t off, int ndim, const int64_t *shape);
+/* The parameter (or its gradient) in slot `slot` of sub; NULL when absent. */
+const tensor_t *model_sub_param(const model_t *m, const model_sub_t *sub, int slot);
+tensor_t       *model_sub_grad(model_t *m, const model_sub_t *sub, int slot);
+
+/* t reduced (sum) in place over the TP group; nothing without TP. Memory
+ * the collective cannot take is staged through host memory. `what` and
+ * `layer` (-1: none) name the tensor in the error. */
+bt_status_t model_tp_sum(model_t *m, tensor_t *t, const char *what, int layer);
+/* Row-parallel linear: out[N, OC] = sum over TP ranks of x_r w_r^T, then the
+ * replicated bias added once after the sum. */
+bt_status_t model_row_parallel_fwd(model_run_t *r, tensor_t *out, const tensor_t *x,
+                                   const tensor_t *w, const tensor_t *bias, const char *what,
+                                   int layer);
+
+/* Bytes rounded up so that carved views start on 64-byte boundaries. */
+static inline size_t model_align(size_t n) { return (n + 63) / 64 * 64; }
+
+#endif

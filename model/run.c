@@ -1,0 +1,612 @@
+/* Running a model stage: the activation arena, the embedding, the
+ * sublayer loop (pre-norm, kind, residual) and the head, forward and
+ * backward (model/model.h, model/kind.h).
+ *
+ *   x[0]          = embedding(ids)   (or the stage's input)
+ *   ln[s], rstd[s]= rmsnorm(x[s])
+ *   x[s+1]        = x[s] + kind_s(ln[s])
+ *   head          = rmsnorm(x[S]) -> lm_head -> cross-entropy, in row chunks
+ *
+ * Everything lives in one device allocation per arena; the host keeps only
+ * its inputs (ids, targets, positions) and the losses it downloads. The head
+ * runs in row chunks so that the [N, vocab] logits never exist whole, and
+ * when a backward will follow it computes its gradients in the same pass.
+ *
+ * Tensor parallelism: the embedding output and the head's final-norm
+ * gradient are all-reduced here; the vocabulary-parallel loss's row max
+ * (MAX) and sum-exp/target logit (SUM) too. The kinds reduce their own
+ * outputs and input gradients. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "kernels/kernels.h"
+#include "model/kind.h"
+#include "model/model_int.h"
+
+/* Rows per head chunk: bounds the logits scratch to about 4M elements. */
+#define MODEL_HEAD_CHUNK_ELEMS (4u << 20)
+#define MODEL_MAX_KINDS 8
+
+struct model_acts {
+    model_t *m;
+    int64_t  B, T;       /* capacity */
+    int64_t  cb, ct;     /* shape of the last forward */
+    bool     grad_ready; /* last forward had dloss > 0 */
+    int64_t  head_chunk; /* rows per head chunk */
+    void    *mem;        /* device: everything below */
+    size_t   bytes;
+    /* device regions */
+    void    *x;          /* [S+1, N, C] residual stream at every sublayer boundary */
+    void    *ln;         /* [S, N, C] */
+    float   *rstd;       /* [S, N] */
+    void    *saved;      /* the sublayers' saved regions, at saved_off[s] */
+    size_t  *saved_off;  /* [S] (host array of offsets) */
+    int32_t *ids, *targets, *pos; /* [N] */
+    void    *ones;       /* [N] of 1 */
+    void    *tmp, *dres, *dln;    /* [N, C] */
+    void    *scratch;    /* the largest kind scratch */
+    /* head */
+    void    *lnf, *dlnf; /* [N, C] */
+    float   *rstdf;      /* [N] */
+    void    *logits, *dlogits; /* [chunk, V] (this rank's vocabulary) */
+    float   *losses;     /* [N] */
+    float   *vmax, *vsum; /* [chunk], [2, chunk] vocabulary-parallel row max; sum-exp, target */
+    /* each kind's shared state */
+    const model_kind_t *shared_kind[MODEL_MAX_KINDS];
+    void               *shared[MODEL_MAX_KINDS];
+    int                 n_shared;
+    /* host */
+    int32_t *h_pos;      /* [N] */
+    float   *h_losses;   /* [N] */
+};
+
+/* ---- views ------------------------------------------------------------------ */
+
+tensor_t model_act_view(const model_t *m, void *base, size_t off, int ndim, const int64_t *shape)
+{
+    return tensor_make((char *)base + off, m->place.act_dtype, m->place.dev, ndim, shape);
+}
+
+static tensor_t f32_view(const model_t *m, void *base, int ndim, const int64_t *shape)
+{
+    return tensor_make(base, DT_F32, m->place.dev, ndim, shape);
+}
+
+static tensor_t i32_view(const model_t *m, void *base, int64_t n)
+{
+    return tensor_make(base, DT_I32, m->place.dev, 1, &n);
+}
+
+const tensor_t *model_sub_param(const model_t *m, const model_sub_t *sub, int slot)
+{
+    int i = sub->ix[slot];
+    return i >= 0 ? &m->params[i].t : NULL;
+}
+
+tensor_t *model_sub_grad(model_t *m, const model_sub_t *sub, int slot)
+{
+    int i = sub->ix[slot];
+    return i >= 0 ? &m->grads[i].t : NULL;
+}
+
+static const tensor_t *P(const model_t *m, int ix) { return ix >= 0 ? &m->params[ix].t : NULL; }
+static tensor_t *G(model_t *m, int ix) { return ix >= 0 ? &m->grads[ix].t : NULL; }
+
+/* [N, C] row s (0-based) of a stacked region */
+static tensor_t stack_view(const model_t *m, void *base, int64_t s, int64_t N, int64_t C)
+{
+    size_t es = dtype_size(m->place.act_dtype);
+    return model_act_view(m, base, (size_t)(s * N * C) * es, 2, (int64_t[]){N, C});
+}
+
+static void *shared_of(const model_acts_t *a, const model_kind_t *k)
+{
+    for (int i = 0; i < a->n_shared; i++)
+        if (a->shared_kind[i] == k) return a->shared[i];
+    return NULL;
+}
+
+/* ---- the arena ---------------------------------------------------------------- */
+
+typedef struct {
+    size_t off;
+} carver_t;
+
+static size_t take(carver_t *c, size_t bytes)
+{
+    size_t at = c->off;
+    c->off += model_align(bytes ? bytes : 1);
+    return at;
+}
+
+bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **out)
+{
+    const model_config_t *c = &m->cfg;
+    if (B <= 0 || T <= 0) {
+        log_error("model: activation arena needs B > 0 and T > 0 (got %lld, %lld)", (long long)B,
+                  (long long)T);
+        return BT_ERR_INVALID;
+    }
+    model_acts_t *a = calloc(1, sizeof *a);
+    if (!a) return BT_ERR_NOMEM;
+    a->m = m;
+    a->B = B;
+    a->T = T;
+    int S = m->n_subs;
+    int64_t N = B * T, C = c->hidden_size, V = m->vocab;
+    size_t es = dtype_size(m->place.act_dtype), NC = (size_t)(N * C) * es;
+    a->head_chunk = (int64_t)(MODEL_HEAD_CHUNK_ELEMS / (size_t)V);
+    if (a->head_chunk < 1) a->head_chunk = 1;
+    if (a->head_chunk > N) a->head_chunk = N;
+    size_t chunk = (size_t)a->head_chunk;
+    a->saved_off = calloc((size_t)S + 1, sizeof *a->saved_off);
+    a->h_pos = malloc((size_t)N * sizeof *a->h_pos);
+    a->h_losses = malloc((size_t)N * sizeof *a->h_losses);
+    if (!a->saved_off || !a->h_pos || !a->h_losses) {
+        model_acts_destroy(a);
+        return BT_ERR_NOMEM;
+    }
+    /* first pass: offsets; second: pointers into the one allocation */
+    carver_t cv = {0};
+    size_t o_x = take(&cv, (size_t)(S + 1) * NC), o_ln = take(&cv, (size_t)S * NC);
+    size_t o_rstd = take(&cv, (size_t)(S * N) * sizeof(float));
+    size_t o_saved = cv.off, scratch = 0;
+    for (int s = 0; s < S; s++) {
+        const model_kind_t *k = m->subs[s].kind;
+        a->saved_off[s] = take(&cv, k->saved_bytes(m, B, T)) - o_saved;
+        size_t sc = k->scratch_bytes(m, B, T);
+        if (sc > scratch) scratch = sc;
+        bool have = false;
+        for (int i = 0; i < a->n_shared; i++) have |= a->shared_kind[i] == k;
+        if (!have && k->shared_bytes) {
+            if (a->n_shared == MODEL_MAX_KINDS) BT_PANIC("model acts: more than %d kinds", MODEL_MAX_KINDS);
+            a->shared_kind[a->n_shared] = k;
+            a->shared[a->n_shared++] = (void *)(uintptr_t)take(&cv, k->shared_bytes(m, T));
+        }
+    }
+    size_t o_ids = take(&cv, (size_t)N * 4), o_tg = take(&cv, (size_t)N * 4);
+    size_t o_pos = take(&cv, (size_t)N * 4), o_ones = take(&cv, (size_t)N * es);
+    size_t o_tmp = take(&cv, NC), o_dres = take(&cv, NC), o_dln = take(&cv, NC);
+    size_t o_scr = take(&cv, scratch);
+    size_t o_lnf = 0, o_dlnf = 0, o_rstdf = 0, o_lg = 0, o_dlg = 0, o_loss = 0, o_vmax = 0,
+           o_vsum = 0;
+    if (m->stage.has_head) {
+        o_lnf = take(&cv, NC);
+        o_dlnf = take(&cv, NC);
+        o_rstdf = take(&cv, (size_t)N * sizeof(float));
+        o_lg = take(&cv, chunk * (size_t)V * es);
+        o_dlg = take(&cv, chunk * (size_t)V * es);
+        o_loss = take(&cv, (size_t)N * sizeof(float));
+        o_vmax = take(&cv, chunk * sizeof(float));
+        o_vsum = take(&cv, 2 * chunk * sizeof(float));
+    }
+    a->bytes = cv.off;
+    if (kern_mem_alloc(m->place.dev, a->bytes, &a->mem) != BT_OK) {
+        log_error("model: cannot allocate %.1f MB of activations for B=%lld T=%lld",
+                  (double)a->bytes / 1e6, (long long)B, (long long)T);
+        model_acts_destroy(a);
+        return BT_ERR_NOMEM;
+    }
+    char *base = a->mem;
+#define AT(o) ((void *)(base + (o)))
+    a->x = AT(o_x);
+    a->ln = AT(o_ln);
+    a->rstd = AT(o_rstd);
+    a->saved = AT(o_saved);
+    for (int i = 0; i < a->n_shared; i++) a->shared[i] = AT((size_t)(uintptr_t)a->shared[i]);
+    a->ids = AT(o_ids);
+    a->targets = AT(o_tg);
+    a->pos = AT(o_pos);
+    a->ones = AT(o_ones);
+    a->tmp = AT(o_tmp);
+    a->dres = AT(o_dres);
+    a->dln = AT(o_dln);
+    a->scratch = AT(o_scr);
+    if (m->stage.has_head) {
+        a->lnf = AT(o_lnf);
+        a->dlnf = AT(o_dlnf);
+        a->rstdf = AT(o_rstdf);
+        a->logits = AT(o_lg);
+        a->dlogits = AT(o_dlg);
+        a->losses = AT(o_loss);
+        a->vmax = AT(o_vmax);
+        a->vsum = AT(o_vsum);
+    }
+#undef AT
+    bt_status_t st = BT_OK;
+    for (int i = 0; i < a->n_shared && st == BT_OK; i++)
+        st = a->shared_kind[i]->shared_init(m, T, a->shared[i]);
+    if (st == BT_OK) {
+        /* the ones vector, in the activation dtype */
+        float *one = malloc((size_t)N * sizeof *one);
+        if (!one) st = BT_ERR_NOMEM;
+        else {
+            for (int64_t i = 0; i < N; i++) one[i] = 1.0f;
+            tensor_t src = tensor_1d(one, DT_F32, N);
+            tensor_t dst = tensor_on(src, DEVICE_CPU);
+            void *conv = es == 4 ? one : malloc((size_t)N * es);
+            if (!conv) st = BT_ERR_NOMEM;
+            else {
+                if (conv != one) {
+                    dst.dtype = m->place.act_dtype;
+                    dst.data = conv;
+                    kern_copy(kern_stream_host(), &dst, &src);
+                }
+                tensor_t ones = model_act_view(m, a->ones, 0, 1, &N);
+                kern_upload(m->stream, &ones, conv);
+                st = kern_stream_sync(m->stream);
+                if (conv != one) free(conv);
+            }
+            free(one);
+        }
+    }
+    if (st != BT_OK) {
+        model_acts_destroy(a);
+        return st;
+    }
+    *out = a;
+    return BT_OK;
+}
+
+void model_acts_destroy(model_acts_t *a)
+{
+    if (!a) return;
+    kern_mem_free(a->m->place.dev, a->mem);
+    free(a->h_losses);
+    free(a->h_pos);
+    free(a->saved_off);
+    free(a);
+}
+
+tensor_t model_acts_x_in(model_acts_t *a, int64_t B, int64_t T)
+{
+    return model_act_view(a->m, a->x, 0, 3, (int64_t[]){B, T, a->m->cfg.hidden_size});
+}
+
+tensor_t model_acts_x_out(model_acts_t *a)
+{
+    int64_t N = a->cb * a->ct, C = a->m->cfg.hidden_size;
+    size_t es = dtype_size(a->m->place.act_dtype);
+    return model_act_view(a->m, a->x, (size_t)((int64_t)a->m->n_subs * N * C) * es, 3,
+                          (int64_t[]){a->cb, a->ct, C});
+}
+
+tensor_t model_acts_dx_out(model_acts_t *a)
+{
+    return model_act_view(a->m, a->dres, 0, 3, (int64_t[]){a->cb, a->ct, a->m->cfg.hidden_size});
+}
+
+tensor_t model_acts_dx_in(model_acts_t *a) { return model_acts_dx_out(a); }
+
+/* ---- the head ------------------------------------------------------------------ */
+
+/* logits_out[rows, V] (row stride V, host) = the whole-vocabulary logits of
+ * one chunk: this rank's [rows, Vr] downloaded and, with TP, gathered. */
+static bt_status_t head_logits_out(model_t *m, float *logits_out, const tensor_t *logits,
+                                   int64_t rows)
+{
+    int tp = m->par.tp_size;
+    int64_t V = m->cfg.vocab_size, Vr = m->vocab;
+    float *mine = malloc((size_t)(rows * Vr) * sizeof *mine);
+    if (!mine) return BT_ERR_NOMEM;
+    tensor_t lv = *logits;
+    bt_status_t st = BT_OK;
+    if (lv.dtype == DT_F32) {
+        kern_download(m->stream, mine, &lv);
+        st = kern_stream_sync(m->stream);
+    } else {
+        /* via the parameter reader's conversion path */
+        void *raw = malloc(tensor_nbytes(&lv));
+        if (!raw) st = BT_ERR_NOMEM;
+        else {
+            kern_download(m->stream, raw, &lv);
+            st = kern_stream_sync(m->stream);
+            tensor_t src = tensor_on(lv, DEVICE_CPU), dst = tensor_on(lv, DEVICE_CPU);
+            src.data = raw;
+            dst.dtype = DT_F32;
+            dst.data = mine;
+            if (st == BT_OK) kern_copy(kern_stream_host(), &dst, &src);
+            free(raw);
+        }
+    }
+    if (st != BT_OK) goto out;
+    if (tp == 1) {
+        memcpy(logits_out, mine, (size_t)(rows * V) * sizeof(float));
+        goto out;
+    }
+    size_t *counts = malloc((size_t)tp * sizeof *counts);
+    float *all = malloc((size_t)(rows * V) * sizeof *all);
+    st = BT_ERR_NOMEM;
+    if (counts && all) {
+        for (int r = 0; r < tp; r++) {
+            int64_t start, n;
+            model_vocab_split(V, tp, r, &start, &n);
+            counts[r] = (size_t)(rows * n);
+        }
+        st = coll_all_gather(m->par.tp_comm, all, mine, counts, DT_F32);
+        if (st != BT_OK) log_error("model: TP all-gather of the logits failed: %s", bt_status_str(st));
+        const float *blk = all;
+        for (int r = 0; r < tp && st == BT_OK; r++) {
+            int64_t start, n;
+            model_vocab_split(V, tp, r, &start, &n);
+            for (int64_t i = 0; i < rows; i++)
+                memcpy(logits_out + i * V + start, blk + i * n, (size_t)n * sizeof(float));
+            blk += rows * n;
+        }
+    }
+    free(all);
+    free(counts);
+out:
+    free(mine);
+    return st;
+}
+
+/* Cross-entropy of one chunk: fused without TP; with TP the vocabulary-
+ * parallel three passes around an all-reduce MAX and one SUM (sum-exp and
+ * target logit in one buffer). losses come out whole on every rank, dlogits
+ * (when non-NULL) for this rank's vocabulary slice. */
+static bt_status_t head_xent(model_t *m, model_acts_t *a, tensor_t *losses, tensor_t *dlogits,
+                             const tensor_t *logits, const tensor_t *tg, float dloss)
+{
+    kern_stream_t *s = m->stream;
+    if (m->par.tp_size == 1) {
+        kern_xent_fwd_bwd(s, losses, dlogits, logits, tg, dloss, MODEL_IGNORE_INDEX);
+        return BT_OK;
+    }
+    int64_t rows = logits->shape[0];
+    tensor_t gmax = f32_view(m, a->vmax, 1, &rows), sumexp = f32_view(m, a->vsum, 1, &rows);
+    tensor_t tgt = f32_view(m, a->vsum + rows, 1, &rows);
+    tensor_t both = f32_view(m, a->vsum, 1, (int64_t[]){2 * rows});
+    kern_xent_vp_max(s, &gmax, logits);
+    bt_status_t st = model_tp_reduce(m, &gmax, COLL_MAX, "the logits' row max", -1);
+    if (st != BT_OK) return st;
+    kern_xent_vp_sum(s, &sumexp, &tgt, logits, &gmax, tg, m->vocab_start, MODEL_IGNORE_INDEX);
+    st = model_tp_reduce(m, &both, COLL_SUM, "the logits' sum-exp", -1);
+    if (st != BT_OK) return st;
+    kern_xent_vp_finish(s, losses, dlogits, logits, &gmax, &sumexp, &tgt, tg, m->vocab_start,
+                        dloss, MODEL_IGNORE_INDEX);
+    return BT_OK;
+}
+
+/* Final norm, lm_head and cross-entropy over row chunks. With dloss > 0 the
+ * lm_head gradient and d(final norm output) (dlnf) are computed too; with
+ * TP each rank adds its vocabulary slice's share to dlnf, summed once at the
+ * end. */
+static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t *b, float dloss,
+                                model_loss_t *loss)
+{
+    kern_stream_t *s = m->stream;
+    const model_config_t *c = &m->cfg;
+    int64_t N = b->B * b->T, C = c->hidden_size, V = m->vocab;
+    size_t es = dtype_size(m->place.act_dtype);
+    tensor_t x = stack_view(m, a->x, m->n_subs, N, C);
+    tensor_t lnf = stack_view(m, a->lnf, 0, N, C), rstdf = f32_view(m, a->rstdf, 1, &N);
+    kern_rmsnorm_fwd(s, &lnf, &rstdf, &x, P(m, m->final_norm), (float)c->rms_norm_eps);
+    tensor_t dlnf = stack_view(m, a->dlnf, 0, N, C);
+    if (dloss > 0) kern_zero(s, &dlnf);
+    tensor_t all_losses = f32_view(m, a->losses, 1, &N);
+    kern_zero(s, &all_losses);
+    int64_t scored = 0;
+    bt_status_t st;
+    for (int64_t r0 = 0; r0 < N; r0 += a->head_chunk) {
+        int64_t rows = N - r0 < a->head_chunk ? N - r0 : a->head_chunk;
+        int64_t k = model_count_scored(b->targets + r0, rows);
+        if (!b->logits_out && k == 0) continue;
+        tensor_t xin = model_act_view(m, a->lnf, (size_t)(r0 * C) * es, 2, (int64_t[]){rows, C});
+        tensor_t logits = model_act_view(m, a->logits, 0, 2, (int64_t[]){rows, V});
+        tensor_t dlogits = model_act_view(m, a->dlogits, 0, 2, (int64_t[]){rows, V});
+        tensor_t losses = f32_view(m, a->losses + r0, 1, &rows);
+        tensor_t tg = i32_view(m, a->targets + r0, rows);
+        kern_linear_fwd(s, &logits, &xin, P(m, m->lm_head), NULL);
+        if (b->logits_out &&
+            (st = head_logits_out(m, b->logits_out + r0 * c->vocab_size, &logits, rows)) != BT_OK)
+            return st;
+        if ((st = head_xent(m, a, &losses, dloss > 0 ? &dlogits : NULL, &logits, &tg, dloss)))
+            return st;
+        scored += k;
+        if (dloss > 0) {
+            tensor_t dx = model_act_view(m, a->dlnf, (size_t)(r0 * C) * es, 2, (int64_t[]){rows, C});
+            kern_linear_bwd(s, &dx, G(m, m->lm_head), NULL, &dlogits, &xin, P(m, m->lm_head));
+        }
+    }
+    if (dloss > 0 && (st = model_tp_reduce(m, &dlnf, COLL_SUM, "d model.norm", -1)) != BT_OK)
+        return st;
+    kern_download(s, a->h_losses, &all_losses);
+    if ((st = kern_stream_sync(s)) != BT_OK) return st;
+    /* in position order; positions not scored hold 0 */
+    double sum = 0.0;
+    for (int64_t i = 0; i < N; i++) sum += a->h_losses[i];
+    loss->loss_sum = sum;
+    loss->n_scored = scored;
+    return BT_OK;
+}
+
+/* ---- forward and backward --------------------------------------------------------- */
+
+static model_run_t run_ctx(model_t *m, model_acts_t *a, int64_t B, int64_t T, tensor_t *pos,
+                           tensor_t *ones)
+{
+    int64_t N = B * T;
+    *pos = i32_view(m, a->pos, N);
+    *ones = model_act_view(m, a->ones, 0, 2, (int64_t[]){N, 1});
+    return (model_run_t){.m = m, .s = m->stream, .B = B, .T = T, .N = N, .T_cap = a->T,
+                         .pos = pos, .ones = ones, .scratch = a->scratch};
+}
+
+bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t *b, float dloss,
+                                model_loss_t *loss)
+{
+    const model_config_t *c = &m->cfg;
+    const model_stage_t *st_ = &m->stage;
+    kern_stream_t *s = m->stream;
+    if (a->m != m || b->B <= 0 || b->T <= 0 || b->B * b->T > a->B * a->T || b->T > a->T) {
+        log_error("model: batch %lldx%lld does not fit the activation arena %lldx%lld",
+                  (long long)b->B, (long long)b->T, (long long)a->B, (long long)a->T);
+        return BT_ERR_INVALID;
+    }
+    if ((st_->has_embedding && !b->ids) || (st_->has_head && (!b->targets || !loss))) {
+        log_error("model: stage [%d,%d) needs %s", st_->first_layer, st_->last_layer,
+                  st_->has_embedding && !b->ids ? "token ids" : "targets and a loss");
+        return BT_ERR_INVALID;
+    }
+    int64_t N = b->B * b->T, C = c->hidden_size;
+    bt_status_t st;
+    if (dloss > 0 && (st = model_grads_alloc(m)) != BT_OK) return st;
+    if (st_->has_embedding) {
+        for (int64_t i = 0; i < N; i++)
+            if (b->ids[i] < 0 || b->ids[i] >= c->vocab_size) {
+                log_error("model: token id %d at row %lld position %lld outside the vocabulary "
+                          "(%lld)",
+                          b->ids[i], (long long)(i / b->T), (long long)(i % b->T),
+                          (long long)c->vocab_size);
+                return BT_ERR_INVALID;
+            }
+        tensor_t ids = i32_view(m, a->ids, N);
+        kern_upload(s, &ids, b->ids);
+    }
+    if (st_->has_head) {
+        for (int64_t i = 0; i < N; i++)
+            if (b->targets[i] != MODEL_IGNORE_INDEX &&
+                (b->targets[i] < 0 || b->targets[i] >= c->vocab_size)) {
+                log_error("model: target %d at row %lld position %lld outside the vocabulary",
+                          b->targets[i], (long long)(i / b->T), (long long)(i % b->T));
+                return BT_ERR_INVALID;
+            }
+        tensor_t tg = i32_view(m, a->targets, N);
+        kern_upload(s, &tg, b->targets);
+    }
+    for (int64_t i = 0; i < N; i++) {
+        int32_t p = b->pos ? b->pos[i] : (int32_t)(i % b->T);
+        if (p < 0 || p >= a->T) {
+            log_error("model: position %d outside the rope table [0, %lld)", p, (long long)a->T);
+            return BT_ERR_INVALID;
+        }
+        a->h_pos[i] = p;
+    }
+    tensor_t pos, ones;
+    model_run_t r = run_ctx(m, a, b->B, b->T, &pos, &ones);
+    kern_upload(s, &pos, a->h_pos);
+    a->cb = b->B;
+    a->ct = b->T;
+    a->grad_ready = false;
+
+    tensor_t x0 = stack_view(m, a->x, 0, N, C);
+    if (st_->has_embedding) {
+        /* vocab-parallel: rows outside this rank's slice are zero, so the
+         * sum over the group is the lookup */
+        tensor_t ids = i32_view(m, a->ids, N);
+        kern_embedding_fwd(s, &x0, P(m, m->embed), &ids, m->vocab_start);
+        if ((st = model_tp_sum(m, &x0, "the embedding", -1)) != BT_OK) return st;
+    }
+    tensor_t tmp = stack_view(m, a->tmp, 0, N, C);
+    float eps = (float)c->rms_norm_eps;
+    for (int k = 0; k < m->n_subs; k++) {
+        const model_sub_t *sub = &m->subs[k];
+        tensor_t x = stack_view(m, a->x, k, N, C), xn = stack_view(m, a->x, k + 1, N, C);
+        tensor_t ln = stack_view(m, a->ln, k, N, C);
+        tensor_t rstd = f32_view(m, a->rstd + k * N, 1, &N);
+        kern_rmsnorm_fwd(s, &ln, &rstd, &x, P(m, sub->norm), eps);
+        r.shared = shared_of(a, sub->kind);
+        if ((st = sub->kind->forward(&r, sub, (char *)a->saved + a->saved_off[k], &ln, &tmp)))
+            return st;
+        kern_add(s, &xn, &x, &tmp);
+    }
+    if (st_->has_head && (st = head_forward(m, a, b, dloss, loss)) != BT_OK) return st;
+    if ((st = kern_stream_sync(s)) != BT_OK) return st;
+    a->grad_ready = dloss > 0;
+    return BT_OK;
+}
+
+bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
+{
+    const model_stage_t *st_ = &m->stage;
+    kern_stream_t *s = m->stream;
+    if (!a->grad_ready) {
+        log_error("model: backward without a forward with dloss > 0 on this arena");
+        return BT_ERR_INVALID;
+    }
+    int64_t B = a->cb, T = a->ct, N = B * T, C = m->cfg.hidden_size;
+    tensor_t dres = stack_view(m, a->dres, 0, N, C), dln = stack_view(m, a->dln, 0, N, C);
+    if (st_->has_head) {
+        tensor_t x = stack_view(m, a->x, m->n_subs, N, C);
+        tensor_t dlnf = stack_view(m, a->dlnf, 0, N, C), rstdf = f32_view(m, a->rstdf, 1, &N);
+        kern_zero(s, &dres);
+        kern_rmsnorm_bwd(s, &dres, G(m, m->final_norm), &dlnf, &x, P(m, m->final_norm), &rstdf);
+    }
+    a->grad_ready = false; /* a failed collective leaves partial gradients */
+    tensor_t pos, ones;
+    model_run_t r = run_ctx(m, a, B, T, &pos, &ones);
+    bt_status_t st;
+    for (int k = m->n_subs - 1; k >= 0; k--) {
+        const model_sub_t *sub = &m->subs[k];
+        tensor_t x = stack_view(m, a->x, k, N, C), ln = stack_view(m, a->ln, k, N, C);
+        tensor_t rstd = f32_view(m, a->rstd + k * N, 1, &N);
+        r.shared = shared_of(a, sub->kind);
+        if ((st = sub->kind->backward(&r, sub, (char *)a->saved + a->saved_off[k], &ln, &dres,
+                                      &dln)))
+            return st;
+        kern_rmsnorm_bwd(s, &dres, G(m, sub->norm), &dln, &x, P(m, sub->norm), &rstd);
+    }
+    if (st_->has_embedding) {
+        tensor_t ids = i32_view(m, a->ids, N);
+        kern_embedding_bwd(s, G(m, m->embed), &dres, &ids, m->vocab_start);
+    }
+    return kern_stream_sync(s);
+}
+
+bt_status_t model_stage_forward_io(model_t *m, model_acts_t *a, const model_batch_t *b,
+                                   const void *x_in, float dloss, void *x_out,
+                                   model_loss_t *loss)
+{
+    if ((!m->stage.has_embedding && !x_in) || (!m->stage.has_head && !x_out)) {
+        log_error("model: stage [%d,%d) needs %s", m->stage.first_layer, m->stage.last_layer,
+                  !m->stage.has_embedding && !x_in ? "hidden-state input" : "an output buffer");
+        return BT_ERR_INVALID;
+    }
+    if (!m->stage.has_embedding) {
+        tensor_t x = model_acts_x_in(a, b->B, b->T);
+        kern_upload(m->stream, &x, x_in);
+    }
+    bt_status_t st = model_stage_forward(m, a, b, dloss, m->stage.has_head ? loss : NULL);
+    if (st != BT_OK || m->stage.has_head) return st;
+    tensor_t y = model_acts_x_out(a);
+    kern_download(m->stream, x_out, &y);
+    return kern_stream_sync(m->stream);
+}
+
+bt_status_t model_stage_backward_io(model_t *m, model_acts_t *a, const void *dx_out, void *dx_in)
+{
+    if ((!m->stage.has_head && !dx_out) || (!m->stage.has_embedding && !dx_in)) {
+        log_error("model: stage [%d,%d) backward needs %s", m->stage.first_layer,
+                  m->stage.last_layer, !dx_out && !m->stage.has_head ? "dx_out" : "dx_in");
+        return BT_ERR_INVALID;
+    }
+    if (!a->grad_ready) {
+        log_error("model: backward without a forward with dloss > 0 on this arena");
+        return BT_ERR_INVALID;
+    }
+    if (!m->stage.has_head) {
+        tensor_t d = model_acts_dx_out(a);
+        kern_upload(m->stream, &d, dx_out);
+    }
+    bt_status_t st = model_stage_backward(m, a);
+    if (st != BT_OK || m->stage.has_embedding) return st;
+    tensor_t dx = model_acts_dx_in(a);
+    kern_download(m->stream, dx_in, &dx);
+    return kern_stream_sync(m->stream);
+}
+
+bt_status_t model_forward_backward(model_t *m, model_acts_t *a, const model_batch_t *batch,
+                                   float dloss, model_loss_t *loss)
+{
+    if (!m->stage.has_embedding || !m->stage.has_head) {
+        log_error("model: model_forward_backward needs a whole model (embedding and head)");
+        return BT_ERR_INVALID;
+    }
+    bt_status_t st = model_stage_forward(m, a, batch, dloss, loss);
+    if (st != BT_OK || dloss <= 0) return st;
+    return model_stage_backward(m, a);
+}
