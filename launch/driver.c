@@ -20,6 +20,7 @@
 #include "base/file.h"
 #include "ckpt/hf.h"
 #include "launch/graph.h"
+#include "launch/jobdir.h"
 #include "launch/plot.h"
 #include "launch/run_setup.h"
 #include "launch/spawn.h"
@@ -149,6 +150,19 @@ static void fail(driver_t *d, bt_status_t st, int rank, const char *fmt, ...)
     actor_timer_start(&d->a, &d->diag, 0.25, 0, diag_fire);
 }
 
+/* After every print: SIGPIPE is ignored (driver_main), so a standard output
+ * nobody reads any more (`baton run JOB | head -1`) shows as a failed
+ * write. The job then stops as for a signal: every worker is stopped and
+ * reaped and the run directory removed. */
+static void drv_stdout_check(driver_t *d)
+{
+    int err = errno; /* callers clear errno before their prints */
+    if (fflush(stdout)) err = errno;
+    else if (!ferror(stdout)) return;
+    fail(d, BT_ERR_CANCELED, -1, "cannot write to standard output (%s); nobody reads the progress",
+         err ? strerror(err) : "an earlier write failed");
+}
+
 static bool file_exists(const char *dir, const char *name)
 {
     char p[1024];
@@ -268,6 +282,7 @@ static void done(driver_t *d);
 /* What follows step d->step (or the evaluation after it). */
 static void next_after(driver_t *d, bool evaluated)
 {
+    if (d->phase == DRV_FAILING || d->phase == DRV_DONE) return;
     int64_t steps = d->job->train.steps, every = d->job->train.eval_every;
     if (!evaluated && d->has_eval &&
         (d->step == steps || (every && d->step % every == 0))) {
@@ -365,6 +380,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
             done(d);
             return ACTOR_DONE;
         }
+        errno = 0;
         printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)d->step, vloss, exp(vloss));
         plot_curve_push(&d->val_curve, (double)d->step, vloss);
         if (d->metrics) {
@@ -373,7 +389,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
             fflush(d->metrics);
         }
         if (d->step == steps) printf("final validation loss %.4f, perplexity %.2f\n", vloss, exp(vloss));
-        fflush(stdout);
+        drv_stdout_check(d);
         next_after(d, true);
         return ACTOR_DONE;
     }
@@ -392,8 +408,10 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
                              .loss = loss, .lr = d->lr, .grad_norm = d->grad_norm,
                              .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta};
     run_metrics_write(d->metrics, &rep);
+    errno = 0;
     if (!d->quiet && (d->step == 1 || d->step % d->job->train.log_every == 0 || d->step == steps))
         run_progress_print(&rep);
+    drv_stdout_check(d);
     next_after(d, false);
     return ACTOR_DONE;
 }
@@ -550,27 +568,6 @@ static bt_status_t file_write(const char *dir, const char *name, const void *dat
     return BT_OK;
 }
 
-static void run_dir_remove(const char *dir)
-{
-    char p[1024];
-    const char *fixed[] = {RUN_FILE_JOB, RUN_FILE_SETS, RUN_FILE_SECRET, RUN_FILE_DRIVER,
-                           RUN_FILE_BOOK, RUN_FILE_BOOK ".tmp", RUN_FILE_EVAL, RUN_FILE_MODE};
-    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, fixed[i]);
-        unlink(p);
-    }
-    for (int r = 0; r < GRAPH_MAX_WORLD; r++) {
-        snprintf(p, sizeof p, "%s/rank.%d", dir, r);
-        if (unlink(p) && r > 0) {
-            snprintf(p, sizeof p, "%s/rank.%d.tmp", dir, r);
-            unlink(p);
-        }
-        snprintf(p, sizeof p, "%s/rank.%d.tmp", dir, r);
-        unlink(p);
-    }
-    rmdir(dir);
-}
-
 static unsigned xport_kinds(const job_t *job)
 {
     unsigned kinds = 1u << XPORT_TCP;
@@ -671,29 +668,34 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         return 1;
     }
 
-    /* private run directory: secret, job, overrides, rendezvous files */
-    char run_dir[512];
-    const char *tmpdir = getenv("TMPDIR");
-    snprintf(run_dir, sizeof run_dir, "%s/baton-run-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
-    if (!mkdtemp(run_dir)) {
-        fprintf(stderr, "baton run: cannot create a run directory in %s: %s\n",
-                tmpdir && *tmpdir ? tmpdir : "/tmp", strerror(errno));
+    /* Private run directory: job, overrides, rendezvous files. It goes away
+     * with the driver however the driver ends (launch/jobdir.h). A closed
+     * standard output must not kill the driver before it has stopped the
+     * workers (SIGPIPE): writes to it fail with EPIPE instead, and the
+     * driver stops the job (drv_stdout_check). */
+    struct sigaction ign = {.sa_handler = SIG_IGN}, old_pipe;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &old_pipe);
+    static jobdir_t jd;
+    if (jobdir_create(&jd)) {
+        sigaction(SIGPIPE, &old_pipe, NULL);
         return 1;
     }
+    const char *run_dir = jd.path;
     actor_router_t *rt = NULL;
     actor_loop_t *loop = NULL;
     static driver_t d;
     spawn_group_t procs = {0};
+    /* The secret lives in this process and in the spawn pipes only
+     * (launch/spawn.h), never in the run directory. */
     uint8_t secret[RUN_SECRET_LEN];
-    char *sets_text = NULL, secret_path[600], card[ACTOR_CARD_MAX];
+    char *sets_text = NULL, card[ACTOR_CARD_MAX];
     memset(&d, 0, sizeof d);
     d.eval_only = ev != NULL;
     if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret) {
         log_error("driver: getrandom: %s", strerror(errno));
         goto remove_dir;
     }
-    if (file_write(run_dir, RUN_FILE_SECRET, secret, sizeof secret, 0600)) goto remove_dir;
-    snprintf(secret_path, sizeof secret_path, "%s/%s", run_dir, RUN_FILE_SECRET);
     if (file_write(run_dir, RUN_FILE_JOB, job_text, job_len, 0600)) goto remove_dir;
     size_t sets_len = 0;
     sets_text = calloc(1, 64 + 1);
@@ -772,7 +774,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     }
     static drv_signals_t sig;
     if (drv_signals_start(&sig, loop, &d)) goto close_metrics;
-    if (spawn_workers(run_dir, secret_path, g.world, &procs)) goto stop_signals;
+    if (spawn_workers(run_dir, secret, sizeof secret, g.world, &procs)) goto stop_signals;
     actor_router_supervisor_set(rt, ACTOR_ADDR(g.world, GRAPH_SLOT_DRIVER));
     if (actor_register(rt, &d.a, &driver_class, loop, "driver", GRAPH_SLOT_DRIVER)) goto stop_procs;
 
@@ -824,7 +826,9 @@ destroy_router:
 remove_dir:
     trace_stop();
     free(sets_text);
-    run_dir_remove(run_dir);
+    explicit_bzero(secret, sizeof secret);
+    jobdir_remove(&jd);
+    sigaction(SIGPIPE, &old_pipe, NULL);
     return rc;
 }
 
