@@ -32,7 +32,8 @@ typedef enum {
     DRV_READY_WAIT,     /* book written, waiting for READY from every rank */
     DRV_RUNNING,
     DRV_EVAL,           /* forward-only pass over the evaluation rows */
-    DRV_EXPORTING,
+    DRV_EXPORTING,      /* EXPORT sent, collecting every parameter (CKPT_SHARD) */
+    DRV_SAVING,         /* the saver thread writes checkpoint.dir */
     DRV_QUIESCING,      /* STOP(IN_PROGRESS) sent, waiting for QUIESCED from every rank */
     DRV_DONE,
     DRV_FAILING,
@@ -63,6 +64,8 @@ typedef struct {
     plot_curve_t    curve, val_curve; /* for metrics.plot */
     model_t        *full;       /* export target */
     bool           *received;   /* [full->n_params] */
+    actor_worker_t *saver;      /* writes the exports, off the driver's loop */
+    int64_t         saved_step; /* step of the last export written (0: none) */
     actor_timer_t   watch, diag;
     bt_status_t     fail_status;
     int             fail_rank;
@@ -279,26 +282,73 @@ static void eval_start(driver_t *d)
 
 static void done(driver_t *d);
 
-/* What follows step d->step (or the evaluation after it). */
+/* EXPORT: the ranks of data-parallel replica 0 (TP: gathered first) send
+ * every parameter of the model as it is after step d->step. */
+static void export_start(driver_t *d)
+{
+    d->phase = DRV_EXPORTING;
+    d->n_exported = 0;
+    memset(d->received, 0, (size_t)d->full->n_params * sizeof *d->received);
+    send_all(d, MSG_HEARTBEAT, STAGE_CMD_EXPORT, d->step, BT_OK, NULL);
+}
+
+/* What follows step d->step: its evaluation, its export (every
+ * checkpoint.every steps and after the last), the next step, the end. The
+ * order is the single-process run's (launch/cmd_run.c). */
 static void next_after(driver_t *d, bool evaluated)
 {
     if (d->phase == DRV_FAILING || d->phase == DRV_DONE) return;
     int64_t steps = d->job->train.steps, every = d->job->train.eval_every;
+    int64_t ck_every = d->job->checkpoint.every;
     if (!evaluated && d->has_eval &&
         (d->step == steps || (every && d->step % every == 0))) {
         eval_start(d);
         return;
     }
     d->phase = DRV_RUNNING;
-    if (d->step < steps) {
-        step_start(d, d->step + 1);
-    } else if (d->full) {
-        d->phase = DRV_EXPORTING;
-        d->n_exported = 0;
-        send_all(d, MSG_HEARTBEAT, STAGE_CMD_EXPORT, d->step, BT_OK, NULL);
-    } else {
-        done(d);
+    if (d->full && d->saved_step != d->step &&
+        (d->step == steps || (ck_every && d->step % ck_every == 0)))
+        export_start(d);
+    else if (d->step < steps) step_start(d, d->step + 1);
+    else done(d);
+}
+
+/* The saver thread: checkpoint.dir replaced as a whole (ckpt_hf_save). */
+static bt_status_t save_run(void *arg)
+{
+    driver_t *d = arg;
+    bt_status_t st = run_parent_make(d->job->checkpoint.dir);
+    if (st == BT_OK) st = ckpt_hf_save(d->full, d->job->checkpoint.dir);
+    return st;
+}
+
+static void save_start(driver_t *d)
+{
+    d->phase = DRV_SAVING;
+    bt_status_t st = actor_worker_submit(d->saver, &d->a, save_run, d, NULL, (uint64_t)d->step);
+    if (st) fail(d, st, -1, "checkpoint.dir: cannot start writing %s", d->job->checkpoint.dir);
+}
+
+static actor_ret_t drv_on_work_done(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    if (d->phase != DRV_SAVING) return ACTOR_DONE;
+    bt_status_t st = m->sys.work.status;
+    if (st) {
+        fail(d, st, -1, "checkpoint.dir: cannot write the model of step %lld to %s (%s)",
+             (long long)d->step, d->job->checkpoint.dir, bt_status_str(st));
+        return ACTOR_DONE;
     }
+    d->saved_step = d->step;
+    if (d->step == d->job->train.steps) {
+        errno = 0;
+        printf("model written to %s (HF format)\n", d->job->checkpoint.dir);
+        drv_stdout_check(d);
+    } else {
+        log_debug("model of step %lld written to %s", (long long)d->step, d->job->checkpoint.dir);
+    }
+    next_after(d, true);
+    return ACTOR_DONE;
 }
 
 static int msg_rank(driver_t *d, actor_msg_t *m)
@@ -341,13 +391,13 @@ static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
         else step_start(d, 1);
     } else if (state == STAGE_ST_QUIESCED && d->phase == DRV_QUIESCING) {
         if (++d->n_quiesced == d->world) finish(d);
-    } else if (state == STAGE_ST_EXPORTED && ++d->n_exported == d->world) {
+    } else if (state == STAGE_ST_EXPORTED && d->phase == DRV_EXPORTING && ++d->n_exported == d->world) {
         for (int i = 0; i < d->full->n_params; i++)
             if (!d->received[i]) {
                 fail(d, BT_ERR_INVALID, -1, "export: no rank sent parameter %s", d->full->params[i].name);
                 return ACTOR_DONE;
             }
-        done(d);
+        save_start(d);
     }
     return ACTOR_DONE;
 }
@@ -429,6 +479,11 @@ static actor_ret_t drv_on_shard(actor_t *self, actor_msg_t *m)
              b->name);
         return ACTOR_DONE;
     }
+    if (b->ckpt_step != d->step) {
+        fail(d, BT_ERR_PEER_PROTO, r, "export: parameter '%s' is of step %lld, the export of step %lld",
+             b->name, (long long)b->ckpt_step, (long long)d->step);
+        return ACTOR_DONE;
+    }
     memcpy(d->full->params[i].t.data, t->data, (size_t)tensor_numel(t) * sizeof(float));
     d->received[i] = true;
     return ACTOR_DONE;
@@ -462,6 +517,7 @@ static const actor_class_t driver_class = {
         [MSG_METRICS] = drv_on_metrics,
         [MSG_CKPT_SHARD] = drv_on_shard,
         [MSG_ERROR_REPORT] = drv_on_error,
+        [ACTOR_SYS_WORK_DONE] = drv_on_work_done,
     },
     .start = drv_start,
 };
@@ -743,7 +799,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         model_config_t mc;
         if (run_model_config(job, &mc) || model_create(&mc, NULL, &d.full)) goto close_metrics;
         d.received = calloc((size_t)d.full->n_params + 1, sizeof *d.received);
-        if (!d.received) goto close_metrics;
+        if (!d.received || actor_router_worker_new(rt, "saver", &d.saver)) goto close_metrics;
     }
     d.last_seen = calloc((size_t)g.world, sizeof *d.last_seen);
     if (!d.last_seen) goto close_metrics;
@@ -785,16 +841,6 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     if (st == BT_OK && failed >= 0) {
         log_error("driver: rank %d did not exit cleanly after the job finished", failed);
         st = BT_ERR_PEER_CLOSED;
-    }
-    if (st == BT_OK && d.full) {
-        char dirbuf[JOB_PATH_MAX];
-        snprintf(dirbuf, sizeof dirbuf, "%s", job->checkpoint.dir);
-        if (mkdir(dirbuf, 0755) && errno != EEXIST) {
-            log_error("checkpoint.dir: cannot create %s: %s", dirbuf, strerror(errno));
-            st = BT_ERR_IO;
-        } else if ((st = ckpt_hf_save(d.full, dirbuf)) == BT_OK) {
-            printf("model written to %s (HF format)\n", dirbuf);
-        }
     }
     if (st == BT_OK && !ev && job->metrics.plot[0] && d.curve.n > 0) {
         plot_series_t tr = plot_curve_view(&d.curve), va = plot_curve_view(&d.val_curve);
