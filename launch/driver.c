@@ -728,7 +728,9 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
      * with the driver however the driver ends (launch/jobdir.h). A closed
      * standard output must not kill the driver before it has stopped the
      * workers (SIGPIPE): writes to it fail with EPIPE instead, and the
-     * driver stops the job (drv_stdout_check). */
+     * driver stops the job (drv_stdout_check). The workers inherit the
+     * ignored SIGPIPE through exec: a worker whose output is gone writes
+     * into the void rather than dying of it. */
     struct sigaction ign = {.sa_handler = SIG_IGN}, old_pipe;
     sigemptyset(&ign.sa_mask);
     sigaction(SIGPIPE, &ign, &old_pipe);
