@@ -1,10 +1,14 @@
 #include "base/file.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/log.h"
 
@@ -46,4 +50,43 @@ bt_status_t base_file_read(const char *path, size_t max, char **buf, size_t *len
 close_file:
     fclose(f);
     return st;
+}
+
+/* Unlinking entries while reading the directory may make getdents skip some
+ * (the file system is free to reorder), so the scan repeats until a pass
+ * finds nothing left to remove. */
+int base_dir_clear(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return errno;
+    int err = 0;
+    for (bool removed = true; removed && !err;) {
+        removed = false;
+        if (lseek(fd, 0, SEEK_SET) < 0) {
+            err = errno;
+            break;
+        }
+        char buf[4096] __attribute__((aligned(8)));
+        for (;;) {
+            ssize_t n = getdents64(fd, buf, sizeof buf);
+            if (n <= 0) {
+                if (n < 0) err = errno;
+                break;
+            }
+            for (ssize_t off = 0; off < n;) {
+                const struct dirent64 *e = (const struct dirent64 *)(buf + off);
+                off += e->d_reclen;
+                const char *name = e->d_name;
+                if (name[0] == '.' && (!name[1] || (name[1] == '.' && !name[2]))) continue;
+                int flags = e->d_type == DT_DIR ? AT_REMOVEDIR : 0;
+                int rc = unlinkat(fd, name, flags);
+                if (rc && errno == EISDIR) rc = unlinkat(fd, name, AT_REMOVEDIR); /* d_type unknown */
+                if (rc == 0) removed = true;
+                else if (errno != ENOENT && !err) err = errno;
+            }
+        }
+    }
+    close(fd);
+    if (rmdir(dir) && !err) err = errno;
+    return err;
 }

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "base/log.h"
+#include "base/save.h"
 #include "base/file.h"
 #include "ckpt/safetensors.h"
 
@@ -673,6 +674,12 @@ static json_t *hf_config_json(const model_config_t *c)
     return j;
 }
 
+/* The names an HF export owns: a new export drops them from the previous
+ * version (a sharded predecessor's index and shards included), and carries
+ * everything else over (base/save.h). */
+static const char *const hf_owned[] = {"config.json", "model.safetensors",
+                                       "model.safetensors.index.json", "model-*.safetensors", NULL};
+
 bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
 {
     if (!m->stage.has_embedding || !m->stage.has_head ||
@@ -686,41 +693,41 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
                   "tp_size-1 model with model_tp_gather first)", m->par.tp_rank, m->par.tp_size);
         return BT_ERR_INVALID;
     }
-    bt_status_t st = BT_ERR_NOMEM;
     ckpt_st_entry_t *e = calloc((size_t)m->n_params, sizeof *e);
-    char *cpath = hf_path(dir, "config.json"), *wpath = hf_path(dir, "model.safetensors");
-    char *text = NULL;
-    if (!e || !cpath || !wpath) goto free_all;
+    if (!e) return BT_ERR_NOMEM;
     for (int i = 0; i < m->n_params; i++) {
         e[i].name = m->params[i].name;
         e[i].t = m->params[i].t;
     }
-    const char *meta[] = {"format", "pt"};
-    if ((st = ckpt_st_write(wpath, e, m->n_params, meta, 1)) != BT_OK) goto free_all;
     json_t *j = hf_config_json(&m->cfg);
-    text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(j);
-    if (!text) {
-        st = BT_ERR_NOMEM;
-        goto free_all;
+    size_t tlen = text ? strlen(text) : 0;
+    char *config = text ? malloc(tlen + 2) : NULL;
+    if (!config) {
+        free(text);
+        free(e);
+        return BT_ERR_NOMEM;
     }
-    FILE *f = fopen(cpath, "w");
-    if (!f) {
-        log_error("%s: cannot create: %s", cpath, strerror(errno));
-        st = BT_ERR_IO;
-        goto free_all;
-    }
-    bool ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    if (fclose(f) != 0 || !ok) {
-        log_error("%s: write failed", cpath);
-        st = BT_ERR_IO;
-        goto free_all;
-    }
-    st = BT_OK;
-free_all:
+    memcpy(config, text, tlen);
+    config[tlen] = '\n';
     free(text);
-    free(wpath);
-    free(cpath);
+
+    base_save_dir_t sd = {0};
+    char wpath[BASE_SAVE_PATH_MAX], cpath[BASE_SAVE_PATH_MAX];
+    const char *meta[] = {"format", "pt"};
+    bt_status_t st = base_save_dir_begin(&sd, dir);
+    if (st) goto free_all;
+    base_save_dir_path(&sd, "model.safetensors", wpath, sizeof wpath);
+    base_save_dir_path(&sd, "config.json", cpath, sizeof cpath);
+    if ((st = ckpt_st_write(wpath, e, m->n_params, meta, 1)) ||
+        (st = base_save_file(cpath, config, tlen + 1, 0644))) {
+        base_save_dir_abort(&sd);
+        goto free_all;
+    }
+    st = base_save_dir_commit(&sd, hf_owned);
+free_all:
+    free(config);
     free(e);
     return st;
 }

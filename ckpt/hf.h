@@ -32,9 +32,12 @@ bt_status_t ckpt_hf_load(const char *dir, const model_stage_t *stage, model_t **
 bt_status_t ckpt_hf_load_tp(const char *dir, const model_stage_t *stage,
                             const model_parallel_t *par, model_t **out);
 
-/* Writes DIR/config.json and DIR/model.safetensors (f32) for a whole model;
- * dir must exist. A TP share is refused: model_tp_gather into a tp_size-1
- * model first. */
+/* Writes the directory dir with config.json and model.safetensors (f32) for
+ * a whole model, atomically as a whole (base/save.h): a reader or a crash
+ * sees the previous export or the new one, each complete. dir's parent must
+ * exist; files in a previous dir that are not an export's own (tokenizer
+ * files, say) are kept. A TP share is refused: model_tp_gather into a
+ * tp_size-1 model first. */
 bt_status_t ckpt_hf_save(const model_t *m, const char *dir);
 /* Collective over m's TP group: gathers the whole tensors and TP rank 0
  * writes them as ckpt_hf_save does (m a whole-model stage; the others only

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/save.h"
 
 typedef struct {
     const char *name;
@@ -308,22 +309,6 @@ bt_status_t ckpt_st_read_f32_range(const ckpt_st_file_t *f, const ckpt_st_tensor
     }
 }
 
-static bt_status_t st_write_all(int fd, const void *buf, size_t n, const char *path)
-{
-    const uint8_t *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            log_error("%s: write: %s", path, strerror(errno));
-            return BT_ERR_IO;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return BT_OK;
-}
-
 /* The header JSON for entries, with data laid out back to back in order. */
 static char *st_header_build(const ckpt_st_entry_t *entries, int n, const char *const *meta,
                              int n_meta, size_t *len_out)
@@ -374,58 +359,28 @@ bt_status_t ckpt_st_write(const char *path, const ckpt_st_entry_t *entries, int 
     size_t hlen;
     char *header = st_header_build(entries, n, meta, n_meta, &hlen);
     if (!header) return BT_ERR_NOMEM;
-    /* Pad the header with spaces so that the data section is 8-aligned. */
+    /* Pad the header with spaces so that the data section is 8-aligned;
+     * length, header and padding go out in one write. */
     size_t padded = (hlen + 7) & ~(size_t)7;
-
-    bt_status_t st = BT_ERR_IO;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 32);
-    if (!tmp) {
+    uint8_t *head = malloc(8 + padded);
+    if (!head) {
         free(header);
         return BT_ERR_NOMEM;
     }
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        log_error("%s: cannot create: %s", tmp, strerror(errno));
-        goto free_header;
-    }
-    uint8_t lenbuf[8];
-    for (int i = 0; i < 8; i++) lenbuf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    if ((st = st_write_all(fd, lenbuf, 8, tmp)) != BT_OK) goto close_tmp;
-    if ((st = st_write_all(fd, header, hlen, tmp)) != BT_OK) goto close_tmp;
-    for (size_t i = hlen; i < padded; i++)
-        if ((st = st_write_all(fd, " ", 1, tmp)) != BT_OK) goto close_tmp;
-    for (int i = 0; i < n; i++) {
-        const tensor_t *t = &entries[i].t;
-        size_t nbytes = (size_t)tensor_numel(t) * st_dtype_size(t->dtype);
-        if ((st = st_write_all(fd, t->data, nbytes, tmp)) != BT_OK) goto close_tmp;
-    }
-    if (fsync(fd) != 0) {
-        log_error("%s: fsync: %s", tmp, strerror(errno));
-        st = BT_ERR_IO;
-        goto close_tmp;
-    }
-    if (close(fd) != 0) {
-        log_error("%s: close: %s", tmp, strerror(errno));
-        st = BT_ERR_IO;
-        goto unlink_tmp;
-    }
-    if (rename(tmp, path) != 0) {
-        log_error("%s: rename to %s: %s", tmp, path, strerror(errno));
-        st = BT_ERR_IO;
-        goto unlink_tmp;
-    }
-    free(tmp);
+    for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    memcpy(head + 8, header, hlen);
+    memset(head + 8 + hlen, ' ', padded - hlen);
     free(header);
-    return BT_OK;
 
-close_tmp:
-    close(fd);
-unlink_tmp:
-    unlink(tmp);
-free_header:
-    free(tmp);
-    free(header);
+    base_save_file_t f;
+    bt_status_t st = base_save_file_begin(&f, path, 0644);
+    if (st == BT_OK) st = base_save_file_write(&f, head, 8 + padded);
+    for (int i = 0; i < n && st == BT_OK; i++) {
+        const tensor_t *t = &entries[i].t;
+        st = base_save_file_write(&f, t->data, (size_t)tensor_numel(t) * st_dtype_size(t->dtype));
+    }
+    free(head);
+    if (st == BT_OK) return base_save_file_commit(&f);
+    base_save_file_abort(&f);
     return st;
 }

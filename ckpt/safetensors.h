@@ -70,8 +70,9 @@ typedef struct {
 } ckpt_st_entry_t;
 
 /* Writes entries[n] (and optional metadata pairs meta[2*i] = key,
- * meta[2*i+1] = value, n_meta pairs) to path atomically: a temporary file in
- * the same directory, fsync, rename. */
+ * meta[2*i+1] = value, n_meta pairs) to path atomically (base/save.h: a
+ * temporary sibling, fsync, rename, fsync of the directory; dead writers'
+ * temporaries of path are removed first). */
 bt_status_t ckpt_st_write(const char *path, const ckpt_st_entry_t *entries, int n,
                           const char *const *meta, int n_meta);
 

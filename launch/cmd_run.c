@@ -45,10 +45,11 @@ static bool layout_supported(const job_t *job)
 }
 
 /* Hugging Face directory (config.json + model.safetensors) that
- * `baton eval --model DIR` and transformers can load. */
+ * `baton eval --model DIR` and transformers can load, replaced as a whole
+ * (ckpt_hf_save). */
 static bt_status_t model_export(const model_t *m, const char *dir, int64_t step)
 {
-    bt_status_t st = run_dir_make(dir);
+    bt_status_t st = run_parent_make(dir);
     if (st) return st;
     st = ckpt_hf_save(m, dir);
     if (st == BT_OK) log_debug("model of step %lld written to %s", (long long)step, dir);

@@ -20,6 +20,7 @@
 #include "base/file.h"
 #include "ckpt/hf.h"
 #include "launch/graph.h"
+#include "launch/jobdir.h"
 #include "launch/plot.h"
 #include "launch/run_setup.h"
 #include "launch/spawn.h"
@@ -31,7 +32,8 @@ typedef enum {
     DRV_READY_WAIT,     /* book written, waiting for READY from every rank */
     DRV_RUNNING,
     DRV_EVAL,           /* forward-only pass over the evaluation rows */
-    DRV_EXPORTING,
+    DRV_EXPORTING,      /* EXPORT sent, collecting every parameter (CKPT_SHARD) */
+    DRV_SAVING,         /* the saver thread writes checkpoint.dir */
     DRV_QUIESCING,      /* STOP(IN_PROGRESS) sent, waiting for QUIESCED from every rank */
     DRV_DONE,
     DRV_FAILING,
@@ -62,6 +64,8 @@ typedef struct {
     plot_curve_t    curve, val_curve; /* for metrics.plot */
     model_t        *full;       /* export target */
     bool           *received;   /* [full->n_params] */
+    actor_worker_t *saver;      /* writes the exports, off the driver's loop */
+    int64_t         saved_step; /* step of the last export written (0: none) */
     actor_timer_t   watch, diag;
     bt_status_t     fail_status;
     int             fail_rank;
@@ -147,6 +151,19 @@ static void fail(driver_t *d, bt_status_t st, int rank, const char *fmt, ...)
     vsnprintf(d->fail_text, sizeof d->fail_text, fmt, ap);
     va_end(ap);
     actor_timer_start(&d->a, &d->diag, 0.25, 0, diag_fire);
+}
+
+/* After every print: SIGPIPE is ignored (driver_main), so a standard output
+ * nobody reads any more (`baton run JOB | head -1`) shows as a failed
+ * write. The job then stops as for a signal: every worker is stopped and
+ * reaped and the run directory removed. */
+static void drv_stdout_check(driver_t *d)
+{
+    int err = errno; /* callers clear errno before their prints */
+    if (fflush(stdout)) err = errno;
+    else if (!ferror(stdout)) return;
+    fail(d, BT_ERR_CANCELED, -1, "cannot write to standard output (%s); nobody reads the progress",
+         err ? strerror(err) : "an earlier write failed");
 }
 
 static bool file_exists(const char *dir, const char *name)
@@ -265,25 +282,73 @@ static void eval_start(driver_t *d)
 
 static void done(driver_t *d);
 
-/* What follows step d->step (or the evaluation after it). */
+/* EXPORT: the ranks of data-parallel replica 0 (TP: gathered first) send
+ * every parameter of the model as it is after step d->step. */
+static void export_start(driver_t *d)
+{
+    d->phase = DRV_EXPORTING;
+    d->n_exported = 0;
+    memset(d->received, 0, (size_t)d->full->n_params * sizeof *d->received);
+    send_all(d, MSG_HEARTBEAT, STAGE_CMD_EXPORT, d->step, BT_OK, NULL);
+}
+
+/* What follows step d->step: its evaluation, its export (every
+ * checkpoint.every steps and after the last), the next step, the end. The
+ * order is the single-process run's (launch/cmd_run.c). */
 static void next_after(driver_t *d, bool evaluated)
 {
+    if (d->phase == DRV_FAILING || d->phase == DRV_DONE) return;
     int64_t steps = d->job->train.steps, every = d->job->train.eval_every;
+    int64_t ck_every = d->job->checkpoint.every;
     if (!evaluated && d->has_eval &&
         (d->step == steps || (every && d->step % every == 0))) {
         eval_start(d);
         return;
     }
     d->phase = DRV_RUNNING;
-    if (d->step < steps) {
-        step_start(d, d->step + 1);
-    } else if (d->full) {
-        d->phase = DRV_EXPORTING;
-        d->n_exported = 0;
-        send_all(d, MSG_HEARTBEAT, STAGE_CMD_EXPORT, d->step, BT_OK, NULL);
-    } else {
-        done(d);
+    if (d->full && d->saved_step != d->step &&
+        (d->step == steps || (ck_every && d->step % ck_every == 0)))
+        export_start(d);
+    else if (d->step < steps) step_start(d, d->step + 1);
+    else done(d);
+}
+
+/* The saver thread: checkpoint.dir replaced as a whole (ckpt_hf_save). */
+static bt_status_t save_run(void *arg)
+{
+    driver_t *d = arg;
+    bt_status_t st = run_parent_make(d->job->checkpoint.dir);
+    if (st == BT_OK) st = ckpt_hf_save(d->full, d->job->checkpoint.dir);
+    return st;
+}
+
+static void save_start(driver_t *d)
+{
+    d->phase = DRV_SAVING;
+    bt_status_t st = actor_worker_submit(d->saver, &d->a, save_run, d, NULL, (uint64_t)d->step);
+    if (st) fail(d, st, -1, "checkpoint.dir: cannot start writing %s", d->job->checkpoint.dir);
+}
+
+static actor_ret_t drv_on_work_done(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    if (d->phase != DRV_SAVING) return ACTOR_DONE;
+    bt_status_t st = m->sys.work.status;
+    if (st) {
+        fail(d, st, -1, "checkpoint.dir: cannot write the model of step %lld to %s (%s)",
+             (long long)d->step, d->job->checkpoint.dir, bt_status_str(st));
+        return ACTOR_DONE;
     }
+    d->saved_step = d->step;
+    if (d->step == d->job->train.steps) {
+        errno = 0;
+        printf("model written to %s (HF format)\n", d->job->checkpoint.dir);
+        drv_stdout_check(d);
+    } else {
+        log_debug("model of step %lld written to %s", (long long)d->step, d->job->checkpoint.dir);
+    }
+    next_after(d, true);
+    return ACTOR_DONE;
 }
 
 static int msg_rank(driver_t *d, actor_msg_t *m)
@@ -326,13 +391,13 @@ static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
         else step_start(d, 1);
     } else if (state == STAGE_ST_QUIESCED && d->phase == DRV_QUIESCING) {
         if (++d->n_quiesced == d->world) finish(d);
-    } else if (state == STAGE_ST_EXPORTED && ++d->n_exported == d->world) {
+    } else if (state == STAGE_ST_EXPORTED && d->phase == DRV_EXPORTING && ++d->n_exported == d->world) {
         for (int i = 0; i < d->full->n_params; i++)
             if (!d->received[i]) {
                 fail(d, BT_ERR_INVALID, -1, "export: no rank sent parameter %s", d->full->params[i].name);
                 return ACTOR_DONE;
             }
-        done(d);
+        save_start(d);
     }
     return ACTOR_DONE;
 }
@@ -365,6 +430,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
             done(d);
             return ACTOR_DONE;
         }
+        errno = 0;
         printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)d->step, vloss, exp(vloss));
         plot_curve_push(&d->val_curve, (double)d->step, vloss);
         if (d->metrics) {
@@ -373,7 +439,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
             fflush(d->metrics);
         }
         if (d->step == steps) printf("final validation loss %.4f, perplexity %.2f\n", vloss, exp(vloss));
-        fflush(stdout);
+        drv_stdout_check(d);
         next_after(d, true);
         return ACTOR_DONE;
     }
@@ -392,8 +458,10 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
                              .loss = loss, .lr = d->lr, .grad_norm = d->grad_norm,
                              .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta};
     run_metrics_write(d->metrics, &rep);
+    errno = 0;
     if (!d->quiet && (d->step == 1 || d->step % d->job->train.log_every == 0 || d->step == steps))
         run_progress_print(&rep);
+    drv_stdout_check(d);
     next_after(d, false);
     return ACTOR_DONE;
 }
@@ -409,6 +477,11 @@ static actor_ret_t drv_on_shard(actor_t *self, actor_msg_t *m)
     if (i < 0 || !t || !tensor_same_shape(t, &d->full->params[i].t) || t->dtype != DT_F32) {
         fail(d, BT_ERR_PEER_PROTO, r, "export: parameter '%s' is unknown or has the wrong shape",
              b->name);
+        return ACTOR_DONE;
+    }
+    if (b->ckpt_step != d->step) {
+        fail(d, BT_ERR_PEER_PROTO, r, "export: parameter '%s' is of step %lld, the export of step %lld",
+             b->name, (long long)b->ckpt_step, (long long)d->step);
         return ACTOR_DONE;
     }
     memcpy(d->full->params[i].t.data, t->data, (size_t)tensor_numel(t) * sizeof(float));
@@ -444,6 +517,7 @@ static const actor_class_t driver_class = {
         [MSG_METRICS] = drv_on_metrics,
         [MSG_CKPT_SHARD] = drv_on_shard,
         [MSG_ERROR_REPORT] = drv_on_error,
+        [ACTOR_SYS_WORK_DONE] = drv_on_work_done,
     },
     .start = drv_start,
 };
@@ -550,27 +624,6 @@ static bt_status_t file_write(const char *dir, const char *name, const void *dat
     return BT_OK;
 }
 
-static void run_dir_remove(const char *dir)
-{
-    char p[1024];
-    const char *fixed[] = {RUN_FILE_JOB, RUN_FILE_SETS, RUN_FILE_SECRET, RUN_FILE_DRIVER,
-                           RUN_FILE_BOOK, RUN_FILE_BOOK ".tmp", RUN_FILE_EVAL, RUN_FILE_MODE};
-    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, fixed[i]);
-        unlink(p);
-    }
-    for (int r = 0; r < GRAPH_MAX_WORLD; r++) {
-        snprintf(p, sizeof p, "%s/rank.%d", dir, r);
-        if (unlink(p) && r > 0) {
-            snprintf(p, sizeof p, "%s/rank.%d.tmp", dir, r);
-            unlink(p);
-        }
-        snprintf(p, sizeof p, "%s/rank.%d.tmp", dir, r);
-        unlink(p);
-    }
-    rmdir(dir);
-}
-
 static unsigned xport_kinds(const job_t *job)
 {
     unsigned kinds = 1u << XPORT_TCP;
@@ -671,29 +724,36 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         return 1;
     }
 
-    /* private run directory: secret, job, overrides, rendezvous files */
-    char run_dir[512];
-    const char *tmpdir = getenv("TMPDIR");
-    snprintf(run_dir, sizeof run_dir, "%s/baton-run-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
-    if (!mkdtemp(run_dir)) {
-        fprintf(stderr, "baton run: cannot create a run directory in %s: %s\n",
-                tmpdir && *tmpdir ? tmpdir : "/tmp", strerror(errno));
+    /* Private run directory: job, overrides, rendezvous files. It goes away
+     * with the driver however the driver ends (launch/jobdir.h). A closed
+     * standard output must not kill the driver before it has stopped the
+     * workers (SIGPIPE): writes to it fail with EPIPE instead, and the
+     * driver stops the job (drv_stdout_check). The workers inherit the
+     * ignored SIGPIPE through exec: a worker whose output is gone writes
+     * into the void rather than dying of it. */
+    struct sigaction ign = {.sa_handler = SIG_IGN}, old_pipe;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &old_pipe);
+    static jobdir_t jd;
+    if (jobdir_create(&jd)) {
+        sigaction(SIGPIPE, &old_pipe, NULL);
         return 1;
     }
+    const char *run_dir = jd.path;
     actor_router_t *rt = NULL;
     actor_loop_t *loop = NULL;
     static driver_t d;
     spawn_group_t procs = {0};
+    /* The secret lives in this process and in the spawn pipes only
+     * (launch/spawn.h), never in the run directory. */
     uint8_t secret[RUN_SECRET_LEN];
-    char *sets_text = NULL, secret_path[600], card[ACTOR_CARD_MAX];
+    char *sets_text = NULL, card[ACTOR_CARD_MAX];
     memset(&d, 0, sizeof d);
     d.eval_only = ev != NULL;
     if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret) {
         log_error("driver: getrandom: %s", strerror(errno));
         goto remove_dir;
     }
-    if (file_write(run_dir, RUN_FILE_SECRET, secret, sizeof secret, 0600)) goto remove_dir;
-    snprintf(secret_path, sizeof secret_path, "%s/%s", run_dir, RUN_FILE_SECRET);
     if (file_write(run_dir, RUN_FILE_JOB, job_text, job_len, 0600)) goto remove_dir;
     size_t sets_len = 0;
     sets_text = calloc(1, 64 + 1);
@@ -741,7 +801,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         model_config_t mc;
         if (run_model_config(job, &mc) || model_create(&mc, NULL, &d.full)) goto close_metrics;
         d.received = calloc((size_t)d.full->n_params + 1, sizeof *d.received);
-        if (!d.received) goto close_metrics;
+        if (!d.received || actor_router_worker_new(rt, "saver", &d.saver)) goto close_metrics;
     }
     d.last_seen = calloc((size_t)g.world, sizeof *d.last_seen);
     if (!d.last_seen) goto close_metrics;
@@ -772,7 +832,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     }
     static drv_signals_t sig;
     if (drv_signals_start(&sig, loop, &d)) goto close_metrics;
-    if (spawn_workers(run_dir, secret_path, g.world, &procs)) goto stop_signals;
+    if (spawn_workers(run_dir, secret, sizeof secret, g.world, &procs)) goto stop_signals;
     actor_router_supervisor_set(rt, ACTOR_ADDR(g.world, GRAPH_SLOT_DRIVER));
     if (actor_register(rt, &d.a, &driver_class, loop, "driver", GRAPH_SLOT_DRIVER)) goto stop_procs;
 
@@ -783,16 +843,6 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     if (st == BT_OK && failed >= 0) {
         log_error("driver: rank %d did not exit cleanly after the job finished", failed);
         st = BT_ERR_PEER_CLOSED;
-    }
-    if (st == BT_OK && d.full) {
-        char dirbuf[JOB_PATH_MAX];
-        snprintf(dirbuf, sizeof dirbuf, "%s", job->checkpoint.dir);
-        if (mkdir(dirbuf, 0755) && errno != EEXIST) {
-            log_error("checkpoint.dir: cannot create %s: %s", dirbuf, strerror(errno));
-            st = BT_ERR_IO;
-        } else if ((st = ckpt_hf_save(d.full, dirbuf)) == BT_OK) {
-            printf("model written to %s (HF format)\n", dirbuf);
-        }
     }
     if (st == BT_OK && !ev && job->metrics.plot[0] && d.curve.n > 0) {
         plot_series_t tr = plot_curve_view(&d.curve), va = plot_curve_view(&d.val_curve);
@@ -824,7 +874,9 @@ destroy_router:
 remove_dir:
     trace_stop();
     free(sets_text);
-    run_dir_remove(run_dir);
+    explicit_bzero(secret, sizeof secret);
+    jobdir_remove(&jd);
+    sigaction(SIGPIPE, &old_pipe, NULL);
     return rc;
 }
 

@@ -1,9 +1,10 @@
 /* The driver of a multi-process job (`baton run` with tp*pp*dp > 1).
  *
  * It validates the job and builds its graph (launch/graph.h), creates a
- * private run directory (0700) holding the per-job secret (0600), the job
- * file and its --set overrides, starts one `baton worker` process per rank
- * (launch/spawn.h) and runs the driver actor:
+ * private run directory (0700, launch/jobdir.h) holding the job file and
+ * its --set overrides, starts one `baton worker` process per rank
+ * (launch/spawn.h; the job secret goes to them through pipes) and runs the
+ * driver actor:
  *   rendezvous  each worker writes run-dir/rank.R (its router card and the
  *               listen address of each collective group it is in); when all
  *               are there the driver writes run-dir/book (all of them), the
@@ -12,9 +13,11 @@
  *   steps       STEP(n) to every stage actor; every rank answers METRICS at
  *               the end of its step; the driver prints the progress line and
  *               appends the metrics JSON line, then starts step n+1;
- *   export      the ranks of data-parallel and tensor-parallel replica 0
- *               send their parameters (CKPT_SHARD); the driver assembles the
- *               whole model and writes checkpoint.dir in HF format;
+ *   export      every checkpoint.every steps and after the last, the ranks
+ *               of data-parallel and tensor-parallel replica 0 send their
+ *               parameters (CKPT_SHARD); the driver assembles the whole model
+ *               and its saver thread writes checkpoint.dir in HF format
+ *               (atomically, ckpt_hf_save) before the next step starts;
  *   stop        STOP to all; children are reaped (SIGKILL after a grace time).
  * Supervision: heartbeats (a rank silent for BATON_HEARTBEAT_TIMEOUT seconds,
  * default 5), transport error reports of every edge, child exits (waitpid)

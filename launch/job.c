@@ -644,6 +644,10 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     if (job->optim.warmup > job->train.steps)
         return vfail(job, "optim.warmup", err, errlen, "%lld warmup steps exceed train.steps %lld",
                      (long long)job->optim.warmup, (long long)job->train.steps);
+    if (job->checkpoint.every > 0 && !job->checkpoint.dir[0])
+        return vfail(job, "checkpoint.every", err, errlen,
+                     "exports every %lld steps, but checkpoint.dir names no directory for them",
+                     (long long)job->checkpoint.every);
 
     if (m->heads % p->tp)
         return vfail(job, "parallel.tp", err, errlen, "tp %lld does not divide %lld attention heads",

@@ -185,13 +185,17 @@ bt_status_t run_dir_make(const char *dir)
     return BT_ERR_IO;
 }
 
-/* The directory part of an output file path, created when missing. */
+/* The directory part of an output path (a file, or a directory written as
+ * a whole; trailing slashes do not count), created when missing. */
 bt_status_t run_parent_make(const char *path)
 {
-    const char *slash = strrchr(path, '/');
-    if (!slash || slash == path) return BT_OK;
     char dir[JOB_PATH_MAX];
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    snprintf(dir, sizeof dir, "%s", path);
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') dir[--n] = '\0';
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return BT_OK;
+    *slash = '\0';
     return run_dir_make(dir);
 }
 

@@ -30,8 +30,6 @@ bt_status_t run_tokens_load(const char *dir, double split, int32_t **tokens, int
 /* train_config_t of the job. */
 void run_train_config(const job_t *job, train_config_t *out);
 
-/* mkdir -p DIR; the directory part of an output file PATH, created when
- * missing. BT_ERR_IO (logged) when a level cannot be created. */
 /* One training step's report, the same for single- and multi-process runs:
  * the metrics JSON line (when f is non-NULL) and the progress line. */
 typedef struct {
@@ -42,6 +40,9 @@ typedef struct {
 void run_metrics_write(FILE *f, const run_step_report_t *r);
 void run_progress_print(const run_step_report_t *r);
 
+/* mkdir -p DIR; the directory part of an output PATH (trailing slashes do
+ * not count), created when missing. BT_ERR_IO (logged) when a level cannot
+ * be created. */
 bt_status_t run_dir_make(const char *dir);
 bt_status_t run_parent_make(const char *path);
 

@@ -1,6 +1,7 @@
 #include "launch/spawn.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,32 +14,77 @@
 #include "base/clock.h"
 #include "base/log.h"
 
-bt_status_t spawn_workers(const char *run_dir, const char *secret_file, int n, spawn_group_t *out)
+extern char **environ;
+
+/* The environment of a worker: ours without any BATON_SECRET_* variable,
+ * plus one slot (filled per rank) for BATON_SECRET_FD. */
+static char **worker_env(char *slot)
+{
+    size_t n = 0;
+    while (environ[n]) n++;
+    char **env = calloc(n + 2, sizeof *env);
+    if (!env) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "BATON_SECRET_", 13)) env[k++] = environ[i];
+    env[k] = slot;
+    return env;
+}
+
+bt_status_t spawn_workers(const char *run_dir, const uint8_t *secret, size_t secret_len, int n,
+                          spawn_group_t *out)
 {
     spawn_proc_t *ps = calloc((size_t)n, sizeof *ps);
-    if (!ps) return BT_ERR_NOMEM;
+    char fd_var[32] = "";
+    char **env = worker_env(fd_var);
+    if (!ps || !env) {
+        free(ps);
+        free(env);
+        return BT_ERR_NOMEM;
+    }
     char exe[4096];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0) {
         log_error("spawn: cannot find this binary (/proc/self/exe): %s", strerror(errno));
         free(ps);
+        free(env);
         return BT_ERR_IO;
     }
     exe[len] = 0;
     pid_t parent = getpid();
+    int started = 0;
     fflush(stdout);
     fflush(stderr);
     for (int r = 0; r < n; r++) {
+        /* The secret waits in a pipe of its own for this rank: written
+         * before the fork (far less than a pipe holds, so it never blocks),
+         * the write end closed, the read end inherited by the child only. */
+        int sp[2];
+        if (pipe2(sp, O_CLOEXEC)) {
+            log_error("spawn: pipe for rank %d: %s", r, strerror(errno));
+            goto fail;
+        }
+        bool written = write(sp[1], secret, secret_len) == (ssize_t)secret_len;
+        close(sp[1]);
+        if (!written) {
+            log_error("spawn: cannot hand the job secret to rank %d: %s", r, strerror(errno));
+            close(sp[0]);
+            goto fail;
+        }
+        char rank[16];
+        snprintf(rank, sizeof rank, "%d", r);
+        snprintf(fd_var, sizeof fd_var, "BATON_SECRET_FD=%d", sp[0]);
+        char *argv[] = {"baton", "worker", "--run-dir", (char *)run_dir, "--rank", rank, NULL};
         pid_t pid = fork();
         if (pid < 0) {
             log_error("spawn: fork of rank %d failed: %s", r, strerror(errno));
-            *out = (spawn_group_t){.procs = ps, .n = r};
-            spawn_stop(out, 0, NULL);
-            return BT_ERR_IO;
+            close(sp[0]);
+            goto fail;
         }
         if (pid == 0) {
             /* Die with the driver; the check closes the race with a driver
-             * that died before prctl. */
+             * that died before prctl. Only system calls from here to exec:
+             * the driver runs other threads. */
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             if (getppid() != parent) _exit(127);
             /* the driver blocks SIGINT/SIGTERM for its signal thread; a
@@ -46,18 +92,23 @@ bt_status_t spawn_workers(const char *run_dir, const char *secret_file, int n, s
             sigset_t none;
             sigemptyset(&none);
             sigprocmask(SIG_SETMASK, &none, NULL);
-            char rank[16];
-            snprintf(rank, sizeof rank, "%d", r);
-            setenv("BATON_SECRET_FILE", secret_file, 1);
-            char *argv[] = {"baton", "worker", "--run-dir", (char *)run_dir, "--rank", rank, NULL};
-            execv(exe, argv);
-            fprintf(stderr, "spawn: exec %s failed: %s\n", exe, strerror(errno));
+            if (fcntl(sp[0], F_SETFD, 0) == 0) execve(exe, argv, env);
+            static const char msg[] = "spawn: exec of the worker binary failed\n";
+            if (write(2, msg, sizeof msg - 1) < 0) {}
             _exit(127);
         }
+        close(sp[0]);
         ps[r].pid = pid;
+        started = r + 1;
     }
+    free(env);
     *out = (spawn_group_t){.procs = ps, .n = n};
     return BT_OK;
+fail:
+    free(env);
+    *out = (spawn_group_t){.procs = ps, .n = started};
+    spawn_stop(out, 0, NULL);
+    return BT_ERR_IO;
 }
 
 int spawn_poll(spawn_group_t *g)

@@ -1,7 +1,11 @@
 /* Local process launch of a job's ranks (ssh/slurm launchers later take the
  * same shape): `baton worker --run-dir D --rank R` for every rank, started
- * by fork + exec of this very binary (/proc/self/exe), with
- * BATON_SECRET_FILE in the environment. A child asks the kernel to kill it
+ * by fork + exec of this very binary (/proc/self/exe). The job secret
+ * travels in a pipe: each child inherits the read end of a pipe of its own
+ * that already holds the secret (the write end is closed), and finds its
+ * number in BATON_SECRET_FD; the worker reads it once and closes it. So the
+ * secret is in no file and on no command line, and nothing holds it once
+ * the workers have read it or died. A child asks the kernel to kill it
  * when the launching thread's process dies (PR_SET_PDEATHSIG), so a killed
  * driver leaves no orphans; spawn_stop reaps every child and SIGKILLs the
  * ones that do not exit in time. */
@@ -10,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "base/status.h"
@@ -25,7 +30,8 @@ typedef struct {
     int           n;
 } spawn_group_t;
 
-bt_status_t spawn_workers(const char *run_dir, const char *secret_file, int n, spawn_group_t *out);
+bt_status_t spawn_workers(const char *run_dir, const uint8_t *secret, size_t secret_len, int n,
+                          spawn_group_t *out);
 /* Reap children that exited (non-blocking). Returns the lowest rank that
  * exited since the last call, or -1. */
 int  spawn_poll(spawn_group_t *g);

@@ -1,6 +1,7 @@
 #include "launch/worker.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,22 +131,39 @@ static bt_status_t file_read_all(const char *path, char *buf, size_t cap, size_t
     return BT_OK;
 }
 
+/* The job secret, from the pipe the driver left at descriptor
+ * $BATON_SECRET_FD (launch/spawn.h): read once, then the descriptor is
+ * closed and the variable dropped, so nothing this process starts sees it. */
 static bt_status_t secret_read(worker_t *w)
 {
-    const char *p = getenv("BATON_SECRET_FILE");
-    if (!p) {
-        log_error("worker: BATON_SECRET_FILE is not set (workers are started by `baton run`)");
+    const char *v = getenv("BATON_SECRET_FD");
+    if (!v) {
+        log_error("worker: BATON_SECRET_FD is not set (workers are started by `baton run`)");
         return BT_ERR_INVALID;
     }
-    FILE *f = fopen(p, "rb");
-    if (!f) {
-        log_error("worker: cannot read the job secret %s: %s", p, strerror(errno));
-        return BT_ERR_IO;
+    char *end;
+    errno = 0;
+    long fd = strtol(v, &end, 10);
+    if (errno || end == v || *end || fd < 0 || fd > INT_MAX) {
+        log_error("worker: BATON_SECRET_FD=%s is not a file descriptor number", v);
+        return BT_ERR_INVALID;
     }
-    size_t n = fread(w->secret, 1, sizeof w->secret, f);
-    fclose(f);
-    if (n != sizeof w->secret) {
-        log_error("worker: job secret %s is %zu bytes, expected %d", p, n, RUN_SECRET_LEN);
+    size_t got = 0;
+    int err = 0;
+    while (got < sizeof w->secret) {
+        ssize_t n = read((int)fd, w->secret + got, sizeof w->secret - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            err = n < 0 ? errno : 0;
+            break;
+        }
+        got += (size_t)n;
+    }
+    close((int)fd);
+    unsetenv("BATON_SECRET_FD");
+    if (got != sizeof w->secret) {
+        log_error("worker: the job secret (descriptor %ld) gave %zu bytes, expected %d%s%s", fd, got,
+                  RUN_SECRET_LEN, err ? ": " : "", err ? strerror(err) : "");
         return BT_ERR_INVALID;
     }
     return BT_OK;

@@ -16,12 +16,11 @@
 /* Name of the run-directory files shared by driver and workers. */
 #define RUN_FILE_JOB    "job.yaml"
 #define RUN_FILE_SETS   "sets"
-#define RUN_FILE_SECRET "secret"
 #define RUN_FILE_DRIVER "driver.card"
 #define RUN_FILE_BOOK   "book"
 #define RUN_FILE_EVAL   "eval.bin"
 #define RUN_FILE_MODE   "mode"     /* "eval": one evaluation pass, no training data */
-#define RUN_SECRET_LEN  32
+#define RUN_SECRET_LEN  32 /* bytes of the job secret (launch/spawn.h passes it) */
 
 /* Evaluation rows file (driver -> workers): magic "BTEV", version 1, then
  * int64 rows, int64 T, int32 ids[rows*T], int32 targets[rows*T] (-100 on

@@ -141,6 +141,8 @@ static void test_job_out_of_range(void)
                  "larger than optim.lr");
     expect_error(BASE "train: {steps: 10}\noptim: {warmup: 11}\n", "bad.yaml:3:9:", "optim.warmup",
                  "exceed");
+    expect_error(BASE "checkpoint: {every: 5}\n", "bad.yaml:2:14:", "checkpoint.every",
+                 "checkpoint.dir names no directory");
 }
 
 static void test_job_model_shape_rules(void)
