@@ -34,13 +34,11 @@ static void bench_usage(FILE *f)
 /* baton side: tokens/s over the measured steps. */
 static bt_status_t bench_baton(const bench_cfg_t *b, double *tps, double *first_loss)
 {
-    model_config_t cfg = {
-        .arch = MODEL_ARCH_LLAMA, .vocab_size = b->vocab, .hidden_size = b->hidden,
-        .intermediate_size = b->ffn, .num_layers = b->layers, .num_heads = b->heads,
-        .num_kv_heads = b->kv_heads, .head_dim = b->hidden / b->heads,
-        .max_position_embeddings = b->seq, .rms_norm_eps = 1e-5,
-        .rope = {.kind = MODEL_ROPE_DEFAULT, .theta = 10000.0},
-    };
+    model_config_t cfg;
+    model_config_llama(&cfg, &(model_llama_dims_t){
+                                 .vocab = b->vocab, .hidden = b->hidden, .layers = b->layers,
+                                 .heads = b->heads, .kv_heads = b->kv_heads, .ffn = b->ffn,
+                                 .max_position = b->seq, .norm_eps = 1e-5, .rope_theta = 10000.0});
     kern_cpu_set_threads(b->threads);
     model_t *m;
     bt_status_t st = model_create(&cfg, NULL, &m);

@@ -255,23 +255,27 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
     if ((st = cfg_arch(&c, &m.arch)) != BT_OK) goto free_root;
     if ((st = cfg_int(&c, root, "vocab_size", -1, &m.vocab_size)) != BT_OK ||
         (st = cfg_int(&c, root, "hidden_size", -1, &m.hidden_size)) != BT_OK ||
-        (st = cfg_int(&c, root, "intermediate_size", -1, &m.intermediate_size)) != BT_OK ||
+        (st = cfg_int(&c, root, "intermediate_size", -1, &m.mlp.intermediate_size)) != BT_OK ||
         (st = cfg_int(&c, root, "num_hidden_layers", -1, &m.num_layers)) != BT_OK ||
-        (st = cfg_int(&c, root, "num_attention_heads", -1, &m.num_heads)) != BT_OK ||
-        (st = cfg_int(&c, root, "num_key_value_heads", m.num_heads, &m.num_kv_heads)) != BT_OK ||
+        (st = cfg_int(&c, root, "num_attention_heads", -1, &m.attn.num_heads)) != BT_OK ||
+        (st = cfg_int(&c, root, "num_key_value_heads", m.attn.num_heads, &m.attn.num_kv_heads)) !=
+            BT_OK ||
         (st = cfg_int(&c, root, "max_position_embeddings", 2048, &m.max_position_embeddings)) !=
             BT_OK ||
         (st = cfg_num(&c, root, "rms_norm_eps", 1e-6, false, &m.rms_norm_eps)) != BT_OK ||
         (st = cfg_bool(&c, root, "tie_word_embeddings", false, &m.tie_word_embeddings)) != BT_OK)
         goto free_root;
-    if (m.num_heads <= 0 || m.hidden_size <= 0) {
+    if (m.attn.num_heads <= 0 || m.hidden_size <= 0) {
         log_error("%s: hidden_size=%lld and num_attention_heads=%lld must be > 0", what,
-                  (long long)m.hidden_size, (long long)m.num_heads);
+                  (long long)m.hidden_size, (long long)m.attn.num_heads);
         st = BT_ERR_INVALID;
         goto free_root;
     }
-    if ((st = cfg_int(&c, root, "head_dim", m.hidden_size / m.num_heads, &m.head_dim)) != BT_OK)
+    if ((st = cfg_int(&c, root, "head_dim", m.hidden_size / m.attn.num_heads, &m.attn.head_dim)) !=
+        BT_OK)
         goto free_root;
+    /* every layer of these architectures: attention, then the dense MLP */
+    model_config_blocks_uniform(&m, MODEL_MIXER_ATTENTION, MODEL_FFN_DENSE);
 
     json_t *act = json_object_get(root, "hidden_act");
     const char *act_s = act && json_is_string(act) ? json_string_value(act) : (act ? "?" : "silu");
@@ -286,12 +290,12 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
         goto free_root;
     switch (m.arch) {
     case MODEL_ARCH_LLAMA:
-        m.qkv_bias = m.o_bias = attn_bias;
-        m.mlp_bias = mlp_bias;
+        m.attn.qkv_bias = m.attn.o_bias = attn_bias;
+        m.mlp.bias = mlp_bias;
         break;
     case MODEL_ARCH_MISTRAL: /* transformers' Mistral has no biases at all */
     case MODEL_ARCH_QWEN2:   /* q/k/v biases always, no o/MLP bias */
-        m.qkv_bias = m.arch == MODEL_ARCH_QWEN2;
+        m.attn.qkv_bias = m.arch == MODEL_ARCH_QWEN2;
         if (attn_bias || mlp_bias)
             log_warn("%s: attention_bias/mlp_bias are ignored by %s (as transformers does)",
                      what, model_arch_name(m.arch));
@@ -299,8 +303,9 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
     default:
         BT_PANIC("unhandled arch %d", (int)m.arch);
     }
-    if ((st = cfg_rope(&c, m.max_position_embeddings, &m.rope)) != BT_OK) goto free_root;
-    if ((st = cfg_sliding(&c, m.arch, m.num_layers, &m.sliding_window)) != BT_OK) goto free_root;
+    if ((st = cfg_rope(&c, m.max_position_embeddings, &m.attn.rope)) != BT_OK) goto free_root;
+    if ((st = cfg_sliding(&c, m.arch, m.num_layers, &m.attn.sliding_window)) != BT_OK)
+        goto free_root;
     double drop = 0;
     if ((st = cfg_num(&c, root, "attention_dropout", 0, false, &drop)) != BT_OK) goto free_root;
     if (drop != 0)
@@ -533,29 +538,15 @@ static void hf_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
     if (o < cap) snprintf(buf + o, cap - o, "]");
 }
 
-/* Reads parameter p's slice of the HF tensor t (whole when p is not split):
- * row shards are one contiguous range, column shards one range per row. */
-static bt_status_t hf_param_read(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t,
-                                 const model_param_t *p)
+/* Reads parameter i's piece of the HF tensor t (its shard spec against the
+ * whole tensor: one range per contiguous run) into host[numel] f32, then
+ * writes it to the model's device. */
+static bt_status_t hf_param_read(model_t *m, int i, const ckpt_st_file_t *f,
+                                 const ckpt_st_tensor_t *t, float *host)
 {
-    float *dst = p->t.data;
-    int64_t rows = p->t.shape[0], cols = p->t.ndim > 1 ? p->t.shape[1] : 1;
-    int64_t full_cols = p->t.ndim > 1 ? p->full_shape[1] : 1;
-    switch (p->shard_dim) {
-    case MODEL_SHARD_NONE:
-        return ckpt_st_read_f32(f, t, dst);
-    case MODEL_SHARD_ROWS:
-        return ckpt_st_read_f32_range(f, t, p->shard_offset * full_cols, rows * cols, dst);
-    case MODEL_SHARD_COLS:
-        for (int64_t r = 0; r < rows; r++) {
-            bt_status_t st = ckpt_st_read_f32_range(f, t, r * full_cols + p->shard_offset, cols,
-                                                    dst + r * cols);
-            if (st != BT_OK) return st;
-        }
-        return BT_OK;
-    default:
-        BT_PANIC("parameter %s has shard_dim %d", p->name, (int)p->shard_dim);
-    }
+    const model_param_t *p = &m->params[i];
+    bt_status_t st = ckpt_st_read_piece(f, t, &p->spec, host);
+    return st != BT_OK ? st : model_param_write(m, i, host);
 }
 
 bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
@@ -563,6 +554,14 @@ bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
     hf_weights_t w;
     bt_status_t st = hf_weights_open(dir, &w);
     if (st != BT_OK) return st;
+    float *host = NULL;
+    int64_t most = 1;
+    for (int i = 0; i < m->n_params; i++)
+        if (tensor_numel(&m->params[i].t) > most) most = tensor_numel(&m->params[i].t);
+    if (!(host = malloc((size_t)most * sizeof *host))) {
+        st = BT_ERR_NOMEM;
+        goto close_weights;
+    }
     if ((st = hf_check_extra(m, &w)) != BT_OK) goto close_weights;
     for (int i = 0; i < m->n_params; i++) {
         model_param_t *p = &m->params[i];
@@ -574,20 +573,21 @@ bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
             st = BT_ERR_NOT_FOUND;
             goto close_weights;
         }
-        bool same = t->ndim == p->t.ndim;
-        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == p->full_shape[d];
+        bool same = t->ndim == p->spec.ndim;
+        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == p->spec.global[d];
         if (!same) {
             char got[128], want[128];
             hf_shape_str(got, sizeof got, t->ndim, t->shape);
-            hf_shape_str(want, sizeof want, p->t.ndim, p->full_shape);
+            hf_shape_str(want, sizeof want, p->spec.ndim, p->spec.global);
             log_error("%s: tensor '%s' has shape %s, the config needs %s", f->path, p->name, got,
                       want);
             st = BT_ERR_INVALID;
             goto close_weights;
         }
-        if ((st = hf_param_read(f, t, p)) != BT_OK) goto close_weights;
+        if ((st = hf_param_read(m, i, f, t, host)) != BT_OK) goto close_weights;
     }
 close_weights:
+    free(host);
     hf_weights_close(&w);
     return st;
 }
@@ -600,11 +600,19 @@ bt_status_t ckpt_hf_load(const char *dir, const model_stage_t *stage, model_t **
 bt_status_t ckpt_hf_load_tp(const char *dir, const model_stage_t *stage,
                             const model_parallel_t *par, model_t **out)
 {
+    return ckpt_hf_load_part(dir, stage, par, NULL, out);
+}
+
+bt_status_t ckpt_hf_load_part(const char *dir, const model_stage_t *stage,
+                              const model_parallel_t *par, const model_place_t *place,
+                              model_t **out)
+{
     model_config_t cfg;
     bt_status_t st = ckpt_hf_config_load(dir, &cfg);
     if (st != BT_OK) return st;
+    model_place_t host = model_place_host();
     model_t *m;
-    if ((st = model_create_tp(&cfg, stage, par, &m)) != BT_OK) return st;
+    if ((st = model_create_on(&cfg, stage, par, place ? place : &host, &m)) != BT_OK) return st;
     if ((st = ckpt_hf_weights_load(m, dir)) != BT_OK) {
         model_destroy(m);
         return st;
@@ -626,50 +634,51 @@ static json_t *hf_config_json(const model_config_t *c)
     json_object_set_new(j, "model_type", json_string(types[c->arch]));
     json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
     json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
-    json_object_set_new(j, "intermediate_size", json_integer(c->intermediate_size));
+    json_object_set_new(j, "intermediate_size", json_integer(c->mlp.intermediate_size));
     json_object_set_new(j, "num_hidden_layers", json_integer(c->num_layers));
-    json_object_set_new(j, "num_attention_heads", json_integer(c->num_heads));
-    json_object_set_new(j, "num_key_value_heads", json_integer(c->num_kv_heads));
-    json_object_set_new(j, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(j, "num_attention_heads", json_integer(c->attn.num_heads));
+    json_object_set_new(j, "num_key_value_heads", json_integer(c->attn.num_kv_heads));
+    json_object_set_new(j, "head_dim", json_integer(c->attn.head_dim));
     json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position_embeddings));
     json_object_set_new(j, "rms_norm_eps", json_real(c->rms_norm_eps));
     json_object_set_new(j, "hidden_act", json_string("silu"));
     json_object_set_new(j, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
     json_object_set_new(j, "torch_dtype", json_string("float32"));
     if (c->arch == MODEL_ARCH_LLAMA) {
-        json_object_set_new(j, "attention_bias", json_boolean(c->qkv_bias));
-        json_object_set_new(j, "mlp_bias", json_boolean(c->mlp_bias));
+        json_object_set_new(j, "attention_bias", json_boolean(c->attn.qkv_bias));
+        json_object_set_new(j, "mlp_bias", json_boolean(c->mlp.bias));
     }
     if (c->arch == MODEL_ARCH_MISTRAL)
         json_object_set_new(j, "sliding_window",
-                            c->sliding_window ? json_integer(c->sliding_window) : json_null());
-    json_object_set_new(j, "rope_theta", json_real(c->rope.theta));
+                            c->attn.sliding_window ? json_integer(c->attn.sliding_window)
+                                                   : json_null());
+    json_object_set_new(j, "rope_theta", json_real(c->attn.rope.theta));
     json_t *rp = json_object();
-    json_object_set_new(rp, "rope_theta", json_real(c->rope.theta));
-    switch (c->rope.kind) {
+    json_object_set_new(rp, "rope_theta", json_real(c->attn.rope.theta));
+    switch (c->attn.rope.kind) {
     case MODEL_ROPE_DEFAULT:
         json_object_set_new(rp, "rope_type", json_string("default"));
         break;
     case MODEL_ROPE_LINEAR:
         json_object_set_new(rp, "rope_type", json_string("linear"));
-        json_object_set_new(rp, "factor", json_real(c->rope.factor));
+        json_object_set_new(rp, "factor", json_real(c->attn.rope.factor));
         break;
     case MODEL_ROPE_LLAMA3:
         json_object_set_new(rp, "rope_type", json_string("llama3"));
-        json_object_set_new(rp, "factor", json_real(c->rope.factor));
-        json_object_set_new(rp, "low_freq_factor", json_real(c->rope.low_freq_factor));
-        json_object_set_new(rp, "high_freq_factor", json_real(c->rope.high_freq_factor));
+        json_object_set_new(rp, "factor", json_real(c->attn.rope.factor));
+        json_object_set_new(rp, "low_freq_factor", json_real(c->attn.rope.low_freq_factor));
+        json_object_set_new(rp, "high_freq_factor", json_real(c->attn.rope.high_freq_factor));
         json_object_set_new(rp, "original_max_position_embeddings",
-                            json_integer(c->rope.original_max_position));
+                            json_integer(c->attn.rope.original_max_position));
         break;
     default:
-        BT_PANIC("unhandled rope kind %d", (int)c->rope.kind);
+        BT_PANIC("unhandled rope kind %d", (int)c->attn.rope.kind);
     }
     /* Both spellings: transformers >= 5 reads rope_parameters, older ones
      * rope_scaling (null means default there). */
     json_object_set(j, "rope_parameters", rp);
     json_object_set_new(j, "rope_scaling",
-                        c->rope.kind == MODEL_ROPE_DEFAULT ? json_null() : json_incref(rp));
+                        c->attn.rope.kind == MODEL_ROPE_DEFAULT ? json_null() : json_incref(rp));
     json_decref(rp);
     return j;
 }
@@ -694,11 +703,27 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
         return BT_ERR_INVALID;
     }
     ckpt_st_entry_t *e = calloc((size_t)m->n_params, sizeof *e);
-    if (!e) return BT_ERR_NOMEM;
-    for (int i = 0; i < m->n_params; i++) {
-        e[i].name = m->params[i].name;
-        e[i].t = m->params[i].t;
+    float **host = calloc((size_t)m->n_params + 1, sizeof *host);
+    if (!e || !host) {
+        free(e);
+        free(host);
+        return BT_ERR_NOMEM;
     }
+    /* the writer reads host f32: device (or lower-precision) parameters are
+     * downloaded first */
+    bool direct = device_is_host(m->place.dev) && m->place.param_dtype == DT_F32;
+    bt_status_t st = BT_OK;
+    for (int i = 0; i < m->n_params && st == BT_OK; i++) {
+        e[i].name = m->params[i].name;
+        e[i].t = tensor_on(m->params[i].t, DEVICE_CPU);
+        if (direct) continue;
+        host[i] = malloc((size_t)tensor_numel(&e[i].t) * sizeof(float) + 1);
+        if (!host[i]) st = BT_ERR_NOMEM;
+        else st = model_param_read(m, i, false, host[i]);
+        e[i].t.dtype = DT_F32;
+        e[i].t.data = host[i];
+    }
+    if (st != BT_OK) goto free_host;
     json_t *j = hf_config_json(&m->cfg);
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(j);
@@ -706,8 +731,8 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
     char *config = text ? malloc(tlen + 2) : NULL;
     if (!config) {
         free(text);
-        free(e);
-        return BT_ERR_NOMEM;
+        st = BT_ERR_NOMEM;
+        goto free_host;
     }
     memcpy(config, text, tlen);
     config[tlen] = '\n';
@@ -716,7 +741,7 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
     base_save_dir_t sd = {0};
     char wpath[BASE_SAVE_PATH_MAX], cpath[BASE_SAVE_PATH_MAX];
     const char *meta[] = {"format", "pt"};
-    bt_status_t st = base_save_dir_begin(&sd, dir);
+    st = base_save_dir_begin(&sd, dir);
     if (st) goto free_all;
     base_save_dir_path(&sd, "model.safetensors", wpath, sizeof wpath);
     base_save_dir_path(&sd, "config.json", cpath, sizeof cpath);
@@ -728,6 +753,9 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
     st = base_save_dir_commit(&sd, hf_owned);
 free_all:
     free(config);
+free_host:
+    for (int i = 0; i < m->n_params; i++) free(host[i]);
+    free(host);
     free(e);
     return st;
 }

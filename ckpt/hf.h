@@ -31,6 +31,10 @@ bt_status_t ckpt_hf_load(const char *dir, const model_stage_t *stage, model_t **
 /* The same for one tensor-parallel rank (model_create_tp; par NULL: no TP). */
 bt_status_t ckpt_hf_load_tp(const char *dir, const model_stage_t *stage,
                             const model_parallel_t *par, model_t **out);
+/* ... on any device (place NULL: the host, f32). */
+bt_status_t ckpt_hf_load_part(const char *dir, const model_stage_t *stage,
+                              const model_parallel_t *par, const model_place_t *place,
+                              model_t **out);
 
 /* Writes the directory dir with config.json and model.safetensors (f32) for
  * a whole model, atomically as a whole (base/save.h): a reader or a crash

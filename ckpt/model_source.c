@@ -119,9 +119,9 @@ static bt_status_t gguf_weights_fill(const gguf_t *g, const gguf_llama_config_t 
             st = BT_ERR_INVALID;
             goto free_all;
         }
-        const tensor_t *p = &m->params[ix].t;
+        const shard_spec_t *p = &m->params[ix].spec;
         bool same = (int)t->n_dims == p->ndim;
-        for (int d = 0; same && d < p->ndim; d++) same = t->ne[p->ndim - 1 - d] == p->shape[d];
+        for (int d = 0; same && d < p->ndim; d++) same = t->ne[p->ndim - 1 - d] == p->global[d];
         if (!same) {
             char got[96] = "", want[96] = "";
             for (uint32_t d = 0; d < t->n_dims; d++)
@@ -129,13 +129,31 @@ static bt_status_t gguf_weights_fill(const gguf_t *g, const gguf_llama_config_t 
                          (long long)t->ne[t->n_dims - 1 - d]);
             for (int d = 0; d < p->ndim; d++)
                 snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "",
-                         (long long)p->shape[d]);
+                         (long long)p->global[d]);
             log_error("gguf: %s: tensor '%s' (%s) has shape [%s], the config needs [%s]", g->path,
                       t->name, hf, got, want);
             st = BT_ERR_INVALID;
             goto free_all;
         }
-        if ((st = gguf_llama_tensor_to_hf_f32(g, gc, t, p->data)) != BT_OK) goto free_all;
+        /* the whole tensor dequantized on the host, then this piece of it */
+        int64_t whole_n = shard_global_numel(p), n = shard_numel(p);
+        float *whole = malloc((size_t)whole_n * sizeof *whole), *piece = NULL;
+        if (!whole) {
+            st = BT_ERR_NOMEM;
+            goto free_all;
+        }
+        if ((st = gguf_llama_tensor_to_hf_f32(g, gc, t, whole)) == BT_OK) {
+            piece = shard_is_whole(p) ? whole : malloc((size_t)n * sizeof *piece);
+            if (!piece) st = BT_ERR_NOMEM;
+        }
+        if (st == BT_OK && piece != whole) {
+            shard_spec_t all_of = shard_whole(p->ndim, p->global);
+            shard_copy(p, piece, &all_of, whole, sizeof(float));
+        }
+        if (st == BT_OK) st = model_param_write(m, ix, piece);
+        if (piece != whole) free(piece);
+        free(whole);
+        if (st != BT_OK) goto free_all;
         filled[ix] = true;
     }
     st = BT_OK;
@@ -153,6 +171,14 @@ free_all:
 
 bt_status_t ckpt_gguf_load(const char *path, const model_stage_t *stage, model_t **out)
 {
+    return ckpt_gguf_load_part(path, stage, NULL, NULL, out);
+}
+
+bt_status_t ckpt_gguf_load_part(const char *path, const model_stage_t *stage,
+                                const model_parallel_t *par, const model_place_t *place,
+                                model_t **out)
+{
+    model_place_t host = model_place_host();
     gguf_t *g;
     bt_status_t st = gguf_open(path, &g);
     if (st != BT_OK) return st;
@@ -160,7 +186,8 @@ bt_status_t ckpt_gguf_load(const char *path, const model_stage_t *stage, model_t
     model_config_t cfg;
     model_t *m = NULL;
     if ((st = gguf_model_config(g, &gc, &cfg)) != BT_OK) goto close_file;
-    if ((st = model_create(&cfg, stage, &m)) != BT_OK) goto close_file;
+    if ((st = model_create_on(&cfg, stage, par, place ? place : &host, &m)) != BT_OK)
+        goto close_file;
     if ((st = gguf_weights_fill(g, &gc, m)) != BT_OK) {
         model_destroy(m);
         goto close_file;
@@ -275,10 +302,18 @@ bt_status_t ckpt_source_config(const char *path, model_config_t *out)
 
 bt_status_t ckpt_source_load(const char *path, const model_stage_t *stage, model_t **out)
 {
+    return ckpt_source_load_part(path, stage, NULL, NULL, out);
+}
+
+bt_status_t ckpt_source_load_part(const char *path, const model_stage_t *stage,
+                                  const model_parallel_t *par, const model_place_t *place,
+                                  model_t **out)
+{
     ckpt_source_kind_t k;
     bt_status_t st = ckpt_source_kind(path, &k);
     if (st != BT_OK) return st;
-    return k == CKPT_SOURCE_GGUF ? ckpt_gguf_load(path, stage, out) : ckpt_hf_load(path, stage, out);
+    return k == CKPT_SOURCE_GGUF ? ckpt_gguf_load_part(path, stage, par, place, out)
+                                 : ckpt_hf_load_part(path, stage, par, place, out);
 }
 
 bt_status_t ckpt_source_tokenizer(const char *path, tok_t **out, ckpt_source_special_t *special)

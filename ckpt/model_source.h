@@ -52,6 +52,12 @@ bt_status_t ckpt_source_config(const char *path, model_config_t *out);
  * of the whole model has are an error (rope_freqs.weight, which llama.cpp
  * stores for Llama-3 RoPE and HF computes, is skipped). */
 bt_status_t ckpt_source_load(const char *path, const model_stage_t *stage, model_t **out);
+/* The same for one TP rank's share (par NULL: none) on a device (place
+ * NULL: the host in f32): every tensor is read piece by piece, so a rank
+ * holds only what it owns. */
+bt_status_t ckpt_source_load_part(const char *path, const model_stage_t *stage,
+                                  const model_parallel_t *par, const model_place_t *place,
+                                  model_t **out);
 
 /* The source's tokenizer and special ids. HF directory: DIR/tokenizer.json,
  * EOS from generation_config.json, else config.json, else the tokenizer's;
@@ -62,6 +68,9 @@ bt_status_t ckpt_source_tokenizer(const char *path, tok_t **out, ckpt_source_spe
 
 /* The GGUF part on its own (ckpt_source_load dispatches to it). */
 bt_status_t ckpt_gguf_load(const char *path, const model_stage_t *stage, model_t **out);
+bt_status_t ckpt_gguf_load_part(const char *path, const model_stage_t *stage,
+                                const model_parallel_t *par, const model_place_t *place,
+                                model_t **out);
 bt_status_t ckpt_gguf_config(const char *path, model_config_t *out);
 
 #endif

@@ -309,6 +309,44 @@ bt_status_t ckpt_st_read_f32_range(const ckpt_st_file_t *f, const ckpt_st_tensor
     }
 }
 
+typedef struct {
+    const ckpt_st_file_t   *f;
+    const ckpt_st_tensor_t *t;
+    float                  *dst;
+    bt_status_t             st;
+} st_piece_t;
+
+static void st_piece_run(void *arg, int64_t src_off, int64_t dst_off, int64_t n)
+{
+    st_piece_t *p = arg;
+    if (p->st == BT_OK) p->st = ckpt_st_read_f32_range(p->f, p->t, src_off, n, p->dst + dst_off);
+}
+
+bt_status_t ckpt_st_read_piece(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t,
+                               const shard_spec_t *piece, float *dst)
+{
+    bool same = t->ndim == piece->ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == piece->global[d];
+    if (!same) {
+        log_error("%s: tensor '%s' does not have the shape of the piece asked for", f->path,
+                  t->name);
+        return BT_ERR_INVALID;
+    }
+    shard_spec_t whole = shard_whole(piece->ndim, piece->global);
+    st_piece_t p = {.f = f, .t = t, .dst = dst, .st = BT_OK};
+    shard_runs(piece, &whole, st_piece_run, &p);
+    if (f->map && t->end > t->begin) {
+        /* the pages were only needed for this copy: drop them from the
+         * process (they stay in the page cache), so that a rank's resident
+         * memory holds its pieces, not the whole file */
+        long page = sysconf(_SC_PAGESIZE);
+        uintptr_t lo = (uintptr_t)t->data / (uintptr_t)page * (uintptr_t)page;
+        uintptr_t hi = (uintptr_t)t->data + (uintptr_t)(t->end - t->begin);
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+    return p.st;
+}
+
 /* The header JSON for entries, with data laid out back to back in order. */
 static char *st_header_build(const ckpt_st_entry_t *entries, int n, const char *const *meta,
                              int n_meta, size_t *len_out)

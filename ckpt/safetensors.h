@@ -20,6 +20,7 @@
 
 #include "base/status.h"
 #include "base/tensor.h"
+#include "base/shard_spec.h"
 
 #define CKPT_ST_MAX_DIMS 8
 #define CKPT_ST_MAX_HEADER (100u << 20) /* as the reference implementation */
@@ -60,6 +61,13 @@ bt_status_t ckpt_st_read_f32(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t,
  * of a tensor-parallel shard: only these bytes of the mapping are touched). */
 bt_status_t ckpt_st_read_f32_range(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t,
                                    int64_t first, int64_t n, float *dst);
+
+/* The elements of `piece` (a shard spec of t's global shape) read from t
+ * into dst[shard_numel(piece)] f32, one range per contiguous run; the pages
+ * read are released from the process afterwards (madvise), so that loading
+ * a piece of a large file keeps only the piece resident. */
+bt_status_t ckpt_st_read_piece(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t,
+                               const shard_spec_t *piece, float *dst);
 
 /* "F32" etc. for a dtype_t; NULL when safetensors has no name for it. */
 const char *ckpt_st_dtype_name(dtype_t dt);

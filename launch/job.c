@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/tensor.h"
 #include "ckpt/model_source.h"
 
 #include <yaml.h>
@@ -45,6 +46,8 @@ static const char *const sched_names[] = {"1f1b", "interleaved"};
 _Static_assert(sizeof sched_names / sizeof sched_names[0] == JOB_SCHED_COUNT, "sched_names");
 static const char *const warmup_names[] = {"zero", "min_lr"};
 _Static_assert(sizeof warmup_names / sizeof warmup_names[0] == JOB_WARMUP_FROM_COUNT, "warmup_names");
+static const char *const dtype_names[] = {"fp32", "bf16"};
+_Static_assert(sizeof dtype_names / sizeof dtype_names[0] == JOB_DTYPE_COUNT, "dtype_names");
 static const char *const decay_names[] = {"matrices", "all", "none"};
 _Static_assert(sizeof decay_names / sizeof decay_names[0] == JOB_DECAY_COUNT, "decay_names");
 static const char *const edge_names[] = {"control", "pipeline", "data_parallel",
@@ -115,6 +118,8 @@ static const field_t fields[] = {
     EDGE("checkpoint", JOB_EDGE_CKPT),
 
     {"hosts", F_STR_LIST, OFF(hosts), 0, 0, NULL, 0, JOB_MAX_HOSTS, OFF(n_hosts)},
+    STR("device", device),
+    ENUM("dtype", dtype, dtype_names),
 
     STR("checkpoint.dir", checkpoint.dir),
     INT("checkpoint.every", checkpoint.every, 0, BIG),
@@ -167,6 +172,8 @@ void job_defaults(job_t *job)
     for (int e = 0; e < JOB_EDGE_COUNT; e++) job->transport[e] = JOB_XPORT_AUTO;
     snprintf(job->hosts[0], JOB_HOST_MAX, "local");
     job->n_hosts = 1;
+    snprintf(job->device, sizeof job->device, "cpu");
+    job->dtype = JOB_DTYPE_FP32;
 }
 
 /* ---- errors ------------------------------------------------------------- */
@@ -596,12 +603,12 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
     job_model_t *m = &job->model;
     m->layers = cfg.num_layers;
     m->hidden = cfg.hidden_size;
-    m->heads = cfg.num_heads;
-    m->kv_heads = cfg.num_kv_heads;
-    m->ffn = cfg.intermediate_size;
+    m->heads = cfg.attn.num_heads;
+    m->kv_heads = cfg.attn.num_kv_heads;
+    m->ffn = cfg.mlp.intermediate_size;
     m->vocab = cfg.vocab_size;
     if (!field_is_set(job, "model.seq")) m->seq = cfg.max_position_embeddings;
-    m->rope_theta = cfg.rope.theta;
+    m->rope_theta = cfg.attn.rope.theta;
     m->norm_eps = cfg.rms_norm_eps;
     m->tie_embeddings = cfg.tie_word_embeddings;
     return BT_OK;
@@ -613,6 +620,10 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     job_parallel_t *p = &job->parallel;
     bt_status_t st;
 
+    device_t dev;
+    if (strcmp(job->device, "auto") && !device_parse(job->device, &dev))
+        return vfail(job, "device", err, errlen,
+                     "'%s' is not a device (cpu, cuda, cuda:N, fenced or auto)", job->device);
     if (m->hf[0] && (st = hf_config_read(job, err, errlen))) return st;
     if (m->kv_heads == 0) m->kv_heads = m->heads;
     if (m->ffn == 0) m->ffn = ((8 * m->hidden / 3) + 63) / 64 * 64;

@@ -38,6 +38,10 @@ typedef enum { JOB_WARMUP_FROM_ZERO = 0, JOB_WARMUP_FROM_MIN, JOB_WARMUP_FROM_CO
 /* Which parameters get weight decay: matrices (ndim >= 2: linear weights and
  * embeddings; norms and biases none, as common practice), all, or none. */
 typedef enum { JOB_DECAY_MATRICES = 0, JOB_DECAY_ALL, JOB_DECAY_NONE, JOB_DECAY_COUNT } job_decay_t;
+/* The precision a job computes in: fp32 everywhere, or bf16 weights and
+ * activations with f32 gradients and f32 master weights in the optimizer. */
+typedef enum { JOB_DTYPE_FP32 = 0, JOB_DTYPE_BF16, JOB_DTYPE_COUNT } job_dtype_t;
+#define JOB_DEVICE_MAX 16
 /* Edge classes a transport is chosen for. */
 typedef enum { JOB_EDGE_CONTROL = 0, JOB_EDGE_PIPELINE, JOB_EDGE_DATA_PARALLEL,
                JOB_EDGE_TENSOR_PARALLEL, JOB_EDGE_CKPT, JOB_EDGE_COUNT } job_edge_t;
@@ -106,6 +110,8 @@ typedef struct {
     job_optim_t      optim;
     job_parallel_t   parallel;
     job_xport_t      transport[JOB_EDGE_COUNT];
+    char             device[JOB_DEVICE_MAX]; /* "cpu", "cuda", "cuda:N", "fenced", "auto" */
+    job_dtype_t      dtype;
     char             hosts[JOB_MAX_HOSTS][JOB_HOST_MAX];
     int              n_hosts;
     job_checkpoint_t checkpoint;

@@ -10,32 +10,66 @@
 
 #include "base/log.h"
 #include "ckpt/model_source.h"
+#include "kernels/device.h"
 #include "data/shard.h"
 
 bt_status_t run_model_config(const job_t *job, model_config_t *cfg)
 {
     if (job->model.hf[0]) return ckpt_source_config(job->model.hf, cfg);
     const job_model_t *m = &job->model;
-    *cfg = (model_config_t){
-        .arch = MODEL_ARCH_LLAMA, .vocab_size = m->vocab, .hidden_size = m->hidden,
-        .intermediate_size = m->ffn, .num_layers = m->layers, .num_heads = m->heads,
-        .num_kv_heads = m->kv_heads, .head_dim = m->hidden / m->heads,
-        .max_position_embeddings = m->seq, .rms_norm_eps = m->norm_eps,
-        .rope = {.kind = MODEL_ROPE_DEFAULT, .theta = m->rope_theta},
-        .tie_word_embeddings = m->tie_embeddings,
-    };
+    model_config_llama(cfg, &(model_llama_dims_t){
+                                .vocab = m->vocab, .hidden = m->hidden, .layers = m->layers,
+                                .heads = m->heads, .kv_heads = m->kv_heads, .ffn = m->ffn,
+                                .max_position = m->seq, .norm_eps = m->norm_eps,
+                                .rope_theta = m->rope_theta, .tie_embeddings = m->tie_embeddings});
     return model_config_validate(cfg);
+}
+
+bt_status_t run_model_place(const job_t *job, model_place_t *out)
+{
+    model_place_t p = model_place_host();
+    char why[160];
+    if (!strcmp(job->device, "auto")) {
+        device_t cuda = {DEV_CUDA, 0};
+        if (kern_device_usable(cuda, why, sizeof why)) p.dev = cuda;
+    } else if (!device_parse(job->device, &p.dev)) {
+        log_error("job: device '%s' is not a device", job->device);
+        return BT_ERR_INVALID;
+    }
+    if (job->dtype == JOB_DTYPE_BF16) {
+        p.param_dtype = p.act_dtype = DT_BF16;
+        p.grad_dtype = DT_F32;
+    }
+    if (!kern_device_usable(p.dev, why, sizeof why)) {
+        char d[DEVICE_STR_MAX];
+        log_error("job: device %s cannot be used: %s", device_str(p.dev, d), why);
+        return BT_ERR_UNSUPPORTED;
+    }
+    *out = p;
+    return BT_OK;
 }
 
 bt_status_t run_model_create(const job_t *job, model_t **out)
 {
-    if (job->model.hf[0]) return ckpt_source_load(job->model.hf, NULL, out);
+    return run_model_create_part(job, NULL, NULL, NULL, out);
+}
+
+bt_status_t run_model_create_part(const job_t *job, const model_stage_t *stage,
+                                  const model_parallel_t *par, const model_place_t *place,
+                                  model_t **out)
+{
+    if (job->model.hf[0]) return ckpt_source_load_part(job->model.hf, stage, par, place, out);
     model_config_t cfg;
     bt_status_t st = run_model_config(job, &cfg);
     if (st) return st;
+    model_place_t host = model_place_host();
     model_t *m;
-    if ((st = model_create(&cfg, NULL, &m))) return st;
-    model_init_random(m, (uint64_t)job->model.init_seed, (float)job->model.init_std);
+    if ((st = model_create_on(&cfg, stage, par, place ? place : &host, &m))) return st;
+    /* addressed by global element: every piece gets the whole model's values */
+    if ((st = model_init_random(m, (uint64_t)job->model.init_seed, (float)job->model.init_std))) {
+        model_destroy(m);
+        return st;
+    }
     *out = m;
     return BT_OK;
 }

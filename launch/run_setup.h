@@ -16,6 +16,14 @@
 bt_status_t run_model_config(const job_t *job, model_config_t *cfg);
 /* Whole model: HF weights, or model_init_random(init_seed, init_std). */
 bt_status_t run_model_create(const job_t *job, model_t **out);
+/* The device and precisions of a validated job ("auto": cuda:0 when usable,
+ * else the host); an unusable device is an error saying why. */
+bt_status_t run_model_place(const job_t *job, model_place_t *out);
+/* Only `stage` (NULL: whole) of TP rank par (NULL: none) on place (NULL: the
+ * host): each rank builds and loads exactly its own pieces. */
+bt_status_t run_model_create_part(const job_t *job, const model_stage_t *stage,
+                                  const model_parallel_t *par, const model_place_t *place,
+                                  model_t **out);
 
 /* Token stream of a data directory, as int32 ids. Formats accepted:
  *   DIR/index.json   a shard set (data/shard.h, `baton data prepare`)

@@ -105,9 +105,7 @@ typedef struct {
     int64_t        n_tokens;
     int32_t       *eval_ids, *eval_targets;
     int64_t        eval_rows;
-    model_t       *full;
     model_t       *chunks[STAGE_MAX_CHUNKS];
-    model_t       *export_full[STAGE_MAX_CHUNKS]; /* tp > 1, dp rank 0: gather targets */
     int            n_chunks;
     coll_comm_t   *comm[GRAPH_GROUP_COUNT];
     int            members[GRAPH_GROUP_COUNT][GRAPH_MAX_WORLD];
@@ -194,56 +192,28 @@ bad:
     return BT_ERR_INVALID;
 }
 
-/* Copy this rank's slice of the whole-model tensor `full` into `part`
- * (model_param_t: narrowed along shard_dim at shard_offset). */
-static void slice_copy(const model_param_t *part, const tensor_t *full)
-{
-    float *dst = part->t.data;
-    const float *src = full->data;
-    const tensor_t *t = &part->t;
-    if (part->shard_dim == MODEL_SHARD_COLS && t->ndim == 2) {
-        int64_t rows = t->shape[0], cols = t->shape[1], fcols = full->shape[1];
-        for (int64_t r = 0; r < rows; r++)
-            memcpy(dst + r * cols, src + r * fcols + part->shard_offset, (size_t)cols * sizeof(float));
-        return;
-    }
-    int64_t inner = 1;
-    for (int d = 1; d < t->ndim; d++) inner *= t->shape[d];
-    int64_t off = part->shard_dim == MODEL_SHARD_ROWS ? part->shard_offset * inner : 0;
-    memcpy(dst, src + off, (size_t)tensor_numel(t) * sizeof(float));
-}
-
-/* The rank's chunks (its tensor-parallel share of each), initialized from
- * the whole model by name, so that every layout starts from exactly the
- * single-process parameters. Needs the TP communicator opened. */
+/* The rank's chunks: each builds and loads exactly its stage and TP share
+ * (random initialisation is addressed by global element, so every layout
+ * starts from exactly the single-process parameters). Needs the TP
+ * communicator opened. */
 static bt_status_t chunks_create(worker_t *w)
 {
-    bt_status_t st = run_model_create(&w->job, &w->full);
-    if (st) return st;
+    model_config_t cfg;
+    model_place_t place;
+    bt_status_t st;
+    if ((st = run_model_config(&w->job, &cfg)) || (st = run_model_place(&w->job, &place)))
+        return st;
     graph_coord_t c = graph_coord(&w->g, w->rank);
     model_parallel_t par = {.tp_rank = c.tp, .tp_size = w->g.tp, .tp_comm = w->comm[GRAPH_GROUP_TP]};
     w->n_chunks = w->g.vpp;
     for (int k = 0; k < w->n_chunks; k++) {
         int v = graph_chunk_vstage(&w->g, c.pp, k);
-        model_stage_t stage = graph_vstage_stage(&w->g, v, (int)w->full->cfg.num_layers);
-        if ((st = model_create_tp(&w->full->cfg, &stage, w->g.tp > 1 ? &par : NULL, &w->chunks[k])))
+        model_stage_t stage = graph_vstage_stage(&w->g, v, (int)cfg.num_layers);
+        if ((st = run_model_create_part(&w->job, &stage, w->g.tp > 1 ? &par : NULL, &place,
+                                        &w->chunks[k])))
             return st;
-        if (w->g.tp > 1 && c.dp == 0 && (st = model_create(&w->full->cfg, &stage, &w->export_full[k])))
-            return st;
-        model_t *m = w->chunks[k];
-        for (int i = 0; i < m->n_params; i++) {
-            int j = model_param_find(w->full, m->params[i].name);
-            if (j < 0 || m->params[i].t.ndim != w->full->params[j].t.ndim) {
-                log_error("rank %d: stage parameter %s has no twin in the whole model", w->rank,
-                          m->params[i].name);
-                return BT_ERR_INVALID;
-            }
-            slice_copy(&m->params[i], &w->full->params[j].t);
-        }
-        if ((st = model_grads_alloc(m))) return st;
+        if ((st = model_grads_alloc(w->chunks[k]))) return st;
     }
-    model_destroy(w->full);
-    w->full = NULL;
     return BT_OK;
 }
 
@@ -426,7 +396,6 @@ static bt_status_t actors_start(worker_t *w)
     for (int k = 0; k < w->n_chunks; k++) {
         int v = graph_chunk_vstage(g, c.pp, k);
         sc.chunks[k] = w->chunks[k];
-        sc.export_full[k] = w->export_full[k];
         if (v + 1 < g->n_vstages) sc.next[k] = ACTOR_ADDR(graph_vstage_rank(g, v + 1, w->rank), GRAPH_SLOT_STAGE);
         if (v > 0) sc.prev[k] = ACTOR_ADDR(graph_vstage_rank(g, v - 1, w->rank), GRAPH_SLOT_STAGE);
     }
@@ -469,9 +438,7 @@ static void worker_free(worker_t *w)
         if (w->comm[k]) coll_destroy(w->comm[k]);
     for (int k = 0; k < w->n_chunks; k++) {
         model_destroy(w->chunks[k]);
-        model_destroy(w->export_full[k]);
     }
-    model_destroy(w->full);
     free(w->tokens);
     free(w->eval_ids);
     free(w->eval_targets);

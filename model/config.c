@@ -6,6 +6,7 @@
 #include "model/kind.h"
 
 #include <stddef.h>
+#include <string.h>
 
 static const model_kind_t *const mixer_kinds[] = {
     [MODEL_MIXER_NONE] = NULL,
@@ -32,6 +33,24 @@ void model_config_blocks_uniform(model_config_t *c, model_mixer_kind_t mixer, mo
 {
     for (int l = 0; l < MODEL_MAX_LAYERS; l++)
         c->blocks[l] = (model_block_t){.mixer = (uint8_t)mixer, .ffn = (uint8_t)ffn};
+}
+
+void model_config_llama(model_config_t *c, const model_llama_dims_t *d)
+{
+    memset(c, 0, sizeof *c);
+    c->arch = MODEL_ARCH_LLAMA;
+    c->vocab_size = d->vocab;
+    c->hidden_size = d->hidden;
+    c->num_layers = d->layers;
+    c->max_position_embeddings = d->max_position;
+    c->rms_norm_eps = d->norm_eps;
+    c->tie_word_embeddings = d->tie_embeddings;
+    c->attn = (model_attn_config_t){
+        .num_heads = d->heads, .num_kv_heads = d->kv_heads,
+        .head_dim = d->heads > 0 ? d->hidden / d->heads : 0,
+        .rope = {.kind = MODEL_ROPE_DEFAULT, .theta = d->rope_theta}};
+    c->mlp = (model_mlp_config_t){.intermediate_size = d->ffn};
+    model_config_blocks_uniform(c, MODEL_MIXER_ATTENTION, MODEL_FFN_DENSE);
 }
 
 bt_status_t model_config_kinds_validate(const model_config_t *c, int tp_size)

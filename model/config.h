@@ -91,6 +91,15 @@ typedef struct {
 /* Every layer {attention, dense MLP}: the Llama-family stack. */
 void        model_config_blocks_uniform(model_config_t *c, model_mixer_kind_t mixer,
                                         model_ffn_kind_t ffn);
+/* The plain Llama stack of the given dimensions (no biases, default RoPE,
+ * head_dim = hidden / heads): what a job file without model.hf describes,
+ * and what benchmarks and tests build. Not validated. */
+typedef struct {
+    int64_t vocab, hidden, layers, heads, kv_heads, ffn, max_position;
+    double  norm_eps, rope_theta;
+    bool    tie_embeddings;
+} model_llama_dims_t;
+void        model_config_llama(model_config_t *c, const model_llama_dims_t *d);
 /* Checks every field (a clear error naming it); the kinds check their own
  * sub-configs for every layer that uses them. */
 bt_status_t model_config_validate(const model_config_t *c);

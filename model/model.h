@@ -8,7 +8,7 @@
  *    the Hugging Face tensor names ("model.embed_tokens.weight",
  *    "model.layers.3.self_attn.q_proj.weight", "lm_head.weight", ...), so
  *    import, export and sharding are driven by name. Each view carries its
- *    shard spec (model/shard.h): the HF tensor's global shape and the piece
+ *    shard spec (base/shard_spec.h): the HF tensor's global shape and the piece
  *    this instance holds.
  *  - Gradients live in a second allocation (grad_mem) carved the same way:
  *    grads[i] is the gradient of params[i]. Backward ACCUMULATES into it;
@@ -68,7 +68,7 @@
 #include "base/tensor.h"
 #include "kernels/device.h"
 #include "model/config.h"
-#include "model/shard.h"
+#include "base/shard_spec.h"
 
 #define MODEL_IGNORE_INDEX (-100)
 #define MODEL_NAME_MAX 96

@@ -29,7 +29,8 @@ struct stage_job {
 
 static uint32_t name_fwd, name_bwd, name_opt;
 
-static void export_params(stage_actor_t *s, model_t *const *from);
+static void export_params(stage_actor_t *s);
+static void export_bufs_free(stage_actor_t *s);
 
 static int ix(const stage_actor_t *s, int mb, int chunk) { return mb * s->cfg.pipe.vpp + chunk; }
 static int vstage_of(const stage_actor_t *s, int chunk)
@@ -117,6 +118,7 @@ void stage_actor_fini(stage_actor_t *s)
     free(s->acts);
     pass_free(&s->train);
     pass_free(&s->eval);
+    export_bufs_free(s);
     free(s->job);
     memset(s, 0, sizeof *s);
 }
@@ -200,16 +202,41 @@ static bt_status_t job_end_run(void *arg)
     return st;
 }
 
+static void export_bufs_free(stage_actor_t *s)
+{
+    for (int c = 0; c < STAGE_MAX_CHUNKS; c++) {
+        if (!s->export_buf[c]) continue;
+        for (int i = 0; i < s->cfg.chunks[c]->n_params; i++) free(s->export_buf[c][i]);
+        free(s->export_buf[c]);
+        s->export_buf[c] = NULL;
+    }
+}
+
+/* The export's tensors, whole, in host memory: one f32 buffer per parameter
+ * (read from the device; with TP gathered over the group, a collective
+ * every TP rank of the replica takes part in). Each later travels in its
+ * CKPT_SHARD message, which frees it. */
 static bt_status_t job_gather_run(void *arg)
 {
     stage_job_t *j = arg;
     stage_actor_t *s = j->s;
+    export_bufs_free(s);
     for (int k = 0; k < s->cfg.pipe.vpp; k++) {
-        bt_status_t st = model_tp_gather(s->cfg.chunks[k], false, s->cfg.export_full[k]);
-        if (st) return st;
+        model_t *m = s->cfg.chunks[k];
+        s->export_buf[k] = calloc((size_t)m->n_params + 1, sizeof *s->export_buf[k]);
+        if (!s->export_buf[k]) return BT_ERR_NOMEM;
+        for (int i = 0; i < m->n_params; i++) {
+            float *buf = malloc((size_t)shard_global_numel(&m->params[i].spec) * sizeof *buf + 1);
+            if (!buf) return BT_ERR_NOMEM;
+            s->export_buf[k][i] = buf;
+            bt_status_t st = model_param_gather(m, i, false, buf);
+            if (st) return st;
+        }
     }
     return BT_OK;
 }
+
+static void export_buf_release(void *buf) { free(buf); }
 
 /* ---- the op walk (loop thread) --------------------------------------------- */
 
@@ -339,7 +366,7 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
     bt_status_t st = m->sys.work.status;
     if (m->sys.work.tag == JOB_GATHER) {
         if (st) fail(s, st, "export gather");
-        else export_params(s, s->cfg.export_full);
+        else export_params(s);
         return ACTOR_DONE;
     }
     if (m->sys.work.tag == JOB_END) {
@@ -444,31 +471,45 @@ static actor_ret_t stage_on_data(actor_t *self, actor_msg_t *m)
     return ACTOR_KEPT;
 }
 
-static void export_params(stage_actor_t *s, model_t *const *from)
+/* Sends the gathered host copies (job_gather_run) to the driver. */
+static void export_params(stage_actor_t *s)
 {
-    if (s->cfg.exporter) {
-        for (int c = 0; c < s->cfg.pipe.vpp; c++) {
-            model_t *mod = from[c];
-            for (int i = 0; i < mod->n_params; i++) {
-                actor_msg_t *m = actor_msg_new(MSG_CKPT_SHARD);
-                if (!m) { fail(s, BT_ERR_NOMEM, "export"); return; }
-                msg_ckpt_shard_t *b = &m->body.ckpt_shard;
-                const tensor_t *t = &mod->params[i].t;
-                snprintf(b->name, sizeof b->name, "%s", mod->params[i].name);
-                b->ckpt_step = s->done_step;
-                b->ndim = (uint32_t)t->ndim;
-                for (int d = 0; d < t->ndim; d++) b->global_shape[d] = t->shape[d];
-                if (actor_msg_tensor_add(m, "data", t)) {
-                    actor_msg_free(m);
-                    fail(s, BT_ERR_INVALID, "export");
-                    return;
-                }
-                bt_status_t st = actor_send(&s->a, s->cfg.driver, m);
-                if (st && st != BT_ERR_BUSY) { fail(s, st, "export send"); return; }
+    bool ok = true;
+    for (int c = 0; c < s->cfg.pipe.vpp && s->cfg.exporter && ok; c++) {
+        const model_t *mod = s->cfg.chunks[c];
+        for (int i = 0; i < mod->n_params && ok; i++) {
+            float *at = s->export_buf[c][i];
+            const shard_spec_t *sp = &mod->params[i].spec;
+            actor_msg_t *m = actor_msg_new(MSG_CKPT_SHARD);
+            if (!m) {
+                fail(s, BT_ERR_NOMEM, "export");
+                ok = false;
+                break;
+            }
+            msg_ckpt_shard_t *b = &m->body.ckpt_shard;
+            tensor_t t = tensor_make((void *)at, DT_F32, DEVICE_CPU, sp->ndim, sp->global);
+            snprintf(b->name, sizeof b->name, "%s", mod->params[i].name);
+            b->ckpt_step = s->done_step;
+            b->ndim = (uint32_t)t.ndim;
+            for (int d = 0; d < t.ndim; d++) b->global_shape[d] = t.shape[d];
+            if (actor_msg_tensor_add(m, "data", &t)) {
+                actor_msg_free(m);
+                fail(s, BT_ERR_INVALID, "export");
+                ok = false;
+                break;
+            }
+            /* the message borrows the buffer: it frees it when it is freed */
+            actor_msg_on_free(m, export_buf_release, at);
+            s->export_buf[c][i] = NULL;
+            bt_status_t st = actor_send(&s->a, s->cfg.driver, m);
+            if (st && st != BT_ERR_BUSY) {
+                fail(s, st, "export send");
+                ok = false;
             }
         }
     }
-    heartbeat_send(s, STAGE_ST_EXPORTED);
+    export_bufs_free(s);
+    if (ok) heartbeat_send(s, STAGE_ST_EXPORTED);
 }
 
 static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
@@ -477,13 +518,16 @@ static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
     const msg_heartbeat_t *h = &m->body.heartbeat;
     if (actor_addr_rank(m->env.src) != actor_addr_rank(s->cfg.driver)) return ACTOR_DONE;
     if (h->state == STAGE_CMD_EXPORT) {
-        if (s->cfg.export_full[0]) { /* TP: gather the whole tensors first (collective) */
-            *s->job = (stage_job_t){.s = s, .step = s->done_step};
-            bt_status_t st = job_submit(s, job_gather_run, JOB_GATHER);
-            if (st) fail(s, st, "export gather submit");
-        } else {
-            export_params(s, s->cfg.chunks);
+        /* the parameters are device memory: the compute thread reads them
+         * (and, with TP, gathers them over the exporter's TP group) into
+         * host copies first */
+        if (!s->cfg.exporter && !(s->cfg.tp_size > 1 && s->cfg.dp_rank == 0)) {
+            heartbeat_send(s, STAGE_ST_EXPORTED);
+            return ACTOR_DONE;
         }
+        *s->job = (stage_job_t){.s = s, .step = s->done_step};
+        bt_status_t st = job_submit(s, job_gather_run, JOB_GATHER);
+        if (st) fail(s, st, "export gather submit");
         return ACTOR_DONE;
     }
     if (h->state != STAGE_CMD_STEP && h->state != STAGE_CMD_EVAL) return ACTOR_DONE;

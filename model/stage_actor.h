@@ -73,10 +73,9 @@ typedef struct {
     int             tp_rank, tp_size;
     int             dp_rank, dp_size;
     int64_t         eval_rows;                 /* rows of the evaluation set (0: none) */
-    bool            exporter;                  /* sends its parameters on STAGE_CMD_EXPORT */
-    model_t        *export_full[STAGE_MAX_CHUNKS]; /* tp > 1: whole-tensor chunk the TP
-                                                * group gathers into on export (data-
-                                                * parallel replica 0 only), else NULL */
+    bool            exporter;                  /* sends its parameters on STAGE_CMD_EXPORT
+                                                * (every TP rank of its replica takes part
+                                                * in gathering them) */
     int64_t         B, T;
     float           dloss;                     /* 1 / scored positions of the global batch */
     dist_optim_t   *opt;
@@ -111,6 +110,8 @@ typedef struct {
     int64_t              n_scored;
     stage_job_t         *job;
     actor_timer_t        hb;
+    float              **export_buf[STAGE_MAX_CHUNKS]; /* per chunk, per parameter: the whole
+                                                     * tensor between gather and send */
     uint64_t             t_step0;
 } stage_actor_t;
 

@@ -46,18 +46,18 @@ static void test_hf_config_fields(void)
     model_config_t c;
     REQUIRE(ckpt_hf_config_load(FIX "llama", &c) == BT_OK);
     CHECK(c.arch == MODEL_ARCH_LLAMA && c.vocab_size == 256 && c.hidden_size == 64);
-    CHECK(c.num_heads == 4 && c.num_kv_heads == 2 && c.head_dim == 16 && c.num_layers == 2);
-    CHECK(!c.tie_word_embeddings && !c.qkv_bias && c.rope.kind == MODEL_ROPE_DEFAULT);
+    CHECK(c.attn.num_heads == 4 && c.attn.num_kv_heads == 2 && c.attn.head_dim == 16 && c.num_layers == 2);
+    CHECK(!c.tie_word_embeddings && !c.attn.qkv_bias && c.attn.rope.kind == MODEL_ROPE_DEFAULT);
     REQUIRE(ckpt_hf_config_load(FIX "llama_tied_llama3", &c) == BT_OK);
-    CHECK(c.tie_word_embeddings && c.qkv_bias && c.o_bias && c.mlp_bias);
-    CHECK(c.rope.kind == MODEL_ROPE_LLAMA3 && c.rope.factor == 8 &&
-          c.rope.original_max_position == 16);
+    CHECK(c.tie_word_embeddings && c.attn.qkv_bias && c.attn.o_bias && c.mlp.bias);
+    CHECK(c.attn.rope.kind == MODEL_ROPE_LLAMA3 && c.attn.rope.factor == 8 &&
+          c.attn.rope.original_max_position == 16);
     REQUIRE(ckpt_hf_config_load(FIX "mistral", &c) == BT_OK);
-    CHECK(c.arch == MODEL_ARCH_MISTRAL && c.head_dim == 16 && c.sliding_window == 32);
-    CHECK(c.rope.theta == 1e6);
+    CHECK(c.arch == MODEL_ARCH_MISTRAL && c.attn.head_dim == 16 && c.attn.sliding_window == 32);
+    CHECK(c.attn.rope.theta == 1e6);
     REQUIRE(ckpt_hf_config_load(FIX "qwen2", &c) == BT_OK);
-    CHECK(c.arch == MODEL_ARCH_QWEN2 && c.qkv_bias && !c.o_bias && c.sliding_window == 0);
-    CHECK(c.num_heads == 6 && c.num_kv_heads == 2 && c.rms_norm_eps == 1e-5);
+    CHECK(c.arch == MODEL_ARCH_QWEN2 && c.attn.qkv_bias && !c.attn.o_bias && c.attn.sliding_window == 0);
+    CHECK(c.attn.num_heads == 6 && c.attn.num_kv_heads == 2 && c.rms_norm_eps == 1e-5);
 
     /* legacy spellings: rope_theta + rope_scaling with "type" */
     json_t *j = cfg_base("llama");
@@ -65,12 +65,12 @@ static void test_hf_config_fields(void)
     json_object_set_new(j, "rope_theta", json_real(500000.0));
     json_object_set_new(j, "rope_scaling", json_pack("{s:s,s:f}", "type", "linear", "factor", 4.0));
     REQUIRE(cfg_parse(j, &c) == BT_OK);
-    CHECK(c.rope.kind == MODEL_ROPE_LINEAR && c.rope.factor == 4 && c.rope.theta == 500000);
+    CHECK(c.attn.rope.kind == MODEL_ROPE_LINEAR && c.attn.rope.factor == 4 && c.attn.rope.theta == 500000);
     j = cfg_base("llama");
     json_object_del(j, "rope_parameters");
     json_object_set_new(j, "rope_scaling", json_null());
     REQUIRE(cfg_parse(j, &c) == BT_OK);
-    CHECK(c.rope.kind == MODEL_ROPE_DEFAULT && c.rope.theta == 10000);
+    CHECK(c.attn.rope.kind == MODEL_ROPE_DEFAULT && c.attn.rope.theta == 10000);
     /* llama3 through rope_scaling with "rope_type", original length defaulted */
     j = cfg_base("llama");
     json_object_del(j, "rope_parameters");
@@ -78,12 +78,12 @@ static void test_hf_config_fields(void)
                         json_pack("{s:s,s:f,s:f,s:f}", "rope_type", "llama3", "factor", 8.0,
                                   "low_freq_factor", 1.0, "high_freq_factor", 4.0));
     REQUIRE(cfg_parse(j, &c) == BT_OK);
-    CHECK(c.rope.kind == MODEL_ROPE_LLAMA3 && c.rope.original_max_position == 64);
+    CHECK(c.attn.rope.kind == MODEL_ROPE_LLAMA3 && c.attn.rope.original_max_position == 64);
     /* head_dim absent -> hidden / heads; num_key_value_heads absent -> heads */
     REQUIRE(cfg_with("mistral", "head_dim", NULL, &c) == BT_OK);
-    CHECK(c.head_dim == 8);
+    CHECK(c.attn.head_dim == 8);
     REQUIRE(cfg_with("llama", "num_key_value_heads", NULL, &c) == BT_OK);
-    CHECK(c.num_kv_heads == 4);
+    CHECK(c.attn.num_kv_heads == 4);
     /* architectures absent: model_type decides */
     REQUIRE(cfg_with("qwen2", "architectures", NULL, &c) == BT_OK);
     CHECK(c.arch == MODEL_ARCH_QWEN2);
@@ -94,7 +94,7 @@ static void test_hf_config_fields(void)
     json_object_set_new(j, "layer_types",
                         json_pack("[sss]", "full_attention", "full_attention", "sliding_attention"));
     REQUIRE(cfg_parse(j, &c) == BT_OK);
-    CHECK(c.sliding_window == 16);
+    CHECK(c.attn.sliding_window == 16);
 }
 
 static void test_hf_config_rejects(void)
@@ -237,8 +237,8 @@ static void roundtrip(const char *fixture)
     REQUIRE(ckpt_hf_save(a, dir) == BT_OK);
     REQUIRE(ckpt_hf_load(dir, NULL, &b) == BT_OK);
     CHECK(memcmp(&a->cfg, &b->cfg, sizeof a->cfg) == 0);
-    CHECK(a->n_params == b->n_params && a->n_elems == b->n_elems);
-    CHECK(memcmp(a->param_mem, b->param_mem, a->n_elems * sizeof(float)) == 0);
+    CHECK(a->n_params == b->n_params && a->param_bytes == b->param_bytes);
+    CHECK(memcmp(a->param_mem, b->param_mem, a->param_bytes) == 0);
     model_destroy(a);
     model_destroy(b);
     char p[128];

@@ -209,18 +209,18 @@ static void test_hf_stages(void)
         model_targets_from_ids(targets, ids, NULL, 1, T);
         model_batch_t b = {.B = 1, .T = T, .ids = ids, .targets = targets};
         model_loss_t l;
-        REQUIRE(model_stage_forward(st[0], a[0], &b, NULL, dloss, x1, NULL) == BT_OK);
-        REQUIRE(model_stage_forward(st[1], a[1], &b, x1, dloss, x2, NULL) == BT_OK);
-        REQUIRE(model_stage_forward(st[2], a[2], &b, x2, dloss, NULL, &l) == BT_OK);
-        REQUIRE(model_stage_backward(st[2], a[2], NULL, d2) == BT_OK);
-        REQUIRE(model_stage_backward(st[1], a[1], d2, d1) == BT_OK);
-        REQUIRE(model_stage_backward(st[0], a[0], d1, NULL) == BT_OK);
+        REQUIRE(model_stage_forward_io(st[0], a[0], &b, NULL, dloss, x1, NULL) == BT_OK);
+        REQUIRE(model_stage_forward_io(st[1], a[1], &b, x1, dloss, x2, NULL) == BT_OK);
+        REQUIRE(model_stage_forward_io(st[2], a[2], &b, x2, dloss, NULL, &l) == BT_OK);
+        REQUIRE(model_stage_backward_io(st[2], a[2], NULL, d2) == BT_OK);
+        REQUIRE(model_stage_backward_io(st[1], a[1], d2, d1) == BT_OK);
+        REQUIRE(model_stage_backward_io(st[0], a[0], d1, NULL) == BT_OK);
         sum += l.loss_sum;
     }
     CHECK_NEAR(sum / (double)r.n_scored, r.loss, LOSS_RTOL, 0);
     for (int i = 0; i < 3; i++) grads_check(st[i], &r, "stage");
     /* backward twice without a forward is a caller error, reported */
-    CHECK(model_stage_backward(st[1], a[1], d2, d1) == BT_ERR_INVALID);
+    CHECK(model_stage_backward_io(st[1], a[1], d2, d1) == BT_ERR_INVALID);
     free(targets);
     free(x1);
     free(x2);
@@ -263,10 +263,10 @@ static void test_hf_stages_tied(void)
         model_batch_t b = {.B = 1, .T = T, .ids = ids, .targets = targets};
         model_loss_t l;
         float dloss = 1.0f / (float)r.n_scored;
-        REQUIRE(model_stage_forward(m0, a0, &b, NULL, dloss, x, NULL) == BT_OK);
-        REQUIRE(model_stage_forward(m1, a1, &b, x, dloss, NULL, &l) == BT_OK);
-        REQUIRE(model_stage_backward(m1, a1, NULL, dx) == BT_OK);
-        REQUIRE(model_stage_backward(m0, a0, dx, NULL) == BT_OK);
+        REQUIRE(model_stage_forward_io(m0, a0, &b, NULL, dloss, x, NULL) == BT_OK);
+        REQUIRE(model_stage_forward_io(m1, a1, &b, x, dloss, NULL, &l) == BT_OK);
+        REQUIRE(model_stage_backward_io(m1, a1, NULL, dx) == BT_OK);
+        REQUIRE(model_stage_backward_io(m0, a0, dx, NULL) == BT_OK);
         sum += l.loss_sum;
     }
     CHECK_NEAR(sum / (double)r.n_scored, r.loss, LOSS_RTOL, 0);

@@ -51,13 +51,13 @@ static void test_config_matches_twin(void)
     REQUIRE(ckpt_source_config(FIX "tiny.gguf", &g) == BT_OK);
     REQUIRE(ckpt_source_config(FIX "hf", &h) == BT_OK);
     CHECK(g.arch == h.arch && g.vocab_size == h.vocab_size && g.hidden_size == h.hidden_size);
-    CHECK(g.intermediate_size == h.intermediate_size && g.num_layers == h.num_layers);
-    CHECK(g.num_heads == h.num_heads && g.num_kv_heads == h.num_kv_heads && g.head_dim == h.head_dim);
+    CHECK(g.mlp.intermediate_size == h.mlp.intermediate_size && g.num_layers == h.num_layers);
+    CHECK(g.attn.num_heads == h.attn.num_heads && g.attn.num_kv_heads == h.attn.num_kv_heads && g.attn.head_dim == h.attn.head_dim);
     CHECK(g.max_position_embeddings == h.max_position_embeddings);
     CHECK(g.tie_word_embeddings == h.tie_word_embeddings && !g.tie_word_embeddings);
-    CHECK_NEAR(g.rope.theta, h.rope.theta, 1e-12, 0);
+    CHECK_NEAR(g.attn.rope.theta, h.attn.rope.theta, 1e-12, 0);
     CHECK_NEAR(g.rms_norm_eps, h.rms_norm_eps, 1e-6, 0);
-    CHECK(g.num_layers == 3 && g.hidden_size == 32 && g.num_kv_heads == 2 && g.vocab_size == 320);
+    CHECK(g.num_layers == 3 && g.hidden_size == 32 && g.attn.num_kv_heads == 2 && g.vocab_size == 320);
 }
 
 static void test_weights_match_twin(void)

@@ -139,7 +139,7 @@ static int tp_replicated_identical(const tp_case_t *tc, coll_comm_t *c, const mo
 {
     int fails = 0;
     for (int i = 0; i < m->n_params; i++) {
-        if (m->params[i].shard_dim != MODEL_SHARD_NONE) continue;
+        if (m->params[i].spec.group != SHARD_GROUP_NONE) continue;
         size_t n = (size_t)tensor_numel(&m->grads[i].t);
         float *hi = malloc(n * sizeof *hi), *lo = malloc(n * sizeof *lo);
         memcpy(hi, m->grads[i].t.data, n * sizeof *hi);
@@ -219,9 +219,9 @@ static int tp_body_equivalence(coll_comm_t *c, void *arg)
     logits_ref = malloc((size_t)(N * V) * sizeof *logits_ref);
     logits = malloc((size_t)(N * V) * sizeof *logits);
     mb.logits_out = logits_ref;
-    bool ok = model_stage_forward(ref, ra, &mb, NULL, 0, NULL, &lr) == BT_OK;
+    bool ok = model_stage_forward_io(ref, ra, &mb, NULL, 0, NULL, &lr) == BT_OK;
     mb.logits_out = logits;
-    ok = ok && model_stage_forward(m, a, &mb, NULL, 0, NULL, &lt) == BT_OK;
+    ok = ok && model_stage_forward_io(m, a, &mb, NULL, 0, NULL, &lt) == BT_OK;
     double lge = ok ? rel_norm_err(logits, logits_ref, N * V) : INFINITY;
     RANK_CHECK(lge <= LOSS_RTOL * 10, "gathered logits rel err %.3g", lge);
     mb.logits_out = NULL;
@@ -246,10 +246,10 @@ static int tp_body_equivalence(coll_comm_t *c, void *arg)
              model_create(&ref->cfg, &s1, &f1) == BT_OK && model_grads_alloc(f1) == BT_OK &&
              model_acts_create(m0, b.B, b.T, &a0) == BT_OK &&
              model_acts_create(m1, b.B, b.T, &a1) == BT_OK &&
-             model_stage_forward(m0, a0, &mb, NULL, dloss, x, NULL) == BT_OK &&
-             model_stage_forward(m1, a1, &mb, x, dloss, NULL, &ls) == BT_OK &&
-             model_stage_backward(m1, a1, NULL, dx) == BT_OK &&
-             model_stage_backward(m0, a0, dx, NULL) == BT_OK;
+             model_stage_forward_io(m0, a0, &mb, NULL, dloss, x, NULL) == BT_OK &&
+             model_stage_forward_io(m1, a1, &mb, x, dloss, NULL, &ls) == BT_OK &&
+             model_stage_backward_io(m1, a1, NULL, dx) == BT_OK &&
+             model_stage_backward_io(m0, a0, dx, NULL) == BT_OK;
         RANK_CHECK(ok, "staged run failed");
         if (ok) {
             double se = fabs(ls.loss_sum - lr.loss_sum) / fabs(lr.loss_sum);
@@ -335,26 +335,30 @@ static void tp_dir_remove(const char *dir)
 /* 6 query heads in 3 kv groups, vocabulary 97 = 33 + 32 + 32, every bias. */
 static model_config_t cfg_tp3(void)
 {
-    return (model_config_t){
-        .arch = MODEL_ARCH_LLAMA, .vocab_size = 97, .hidden_size = 24, .intermediate_size = 48,
-        .num_layers = 2, .num_heads = 6, .num_kv_heads = 3, .head_dim = 4,
+    model_config_t c = {
+        .arch = MODEL_ARCH_LLAMA, .vocab_size = 97, .hidden_size = 24, .mlp.intermediate_size = 48,
+        .num_layers = 2, .attn.num_heads = 6, .attn.num_kv_heads = 3, .attn.head_dim = 4,
         .max_position_embeddings = 64, .rms_norm_eps = 1e-5,
-        .rope = {.kind = MODEL_ROPE_DEFAULT, .theta = 10000.0},
-        .qkv_bias = true, .o_bias = true, .mlp_bias = true,
+        .attn.rope = {.kind = MODEL_ROPE_DEFAULT, .theta = 10000.0},
+        .attn.qkv_bias = true, .attn.o_bias = true, .mlp.bias = true,
     };
+    model_config_blocks_uniform(&c, MODEL_MIXER_ATTENTION, MODEL_FFN_DENSE);
+    return c;
 }
 
 /* Tied embeddings, every bias, llama3 RoPE, vocabulary 251 = 126 + 125. */
 static model_config_t cfg_tied_uneven(void)
 {
-    return (model_config_t){
-        .arch = MODEL_ARCH_LLAMA, .vocab_size = 251, .hidden_size = 32, .intermediate_size = 64,
-        .num_layers = 3, .num_heads = 4, .num_kv_heads = 2, .head_dim = 8,
+    model_config_t c = {
+        .arch = MODEL_ARCH_LLAMA, .vocab_size = 251, .hidden_size = 32, .mlp.intermediate_size = 64,
+        .num_layers = 3, .attn.num_heads = 4, .attn.num_kv_heads = 2, .attn.head_dim = 8,
         .max_position_embeddings = 128, .rms_norm_eps = 1e-5,
-        .rope = {.kind = MODEL_ROPE_LLAMA3, .theta = 50000.0, .factor = 8.0,
+        .attn.rope = {.kind = MODEL_ROPE_LLAMA3, .theta = 50000.0, .factor = 8.0,
                  .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_max_position = 16},
-        .tie_word_embeddings = true, .qkv_bias = true, .o_bias = true, .mlp_bias = true,
+        .tie_word_embeddings = true, .attn.qkv_bias = true, .attn.o_bias = true, .mlp.bias = true,
     };
+    model_config_blocks_uniform(&c, MODEL_MIXER_ATTENTION, MODEL_FFN_DENSE);
+    return c;
 }
 
 /* ---- cases --------------------------------------------------------------------- */
@@ -454,31 +458,38 @@ static void test_tp_slices_and_metadata(void)
         model_t *m = NULL;
         REQUIRE(model_create_tp(&cfg, NULL, &par, &m) == BT_OK);
         model_init_random(m, 5, 0.3f);
-        CHECK(m->n_heads == 2 && m->n_kv_heads == 1 && m->ffn == 16);
+        int q0 = model_param_find(m, "model.layers.0.self_attn.q_proj.weight");
+        int k0 = model_param_find(m, "model.layers.0.self_attn.k_proj.weight");
+        int g0 = model_param_find(m, "model.layers.0.mlp.gate_proj.weight");
+        REQUIRE(q0 >= 0 && k0 >= 0 && g0 >= 0);
+        /* 2 query heads, 1 KV head, 16 of the MLP's 48 channels */
+        CHECK(m->params[q0].t.shape[0] == 2 * cfg.attn.head_dim &&
+              m->params[k0].t.shape[0] == cfg.attn.head_dim && m->params[g0].t.shape[0] == 16);
         CHECK(m->vocab == (r == 0 ? 33 : 32) && m->vocab_start == (r == 0 ? 0 : 33 + 32 * (r - 1)));
         CHECK(m->n_params == whole->n_params);
         for (int i = 0; i < m->n_params; i++) {
             const model_param_t *p = &m->params[i], *w = &whole->params[i];
             CHECK(!strcmp(p->name, w->name));
-            CHECK(p->full_shape[0] == w->t.shape[0] && p->full_shape[1] == w->t.shape[1]);
+            CHECK(p->spec.global[0] == w->t.shape[0] &&
+                  (w->t.ndim < 2 || p->spec.global[1] == w->t.shape[1]));
             int64_t rows = p->t.shape[0], cols = p->t.ndim > 1 ? p->t.shape[1] : 1;
             int64_t wcols = w->t.ndim > 1 ? w->t.shape[1] : 1;
             const float *d = p->t.data, *wd = w->t.data;
             int bad = 0;
             for (int64_t y = 0; y < rows; y++)
                 for (int64_t x = 0; x < cols; x++) {
-                    int64_t gy = y + (p->shard_dim == MODEL_SHARD_ROWS ? p->shard_offset : 0);
-                    int64_t gx = x + (p->shard_dim == MODEL_SHARD_COLS ? p->shard_offset : 0);
+                    int64_t gy = y + p->spec.offset[0];
+                    int64_t gx = x + (p->t.ndim > 1 ? p->spec.offset[1] : 0);
                     bad += d[y * cols + x] != wd[gy * wcols + gx];
                 }
             CHECK_MSG(bad == 0, "rank %d: init of %s is not the slice of the whole init", r,
                       p->name);
             bool rep = strstr(p->name, "norm") || strstr(p->name, "o_proj.bias") ||
                        strstr(p->name, "down_proj.bias");
-            CHECK_MSG(rep == (p->shard_dim == MODEL_SHARD_NONE), "%s: shard_dim %d", p->name,
-                      (int)p->shard_dim);
+            CHECK_MSG(rep == (p->spec.group == SHARD_GROUP_NONE), "%s: split_dim %d", p->name,
+                      p->spec.split_dim);
             if (strstr(p->name, "o_proj.weight") || strstr(p->name, "down_proj.weight"))
-                CHECK(p->shard_dim == MODEL_SHARD_COLS && p->shard_offset == r * cols);
+                CHECK(p->spec.split_dim == 1 && p->spec.offset[1] == r * cols);
         }
         model_destroy(m);
     }
@@ -496,15 +507,15 @@ static void test_tp_slices_and_metadata(void)
             int bad = 0;
             for (int64_t y = 0; y < rows; y++)
                 for (int64_t x = 0; x < cols; x++) {
-                    int64_t gy = y + (p->shard_dim == MODEL_SHARD_ROWS ? p->shard_offset : 0);
-                    int64_t gx = x + (p->shard_dim == MODEL_SHARD_COLS ? p->shard_offset : 0);
+                    int64_t gy = y + p->spec.offset[0];
+                    int64_t gx = x + (p->t.ndim > 1 ? p->spec.offset[1] : 0);
                     bad += d[y * cols + x] != wd[gy * wcols + gx];
                 }
             CHECK_MSG(bad == 0, "rank %d: imported %s is not its HF slice", r, p->name);
         }
         /* q_proj: rank r holds query heads [3r, 3r+3), 16 channels each */
         int q = model_param_find(m, "model.layers.0.self_attn.q_proj.weight");
-        CHECK(q >= 0 && m->params[q].shard_offset == r * 24 && m->params[q].t.shape[0] == 24);
+        CHECK(q >= 0 && m->params[q].spec.offset[0] == r * 24 && m->params[q].t.shape[0] == 24);
         model_destroy(m);
     }
     model_destroy(hf);
@@ -538,7 +549,7 @@ static void test_tp_errors(void)
     /* llama: 4 heads */
     expect_create_error(FIX "llama", NULL, &p3, "num_attention_heads=4");
     model_config_t cfg = cfg_tp3();
-    cfg.intermediate_size = 50;
+    cfg.mlp.intermediate_size = 50;
     expect_create_error(NULL, &cfg, &p3, "intermediate_size=50");
     cfg = cfg_tp3();
     model_parallel_t nocomm = {.tp_rank = 0, .tp_size = 3, .tp_comm = NULL};

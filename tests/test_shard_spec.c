@@ -1,8 +1,8 @@
-/* Shard specs (model/shard.h): splits cover a tensor exactly once, slicing
+/* Shard specs (base/shard_spec.h): splits cover a tensor exactly once, slicing
  * and assembling are inverse, and any layout's pieces load into any other's
  * by copying what overlaps (the resharding a checkpoint load does). Every
  * result is compared element by element with the whole tensor. */
-#include "model/shard.h"
+#include "base/shard_spec.h"
 #include "tests/test.h"
 
 #include <stdint.h>

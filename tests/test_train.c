@@ -183,7 +183,7 @@ static void test_train_optim_clip_adamw(void)
     optim_config_t cfg = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
                           .decay = OPTIM_DECAY_MATRICES};
     optim_t *o;
-    REQUIRE(optim_create(&cfg, ps, 2, &o) == BT_OK);
+    REQUIRE(optim_create(&cfg, ps, 2, kern_stream_host(), &o) == BT_OK);
     CHECK(optim_param_decays(o, 0) && !optim_param_decays(o, 1));
     double sq = 0;
     for (int i = 0; i < 6; i++) sq += (double)gw[i] * gw[i];
@@ -247,8 +247,9 @@ static void test_train_accumulation_equivalence(void)
         CHECK_NEAR(a.grad_norm, b.grad_norm, 1e-5, 0);
     }
     double maxdiff = 0;
-    for (size_t i = 0; i < m1->n_elems; i++) {
-        double d = fabs((double)m1->param_mem[i] - m2->param_mem[i]);
+    const float *p1 = m1->param_mem, *p2 = m2->param_mem;
+    for (size_t i = 0; i < m1->param_bytes / sizeof(float); i++) {
+        double d = fabs((double)p1[i] - p2[i]);
         if (d > maxdiff) maxdiff = d;
     }
     CHECK_MSG(maxdiff < 1e-5, "max parameter difference %g", maxdiff);
@@ -306,15 +307,16 @@ static void test_train_nan_and_eval(void)
     int emb = model_param_find(m, "model.layers.0.mlp.up_proj.weight");
     REQUIRE(emb >= 0);
     ((float *)m->params[emb].t.data)[5] = NAN;
-    copy = malloc(m->n_elems * sizeof *copy);
+    size_t n_el = m->param_bytes / sizeof(float);
+    const float *pm = m->param_mem;
+    copy = malloc(m->param_bytes);
     REQUIRE(copy);
-    memcpy(copy, m->param_mem, m->n_elems * sizeof *copy);
+    memcpy(copy, m->param_mem, m->param_bytes);
     train_step_info_t info;
     CHECK(train_step(t, &info) == BT_ERR_NUMERIC);
     CHECK(train_steps_done(t) == 0);
     size_t changed = 0;
-    for (size_t i = 0; i < m->n_elems; i++)
-        changed += memcmp(&copy[i], &m->param_mem[i], sizeof(float)) != 0;
+    for (size_t i = 0; i < n_el; i++) changed += memcmp(&copy[i], &pm[i], sizeof(float)) != 0;
     CHECK(changed == 0);
 out:
     free(copy);

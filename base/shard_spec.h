@@ -19,8 +19,8 @@
  * shard_copy moves exactly the elements both pieces hold, so loading any
  * stored pieces into any wanted piece is a loop over the stored ones.
  */
-#ifndef BT_MODEL_SHARD_H
-#define BT_MODEL_SHARD_H
+#ifndef BT_BASE_SHARD_SPEC_H
+#define BT_BASE_SHARD_SPEC_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
-/* Shard specs (model/shard.h): boxes with an optional flat range, and the
+/* Shard specs (base/shard_spec.h): boxes with an optional flat range, and the
  * one routine that walks what two pieces have in common. */
-#include "model/shard.h"
+#include "base/shard_spec.h"
 
 #include "base/log.h"
 
