@@ -19,12 +19,15 @@
  * positions each.
  * --grad-norm: also the global L2 norm of d(mean loss)/d(parameters).
  * --json: one JSON object {"tokens", "loss", "ppl"[, "grad_norm"]} on stdout.
+ * --device D, --dtype P: where to run (cpu, cuda[:N], fenced, auto; default
+ * cpu) and in which precision (fp32, bf16; default fp32).
  * --layout tp=N,pp=N,dp=N: evaluate as processes in that parallel layout
  * (launch/driver.h): the windows become rows padded to the longest (targets
  * -100 on padding, exact under causal attention), split into microbatches
  * among the data-parallel replicas; same loss as the single process.
  */
 #include "launch/cli.h"
+#include "launch/run_setup.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -270,7 +273,9 @@ static void eval_usage(FILE *f)
             "  --max-tokens N only the first N token ids of the input\n"
             "  --grad-norm    also print the global L2 norm of the loss gradient\n"
             "  --json         print one JSON object: {\"tokens\", \"loss\", \"ppl\"[, \"grad_norm\"]}\n"
-            "  --layout L     evaluate as processes in parallel layout L, e.g. tp=2,pp=2,dp=1\n");
+            "  --layout L     evaluate as processes in parallel layout L, e.g. tp=2,pp=2,dp=1\n"
+            "  --device D     cpu (default), cuda, cuda:N, fenced (the test device) or auto\n"
+            "  --dtype P      fp32 (default) or bf16\n");
 }
 
 int cmd_eval(int argc, char **argv)
@@ -281,9 +286,11 @@ int cmd_eval(int argc, char **argv)
         {"grad-norm", no_argument, NULL, 'g'},   {"json", no_argument, NULL, 'j'},
         {"max-tokens", required_argument, NULL, 'n'},
         {"help", no_argument, NULL, 'h'},        {"layout", required_argument, NULL, 'l'},
+        {"device", required_argument, NULL, 'd'}, {"dtype", required_argument, NULL, 'D'},
         {NULL, 0, NULL, 0},
     };
     const char *dir = NULL, *ids_path = NULL, *text_path = NULL, *layout = NULL;
+    const char *device = NULL, *dtype = NULL;
     int64_t window = 0, max_tokens = 0;
     bool grad_norm = false, json = false;
     int c;
@@ -316,6 +323,8 @@ int cmd_eval(int argc, char **argv)
         case 'g': grad_norm = true; break;
         case 'j': json = true; break;
         case 'l': layout = optarg; break;
+        case 'd': device = optarg; break;
+        case 'D': dtype = optarg; break;
         case 'h': eval_usage(stdout); return 0;
         default: eval_usage(stderr); return 2;
         }
@@ -333,7 +342,9 @@ int cmd_eval(int argc, char **argv)
     model_acts_t *a = NULL;
     eval_seqs_t seqs = {0};
     int32_t *targets = NULL;
-    if (ckpt_source_load(dir, NULL, &m) != BT_OK) return 1; /* the loader said why */
+    model_place_t place;
+    if (run_place_parse(device, dtype, &place) != BT_OK) return 2;
+    if (ckpt_source_load_part(dir, NULL, NULL, &place, &m) != BT_OK) return 1; /* it said why */
     if (text_path ? eval_text_read(text_path, dir, m->cfg.vocab_size, &seqs) != 0
                   : eval_ids_read(ids_path, m->cfg.vocab_size, &seqs) != 0)
         goto free_seqs;

@@ -19,6 +19,7 @@
  * and a few dozen tokens on a CPU this takes seconds.
  */
 #include "launch/cli.h"
+#include "launch/run_setup.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -138,7 +139,7 @@ static void gen_usage(FILE *f)
     fprintf(f,
             "usage: baton generate --model DIR|FILE.gguf --prompt TEXT [--max-new N]\n"
             "                      [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-            "                      [--bos] [--ignore-eos] [--json]\n"
+            "                      [--bos] [--ignore-eos] [--json] [--device D] [--dtype P]\n"
             "  --model M        Hugging Face model directory or llama GGUF file\n"
             "  --prompt TEXT    tokenized without special tokens\n"
             "  --max-new N      new tokens at most (default 32)\n"
@@ -148,7 +149,9 @@ static void gen_usage(FILE *f)
             "  --seed S         sampling seed (default 0)\n"
             "  --bos            put the model's BOS id before the prompt\n"
             "  --ignore-eos     do not stop at an EOS id\n"
-            "  --json           print {\"prompt_ids\", \"ids\", \"text\"} (new tokens only)\n");
+            "  --json           print {\"prompt_ids\", \"ids\", \"text\"} (new tokens only)\n"
+            "  --device D       cpu (default), cuda, cuda:N, fenced (the test device) or auto\n"
+            "  --dtype P        fp32 (default) or bf16\n");
 }
 
 static bool gen_num(const char *opt, const char *arg, double lo, double hi, double *out)
@@ -171,9 +174,10 @@ int cmd_generate(int argc, char **argv)
         {"top-k", required_argument, NULL, 'k'},       {"top-p", required_argument, NULL, 'P'},
         {"seed", required_argument, NULL, 's'},        {"bos", no_argument, NULL, 'b'},
         {"ignore-eos", no_argument, NULL, 'e'},        {"json", no_argument, NULL, 'j'},
+        {"device", required_argument, NULL, 'd'},      {"dtype", required_argument, NULL, 'D'},
         {"help", no_argument, NULL, 'h'},              {NULL, 0, NULL, 0},
     };
-    const char *model_path = NULL, *prompt = NULL;
+    const char *model_path = NULL, *prompt = NULL, *device = NULL, *dtype = NULL;
     double max_new = 32, top_k = 0, seed = 0;
     gen_sampling_t smp = {.temperature = 0, .top_k = 0, .top_p = 1.0, .seed = 0};
     bool bos = false, ignore_eos = false, json = false;
@@ -191,6 +195,8 @@ int cmd_generate(int argc, char **argv)
         case 'b': bos = true; break;
         case 'e': ignore_eos = true; break;
         case 'j': json = true; break;
+        case 'd': device = optarg; break;
+        case 'D': dtype = optarg; break;
         case 'h': gen_usage(stdout); return 0;
         default: gen_usage(stderr); return 2;
         }
@@ -218,7 +224,9 @@ int cmd_generate(int argc, char **argv)
     gen_cand_t *cand = NULL;
     char *text = NULL;
     ckpt_source_special_t sp;
-    if (ckpt_source_load(model_path, NULL, &m) != BT_OK) return 1; /* the loader said why */
+    model_place_t place;
+    if (run_place_parse(device, dtype, &place) != BT_OK) return 2;
+    if (ckpt_source_load_part(model_path, NULL, NULL, &place, &m) != BT_OK) return 1; /* said why */
     if (ckpt_source_tokenizer(model_path, &tok, &sp) != BT_OK) goto out;
     size_t np = 0;
     if (tok_encode(tok, prompt, strlen(prompt), &pids, &np) != BT_OK) {

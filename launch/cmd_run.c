@@ -145,7 +145,9 @@ int cmd_run(int argc, char **argv)
                 (long long)job.model.vocab);
         goto out;
     }
-    if (run_model_create(&job, &m)) goto out;
+    model_place_t place;
+    if (run_model_place(&job, &place) || run_model_create_part(&job, NULL, NULL, &place, &m))
+        goto out;
     train_config_t tc;
     run_train_config(&job, &tc);
     if (train_create(&tc, m, tokens, n_train, val, n_val, &t)) goto out;

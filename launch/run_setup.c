@@ -25,28 +25,37 @@ bt_status_t run_model_config(const job_t *job, model_config_t *cfg)
     return model_config_validate(cfg);
 }
 
-bt_status_t run_model_place(const job_t *job, model_place_t *out)
+bt_status_t run_place_parse(const char *device, const char *dtype, model_place_t *out)
 {
     model_place_t p = model_place_host();
     char why[160];
-    if (!strcmp(job->device, "auto")) {
+    if (!device) device = "cpu";
+    if (!strcmp(device, "auto")) {
         device_t cuda = {DEV_CUDA, 0};
         if (kern_device_usable(cuda, why, sizeof why)) p.dev = cuda;
-    } else if (!device_parse(job->device, &p.dev)) {
-        log_error("job: device '%s' is not a device", job->device);
+    } else if (!device_parse(device, &p.dev)) {
+        log_error("device '%s' is not a device (cpu, cuda, cuda:N, fenced or auto)", device);
         return BT_ERR_INVALID;
     }
-    if (job->dtype == JOB_DTYPE_BF16) {
+    if (dtype && !strcmp(dtype, "bf16")) {
         p.param_dtype = p.act_dtype = DT_BF16;
         p.grad_dtype = DT_F32;
+    } else if (dtype && strcmp(dtype, "fp32")) {
+        log_error("dtype '%s' is not a precision (fp32 or bf16)", dtype);
+        return BT_ERR_INVALID;
     }
     if (!kern_device_usable(p.dev, why, sizeof why)) {
         char d[DEVICE_STR_MAX];
-        log_error("job: device %s cannot be used: %s", device_str(p.dev, d), why);
+        log_error("device %s cannot be used: %s", device_str(p.dev, d), why);
         return BT_ERR_UNSUPPORTED;
     }
     *out = p;
     return BT_OK;
+}
+
+bt_status_t run_model_place(const job_t *job, model_place_t *out)
+{
+    return run_place_parse(job->device, job->dtype == JOB_DTYPE_BF16 ? "bf16" : "fp32", out);
 }
 
 bt_status_t run_model_create(const job_t *job, model_t **out)

@@ -19,6 +19,8 @@ bt_status_t run_model_create(const job_t *job, model_t **out);
 /* The device and precisions of a validated job ("auto": cuda:0 when usable,
  * else the host); an unusable device is an error saying why. */
 bt_status_t run_model_place(const job_t *job, model_place_t *out);
+/* The same from a command line's --device and --dtype (NULL: cpu, fp32). */
+bt_status_t run_place_parse(const char *device, const char *dtype, model_place_t *out);
 /* Only `stage` (NULL: whole) of TP rank par (NULL: none) on place (NULL: the
  * host): each rank builds and loads exactly its own pieces. */
 bt_status_t run_model_create_part(const job_t *job, const model_stage_t *stage,

@@ -1,9 +1,12 @@
 /* Model API contracts: the one parameter block and its named views, the
  * gradient twin, stage layouts, deterministic init, explicit positions, and
  * caller errors reported rather than crashed on. */
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ckpt/hf.h"
 #include "model/model.h"
@@ -209,8 +212,63 @@ static void test_model_head_chunks(void)
     model_destroy(m);
 }
 
+/* The fenced device catches host code that touches device memory: a model
+ * there runs through the backend (a forward pass, reading a parameter back),
+ * but a direct read of its parameter block dies of SIGSEGV. */
+static int fenced_child(bool touch)
+{
+    model_config_t c = cfg_small();
+    model_place_t place = model_place_host();
+    place.dev = (device_t){DEV_FENCED, 0};
+    model_t *m = NULL;
+    if (model_create_on(&c, NULL, NULL, &place, &m) != BT_OK) return 2;
+    if (model_init_random(m, 1, 0.02f) != BT_OK) return 3;
+    model_acts_t *a = NULL;
+    int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8}, tg[8];
+    model_targets_from_ids(tg, ids, NULL, 1, 8);
+    model_batch_t b = {.B = 1, .T = 8, .ids = ids, .targets = tg};
+    model_loss_t l;
+    if (model_acts_create(m, 1, 8, &a) != BT_OK || model_forward_backward(m, a, &b, 0.1f, &l))
+        return 4;
+    float first;
+    int e = m->embed;
+    float *row = malloc((size_t)tensor_numel(&m->params[e].t) * sizeof *row);
+    if (!row || model_param_read(m, e, false, row) != BT_OK) return 5;
+    first = row[0];
+    free(row);
+    if (touch) {
+        volatile float x = ((float *)m->params[e].t.data)[0]; /* the stray access */
+        return x == first ? 0 : 6;
+    }
+    model_acts_destroy(a);
+    model_destroy(m);
+    return 0;
+}
+
+static void test_model_fenced_device_catches_host_access(void)
+{
+    for (int touch = 0; touch < 2; touch++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            signal(SIGSEGV, SIG_DFL); /* no library's handler in between */
+            _exit(fenced_child(touch));
+        }
+        int ws = 0;
+        REQUIRE(waitpid(pid, &ws, 0) == pid);
+        if (touch)
+            CHECK_MSG(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGSEGV,
+                      "a host read of fenced memory did not fault (status %#x)", ws);
+        else
+            CHECK_MSG(WIFEXITED(ws) && WEXITSTATUS(ws) == 0,
+                      "the model did not run on the fenced device (status %#x)", ws);
+    }
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_model_block_layout, test_model_stage_init,
-             test_model_positions_and_errors, test_model_head_chunks);
+             test_model_positions_and_errors, test_model_head_chunks,
+             test_model_fenced_device_catches_host_access);
 }
