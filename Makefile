@@ -33,7 +33,7 @@ CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SAN)
 endif
 
-LIB_DIRS := base transport actors coll kernels kernels/cpu kernels/fenced data model ckpt launch bench
+LIB_DIRS := base transport wire trace actors coll kernels kernels/cpu kernels/fenced data model train ckpt launch bench
 LIB_SRC  := $(filter-out launch/main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 ifneq ($(HAVE_UCX),1)
 LIB_SRC  := $(filter-out transport/ucx.c,$(LIB_SRC))

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "actors/router.h"
-#include "actors/trace.h"
+#include "trace/trace.h"
 #include "base/clock.h"
 #include "base/freelist.h"
 #include "base/log.h"

@@ -13,7 +13,7 @@
  * message returns its buffer to the transport and its credit to the sender.
  * actor_send always takes ownership of the message it is given.
  *
- * Types: wire message types (msg_type_t, actors/msg.h) travel between
+ * Types: wire message types (msg_type_t, wire/msg.h) travel between
  * processes; the ACTOR_SYS_* types after them are local runtime events
  * (worker completions, credit notices) that never go on the wire. Both are
  * dispatched through the same table.
@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "actors/loop.h"
-#include "actors/msg.h"
+#include "wire/msg.h"
 #include "base/status.h"
 #include "base/tensor.h"
 

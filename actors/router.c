@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "actors/credit.h"
-#include "actors/trace.h"
+#include "trace/trace.h"
 #include "base/clock.h"
 #include "base/freelist.h"
 #include "base/log.h"

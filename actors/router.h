@@ -4,7 +4,7 @@
  *
  * Routing a message to address (rank << 16) | slot:
  *   - our rank: the actor's loop (same loop: direct, other loop: ev_async post);
- *   - another rank: that rank's edge. The frame is encoded (actors/msg.h) and
+ *   - another rank: that rank's edge. The frame is encoded (wire/msg.h) and
  *     sent by the edge's transport from the I/O loop, which owns every
  *     transport instance of this router. Received frames are decoded on the
  *     I/O loop and dispatched to the destination actor's loop.

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/trace.h"
+#include "trace/trace.h"
 #include "base/clock.h"
 #include "base/log.h"
 

@@ -16,7 +16,7 @@
 #include "base/log.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
-#include "model/train.h"
+#include "train/train.h"
 
 typedef struct {
     int64_t layers, hidden, heads, kv_heads, ffn, vocab, seq, batch, steps, warmup;

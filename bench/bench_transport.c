@@ -38,7 +38,7 @@
 
 #include "actors/actor.h"
 #include "actors/router.h"
-#include "actors/trace.h"
+#include "trace/trace.h"
 #include "base/clock.h"
 #include "base/log.h"
 

@@ -10,7 +10,7 @@
  * largest logit, as torch.argmax), else softmax(logits / T) restricted to
  * the K most likely tokens (--top-k, 0 = all) and then to the smallest set
  * whose probability reaches P (--top-p, 1 = all), drawn with xoshiro256**
- * seeded by --seed (model/train.h), so a seed gives the same text on every
+ * seeded by --seed (train/train.h), so a seed gives the same text on every
  * run. Generation stops after N tokens or at an EOS id of the model
  * (ckpt/model_source.h says where they come from) unless --ignore-eos.
  *
@@ -32,7 +32,7 @@
 #include "ckpt/model_source.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
-#include "model/train.h"
+#include "train/train.h"
 
 typedef struct {
     double   temperature; /* 0: greedy */

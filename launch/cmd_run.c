@@ -17,7 +17,7 @@
 #include "launch/job.h"
 #include "launch/plot.h"
 #include "launch/run_setup.h"
-#include "model/train.h"
+#include "train/train.h"
 
 static void run_usage(FILE *f)
 {

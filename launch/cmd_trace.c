@@ -1,6 +1,6 @@
 /* baton trace DIR [--summary] [-o OUT.json]
  *
- * Merges the per-process trace files of DIR (actors/trace.h) into one Chrome
+ * Merges the per-process trace files of DIR (trace/trace.h) into one Chrome
  * trace-event JSON file, DIR/trace.json by default (open it in
  * ui.perfetto.dev), or prints the per-edge / per-actor summary. */
 #include "launch/cli.h"
@@ -9,8 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "actors/trace.h"
-#include "launch/trace_bubble.h"
+#include "trace/read.h"
+#include "trace/bubble.h"
 
 static void cmd_trace_usage(FILE *f)
 {
@@ -64,7 +64,7 @@ int cmd_trace(int argc, char **argv)
             printf("trace %s: %zu files, %zu events\n", dir, set.nfiles, n);
             trace_summary_print(&s, stdout);
             trace_summary_free(&s);
-            /* the pipeline bubble, when the trace holds a pipeline (launch/trace_bubble.h) */
+            /* the pipeline bubble, when the trace holds a pipeline (trace/bubble.h) */
             trace_bubble_t b;
             char berr[256];
             bt_status_t bst = trace_bubble_compute(&set, &b, berr, sizeof berr);

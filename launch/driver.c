@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "actors/router.h"
-#include "actors/trace.h"
+#include "trace/trace.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/file.h"
@@ -25,7 +25,7 @@
 #include "launch/run_setup.h"
 #include "launch/spawn.h"
 #include "launch/worker.h"
-#include "model/stage_actor.h"
+#include "train/stage_actor.h"
 
 typedef enum {
     DRV_RENDEZVOUS = 0, /* waiting for every rank.R file */

@@ -8,7 +8,7 @@
  * The driver is rank `world` (one past the last worker).
  *
  * Virtual stages: the model is cut into pp * vpp pieces; virtual stage v runs
- * on pipeline stage v % pp as its chunk v / pp (model/pipe_schedule.h).
+ * on pipeline stage v % pp as its chunk v / pp (train/pipe_schedule.h).
  *
  * Actor slots on a worker rank: GRAPH_SLOT_STAGE (one stage actor holding
  * the rank's vpp chunks), GRAPH_SLOT_DATA (data actor, on ranks that hold
@@ -24,7 +24,7 @@
 #include "base/status.h"
 #include "launch/job.h"
 #include "model/model.h"
-#include "model/pipe_schedule.h"
+#include "train/pipe_schedule.h"
 
 #define GRAPH_SLOT_STAGE  1u
 #define GRAPH_SLOT_DATA   2u

@@ -10,7 +10,7 @@
 #include "base/status.h"
 #include "launch/job.h"
 #include "model/model.h"
-#include "model/train.h"
+#include "train/train.h"
 
 /* model_config_t for the job's model (model.hf: its config.json). */
 bt_status_t run_model_config(const job_t *job, model_config_t *cfg);

@@ -10,14 +10,14 @@
 
 #include "coll/coll.h"
 #include "actors/router.h"
-#include "actors/trace.h"
+#include "trace/trace.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "kernels/kernels.h"
 #include "launch/graph.h"
 #include "launch/run_setup.h"
-#include "model/data_actor.h"
-#include "model/stage_actor.h"
+#include "train/data_actor.h"
+#include "train/stage_actor.h"
 
 bt_status_t worker_train_stream(const job_t *job, int32_t **tokens, int64_t *n, uint32_t *vocab)
 {
@@ -389,7 +389,7 @@ static bt_status_t actors_start(worker_t *w)
         .tp_rank = c.tp, .tp_size = g->tp, .dp_rank = c.dp, .dp_size = g->dp,
         .eval_rows = w->eval_rows,
         .exporter = c.dp == 0 && c.tp == 0, .B = g->micro_batch, .T = g->seq_len,
-        /* every window scores all T positions (model/train.h) */
+        /* every window scores all T positions (train/train.h) */
         .dloss = 1.0f / (float)(rows * g->seq_len),
         .opt = w->opt, .worker = compute, .rt = w->rt, .heartbeat_s = 0.3,
     };
@@ -419,7 +419,7 @@ static bt_status_t actors_start(worker_t *w)
     /* Track names, after actor_register (which names the track after the
      * class): `baton trace --summary` reads the pipeline coordinates of a
      * stage from "pp<stage> dp<replica> tp<rank>" and the virtual stages per
-     * rank from "v<n>" (launch/trace_bubble.h). */
+     * rank from "v<n>" (trace/bubble.h). */
     char tname[64];
     snprintf(tname, sizeof tname, "stage r%d pp%d dp%d tp%d v%d", w->rank, c.pp, c.dp, c.tp, g->vpp);
     trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE), tname);

@@ -9,7 +9,7 @@
 
 #include "actors/actor.h"
 #include "actors/router.h"
-#include "actors/trace.h"
+#include "trace/read.h"
 #include "actors/worker.h"
 #include "base/clock.h"
 #include "base/log.h"

@@ -1,5 +1,5 @@
 /* Layout equivalence: every parallel layout trains the same 5 steps as the
- * single-process loop (model/train.h), as real processes (`baton run`
+ * single-process loop (train/train.h), as real processes (`baton run`
  * spawning `baton worker`s) over tcp, one layout over ucx: tp, pp, dp in
  * {1, 2}, ZeRO-1 on/off, tied embeddings, a 3-stage uneven split and the
  * interleaved schedule with 2 virtual stages. Per-step losses
@@ -9,7 +9,7 @@
  *
  * The reference for a layout with dp replicas of M microbatches is the
  * single-process run with grad_accum = dp * M (the global batch; the data
- * actor's slice mapping is in model/data_actor.h).
+ * actor's slice mapping is in train/data_actor.h).
  *
  * Pure pipeline layouts sum in the same order as one process, so they must
  * be bit-identical to it: same losses, same parameter bits. The reference

@@ -1,7 +1,7 @@
 /* Pipeline op lists: every (microbatch, chunk) runs F then B exactly once per
  * stage, the lists cannot deadlock, and the simulated bubble of 1F1B equals
  * the theory (p-1)/(m+p-1) exactly for equal per-stage costs. */
-#include "model/pipe_schedule.h"
+#include "train/pipe_schedule.h"
 #include "tests/test.h"
 
 static void check_lists(const pipe_config_t *cfg)

@@ -10,9 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "actors/msg.h"
-#include "actors/trace.h"
-#include "actors/trace_file.h"
+#include "wire/msg.h"
+#include "trace/read.h"
+#include "trace/format.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "launch/cli.h"

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "launch/trace_bubble.h"
+#include "trace/bubble.h"
 #include "tests/test.h"
 
 #define MS 1000000ull

@@ -1,7 +1,7 @@
 /* Training loop: exactness against the PyTorch reference loop
  * (tools/gen_train_fixture.py: same model, data order, schedule, clipping,
  * accumulation, AdamW), plus the pieces on their own. */
-#include "model/train.h"
+#include "train/train.h"
 
 #include <math.h>
 #include <stdio.h>

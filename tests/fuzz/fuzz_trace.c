@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "actors/trace.h"
+#include "trace/read.h"
 #include "base/log.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

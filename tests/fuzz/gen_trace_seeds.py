@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Seed files for the trace reader's fuzz target (tests/fuzz/fuzz_trace.c):
 small valid trace files of format versions 1, 2 and 3, laid out as
-actors/trace_file.h and actors/trace.h describe them (little-endian x86-64).
+trace/format.h and trace/trace.h describe them (little-endian x86-64).
 
     python3 tests/fuzz/gen_trace_seeds.py [OUT_DIR]   (default tests/fuzz/corpus_trace)
 """

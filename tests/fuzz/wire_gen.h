@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "actors/msg.h"
+#include "wire/msg.h"
 
 /* Little byte reader that returns zeros past the end. */
 typedef struct { const uint8_t *p; size_t n, i; } wire_gen_src_t;

@@ -5,7 +5,7 @@
 # (p-1)/(m+p-1) = 0.2, and the 1F1B order of the F/B spans per stage in the
 # Perfetto JSON.
 #
-# Asserted (definitions in launch/trace_bubble.h, docs/PARALLEL.md):
+# Asserted (definitions in trace/bubble.h, docs/PARALLEL.md):
 # - replayed bubble within 10% relative of the theory (0.18..0.22). The
 #   replay runs the executed per-stage op order with each stage's median
 #   per-op CPU time; it is what the schedule and the stage balance give,

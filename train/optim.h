@@ -15,8 +15,8 @@
  *   total_norm = || (||g_1||, ..., ||g_n||) ||_2,
  *   coef = min(1, max_norm / (total_norm + 1e-6)).
  */
-#ifndef BT_MODEL_OPTIM_H
-#define BT_MODEL_OPTIM_H
+#ifndef BT_TRAIN_OPTIM_H
+#define BT_TRAIN_OPTIM_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -6,7 +6,7 @@
  * table order; the decoder accepts any order, skips unknown keys and rejects
  * duplicates, missing fields, wrong msgpack types and out-of-range values.
  */
-#include "actors/msg.h"
+#include "wire/msg.h"
 
 #include <math.h>
 #include <stddef.h>

@@ -15,7 +15,7 @@
  *   3. wire_env_read checks every object's type and every value's range, then
  *      the tensor layout against the payload length.
  */
-#include "actors/wire.h"
+#include "wire/wire.h"
 
 #include <assert.h>
 #include <stdarg.h>

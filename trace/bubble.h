@@ -27,14 +27,14 @@
  *
  * order_1f1b: every counted step of the stage ran exactly the 1F1B order
  * (p-1-s warm-up forwards, then one F one B, then the cool-down backwards). */
-#ifndef BT_LAUNCH_TRACE_BUBBLE_H
-#define BT_LAUNCH_TRACE_BUBBLE_H
+#ifndef BT_TRACE_BUBBLE_H
+#define BT_TRACE_BUBBLE_H
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#include "actors/trace.h"
+#include "trace/read.h"
 
 typedef struct {
     char     name[64];

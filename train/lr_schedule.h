@@ -12,8 +12,8 @@
  * below lr, and the last step (s = S - 1) runs at min_lr. No step runs at
  * lr = 0. tools/train_torch_ref.py implements the same formula (docs/JOBS.md).
  * Computed in double, returned as float as the optimizer uses it. */
-#ifndef BT_MODEL_LR_SCHEDULE_H
-#define BT_MODEL_LR_SCHEDULE_H
+#ifndef BT_TRAIN_LR_SCHEDULE_H
+#define BT_TRAIN_LR_SCHEDULE_H
 
 #include <stdbool.h>
 #include <stdint.h>

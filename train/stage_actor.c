@@ -1,13 +1,13 @@
-#include "model/stage_actor.h"
+#include "train/stage_actor.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/trace.h"
+#include "trace/trace.h"
 #include "base/clock.h"
 #include "base/log.h"
-#include "model/data_actor.h"
+#include "train/data_actor.h"
 
 enum { JOB_OP = 1, JOB_END = 2, JOB_GATHER = 3 };
 

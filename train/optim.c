@@ -1,4 +1,4 @@
-#include "model/optim.h"
+#include "train/optim.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  *
  *   {ver, type, src, dst, seq, step, mb,
  *    tensors: [{name, dtype, shape, offset, nbytes}, ...],
- *    meta: <type-specific body, see actors/msg.h>}
+ *    meta: <type-specific body, see wire/msg.h>}
  *
  * "ver" is always the first key and acts as the format's magic + version:
  * a frame whose first key is not "ver" = WIRE_VERSION is not ours. The
@@ -24,8 +24,8 @@
  * ("envelope: tensor 'x' nbytes 12 != 3x2 f32"), which the caller logs before
  * closing the connection.
  */
-#ifndef BT_ACTORS_WIRE_H
-#define BT_ACTORS_WIRE_H
+#ifndef BT_WIRE_WIRE_H
+#define BT_WIRE_WIRE_H
 
 #include <msgpack.h>
 #include <stdbool.h>
@@ -75,7 +75,7 @@ typedef struct {
     uint64_t nbytes;
 } wire_tensor_desc_t;
 
-/* The decoded envelope minus its meta body (which actors/msg.h decodes). */
+/* The decoded envelope minus its meta body (which wire/msg.h decodes). */
 typedef struct {
     uint32_t           ver;
     uint32_t           type;   /* msg_type_t */

@@ -1,5 +1,5 @@
 /* Typed messages: one C struct + encode/decode per message type, carried in
- * the envelope's meta map (actors/wire.h). The table msg_types[] is indexed
+ * the envelope's meta map (wire/wire.h). The table msg_types[] is indexed
  * by msg_type_t.
  *
  * Compatibility: msg_type_t values are wire values. New types are appended
@@ -11,10 +11,10 @@
  * never allocates; bulk data (activations, token ids, shards) travels as
  * tensors in the payload, described by the envelope.
  */
-#ifndef BT_ACTORS_MSG_H
-#define BT_ACTORS_MSG_H
+#ifndef BT_WIRE_MSG_H
+#define BT_WIRE_MSG_H
 
-#include "actors/wire.h"
+#include "wire/wire.h"
 
 typedef enum {
     MSG_PING = 0,      /* benchmark / liveness probe; echo as PONG */

@@ -35,15 +35,15 @@
  * Chrome trace-event JSON (ui.perfetto.dev), trace_summary_compute() gives
  * per-edge latency and per-actor busy/idle numbers.
  */
-#ifndef BT_ACTORS_TRACE_H
-#define BT_ACTORS_TRACE_H
+#ifndef BT_TRACE_TRACE_H
+#define BT_TRACE_TRACE_H
 
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#include "actors/wire.h"
+#include "wire/wire.h"
 #include "base/clock.h"
 #include "base/status.h"
 
@@ -344,7 +344,7 @@ static inline void trace_span_tk(actor_addr_t actor, trace_span_kind_t kind, uin
  * in it (CLOCK_THREAD_CPUTIME_ID, ns; in the record's `bytes`, unused by
  * spans otherwise; 0 = not measured). Wall time minus CPU time is what the
  * machine took away (preemption, page faults): the pipeline bubble report
- * (launch/trace_bubble.h) replays the schedule with CPU times. */
+ * (trace/bubble.h) replays the schedule with CPU times. */
 static inline void trace_span_cpu(actor_addr_t actor, uint32_t name_id, int64_t step, int32_t mb,
                                   uint64_t t0, uint64_t t1, uint64_t cpu_ns)
 {
@@ -369,81 +369,5 @@ static inline void trace_counter(actor_addr_t actor, uint32_t name_id, double va
     trace_put_wide_(&(trace_rec_t){.ev = TRACE_EV_COUNTER, .msg_type = 0xffff, .actor = actor, .t0 = t_ns,
                                    .t1 = t_ns, .value = value, .step = -1, .mb = -1, .name_id = name_id});
 }
-
-/* ---- reading, merging, summary (baton trace) ----------------------------- */
-
-/* One loaded process file. Actor and name tables are per file (ids are
- * process-local). */
-typedef struct {
-    char        *path;
-    uint32_t     rank, pid;
-    trace_rec_t *recs;       /* all records of the file, in file order */
-    uint32_t    *rec_tid;    /* per record: index of the recording thread */
-    size_t       nrecs;
-    uint64_t     dropped;    /* events the process dropped (ring overflow) */
-    char       **names;      /* names[id] for trace_intern ids; [0] = NULL */
-    uint32_t     nnames;
-    char       **thread_names; /* per thread index; NULL when unnamed */
-    uint32_t     nthreads;
-    actor_addr_t *actor_ids; /* named actors */
-    char       **actor_names;
-    uint32_t     nactors;
-    bool         complete;   /* the trailer was written (clean stop) */
-} trace_file_t;
-
-typedef struct {
-    trace_file_t *files;
-    size_t        nfiles;
-} trace_set_t;
-
-/* Load DIR/trace-*.bin. BT_ERR_NOT_FOUND when there is none; BT_ERR_CORRUPT
- * (reason in err, which names the file) for a bad magic/version/block.
- * A file that ends without its trailer (a crashed process) loads what it has
- * with complete = false and a warning. */
-bt_status_t trace_dir_load(const char *dir, trace_set_t *set, char *err, size_t err_cap);
-bt_status_t trace_file_load(const char *path, trace_file_t *f, char *err, size_t err_cap);
-/* The same from a file's bytes in memory; `path` names it in errors. */
-bt_status_t trace_file_load_mem(const uint8_t *buf, size_t size, const char *path, trace_file_t *f, char *err,
-                                size_t err_cap);
-void        trace_file_free(trace_file_t *f);
-void        trace_set_free(trace_set_t *set);
-
-/* Chrome trace-event JSON: one process (pid = rank) per file, one track
- * (tid) per actor named after it; spans as "X", instants "i", counters "C",
- * send->receive flows as "s"/"f" pairs. */
-bt_status_t trace_json_write(const trace_set_t *set, FILE *out);
-
-typedef struct {
-    actor_addr_t src, dst;
-    uint32_t     msg_type;
-    uint64_t     count;        /* sends */
-    uint64_t     matched;      /* sends with a matching receive */
-    uint64_t     bytes;        /* bytes of all sends */
-    double       lat_mean_ns;  /* send -> receive, over matched pairs */
-    double       lat_p99_ns;   /* nearest-rank 99th percentile */
-} trace_edge_stat_t;
-
-typedef struct {
-    actor_addr_t actor;
-    char         name[64];
-    uint64_t     span_ns[TRACE_SPAN_KIND_COUNT]; /* union of spans of each kind */
-    uint64_t     busy_ns;     /* union of COMPUTE spans */
-    uint64_t     window_ns;   /* first to last event of the actor */
-    uint64_t     idle_ns;     /* window - busy */
-    double       busy_frac;   /* busy / window; 0 when the window is empty */
-} trace_actor_stat_t;
-
-typedef struct {
-    trace_edge_stat_t  *edges;
-    size_t              nedges;
-    trace_actor_stat_t *actors;
-    size_t              nactors;
-    uint64_t            unmatched_recvs;
-    uint64_t            dropped;
-} trace_summary_t;
-
-bt_status_t trace_summary_compute(const trace_set_t *set, trace_summary_t *out);
-void        trace_summary_print(const trace_summary_t *s, FILE *out);
-void        trace_summary_free(trace_summary_t *s);
 
 #endif

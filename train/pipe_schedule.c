@@ -1,4 +1,4 @@
-#include "model/pipe_schedule.h"
+#include "train/pipe_schedule.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  * the world group (norm), then (ZeRO-1) the data-parallel all-gathers chunk
  * by chunk.
  *
- * Equivalence with model/train.h: the stages ran backward with
+ * Equivalence with train/train.h: the stages ran backward with
  * dloss = 1 / (scored positions of the GLOBAL batch), so the SUM of the
  * replicas' gradients is the single-process gradient. The norm counts every
  * unique gradient element once: the tied embedding's copy on the head stage
@@ -16,17 +16,17 @@
  * rank counts its shard). Clipping and AdamW are element-wise, so applying
  * them to a shard (ZeRO-1) or to a replica gives the single-process values.
  */
-#ifndef BT_MODEL_DIST_OPTIM_H
-#define BT_MODEL_DIST_OPTIM_H
+#ifndef BT_TRAIN_DIST_OPTIM_H
+#define BT_TRAIN_DIST_OPTIM_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "coll/coll.h"
 #include "base/status.h"
-#include "model/lr_schedule.h"
+#include "train/lr_schedule.h"
 #include "model/model.h"
-#include "model/optim.h"
+#include "train/optim.h"
 
 #define DIST_OPTIM_MAX_CHUNKS 64
 

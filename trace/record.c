@@ -8,8 +8,8 @@
  * main thread. Rings outlive sessions: trace_start discards what an old
  * session left in them.
  */
-#include "actors/trace.h"
-#include "actors/trace_file.h"
+#include "trace/trace.h"
+#include "trace/format.h"
 
 #include <errno.h>
 #include <pthread.h>

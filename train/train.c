@@ -1,4 +1,4 @@
-#include "model/train.h"
+#include "train/train.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* The data actor of a rank: on each step it sends its stage actor one
  * DATA_BATCH per microbatch (tensors "tokens" and "targets", i32 [B, T],
  * envelope step/mb), taken from the same global sample order as the
- * single-process loop (model/train.h).
+ * single-process loop (train/train.h).
  *
  * Data-parallel slice: the global batch of step s is R = dp * M * B rows,
  * samples g = s*R .. s*R + R - 1 of the sampler. Data-parallel rank d,
@@ -17,13 +17,13 @@
  * data-parallel rank d sends global microbatches d, d+dp, ... as its local
  * microbatches 0, 1, ... with envelope step STAGE_EVAL_STEP (-1).
  */
-#ifndef BT_MODEL_DATA_ACTOR_H
-#define BT_MODEL_DATA_ACTOR_H
+#ifndef BT_TRAIN_DATA_ACTOR_H
+#define BT_TRAIN_DATA_ACTOR_H
 
 #include <stdint.h>
 
 #include "actors/actor.h"
-#include "model/train.h"
+#include "train/train.h"
 
 #define DATA_CMD_STEP 0x5354u /* heartbeat state: produce the microbatches of `step` */
 #define DATA_CMD_EVAL 0x4556u /* heartbeat state: produce this rank's evaluation microbatches */

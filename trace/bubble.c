@@ -1,5 +1,5 @@
 /* Pipeline bubble of a traced run: definitions in trace_bubble.h. */
-#include "launch/trace_bubble.h"
+#include "trace/bubble.h"
 
 #include <math.h>
 #include <stdarg.h>

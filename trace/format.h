@@ -13,8 +13,8 @@
  * magic so that a reader notices garbage at once. Host byte order: files are
  * read on the machine (or architecture) that wrote them.
  */
-#ifndef BT_ACTORS_TRACE_FILE_H
-#define BT_ACTORS_TRACE_FILE_H
+#ifndef BT_TRACE_FORMAT_H
+#define BT_TRACE_FORMAT_H
 
 #include <stdint.h>
 

@@ -20,8 +20,8 @@
  *                groups of pp, chunk by chunk; warmup 2*(pp-s-1) + (vpp-1)*pp.
  *                Needs m % pp == 0. Bubble about (pp-1)/(vpp*m + pp-1).
  */
-#ifndef BT_MODEL_PIPE_SCHEDULE_H
-#define BT_MODEL_PIPE_SCHEDULE_H
+#ifndef BT_TRAIN_PIPE_SCHEDULE_H
+#define BT_TRAIN_PIPE_SCHEDULE_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -18,16 +18,16 @@
  * dloss = 1 / (scored positions in the whole global batch), and the reported
  * step loss is (sum of per-position NLL) / (scored positions).
  */
-#ifndef BT_MODEL_TRAIN_H
-#define BT_MODEL_TRAIN_H
+#ifndef BT_TRAIN_TRAIN_H
+#define BT_TRAIN_TRAIN_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "base/status.h"
-#include "model/lr_schedule.h"
+#include "train/lr_schedule.h"
 #include "model/model.h"
-#include "model/optim.h"
+#include "train/optim.h"
 
 /* ---- deterministic PRNG and sampler --------------------------------------- */
 

@@ -1,4 +1,4 @@
-#include "model/data_actor.h"
+#include "train/data_actor.h"
 
 #include <string.h>
 

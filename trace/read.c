@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/msg.h"
-#include "actors/trace.h"
-#include "actors/trace_file.h"
+#include "wire/msg.h"
+#include "trace/read.h"
+#include "trace/format.h"
 #include "base/log.h"
 
 #define TRACE_MAX_ID (1u << 20) /* bounds name/thread tables of a hostile file */

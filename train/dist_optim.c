@@ -1,4 +1,4 @@
-#include "model/dist_optim.h"
+#include "train/dist_optim.h"
 
 #include <math.h>
 #include <stdlib.h>

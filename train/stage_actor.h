@@ -1,6 +1,6 @@
 /* The stage actor of a rank: it holds the rank's model chunks (one per
  * virtual stage it runs), walks the pipeline schedule's op list of each step
- * (model/pipe_schedule.h) and runs every op on the compute worker, never on
+ * (train/pipe_schedule.h) and runs every op on the compute worker, never on
  * its loop.
  *
  *   F(mb, chunk): needs the DATA_BATCH of mb when the chunk is virtual stage
@@ -13,7 +13,7 @@
  *                 (tensor "dx"), except on the last virtual stage. Its input
  *                 gradient goes to the previous virtual stage.
  * Messages that arrive before their op is due are kept (ACTOR_KEPT) until it
- * is. After the last op the end-of-step job (model/dist_optim.h) runs on the
+ * is. After the last op the end-of-step job (train/dist_optim.h) runs on the
  * worker; its completion sends METRICS to the driver: grad_norm, lr and a
  * tensor "loss" f64 [2] = {sum of NLL, scored positions} of this rank's
  * microbatches (zeros unless it holds the last virtual stage).
@@ -34,17 +34,17 @@
  * Peer failures reported by the router (MSG_ERROR_REPORT) are forwarded to
  * the driver, which decides; losing the driver stops the process.
  */
-#ifndef BT_MODEL_STAGE_ACTOR_H
-#define BT_MODEL_STAGE_ACTOR_H
+#ifndef BT_TRAIN_STAGE_ACTOR_H
+#define BT_TRAIN_STAGE_ACTOR_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "actors/router.h"
 #include "actors/worker.h"
-#include "model/dist_optim.h"
+#include "train/dist_optim.h"
 #include "model/model.h"
-#include "model/pipe_schedule.h"
+#include "train/pipe_schedule.h"
 
 enum {
     STAGE_ST_ALIVE    = 1,
