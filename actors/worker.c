@@ -29,6 +29,21 @@ struct actor_worker {
     bool            stopping;
 };
 
+static void actor_complete_(actor_t *self, uint64_t tag, void *arg, bt_status_t st,
+                            actor_free_fn cleanup)
+{
+    actor_msg_t *m = actor_msg_new(ACTOR_SYS_WORK_DONE);
+    if (!m) BT_PANIC("actor %#x: out of memory for a completion", self->addr);
+    m->sys.work = (actor_work_result_t){.tag = tag, .arg = arg, .status = st, .cleanup = cleanup};
+    m->env.src = m->env.dst = self->addr;
+    actor_deliver_(self, m);
+}
+
+void actor_complete(actor_t *self, uint64_t tag, void *arg, bt_status_t status)
+{
+    actor_complete_(self, tag, arg, status, NULL);
+}
+
 static void *worker_main(void *arg)
 {
     actor_worker_t *w = arg;
@@ -49,14 +64,9 @@ static void *worker_main(void *arg)
         bt_status_t st = j->fn(j->arg);
         trace_span(j->self->addr, TRACE_SPAN_COMPUTE, 0, 0xffff, -1, -1, t0, clock_now_ns());
 
-        actor_msg_t *m = actor_msg_new(ACTOR_SYS_WORK_DONE);
-        if (!m) BT_PANIC("worker %s: out of memory for a completion", w->name);
-        m->sys.work = (actor_work_result_t){.tag = j->tag, .arg = j->arg, .status = st,
-                                            .cleanup = j->cleanup};
-        m->env.src = m->env.dst = j->self->addr;
         actor_t *self = j->self;
+        actor_complete_(self, j->tag, j->arg, st, j->cleanup);
         free(j);
-        actor_deliver_(self, m);
 
         pthread_mutex_lock(&w->mu);
         w->backlog--;

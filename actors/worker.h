@@ -24,6 +24,10 @@ bt_status_t actor_worker_create(const char *name, actor_worker_t **out);
 /* Queue a job (any thread). BT_ERR_CANCELED once the worker is stopping. */
 bt_status_t actor_worker_submit(actor_worker_t *w, actor_t *self, actor_work_fn fn, void *arg,
                                 actor_free_fn cleanup, uint64_t tag);
+/* Reports work that finished elsewhere (a collective's or a device
+ * stream's completion callback) to self from any thread: self receives the
+ * same ACTOR_SYS_WORK_DONE {tag, arg, status} a worker job's completion is. */
+void        actor_complete(actor_t *self, uint64_t tag, void *arg, bt_status_t status);
 /* Jobs queued or running now. */
 uint32_t    actor_worker_backlog(actor_worker_t *w);
 /* Stop: the running job finishes (its completion is delivered or dropped),

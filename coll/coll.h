@@ -1,15 +1,31 @@
-/* Collectives behind one ops table (STYLE.md rule 2).
+/* Collectives behind one ops table.
  *
  * Bulk collectives (data-parallel gradient reduction, tensor-parallel
  * reductions, expert all-to-all) leave the actor path and run on a
  * communicator of their own: a group of `size` ranks, each holding one
  * coll_comm_t. Backends:
- *   host  ring/chain/pairwise algorithms over a transport (coll_host.c), CPU;
- *   nccl  (GPU issue) fills the same table.
+ *   host  ring/chain/pairwise algorithms over a transport (coll/host.c), CPU
+ *         memory, run by a progress thread of the communicator;
+ *   nccl  (the GPU work) fills the same table: its start() enqueues on the
+ *         caller's CUDA stream.
  *
  * Contract, identical for every backend:
- *  - Calls are blocking for the calling thread, which must be a compute/worker
- *    thread, never an actor loop: a communicator drives its own private loop.
+ *  - Creation is two-phase, through the ops table, because addresses travel
+ *    out of band (driver, rendezvous): open() returns this rank's address
+ *    (host: where it listens; nccl: rank 0's unique id), connect() takes
+ *    every rank's and returns once the group is up.
+ *  - A call is described by a coll_call_t and started with coll_start(),
+ *    which returns at once (BT_IN_PROGRESS) with a request; the buffers
+ *    belong to the collective until it completes. Completion is reported
+ *    exactly once: done(arg, status) runs on a backend thread (it must only
+ *    hand the completion to its owner, e.g. actor_complete() to post it to
+ *    the owning actor), and coll_wait(req) returns the status and releases
+ *    the request. Pass req NULL to get only the callback (the request then
+ *    releases itself). coll_all_reduce() and the others below are start +
+ *    wait, for compute threads; no call ever blocks an actor loop.
+ *  - Calls of one communicator run one after another in start order.
+ *    Between coll_group_begin() and coll_group_end() they are only queued,
+ *    and start together at the end (NCCL: one fused group).
  *  - Every rank of a communicator issues the same collectives in the same
  *    order with the same counts (the schedule fixes the order). A rank that
  *    diverges is detected: the frame header names the collective and step,
@@ -23,10 +39,13 @@
  *    the prefix sum of counts[0..r).
  *  - Results are deterministic for a given size and counts (fixed reduction
  *    order), but not bit-identical to a sequential sum.
+ *  - Memory: mem_devices says which devices' memory the buffers may be in
+ *    (host: the host only; callers stage device memory through host buffers).
  */
 #ifndef BT_COLL_COLL_H
 #define BT_COLL_COLL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,24 +62,79 @@ typedef enum {
 
 typedef struct coll_comm coll_comm_t;
 
+/* Values travel in frame headers: append only. */
+typedef enum {
+    COLL_KIND_NONE = 0,
+    COLL_KIND_ALL_REDUCE,
+    COLL_KIND_REDUCE_SCATTER,
+    COLL_KIND_ALL_GATHER,
+    COLL_KIND_ALL_TO_ALL,
+    COLL_KIND_BROADCAST,
+    COLL_KIND_BARRIER,
+    COLL_KIND_COUNT,
+} coll_kind_t;
+
+const char *coll_kind_name(coll_kind_t k); /* "all_reduce", ... */
+
+/* One collective call.
+ *   all_reduce      recv[count] reduced in place (send unused)
+ *   reduce_scatter  send[sum(counts)] reduced; this rank keeps its slice in
+ *                   recv[counts[rank]] (recv may point into send at it)
+ *   all_gather      recv[sum(counts)] = every rank's send[counts[r]] (send
+ *                   may point into recv at this rank's slice)
+ *   all_to_all      send_counts[j] elements to rank j (concatenated in send),
+ *                   recv_counts[j] from rank j (concatenated in recv)
+ *   broadcast       recv[count] from rank root
+ *   barrier         nothing */
+typedef struct {
+    coll_kind_t   kind;
+    void         *recv;
+    const void   *send;
+    size_t        count;
+    const size_t *counts;                   /* [size]; the array is copied at start */
+    const size_t *send_counts, *recv_counts; /* [size]; copied at start */
+    dtype_t       dt;
+    coll_op_t     op;
+    int           root;
+} coll_call_t;
+
+typedef struct coll_req coll_req_t;
+typedef void (*coll_done_fn)(void *arg, bt_status_t status);
+
+/* How to build a communicator. Backends use what they need (the host
+ * backend: all of it; nccl: rank, size, name, timeouts). */
+typedef struct {
+    int             rank, size;
+    uint32_t        comm_id;
+    const char     *name;          /* group name for logs; copied */
+    xport_kind_t    kind;          /* inproc (threads as ranks), tcp, ucx */
+    const char     *job_id;
+    const uint8_t  *secret;
+    size_t          secret_len;
+    const char     *listen_addr;   /* NULL -> 127.0.0.1:0 (inproc: generated name) */
+    unsigned        timeout_ms;    /* no progress for this long fails the call; 0 -> 30000 */
+    unsigned        connect_ms;    /* handshake and mesh set-up deadline; 0 -> 120000. Long,
+                                    * because a peer still loading its model answers a
+                                    * handshake late. */
+    size_t          segment_bytes; /* largest frame payload; 0 -> 4 MiB */
+} coll_config_t;
+
 typedef struct coll_ops {
     const char *name;
-    /* buf[count] reduced in place across ranks. */
-    bt_status_t (*all_reduce)(coll_comm_t *c, void *buf, size_t count, dtype_t dt, coll_op_t op);
-    /* send[sum(counts)] reduced across ranks; this rank keeps its slice in
-     * recv[counts[rank]]. recv may point into send at this rank's slice. */
-    bt_status_t (*reduce_scatter)(coll_comm_t *c, void *recv, const void *send,
-                                  const size_t *counts, dtype_t dt, coll_op_t op);
-    /* recv[sum(counts)] = concatenation of every rank's send[counts[r]].
-     * send may point into recv at this rank's slice. */
-    bt_status_t (*all_gather)(coll_comm_t *c, void *recv, const void *send,
-                              const size_t *counts, dtype_t dt);
-    /* send_counts[j]: elements this rank sends to rank j (concatenated in send);
-     * recv_counts[j]: elements it receives from rank j (concatenated in recv). */
-    bt_status_t (*all_to_all)(coll_comm_t *c, void *recv, const size_t *recv_counts,
-                              const void *send, const size_t *send_counts, dtype_t dt);
-    bt_status_t (*broadcast)(coll_comm_t *c, void *buf, size_t count, dtype_t dt, int root);
-    bt_status_t (*barrier)(coll_comm_t *c);
+    /* Phase 1: a communicator and this rank's address (addr[addr_cap]). */
+    bt_status_t (*open)(const coll_config_t *cfg, coll_comm_t **out, char *addr,
+                        size_t addr_cap);
+    /* Phase 2: every rank's address (addrs[size]); returns when the group is up. */
+    bt_status_t (*connect)(coll_comm_t *c, const char *const *addrs);
+    /* BT_IN_PROGRESS and *req (or, req NULL, a self-releasing request); any
+     * other status: not started, no callback. */
+    bt_status_t (*start)(coll_comm_t *c, const coll_call_t *call, coll_done_fn done, void *arg,
+                         coll_req_t **req);
+    /* The request's status once it completed; releases it. */
+    bt_status_t (*wait)(coll_req_t *req);
+    void        (*group_begin)(coll_comm_t *c);
+    void        (*group_end)(coll_comm_t *c);
+    /* Finishes the calls started before, then frees everything. */
     void        (*destroy)(coll_comm_t *c);
 } coll_ops_t;
 
@@ -75,34 +149,64 @@ struct coll_comm {
                                     * buffers may be in (host backend: the host only) */
 };
 
+static inline bt_status_t coll_open(const coll_ops_t *ops, const coll_config_t *cfg,
+                                    coll_comm_t **out, char *addr, size_t addr_cap)
+{
+    return ops->open(cfg, out, addr, addr_cap);
+}
+static inline bt_status_t coll_connect(coll_comm_t *c, const char *const *addrs)
+{
+    return c->ops->connect(c, addrs);
+}
+static inline bt_status_t coll_start(coll_comm_t *c, const coll_call_t *call, coll_done_fn done,
+                                     void *arg, coll_req_t **req)
+{
+    return c->ops->start(c, call, done, arg, req);
+}
+static inline bt_status_t coll_wait(coll_comm_t *c, coll_req_t *req) { return c->ops->wait(req); }
+static inline void coll_group_begin(coll_comm_t *c) { c->ops->group_begin(c); }
+static inline void coll_group_end(coll_comm_t *c) { c->ops->group_end(c); }
+static inline void coll_destroy(coll_comm_t *c) { c->ops->destroy(c); }
+
+/* start + wait: the blocking form, for compute threads. */
+bt_status_t coll_run(coll_comm_t *c, const coll_call_t *call);
+
 static inline bt_status_t coll_all_reduce(coll_comm_t *c, void *buf, size_t count, dtype_t dt,
                                           coll_op_t op)
 {
-    return c->ops->all_reduce(c, buf, count, dt, op);
+    return coll_run(c, &(coll_call_t){.kind = COLL_KIND_ALL_REDUCE, .recv = buf, .count = count,
+                                      .dt = dt, .op = op});
 }
 static inline bt_status_t coll_reduce_scatter(coll_comm_t *c, void *recv, const void *send,
                                               const size_t *counts, dtype_t dt, coll_op_t op)
 {
-    return c->ops->reduce_scatter(c, recv, send, counts, dt, op);
+    return coll_run(c, &(coll_call_t){.kind = COLL_KIND_REDUCE_SCATTER, .recv = recv,
+                                      .send = send, .counts = counts, .dt = dt, .op = op});
 }
 static inline bt_status_t coll_all_gather(coll_comm_t *c, void *recv, const void *send,
                                           const size_t *counts, dtype_t dt)
 {
-    return c->ops->all_gather(c, recv, send, counts, dt);
+    return coll_run(c, &(coll_call_t){.kind = COLL_KIND_ALL_GATHER, .recv = recv, .send = send,
+                                      .counts = counts, .dt = dt});
 }
 static inline bt_status_t coll_all_to_all(coll_comm_t *c, void *recv, const size_t *recv_counts,
                                           const void *send, const size_t *send_counts,
                                           dtype_t dt)
 {
-    return c->ops->all_to_all(c, recv, recv_counts, send, send_counts, dt);
+    return coll_run(c, &(coll_call_t){.kind = COLL_KIND_ALL_TO_ALL, .recv = recv, .send = send,
+                                      .recv_counts = recv_counts, .send_counts = send_counts,
+                                      .dt = dt});
 }
 static inline bt_status_t coll_broadcast(coll_comm_t *c, void *buf, size_t count, dtype_t dt,
                                          int root)
 {
-    return c->ops->broadcast(c, buf, count, dt, root);
+    return coll_run(c, &(coll_call_t){.kind = COLL_KIND_BROADCAST, .recv = buf, .count = count,
+                                      .dt = dt, .root = root});
 }
-static inline bt_status_t coll_barrier(coll_comm_t *c) { return c->ops->barrier(c); }
-static inline void coll_destroy(coll_comm_t *c) { c->ops->destroy(c); }
+static inline bt_status_t coll_barrier(coll_comm_t *c)
+{
+    return coll_run(c, &(coll_call_t){.kind = COLL_KIND_BARRIER, .dt = DT_I32});
+}
 
 /* Split `total` elements into `size` near-even counts (the first total%size
  * ranks get one more), as used for ZeRO-1 shards and ring chunks. */
@@ -113,29 +217,11 @@ void coll_reduce_local(void *dst, const void *src, size_t n, dtype_t dt, coll_op
 
 /* ---- host backend --------------------------------------------------------
  * Full mesh of transport endpoints among the group (rank i connects to every
- * j > i), on a private libev loop that the calling thread drives. Creation is
- * two-phase because addresses travel out of band (driver, rendezvous file):
- *   coll_host_open()    -> listens, returns this rank's address
- *   coll_host_connect() -> given all ranks' addresses, connects the mesh and
- *                          waits until every peer has passed the handshake. */
-typedef struct {
-    int             rank, size;
-    uint32_t        comm_id;
-    const char     *name;          /* group name for logs; copied */
-    xport_kind_t    kind;          /* inproc (threads as ranks), tcp, ucx */
-    const char     *job_id;
-    const uint8_t  *secret;
-    size_t          secret_len;
-    const char     *listen_addr;   /* NULL -> 127.0.0.1:0 (inproc: generated name) */
-    unsigned        timeout_ms;    /* no progress for this long fails the call; 0 -> 30000 */
-    unsigned        connect_ms;    /* handshake and mesh set-up deadline; 0 -> 120000. Long,
-                                    * because this rank's loop runs only inside calls: a peer
-                                    * still loading its model answers a handshake late. */
-    size_t          segment_bytes; /* largest frame payload; 0 -> 4 MiB */
-} coll_host_config_t;
-
-bt_status_t coll_host_open(const coll_host_config_t *cfg, coll_comm_t **out,
-                           char *addr, size_t addr_cap);
+ * j > i) on a private libev loop: the caller's thread drives it while the
+ * mesh is built (open, connect), the communicator's progress thread after.
+ * coll_host_open / coll_host_connect are its ops' open and connect. */
+bt_status_t coll_host_open(const coll_config_t *cfg, coll_comm_t **out, char *addr,
+                           size_t addr_cap);
 bt_status_t coll_host_connect(coll_comm_t *c, const char *const *addrs);
 
 extern const coll_ops_t coll_host_ops;

@@ -7,11 +7,15 @@
  * a peer must be exactly the one expected; anything else is a communication
  * error, reported with both sides' view, and the communicator fails.
  *
- * The communicator owns a private libev loop driven by the calling thread
- * (ev_run ONCE while waiting), so collectives never touch an actor loop. */
+ * The communicator owns a private libev loop. The caller's thread drives it
+ * while the mesh is built (open, connect); after that a progress thread of
+ * the communicator owns it and runs the started calls one after another in
+ * start order (ev_run ONCE while a call waits), so collectives never touch
+ * an actor loop and start() never blocks. */
 #include "coll/coll.h"
 
 #include <ev.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,28 +26,6 @@
 
 #define COLL_MAGIC      0x4c435442u /* "BTCL" little-endian */
 #define COLL_HDR_BYTES  36
-
-typedef enum {
-    COLL_KIND_ALL_REDUCE = 1,
-    COLL_KIND_REDUCE_SCATTER,
-    COLL_KIND_ALL_GATHER,
-    COLL_KIND_ALL_TO_ALL,
-    COLL_KIND_BROADCAST,
-    COLL_KIND_BARRIER,
-    COLL_KIND_COUNT,
-} coll_kind_t;
-
-static const char *const coll_kind_names[] = {
-    [0] = "none",
-    [COLL_KIND_ALL_REDUCE] = "all_reduce",
-    [COLL_KIND_REDUCE_SCATTER] = "reduce_scatter",
-    [COLL_KIND_ALL_GATHER] = "all_gather",
-    [COLL_KIND_ALL_TO_ALL] = "all_to_all",
-    [COLL_KIND_BROADCAST] = "broadcast",
-    [COLL_KIND_BARRIER] = "barrier",
-};
-_Static_assert(sizeof coll_kind_names / sizeof coll_kind_names[0] == COLL_KIND_COUNT,
-               "coll_kind_names");
 
 typedef struct {
     uint32_t comm_id;
@@ -95,7 +77,28 @@ typedef struct coll_host {
     ev_timer        poll;         /* progress tick while a call waits */
     uint8_t        *stage;        /* reduction staging (reduce-scatter work) */
     size_t          stage_cap;
+    /* started calls, run by the progress thread (all below under mu) */
+    pthread_mutex_t mu;
+    pthread_cond_t  wake;         /* the thread waits for calls */
+    pthread_cond_t  done;         /* waiters wait for their call */
+    pthread_t       thread;
+    bool            thread_on, stopping;
+    struct coll_req *queue, **queue_tail; /* to run */
+    struct coll_req *held, **held_tail;   /* started inside a group, not queued yet */
+    int             group_depth;
 } coll_host_t;
+
+struct coll_req {
+    coll_host_t     *c;
+    struct coll_req *next;
+    coll_call_t      call;
+    size_t          *counts;      /* copies of the call's count arrays */
+    coll_done_fn     done;
+    void            *arg;
+    bool             detached;    /* nobody waits: freed after done() */
+    bool             finished;
+    bt_status_t      status;
+};
 
 /* ---- header --------------------------------------------------------------- */
 
@@ -132,35 +135,6 @@ static bool coll_hdr_decode(const void *buf, size_t len, coll_hdr_t *h)
 
 /* ---- local reduction ---------------------------------------------------- */
 
-#define COLL_REDUCE_LOOP(T)                                                   \
-    do {                                                                      \
-        T *d = dst;                                                           \
-        const T *s = src;                                                     \
-        switch (op) {                                                         \
-        case COLL_SUM: for (size_t i = 0; i < n; i++) d[i] += s[i]; break;    \
-        case COLL_MAX: for (size_t i = 0; i < n; i++) d[i] = d[i] > s[i] ? d[i] : s[i]; break; \
-        case COLL_MIN: for (size_t i = 0; i < n; i++) d[i] = d[i] < s[i] ? d[i] : s[i]; break; \
-        default: BT_PANIC("coll: bad op %d", (int)op);                        \
-        }                                                                     \
-    } while (0)
-
-void coll_reduce_local(void *dst, const void *src, size_t n, dtype_t dt, coll_op_t op)
-{
-    switch (dt) {
-    case DT_F32: COLL_REDUCE_LOOP(float); break;
-    case DT_F64: COLL_REDUCE_LOOP(double); break;
-    case DT_I32: COLL_REDUCE_LOOP(int32_t); break;
-    case DT_I64: COLL_REDUCE_LOOP(int64_t); break;
-    default: BT_PANIC("coll: reduction of dtype %s not supported", dtype_name(dt));
-    }
-}
-
-void coll_counts_even(size_t total, int size, size_t *counts)
-{
-    size_t base = total / (size_t)size, rem = total % (size_t)size;
-    for (int r = 0; r < size; r++) counts[r] = base + ((size_t)r < rem ? 1 : 0);
-}
-
 static void coll_offsets(const size_t *counts, int size, size_t *offs)
 {
     size_t o = 0;
@@ -186,7 +160,7 @@ static void coll_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
                   c->name, c->pub.rank, w->repeat * 1000.0, c->nready, c->pub.size - 1);
     else
         log_error("coll %s rank %d: %s #%llu made no progress for %.0f ms (a peer is dead or stuck)",
-                  c->name, c->pub.rank, coll_kind_names[c->kind], (unsigned long long)c->seq,
+                  c->name, c->pub.rank, coll_kind_name(c->kind), (unsigned long long)c->seq,
                   w->repeat * 1000.0);
     coll_fail(c, BT_ERR_PEER_TIMEOUT);
 }
@@ -311,7 +285,7 @@ static void coll_on_error(void *arg, xport_ep_t *ep, bt_status_t why)
 static bt_status_t coll_peer_lost(coll_host_t *c, int p)
 {
     log_error("coll %s rank %d: %s #%llu needs rank %d, whose link is down (%s)", c->name,
-              c->pub.rank, coll_kind_names[c->kind], (unsigned long long)c->seq, p,
+              c->pub.rank, coll_kind_name(c->kind), (unsigned long long)c->seq, p,
               bt_status_str(c->peers[p].why ? c->peers[p].why : BT_ERR_PEER_CLOSED));
     coll_fail(c, c->peers[p].why ? c->peers[p].why : BT_ERR_PEER_CLOSED);
     return c->failed;
@@ -402,9 +376,9 @@ static bt_status_t coll_recv_frame(coll_host_t *c, int peer, uint32_t step, uint
         log_error("coll %s rank %d: collective mismatch with rank %d: expected %s #%llu step %u "
                   "seg %u (%zu B), got %s #%llu step %u seg %u (%llu B) from rank %u "
                   "(ranks issued different collectives)",
-                  c->name, c->pub.rank, peer, coll_kind_names[c->kind],
+                  c->name, c->pub.rank, peer, coll_kind_name(c->kind),
                   (unsigned long long)c->seq, step, seg, nbytes,
-                  h->kind < COLL_KIND_COUNT ? coll_kind_names[h->kind] : "?",
+                  h->kind < COLL_KIND_COUNT ? coll_kind_name((coll_kind_t)h->kind) : "?",
                   (unsigned long long)h->seq, h->step, h->seg, (unsigned long long)h->nbytes,
                   h->src);
         xport_rx_release(f->rx);
@@ -508,10 +482,10 @@ static bt_status_t coll_ring_all_gather(coll_host_t *c, uint8_t *work, const siz
     return BT_OK;
 }
 
-static bt_status_t coll_host_all_reduce(coll_comm_t *comm, void *buf, size_t count, dtype_t dt,
-                                        coll_op_t op)
+static bt_status_t exec_all_reduce(coll_host_t *c, void *buf, size_t count, dtype_t dt,
+                                   coll_op_t op)
 {
-    coll_host_t *c = (coll_host_t *)comm;
+    coll_comm_t *comm = &c->pub;
     int n = comm->size;
     bt_status_t st = coll_begin(c, COLL_KIND_ALL_REDUCE);
     if (st) return st;
@@ -527,10 +501,10 @@ static bt_status_t coll_host_all_reduce(coll_comm_t *comm, void *buf, size_t cou
     return st ? st : st2;
 }
 
-static bt_status_t coll_host_reduce_scatter(coll_comm_t *comm, void *recv, const void *send,
-                                            const size_t *counts, dtype_t dt, coll_op_t op)
+static bt_status_t exec_reduce_scatter(coll_host_t *c, void *recv, const void *send,
+                                       const size_t *counts, dtype_t dt, coll_op_t op)
 {
-    coll_host_t *c = (coll_host_t *)comm;
+    coll_comm_t *comm = &c->pub;
     int n = comm->size;
     size_t es = dtype_size(dt);
     bt_status_t st = coll_begin(c, COLL_KIND_REDUCE_SCATTER);
@@ -557,10 +531,10 @@ static bt_status_t coll_host_reduce_scatter(coll_comm_t *comm, void *recv, const
     return st ? st : st2;
 }
 
-static bt_status_t coll_host_all_gather(coll_comm_t *comm, void *recv, const void *send,
-                                        const size_t *counts, dtype_t dt)
+static bt_status_t exec_all_gather(coll_host_t *c, void *recv, const void *send,
+                                   const size_t *counts, dtype_t dt)
 {
-    coll_host_t *c = (coll_host_t *)comm;
+    coll_comm_t *comm = &c->pub;
     int n = comm->size;
     size_t es = dtype_size(dt);
     bt_status_t st = coll_begin(c, COLL_KIND_ALL_GATHER);
@@ -579,10 +553,9 @@ static bt_status_t coll_host_all_gather(coll_comm_t *comm, void *recv, const voi
 
 /* Chain broadcast in segments: root -> root+1 -> ... ; each rank forwards a
  * segment as soon as it has it, so a large buffer streams along the chain. */
-static bt_status_t coll_host_broadcast(coll_comm_t *comm, void *buf, size_t count, dtype_t dt,
-                                       int root)
+static bt_status_t exec_broadcast(coll_host_t *c, void *buf, size_t count, dtype_t dt, int root)
 {
-    coll_host_t *c = (coll_host_t *)comm;
+    coll_comm_t *comm = &c->pub;
     int n = comm->size, r = comm->rank;
     int pos = (r - root + n) % n;
     int next = (r + 1) % n, prev = (r - 1 + n) % n;
@@ -608,10 +581,10 @@ static bt_status_t coll_host_broadcast(coll_comm_t *comm, void *buf, size_t coun
     return st ? st : st2;
 }
 
-static bt_status_t coll_host_all_to_all(coll_comm_t *comm, void *recv, const size_t *recv_counts,
-                                        const void *send, const size_t *send_counts, dtype_t dt)
+static bt_status_t exec_all_to_all(coll_host_t *c, void *recv, const size_t *recv_counts,
+                                   const void *send, const size_t *send_counts, dtype_t dt)
 {
-    coll_host_t *c = (coll_host_t *)comm;
+    coll_comm_t *comm = &c->pub;
     int n = comm->size, r = comm->rank;
     size_t es = dtype_size(dt);
     bt_status_t st = coll_begin(c, COLL_KIND_ALL_TO_ALL);
@@ -645,16 +618,186 @@ static bt_status_t coll_host_all_to_all(coll_comm_t *comm, void *recv, const siz
     return st ? st : st2;
 }
 
-static bt_status_t coll_host_barrier(coll_comm_t *comm)
+static bt_status_t exec_barrier(coll_host_t *c)
 {
     int32_t one = 1;
-    return coll_host_all_reduce(comm, &one, 1, DT_I32, COLL_SUM);
+    return exec_all_reduce(c, &one, 1, DT_I32, COLL_SUM);
+}
+
+static bt_status_t exec_call(coll_host_t *c, const coll_call_t *k)
+{
+    switch (k->kind) {
+    case COLL_KIND_ALL_REDUCE: return exec_all_reduce(c, k->recv, k->count, k->dt, k->op);
+    case COLL_KIND_REDUCE_SCATTER:
+        return exec_reduce_scatter(c, k->recv, k->send, k->counts, k->dt, k->op);
+    case COLL_KIND_ALL_GATHER: return exec_all_gather(c, k->recv, k->send, k->counts, k->dt);
+    case COLL_KIND_ALL_TO_ALL:
+        return exec_all_to_all(c, k->recv, k->recv_counts, k->send, k->send_counts, k->dt);
+    case COLL_KIND_BROADCAST: return exec_broadcast(c, k->recv, k->count, k->dt, k->root);
+    case COLL_KIND_BARRIER: return exec_barrier(c);
+    default: BT_PANIC("coll %s: call of kind %d", c->name, (int)k->kind);
+    }
+}
+
+/* ---- started calls: the progress thread ------------------------------------ */
+
+static void req_free(coll_req_t *r)
+{
+    free(r->counts);
+    free(r);
+}
+
+static void *progress_main(void *arg)
+{
+    coll_host_t *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->queue && !c->stopping) pthread_cond_wait(&c->wake, &c->mu);
+        coll_req_t *r = c->queue;
+        if (!r) break; /* stopping, nothing left */
+        c->queue = r->next;
+        if (!c->queue) c->queue_tail = &c->queue;
+        pthread_mutex_unlock(&c->mu);
+        bt_status_t st = exec_call(c, &r->call);
+        if (r->done) r->done(r->arg, st);
+        pthread_mutex_lock(&c->mu);
+        if (r->detached) {
+            req_free(r);
+        } else {
+            r->status = st;
+            r->finished = true;
+            pthread_cond_broadcast(&c->done);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* the count arrays the call points to, copied (the caller may reuse them) */
+static bt_status_t req_copy_counts(coll_req_t *r, int n)
+{
+    const size_t *src[3] = {r->call.counts, r->call.send_counts, r->call.recv_counts};
+    int have = 0;
+    for (int i = 0; i < 3; i++) have += src[i] != NULL;
+    if (!have) return BT_OK;
+    r->counts = malloc((size_t)(have * n) * sizeof *r->counts);
+    if (!r->counts) return BT_ERR_NOMEM;
+    size_t *at = r->counts;
+    const size_t **dst[3] = {&r->call.counts, &r->call.send_counts, &r->call.recv_counts};
+    for (int i = 0; i < 3; i++) {
+        if (!src[i]) continue;
+        memcpy(at, src[i], (size_t)n * sizeof *at);
+        *dst[i] = at;
+        at += n;
+    }
+    return BT_OK;
+}
+
+static bt_status_t coll_host_start(coll_comm_t *comm, const coll_call_t *call, coll_done_fn done,
+                                   void *arg, coll_req_t **out)
+{
+    coll_host_t *c = (coll_host_t *)comm;
+    bool needs = call->kind == COLL_KIND_REDUCE_SCATTER || call->kind == COLL_KIND_ALL_GATHER;
+    if ((unsigned)call->kind <= COLL_KIND_NONE || call->kind >= COLL_KIND_COUNT ||
+        (needs && !call->counts) ||
+        (call->kind == COLL_KIND_ALL_TO_ALL && (!call->send_counts || !call->recv_counts)) ||
+        (call->kind == COLL_KIND_BROADCAST && (call->root < 0 || call->root >= comm->size)))
+        BT_PANIC("coll %s: malformed %s call", c->name, coll_kind_name(call->kind));
+    coll_req_t *r = calloc(1, sizeof *r);
+    if (!r) return BT_ERR_NOMEM;
+    r->c = c;
+    r->call = *call;
+    r->done = done;
+    r->arg = arg;
+    r->detached = out == NULL;
+    if (req_copy_counts(r, comm->size) != BT_OK) {
+        free(r);
+        return BT_ERR_NOMEM;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (!c->thread_on) {
+        if (pthread_create(&c->thread, NULL, progress_main, c) != 0) {
+            pthread_mutex_unlock(&c->mu);
+            req_free(r);
+            log_error("coll %s rank %d: cannot start the progress thread", c->name, comm->rank);
+            return BT_ERR_NOMEM;
+        }
+        c->thread_on = true;
+    }
+    if (c->group_depth > 0) {
+        *c->held_tail = r;
+        c->held_tail = &r->next;
+    } else {
+        *c->queue_tail = r;
+        c->queue_tail = &r->next;
+        pthread_cond_signal(&c->wake);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (out) *out = r;
+    return BT_IN_PROGRESS;
+}
+
+static bt_status_t coll_host_wait(coll_req_t *r)
+{
+    coll_host_t *c = r->c;
+    pthread_mutex_lock(&c->mu);
+    if (c->group_depth > 0 && !r->finished) {
+        /* waiting inside a group would wait forever: its calls start at the end */
+        for (coll_req_t *h = c->held; h; h = h->next)
+            if (h == r) BT_PANIC("coll %s: coll_wait on a call of an open group", c->name);
+    }
+    while (!r->finished) pthread_cond_wait(&c->done, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    bt_status_t st = r->status;
+    req_free(r);
+    return st;
+}
+
+static void coll_host_group_begin(coll_comm_t *comm)
+{
+    coll_host_t *c = (coll_host_t *)comm;
+    pthread_mutex_lock(&c->mu);
+    c->group_depth++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void coll_host_group_end(coll_comm_t *comm)
+{
+    coll_host_t *c = (coll_host_t *)comm;
+    pthread_mutex_lock(&c->mu);
+    if (c->group_depth == 0) BT_PANIC("coll %s: group_end without group_begin", c->name);
+    if (--c->group_depth == 0 && c->held) {
+        *c->queue_tail = c->held;
+        c->queue_tail = c->held_tail;
+        c->held = NULL;
+        c->held_tail = &c->held;
+        pthread_cond_signal(&c->wake);
+    }
+    pthread_mutex_unlock(&c->mu);
 }
 
 static void coll_host_destroy(coll_comm_t *comm)
 {
     coll_host_t *c = (coll_host_t *)comm;
     if (!c) return;
+    /* the calls started before run to their end (a failed communicator ends
+     * them at once); then this thread owns the loop again */
+    pthread_mutex_lock(&c->mu);
+    if (c->group_depth > 0) {
+        log_warn("coll %s: destroyed inside an open group; its calls start now", c->name);
+        c->group_depth = 1;
+        pthread_mutex_unlock(&c->mu);
+        coll_host_group_end(comm);
+        pthread_mutex_lock(&c->mu);
+    }
+    c->stopping = true;
+    pthread_cond_signal(&c->wake);
+    bool joined = c->thread_on;
+    pthread_mutex_unlock(&c->mu);
+    if (joined) pthread_join(c->thread, NULL);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->wake);
+    pthread_cond_destroy(&c->done);
     for (int p = 0; p < comm->size; p++) {
         coll_frame_t *f = c->peers[p].head;
         while (f) {
@@ -688,18 +831,18 @@ static void coll_host_destroy(coll_comm_t *comm)
 
 const coll_ops_t coll_host_ops = {
     .name = "host",
-    .all_reduce = coll_host_all_reduce,
-    .reduce_scatter = coll_host_reduce_scatter,
-    .all_gather = coll_host_all_gather,
-    .all_to_all = coll_host_all_to_all,
-    .broadcast = coll_host_broadcast,
-    .barrier = coll_host_barrier,
+    .open = coll_host_open,
+    .connect = coll_host_connect,
+    .start = coll_host_start,
+    .wait = coll_host_wait,
+    .group_begin = coll_host_group_begin,
+    .group_end = coll_host_group_end,
     .destroy = coll_host_destroy,
 };
 
 /* ---- creation ------------------------------------------------------------- */
 
-bt_status_t coll_host_open(const coll_host_config_t *cfg, coll_comm_t **out, char *addr,
+bt_status_t coll_host_open(const coll_config_t *cfg, coll_comm_t **out, char *addr,
                            size_t addr_cap)
 {
     if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size) {
@@ -723,6 +866,11 @@ bt_status_t coll_host_open(const coll_host_config_t *cfg, coll_comm_t **out, cha
     c->pub.size = cfg->size;
     c->pub.id = cfg->comm_id;
     c->pub.mem_devices = 1u << DEV_CPU;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->wake, NULL);
+    pthread_cond_init(&c->done, NULL);
+    c->queue_tail = &c->queue;
+    c->held_tail = &c->held;
     snprintf(c->name, sizeof c->name, "%s", cfg->name ? cfg->name : "group");
     c->pub.name = c->name;
     c->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 30000;

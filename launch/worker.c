@@ -230,7 +230,7 @@ static bt_status_t colls_open(worker_t *w, const char *job_id)
         if (n == 0) continue;
         char name[32];
         snprintf(name, sizeof name, "%s%d", graph_group_name((graph_group_t)k), w->members[k][0]);
-        coll_host_config_t cfg = {
+        coll_config_t cfg = {
             .rank = w->me[k], .size = n, .comm_id = (uint32_t)(k * GRAPH_MAX_WORLD + w->members[k][0]),
             .name = name,
             .kind = edge_kind(&w->job, k == GRAPH_GROUP_TP ? JOB_EDGE_TENSOR_PARALLEL
@@ -238,7 +238,7 @@ static bt_status_t colls_open(worker_t *w, const char *job_id)
             .job_id = job_id, .secret = w->secret, .secret_len = sizeof w->secret,
             .timeout_ms = 30000,
         };
-        bt_status_t st = coll_host_open(&cfg, &w->comm[k], w->coll_addr[k], XPORT_ADDR_MAX);
+        bt_status_t st = coll_open(&coll_host_ops, &cfg, &w->comm[k], w->coll_addr[k], XPORT_ADDR_MAX);
         if (st) {
             log_error("rank %d: cannot open collective group %s (%s)", w->rank, name, bt_status_str(st));
             return st;
@@ -345,7 +345,7 @@ static bt_status_t links_connect(worker_t *w, const book_t *b)
          * all handshakes have finished: an acceptor leaves connect as soon
          * as its side is done, which may be before its last handshake frame
          * reached the connector. */
-        bt_status_t st = coll_host_connect(w->comm[k], addrs);
+        bt_status_t st = coll_connect(w->comm[k], addrs);
         if (st == BT_OK) st = coll_barrier(w->comm[k]);
         if (st) {
             log_error("rank %d: collective group %s did not connect (%s)", w->rank, w->comm[k]->name,

@@ -399,6 +399,59 @@ static void test_actor_worker_completions(void)
     CHECK(a.bad == 0);
 }
 
+/* actor_complete: work that finished on a thread of its own (a collective's
+ * or a stream's callback) reaches the actor as ACTOR_SYS_WORK_DONE on its
+ * loop, with its tag, arg and status. */
+typedef struct {
+    actor_t   base;
+    pthread_t thread, loop_thread;
+    int       got, bad;
+    int       arg;
+} complete_actor_t;
+
+static void *complete_thread(void *arg)
+{
+    complete_actor_t *a = arg;
+    for (int i = 0; i < 5; i++) actor_complete(&a->base, (uint64_t)i, &a->arg, i == 3 ? BT_ERR_TIMEOUT : BT_OK);
+    return NULL;
+}
+
+static void ca_start(actor_t *self)
+{
+    complete_actor_t *a = (complete_actor_t *)self;
+    a->loop_thread = pthread_self();
+    if (pthread_create(&a->thread, NULL, complete_thread, a) != 0) a->bad++;
+}
+
+static actor_ret_t ca_on_done(actor_t *self, actor_msg_t *m)
+{
+    complete_actor_t *a = (complete_actor_t *)self;
+    const actor_work_result_t *r = &m->sys.work;
+    if (r->tag != (uint64_t)a->got || r->arg != &a->arg || !pthread_equal(pthread_self(), a->loop_thread) ||
+        r->status != (a->got == 3 ? BT_ERR_TIMEOUT : BT_OK))
+        a->bad++;
+    if (++a->got == 5) actor_router_stop_request(self->rt, BT_OK);
+    return ACTOR_DONE;
+}
+
+static const actor_class_t complete_class = {
+    .name = "complete", .start = ca_start, .handlers = {[ACTOR_SYS_WORK_DONE] = ca_on_done}};
+
+static void test_actor_complete_from_thread(void)
+{
+    actor_router_t *rt = router_new(0, 0);
+    REQUIRE(rt);
+    actor_loop_t *l;
+    REQUIRE(actor_router_loop_new(rt, "l", &l) == BT_OK);
+    complete_actor_t a = {0};
+    REQUIRE(actor_register(rt, &a.base, &complete_class, l, "complete", ACTOR_SLOT_ANY) == BT_OK);
+    CHECK(actor_router_wait(rt, 20000) == BT_OK);
+    pthread_join(a.thread, NULL);
+    actor_router_destroy(rt);
+    CHECK(a.got == 5);
+    CHECK(a.bad == 0);
+}
+
 /* ---- KEPT messages released later ------------------------------------------------ */
 
 typedef struct {
@@ -1015,7 +1068,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 #ifdef BT_HAVE_UCX
     TEST_RUN(argc, argv, test_actor_loop_post_call_stop, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
-             test_actor_worker_completions, test_actor_kept_then_released, test_actor_orderly_stop,
+             test_actor_worker_completions, test_actor_complete_from_thread, test_actor_kept_then_released, test_actor_orderly_stop,
              test_actor_inproc_auto, test_actor_auto_ucx_falls_back_to_tcp, test_actor_two_procs_tcp,
              test_actor_two_procs_ucx,
              test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported,

@@ -10,6 +10,7 @@
 #include "tests/test.h"
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -220,6 +221,82 @@ static void test_coll_peer_killed(void)
     CHECK((uint64_t)time(NULL) - t0 < 10);
 }
 
+/* The non-blocking contract: calls started back to back (one inside a
+ * group, one with only a callback) run in start order, each reports once,
+ * and their results are those of the blocking calls. */
+typedef struct {
+    _Atomic int calls;
+    _Atomic int order_bad;
+    _Atomic int last;
+} nb_count_t;
+
+typedef struct {
+    nb_count_t *n;
+    int         id;
+} nb_tag_t;
+
+static void nb_done(void *arg, bt_status_t st)
+{
+    nb_tag_t *t = arg;
+    if (st != BT_OK) return;
+    int prev = atomic_exchange(&t->n->last, t->id);
+    if (prev != t->id - 1) atomic_fetch_add(&t->n->order_bad, 1);
+    atomic_fetch_add(&t->n->calls, 1);
+}
+
+static int body_nonblocking(coll_comm_t *c, void *arg)
+{
+    (void)arg;
+    enum { N = 3000 };
+    nb_count_t cnt = {.last = -1};
+    nb_tag_t tags[4];
+    for (int i = 0; i < 4; i++) tags[i] = (nb_tag_t){&cnt, i};
+    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    float *gath = malloc((size_t)c->size * 4 * sizeof *gath), mine[4];
+    for (size_t i = 0; i < N; i++) a[i] = b[i] = in_f32(c->rank, i);
+    for (int i = 0; i < 4; i++) mine[i] = (float)(c->rank * 4 + i);
+    size_t *counts = malloc((size_t)c->size * sizeof *counts);
+    for (int r = 0; r < c->size; r++) counts[r] = 4;
+    coll_req_t *r0 = NULL, *r2 = NULL, *r3 = NULL;
+    BODY_CHECK(coll_start(c, &(coll_call_t){.kind = COLL_KIND_ALL_REDUCE, .recv = a, .count = N,
+                                            .dt = DT_F32, .op = COLL_SUM},
+                          nb_done, &tags[0], &r0) == BT_IN_PROGRESS);
+    /* callback only: the request releases itself */
+    BODY_CHECK(coll_start(c, &(coll_call_t){.kind = COLL_KIND_ALL_REDUCE, .recv = b, .count = N,
+                                            .dt = DT_F32, .op = COLL_MAX},
+                          nb_done, &tags[1], NULL) == BT_IN_PROGRESS);
+    coll_group_begin(c);
+    BODY_CHECK(coll_start(c, &(coll_call_t){.kind = COLL_KIND_ALL_GATHER, .recv = gath,
+                                            .send = mine, .counts = counts, .dt = DT_F32},
+                          nb_done, &tags[2], &r2) == BT_IN_PROGRESS);
+    memset(counts, 0, (size_t)c->size * sizeof *counts); /* start copied them */
+    BODY_CHECK(coll_start(c, &(coll_call_t){.kind = COLL_KIND_BARRIER}, nb_done, &tags[3], &r3) ==
+               BT_IN_PROGRESS);
+    coll_group_end(c);
+    BODY_CHECK(coll_wait(c, r3) == BT_OK);
+    BODY_CHECK(coll_wait(c, r0) == BT_OK && coll_wait(c, r2) == BT_OK);
+    BODY_CHECK(atomic_load(&cnt.calls) == 4 && atomic_load(&cnt.order_bad) == 0);
+    int bad = 0;
+    for (size_t i = 0; i < N; i++) {
+        float sum = 0, mx = -1e30f;
+        for (int r = 0; r < c->size; r++) {
+            sum += in_f32(r, i);
+            mx = in_f32(r, i) > mx ? in_f32(r, i) : mx;
+        }
+        bad += a[i] != sum || b[i] != mx;
+    }
+    for (int i = 0; i < c->size * 4; i++) bad += gath[i] != (float)i;
+    free(a), free(b), free(gath), free(counts);
+    BODY_CHECK(bad == 0);
+    return 0;
+}
+
+static void test_coll_nonblocking(void)
+{
+    CHECK(run_group(XPORT_INPROC, 3, body_nonblocking, NULL) == 0);
+    CHECK(run_group(XPORT_TCP, 2, body_nonblocking, NULL) == 0);
+}
+
 static void test_coll_counts_even(void)
 {
     size_t c[4];
@@ -232,6 +309,6 @@ static void test_coll_counts_even(void)
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
-    TEST_RUN(argc, argv, test_coll_counts_even, test_coll_inproc, test_coll_tcp, test_coll_ucx,
+    TEST_RUN(argc, argv, test_coll_counts_even, test_coll_nonblocking, test_coll_inproc, test_coll_tcp, test_coll_ucx,
              test_coll_64m_tcp, test_coll_mismatch_detected, test_coll_peer_killed);
 }

@@ -11,9 +11,9 @@
 
 static const uint8_t group_secret[32] = "test-group-secret-0123456789abc";
 
-static coll_host_config_t group_cfg(const test_group_t *g, int rank)
+static coll_config_t group_cfg(const test_group_t *g, int rank)
 {
-    return (coll_host_config_t){.rank = rank, .size = g->size, .comm_id = g->comm_id,
+    return (coll_config_t){.rank = rank, .size = g->size, .comm_id = g->comm_id,
                                 .name = g->job_id, .kind = g->kind, .job_id = g->job_id,
                                 .secret = group_secret, .secret_len = sizeof group_secret,
                                 .timeout_ms = g->timeout_ms, .segment_bytes = g->segment_bytes};
@@ -25,7 +25,7 @@ static int group_rank_run(const test_group_t *g, coll_comm_t *c, char (*addrs)[X
 {
     const char *a[TEST_GROUP_MAX];
     for (int j = 0; j < g->size; j++) a[j] = addrs[j];
-    int f = coll_host_connect(c, a) == BT_OK ? body(c, arg) : 1;
+    int f = coll_connect(c, a) == BT_OK ? body(c, arg) : 1;
     coll_destroy(c);
     return f;
 }
@@ -43,9 +43,9 @@ typedef struct {
 static void *group_thread_main(void *p)
 {
     group_thread_t *t = p;
-    coll_host_config_t cfg = group_cfg(t->g, t->rank);
+    coll_config_t cfg = group_cfg(t->g, t->rank);
     coll_comm_t *c = NULL;
-    bool opened = coll_host_open(&cfg, &c, t->addrs[t->rank], XPORT_ADDR_MAX) == BT_OK;
+    bool opened = coll_open(&coll_host_ops, &cfg, &c, t->addrs[t->rank], XPORT_ADDR_MAX) == BT_OK;
     pthread_barrier_wait(t->bar); /* every address is known past this point */
     t->failures = opened ? group_rank_run(t->g, c, t->addrs, t->body, t->arg) : 1;
     return NULL;
@@ -100,9 +100,9 @@ int test_group_procs(const test_group_t *g, test_group_body_fn body, void *arg)
             snprintf(tag, sizeof tag, "rank%d", r);
             log_set_tag(tag);
             memset(addrs, 0, sizeof addrs);
-            coll_host_config_t cfg = group_cfg(g, r);
+            coll_config_t cfg = group_cfg(g, r);
             coll_comm_t *c = NULL;
-            if (coll_host_open(&cfg, &c, addrs[r], XPORT_ADDR_MAX) != BT_OK) _exit(50);
+            if (coll_open(&coll_host_ops, &cfg, &c, addrs[r], XPORT_ADDR_MAX) != BT_OK) _exit(50);
             if (write(up[r][1], addrs[r], XPORT_ADDR_MAX) != XPORT_ADDR_MAX) _exit(51);
             if (read_all(down[r][0], addrs, (size_t)n * XPORT_ADDR_MAX)) _exit(52);
             int f = group_rank_run(g, c, addrs, body, arg);
