@@ -156,29 +156,36 @@ static bool file_exists(const char *dir, const char *name)
     return access(p, F_OK) == 0;
 }
 
-/* All rank.R files are there: concatenate them into the book. */
+/* All rank.R files are there: concatenate them into the book, each line
+ * prefixed with its rank (lines of any length: ucx addresses are long). */
 static bt_status_t book_write(driver_t *d)
 {
     char tmp[1024], dst[1024];
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", d->run_dir, RUN_FILE_BOOK);
     snprintf(dst, sizeof dst, "%s/%s", d->run_dir, RUN_FILE_BOOK);
-    FILE *out = fopen(tmp, "w");
+    FILE *out = fopen(tmp, "we");
     if (!out) {
         log_error("driver: cannot write %s: %s", tmp, strerror(errno));
         return BT_ERR_IO;
     }
+    char *line = NULL;
+    size_t line_cap = 0;
     for (int r = 0; r < d->world; r++) {
-        char p[1024], line[2048];
+        char p[1024];
         snprintf(p, sizeof p, "%s/rank.%d", d->run_dir, r);
-        FILE *in = fopen(p, "r");
+        FILE *in = fopen(p, "re");
         if (!in) {
+            free(line);
             fclose(out);
             log_error("driver: cannot read %s: %s", p, strerror(errno));
             return BT_ERR_IO;
         }
-        while (fgets(line, sizeof line, in)) fprintf(out, "%d %s", r, line);
+        ssize_t got;
+        while ((got = getline(&line, &line_cap, in)) >= 0)
+            fprintf(out, "%d %s%s", r, line, got > 0 && line[got - 1] == '\n' ? "" : "\n");
         fclose(in);
     }
+    free(line);
     if (fclose(out) || rename(tmp, dst)) {
         log_error("driver: cannot write %s: %s", dst, strerror(errno));
         return BT_ERR_IO;

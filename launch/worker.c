@@ -111,7 +111,7 @@ typedef struct {
     coll_comm_t   *comm[GRAPH_GROUP_COUNT];
     int            members[GRAPH_GROUP_COUNT][GRAPH_MAX_WORLD];
     int            n_members[GRAPH_GROUP_COUNT], me[GRAPH_GROUP_COUNT];
-    char           coll_addr[GRAPH_GROUP_COUNT][XPORT_ADDR_MAX];
+    char           coll_addr[GRAPH_GROUP_COUNT][XPORT_LISTEN_ADDR_MAX];
     actor_router_t *rt;
     dist_optim_t   *opt;
     stage_actor_t  stage;
@@ -250,7 +250,7 @@ static bt_status_t colls_open(worker_t *w, const char *job_id)
             .job_id = job_id, .secret = w->secret, .secret_len = sizeof w->secret,
             .timeout_ms = 30000,
         };
-        bt_status_t st = coll_host_open(&cfg, &w->comm[k], w->coll_addr[k], XPORT_ADDR_MAX);
+        bt_status_t st = coll_host_open(&cfg, &w->comm[k], w->coll_addr[k], XPORT_LISTEN_ADDR_MAX);
         if (st) {
             log_error("rank %d: cannot open collective group %s (%s)", w->rank, name, bt_status_str(st));
             return st;
@@ -279,11 +279,23 @@ static bt_status_t rank_file_write(worker_t *w, const char *run_dir, const char 
     return BT_OK;
 }
 
-/* The address book: lines "RANK card CARD" and "RANK collK ADDR". */
+/* The address book: lines "RANK card CARD" and "RANK collK ADDR" (a ucx
+ * address is several hundred bytes: lines have no fixed length). Entries
+ * are malloc'd; NULL where the book has none. */
 typedef struct {
-    char card[GRAPH_MAX_WORLD][ACTOR_CARD_MAX];
-    char coll[GRAPH_GROUP_COUNT][GRAPH_MAX_WORLD][XPORT_ADDR_MAX];
+    char *card[GRAPH_MAX_WORLD];
+    char *coll[GRAPH_GROUP_COUNT][GRAPH_MAX_WORLD];
 } book_t;
+
+static void book_free(book_t *b)
+{
+    if (!b) return;
+    for (int r = 0; r < GRAPH_MAX_WORLD; r++) {
+        free(b->card[r]);
+        for (int k = 0; k < GRAPH_GROUP_COUNT; k++) free(b->coll[k][r]);
+    }
+    free(b);
+}
 
 static bt_status_t book_wait(worker_t *w, const char *run_dir, book_t *b)
 {
@@ -299,27 +311,35 @@ static bt_status_t book_wait(worker_t *w, const char *run_dir, book_t *b)
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    char line[2048];
-    while (fgets(line, sizeof line, f)) {
+    char *line = NULL;
+    size_t line_cap = 0;
+    ssize_t got;
+    int line_no = 0;
+    while ((got = getline(&line, &line_cap, f)) >= 0) {
+        line_no++;
         line[strcspn(line, "\n")] = 0;
         int r, k, off = 0;
-        char key[16];
+        char key[16], **slot = NULL;
         if (sscanf(line, "%d %15s %n", &r, key, &off) != 2 || r < 0 || r >= w->g.world) goto bad;
         const char *val = line + off;
-        if (!strcmp(key, "card") && strlen(val) < ACTOR_CARD_MAX) {
-            snprintf(b->card[r], ACTOR_CARD_MAX, "%s", val);
-        } else if (sscanf(key, "coll%d", &k) == 1 && k >= 0 && k < GRAPH_GROUP_COUNT &&
-                   strlen(val) < XPORT_ADDR_MAX) {
-            snprintf(b->coll[k][r], XPORT_ADDR_MAX, "%s", val);
-        } else {
-            goto bad;
+        if (!strcmp(key, "card") && strlen(val) < ACTOR_CARD_MAX) slot = &b->card[r];
+        else if (sscanf(key, "coll%d", &k) == 1 && k >= 0 && k < GRAPH_GROUP_COUNT
+                 && strlen(val) < XPORT_LISTEN_ADDR_MAX)
+            slot = &b->coll[k][r];
+        if (!slot || *slot) goto bad; /* unknown key, too long, or twice */
+        if (!(*slot = strdup(val))) {
+            free(line);
+            fclose(f);
+            return BT_ERR_NOMEM;
         }
     }
+    free(line);
     fclose(f);
     return BT_OK;
 bad:
+    log_error("rank %d: %s line %d: malformed address book line '%.120s'", w->rank, path, line_no, line);
+    free(line);
     fclose(f);
-    log_error("rank %d: malformed address book line '%s'", w->rank, line);
     return BT_ERR_CORRUPT;
 }
 
@@ -337,6 +357,10 @@ static bt_status_t links_connect(worker_t *w, const book_t *b)
             int q = nb[i];
             if (q <= w->rank || done[q]) continue;
             done[q] = true;
+            if (!b->card[q]) {
+                log_error("rank %d: the book has no card of rank %d", w->rank, q);
+                return BT_ERR_CORRUPT;
+            }
             bt_status_t st = actor_router_connect_str(w->rt, (uint32_t)q, b->card[q],
                                                       job_xport_name(job->transport[JOB_EDGE_PIPELINE]));
             if (st) return st;
@@ -347,7 +371,7 @@ static bt_status_t links_connect(worker_t *w, const book_t *b)
         const char *addrs[GRAPH_MAX_WORLD];
         for (int i = 0; i < w->n_members[k]; i++) {
             addrs[i] = b->coll[k][w->members[k][i]];
-            if (!addrs[i][0]) {
+            if (!addrs[i] || !addrs[i][0]) {
                 log_error("rank %d: the book has no %s address of rank %d", w->rank,
                           graph_group_name((graph_group_t)k), w->members[k][i]);
                 return BT_ERR_CORRUPT;
@@ -527,7 +551,7 @@ int worker_main(const char *run_dir, int rank)
                                        job_xport_name(w->job.transport[JOB_EDGE_CONTROL]))))
         goto fail;
     if ((st = book_wait(w, run_dir, book)) || (st = links_connect(w, book))) goto fail;
-    free(book);
+    book_free(book);
     book = NULL;
     if ((st = actors_start(w))) goto fail;
 
@@ -544,7 +568,7 @@ int worker_main(const char *run_dir, int rank)
     trace_stop();
     return 0;
 fail:
-    free(book);
+    book_free(book);
     log_error("rank %d: start-up failed", rank);
     trace_stop();
     fflush(stdout);
