@@ -704,7 +704,7 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
         st = BT_ERR_NOMEM;
         goto free_all;
     }
-    FILE *f = fopen(cpath, "w");
+    FILE *f = fopen(cpath, "we");
     if (!f) {
         log_error("%s: cannot create: %s", cpath, strerror(errno));
         st = BT_ERR_IO;

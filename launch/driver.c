@@ -740,7 +740,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     if ((job->metrics.file[0] && run_parent_make(job->metrics.file)) ||
         (job->metrics.plot[0] && run_parent_make(job->metrics.plot)))
         goto destroy_router;
-    if (job->metrics.file[0] && !(d.metrics = fopen(job->metrics.file, "w"))) {
+    if (job->metrics.file[0] && !(d.metrics = fopen(job->metrics.file, "we"))) {
         log_error("metrics.file: cannot create %s: %s", job->metrics.file, strerror(errno));
         goto destroy_router;
     }

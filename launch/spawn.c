@@ -6,12 +6,58 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "base/clock.h"
 #include "base/log.h"
+
+/* In the child, before exec: close every descriptor above stderr. What
+ * the driver holds (its sockets, UCX's, the metrics file, anything it
+ * inherited) is not the worker's, whether or not it is close-on-exec;
+ * stdin, stdout and stderr are what a worker inherits, on purpose.
+ * Async-signal-safe: the driver has threads when it forks. */
+static void spawn_close_fds(void)
+{
+    if (close_range(3, ~0u, 0) == 0) return;
+    /* kernels before 5.9: one close per possible descriptor */
+    struct rlimit rl;
+    long max = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (long)rl.rlim_cur : 65536;
+    for (long fd = 3; fd < max; fd++) close((int)fd);
+}
+
+static void spawn_env_free(char **env)
+{
+    size_t n = 0;
+    while (env[n + 1]) n++;
+    free(env[n]); /* the BATON_SECRET_FILE entry, last; the others are environ's */
+    free(env);
+}
+
+/* The worker's environment: ours with BATON_SECRET_FILE set, built before
+ * fork (setenv in the child of a threaded process is not safe). */
+static char **spawn_env(const char *secret_file)
+{
+    extern char **environ;
+    size_t n = 0;
+    while (environ[n]) n++;
+    char **env = calloc(n + 2, sizeof *env);
+    char *secret = malloc(strlen("BATON_SECRET_FILE=") + strlen(secret_file) + 1);
+    if (!env || !secret) {
+        free(env);
+        free(secret);
+        return NULL;
+    }
+    sprintf(secret, "BATON_SECRET_FILE=%s", secret_file);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "BATON_SECRET_FILE=", 18)) env[k++] = environ[i];
+    env[k++] = secret;
+    env[k] = NULL;
+    return env;
+}
 
 bt_status_t spawn_workers(const char *run_dir, const char *secret_file, int n, spawn_group_t *out)
 {
@@ -25,6 +71,19 @@ bt_status_t spawn_workers(const char *run_dir, const char *secret_file, int n, s
         return BT_ERR_IO;
     }
     exe[len] = 0;
+    /* everything the child needs is made here: after fork it only makes
+     * async-signal-safe calls */
+    char **env = spawn_env(secret_file);
+    char (*ranks)[16] = malloc((size_t)n * sizeof *ranks);
+    if (!env || !ranks) {
+        if (env) spawn_env_free(env);
+        free(ranks);
+        free(ps);
+        return BT_ERR_NOMEM;
+    }
+    for (int r = 0; r < n; r++) snprintf(ranks[r], sizeof ranks[r], "%d", r);
+    char exec_failed[4200];
+    int exec_failed_len = snprintf(exec_failed, sizeof exec_failed, "spawn: exec %s failed\n", exe);
     pid_t parent = getpid();
     fflush(stdout);
     fflush(stderr);
@@ -34,6 +93,8 @@ bt_status_t spawn_workers(const char *run_dir, const char *secret_file, int n, s
             log_error("spawn: fork of rank %d failed: %s", r, strerror(errno));
             *out = (spawn_group_t){.procs = ps, .n = r};
             spawn_stop(out, 0, NULL);
+            spawn_env_free(env);
+            free(ranks);
             return BT_ERR_IO;
         }
         if (pid == 0) {
@@ -46,16 +107,16 @@ bt_status_t spawn_workers(const char *run_dir, const char *secret_file, int n, s
             sigset_t none;
             sigemptyset(&none);
             sigprocmask(SIG_SETMASK, &none, NULL);
-            char rank[16];
-            snprintf(rank, sizeof rank, "%d", r);
-            setenv("BATON_SECRET_FILE", secret_file, 1);
-            char *argv[] = {"baton", "worker", "--run-dir", (char *)run_dir, "--rank", rank, NULL};
-            execv(exe, argv);
-            fprintf(stderr, "spawn: exec %s failed: %s\n", exe, strerror(errno));
+            spawn_close_fds();
+            char *argv[] = {"baton", "worker", "--run-dir", (char *)run_dir, "--rank", ranks[r], NULL};
+            execve(exe, argv, env);
+            if (write(2, exec_failed, (size_t)exec_failed_len) < 0) _exit(127);
             _exit(127);
         }
         ps[r].pid = pid;
     }
+    spawn_env_free(env);
+    free(ranks);
     *out = (spawn_group_t){.procs = ps, .n = n};
     return BT_OK;
 }

@@ -42,7 +42,7 @@ bt_status_t worker_train_stream(const job_t *job, int32_t **tokens, int64_t *n, 
 bt_status_t run_eval_write(const char *path, const int32_t *ids, const int32_t *targets,
                            int64_t rows, int64_t T)
 {
-    FILE *f = fopen(path, "wb");
+    FILE *f = fopen(path, "wbe");
     if (!f) {
         log_error("cannot create %s: %s", path, strerror(errno));
         return BT_ERR_IO;
@@ -62,7 +62,7 @@ bt_status_t run_eval_write(const char *path, const int32_t *ids, const int32_t *
 bt_status_t run_eval_read(const char *path, bool want_data, int32_t **ids, int32_t **targets,
                           int64_t *rows, int64_t *T)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rbe");
     if (!f) return BT_ERR_NOT_FOUND;
     uint32_t head[2];
     int64_t dims[2];
@@ -121,7 +121,7 @@ typedef struct {
 
 static bt_status_t file_read_all(const char *path, char *buf, size_t cap, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rbe");
     if (!f) return BT_ERR_NOT_FOUND;
     size_t n = fread(buf, 1, cap - 1, f);
     fclose(f);
@@ -137,7 +137,7 @@ static bt_status_t secret_read(worker_t *w)
         log_error("worker: BATON_SECRET_FILE is not set (workers are started by `baton run`)");
         return BT_ERR_INVALID;
     }
-    FILE *f = fopen(p, "rb");
+    FILE *f = fopen(p, "rbe");
     if (!f) {
         log_error("worker: cannot read the job secret %s: %s", p, strerror(errno));
         return BT_ERR_IO;
@@ -157,7 +157,7 @@ static bt_status_t job_read(worker_t *w, const char *run_dir)
     snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_JOB);
     if (job_load(path, &w->job, err, sizeof err)) goto bad;
     snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_SETS);
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path, "re");
     if (f) {
         char line[2048];
         while (fgets(line, sizeof line, f)) {
@@ -264,7 +264,7 @@ static bt_status_t rank_file_write(worker_t *w, const char *run_dir, const char 
     char tmp[1024], dst[1024];
     snprintf(tmp, sizeof tmp, "%s/rank.%d.tmp", run_dir, w->rank);
     snprintf(dst, sizeof dst, "%s/rank.%d", run_dir, w->rank);
-    FILE *f = fopen(tmp, "w");
+    FILE *f = fopen(tmp, "we");
     if (!f) {
         log_error("rank %d: cannot write %s: %s", w->rank, tmp, strerror(errno));
         return BT_ERR_IO;
@@ -303,7 +303,7 @@ static bt_status_t book_wait(worker_t *w, const char *run_dir, book_t *b)
     snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_BOOK);
     uint64_t end = clock_now_ns() + 120ull * 1000000000ull;
     FILE *f;
-    while (!(f = fopen(path, "r"))) {
+    while (!(f = fopen(path, "re"))) {
         if (clock_now_ns() > end) {
             log_error("rank %d: no address book from the driver after 120 s", w->rank);
             return BT_ERR_TIMEOUT;

@@ -2,6 +2,7 @@
  * inproc/tcp/ucx (two real processes for tcp and ucx), bad frames, dead
  * peers, orderly stop. Run under SAN=address,undefined for the leak checks. */
 #include <ev.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -601,7 +602,7 @@ static void child_ponger(int card_fd, const char *kind, int64_t elems, int secon
 static pid_t spawn_ponger(const char *kind, int64_t elems, int seconds, char *card, size_t cap)
 {
     int fds[2];
-    if (pipe(fds) != 0) return -1;
+    if (pipe2(fds, O_CLOEXEC) != 0) return -1;
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {

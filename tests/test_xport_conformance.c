@@ -1038,7 +1038,7 @@ static void case_unreachable(xport_kind_t kind)
         snprintf(dead, sizeof dead, "%s", p.addr);
     } else {
         /* a port that was just free */
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         socklen_t al = sizeof a;
         REQUIRE(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
@@ -1252,7 +1252,7 @@ typedef struct {
 
 static int raw_connect(raw_t *r)
 {
-    int fd = socket(r->ss.ss_family, SOCK_STREAM, 0);
+    int fd = socket(r->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct timeval tv = {.tv_sec = 5};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&r->ss, r->sl) != 0) {
@@ -1483,7 +1483,7 @@ static void test_tcp_pending_handshake_cap(void)
     REQUIRE(xport_sockaddr_parse(p.addr, &ss, &sl) == BT_OK);
     int opened = 0;
     for (int i = 0; i < N; i++) {
-        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fds[i] < 0) break;
         if (connect(fds[i], (struct sockaddr *)&ss, sl) != 0 && errno != EINPROGRESS) break;
         opened++;

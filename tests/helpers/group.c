@@ -1,5 +1,6 @@
 #include "tests/helpers/group.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -92,7 +93,7 @@ int test_group_procs(const test_group_t *g, test_group_body_fn body, void *arg)
     fflush(stdout);
     fflush(stderr);
     for (int r = 0; r < n; r++) {
-        if (pipe(up[r]) || pipe(down[r])) return 100;
+        if (pipe2(up[r], O_CLOEXEC) || pipe2(down[r], O_CLOEXEC)) return 100;
         pid[r] = fork();
         if (pid[r] < 0) return 100;
         if (pid[r] == 0) {
