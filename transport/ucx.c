@@ -13,7 +13,9 @@
  * self, hence no network socket at all; on a named address the interface
  * that has it and the RDMA ports behind that interface (verbs where such a
  * device exists: none on the machine this was written on, so only shared
- * memory, self and tcp ran here).
+ * memory and self ran here), never UCX's own tcp transport: 16 zero bytes
+ * to its port from a peer host's address stalled the real connections
+ * (measured, UCX 1.13.1; between hosts without RDMA use transport tcp).
  *
  * UCX pairs the endpoints two workers create to each other in creation
  * order, so each xport keeps at most one live UCX endpoint per remote
@@ -1582,6 +1584,24 @@ static void ucx_xport_free(ucx_xport_t *x)
     free(x);
 }
 
+/* Whether a UCX_TLS value may enable what setting `name` configures
+ * ("TCP_..." tcp, "MM_..." shared memory, others everything). Only plain
+ * lists are read: "", "all" and "^..." forms may enable anything. */
+static bool ucx_tls_has(const char *tls, const char *name)
+{
+    static const char *const tcp[] = {"tcp", NULL}, *const mm[] = {"sm", "shm", "mm", "posix", "sysv", NULL};
+    const char *const *which = !strncmp(name, "TCP_", 4) ? tcp : !strncmp(name, "MM_", 3) ? mm : NULL;
+    if (!which || !tls[0] || tls[0] == '^') return true;
+    char list[256];
+    snprintf(list, sizeof list, "%s", tls);
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, "all")) return true;
+        for (int k = 0; which[k]; k++)
+            if (!strcmp(t, which[k])) return true;
+    }
+    return false;
+}
+
 static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
 {
     if (!cfg || !cfg->loop || !cfg->job_id || !cfg->secret || cfg->secret_len == 0
@@ -1641,11 +1661,11 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
     }
     /* shared memory between the processes of a host, in error-handling mode
      * (see the top of this file); an explicit environment setting wins. A
-     * tcp setting where tcp is off would only make UCX warn. */
-    bool tcp_on = getenv("UCX_TLS") || !tls[0];
+     * setting for a transport UCX_TLS leaves out would only make UCX warn. */
+    const char *tls_on = getenv("UCX_TLS") ? getenv("UCX_TLS") : tls;
     for (int i = 0; i < XPORT_UCX_NSETTINGS; i++) {
         const xport_ucx_setting_t *set = &xport_ucx_settings[i];
-        if (xport_ucx_setting_from_env(i) || (!tcp_on && !strncmp(set->name, "TCP_", 4))) continue;
+        if (xport_ucx_setting_from_env(i) || !ucx_tls_has(tls_on, set->name)) continue;
         s = ucp_config_modify(ucfg, set->key, set->value);
         if (s != UCS_OK)
             log_warn("ucx: cannot set UCX_%s=%s: %s", set->name, set->value, ucs_status_string(s));

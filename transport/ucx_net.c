@@ -107,7 +107,13 @@ bt_status_t xport_ucx_net_select(const char *listen_addr, const char *sys_root, 
         snprintf(devs, devs_cap, "lo");
         return BT_OK;
     }
-    if (sa_any(sa)) return BT_OK; /* every interface: UCX's defaults */
+    /* Never UCX's own tcp transport: a connection to its port from a peer
+     * host's address, carrying 16 zero bytes, stalls that peer's real
+     * connections (measured with UCX 1.13.1; from another address it is
+     * dropped). Between hosts without RDMA, baton's tcp transport is the
+     * one to use (auto falls back to it). */
+    snprintf(tls, tls_cap, "^tcp");
+    if (sa_any(sa)) return BT_OK; /* every interface */
     struct ifaddrs *ifs;
     if (getifaddrs(&ifs) != 0) {
         log_error("ucx: cannot list this host's interfaces: %m");

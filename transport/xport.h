@@ -256,11 +256,12 @@ bool xport_ucx_setting_from_env(int i);
  *   loopback (127.0.0.0/8, ::1, localhost): tls "sm,self", devs "lo": shared
  *     memory between the processes of the host, no network transport and so
  *     no socket (the job has no peer elsewhere);
- *   0.0.0.0 / ::  everything UCX finds (every interface: avoid);
- *   another address: devs = the interface that has it plus the ports of the
- *     RDMA devices behind that interface (sys_root/class/infiniband/DEV/
- *     device/net/IFNAME; sys_root NULL: /sys), "eth1,mlx5_0:1"; UCX's tcp
- *     then binds that interface only, and verbs runs where such a device is.
+ *   another address: tls "^tcp" (everything but UCX's own tcp transport,
+ *     which hostile bytes from a peer host's address can stall), devs = the
+ *     interface that has it plus the ports of the RDMA devices behind that
+ *     interface (sys_root/class/infiniband/DEV/device/net/IFNAME; sys_root
+ *     NULL: /sys), "eth1,mlx5_0:1": verbs runs where such a device is;
+ *   0.0.0.0 / ::  tls "^tcp", every device.
  * BT_ERR_INVALID (logged) for a malformed address or one this host lacks. */
 bt_status_t xport_ucx_net_select(const char *listen_addr, const char *sys_root, char *tls, size_t tls_cap,
                                  char *devs, size_t devs_cap);
