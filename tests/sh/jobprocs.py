@@ -8,6 +8,10 @@ A helper of the shell tests (tests/run.sh runs only tests/sh/*.sh):
   jobprocs.py attack HOST PORT [WAIT] hostile bytes, each on a fresh connection;
                                       WAIT seconds (default 1) for the process
                                       to close each (0 for a stopped one)
+  jobprocs.py datagrams PID...        hostile datagrams to every abstract unix
+                                      socket of each PID (UCX's shared-memory
+                                      wake-up sockets: any local user can
+                                      reach them); prints "N sockets, M datagrams"
   jobprocs.py sockets PID...          every inet socket; exit 1 unless all are
                                       bound to loopback
   jobprocs.py inherited DRIVER PID... exit 1 when a PID holds an open file of
@@ -172,6 +176,27 @@ def cmd_attack(args):
     print(f"{host}:{port}: {sent} hostile connections")
 
 
+def cmd_datagrams(args):
+    socks = sent = 0
+    for pid in map(int, args):
+        mine = socket_inodes(pid)
+        for line in open(f"/proc/{pid}/net/unix").read().splitlines()[1:]:
+            f = line.split()
+            # Num RefCount Protocol Flags Type St Inode Path; type 2: SOCK_DGRAM
+            if len(f) < 8 or int(f[6]) not in mine or f[4] != "0002" or not f[7].startswith("@"):
+                continue
+            socks += 1
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            for data in payloads():
+                try:
+                    s.sendto(data[:4096], "\0" + f[7][1:])
+                    sent += 1
+                except OSError:
+                    pass
+            s.close()
+    print(f"{socks} sockets, {sent} datagrams")
+
+
 def cmd_sockets(args):
     bad = 0
     for pid in map(int, args):
@@ -228,7 +253,7 @@ def cmd_cloexec(args):
 
 
 if __name__ == "__main__":
-    cmds = {"procs": cmd_procs, "listening": cmd_listening, "attack": cmd_attack,
+    cmds = {"procs": cmd_procs, "listening": cmd_listening, "attack": cmd_attack, "datagrams": cmd_datagrams,
             "sockets": cmd_sockets, "inherited": cmd_inherited, "cloexec": cmd_cloexec}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         raise SystemExit(__doc__)

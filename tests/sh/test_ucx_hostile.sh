@@ -2,8 +2,9 @@
 # No unauthenticated peer can crash a process of a ucx job: while a job
 # whose every edge is ucx trains, hostile bytes (zero runs, random bytes:
 # tests/sh/jobprocs.py payloads) go to every listening TCP port of the
-# driver and of every worker. The job must still train to completion, with
-# the metrics of an undisturbed run.
+# driver and of every worker, and as datagrams to each one's UCX wake-up
+# sockets. The job must still train to completion, with the metrics of an
+# undisturbed run.
 #
 # The driver is stopped (SIGSTOP) while the bytes go out, so the job cannot
 # end before every port was hit: steps only start on the driver's word. Its
@@ -77,6 +78,13 @@ while read -r pid host port; do
 done < "$tmp/ports"
 [ "$nports" -ge 5 ] && [ "$hits" -eq "$nports" ] && pass ucx_hostile_sent \
     || fail ucx_hostile_sent "$hits of $nports ports took all hostile connections"
+# the only other sockets of a ucx process: UCX's shared-memory wake-up
+# sockets (abstract unix datagram sockets, reachable by any local user)
+out=$($PROCS datagrams $pids)
+echo "unix datagram sockets: $out"
+[[ "$out" =~ ^([0-9]+)\ sockets,\ ([0-9]+)\ datagrams$ ]] && [ "${BASH_REMATCH[1]}" -ge 5 ] \
+    && [ "${BASH_REMATCH[2]}" -eq $((BASH_REMATCH[1] * 10)) ] && pass ucx_hostile_datagrams_sent \
+    || fail ucx_hostile_datagrams_sent "$out"
 # alive: not gone and not a zombie (the stopped driver reaps no child)
 alive=0
 for p in $pids; do
