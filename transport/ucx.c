@@ -65,8 +65,9 @@
  * error-handling mode unless UCX_MM_ERROR_HANDLING (or its POSIX_/SYSV_
  * forms) says otherwise; we turn it on, so two processes of one host talk
  * through shared memory and a dead peer is still reported (the
- * shared-memory lane does the keepalive). We turn tcp put off: with tcp
- * lanes for rendezvous RMA, every ucp_worker_progress pays an epoll_wait.
+ * shared-memory lane does the keepalive). We turn tcp put off, for where
+ * the environment enables UCX's tcp: with tcp lanes for rendezvous RMA,
+ * every ucp_worker_progress pays an epoll_wait.
  *
  * Descriptors: UCX opens its own without close-on-exec (sockets, shared
  * memory files, pipes, a keepalive timer fd). Those it opens in create and
@@ -1837,10 +1838,10 @@ static bt_status_t ucx_connect(xport_t *base, const char *addr, xport_ep_t **out
 }
 
 /* A busy loop's poll: one ucp_worker_progress, then what it delivered. Not
- * ucx_poll's progress-until-idle: with error handling on, UCX keeps a tcp
- * lane for keepalive and every progress costs an epoll_wait, so the extra
- * empty progress after each event would be a syscall per message; the busy
- * loop calls again at once anyway. */
+ * ucx_poll's progress-until-idle: where UCX runs a socket-based lane (the
+ * environment may enable one) every progress costs an epoll_wait, so the
+ * extra empty progress after each event would be a syscall per message;
+ * the busy loop calls again at once anyway. */
 static int ucx_progress(xport_t *base)
 {
     ucx_xport_t *x = (ucx_xport_t *)base;
