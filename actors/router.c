@@ -65,7 +65,7 @@ struct actor_router {
     char                  host[64];
     actor_loop_t         *io;
     xport_t              *xp[XPORT_KIND_COUNT];     /* I/O loop only */
-    char                  addr[XPORT_KIND_COUNT][XPORT_ADDR_MAX];
+    char                  addr[XPORT_KIND_COUNT][XPORT_LISTEN_ADDR_MAX];
     _Atomic(actor_t *)    slots[ACTOR_ROUTER_MAX_SLOTS];
     _Atomic(edge_t *)     edges[ACTOR_ROUTER_MAX_RANKS];
     actor_loop_t         *loops[ROUTER_MAX_LOOPS];
@@ -633,7 +633,7 @@ static void edge_connect_start(edge_t *e)
     char key[16];
     snprintf(key, sizeof key, "%s=", xport_kind_name(e->kind));
     const char *p = strstr(e->card, key);
-    char addr[XPORT_ADDR_MAX];
+    char addr[XPORT_LISTEN_ADDR_MAX];
     xport_t *x;
     bt_status_t st = BT_ERR_INVALID;
     if (p) {
@@ -658,8 +658,18 @@ static void edge_connect_start(edge_t *e)
     }
     xport_ep_t *ep = NULL;
     st = xport_connect(x, addr, &ep);
+    if (st != BT_IN_PROGRESS && st != BT_OK && e->is_auto && e->kind == XPORT_UCX && !e->fell_back) {
+        /* refused at once (a ucx address UCX cannot reach): as a failed
+         * connect, auto takes tcp */
+        log_warn("rank %u: ucx connect to rank %u refused (%s); falling back to tcp", rt->cfg.rank, e->rank,
+                 bt_status_str(st));
+        e->fell_back = true;
+        e->kind = XPORT_TCP;
+        edge_connect_start(e);
+        return;
+    }
     if (st != BT_IN_PROGRESS && st != BT_OK) {
-        log_error("rank %u: connect to rank %u at %s %s: %s", rt->cfg.rank, e->rank,
+        log_error("rank %u: connect to rank %u at %s %.96s: %s", rt->cfg.rank, e->rank,
                   xport_kind_name(e->kind), addr, bt_status_str(st));
         edge_fail(e, st < 0 ? st : BT_ERR_PEER_UNREACH, "connect refused", false);
         return;

@@ -42,7 +42,9 @@
 
 #define ACTOR_ROUTER_MAX_SLOTS 1024u
 #define ACTOR_ROUTER_MAX_RANKS 1024u
-#define ACTOR_CARD_MAX 512 /* "pid=..;inproc=..;tcp=..;ucx=.." */
+/* "pid=..;inproc=..;tcp=..;ucx=..": a listen address per transport, the
+ * ucx one up to XPORT_LISTEN_ADDR_MAX */
+#define ACTOR_CARD_MAX (XPORT_LISTEN_ADDR_MAX + 512)
 
 typedef struct {
     uint32_t       rank;

@@ -14,7 +14,7 @@
 
 bt_status_t base_file_read(const char *path, size_t max, char **buf, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rbe");
     if (!f) {
         log_error("%s: cannot open: %s", path, strerror(errno));
         return errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO;
@@ -89,4 +89,68 @@ int base_dir_clear(const char *dir)
     close(fd);
     if (rmdir(dir) && !err) err = errno;
     return err;
+}
+
+bt_status_t base_fd_list(int **fds, size_t *n)
+{
+    DIR *d = opendir("/proc/self/fd"); /* glibc opens it close-on-exec */
+    if (!d) return BT_ERR_IO;
+    int self = dirfd(d);
+    size_t len = 0, cap = 64;
+    int *v = malloc(cap * sizeof *v);
+    for (struct dirent *e; v && (e = readdir(d));) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        int fd = atoi(e->d_name);
+        if (fd == self) continue;
+        if (len == cap) {
+            int *grown = realloc(v, 2 * cap * sizeof *v);
+            if (!grown) {
+                free(v);
+                v = NULL;
+                break;
+            }
+            v = grown;
+            cap *= 2;
+        }
+        v[len++] = fd;
+    }
+    closedir(d);
+    if (!v) return BT_ERR_NOMEM;
+    *fds = v;
+    *n = len;
+    return BT_OK;
+}
+
+static void fd_cloexec_set(int fd)
+{
+    int flags = fcntl(fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC)) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+}
+
+void base_fd_cloexec_new(const int *before, size_t n)
+{
+    int *now;
+    size_t m;
+    if (base_fd_list(&now, &m) != BT_OK) return;
+    for (size_t i = 0; i < m; i++) {
+        bool old = false;
+        for (size_t j = 0; j < n && !old; j++) old = before[j] == now[i];
+        if (!old) fd_cloexec_set(now[i]);
+    }
+    free(now);
+}
+
+int base_fd_cloexec_all(int first)
+{
+    int *now;
+    size_t m;
+    int changed = 0;
+    if (base_fd_list(&now, &m) != BT_OK) return 0;
+    for (size_t i = 0; i < m; i++) {
+        if (now[i] < first) continue;
+        int flags = fcntl(now[i], F_GETFD);
+        if (flags >= 0 && !(flags & FD_CLOEXEC) && fcntl(now[i], F_SETFD, flags | FD_CLOEXEC) == 0) changed++;
+    }
+    free(now);
+    return changed;
 }

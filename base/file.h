@@ -19,5 +19,17 @@ bt_status_t base_file_read(const char *path, size_t max, char **buf, size_t *len
  * so a child forked from a multithreaded process may call it, and it logs
  * nothing. Symbolic links are removed, never followed. */
 int base_dir_clear(const char *dir);
+/* Close-on-exec for descriptors that a library opens without it (UCX does:
+ * its sockets, shared-memory files, pipes and timer fds). base_fd_list()
+ * before the library call, base_fd_cloexec_new() after it: every
+ * descriptor open then but not before gets FD_CLOEXEC. Descriptors another
+ * thread opened meanwhile are ours and close-on-exec already. *fds is
+ * malloc'd (free it); BT_ERR_IO when /proc/self/fd cannot be read. */
+bt_status_t base_fd_list(int **fds, size_t *n);
+void        base_fd_cloexec_new(const int *before, size_t n);
+/* FD_CLOEXEC on every open descriptor from `first` up: for a program's
+ * start, so that nothing it inherited or a library opened while loading
+ * reaches the programs it runs. Returns how many were changed. */
+int         base_fd_cloexec_all(int first);
 
 #endif

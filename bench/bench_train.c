@@ -112,7 +112,7 @@ static int bench_torch(const bench_cfg_t *b, double *tps, double *first_loss, ch
              script, (long long)b->layers, (long long)b->hidden, (long long)b->heads,
              (long long)b->kv_heads, (long long)b->ffn, (long long)b->vocab, (long long)b->seq,
              (long long)b->batch, (long long)b->steps, (long long)b->warmup, b->threads);
-    FILE *p = popen(cmd, "r");
+    FILE *p = popen(cmd, "re");
     if (!p) {
         snprintf(why, wlen, "cannot start python3");
         return -2;

@@ -24,6 +24,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <sched.h>
@@ -561,7 +562,7 @@ static bt_status_t bench_run(const bench_opts_t *o, bench_result_t *res)
         }
     } else {
         int fds[2];
-        if (pipe(fds) != 0) return BT_ERR_IO;
+        if (pipe2(fds, O_CLOEXEC) != 0) return BT_ERR_IO;
         fflush(NULL);
         pid = fork();
         if (pid < 0) return BT_ERR_IO;

@@ -20,8 +20,9 @@ bt_status_t bench_ref_sock_pingpong(size_t bytes, int iters, double *lat_us, dou
  * test "ucp_am_lat" (lat_us from its average latency) or "ucp_am_bw"
  * (gbytes_s from its average bandwidth; lat_us is its per-message
  * overhead). err_mode: endpoints in peer error-handling mode (-e) and the
- * UCX settings transport/ucx.c applies (xport_ucx_settings, unless the
- * environment sets them), i.e. the configuration our transport runs in.
+ * UCX settings transport/ucx.c applies on loopback (xport_ucx_settings and
+ * xport_ucx_net_select's UCX_TLS=sm,self, unless the environment sets
+ * them), i.e. the configuration our transport runs in.
  * BT_ERR_NOT_FOUND when the tool is missing. */
 bt_status_t bench_ref_ucx_perftest(const char *test, size_t bytes, int iters, bool err_mode,
                                    double *lat_us, double *gbytes_s);

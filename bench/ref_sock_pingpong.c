@@ -5,6 +5,7 @@
 #include "base/log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -42,7 +43,7 @@ static bool sock_read_all(int fd, uint8_t *p, size_t n)
 /* The child: echo `rounds` messages, then exit. */
 static void sock_child(int port, size_t bytes, int rounds)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int one = 1;
@@ -85,7 +86,7 @@ bt_status_t bench_ref_sock_pingpong(size_t bytes, int iters, double *lat_us, dou
         close(lfd);
         sock_child(ntohs(a.sin_port), bytes, warm + iters);
     }
-    int fd = accept(lfd, NULL, NULL);
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
         log_error("ref sock pingpong: accept: %s", strerror(errno));
         st = BT_ERR_IO;

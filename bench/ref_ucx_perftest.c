@@ -36,7 +36,7 @@ static bool perftest_find(char *path, size_t cap)
 /* A port that was free a moment ago (the tool binds it itself). */
 static int perftest_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
     int port = -1;
@@ -49,16 +49,22 @@ static int perftest_free_port(void)
 
 static pid_t perftest_spawn(const char *tool, char *const argv[], int out_fd, bool err_mode)
 {
+    char tls[32], devs[64];
+    if (xport_ucx_net_select(NULL, NULL, tls, sizeof tls, devs, sizeof devs) != BT_OK) tls[0] = devs[0] = '\0';
+    const char *net[2][2] = {{"UCX_TLS", tls}, {"UCX_NET_DEVICES", devs}};
     fflush(NULL);
     pid_t pid = fork();
     if (pid != 0) return pid;
-    /* as transport/ucx.c configures its context */
+    /* as transport/ucx.c configures its context on loopback (the TLS and
+     * NET_DEVICES choice is made before fork by the caller: net[]) */
     for (int i = 0; err_mode && i < XPORT_UCX_NSETTINGS; i++) {
         char env[96];
         snprintf(env, sizeof env, "UCX_%s", xport_ucx_settings[i].name);
         if (!xport_ucx_setting_from_env(i)) setenv(env, xport_ucx_settings[i].value, 1);
     }
-    int null_fd = open("/dev/null", O_RDWR);
+    for (int i = 0; err_mode && i < 2; i++)
+        if (net[i][1][0] && !getenv(net[i][0])) setenv(net[i][0], net[i][1], 1);
+    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC); /* dup2 below: 1 and 2 stay open */
     dup2(out_fd >= 0 ? out_fd : null_fd, 1);
     dup2(null_fd, 2);
     execv(tool, argv);
@@ -77,7 +83,7 @@ static void perftest_reap(pid_t pid, bool kill_it)
 static int perftest_client(const char *tool, char *const argv[], bool err_mode, char *out, size_t cap)
 {
     int pfd[2];
-    if (pipe(pfd) != 0) return -1;
+    if (pipe2(pfd, O_CLOEXEC) != 0) return -1; /* the child dup2s the write end to 1 */
     pid_t pid = perftest_spawn(tool, argv, pfd[1], err_mode);
     close(pfd[1]);
     size_t got = 0;

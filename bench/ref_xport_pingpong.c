@@ -24,7 +24,7 @@ typedef struct {
     int             iters, warm;
     bool            busy;
     uint8_t         secret[32];
-    char            addr[XPORT_ADDR_MAX];
+    char            addr[XPORT_LISTEN_ADDR_MAX];
     atomic_int      addr_ready;   /* 1 ok, -1 server failed */
     atomic_int      stop;
     bt_status_t     st;           /* client outcome */

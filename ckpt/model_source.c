@@ -1,6 +1,7 @@
 #include "ckpt/model_source.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -39,7 +40,7 @@ bt_status_t ckpt_source_kind(const char *path, ckpt_source_kind_t *out)
         *out = CKPT_SOURCE_HF_DIR;
         return BT_OK;
     }
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rbe");
     if (!f) {
         log_error("%s: cannot open: %s", path, strerror(errno));
         return BT_ERR_IO;
@@ -210,7 +211,7 @@ static bt_status_t gguf_tokenizer_load(const char *path, tok_t **out, ckpt_sourc
     const char *tmpdir = getenv("TMPDIR");
     char tmp[512];
     snprintf(tmp, sizeof tmp, "%s/baton-gguf-tok-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
-    int fd = mkstemp(tmp);
+    int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0) {
         log_error("gguf: %s: cannot create a temporary file %s for its tokenizer: %s", path, tmp,
                   strerror(errno));

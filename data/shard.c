@@ -97,7 +97,7 @@ bt_status_t shard_file_write(const char *path, const uint32_t *ids, uint64_t n,
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     bt_status_t st = BT_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         log_error("%s: cannot create: %s", tmp, strerror(errno));
         st = BT_ERR_IO;
@@ -121,7 +121,7 @@ out_payload:
 
 bt_status_t shard_file_open(const char *path, shard_file_t *out)
 {
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         log_error("%s: cannot open shard: %s", path, strerror(errno));
         return errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO;

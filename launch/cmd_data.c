@@ -87,7 +87,7 @@ static bt_status_t data_encode_file(tok_t *tok, shard_writer_t *w, const char *p
 static bt_status_t data_prepare_input(tok_t *tok, shard_writer_t *w, const char *path,
                                       const data_opts_t *o, uint64_t *n_tokens)
 {
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         log_error("%s: cannot open input: %s", path, strerror(errno));
         return BT_ERR_IO;

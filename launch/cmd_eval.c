@@ -92,7 +92,7 @@ static int eval_seqs_push_seq(eval_seqs_t *s, int64_t start, int64_t len)
 /* Reads the --ids file. Errors name the file, line and column. */
 static int eval_ids_read(const char *path, int64_t vocab, eval_seqs_t *s)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path, "re");
     if (!f) {
         log_error("%s: cannot open: %s", path, strerror(errno));
         return -1;
@@ -157,7 +157,7 @@ done:
  * sequence (no special tokens added). */
 static int eval_text_read(const char *path, const char *model, int64_t vocab, eval_seqs_t *s)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rbe");
     if (!f) {
         log_error("%s: cannot open: %s", path, strerror(errno));
         return -1;

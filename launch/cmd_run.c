@@ -154,7 +154,7 @@ int cmd_run(int argc, char **argv)
     if ((job.metrics.file[0] && run_parent_make(job.metrics.file)) ||
         (job.metrics.plot[0] && run_parent_make(job.metrics.plot)))
         goto out;
-    if (job.metrics.file[0] && !(metrics = fopen(job.metrics.file, "w"))) {
+    if (job.metrics.file[0] && !(metrics = fopen(job.metrics.file, "we"))) {
         log_error("metrics.file: cannot create %s: %s", job.metrics.file, strerror(errno));
         goto out;
     }

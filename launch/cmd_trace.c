@@ -82,7 +82,7 @@ int cmd_trace(int argc, char **argv)
         char path[4096];
         if (output) snprintf(path, sizeof path, "%s", output);
         else snprintf(path, sizeof path, "%s/trace.json", dir);
-        FILE *f = fopen(path, "w");
+        FILE *f = fopen(path, "we");
         if (!f) {
             perror(path);
             rc = 1;

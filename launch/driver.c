@@ -173,29 +173,36 @@ static bool file_exists(const char *dir, const char *name)
     return access(p, F_OK) == 0;
 }
 
-/* All rank.R files are there: concatenate them into the book. */
+/* All rank.R files are there: concatenate them into the book, each line
+ * prefixed with its rank (lines of any length: ucx addresses are long). */
 static bt_status_t book_write(driver_t *d)
 {
     char tmp[1024], dst[1024];
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", d->run_dir, RUN_FILE_BOOK);
     snprintf(dst, sizeof dst, "%s/%s", d->run_dir, RUN_FILE_BOOK);
-    FILE *out = fopen(tmp, "w");
+    FILE *out = fopen(tmp, "we");
     if (!out) {
         log_error("driver: cannot write %s: %s", tmp, strerror(errno));
         return BT_ERR_IO;
     }
+    char *line = NULL;
+    size_t line_cap = 0;
     for (int r = 0; r < d->world; r++) {
-        char p[1024], line[2048];
+        char p[1024];
         snprintf(p, sizeof p, "%s/rank.%d", d->run_dir, r);
-        FILE *in = fopen(p, "r");
+        FILE *in = fopen(p, "re");
         if (!in) {
+            free(line);
             fclose(out);
             log_error("driver: cannot read %s: %s", p, strerror(errno));
             return BT_ERR_IO;
         }
-        while (fgets(line, sizeof line, in)) fprintf(out, "%d %s", r, line);
+        ssize_t got;
+        while ((got = getline(&line, &line_cap, in)) >= 0)
+            fprintf(out, "%d %s%s", r, line, got > 0 && line[got - 1] == '\n' ? "" : "\n");
         fclose(in);
     }
+    free(line);
     if (fclose(out) || rename(tmp, dst)) {
         log_error("driver: cannot write %s: %s", dst, strerror(errno));
         return BT_ERR_IO;
@@ -793,7 +800,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     if ((job->metrics.file[0] && run_parent_make(job->metrics.file)) ||
         (job->metrics.plot[0] && run_parent_make(job->metrics.plot)))
         goto destroy_router;
-    if (job->metrics.file[0] && !(d.metrics = fopen(job->metrics.file, "w"))) {
+    if (job->metrics.file[0] && !(d.metrics = fopen(job->metrics.file, "we"))) {
         log_error("metrics.file: cannot create %s: %s", job->metrics.file, strerror(errno));
         goto destroy_router;
     }

@@ -488,7 +488,7 @@ bt_status_t job_load(const char *path, job_t *job, char *err, size_t errlen)
 {
     job_defaults(job);
     snprintf(job->path, sizeof job->path, "%s", path);
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rbe");
     if (!f) {
         snprintf(err, errlen, "%s: cannot open job file: %s", path, strerror(errno));
         return BT_ERR_INVALID;

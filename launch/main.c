@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/file.h"
+
 typedef struct {
     const char *name;
     int (*fn)(int argc, char **argv);
@@ -30,6 +32,10 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    /* Nothing this process inherited or a library opened while loading
+     * (UCX opens pipes and /dev/null without close-on-exec) goes on to
+     * the programs it runs; what it opens itself is close-on-exec. */
+    base_fd_cloexec_all(3);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
         !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);

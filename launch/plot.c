@@ -102,7 +102,7 @@ void plot_frame_map(const plot_frame_t *f, double x, double y, int *px, int *py)
 
 static bt_status_t png_save(const char *path, const canvas_t *c)
 {
-    FILE *fp = fopen(path, "wb");
+    FILE *fp = fopen(path, "wbe");
     if (!fp) {
         log_error("plot: cannot create %s: %s", path, strerror(errno));
         return BT_ERR_IO;

@@ -85,7 +85,7 @@ bt_status_t run_model_create_part(const job_t *job, const model_stage_t *stage,
 
 static bt_status_t tokens_txt_read(const char *path, int32_t **out, int64_t *n_out)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path, "re");
     if (!f) {
         log_error("data: cannot open %s: %s", path, strerror(errno));
         return BT_ERR_IO;

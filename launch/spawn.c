@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,33 @@
 #include "base/log.h"
 
 extern char **environ;
+
+/* The descriptor a worker reads the job secret from. */
+#define SPAWN_SECRET_FD 3
+
+/* In the child, before exec: the secret's pipe becomes SPAWN_SECRET_FD and
+ * every other descriptor above stderr is closed. What the driver holds (its
+ * sockets, UCX's, the metrics file, anything it inherited) is not the
+ * worker's, whether or not it is close-on-exec; stdin, stdout, stderr and
+ * the secret are what a worker inherits, on purpose. Async-signal-safe: the
+ * driver has threads when it forks. Returns false when the secret could not
+ * be put in place. */
+static bool spawn_child_fds(int secret_fd)
+{
+    if (secret_fd != SPAWN_SECRET_FD) {
+        if (dup2(secret_fd, SPAWN_SECRET_FD) < 0) return false; /* the copy is not close-on-exec */
+    } else if (fcntl(secret_fd, F_SETFD, 0) != 0) {
+        return false;
+    }
+    if (close_range(SPAWN_SECRET_FD + 1, ~0u, 0) == 0) return true;
+    /* kernels before 5.9: one close per possible descriptor */
+    struct rlimit rl;
+    long max = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                   ? (long)rl.rlim_cur
+                   : 65536;
+    for (long fd = SPAWN_SECRET_FD + 1; fd < max; fd++) close((int)fd);
+    return true;
+}
 
 /* The environment of a worker: ours without any BATON_SECRET_* variable,
  * plus one slot (filled per rank) for BATON_SECRET_FD. */
@@ -73,7 +101,7 @@ bt_status_t spawn_workers(const char *run_dir, const uint8_t *secret, size_t sec
         }
         char rank[16];
         snprintf(rank, sizeof rank, "%d", r);
-        snprintf(fd_var, sizeof fd_var, "BATON_SECRET_FD=%d", sp[0]);
+        snprintf(fd_var, sizeof fd_var, "BATON_SECRET_FD=%d", SPAWN_SECRET_FD);
         char *argv[] = {"baton", "worker", "--run-dir", (char *)run_dir, "--rank", rank, NULL};
         pid_t pid = fork();
         if (pid < 0) {
@@ -92,7 +120,7 @@ bt_status_t spawn_workers(const char *run_dir, const uint8_t *secret, size_t sec
             sigset_t none;
             sigemptyset(&none);
             sigprocmask(SIG_SETMASK, &none, NULL);
-            if (fcntl(sp[0], F_SETFD, 0) == 0) execve(exe, argv, env);
+            if (spawn_child_fds(sp[0])) execve(exe, argv, env);
             static const char msg[] = "spawn: exec of the worker binary failed\n";
             if (write(2, msg, sizeof msg - 1) < 0) {}
             _exit(127);

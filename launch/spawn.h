@@ -8,7 +8,12 @@
  * the workers have read it or died. A child asks the kernel to kill it
  * when the launching thread's process dies (PR_SET_PDEATHSIG), so a killed
  * driver leaves no orphans; spawn_stop reaps every child and SIGKILLs the
- * ones that do not exit in time. */
+ * ones that do not exit in time.
+ *
+ * Descriptors: a worker gets the driver's stdin, stdout and stderr and
+ * nothing else. The child closes every descriptor above 2 before exec
+ * (close_range), close-on-exec or not: the driver's sockets, its files,
+ * what UCX opened in it and what the driver itself inherited. */
 #ifndef BT_LAUNCH_SPAWN_H
 #define BT_LAUNCH_SPAWN_H
 

@@ -43,7 +43,7 @@ bt_status_t worker_train_stream(const job_t *job, int32_t **tokens, int64_t *n, 
 bt_status_t run_eval_write(const char *path, const int32_t *ids, const int32_t *targets,
                            int64_t rows, int64_t T)
 {
-    FILE *f = fopen(path, "wb");
+    FILE *f = fopen(path, "wbe");
     if (!f) {
         log_error("cannot create %s: %s", path, strerror(errno));
         return BT_ERR_IO;
@@ -63,7 +63,7 @@ bt_status_t run_eval_write(const char *path, const int32_t *ids, const int32_t *
 bt_status_t run_eval_read(const char *path, bool want_data, int32_t **ids, int32_t **targets,
                           int64_t *rows, int64_t *T)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rbe");
     if (!f) return BT_ERR_NOT_FOUND;
     uint32_t head[2];
     int64_t dims[2];
@@ -110,7 +110,7 @@ typedef struct {
     coll_comm_t   *comm[GRAPH_GROUP_COUNT];
     int            members[GRAPH_GROUP_COUNT][GRAPH_MAX_WORLD];
     int            n_members[GRAPH_GROUP_COUNT], me[GRAPH_GROUP_COUNT];
-    char           coll_addr[GRAPH_GROUP_COUNT][XPORT_ADDR_MAX];
+    char           coll_addr[GRAPH_GROUP_COUNT][XPORT_LISTEN_ADDR_MAX];
     actor_router_t *rt;
     dist_optim_t   *opt;
     stage_actor_t  stage;
@@ -120,7 +120,7 @@ typedef struct {
 
 static bt_status_t file_read_all(const char *path, char *buf, size_t cap, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rbe");
     if (!f) return BT_ERR_NOT_FOUND;
     size_t n = fread(buf, 1, cap - 1, f);
     fclose(f);
@@ -173,7 +173,7 @@ static bt_status_t job_read(worker_t *w, const char *run_dir)
     snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_JOB);
     if (job_load(path, &w->job, err, sizeof err)) goto bad;
     snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_SETS);
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path, "re");
     if (f) {
         char line[2048];
         while (fgets(line, sizeof line, f)) {
@@ -238,7 +238,7 @@ static bt_status_t colls_open(worker_t *w, const char *job_id)
             .job_id = job_id, .secret = w->secret, .secret_len = sizeof w->secret,
             .timeout_ms = 30000,
         };
-        bt_status_t st = coll_open(&coll_host_ops, &cfg, &w->comm[k], w->coll_addr[k], XPORT_ADDR_MAX);
+        bt_status_t st = coll_open(&coll_host_ops, &cfg, &w->comm[k], w->coll_addr[k], XPORT_LISTEN_ADDR_MAX);
         if (st) {
             log_error("rank %d: cannot open collective group %s (%s)", w->rank, name, bt_status_str(st));
             return st;
@@ -252,7 +252,7 @@ static bt_status_t rank_file_write(worker_t *w, const char *run_dir, const char 
     char tmp[1024], dst[1024];
     snprintf(tmp, sizeof tmp, "%s/rank.%d.tmp", run_dir, w->rank);
     snprintf(dst, sizeof dst, "%s/rank.%d", run_dir, w->rank);
-    FILE *f = fopen(tmp, "w");
+    FILE *f = fopen(tmp, "we");
     if (!f) {
         log_error("rank %d: cannot write %s: %s", w->rank, tmp, strerror(errno));
         return BT_ERR_IO;
@@ -267,11 +267,23 @@ static bt_status_t rank_file_write(worker_t *w, const char *run_dir, const char 
     return BT_OK;
 }
 
-/* The address book: lines "RANK card CARD" and "RANK collK ADDR". */
+/* The address book: lines "RANK card CARD" and "RANK collK ADDR" (a ucx
+ * address is several hundred bytes: lines have no fixed length). Entries
+ * are malloc'd; NULL where the book has none. */
 typedef struct {
-    char card[GRAPH_MAX_WORLD][ACTOR_CARD_MAX];
-    char coll[GRAPH_GROUP_COUNT][GRAPH_MAX_WORLD][XPORT_ADDR_MAX];
+    char *card[GRAPH_MAX_WORLD];
+    char *coll[GRAPH_GROUP_COUNT][GRAPH_MAX_WORLD];
 } book_t;
+
+static void book_free(book_t *b)
+{
+    if (!b) return;
+    for (int r = 0; r < GRAPH_MAX_WORLD; r++) {
+        free(b->card[r]);
+        for (int k = 0; k < GRAPH_GROUP_COUNT; k++) free(b->coll[k][r]);
+    }
+    free(b);
+}
 
 static bt_status_t book_wait(worker_t *w, const char *run_dir, book_t *b)
 {
@@ -279,7 +291,7 @@ static bt_status_t book_wait(worker_t *w, const char *run_dir, book_t *b)
     snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_BOOK);
     uint64_t end = clock_now_ns() + 120ull * 1000000000ull;
     FILE *f;
-    while (!(f = fopen(path, "r"))) {
+    while (!(f = fopen(path, "re"))) {
         if (clock_now_ns() > end) {
             log_error("rank %d: no address book from the driver after 120 s", w->rank);
             return BT_ERR_TIMEOUT;
@@ -287,27 +299,35 @@ static bt_status_t book_wait(worker_t *w, const char *run_dir, book_t *b)
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    char line[2048];
-    while (fgets(line, sizeof line, f)) {
+    char *line = NULL;
+    size_t line_cap = 0;
+    ssize_t got;
+    int line_no = 0;
+    while ((got = getline(&line, &line_cap, f)) >= 0) {
+        line_no++;
         line[strcspn(line, "\n")] = 0;
         int r, k, off = 0;
-        char key[16];
+        char key[16], **slot = NULL;
         if (sscanf(line, "%d %15s %n", &r, key, &off) != 2 || r < 0 || r >= w->g.world) goto bad;
         const char *val = line + off;
-        if (!strcmp(key, "card") && strlen(val) < ACTOR_CARD_MAX) {
-            snprintf(b->card[r], ACTOR_CARD_MAX, "%s", val);
-        } else if (sscanf(key, "coll%d", &k) == 1 && k >= 0 && k < GRAPH_GROUP_COUNT &&
-                   strlen(val) < XPORT_ADDR_MAX) {
-            snprintf(b->coll[k][r], XPORT_ADDR_MAX, "%s", val);
-        } else {
-            goto bad;
+        if (!strcmp(key, "card") && strlen(val) < ACTOR_CARD_MAX) slot = &b->card[r];
+        else if (sscanf(key, "coll%d", &k) == 1 && k >= 0 && k < GRAPH_GROUP_COUNT
+                 && strlen(val) < XPORT_LISTEN_ADDR_MAX)
+            slot = &b->coll[k][r];
+        if (!slot || *slot) goto bad; /* unknown key, too long, or twice */
+        if (!(*slot = strdup(val))) {
+            free(line);
+            fclose(f);
+            return BT_ERR_NOMEM;
         }
     }
+    free(line);
     fclose(f);
     return BT_OK;
 bad:
+    log_error("rank %d: %s line %d: malformed address book line '%.120s'", w->rank, path, line_no, line);
+    free(line);
     fclose(f);
-    log_error("rank %d: malformed address book line '%s'", w->rank, line);
     return BT_ERR_CORRUPT;
 }
 
@@ -325,6 +345,10 @@ static bt_status_t links_connect(worker_t *w, const book_t *b)
             int q = nb[i];
             if (q <= w->rank || done[q]) continue;
             done[q] = true;
+            if (!b->card[q]) {
+                log_error("rank %d: the book has no card of rank %d", w->rank, q);
+                return BT_ERR_CORRUPT;
+            }
             bt_status_t st = actor_router_connect_str(w->rt, (uint32_t)q, b->card[q],
                                                       job_xport_name(job->transport[JOB_EDGE_PIPELINE]));
             if (st) return st;
@@ -335,7 +359,7 @@ static bt_status_t links_connect(worker_t *w, const book_t *b)
         const char *addrs[GRAPH_MAX_WORLD];
         for (int i = 0; i < w->n_members[k]; i++) {
             addrs[i] = b->coll[k][w->members[k][i]];
-            if (!addrs[i][0]) {
+            if (!addrs[i] || !addrs[i][0]) {
                 log_error("rank %d: the book has no %s address of rank %d", w->rank,
                           graph_group_name((graph_group_t)k), w->members[k][i]);
                 return BT_ERR_CORRUPT;
@@ -512,7 +536,7 @@ int worker_main(const char *run_dir, int rank)
                                        job_xport_name(w->job.transport[JOB_EDGE_CONTROL]))))
         goto fail;
     if ((st = book_wait(w, run_dir, book)) || (st = links_connect(w, book))) goto fail;
-    free(book);
+    book_free(book);
     book = NULL;
     if ((st = actors_start(w))) goto fail;
 
@@ -529,7 +553,7 @@ int worker_main(const char *run_dir, int rank)
     trace_stop();
     return 0;
 fail:
-    free(book);
+    book_free(book);
     log_error("rank %d: start-up failed", rank);
     trace_stop();
     fflush(stdout);

@@ -9,6 +9,8 @@ BUILD=${BUILD:-build}
 FILTER=${1:-}
 TIMEOUT=${TEST_TIMEOUT:-600}
 export BATON=$PWD/$BUILD/baton BUILD
+# sanitizer builds: library leaks we cannot fix are listed (with why) in tests/lsan.supp
+export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 pass=0; fail=0; failed_names=()
 logdir=$BUILD/test-logs; mkdir -p "$logdir"
 # Shell tests first: tests/sh/test_bubble.sh measures per-op CPU times of a

@@ -1,6 +1,7 @@
 /* Credit-based flow control: the per-edge state machine, and a producer 100x
  * faster than its consumer for 10 s over tcp between two real processes,
  * with resident memory measured from /proc/self/statm on both sides. */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
@@ -98,7 +99,7 @@ static void test_credit_rx_batches(void)
 
 static double rss_mb(void)
 {
-    FILE *f = fopen("/proc/self/statm", "r");
+    FILE *f = fopen("/proc/self/statm", "re");
     if (!f) return -1;
     long size = 0, resident = 0;
     if (fscanf(f, "%ld %ld", &size, &resident) != 2) resident = -1;
@@ -277,7 +278,7 @@ static void flow_run(uint32_t credits, double seconds, flow_result_t *res)
 {
     memset(res, 0, sizeof *res);
     int pc[2], pr[2];
-    if (pipe(pc) || pipe(pr)) return;
+    if (pipe2(pc, O_CLOEXEC) || pipe2(pr, O_CLOEXEC)) return;
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {

@@ -23,7 +23,7 @@
 
 static void *file_read(const char *path, size_t *size)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rbe");
     if (!f) {
         fprintf(stderr, "cannot open fixture %s (run from the repository root)\n", path);
         return NULL;
@@ -639,7 +639,7 @@ static void test_gguf_smollm2_excerpt(void)
 static void check_tokenizer(const char *gguf_path, const char *want_path)
 {
     char out[] = "/tmp/baton_gguf_tok_XXXXXX";
-    int fd = mkstemp(out);
+    int fd = mkostemp(out, O_CLOEXEC);
     REQUIRE(fd >= 0);
     close(fd);
     gguf_t *g;
@@ -712,7 +712,7 @@ static void test_gguf_truncated_everywhere(void)
 
     /* through the file path too: the message names the file */
     char path[] = "/tmp/baton_gguf_cut_XXXXXX";
-    int fd = mkstemp(path);
+    int fd = mkostemp(path, O_CLOEXEC);
     REQUIRE(fd >= 0);
     REQUIRE(write(fd, buf, 100) == 100);
     close(fd);
@@ -963,7 +963,7 @@ static void test_gguf_handmade(void)
     CHECK(gguf_open("/nonexistent/x.gguf", &g) == BT_ERR_IO);
     CHECK(gguf_open("tests", &g) == BT_ERR_INVALID);
     char path[] = "/tmp/baton_gguf_empty_XXXXXX";
-    int fd = mkstemp(path);
+    int fd = mkostemp(path, O_CLOEXEC);
     close(fd);
     CHECK(gguf_open(path, &g) == BT_ERR_INVALID);
     unlink(path);

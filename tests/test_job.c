@@ -2,6 +2,7 @@
  * failure checked for the file, line and field it names. */
 #include "launch/job.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -225,7 +226,7 @@ static void test_job_hf_config(void)
     REQUIRE(mkdtemp(dir));
     char path[256];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
+    FILE *f = fopen(path, "we");
     REQUIRE(f);
     fprintf(f, "{\"model_type\": \"llama\", \"num_hidden_layers\": 3, \"hidden_size\": 48, \"num_attention_heads\": 6,"
                " \"num_key_value_heads\": 2, \"intermediate_size\": 100, \"vocab_size\": 77,"
@@ -262,7 +263,7 @@ static void test_job_file_errors(void)
     CHECK(job_load("/nonexistent/job.yaml", &job, err, sizeof err) == BT_ERR_INVALID);
     CHECK(strstr(err, "/nonexistent/job.yaml") && strstr(err, "cannot open"));
     char path[] = "/tmp/test_job_XXXXXX";
-    int fd = mkstemp(path);
+    int fd = mkostemp(path, O_CLOEXEC);
     REQUIRE(fd >= 0);
     const char *text = "data:\n  dir: d\ntrain:\n  log_every: 0\n";
     CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));

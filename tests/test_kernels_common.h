@@ -8,6 +8,7 @@
 #include "kernels/kernels.h"
 #include "tests/test.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <sys/wait.h>
@@ -158,7 +159,7 @@ static inline bool kt_fd_check(const char *what, double *x, int64_t n, const flo
 static inline bool kt_panics(void (*fn)(void *), void *arg, const char *needle)
 {
     int pfd[2];
-    if (pipe(pfd)) return false;
+    if (pipe2(pfd, O_CLOEXEC)) return false;
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();

@@ -112,7 +112,7 @@ static void test_tokenizer_matches_twin(void)
     CHECK(sg.bos == 1 && sg.n_eos == 1 && sg.eos[0] == 2);
     CHECK(sh.bos == 1 && sh.n_eos == 1 && sh.eos[0] == 2);
     CHECK(tok_vocab_size(tg) == tok_vocab_size(th) && tok_vocab_size(tg) == 320);
-    FILE *f = fopen(FIX "text.txt", "rb");
+    FILE *f = fopen(FIX "text.txt", "rbe");
     char buf[4096];
     size_t len = f ? fread(buf, 1, sizeof buf, f) : 0;
     if (f) fclose(f);
@@ -123,7 +123,7 @@ static void test_tokenizer_matches_twin(void)
     CHECK(tok_encode(th, buf, len, &b, &nb) == BT_OK);
     CHECK(na == nb && na > 0 && !memcmp(a, b, na * sizeof *a));
     /* and the first ids are those HF `tokenizers` gave (ids200.txt) */
-    FILE *fi = fopen(FIX "ids200.txt", "r");
+    FILE *fi = fopen(FIX "ids200.txt", "re");
     int ok = fi != NULL;
     for (size_t i = 0; ok && i < 200; i++) {
         unsigned v;
@@ -141,7 +141,7 @@ static void test_tokenizer_matches_twin(void)
  * wrongly shaped one, made by renaming bytes of a copy of the file. */
 static void test_bad_tensors(void)
 {
-    FILE *f = fopen(FIX "tiny.gguf", "rb");
+    FILE *f = fopen(FIX "tiny.gguf", "rbe");
     REQUIRE(f);
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
@@ -155,7 +155,7 @@ static void test_bad_tensors(void)
     REQUIRE(p);
     p[10] = 'X';
     char path[] = "/tmp/baton-test-src-XXXXXX";
-    int fd = mkstemp(path);
+    int fd = mkostemp(path, O_CLOEXEC);
     REQUIRE(fd >= 0);
     CHECK(write(fd, buf, (size_t)n) == n);
     close(fd);
@@ -166,7 +166,7 @@ static void test_bad_tensors(void)
     p = memmem(buf, (size_t)n, "blk.2.ffn_down", 14);
     REQUIRE(p);
     p[4] = '9';
-    fd = open(path, O_WRONLY | O_TRUNC);
+    fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
     CHECK(fd >= 0 && write(fd, buf, (size_t)n) == n);
     if (fd >= 0) close(fd);
     CHECK(ckpt_source_load(path, NULL, &m) == BT_ERR_INVALID && m == NULL);

@@ -116,7 +116,7 @@ static void check_corrupt(const char *what, void (*fn)(const char *path), bt_sta
 
 static void patch_byte(const char *path, long off, uint8_t x)
 {
-    int fd = open(path, O_RDWR);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
     uint8_t b = 0;
     CHECK(pread(fd, &b, 1, off) == 1);
     b ^= x;
@@ -128,7 +128,7 @@ static void do_truncate_payload(const char *p) { CHECK(truncate(p, SHARD_HEADER_
 static void do_truncate_header(const char *p) { CHECK(truncate(p, 20) == 0); }
 static void do_trailing(const char *p)
 {
-    FILE *f = fopen(p, "ab");
+    FILE *f = fopen(p, "abe");
     fputc(0, f);
     fputc(0, f);
     fclose(f);

@@ -27,7 +27,7 @@ static int style_roundtrips(const char *style)
 
 static char *read_all(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = fopen(path, "rbe");
     if (!f) {
         fprintf(stderr, "cannot open %s\n", path);
         return NULL;
@@ -363,7 +363,7 @@ static void test_special_sources(void)
     CHECK(tok_special(tok).bos == added_id(root, "<|start_header_id|>"));
     CHECK(tok_special(tok).eos == added_id(root, "<|end_of_text|>"));
     tok_free(tok);
-    FILE *f = fopen("build/test_tok_pp/tokenizer_config.json", "w");
+    FILE *f = fopen("build/test_tok_pp/tokenizer_config.json", "we");
     REQUIRE(f != NULL);
     fputs("{\"bos_token\": {\"content\": \"<|begin_of_text|>\"}, \"eos_token\": \"<|eot_id|>\"}", f);
     fclose(f);
@@ -406,7 +406,7 @@ static int load_json_text(const char *json, const char *name)
 {
     char path[256];
     snprintf(path, sizeof path, "build/test_tok_%s.json", name);
-    FILE *f = fopen(path, "w");
+    FILE *f = fopen(path, "we");
     if (!f) return -99;
     fputs(json, f);
     fclose(f);
@@ -441,7 +441,7 @@ static void test_load_errors(void)
     CHECK(load_json_text("{\"model\": {", "trunc") == BT_ERR_INVALID);
     /* a merge listed twice keeps its last rank: HF tokenizers 0.23 encodes
      * "abc" with merges [a b, b c, a b] as [a, bc] */
-    FILE *f = fopen("build/test_tok_dup.json", "w");
+    FILE *f = fopen("build/test_tok_dup.json", "we");
     REQUIRE(f != NULL);
     fputs("{\"added_tokens\":[],\"normalizer\":null,\"pre_tokenizer\":null,\"decoder\":null,"
           "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"bc\":4},"

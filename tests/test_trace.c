@@ -3,6 +3,7 @@
  * tracks, flow pairs and counts; summary numbers against the injected
  * timestamps; ring overflow; corrupt and truncated files; the cost of one
  * recording call. */
+#include <fcntl.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -169,7 +170,7 @@ static void test_trace_threads_merge(void)
 
     char path[128];
     snprintf(path, sizeof path, "%s/trace.json", g_dir);
-    FILE *out = fopen(path, "w");
+    FILE *out = fopen(path, "we");
     REQUIRE(out);
     CHECK(trace_json_write(&set, out) == BT_OK);
     fclose(out);
@@ -303,7 +304,7 @@ static void test_trace_processes(void)
     trace_summary_free(&s);
     char path[128];
     snprintf(path, sizeof path, "%s/all.json", g_dir);
-    FILE *out = fopen(path, "w");
+    FILE *out = fopen(path, "we");
     REQUIRE(out);
     CHECK(trace_json_write(&set, out) == BT_OK);
     fclose(out);
@@ -550,7 +551,7 @@ static void test_trace_slots(void)
 
 static void file_write(const char *path, const void *data, size_t len)
 {
-    FILE *f = fopen(path, "wb");
+    FILE *f = fopen(path, "wbe");
     if (!f || fwrite(data, 1, len, f) != len) BT_PANIC("write %s", path);
     fclose(f);
 }
@@ -606,7 +607,7 @@ static void test_trace_corrupt_files(void)
     char good[256];
     snprintf(good, sizeof good, "%s", set.files[0].path);
     trace_set_free(&set);
-    FILE *f = fopen(good, "rb");
+    FILE *f = fopen(good, "rbe");
     REQUIRE(f);
     static uint8_t buf[1 << 16];
     size_t len = fread(buf, 1, sizeof buf, f);
@@ -766,13 +767,13 @@ static void test_trace_file_mutations(void)
     snprintf(good, sizeof good, "%s", set.files[0].path);
     trace_set_free(&set);
     static uint8_t orig[1 << 16], buf[1 << 16];
-    FILE *f = fopen(good, "rb");
+    FILE *f = fopen(good, "rbe");
     REQUIRE(f);
     size_t len = fread(orig, 1, sizeof orig, f);
     fclose(f);
     /* the damaged copies live in memory: this test is about parsing, and the
      * shared disk can be slow */
-    int mfd = memfd_create("trace-mut", 0);
+    int mfd = memfd_create("trace-mut", MFD_CLOEXEC);
     REQUIRE(mfd >= 0);
     snprintf(good, sizeof good, "/proc/self/fd/%d", mfd);
     uint64_t rng = 88172645463325252ull;
@@ -795,7 +796,7 @@ static void test_trace_file_mutations(void)
             trace_set_t one = {.files = malloc(sizeof tf), .nfiles = 1};
             REQUIRE(one.files);
             one.files[0] = tf;
-            FILE *devnull = fopen("/dev/null", "w");
+            FILE *devnull = fopen("/dev/null", "we");
             CHECK(trace_json_write(&one, devnull) == BT_OK);
             fclose(devnull);
             trace_summary_t sum;

@@ -14,10 +14,10 @@
 static json_t *bench_json(char **args, int n)
 {
     char path[] = "/tmp/test_bench_XXXXXX";
-    int fd = mkstemp(path);
+    int fd = mkostemp(path, O_CLOEXEC);
     if (fd < 0) return NULL;
     fflush(stdout);
-    int saved = dup(1);
+    int saved = fcntl(1, F_DUPFD_CLOEXEC, 0);
     dup2(fd, 1);
     int rc = bench_train_main(n, args);
     fflush(stdout);
@@ -50,7 +50,7 @@ static void test_train_bench_tiny(void)
  * crashing script is a failure. */
 static void fake_script(const char *path, const char *body)
 {
-    FILE *f = fopen(path, "w");
+    FILE *f = fopen(path, "we");
     if (!f) return;
     fputs(body, f);
     fclose(f);
@@ -59,7 +59,7 @@ static void fake_script(const char *path, const char *body)
 static void test_train_bench_torch_side(void)
 {
     char path[] = "/tmp/test_bench_py_XXXXXX";
-    int fd = mkstemp(path);
+    int fd = mkostemp(path, O_CLOEXEC);
     REQUIRE(fd >= 0);
     close(fd);
     setenv("BATON_BENCH_TRAIN_PY", path, 1);
@@ -85,7 +85,7 @@ static void test_train_bench_torch_side(void)
     }
     fake_script(path, "raise RuntimeError('boom')\n");
     fflush(stdout);
-    int saved = dup(1), devnull = open("/dev/null", O_WRONLY);
+    int saved = fcntl(1, F_DUPFD_CLOEXEC, 0), devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
     dup2(devnull, 1);
     int rc = bench_train_main(n, args);
     fflush(stdout);

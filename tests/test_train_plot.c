@@ -2,6 +2,7 @@
  * the data must (and must not) be drawn. */
 #include "launch/plot.h"
 
+#include <fcntl.h>
 #include <png.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,7 +37,7 @@ static uint8_t *png_read_rgb(const char *path, int *w, int *h)
 static void test_train_plot_png(void)
 {
     char path[] = "/tmp/test_plot_XXXXXX";
-    int fd = mkstemp(path);
+    int fd = mkostemp(path, O_CLOEXEC);
     REQUIRE(fd >= 0);
     close(fd);
     /* a straight falling line from (1, 5) to (101, 1) and two val points */

@@ -697,7 +697,7 @@ static int corpus_load(blob_t *out, int cap)
         if (e->d_name[0] == '.') continue;
         char path[512];
         snprintf(path, sizeof path, "%s/%s", CORPUS_DIR, e->d_name);
-        FILE *f = fopen(path, "rb");
+        FILE *f = fopen(path, "rbe");
         if (!f) continue;
         out[n].data = malloc(1 << 16);
         out[n].len = fread(out[n].data, 1, 1 << 16, f);
@@ -732,7 +732,7 @@ static void test_wire_corpus_mutations(void)
                 n = seed_edge(j, tmp, sizeof tmp);
                 snprintf(path, sizeof path, "%s/seed-%02d-edge-%s", w, i, edge_seed_names[j]);
             }
-            FILE *f = fopen(path, "wb");
+            FILE *f = fopen(path, "wbe");
             REQUIRE(f && fwrite(tmp, 1, n, f) == n);
             fclose(f);
         }

@@ -41,13 +41,16 @@ static void test_ref_ucx_perftest(void)
 
 #ifdef BT_HAVE_UCX
 /* Same-host ucx connections must run over shared memory (transport/ucx.c
- * turns UCX_MM_ERROR_HANDLING on); with it forced off they fall back to tcp,
- * which shows the check can tell the two apart. The transport names its
- * lanes at debug level. */
+ * turns UCX_MM_ERROR_HANDLING on and, on loopback, allows nothing but
+ * shared memory and self); with it forced off and tcp allowed they fall
+ * back to tcp, which shows the check can tell the two apart. The transport
+ * names its lanes at debug level. */
 static char *ucx_lanes_logged(const char *mm_err)
 {
     char *saved = getenv("UCX_MM_ERROR_HANDLING") ? strdup(getenv("UCX_MM_ERROR_HANDLING")) : NULL;
     if (mm_err) setenv("UCX_MM_ERROR_HANDLING", mm_err, 1);
+    bool own_tls = mm_err && !getenv("UCX_TLS");
+    if (own_tls) setenv("UCX_TLS", "sm,tcp,self", 1); /* still on loopback only (UCX_NET_DEVICES=lo) */
     log_set_level(LOG_DEBUG);
     test_capture_t cap;
     test_capture_begin(&cap);
@@ -57,6 +60,7 @@ static char *ucx_lanes_logged(const char *mm_err)
     log_set_level(LOG_INFO);
     if (saved) setenv("UCX_MM_ERROR_HANDLING", saved, 1);
     else unsetenv("UCX_MM_ERROR_HANDLING");
+    if (own_tls) unsetenv("UCX_TLS");
     free(saved);
     CHECK(st == BT_OK);
     return text;

@@ -13,6 +13,7 @@
  * deadline) follow the table.
  */
 #include "tests/test.h"
+#include "tests/helpers/capture.h"
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -20,9 +21,13 @@
 #include "transport/sockaddr.h"
 #include "transport/xport.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <ev.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -399,6 +404,7 @@ typedef struct {
     int         thread_rc;
     char       *argv[8];
     char        buf[8][96];
+    char        addr[XPORT_LISTEN_ADDR_MAX]; /* argv[1] */
     bool        exited;
     int         status;      /* exit code, or 128+signal */
     uint64_t    exit_ns;
@@ -409,7 +415,7 @@ struct parent {
     xport_kind_t    kind;
     struct ev_loop *loop;
     xport_t        *x;
-    char            addr[XPORT_ADDR_MAX];
+    char            addr[XPORT_LISTEN_ADDR_MAX];
     xport_ep_t     *eps[128];
     uint32_t        ep_conn_seen[128];
     int             n_eps;
@@ -523,11 +529,11 @@ static child_proc_t *parent_spawn(parent_t *p, const char *mode, uint64_t n, uin
     child_proc_t *k = &p->kids[p->n_kids++];
     memset(k, 0, sizeof *k);
     snprintf(k->buf[0], 96, "%s", xport_kind_name(p->kind));
-    snprintf(k->buf[1], 96, "%s", p->addr);
+    snprintf(k->addr, sizeof k->addr, "%s", p->addr);
     snprintf(k->buf[2], 96, "%s", mode);
     snprintf(k->buf[3], 96, "%llu", (unsigned long long)n);
     snprintf(k->buf[4], 96, "%llu", (unsigned long long)size);
-    for (int i = 0; i < 5; i++) k->argv[i] = k->buf[i];
+    for (int i = 0; i < 5; i++) k->argv[i] = i == 1 ? k->addr : k->buf[i];
     k->argv[5] = NULL;
     if (p->kind == XPORT_INPROC) {
         k->is_thread = true;
@@ -1024,12 +1030,15 @@ static void case_unreachable(xport_kind_t kind)
 {
     parent_t p;
     REQUIRE(parent_setup(&p, kind));
-    char dead[XPORT_ADDR_MAX];
+    char dead[XPORT_LISTEN_ADDR_MAX];
     if (kind == XPORT_INPROC) {
         snprintf(dead, sizeof dead, "inproc:nobody-here");
+    } else if (kind == XPORT_UCX) {
+        /* the address of a worker that is gone: p's own, destroyed below */
+        snprintf(dead, sizeof dead, "%s", p.addr);
     } else {
         /* a port that was just free */
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         socklen_t al = sizeof a;
         REQUIRE(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
@@ -1067,7 +1076,7 @@ static void case_frame_limit(xport_kind_t kind)
 {
     parent_t p;
     REQUIRE(parent_setup(&p, kind));
-    char addr[XPORT_ADDR_MAX];
+    char addr[XPORT_LISTEN_ADDR_MAX];
     snprintf(addr, sizeof addr, "%s", p.addr);
     xport_destroy(p.x);
     xport_config_t cfg = base_cfg(p.loop, 1);
@@ -1120,7 +1129,7 @@ static void case_self_connect(xport_kind_t kind)
     REQUIRE(parent_setup(&p, kind));
     self_ctx_t c = {0};
     g_self = &c;
-    char addr[XPORT_ADDR_MAX];
+    char addr[XPORT_LISTEN_ADDR_MAX];
     snprintf(addr, sizeof addr, "%s", p.addr);
     xport_destroy(p.x);
     xport_config_t cfg = base_cfg(p.loop, 1);
@@ -1243,7 +1252,7 @@ typedef struct {
 
 static int raw_connect(raw_t *r)
 {
-    int fd = socket(r->ss.ss_family, SOCK_STREAM, 0);
+    int fd = socket(r->ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct timeval tv = {.tv_sec = 5};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&r->ss, r->sl) != 0) {
@@ -1474,7 +1483,7 @@ static void test_tcp_pending_handshake_cap(void)
     REQUIRE(xport_sockaddr_parse(p.addr, &ss, &sl) == BT_OK);
     int opened = 0;
     for (int i = 0; i < N; i++) {
-        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fds[i] < 0) break;
         if (connect(fds[i], (struct sockaddr *)&ss, sl) != 0 && errno != EINPROGRESS) break;
         opened++;
@@ -1531,19 +1540,36 @@ static void test_tcp_ipv6(void)
 }
 
 #ifdef BT_HAVE_UCX
-/* ---- ucx only: a raw UCP client that skips or garbles the handshake ----- */
+/* ---- ucx only: a raw UCP client that skips, garbles or forges the handshake */
 #include <ucp/api/ucp.h>
 
-/* the AM ids of transport/ucx.c: 1 handshake, 2 data */
-static volatile int g_raw_ucx_failed;
-static void raw_ucx_err(void *arg, ucp_ep_h ep, ucs_status_t st) { g_raw_ucx_failed = 1; }
+/* transport/ucx.c's wire: AM ids 1 handshake, 2 data; a handshake header
+ * starts with the receiver's (slot, tag) and the sender's, slot 0xffffffff
+ * naming a new connection; a client's hello is hello | MAC, with its
+ * worker address as AM data. */
 static ucs_status_t raw_ucx_am(void *arg, const void *h, size_t hl, void *d, size_t l,
                                const ucp_am_recv_param_t *p)
 {
-    return UCS_OK; /* the server's hello: ignored (UCX 1.13 crashes on an id with no handler) */
+    return UCS_OK; /* nothing should come back; UCX 1.13 crashes on an id with no handler */
 }
 
-/* child: exit 0 when the server dropped us */
+static size_t raw_hex_decode(const char *hex, uint8_t *out, size_t cap)
+{
+    size_t n = 0;
+    for (; hex[0] && hex[1] && n < cap; hex += 2) {
+        unsigned v;
+        if (sscanf(hex, "%2x", &v) != 1) break;
+        out[n++] = (uint8_t)v;
+    }
+    return n;
+}
+
+/* child: sends one bad message to the server at addr, waits until UCX has
+ * delivered it (send complete, then a second of progress) and exits 0;
+ * the parent checks what it did with it. variant 0: a data frame with no
+ * handshake; 1: a garbled hello; 2: an AM id we never registered; 3: a
+ * well-formed hello whose MAC was made without the secret; 4: a hello with
+ * a right MAC (the sender holds the secret) but an address that is none. */
 static int raw_ucx_main(const char *addr, int variant)
 {
     ucp_config_t *ucfg;
@@ -1551,50 +1577,85 @@ static int raw_ucx_main(const char *addr, int variant)
     ucp_worker_h w;
     ucp_ep_h ep;
     if (ucp_config_read(NULL, NULL, &ucfg) != UCS_OK) return 2;
+    /* as the server configures UCX (xport_ucx_net_select, xport_ucx_settings) */
+    ucp_config_modify(ucfg, "TLS", "sm,self");
+    ucp_config_modify(ucfg, "MM_ERROR_HANDLING", "y");
     ucp_params_t prm = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
     if (ucp_init(&prm, ucfg, &ctx) != UCS_OK) return 2;
     ucp_config_release(ucfg);
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SINGLE};
     if (ucp_worker_create(ctx, &wp, &w) != UCS_OK) return 2;
-    for (unsigned id = 1; id <= 2; id++) {
+    for (unsigned id = 1; id <= 3; id++) {
         ucp_am_handler_param_t hp = {
             .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
             .id = id, .cb = raw_ucx_am,
         };
         if (ucp_worker_set_am_recv_handler(w, &hp) != UCS_OK) return 2;
     }
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    if (xport_sockaddr_parse(addr, &ss, &sl) != BT_OK) return 2;
+    const char *hex = strchr(addr, '/');
+    static uint8_t bin[XPORT_LISTEN_ADDR_MAX / 2];
+    if (!hex || !raw_hex_decode(hex + 1, bin, sizeof bin)) return 2;
     ucp_ep_params_t ep_prm = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR
-                      | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .address = (const ucp_address_t *)bin,
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = raw_ucx_err, .arg = NULL},
     };
     if (ucp_ep_create(w, &ep_prm, &ep) != UCS_OK) return 2;
-    static uint8_t hdr[64], payload[64];
-    memset(hdr, 0x77, sizeof hdr);
-    ucp_request_param_t sp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_AM_SEND_FLAG_REPLY};
-    /* 0: a data frame with no handshake; 1: a garbled hello */
-    ucs_status_ptr_t req = variant == 2 ? ucp_am_send_nbx(ep, 9, hdr, 40, payload, sizeof payload, &sp)
-                         : variant == 0 ? ucp_am_send_nbx(ep, 2, hdr, 40, payload, sizeof payload, &sp)
-                                        : ucp_am_send_nbx(ep, 1, hdr, 17, NULL, 0, &sp);
-    /* variant 0's frame carries no valid connection id (its 8-byte prefix
-     * is 0x77...), so the server drops the frame unattributed and the peer
-     * at its handshake deadline (5 s): wait longer than that */
-    uint64_t deadline = clock_now_ns() + 8000000000ull;
-    while (!g_raw_ucx_failed && clock_now_ns() < deadline) {
+    /* the hello of variants 3 and 4 */
+    static uint8_t hdr[16 + XPORT_HS_HELLO_LEN + XPORT_HS_MAC_LEN], payload[64];
+    static char own[XPORT_LISTEN_ADDR_MAX];
+    const char *data = own;
+    memset(hdr, 0xff, 8);  /* receiver: a new connection */
+    memset(hdr + 8, 0, 8); /* sender: slot 0, tag 0 */
+    uint8_t secret[XPORT_SECRET_MAX];
+    size_t secret_len = 0;
+    if (xport_secret_load(secret, sizeof secret, &secret_len) != BT_OK) return 2;
+    if (variant == 3) {
+        secret[0] ^= 1; /* somebody without the secret */
+        ucp_address_t *a;
+        size_t alen;
+        if (ucp_worker_get_address(w, &a, &alen) != UCS_OK) return 2;
+        int n = snprintf(own, sizeof own, "raw:%d/", (int)getpid());
+        for (size_t i = 0; i < alen && (size_t)n + 3 < sizeof own; i++)
+            n += snprintf(own + n, sizeof own - (size_t)n, "%02x", ((const uint8_t *)a)[i]);
+        ucp_worker_release_address(w, a);
+    } else {
+        snprintf(own, sizeof own, "raw:%d/zz", (int)getpid());
+    }
+    xport_hs_t hs;
+    if (xport_hs_init(&hs, false, JOB_ID, secret, secret_len, 99) != BT_OK) return 2;
+    xport_hs_hello_write(&hs, hdr + 16);
+    if (xport_hs_hello_mac_write(&hs, hdr + 16, own, strlen(own), hdr + 16 + XPORT_HS_HELLO_LEN) != BT_OK) return 2;
+    xport_hs_clear(&hs);
+    memset(payload, 0x77, sizeof payload);
+    static uint8_t junk[64];
+    memset(junk, 0x77, sizeof junk);
+    ucp_request_param_t sp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_AM_SEND_FLAG_EAGER};
+    ucs_status_ptr_t req;
+    if (variant == 0) {
+        req = ucp_am_send_nbx(ep, 2, junk, 40, payload, sizeof payload, &sp);
+    } else if (variant == 1) {
+        memcpy(junk, hdr, 16); /* a new connection, then 17 bytes of junk */
+        req = ucp_am_send_nbx(ep, 1, junk, 16 + 17, payload, sizeof payload, &sp);
+    } else if (variant == 2) {
+        req = ucp_am_send_nbx(ep, 9, junk, 40, payload, sizeof payload, &sp);
+    } else {
+        req = ucp_am_send_nbx(ep, 1, hdr, sizeof hdr, data, strlen(data), &sp);
+    }
+    int rc = 0;
+    if (UCS_PTR_IS_ERR(req)) rc = 3;
+    uint64_t deadline = clock_now_ns() + 5000000000ull;
+    if (req && !UCS_PTR_IS_ERR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && clock_now_ns() < deadline)
+            ucp_worker_progress(w);
+        if (ucp_request_check_status(req) != UCS_OK) rc = 4;
+        ucp_request_free(req);
+    }
+    deadline = clock_now_ns() + 1000000000ull;
+    while (clock_now_ns() < deadline) {
         ucp_worker_progress(w);
         usleep(100);
-    }
-    if (req && !UCS_PTR_IS_ERR(req)) {
-        while (ucp_request_check_status(req) == UCS_INPROGRESS && clock_now_ns() < deadline + 1000000000ull)
-            ucp_worker_progress(w);
-        ucp_request_free(req);
     }
     ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
     ucs_status_ptr_t creq = ucp_ep_close_nbx(ep, &cp);
@@ -1604,7 +1665,7 @@ static int raw_ucx_main(const char *addr, int variant)
     }
     ucp_worker_destroy(w);
     ucp_cleanup(ctx);
-    return g_raw_ucx_failed ? 0 : 1;
+    return rc;
 }
 
 static void test_ucx_raw_bad_peers(void)
@@ -1616,17 +1677,30 @@ static void test_ucx_raw_bad_peers(void)
     p.on_recv = sizes_on_recv;
     parent_spawn(&p, "echo", 0, 0);
     REQUIRE(parent_run(&p, cond_one_peer, 30));
-    child_proc_t *nohs = parent_spawn(&p, "ucxraw", 0, 0);
-    child_proc_t *garbled = parent_spawn(&p, "ucxraw", 0, 1);
-    child_proc_t *unknown = parent_spawn(&p, "ucxraw", 0, 2);
+    test_capture_t cap;
+    test_capture_begin(&cap);
+    child_proc_t *raw[5];
+    for (int v = 0; v < 5; v++) raw[v] = parent_spawn(&p, "ucxraw", 0, (uint64_t)v);
     uint64_t deadline = clock_now_ns() + 20ull * 1000000000ull;
-    while (clock_now_ns() < deadline && !(child_poll(nohs) && child_poll(garbled) && child_poll(unknown)))
+    bool all = false;
+    while (clock_now_ns() < deadline && !all) {
         ev_run(p.loop, EVRUN_NOWAIT), usleep(1000);
-    CHECK_MSG(nohs->exited && nohs->status == 0, "frame-before-handshake client status %d", nohs->status);
-    CHECK_MSG(garbled->exited && garbled->status == 0, "garbled-hello client status %d", garbled->status);
-    /* an AM id we never registered: UCX drops it; the peer then fails the
-     * handshake deadline */
-    CHECK_MSG(unknown->exited && unknown->status == 0, "unknown-id client status %d", unknown->status);
+        all = true;
+        for (int v = 0; v < 5; v++) all &= child_poll(raw[v]);
+    }
+    /* every message was in our worker before its sender exited: a few
+     * more passes take them in */
+    for (int i = 0; i < 10; i++) ev_run(p.loop, EVRUN_NOWAIT);
+    char *log = test_capture_end(&cap);
+    static const char *const what[5] = {"frame before a handshake", "garbled hello", "unknown AM id",
+                                        "hello without the secret", "hello with a bad address"};
+    for (int v = 0; v < 5; v++)
+        CHECK_MSG(raw[v]->exited && raw[v]->status == 0, "%s: client status %d", what[v], raw[v]->status);
+    CHECK_MSG(strstr(log, "unknown connection"), "the frame before a handshake was not dropped: %s", log);
+    CHECK_MSG(strstr(log, "dropping a malformed hello"), "the garbled hello was not dropped: %s", log);
+    CHECK_MSG(strstr(log, "hello MAC mismatch"), "the forged hello was not refused: %s", log);
+    CHECK_MSG(strstr(log, "address: byte 0x7a"), "the bad address was not refused: %s", log);
+    free(log);
     CHECK_MSG(p.n_eps == 1, "accepted %d", p.n_eps);
     CHECK_MSG(p.allocs == 0, "a payload of an unauthenticated peer reached cbs.alloc");
     good_peer_check(&p, &s);
@@ -1687,6 +1761,100 @@ static void test_handshake_messages(void)
         t[i] ^= 0x40;
         CHECK(xport_hs_proof_check(&s, t, why, sizeof why) == BT_ERR_PEER_AUTH);
     }
+    /* the hello MAC (ucx: the client's address rides with its hello) is
+     * HMAC-SHA256(secret, "A" | hello | data) */
+    static const char addr[] = "host:42/00ff";
+    uint8_t mac[XPORT_HS_MAC_LEN], want[XPORT_HS_MAC_LEN], msg[1 + XPORT_HS_HELLO_LEN + sizeof addr - 1];
+    unsigned want_len = sizeof want;
+    REQUIRE(xport_hs_hello_mac_write(&c, hc, addr, sizeof addr - 1, mac) == BT_OK);
+    msg[0] = 'A';
+    memcpy(msg + 1, hc, XPORT_HS_HELLO_LEN);
+    memcpy(msg + 1 + XPORT_HS_HELLO_LEN, addr, sizeof addr - 1);
+    REQUIRE(HMAC(EVP_sha256(), k1, 32, msg, sizeof msg, want, &want_len));
+    CHECK(!memcmp(mac, want, sizeof mac));
+    REQUIRE(xport_hs_init(&s2, true, "job", k1, 32, 0) == BT_OK);
+    CHECK(xport_hs_hello_mac_check(&s2, hc, addr, sizeof addr - 1, mac, why, sizeof why) == BT_OK);
+    char other[] = "host:42/00fe"; /* another address under the same MAC */
+    CHECK(xport_hs_hello_mac_check(&s2, hc, other, sizeof other - 1, mac, why, sizeof why) == BT_ERR_PEER_AUTH);
+    CHECK(strstr(why, "hello MAC mismatch") != NULL);
+    memcpy(bad, hc, sizeof bad);
+    bad[80] ^= 1; /* another nonce */
+    CHECK(xport_hs_hello_mac_check(&s2, bad, addr, sizeof addr - 1, mac, why, sizeof why) == BT_ERR_PEER_AUTH);
+    REQUIRE(xport_hs_init(&s2, true, "job", k2, 32, 0) == BT_OK); /* another secret */
+    CHECK(xport_hs_hello_mac_check(&s2, hc, addr, sizeof addr - 1, mac, why, sizeof why) == BT_ERR_PEER_AUTH);
+    /* never a proof: the domains differ */
+    CHECK(memcmp(mac, pc + 4, XPORT_HS_MAC_LEN) != 0);
+}
+
+/* ---- which UCX transports and devices a listen host allows ------------- */
+
+static void mkdirs(const char *root, const char *rel)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", root, rel);
+    for (char *q = p + strlen(root) + 1; *q; q++)
+        if (*q == '/') {
+            *q = '\0';
+            mkdir(p, 0700);
+            *q = '/';
+        }
+    mkdir(p, 0700);
+}
+
+static void test_ucx_net_select(void)
+{
+    char tls[32], devs[256];
+    static const char *const loopback[] = {NULL, "127.0.0.1:0", "127.3.4.5:77", "localhost:0", "[::1]:9"};
+    for (size_t i = 0; i < sizeof loopback / sizeof loopback[0]; i++) {
+        CHECK(xport_ucx_net_select(loopback[i], NULL, tls, sizeof tls, devs, sizeof devs) == BT_OK);
+        CHECK_MSG(!strcmp(tls, "sm,self") && !strcmp(devs, "lo"), "%s: tls '%s' devs '%s'",
+                  loopback[i] ? loopback[i] : "(null)", tls, devs);
+    }
+    CHECK(xport_ucx_net_select("0.0.0.0:0", NULL, tls, sizeof tls, devs, sizeof devs) == BT_OK);
+    CHECK(!strcmp(tls, "^tcp") && !devs[0]); /* every device, never UCX's tcp */
+    CHECK(xport_ucx_net_select("198.51.100.7:0", NULL, tls, sizeof tls, devs, sizeof devs) == BT_ERR_INVALID);
+    CHECK(xport_ucx_net_select("no-host", NULL, tls, sizeof tls, devs, sizeof devs) == BT_ERR_INVALID);
+    /* an RDMA device behind an interface (a fake /sys): its ports, in order */
+    char root[64];
+    snprintf(root, sizeof root, "/tmp/baton-sys-%d", (int)getpid());
+    REQUIRE(mkdir(root, 0700) == 0);
+    mkdirs(root, "class/infiniband/mlx5_1/device/net/ib0");
+    mkdirs(root, "class/infiniband/mlx5_1/ports/2");
+    mkdirs(root, "class/infiniband/mlx5_1/ports/1");
+    mkdirs(root, "class/infiniband/mlx5_0/device/net/eth3");
+    mkdirs(root, "class/infiniband/mlx5_0/ports/1");
+    mkdirs(root, "class/infiniband/mlx5_2/device/net/ib0");
+    mkdirs(root, "class/infiniband/mlx5_2/ports/1");
+    char out[256] = "ib0";
+    CHECK(xport_ucx_rdma_ports("ib0", root, out, sizeof out) == BT_OK);
+    CHECK_MSG(!strcmp(out, "ib0,mlx5_1:1,mlx5_1:2,mlx5_2:1"), "ib0: %s", out);
+    out[0] = '\0';
+    CHECK(xport_ucx_rdma_ports("eth3", root, out, sizeof out) == BT_OK);
+    CHECK_MSG(!strcmp(out, "mlx5_0:1"), "eth3: %s", out);
+    out[0] = '\0';
+    CHECK(xport_ucx_rdma_ports("eth9", root, out, sizeof out) == BT_OK && !out[0]);
+    char small[8] = "";
+    CHECK(xport_ucx_rdma_ports("ib0", root, small, sizeof small) == BT_ERR_INVALID);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    CHECK(system(cmd) == 0);
+    /* an address of this host's own (not loopback): its interface, and
+     * nothing from an RDMA-free /sys */
+    struct ifaddrs *ifs;
+    REQUIRE(getifaddrs(&ifs) == 0);
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+        struct sockaddr_in *in = (struct sockaddr_in *)i->ifa_addr;
+        if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
+        char host[INET_ADDRSTRLEN + 8];
+        inet_ntop(AF_INET, &in->sin_addr, host, INET_ADDRSTRLEN);
+        strcat(host, ":0");
+        CHECK(xport_ucx_net_select(host, "/nonexistent", tls, sizeof tls, devs, sizeof devs) == BT_OK);
+        CHECK_MSG(!strcmp(tls, "^tcp") && !strcmp(devs, i->ifa_name), "%s: tls '%s' devs '%s' (%s)", host, tls, devs,
+                  i->ifa_name);
+        break;
+    }
+    freeifaddrs(ifs);
 }
 
 static void test_secret_file(void)
@@ -1768,7 +1936,7 @@ static void test_send_close_ucx(void) { case_send_then(XPORT_UCX, "sendclose"); 
 #define UCX_TESTS
 #endif
 #define ALL_TESTS \
-    test_kind_table, test_handshake_messages, test_secret_file, \
+    test_kind_table, test_handshake_messages, test_secret_file, test_ucx_net_select, \
     XPORT_CASES(NAME_CASE, inproc) test_kill_send_inproc, test_inproc_close_takes_back, \
     XPORT_CASES(NAME_CASE, tcp) test_kill_send_tcp, test_send_exit_tcp, test_send_close_tcp, test_tcp_bad_frames, test_tcp_bad_handshake_raw, \
     test_tcp_ipv6, test_tcp_pending_handshake_cap, \

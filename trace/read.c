@@ -425,7 +425,7 @@ bt_status_t trace_file_load_mem(const uint8_t *buf, size_t size, const char *pat
 bt_status_t trace_file_load(const char *path, trace_file_t *f, char *err, size_t cap)
 {
     memset(f, 0, sizeof *f);
-    FILE *fp = fopen(path, "rb");
+    FILE *fp = fopen(path, "rbe");
     if (!fp) return trace_errf(err, cap, BT_ERR_IO, "%s: %s", path, strerror(errno));
     uint8_t *buf = NULL;
     bt_status_t st = BT_OK;

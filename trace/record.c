@@ -47,7 +47,7 @@ static bool trace_tsc_usable(void)
     __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0x80000007u), "c"(0));
     if (!(d & (1u << 8))) return false; /* invariant TSC */
     char src[32] = "";
-    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "re");
     if (!f) return false;
     bool ok = fgets(src, sizeof src, f) && !strncmp(src, "tsc", 3) && (src[3] == '\n' || !src[3]);
     fclose(f);
@@ -383,7 +383,7 @@ bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cf
         snprintf(g_path, sizeof g_path, "%s/trace-%u-%d.bin", dir, rank, (int)getpid());
     else
         snprintf(g_path, sizeof g_path, "%s/trace-%u-%d.%u.bin", dir, rank, (int)getpid(), g_sessions);
-    FILE *f = fopen(g_path, "wb");
+    FILE *f = fopen(g_path, "wbe");
     if (!f) {
         log_error("trace: cannot create %s: %s", g_path, strerror(errno));
         pthread_mutex_unlock(&g_mu);

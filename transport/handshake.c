@@ -163,6 +163,42 @@ bt_status_t xport_hs_proof_check(const xport_hs_t *hs, const uint8_t in[XPORT_HS
     return BT_OK;
 }
 
+#define HS_ROLE_ATTACHED 'A' /* domain of the hello MAC: never a proof's 'C' or 'S' */
+
+bt_status_t xport_hs_hello_mac_write(const xport_hs_t *hs, const uint8_t hello[XPORT_HS_HELLO_LEN],
+                                     const void *data, size_t len, uint8_t out[XPORT_HS_MAC_LEN])
+{
+    size_t n = 1 + XPORT_HS_HELLO_LEN + len;
+    uint8_t *msg = malloc(n);
+    if (!msg) return BT_ERR_NOMEM;
+    msg[0] = HS_ROLE_ATTACHED;
+    memcpy(msg + 1, hello, XPORT_HS_HELLO_LEN);
+    if (len) memcpy(msg + 1 + XPORT_HS_HELLO_LEN, data, len);
+    unsigned mac_len = XPORT_HS_MAC_LEN;
+    if (!HMAC(EVP_sha256(), hs->secret, (int)hs->secret_len, msg, n, out, &mac_len))
+        BT_PANIC("HMAC-SHA256 failed");
+    free(msg);
+    return BT_OK;
+}
+
+bt_status_t xport_hs_hello_mac_check(const xport_hs_t *hs, const uint8_t hello[XPORT_HS_HELLO_LEN],
+                                     const void *data, size_t len, const uint8_t mac[XPORT_HS_MAC_LEN],
+                                     char *why, size_t why_cap)
+{
+    uint8_t want[XPORT_HS_MAC_LEN];
+    if (xport_hs_hello_mac_write(hs, hello, data, len, want) != BT_OK) {
+        snprintf(why, why_cap, "out of memory for the hello MAC");
+        return BT_ERR_NOMEM;
+    }
+    int diff = CRYPTO_memcmp(want, mac, XPORT_HS_MAC_LEN);
+    OPENSSL_cleanse(want, sizeof want);
+    if (diff != 0) {
+        snprintf(why, why_cap, "hello MAC mismatch (wrong secret, or the hello was altered)");
+        return BT_ERR_PEER_AUTH;
+    }
+    return BT_OK;
+}
+
 bt_status_t xport_secret_load(uint8_t *out, size_t cap, size_t *len)
 {
     const char *path = getenv("BATON_SECRET_FILE");

@@ -59,6 +59,19 @@ void xport_hs_proof_write(const xport_hs_t *hs, uint8_t out[XPORT_HS_PROOF_LEN])
 /* BT_OK when the peer's proof matches; BT_ERR_PEER_AUTH otherwise. */
 bt_status_t xport_hs_proof_check(const xport_hs_t *hs, const uint8_t in[XPORT_HS_PROOF_LEN],
                                  char *why, size_t why_cap);
+/* A MAC binding bytes sent along with a hello to it: HMAC-SHA256(secret,
+ * "A" | hello | data). The ucx transport sends its worker address so with
+ * its hello, and the server checks the MAC before it hands the address to
+ * UCX: only a holder of the secret can make the server connect somewhere.
+ * It proves who made the hello, not that it is fresh (a recorded hello
+ * replays); the nonce exchange that follows still refuses a replayer. */
+bt_status_t xport_hs_hello_mac_write(const xport_hs_t *hs, const uint8_t hello[XPORT_HS_HELLO_LEN],
+                                     const void *data, size_t len, uint8_t out[XPORT_HS_MAC_LEN]);
+/* BT_OK when mac matches; BT_ERR_PEER_AUTH (reason in why) otherwise,
+ * BT_ERR_NOMEM. */
+bt_status_t xport_hs_hello_mac_check(const xport_hs_t *hs, const uint8_t hello[XPORT_HS_HELLO_LEN],
+                                     const void *data, size_t len, const uint8_t mac[XPORT_HS_MAC_LEN],
+                                     char *why, size_t why_cap);
 /* Wipes the secret copy. */
 void xport_hs_clear(xport_hs_t *hs);
 

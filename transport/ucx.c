@@ -1,12 +1,43 @@
 /* UCX transport: UCP active messages, one worker per xport.
  *
- * Connections: ucp_listener_create on a "host:port" sockaddr; peers connect
- * by that address (client-server endpoints). Every endpoint is created with
- * UCP_ERR_HANDLING_MODE_PEER and an error callback, so a dead peer becomes an
- * error callback, never a hang. UCX picks its transports itself (UCX_TLS is
- * left alone): where an RDMA device exists it uses verbs (rc/ud/dc) and
- * rendezvous zero-copy; on this host there is none, so it runs over shared
- * memory / tcp.
+ * Connections: by UCP worker address, never by socket address. listen()
+ * publishes the worker's address ("host:pid/HEX", ucp_worker_get_address
+ * in hex); peers learn it over a path that is authenticated already (a
+ * job's run directory, mode 0700: the address book) and connect() creates
+ * a UCX endpoint to it (UCP_EP_PARAM_FIELD_REMOTE_ADDRESS). There is no
+ * ucp_listener_create and so no UCX connection manager socket: UCX 1.13's
+ * tcp connection manager aborted the process on 17 zero bytes from anyone
+ * who could reach its port (tcp_sockcm_ep.c:825, "17 > 16"), before any of
+ * our checks could run. Which UCX transports the worker opens follows the
+ * listen host (xport_ucx_net_select): on loopback only shared memory and
+ * self, hence no network socket at all; on a named address the interface
+ * that has it and the RDMA ports behind that interface (verbs where such a
+ * device exists: none on the machine this was written on, so only shared
+ * memory and self ran here), never UCX's own tcp transport: 16 zero bytes
+ * to its port from a peer host's address stalled the real connections
+ * (measured, UCX 1.13.1; between hosts without RDMA use transport tcp).
+ *
+ * UCX pairs the endpoints two workers create to each other in creation
+ * order, so each xport keeps at most one live UCX endpoint per remote
+ * worker (ucx_peer_t), shared by all connections between the two; frames
+ * find their connection by the ids below, never by UCX endpoint. A client
+ * connects: it creates (or reuses) the peer's endpoint and sends its hello
+ * with its own worker address and a MAC over both under the job secret
+ * (xport_hs_hello_mac_write). The server checks job id and MAC before it
+ * hands that address to UCX (ucp_ep_create back to the client): only a
+ * holder of the secret makes it connect anywhere. A hello that fails is
+ * dropped without an answer (there is nobody verified to answer to); its
+ * client sees its handshake deadline pass. The rest of the handshake
+ * (handshake.h: nonces, proofs) runs as on tcp, then frames flow. Every
+ * UCX endpoint is created with UCP_ERR_HANDLING_MODE_PEER and an error
+ * callback, so a dead peer becomes an error, never a hang; its keepalive
+ * (1 s here, xport_ucx_settings) notices a dead process.
+ *
+ * Closing one connection leaves the shared UCX endpoint to the others; the
+ * endpoint is closed with its last connection. A connection we fail or
+ * drop (bad frame, handshake failure, close during the handshake) tells its
+ * other end with an ABORT, since closing our UCX endpoint no longer reaches
+ * the peer while other connections keep theirs.
  *
  * Messages: AM id HS carries handshake messages (handshake.h) in the AM
  * header; AM id DATA carries the frame header as the AM header and the
@@ -14,27 +45,35 @@
  * A DATA message before the handshake passed drops the peer. AM id BYE
  * closes in order (ucx_close_begin): the closer's BYE follows its last frame,
  * the peer acknowledges once every frame before it is in, and only then does
- * the closer close its UCX endpoint (a UCX close fails the peer's pending
- * rendezvous pulls, and its close notice can overtake shared-memory data).
+ * the closer let go of the UCX endpoint (closing it would fail the peer's
+ * pending rendezvous pulls). BYE with UCX_BYE_ABORT drops a connection at
+ * once (see above).
  *
- * Connection ids: every AM header starts with an 8-byte prefix, two
- * little-endian u32s. On HS messages it is the sender's own (slot, tag) for
- * the connection; on DATA messages it is the receiver's (slot, tag), learned
- * from the peer's hello. The receiver finds the endpoint of a DATA message by
- * its slot and checks the random tag, so data frames need no
- * UCP_AM_SEND_FLAG_REPLY. Only HS messages carry REPLY (the server learns
- * which UCX endpoint a hello came from), and they go as rendezvous: UCX 1.13's
- * short-reply protocol miscomputes its size limit on shared memory with error
- * handling ("Invalid am_short_iov length: 124 (expected: <= 100)"), and
- * without REPLY on data frames shared memory can be used at all (below).
+ * Connection ids: each end of a connection has an id (slot, tag): the
+ * index of its endpoint in the xport's table and a random tag. DATA and
+ * BYE headers start with the receiver's id, 8 bytes (two little-endian
+ * u32s); HS headers with 16: the receiver's id, then the sender's. A
+ * client's first hello names slot UCX_SLOT_NEW (a new connection), every
+ * later HS message the id learned from the other side's hello. A message
+ * for a slot whose tag does not match is dropped (that connection is gone,
+ * or the id is forged). HS messages go eager (UCP_AM_SEND_FLAG_EAGER): the
+ * hello's address arrives as AM data inside the callback.
  *
- * UCX settings (xport_ucx_settings in transport/xport.c; the environment
- * wins): UCX keeps its posix/sysv shared-memory transports off for endpoints
- * in error-handling mode unless UCX_MM_ERROR_HANDLING (or its POSIX_/SYSV_
+ * UCX settings (xport_ucx_settings in transport/xport.c, and UCX_TLS /
+ * UCX_NET_DEVICES from xport_ucx_net_select; the environment wins): UCX
+ * keeps its posix/sysv shared-memory transports off for endpoints in
+ * error-handling mode unless UCX_MM_ERROR_HANDLING (or its POSIX_/SYSV_
  * forms) says otherwise; we turn it on, so two processes of one host talk
- * through shared memory and a dead peer is still reported (the shared-memory
- * lane does the keepalive). And we turn tcp put off: with tcp lanes for
- * rendezvous RMA, every ucp_worker_progress pays an epoll_wait.
+ * through shared memory and a dead peer is still reported (the
+ * shared-memory lane does the keepalive). We turn tcp put off, for where
+ * the environment enables UCX's tcp: with tcp lanes for rendezvous RMA,
+ * every ucp_worker_progress pays an epoll_wait.
+ *
+ * Descriptors: UCX opens its own without close-on-exec (sockets, shared
+ * memory files, pipes, a keepalive timer fd). Those it opens in create and
+ * ucp_ep_create get FD_CLOEXEC right after (base_fd_cloexec_new); any it
+ * opens later inside progress are left to the spawn path, which closes
+ * everything above stderr in a child (launch/spawn.c).
  *
  * Receive: the AM callback (inside ucp_worker_progress) only records the
  * message on its endpoint's FIFO, keeping UCX's data (persistent eager data
@@ -60,11 +99,12 @@
 #include "transport/xport.h"
 
 #include "base/clock.h"
+#include "base/file.h"
 #include "base/freelist.h"
 #include "base/log.h"
 #include "transport/handshake.h"
-#include "transport/sockaddr.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <ev.h>
 #include <stdarg.h>
@@ -73,17 +113,22 @@
 #include <string.h>
 #include <sys/random.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #define UCX_AM_HS   1u
 #define UCX_AM_DATA 2u
 #define UCX_AM_BYE  3u   /* orderly close: one header byte, UCX_BYE_* */
 #define UCX_BYE_REQ 1u
 #define UCX_BYE_ACK 2u
+#define UCX_BYE_ABORT 3u /* the sender dropped the connection: fail it, answer nothing */
 #define UCX_CLOSE_S 2.0  /* how long a closing endpoint waits for the peer's ack */
 #define UCX_DEFAULT_MAX_FRAME (1ull << 30)
 #define UCX_DEFAULT_HS_MS 5000u
 #define UCX_POLL_S  0.002
-#define UCX_PFX_LEN 8u   /* (slot, tag) prefix of every AM header */
+#define UCX_PFX_LEN 8u      /* DATA, BYE: the receiver's (slot, tag) */
+#define UCX_HS_PFX_LEN 16u  /* HS: the receiver's (slot, tag), then the sender's */
+#define UCX_SLOT_NEW UINT32_MAX /* the receiver slot of a client's hello */
+#define UCX_HELLO_HDR (XPORT_HS_HELLO_LEN + XPORT_HS_MAC_LEN) /* a client's hello: hello | MAC */
 
 typedef struct ucx_xport ucx_xport_t;
 typedef struct ucx_ep ucx_ep_t;
@@ -99,7 +144,7 @@ typedef struct ucx_send {
     bool               reported;      /* done() already fired (endpoint failure) */
     unsigned           am_id;
     size_t             blk_size;      /* bytes allocated (ucx_blk_get) */
-    uint8_t           *hdr;           /* UCX_PFX_LEN prefix + the caller's header, inside this block */
+    uint8_t           *hdr;           /* prefix (UCX_PFX_LEN, HS: UCX_HS_PFX_LEN) + the caller's header */
     size_t             hdr_len;       /* prefix included */
     size_t             payload_len;
     int                iovcnt;
@@ -131,14 +176,30 @@ typedef struct ucx_rx {
  * endpoint stays until the peer acknowledges it (or UCX_CLOSE_S passes). */
 typedef enum { UEP_HANDSHAKE, UEP_OPEN, UEP_CLOSING, UEP_DEAD } ucx_ep_state_t;
 
+/* The UCX endpoint to one remote worker (see the top of this file). users:
+ * the connections on it; at 0 it leaves the list and its UCX endpoint is
+ * closed; the memory stays until UCX has finished that close, since UCX
+ * may still report an error for it. */
+typedef struct ucx_peer {
+    struct ucx_peer *prev, *next;
+    ucx_xport_t     *x;
+    int              users;
+    ucp_ep_h         uep;
+    bool             failed;         /* UCX reported the endpoint failed: no new users */
+    ucs_status_t     fail_ucs;
+    char            *addr;           /* the remote worker's address text: the lookup key */
+} ucx_peer_t;
+
 struct ucx_ep {
     xport_ep_t      base;            /* first */
     ucx_xport_t    *x;
     ucx_ep_t       *prev, *next;
     int             refs;
-    ucp_ep_h        uep;
+    ucx_peer_t     *peer;            /* NULL until connected / once torn down */
     uint32_t        slot, tag;       /* our id for this connection (x->slots index, random tag) */
-    uint32_t        peer_slot, peer_tag; /* the peer's, from its hello */
+    uint32_t        peer_slot, peer_tag; /* the other end's, from its hello */
+    bool            peer_known;      /* peer_slot/tag are set: HS messages name them */
+    bool            peer_aborted;    /* it dropped the connection: no ABORT back */
     ucx_ep_state_t  state;
     bool            is_server;
     bt_status_t     fail_pending;    /* set by the UCX error callback */
@@ -149,17 +210,22 @@ struct ucx_ep {
     ev_timer        hs_timer;
     xport_hs_t      hs;
     int             hs_step;
-    uint8_t         hs_hello[XPORT_HS_HELLO_LEN];
+    uint8_t         hs_hello[UCX_HELLO_HDR]; /* our hello (a client's: with its MAC) */
     uint8_t         hs_proof[XPORT_HS_PROOF_LEN];
     ucx_send_t     *pending_head, *pending_tail; /* user sends before OPEN */
     ucx_send_t     *inflight;        /* doubly linked */
     ucx_rx_t       *rx_head, *rx_tail;
 };
 
-typedef struct ucx_conn_req {
-    struct ucx_conn_req *next;
-    ucp_conn_request_h   req;
-} ucx_conn_req_t;
+/* A client's hello for a new connection, taken out of the AM callback and
+ * checked outside progress (ucx_incoming_accept). */
+typedef struct ucx_incoming {
+    struct ucx_incoming *next;
+    uint32_t             src_slot, src_tag;
+    uint8_t              hello[UCX_HELLO_HDR];
+    size_t               addr_len;
+    char                 addr[];     /* the client's worker address text, NUL-terminated */
+} ucx_incoming_t;
 
 struct ucx_xport {
     xport_t         base;            /* first */
@@ -169,20 +235,25 @@ struct ucx_xport {
     char           *listen_addr;
     ucp_context_h   ctx;
     ucp_worker_h    worker;
-    ucp_listener_h  listener;
-    char            laddr[XPORT_ADDR_MAX];
+    char           *self_addr;       /* our worker's address text ("host:pid/HEX") */
+    size_t          self_addr_len;
+    char            self_label[XPORT_ADDR_MAX]; /* "host:pid" */
+    bool            listening;       /* hellos for new connections are taken */
+    int            *fds_base;        /* the descriptors open before ucp_init: any */
+    size_t          n_fds_base;      /* newer one without close-on-exec is UCX's */
+    ucx_peer_t     *peers;
     int             efd;
     ev_io           efd_io;
     ev_prepare      prepare;
     ev_idle         idle;
     ev_timer        poll;
     ucx_ep_t       *eps;
-    ucx_ep_t       *last_hit;        /* lookup cache */
     base_freelist_t blks;            /* cached UCX_BLK-byte blocks (sends, receives) */
     ucx_ep_t      **slots;           /* connection ids: the endpoint of each slot, or NULL */
     uint32_t        nslots;
     uint64_t        stray;           /* data frames for no live connection (dropped) */
-    ucx_conn_req_t *conn_reqs;
+    ucx_incoming_t *incoming, *incoming_tail;
+    unsigned        n_incoming;
     ucx_send_t     *done_head, *done_tail;
     unsigned        inflight;        /* sends + rndv receives + closes in UCX's hands */
     unsigned        events;
@@ -321,21 +392,210 @@ static ucx_ep_t *ucx_slot_find(const ucx_xport_t *x, uint32_t slot, uint32_t tag
     return ep && ep->tag == tag ? ep : NULL;
 }
 
-static ucx_ep_t *ucx_ep_lookup(ucx_xport_t *x, ucp_ep_h uep)
-{
-    if (x->last_hit && x->last_hit->uep == uep) return x->last_hit;
-    for (ucx_ep_t *ep = x->eps; ep; ep = ep->next) {
-        if (ep->uep == uep) {
-            x->last_hit = ep;
-            return ep;
-        }
-    }
-    return NULL;
-}
-
 static void ucx_wake(ucx_xport_t *x)
 {
     if (!ev_is_active(&x->idle)) ev_idle_start(x->cfg.loop, &x->idle);
+}
+
+/* ---- addresses and peers ------------------------------------------------ */
+
+static bool ucx_label_char(int c) { return isalnum(c) || c == '.' || c == '-' || c == '_' || c == ':'; }
+
+static int ucx_hex_val(int c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* "host:pid/HEX" -> label ("host:pid") and, when bin is not NULL, the
+ * worker address bytes (malloc'd). The text may come from a peer (a
+ * hello that passed its MAC) or the caller: checked to the last byte. */
+static bt_status_t ucx_addr_parse(const char *text, size_t len, char *label, size_t label_cap, uint8_t **bin,
+                                  size_t *bin_len, char *why, size_t why_cap)
+{
+    const char *slash = memchr(text, '/', len);
+    size_t lab = slash ? (size_t)(slash - text) : 0, hex = slash ? len - lab - 1 : 0;
+    if (len >= XPORT_LISTEN_ADDR_MAX) {
+        snprintf(why, why_cap, "%zu bytes, more than %u", len, XPORT_LISTEN_ADDR_MAX - 1);
+        return BT_ERR_INVALID;
+    }
+    if (!slash || lab == 0 || lab >= label_cap || lab >= XPORT_ADDR_MAX) {
+        snprintf(why, why_cap, "expected host:pid/HEX (a ucx listen address)");
+        return BT_ERR_INVALID;
+    }
+    for (size_t i = 0; i < lab; i++)
+        if (!ucx_label_char((unsigned char)text[i])) {
+            snprintf(why, why_cap, "byte 0x%02x at %zu in the host:pid part", (unsigned char)text[i], i);
+            return BT_ERR_INVALID;
+        }
+    if (hex == 0 || hex % 2) {
+        snprintf(why, why_cap, "the worker address has %zu hex digits, expected a positive even count", hex);
+        return BT_ERR_INVALID;
+    }
+    for (size_t i = 0; i < hex; i++)
+        if (ucx_hex_val((unsigned char)slash[1 + i]) < 0) {
+            snprintf(why, why_cap, "byte 0x%02x at %zu is no hex digit", (unsigned char)slash[1 + i], lab + 1 + i);
+            return BT_ERR_INVALID;
+        }
+    memcpy(label, text, lab);
+    label[lab] = '\0';
+    if (!bin) return BT_OK;
+    uint8_t *b = malloc(hex / 2);
+    if (!b) {
+        snprintf(why, why_cap, "out of memory");
+        return BT_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < hex / 2; i++)
+        b[i] = (uint8_t)(ucx_hex_val((unsigned char)slash[1 + 2 * i]) << 4 | ucx_hex_val((unsigned char)slash[2 + 2 * i]));
+    *bin = b;
+    *bin_len = hex / 2;
+    return BT_OK;
+}
+
+/* Our worker's address as text, for listen() and for every hello. */
+static bt_status_t ucx_self_addr_make(ucx_xport_t *x)
+{
+    char host[64];
+    if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "localhost");
+    host[sizeof host - 1] = '\0';
+    size_t h = 0;
+    for (; host[h] && h < 48; h++)
+        if (!ucx_label_char((unsigned char)host[h]) || host[h] == ':') host[h] = '_';
+    host[h] = '\0';
+    snprintf(x->self_label, sizeof x->self_label, "%s:%ld", host, (long)getpid());
+    ucp_address_t *a;
+    size_t alen;
+    ucs_status_t s = ucp_worker_get_address(x->worker, &a, &alen);
+    if (s != UCS_OK) {
+        log_error("ucx: ucp_worker_get_address: %s", ucs_status_string(s));
+        return BT_ERR_IO;
+    }
+    size_t lab = strlen(x->self_label);
+    if (lab + 1 + 2 * alen + 1 > XPORT_LISTEN_ADDR_MAX) {
+        log_error("ucx: the worker address has %zu bytes; more than an address text holds (%u)", alen,
+                  XPORT_LISTEN_ADDR_MAX);
+        ucp_worker_release_address(x->worker, a);
+        return BT_ERR_INVALID;
+    }
+    x->self_addr = malloc(lab + 1 + 2 * alen + 1);
+    if (!x->self_addr) {
+        ucp_worker_release_address(x->worker, a);
+        return BT_ERR_NOMEM;
+    }
+    static const char digits[] = "0123456789abcdef";
+    char *p = x->self_addr + sprintf(x->self_addr, "%s/", x->self_label);
+    for (size_t i = 0; i < alen; i++) {
+        *p++ = digits[((const uint8_t *)a)[i] >> 4];
+        *p++ = digits[((const uint8_t *)a)[i] & 15];
+    }
+    *p = '\0';
+    x->self_addr_len = (size_t)(p - x->self_addr);
+    ucp_worker_release_address(x->worker, a);
+    return BT_OK;
+}
+
+static void ucx_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status);
+
+/* Close-on-exec for what UCX opened since create. Everything else in this
+ * program opens its descriptors close-on-exec, so a newer one without it
+ * is UCX's: made in create, in ucp_ep_create, or inside progress (an
+ * endpoint a peer's wireup created, its keepalive timer, an accepted tcp
+ * connection). Called where such a descriptor may have appeared: create,
+ * every UCX endpoint we make, every connection accepted or opened. */
+static void ucx_fds_cloexec(ucx_xport_t *x)
+{
+    if (x->fds_base) base_fd_cloexec_new(x->fds_base, x->n_fds_base);
+}
+
+/* The live UCX endpoint to the worker at addr (text, already parsed), made
+ * if there is none; one more user on it. */
+static bt_status_t ucx_peer_get(ucx_xport_t *x, const char *addr, size_t len, ucx_peer_t **out, char *why,
+                                size_t why_cap)
+{
+    for (ucx_peer_t *p = x->peers; p; p = p->next) {
+        if (!p->failed && strlen(p->addr) == len && !memcmp(p->addr, addr, len)) {
+            p->users++;
+            *out = p;
+            return BT_OK;
+        }
+    }
+    char label[XPORT_ADDR_MAX];
+    uint8_t *bin;
+    size_t bin_len;
+    bt_status_t st = ucx_addr_parse(addr, len, label, sizeof label, &bin, &bin_len, why, why_cap);
+    if (st != BT_OK) return st;
+    ucx_peer_t *p = calloc(1, sizeof *p);
+    if (!p || !(p->addr = strndup(addr, len))) {
+        free(p);
+        free(bin);
+        snprintf(why, why_cap, "out of memory");
+        return BT_ERR_NOMEM;
+    }
+    p->x = x;
+    ucp_ep_params_t prm = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                      | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)bin,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = ucx_err_cb, .arg = p},
+    };
+    ucs_status_t s = ucp_ep_create(x->worker, &prm, &p->uep);
+    ucx_fds_cloexec(x); /* the keepalive timer, what it attached */
+    free(bin);
+    if (s != UCS_OK) {
+        snprintf(why, why_cap, "ucp_ep_create: %s", ucs_status_string(s));
+        free(p->addr);
+        free(p);
+        return s == UCS_ERR_NO_MEMORY ? BT_ERR_NOMEM : BT_ERR_PEER_UNREACH;
+    }
+    p->users = 1;
+    p->next = x->peers;
+    if (x->peers) x->peers->prev = p;
+    x->peers = p;
+    *out = p;
+    return BT_OK;
+}
+
+static void ucx_peer_free(ucx_peer_t *p)
+{
+    free(p->addr);
+    free(p);
+}
+
+static void ucx_peer_close_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_peer_t *p = user_data;
+    ucp_request_free(request);
+    p->x->inflight--;
+    ucx_peer_free(p);
+}
+
+/* One user less; the last one closes the UCX endpoint: in order (flush)
+ * while it works, at once when UCX reported it failed. */
+static void ucx_peer_release(ucx_peer_t *p)
+{
+    if (--p->users > 0) return;
+    ucx_xport_t *x = p->x;
+    if (p->prev) p->prev->next = p->next;
+    else x->peers = p->next;
+    if (p->next) p->next->prev = p->prev;
+    p->prev = p->next = NULL;
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA
+                        | (p->failed ? UCP_OP_ATTR_FIELD_FLAGS : 0),
+        .cb.send = ucx_peer_close_cb,
+        .user_data = p,
+        .flags = p->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0,
+    };
+    ucs_status_ptr_t r = ucp_ep_close_nbx(p->uep, &prm);
+    if (r && !UCS_PTR_IS_ERR(r)) {
+        x->inflight++;  /* ucx_peer_close_cb frees it */
+    } else {
+        ucx_peer_free(p);
+    }
+    ucx_wake(x);
 }
 
 /* ---- UCX callbacks (inside ucp_worker_progress: record only) ----------- */
@@ -347,16 +607,6 @@ static void ucx_send_cb(void *request, ucs_status_t status, void *user_data)
     s->x->inflight--;
     ucx_inflight_unlink(s);
     ucx_done_push(s->x, s, ucx_status_map(status));
-}
-
-/* The endpoint memory stays until UCX has finished closing it, so an error
- * callback UCX might still deliver for it lands on a (dead) endpoint. */
-static void ucx_close_cb(void *request, ucs_status_t status, void *user_data)
-{
-    ucx_ep_t *ep = user_data;
-    ucp_request_free(request);
-    ep->x->inflight--;
-    ucx_ep_unref(ep);
 }
 
 static void ucx_rx_free_buf(ucx_xport_t *x, void *buf, size_t len)
@@ -383,14 +633,60 @@ static void ucx_recv_data_cb(void *request, ucs_status_t status, size_t length, 
     r->ready = true;
 }
 
+/* The UCX endpoint to a remote worker failed: so did every connection on
+ * it (reported from the loop, after the frames that are already here). */
 static void ucx_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
 {
-    ucx_ep_t *ep = arg;
-    if (ep->fail_pending == BT_OK) {
-        ep->fail_pending = ucx_status_map(status);
-        ep->fail_ucs = status;
+    ucx_peer_t *p = arg;
+    if (p->users == 0) return; /* being closed: nobody to tell */
+    if (!p->failed) {
+        p->failed = true;
+        p->fail_ucs = status;
     }
-    if (ep->fail_pending == BT_ERR_CANCELED) ep->fail_pending = BT_ERR_PEER_CLOSED;
+    for (ucx_ep_t *ep = p->x->eps; ep; ep = ep->next) {
+        if (ep->peer != p) continue;
+        if (ep->fail_pending == BT_OK) {
+            ep->fail_pending = ucx_status_map(status);
+            ep->fail_ucs = status;
+        }
+        if (ep->fail_pending == BT_ERR_CANCELED) ep->fail_pending = BT_ERR_PEER_CLOSED;
+    }
+}
+
+/* A client's hello for a new connection: kept for ucx_incoming_accept,
+ * which checks it outside progress. Bounded: at most XPORT_HS_PENDING_MAX
+ * wait (each holds up to an address text). */
+static void ucx_incoming_add(ucx_xport_t *x, uint32_t src_slot, uint32_t src_tag, const uint8_t *hello,
+                             size_t hello_len, const void *data, size_t length)
+{
+    if (!x->listening) {
+        x->stray++;
+        log_debug("ucx: a hello for a new connection, but we do not listen: dropped");
+        return;
+    }
+    if (hello_len != UCX_HELLO_HDR || length == 0 || length >= XPORT_LISTEN_ADDR_MAX) {
+        x->stray++;
+        log_warn("ucx: dropping a malformed hello (%zu header, %zu address bytes)", hello_len, length);
+        return;
+    }
+    if (x->n_incoming >= XPORT_HS_PENDING_MAX) {
+        x->stray++;
+        log_warn("ucx: dropping a hello on %s: %u already wait to be checked", x->self_label, x->n_incoming);
+        return;
+    }
+    ucx_incoming_t *c = malloc(sizeof *c + length + 1);
+    if (!c) return;
+    c->next = NULL;
+    c->src_slot = src_slot;
+    c->src_tag = src_tag;
+    memcpy(c->hello, hello, UCX_HELLO_HDR);
+    memcpy(c->addr, data, length);
+    c->addr[length] = '\0';
+    c->addr_len = length;
+    if (x->incoming_tail) x->incoming_tail->next = c;
+    else x->incoming = c;
+    x->incoming_tail = c;
+    x->n_incoming++;
 }
 
 static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_length, void *data,
@@ -398,41 +694,44 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
 {
     bool is_hs = kind == UCX_AM_HS;
     ucx_xport_t *x = arg;
-    ucx_ep_t *ep = NULL;
-    uint32_t slot = 0, tag = 0;
-    if (header_length >= UCX_PFX_LEN) ucx_pfx_read(header, &slot, &tag);
-    if (is_hs) {
-        if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ep = ucx_ep_lookup(x, param->reply_ep);
-    } else {
-        ep = header_length >= UCX_PFX_LEN ? ucx_slot_find(x, slot, tag) : NULL;
-        if (!ep) {
-            /* a frame for a connection closed here while the peer was still
-             * sending, or a forged id: nobody to deliver it to or to blame */
-            x->stray++;
-            if (slot < x->nslots)
-                log_debug("ucx: dropping a %zu+%zu-byte frame for closed connection %u/%08x",
-                          header_length, length, slot, tag);
-            else
-                log_warn("ucx: dropping a %zu+%zu-byte frame for unknown connection %u/%08x",
-                         header_length, length, slot, tag);
-            return UCS_OK;
-        }
+    size_t pfx = is_hs ? UCX_HS_PFX_LEN : UCX_PFX_LEN;
+    bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    uint32_t slot = 0, tag = 0, src_slot = 0, src_tag = 0;
+    if (header_length < pfx || (kind != UCX_AM_DATA && rndv)) {
+        /* no connection id, or a handshake/close message as rendezvous
+         * (ours go eager): nobody to deliver it to or to blame */
+        x->stray++;
+        log_warn("ucx: dropping a %zu+%zu-byte %s message without a connection id", header_length, length,
+                 is_hs ? "handshake" : kind == UCX_AM_BYE ? "close" : "data");
+        return UCS_OK;
+    }
+    ucx_pfx_read(header, &slot, &tag);
+    if (is_hs) ucx_pfx_read((const uint8_t *)header + UCX_PFX_LEN, &src_slot, &src_tag);
+    if (is_hs && slot == UCX_SLOT_NEW) {
+        ucx_incoming_add(x, src_slot, src_tag, (const uint8_t *)header + pfx, header_length - pfx, data, length);
+        return UCS_OK;
+    }
+    ucx_ep_t *ep = ucx_slot_find(x, slot, tag);
+    if (!ep) {
+        /* a frame for a connection closed here while the peer was still
+         * sending, or a forged id */
+        x->stray++;
+        if (slot < x->nslots)
+            log_debug("ucx: dropping a %zu+%zu-byte frame for closed connection %u/%08x",
+                      header_length, length, slot, tag);
+        else
+            log_warn("ucx: dropping a %zu+%zu-byte frame for unknown connection %u/%08x",
+                     header_length, length, slot, tag);
+        return UCS_OK;
     }
     /* Dropped: a dead endpoint, or one we are failing for a reason of our
      * own. A peer that closed (fail_ucs set) still gets its last frames
-     * delivered: its close notice travels apart from the data (the
-     * connection manager's socket vs shared memory) and can come first. */
-    if (!ep || ep->state == UEP_DEAD || (ep->fail_pending != BT_OK && ep->fail_ucs == UCS_OK))
+     * delivered: UCX's failure notice travels apart from the data and can
+     * come first. */
+    if (ep->state == UEP_DEAD || (ep->fail_pending != BT_OK && ep->fail_ucs == UCS_OK))
         return UCS_OK;
-    if (header_length < UCX_PFX_LEN) { /* an HS message without its prefix */
-        ep->fail_pending = BT_ERR_PEER_PROTO;
-        ep->bad_hdr = header_length;
-        ep->bad_len = length;
-        return UCS_OK;
-    }
-    header = (const uint8_t *)header + UCX_PFX_LEN;
-    header_length -= UCX_PFX_LEN;
-    bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    header = (const uint8_t *)header + pfx;
+    header_length -= pfx;
     if (header_length > XPORT_HDR_MAX || header_length > x->cfg.max_frame
         || length > x->cfg.max_frame - header_length) {
         ep->fail_pending = BT_ERR_PEER_PROTO;
@@ -450,8 +749,8 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     r->blk_size = r_size;
     r->kind = kind;
     r->rndv = rndv;
-    r->pfx_slot = slot;
-    r->pfx_tag = tag;
+    r->pfx_slot = src_slot;
+    r->pfx_tag = src_tag;
     r->len = kind == UCX_AM_DATA ? length : 0;
     r->hdr_len = header_length;
     memcpy(r->hdr, header, header_length);
@@ -490,23 +789,11 @@ static ucs_status_t ucx_am_bye_cb(void *arg, const void *header, size_t header_l
     return ucx_am_cb(arg, header, header_length, data, 0, param, UCX_AM_BYE);
 }
 
+/* length is kept: a client's hello carries its address as AM data */
 static ucs_status_t ucx_am_hs_cb(void *arg, const void *header, size_t header_length,
                                  void *data, size_t length, const ucp_am_recv_param_t *param)
 {
-    return ucx_am_cb(arg, header, header_length, data, 0, param, UCX_AM_HS);
-}
-
-static void ucx_conn_cb(ucp_conn_request_h req, void *arg)
-{
-    ucx_xport_t *x = arg;
-    ucx_conn_req_t *c = malloc(sizeof *c);
-    if (!c) {
-        ucp_listener_reject(x->listener, req);
-        return;
-    }
-    c->req = req;
-    c->next = x->conn_reqs;
-    x->conn_reqs = c;
+    return ucx_am_cb(arg, header, header_length, data, length, param, UCX_AM_HS);
 }
 
 /* ---- sends ------------------------------------------------------------ */
@@ -517,14 +804,18 @@ static bt_status_t ucx_send_post(ucx_ep_t *ep, ucx_send_t *s)
 {
     ucx_xport_t *x = ep->x;
     bool hs = s->am_id == UCX_AM_HS;
-    if (hs) ucx_pfx_write(s->hdr, ep->slot, ep->tag);
-    else ucx_pfx_write(s->hdr, ep->peer_slot, ep->peer_tag);
+    if (!ep->peer) return BT_ERR_PEER_CLOSED;
+    if (ep->peer_known) ucx_pfx_write(s->hdr, ep->peer_slot, ep->peer_tag);
+    else ucx_pfx_write(s->hdr, UCX_SLOT_NEW, 0); /* a client's hello */
+    if (hs) ucx_pfx_write(s->hdr + UCX_PFX_LEN, ep->slot, ep->tag);
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA
                         | UCP_OP_ATTR_FIELD_FLAGS,
         .cb.send = ucx_send_cb,
         .user_data = s,
-        .flags = hs ? UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV : 0,
+        /* handshake and close messages are small: eager, so that the
+         * receiver has a hello's address inside its AM callback */
+        .flags = s->am_id == UCX_AM_DATA ? 0 : UCP_AM_SEND_FLAG_EAGER,
     };
     const void *buf = NULL;
     size_t count = 0;
@@ -537,7 +828,7 @@ static bt_status_t ucx_send_post(ucx_ep_t *ep, ucx_send_t *s)
         buf = s->iov;
         count = (size_t)s->iovcnt;
     }
-    ucs_status_ptr_t r = ucp_am_send_nbx(ep->uep, s->am_id, s->hdr, s->hdr_len, buf, count, &prm);
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep->peer->uep, s->am_id, s->hdr, s->hdr_len, buf, count, &prm);
     if (r == NULL) {
         ucx_done_push(x, s, BT_OK);
         ucx_wake(x);
@@ -567,15 +858,16 @@ static ucx_send_t *ucx_send_new(ucx_xport_t *x, unsigned am_id, const void *hdr,
                                 xport_send_done_fn done, void *arg)
 {
     size_t iov_bytes = (size_t)iovcnt * sizeof(ucp_dt_iov_t);
-    size_t s_size = sizeof(ucx_send_t) + iov_bytes + UCX_PFX_LEN + hdr_len;
+    size_t pfx = am_id == UCX_AM_HS ? UCX_HS_PFX_LEN : UCX_PFX_LEN;
+    size_t s_size = sizeof(ucx_send_t) + iov_bytes + pfx + hdr_len;
     ucx_send_t *s = ucx_blk_get(x, s_size, sizeof *s);
     if (!s) return NULL;
     s->blk_size = s_size;
     s->x = x;
     s->am_id = am_id;
     s->hdr = (uint8_t *)s->iov + iov_bytes; /* the prefix is written when the send is posted */
-    if (hdr_len) memcpy(s->hdr + UCX_PFX_LEN, hdr, hdr_len);
-    s->hdr_len = UCX_PFX_LEN + hdr_len;
+    if (hdr_len) memcpy(s->hdr + pfx, hdr, hdr_len);
+    s->hdr_len = pfx + hdr_len;
     s->done = done;
     s->arg = arg;
     for (int i = 0; i < iovcnt; i++) {
@@ -613,9 +905,12 @@ static bt_status_t ucx_send(xport_ep_t *base, const void *hdr, size_t hdr_len,
     return BT_IN_PROGRESS;
 }
 
-static bt_status_t ucx_hs_send(ucx_ep_t *ep, const uint8_t *msg, size_t len)
+/* A handshake message; data (a client's hello: its address) must outlive
+ * the send (it is the xport's own). */
+static bt_status_t ucx_hs_send(ucx_ep_t *ep, const uint8_t *msg, size_t len, const void *data, size_t data_len)
 {
-    ucx_send_t *s = ucx_send_new(ep->x, UCX_AM_HS, msg, len, NULL, 0, NULL, NULL);
+    struct iovec iov = {.iov_base = (void *)data, .iov_len = data_len};
+    ucx_send_t *s = ucx_send_new(ep->x, UCX_AM_HS, msg, len, &iov, data_len ? 1 : 0, NULL, NULL);
     if (!s) return BT_ERR_NOMEM;
     bt_status_t st = ucx_send_post(ep, s);
     if (st != BT_OK && st != BT_IN_PROGRESS) ucx_send_free(ep->x, s);
@@ -627,7 +922,6 @@ static bt_status_t ucx_hs_send(ucx_ep_t *ep, const uint8_t *msg, size_t len)
 static void ucx_ep_unlink(ucx_ep_t *ep)
 {
     ucx_xport_t *x = ep->x;
-    if (x->last_hit == ep) x->last_hit = NULL;
     if (ep->slot < x->nslots && x->slots[ep->slot] == ep) x->slots[ep->slot] = NULL;
     if (ep->prev) ep->prev->next = ep->next;
     else if (x->eps == ep) x->eps = ep->next;
@@ -635,12 +929,17 @@ static void ucx_ep_unlink(ucx_ep_t *ep)
     ep->prev = ep->next = NULL;
 }
 
-/* Close the UCX endpoint and drop everything the endpoint still owns.
- * force: discard (failure, destroy); otherwise flush what was sent. */
-static void ucx_ep_teardown(ucx_ep_t *ep, bt_status_t status, bool force, bool report_now)
+static bt_status_t ucx_bye_send(ucx_ep_t *ep, uint8_t what);
+
+/* Drop everything the endpoint still owns and its share of the UCX
+ * endpoint. abort: the other end is not closing with us in order; tell it
+ * (UCX_BYE_ABORT) when it can still hear us. */
+static void ucx_ep_teardown(ucx_ep_t *ep, bt_status_t status, bool abort, bool report_now)
 {
     ucx_xport_t *x = ep->x;
     ev_timer_stop(x->cfg.loop, &ep->hs_timer);
+    if (abort && ep->peer && !ep->peer->failed && ep->peer_known && !ep->peer_aborted)
+        (void)ucx_bye_send(ep, UCX_BYE_ABORT); /* its completion frees it (s->ep is cleared below) */
     ucx_ep_unlink(ep);
     /* sends that never reached UCX */
     while (ep->pending_head) {
@@ -676,33 +975,23 @@ static void ucx_ep_teardown(ucx_ep_t *ep, bt_status_t status, bool force, bool r
         ucx_rx_free(x, r);
     }
     ep->rx_tail = NULL;
-    if (ep->uep) {
-        ucp_request_param_t prm = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA
-                            | (force ? UCP_OP_ATTR_FIELD_FLAGS : 0),
-            .cb.send = ucx_close_cb,
-            .user_data = ep,
-            .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0,
-        };
-        ucs_status_ptr_t r = ucp_ep_close_nbx(ep->uep, &prm);
-        if (r && !UCS_PTR_IS_ERR(r)) {
-            x->inflight++;
-            ucx_ep_hold(ep); /* released by ucx_close_cb */
-        }
-        ep->uep = NULL;
+    if (ep->peer) {
+        ucx_peer_release(ep->peer);
+        ep->peer = NULL;
     }
     ucx_wake(x);
 }
 
 static void ucx_ep_fail(ucx_ep_t *ep, bt_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* The end of a close we began (ucx_close, destroy): nobody to tell. */
-static void ucx_ep_close_finish(ucx_ep_t *ep, bool force)
+/* The end of a close we began (ucx_close, destroy): no callback. abort:
+ * the other end did not close with us in order (see ucx_ep_teardown). */
+static void ucx_ep_close_finish(ucx_ep_t *ep, bool abort)
 {
     if (ep->state == UEP_DEAD) return;
     ep->state = UEP_DEAD;
     ucx_ep_hold(ep);
-    ucx_ep_teardown(ep, BT_ERR_CANCELED, force, false);
+    ucx_ep_teardown(ep, BT_ERR_CANCELED, abort, false);
     ep->refs--;                           /* the list's reference */
     ucx_ep_unref(ep);
 }
@@ -756,21 +1045,22 @@ static bt_status_t ucx_bye_send(ucx_ep_t *ep, uint8_t what)
 }
 
 /* Orderly close of an open endpoint: a BYE after everything we sent, and
- * the UCX endpoint stays until the peer acknowledges it. The peer answers
- * only once every frame before the BYE is in (rendezvous data pulled):
- * closing the UCX endpoint earlier would fail the peer's pulls, and a
- * flush does not wait for them (a shared-memory sender's part is done once
- * the data is in the peer's fifo). Anything else is closed at once. */
+ * our share of the UCX endpoint stays until the peer acknowledges it. The
+ * peer answers only once every frame before the BYE is in (rendezvous data
+ * pulled): closing the UCX endpoint earlier would fail the peer's pulls,
+ * and a flush does not wait for them (a shared-memory sender's part is done
+ * once the data is in the peer's fifo). Anything else is dropped at once,
+ * with an ABORT to the other end. */
 static void ucx_close_begin(ucx_ep_t *ep)
 {
-    if (ep->state == UEP_OPEN && ep->fail_pending == BT_OK && ep->uep
+    if (ep->state == UEP_OPEN && ep->fail_pending == BT_OK && ep->peer
         && ucx_bye_send(ep, UCX_BYE_REQ) == BT_OK) {
         ep->state = UEP_CLOSING;
         ev_timer_set(&ep->hs_timer, UCX_CLOSE_S, 0.0);
         ev_timer_start(ep->x->cfg.loop, &ep->hs_timer);
         return;
     }
-    ucx_ep_close_finish(ep, ep->state != UEP_OPEN);
+    ucx_ep_close_finish(ep, true);
 }
 
 static void ucx_close(xport_ep_t *base)
@@ -803,12 +1093,12 @@ static void ucx_hs_timer_cb(struct ev_loop *loop, ev_timer *w, int revents)
  * am am_bw#0 keepalive"): "sysv/memory.0 (am am_bw#0 keepalive); ...". */
 static void ucx_ep_log_lanes(const ucx_ep_t *ep)
 {
-    if (!log_enabled(LOG_DEBUG) || !ep->uep) return;
+    if (!log_enabled(LOG_DEBUG) || !ep->peer) return;
     char *text = NULL;
     size_t text_len = 0;
     FILE *f = open_memstream(&text, &text_len);
     if (!f) return;
-    ucp_ep_print_info(ep->uep, f);
+    ucp_ep_print_info(ep->peer->uep, f);
     fclose(f);
     char out[512];
     size_t n = 0;
@@ -817,7 +1107,7 @@ static void ucx_ep_log_lanes(const ucx_ep_t *ep)
         char *lane = strstr(line, "lane[");
         char *colon = lane ? strchr(lane, ':') : NULL;
         char *arrow = strstr(line, "->");
-        if (!colon || !arrow) continue; /* also skips the connection manager's lane */
+        if (!colon || !arrow) continue; /* a line that names no transport */
         char tl[64] = "", roles[128] = "";
         const char *tl_at = strchr(colon + 1, ':'); /* "  3:sysv/memory.0 md[2]" */
         if (!tl_at || sscanf(tl_at + 1, "%63s", tl) != 1) continue;
@@ -837,6 +1127,7 @@ static void ucx_hs_finish(ucx_ep_t *ep)
 {
     ucx_ep_log_lanes(ep);
     ucx_xport_t *x = ep->x;
+    ucx_fds_cloexec(x);
     ev_timer_stop(x->cfg.loop, &ep->hs_timer);
     ep->state = UEP_OPEN;
     ep->base.peer_id = ep->hs.peer_id;
@@ -865,7 +1156,7 @@ static void ucx_hs_consume(ucx_ep_t *ep, const ucx_rx_t *r)
         ucx_ep_fail(ep, BT_ERR_PEER_PROTO, "handshake message after the handshake");
         return;
     }
-    if (ep->hs_step == 0) {
+    if (ep->hs_step == 0) { /* a client: the server's hello (the server read ours on accept) */
         if (r->hdr_len != XPORT_HS_HELLO_LEN) {
             ucx_ep_fail(ep, BT_ERR_PEER_PROTO, "handshake hello of %zu bytes", r->hdr_len);
             return;
@@ -877,12 +1168,11 @@ static void ucx_hs_consume(ucx_ep_t *ep, const ucx_rx_t *r)
         }
         ep->peer_slot = r->pfx_slot;
         ep->peer_tag = r->pfx_tag;
+        ep->peer_known = true;
         ep->hs_step = 1;
-        if (!ep->is_server) {
-            xport_hs_proof_write(&ep->hs, ep->hs_proof);
-            st = ucx_hs_send(ep, ep->hs_proof, sizeof ep->hs_proof);
-            if (st != BT_OK) ucx_ep_fail(ep, st, "cannot send the handshake proof");
-        }
+        xport_hs_proof_write(&ep->hs, ep->hs_proof);
+        st = ucx_hs_send(ep, ep->hs_proof, sizeof ep->hs_proof, NULL, 0);
+        if (st != BT_OK) ucx_ep_fail(ep, st, "cannot send the handshake proof");
         return;
     }
     if (r->pfx_slot != ep->peer_slot || r->pfx_tag != ep->peer_tag) {
@@ -900,7 +1190,7 @@ static void ucx_hs_consume(ucx_ep_t *ep, const ucx_rx_t *r)
     }
     if (ep->is_server) {
         xport_hs_proof_write(&ep->hs, ep->hs_proof);
-        st = ucx_hs_send(ep, ep->hs_proof, sizeof ep->hs_proof);
+        st = ucx_hs_send(ep, ep->hs_proof, sizeof ep->hs_proof, NULL, 0);
         if (st != BT_OK) {
             ucx_ep_fail(ep, st, "cannot send the handshake proof");
             return;
@@ -994,6 +1284,12 @@ static void ucx_bye_consume(ucx_ep_t *ep, uint8_t what)
     }
     if (what == UCX_BYE_ACK && ep->state == UEP_CLOSING) {
         ucx_ep_close_finish(ep, false);
+        return;
+    }
+    if (what == UCX_BYE_ABORT) { /* the other end dropped the connection */
+        ep->peer_aborted = true;
+        if (ep->state == UEP_CLOSING) ucx_ep_close_finish(ep, false);
+        else ucx_ep_fail(ep, BT_ERR_PEER_CLOSED, "peer dropped the connection");
         return;
     }
     ucx_ep_fail(ep, BT_ERR_PEER_PROTO, "unexpected close message %u (%s)", what,
@@ -1116,53 +1412,57 @@ static ucx_ep_t *ucx_ep_new(ucx_xport_t *x, bool is_server)
     return ep;
 }
 
-static void ucx_ep_start(ucx_ep_t *ep)
+/* A new connection from a client (ucx_incoming_add): check its hello and
+ * the MAC over its address before the address goes to UCX, then answer
+ * with our hello. A hello that fails is dropped and logged: we have no
+ * verified way back to its sender. */
+static void ucx_incoming_accept(ucx_xport_t *x)
 {
-    ev_timer_start(ep->x->cfg.loop, &ep->hs_timer);
-    xport_hs_hello_write(&ep->hs, ep->hs_hello);
-    bt_status_t st = ucx_hs_send(ep, ep->hs_hello, sizeof ep->hs_hello);
-    if (st != BT_OK) ucx_ep_fail(ep, st, "cannot send the handshake hello");
-}
-
-static void ucx_accept_pending(ucx_xport_t *x)
-{
-    while (x->conn_reqs) {
-        ucx_conn_req_t *c = x->conn_reqs;
-        x->conn_reqs = c->next;
+    while (x->incoming) {
+        ucx_incoming_t *c = x->incoming;
+        x->incoming = c->next;
+        if (!x->incoming) x->incoming_tail = NULL;
+        x->n_incoming--;
         unsigned pending = 0;
-        for (ucx_ep_t *o = x->eps; o; o = o->next) pending += o->is_server && o->state != UEP_OPEN;
+        for (ucx_ep_t *o = x->eps; o; o = o->next) pending += o->is_server && o->state == UEP_HANDSHAKE;
+        char why[160], label[XPORT_ADDR_MAX];
+        ucx_ep_t *ep = NULL;
+        bt_status_t st;
         if (pending >= XPORT_HS_PENDING_MAX) {
-            log_warn("ucx: refusing a peer on %s: %u peers already in their handshake", x->laddr,
-                     pending);
-            ucp_listener_reject(x->listener, c->req);
-            free(c);
-            continue;
+            log_warn("ucx: refusing a peer on %s: %u peers already in their handshake", x->self_label, pending);
+            goto next;
         }
-        ucx_ep_t *ep = ucx_ep_new(x, true);
-        if (!ep) {
-            ucp_listener_reject(x->listener, c->req);
-            free(c);
-            continue;
+        ucx_fds_cloexec(x); /* what the client's wireup made UCX open */
+        if (!(ep = ucx_ep_new(x, true))) goto next;
+        if ((st = xport_hs_hello_read(&ep->hs, c->hello, why, sizeof why)) != BT_OK
+            || (st = xport_hs_hello_mac_check(&ep->hs, c->hello, c->addr, c->addr_len,
+                                              c->hello + XPORT_HS_HELLO_LEN, why, sizeof why)) != BT_OK) {
+            log_error("ucx: refusing a connection on %s: %s [%s]", x->self_label, why, bt_status_str(st));
+            goto drop;
         }
-        ucp_conn_request_attr_t attr = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
-        if (ucp_conn_request_query(c->req, &attr) == UCS_OK)
-            xport_sockaddr_format((struct sockaddr *)&attr.client_address, ep->base.peer_addr,
-                                  sizeof ep->base.peer_addr);
-        ucp_ep_params_t prm = {
-            .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
-                          | UCP_EP_PARAM_FIELD_ERR_HANDLER,
-            .conn_request = c->req,
-            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-            .err_handler = {.cb = ucx_err_cb, .arg = ep},
-        };
+        /* authenticated as made by a holder of the secret: the address is
+         * safe to parse and hand to UCX */
+        if ((st = ucx_addr_parse(c->addr, c->addr_len, label, sizeof label, NULL, NULL, why, sizeof why))
+                != BT_OK
+            || (st = ucx_peer_get(x, c->addr, c->addr_len, &ep->peer, why, sizeof why)) != BT_OK) {
+            log_error("ucx: refusing a connection on %s from id %u: address: %s", x->self_label, ep->hs.peer_id,
+                      why);
+            goto drop;
+        }
+        snprintf(ep->base.peer_addr, sizeof ep->base.peer_addr, "%s", label);
+        ep->peer_slot = c->src_slot;
+        ep->peer_tag = c->src_tag;
+        ep->peer_known = true;
+        ep->hs_step = 1;
+        ev_timer_start(x->cfg.loop, &ep->hs_timer);
+        xport_hs_hello_write(&ep->hs, ep->hs_hello);
+        st = ucx_hs_send(ep, ep->hs_hello, XPORT_HS_HELLO_LEN, NULL, 0);
+        if (st != BT_OK) ucx_ep_fail(ep, st, "cannot send the handshake hello");
+        goto next;
+    drop:
+        ucx_ep_close_finish(ep, false);
+    next:
         free(c);
-        ucs_status_t s = ucp_ep_create(x->worker, &prm, &ep->uep);
-        if (s != UCS_OK) {
-            ep->uep = NULL;
-            ucx_ep_fail(ep, BT_ERR_PEER_UNREACH, "ucp_ep_create: %s", ucs_status_string(s));
-            continue;
-        }
-        ucx_ep_start(ep);
     }
 }
 
@@ -1171,7 +1471,6 @@ static void ucx_dispatch(ucx_xport_t *x)
 {
     if (x->dispatching) return; /* a callback called progress(): the outer pass continues */
     x->dispatching++;
-    ucx_accept_pending(x);
     ucx_done_flush(x);
     ucx_ep_t *stack[64];
     ucx_ep_t **snap = stack;
@@ -1194,13 +1493,17 @@ static void ucx_dispatch(ucx_xport_t *x)
         ucx_ep_unref(snap[i]);
     }
     if (snap != stack) free(snap);
+    /* new connections after the old ones' messages: an ABORT or BYE that
+     * came first releases its UCX endpoint before a new hello from the
+     * same worker looks for one to share */
+    ucx_incoming_accept(x);
     ucx_done_flush(x);
     x->dispatching--;
 }
 
 static bool ucx_has_work(const ucx_xport_t *x)
 {
-    if (x->conn_reqs || x->done_head) return true;
+    if (x->incoming || x->done_head) return true;
     for (const ucx_ep_t *ep = x->eps; ep; ep = ep->next)
         if (ep->fail_pending != BT_OK || (ep->rx_head && (!ep->rx_head->started || ep->rx_head->ready)))
             return true;
@@ -1275,9 +1578,29 @@ static void ucx_xport_free(ucx_xport_t *x)
     free(x->slots);
     free(x->job_id);
     free(x->listen_addr);
+    free(x->self_addr);
+    free(x->fds_base);
     if (x->secret) memset(x->secret, 0, x->cfg.secret_len);
     free(x->secret);
     free(x);
+}
+
+/* Whether a UCX_TLS value may enable what setting `name` configures
+ * ("TCP_..." tcp, "MM_..." shared memory, others everything). Only plain
+ * lists are read: "", "all" and "^..." forms may enable anything. */
+static bool ucx_tls_has(const char *tls, const char *name)
+{
+    static const char *const tcp[] = {"tcp", NULL}, *const mm[] = {"sm", "shm", "mm", "posix", "sysv", NULL};
+    const char *const *which = !strncmp(name, "TCP_", 4) ? tcp : !strncmp(name, "MM_", 3) ? mm : NULL;
+    if (!which || !tls[0] || tls[0] == '^') return true;
+    char list[256];
+    snprintf(list, sizeof list, "%s", tls);
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, "all")) return true;
+        for (int k = 0; which[k]; k++)
+            if (!strcmp(t, which[k])) return true;
+    }
+    return false;
 }
 
 static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
@@ -1309,18 +1632,41 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
     x->cfg.secret = x->secret;
     x->cfg.listen_addr = x->listen_addr;
 
+    /* what UCX may open follows the listen host (see the top of this file) */
+    char tls[32], devs[512];
+    bt_status_t st = xport_ucx_net_select(x->listen_addr, NULL, tls, sizeof tls, devs, sizeof devs);
+    if (st != BT_OK) {
+        ucx_xport_free(x);
+        return st;
+    }
+    /* UCX's descriptors: close-on-exec (see ucx_fds_cloexec) */
+    if (base_fd_list(&x->fds_base, &x->n_fds_base) != BT_OK) {
+        x->fds_base = NULL;
+        log_warn("ucx: cannot list this process's descriptors; UCX's stay open across exec");
+    }
     ucp_config_t *ucfg;
     ucs_status_t s = ucp_config_read(NULL, NULL, &ucfg);
     if (s != UCS_OK) {
         log_error("ucx: ucp_config_read: %s", ucs_status_string(s));
-        ucx_xport_free(x);
-        return BT_ERR_UNSUPPORTED;
+        goto fail;
+    }
+    const char *net[2][3] = {{"TLS", "UCX_TLS", tls}, {"NET_DEVICES", "UCX_NET_DEVICES", devs}};
+    for (int i = 0; i < 2; i++) {
+        if (!net[i][2][0] || getenv(net[i][1])) continue;
+        s = ucp_config_modify(ucfg, net[i][0], net[i][2]);
+        if (s != UCS_OK) {
+            log_error("ucx: cannot set %s=%s: %s", net[i][1], net[i][2], ucs_status_string(s));
+            ucp_config_release(ucfg);
+            goto fail;
+        }
     }
     /* shared memory between the processes of a host, in error-handling mode
-     * (see the top of this file); an explicit environment setting wins */
+     * (see the top of this file); an explicit environment setting wins. A
+     * setting for a transport UCX_TLS leaves out would only make UCX warn. */
+    const char *tls_on = getenv("UCX_TLS") ? getenv("UCX_TLS") : tls;
     for (int i = 0; i < XPORT_UCX_NSETTINGS; i++) {
         const xport_ucx_setting_t *set = &xport_ucx_settings[i];
-        if (xport_ucx_setting_from_env(i)) continue;
+        if (xport_ucx_setting_from_env(i) || !ucx_tls_has(tls_on, set->name)) continue;
         s = ucp_config_modify(ucfg, set->key, set->value);
         if (s != UCS_OK)
             log_warn("ucx: cannot set UCX_%s=%s: %s", set->name, set->value, ucs_status_string(s));
@@ -1335,8 +1681,7 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
     if (s != UCS_OK) {
         log_error("ucx: ucp_init: %s", ucs_status_string(s));
         x->ctx = NULL;
-        ucx_xport_free(x);
-        return BT_ERR_UNSUPPORTED;
+        goto fail;
     }
     ucp_context_attr_t cattr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
     if (ucp_context_query(x->ctx, &cattr) == UCS_OK
@@ -1350,8 +1695,7 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
     if (s != UCS_OK) {
         log_error("ucx: ucp_worker_create: %s", ucs_status_string(s));
         x->worker = NULL;
-        ucx_xport_free(x);
-        return BT_ERR_UNSUPPORTED;
+        goto fail;
     }
     ucp_am_handler_param_t hp = {
         .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB
@@ -1377,9 +1721,12 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
     if (s == UCS_OK) s = ucp_worker_get_efd(x->worker, &x->efd);
     if (s != UCS_OK) {
         log_error("ucx: worker setup: %s", ucs_status_string(s));
-        ucx_xport_free(x);
-        return BT_ERR_UNSUPPORTED;
+        goto fail;
     }
+    if ((st = ucx_self_addr_make(x)) != BT_OK) goto fail;
+    ucx_fds_cloexec(x);
+    log_debug("ucx: worker %s (transports %s, devices %s)", x->self_label, tls[0] ? tls : "all",
+              devs[0] ? devs : "all");
     ev_io_init(&x->efd_io, ucx_efd_cb, x->efd, EV_READ);
     x->efd_io.data = x;
     ev_io_start(cfg->loop, &x->efd_io);
@@ -1392,20 +1739,24 @@ static bt_status_t ucx_create(const xport_config_t *cfg, xport_t **out)
     x->poll.data = x;
     *out = &x->base;
     return BT_OK;
+fail:
+    ucx_fds_cloexec(x);
+    ucx_xport_free(x);
+    return st != BT_OK ? st : BT_ERR_UNSUPPORTED;
 }
 
 static void ucx_destroy(xport_t *base)
 {
     ucx_xport_t *x = (ucx_xport_t *)base;
     /* no new peers */
-    while (x->conn_reqs) {
-        ucx_conn_req_t *c = x->conn_reqs;
-        x->conn_reqs = c->next;
-        ucp_listener_reject(x->listener, c->req);
+    x->listening = false;
+    while (x->incoming) {
+        ucx_incoming_t *c = x->incoming;
+        x->incoming = c->next;
         free(c);
     }
-    if (x->listener) ucp_listener_destroy(x->listener);
-    x->listener = NULL;
+    x->incoming_tail = NULL;
+    x->n_incoming = 0;
     /* Open endpoints close in order (ucx_close_begin): a peer gets all we
      * sent before destroy, as a TCP peer gets the bytes before the FIN.
      * Endpoints still in their handshake go at once. The wait is bounded,
@@ -1422,10 +1773,12 @@ static void ucx_destroy(xport_t *base)
         log_warn("ucx: peer %s did not acknowledge our close at destroy", ep->base.peer_addr);
         ucx_ep_close_finish(ep, true);
     }
-    /* let UCX finish the closes and cancellations it started */
+    /* every connection is gone, so every peer's UCX endpoint is closing;
+     * let UCX finish the closes and cancellations it started */
     deadline = clock_now_ns() + 2000000000ull;
     while (x->inflight && clock_now_ns() < deadline) ucp_worker_progress(x->worker);
     if (x->inflight) log_warn("ucx: %u operations still in flight at destroy", x->inflight);
+    if (x->peers) log_warn("ucx: a peer endpoint outlived its connections at destroy");
     ucx_done_flush(x);
     ev_io_stop(x->cfg.loop, &x->efd_io);
     ev_prepare_stop(x->cfg.loop, &x->prepare);
@@ -1434,82 +1787,61 @@ static void ucx_destroy(xport_t *base)
     ucx_xport_free(x);
 }
 
+/* No socket: from now on hellos for new connections are taken. The
+ * address is the worker's (see the top of this file). */
 static bt_status_t ucx_listen(xport_t *base, char *addr, size_t addr_cap)
 {
     ucx_xport_t *x = (ucx_xport_t *)base;
-    if (!x->listener) {
-        struct sockaddr_storage ss;
-        socklen_t sl;
-        bt_status_t st = xport_sockaddr_parse(x->listen_addr, &ss, &sl);
-        if (st != BT_OK) return st;
-        ucp_listener_params_t lp = {
-            .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-            .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
-            .conn_handler = {.cb = ucx_conn_cb, .arg = x},
-        };
-        ucs_status_t s = ucp_listener_create(x->worker, &lp, &x->listener);
-        if (s != UCS_OK) {
-            log_error("ucx: cannot listen on %s: %s", x->listen_addr, ucs_status_string(s));
-            x->listener = NULL;
-            return BT_ERR_IO;
-        }
-        ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
-        s = ucp_listener_query(x->listener, &la);
-        if (s != UCS_OK) {
-            log_error("ucx: ucp_listener_query: %s", ucs_status_string(s));
-            return BT_ERR_IO;
-        }
-        xport_sockaddr_format((struct sockaddr *)&la.sockaddr, x->laddr, sizeof x->laddr);
+    if (x->self_addr_len + 1 > addr_cap) {
+        log_error("ucx: the listen address (%zu bytes) does not fit in %zu", x->self_addr_len + 1, addr_cap);
+        return BT_ERR_INVALID;
     }
-    if ((size_t)snprintf(addr, addr_cap, "%s", x->laddr) >= addr_cap) return BT_ERR_INVALID;
+    memcpy(addr, x->self_addr, x->self_addr_len + 1);
+    x->listening = true;
     return BT_OK;
 }
 
 static bt_status_t ucx_connect(xport_t *base, const char *addr, xport_ep_t **out)
 {
     ucx_xport_t *x = (ucx_xport_t *)base;
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    bt_status_t st = xport_sockaddr_parse(addr, &ss, &sl);
-    if (st != BT_OK) return st;
+    char why[160], label[XPORT_ADDR_MAX];
+    size_t len = addr ? strnlen(addr, XPORT_LISTEN_ADDR_MAX) : 0;
+    bt_status_t st = addr ? ucx_addr_parse(addr, len, label, sizeof label, NULL, NULL, why, sizeof why)
+                          : BT_ERR_INVALID;
+    if (st != BT_OK) {
+        log_error("ucx: connect to '%.60s%s': %s", addr ? addr : "(null)", len > 60 ? "..." : "",
+                  addr ? why : "no address");
+        return st;
+    }
     ucx_ep_t *ep = ucx_ep_new(x, false);
     if (!ep) return BT_ERR_NOMEM;
-    snprintf(ep->base.peer_addr, sizeof ep->base.peer_addr, "%s", addr);
-    ucp_ep_params_t prm = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR
-                      | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ucx_err_cb, .arg = ep},
-    };
-    ucs_status_t s = ucp_ep_create(x->worker, &prm, &ep->uep);
-    if (s != UCS_OK) {
-        log_error("ucx: connect to %s: %s", addr, ucs_status_string(s));
+    snprintf(ep->base.peer_addr, sizeof ep->base.peer_addr, "%s", label);
+    st = ucx_peer_get(x, addr, len, &ep->peer, why, sizeof why);
+    if (st != BT_OK) {
+        log_error("ucx: connect to %s: %s", label, why);
         ucx_ep_unlink(ep);
         ucx_ep_unref(ep);
-        return BT_ERR_PEER_UNREACH;
+        return st == BT_ERR_NOMEM ? st : BT_ERR_PEER_UNREACH;
     }
-    /* the hello goes out once UCX has wired the endpoint up; failures come
-     * back through the error callback, reported from the loop */
+    /* the hello (with our address and its MAC) goes out once UCX has wired
+     * the endpoint up; failures come back through the error callback,
+     * reported from the loop */
     ev_timer_start(x->cfg.loop, &ep->hs_timer);
     xport_hs_hello_write(&ep->hs, ep->hs_hello);
-    ucx_send_t *s_hello = ucx_send_new(x, UCX_AM_HS, ep->hs_hello, sizeof ep->hs_hello, NULL, 0,
-                                       NULL, NULL);
-    if (!s_hello || (st = ucx_send_post(ep, s_hello)) < 0) {
-        if (s_hello) ucx_send_free(x, s_hello);
+    if (xport_hs_hello_mac_write(&ep->hs, ep->hs_hello, x->self_addr, x->self_addr_len,
+                                 ep->hs_hello + XPORT_HS_HELLO_LEN) != BT_OK
+        || ucx_hs_send(ep, ep->hs_hello, UCX_HELLO_HDR, x->self_addr, x->self_addr_len) != BT_OK)
         ep->fail_pending = BT_ERR_PEER_UNREACH;
-    }
     ucx_wake(x);
     *out = &ep->base;
     return BT_IN_PROGRESS;
 }
 
 /* A busy loop's poll: one ucp_worker_progress, then what it delivered. Not
- * ucx_poll's progress-until-idle: with error handling on, UCX keeps a tcp
- * lane for keepalive and every progress costs an epoll_wait, so the extra
- * empty progress after each event would be a syscall per message; the busy
- * loop calls again at once anyway. */
+ * ucx_poll's progress-until-idle: where UCX runs a socket-based lane (the
+ * environment may enable one) every progress costs an epoll_wait, so the
+ * extra empty progress after each event would be a syscall per message;
+ * the busy loop calls again at once anyway. */
 static int ucx_progress(xport_t *base)
 {
     ucx_xport_t *x = (ucx_xport_t *)base;

@@ -31,10 +31,16 @@ bt_status_t xport_send_check(const xport_ep_t *ep, size_t max_frame, const void 
  *      ns instead of ~11 ns per empty progress here), and same-host
  *      rendezvous over shared-memory AM fragments was faster too. Costs ~25%
  *      bandwidth when UCX runs over plain tcp between hosts: set
- *      UCX_TCP_PUT_ENABLE=y there. RDMA transports are unaffected. */
+ *      UCX_TCP_PUT_ENABLE=y there. RDMA transports are unaffected.
+ *  KEEPALIVE_INTERVAL=1s  how soon a dead peer is noticed. Endpoints are
+ *      connected by worker address (no connection manager socket whose
+ *      close would report it at once), so over shared memory UCX's
+ *      keepalive finds a dead process: every 20 s by default. A round
+ *      checks each endpoint's peer process, cheap at this rate. */
 const xport_ucx_setting_t xport_ucx_settings[XPORT_UCX_NSETTINGS] = {
     {"MM_ERROR_HANDLING", "MM_ERROR_HANDLING", "y", {"POSIX_ERROR_HANDLING", "SYSV_ERROR_HANDLING"}},
     {"TCP_PUT_ENABLE", "PUT_ENABLE", "n", {NULL, NULL}},
+    {"KEEPALIVE_INTERVAL", "KEEPALIVE_INTERVAL", "1s", {NULL, NULL}},
 };
 
 bool xport_ucx_setting_from_env(int i)

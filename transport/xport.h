@@ -72,7 +72,13 @@ typedef enum {
 /* Largest frame header (msgpack envelope) any transport accepts; checked
  * before anything is allocated. */
 #define XPORT_HDR_MAX   (256u * 1024u)
-#define XPORT_ADDR_MAX  96           /* "inproc:<name>", "host:port", "[v6]:port" */
+/* A peer's name in log lines and error reports (xport_ep_t.peer_addr):
+ * "host:port", "[v6]:port", "inproc:<name>", ucx: "host:pid". */
+#define XPORT_ADDR_MAX  96
+/* What listen() writes and connect() takes: "host:port" (tcp), "inproc:<name>",
+ * ucx: "host:pid/HEX" with the UCP worker address in hex (a few hundred
+ * bytes on one host, more with RDMA devices), so it is longer. */
+#define XPORT_LISTEN_ADDR_MAX 8192
 #define XPORT_PEER_ID_UNKNOWN UINT32_MAX
 /* Incoming connections still in their handshake, per listener; more are
  * refused at once (each unauthenticated one holds an fd and buffers until
@@ -147,7 +153,9 @@ typedef struct {
     const uint8_t  *secret;       /* per-job secret; never on a command line */
     size_t          secret_len;
     uint32_t        self_id;      /* our id, sent in the handshake (e.g. rank) */
-    const char     *listen_addr;  /* "host:port"; NULL -> "127.0.0.1:0" */
+    const char     *listen_addr;  /* "host:port"; NULL -> "127.0.0.1:0". ucx: the
+                                   * host picks what UCX may use (see
+                                   * xport_ucx_net_select), the port is unused */
     size_t          max_frame;    /* bytes of header+payload; 0 -> 1 GiB */
     unsigned        handshake_ms; /* a peer that has not finished the handshake
                                    * by then is dropped; 0 -> 5000 */
@@ -169,7 +177,8 @@ typedef struct xport_ops {
     unsigned    caps;
     bt_status_t (*create)(const xport_config_t *cfg, xport_t **out);
     void        (*destroy)(xport_t *x);     /* closes every endpoint */
-    /* Start listening; write the address peers pass to connect(). */
+    /* Start listening; write the address peers pass to connect() (at most
+     * XPORT_LISTEN_ADDR_MAX bytes with the NUL). */
     bt_status_t (*listen)(xport_t *x, char *addr, size_t addr_cap);
     /* BT_IN_PROGRESS, then cbs.connected. *ep is valid at once (sends queue). */
     bt_status_t (*connect)(xport_t *x, const char *addr, xport_ep_t **ep);
@@ -235,10 +244,30 @@ typedef struct {
     const char *value;
     const char *aliases[2]; /* other variables that mean the same, NULL if none */
 } xport_ucx_setting_t;
-#define XPORT_UCX_NSETTINGS 2
+#define XPORT_UCX_NSETTINGS 3
 extern const xport_ucx_setting_t xport_ucx_settings[XPORT_UCX_NSETTINGS];
 /* True when the environment sets setting i (by its name or an alias). */
 bool xport_ucx_setting_from_env(int i);
+
+/* The UCX transports (UCX_TLS) and devices (UCX_NET_DEVICES) a ucx xport
+ * whose listen address is listen_addr ("host:port", NULL: loopback) may use;
+ * "" means UCX's default (all). The environment's UCX_TLS / UCX_NET_DEVICES
+ * win over these.
+ *   loopback (127.0.0.0/8, ::1, localhost): tls "sm,self", devs "lo": shared
+ *     memory between the processes of the host, no network transport and so
+ *     no socket (the job has no peer elsewhere);
+ *   another address: tls "^tcp" (everything but UCX's own tcp transport,
+ *     which hostile bytes from a peer host's address can stall), devs = the
+ *     interface that has it plus the ports of the RDMA devices behind that
+ *     interface (sys_root/class/infiniband/DEV/device/net/IFNAME; sys_root
+ *     NULL: /sys), "eth1,mlx5_0:1": verbs runs where such a device is;
+ *   0.0.0.0 / ::  tls "^tcp", every device.
+ * BT_ERR_INVALID (logged) for a malformed address or one this host lacks. */
+bt_status_t xport_ucx_net_select(const char *listen_addr, const char *sys_root, char *tls, size_t tls_cap,
+                                 char *devs, size_t devs_cap);
+/* Appends "DEV:PORT" for every port of every RDMA device that drives
+ * interface ifname (comma-separated, after what out already holds). */
+bt_status_t xport_ucx_rdma_ports(const char *ifname, const char *sys_root, char *out, size_t cap);
 
 /* Ops for a kind, or NULL when that transport is not built. */
 const xport_ops_t *xport_ops_get(xport_kind_t kind);

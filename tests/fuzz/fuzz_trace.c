@@ -19,7 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static FILE *devnull;
     if (!devnull) {
-        devnull = fopen("/dev/null", "w");
+        devnull = fopen("/dev/null", "we");
         log_set_level(LOG_ERROR); /* the reader's warnings are expected here */
     }
     trace_file_t f;

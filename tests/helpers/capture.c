@@ -1,5 +1,6 @@
 #include "tests/helpers/capture.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -7,7 +8,8 @@ void test_capture_begin(test_capture_t *c)
 {
     fflush(stderr);
     c->tmp = tmpfile();
-    c->saved = dup(2);
+    if (c->tmp) fcntl(fileno(c->tmp), F_SETFD, FD_CLOEXEC); /* tmpfile() opens it without */
+    c->saved = fcntl(2, F_DUPFD_CLOEXEC, 0);
     if (c->tmp) dup2(fileno(c->tmp), 2);
 }
 

@@ -1,5 +1,6 @@
 #include "tests/helpers/group.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@ static coll_config_t group_cfg(const test_group_t *g, int rank)
 }
 
 /* Connect c to every rank's address and run body; destroys c. */
-static int group_rank_run(const test_group_t *g, coll_comm_t *c, char (*addrs)[XPORT_ADDR_MAX],
+static int group_rank_run(const test_group_t *g, coll_comm_t *c, char (*addrs)[XPORT_LISTEN_ADDR_MAX],
                           test_group_body_fn body, void *arg)
 {
     const char *a[TEST_GROUP_MAX];
@@ -35,7 +36,7 @@ typedef struct {
     int rank;
     test_group_body_fn body;
     void *arg;
-    char (*addrs)[XPORT_ADDR_MAX];
+    char (*addrs)[XPORT_LISTEN_ADDR_MAX];
     pthread_barrier_t *bar;
     int failures;
 } group_thread_t;
@@ -45,7 +46,7 @@ static void *group_thread_main(void *p)
     group_thread_t *t = p;
     coll_config_t cfg = group_cfg(t->g, t->rank);
     coll_comm_t *c = NULL;
-    bool opened = coll_open(&coll_host_ops, &cfg, &c, t->addrs[t->rank], XPORT_ADDR_MAX) == BT_OK;
+    bool opened = coll_open(&coll_host_ops, &cfg, &c, t->addrs[t->rank], XPORT_LISTEN_ADDR_MAX) == BT_OK;
     pthread_barrier_wait(t->bar); /* every address is known past this point */
     t->failures = opened ? group_rank_run(t->g, c, t->addrs, t->body, t->arg) : 1;
     return NULL;
@@ -54,7 +55,7 @@ static void *group_thread_main(void *p)
 int test_group_threads(const test_group_t *g, test_group_body_fn body, void *arg)
 {
     int n = g->size;
-    char addrs[TEST_GROUP_MAX][XPORT_ADDR_MAX];
+    char addrs[TEST_GROUP_MAX][XPORT_LISTEN_ADDR_MAX];
     pthread_barrier_t bar;
     group_thread_t t[TEST_GROUP_MAX];
     pthread_t th[TEST_GROUP_MAX];
@@ -92,29 +93,29 @@ int test_group_procs(const test_group_t *g, test_group_body_fn body, void *arg)
     fflush(stdout);
     fflush(stderr);
     for (int r = 0; r < n; r++) {
-        if (pipe(up[r]) || pipe(down[r])) return 100;
+        if (pipe2(up[r], O_CLOEXEC) || pipe2(down[r], O_CLOEXEC)) return 100;
         pid[r] = fork();
         if (pid[r] < 0) return 100;
         if (pid[r] == 0) {
-            char tag[16], addrs[TEST_GROUP_MAX][XPORT_ADDR_MAX];
+            char tag[16], addrs[TEST_GROUP_MAX][XPORT_LISTEN_ADDR_MAX];
             snprintf(tag, sizeof tag, "rank%d", r);
             log_set_tag(tag);
             memset(addrs, 0, sizeof addrs);
             coll_config_t cfg = group_cfg(g, r);
             coll_comm_t *c = NULL;
-            if (coll_open(&coll_host_ops, &cfg, &c, addrs[r], XPORT_ADDR_MAX) != BT_OK) _exit(50);
-            if (write(up[r][1], addrs[r], XPORT_ADDR_MAX) != XPORT_ADDR_MAX) _exit(51);
-            if (read_all(down[r][0], addrs, (size_t)n * XPORT_ADDR_MAX)) _exit(52);
+            if (coll_open(&coll_host_ops, &cfg, &c, addrs[r], XPORT_LISTEN_ADDR_MAX) != BT_OK) _exit(50);
+            if (write(up[r][1], addrs[r], XPORT_LISTEN_ADDR_MAX) != XPORT_LISTEN_ADDR_MAX) _exit(51);
+            if (read_all(down[r][0], addrs, (size_t)n * XPORT_LISTEN_ADDR_MAX)) _exit(52);
             int f = group_rank_run(g, c, addrs, body, arg);
             _exit(f > 40 ? 40 : f);
         }
     }
-    char addrs[TEST_GROUP_MAX][XPORT_ADDR_MAX];
+    char addrs[TEST_GROUP_MAX][XPORT_LISTEN_ADDR_MAX];
     int fails = 0;
     for (int r = 0; r < n; r++)
-        if (read_all(up[r][0], addrs[r], XPORT_ADDR_MAX)) fails = 101;
+        if (read_all(up[r][0], addrs[r], XPORT_LISTEN_ADDR_MAX)) fails = 101;
     for (int r = 0; r < n && !fails; r++)
-        if (write(down[r][1], addrs, (size_t)n * XPORT_ADDR_MAX) < 0) fails = 102;
+        if (write(down[r][1], addrs, (size_t)n * XPORT_LISTEN_ADDR_MAX) < 0) fails = 102;
     if (!fails && g->kill_rank >= 0) {
         usleep((useconds_t)g->kill_after_ms * 1000);
         kill(pid[g->kill_rank], SIGKILL);
