@@ -900,7 +900,7 @@ static void killed_peer(const char *kind)
     uint64_t t_kill = clock_now_ns();
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
-    for (int i = 0; i < 300 && !atomic_load(&sup.reports); i++) usleep(10000);
+    for (int i = 0; i < 500 && !atomic_load(&sup.reports); i++) usleep(10000);
     CHECK(atomic_load(&sup.reports) == 1);
     double ms = (double)(atomic_load(&sup.t_ns) - t_kill) / 1e6;
     /* tcp sees the reset at once; ucx, connected by worker address, learns
