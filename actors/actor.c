@@ -134,6 +134,7 @@ static void msg_tensor_set(actor_msg_t *m, const char *name, size_t len, const t
     for (int k = 0; k < TENSOR_MAX_DIMS; k++) d->shape[k] = k < view->ndim ? view->shape[k] : 0;
     d->offset = 0;
     d->nbytes = msg_view_nbytes(view);
+    d->device = view->device;
     m->tensors[i] = *view;
 }
 

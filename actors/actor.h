@@ -127,8 +127,12 @@ actor_msg_t *actor_msg_new(uint32_t type);
 /* Free a message (any thread). Received messages give their buffer back to
  * the transport and a credit to the sender. */
 void         actor_msg_free(actor_msg_t *m);
+/* A message's tensors are host memory; a view's device field is the
+ * tensor's home (where its sender keeps it and its receiver puts it), which
+ * travels in the descriptor (wire/wire.h). */
 /* Attach a tensor in memory the message owns (64-byte aligned, zeroed);
- * returns the view or NULL (too many tensors, bad name, out of memory). */
+ * returns the view or NULL (too many tensors, bad name, out of memory). Its
+ * home is the host until the caller sets view->device. */
 tensor_t    *actor_msg_tensor_new(actor_msg_t *m, const char *name, dtype_t dt, int ndim,
                                   const int64_t *shape);
 /* Attach a view of memory the sender keeps valid until the message is freed

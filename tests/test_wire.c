@@ -511,6 +511,55 @@ static void test_wire_roundtrip_all_types(void)
     msgpack_sbuffer_destroy(&buf);
 }
 
+/* A tensor's device travels in its descriptor: a host tensor keeps the five
+ * keys (its bytes unchanged), another device adds "dev" last; both decoders
+ * give it back, and a device name the decoder cannot parse is refused. */
+static void test_wire_tensor_device(void)
+{
+    tensor_t ts[2] = {view_2d(g_x, DT_F32, 3, 2), view_1d(g_ids, DT_I32, 5)};
+    const char *names[2] = {"x", "ids"};
+    ts[0].device = (device_t){DEV_CUDA, 3};
+    msg_frame_t f, host;
+    msg_frame_init(&f);
+    msg_frame_init(&host);
+    wire_err_t err;
+    wire_env_t env = env_make(MSG_ACTIVATION), henv = env_make(MSG_ACTIVATION), d;
+    msg_body_t body, got;
+    bodies_fill(&body, MSG_ACTIVATION);
+    REQUIRE(msg_frame_build(&f, &env, &body, ts, names, 2, &err) == BT_OK);
+    tensor_t plain = view_2d(g_x, DT_F32, 3, 2);
+    ts[0] = plain;
+    REQUIRE(msg_frame_build(&host, &henv, &body, ts, names, 2, &err) == BT_OK);
+    /* "dev" + "cuda:3": 4 + 7 bytes more, and the map header says 6 keys */
+    CHECK(f.hdr.size == host.hdr.size + 11);
+    CHECK(memmem(f.hdr.data, f.hdr.size, "\x86\xa4name", 6) != NULL);
+    CHECK(memmem(host.hdr.data, host.hdr.size, "\x86\xa4name", 6) == NULL);
+    for (int path = WIRE_DECODE_AUTO; path <= WIRE_DECODE_FAST; path++) {
+        wire_gen_dec_t r;
+        wire_gen_dec_run(f.hdr.data, f.hdr.size, f.payload_len, NULL, (wire_decode_path_t)path, &r);
+        CHECK_MSG(r.st == BT_OK, "path %d: %s", path, r.err.reason);
+        CHECK(device_eq(r.env.tensors[0].device, (device_t){DEV_CUDA, 3}));
+        CHECK(device_is_host(r.env.tensors[1].device));
+    }
+    REQUIRE(msg_decode(f.hdr.data, f.hdr.size, f.payload_len, NULL, &d, &got, &err) == BT_OK);
+    uint8_t payload[128];
+    wire_gen_gather(f.iov, f.iovcnt, payload);
+    tensor_t x;
+    REQUIRE(wire_tensor_find(&d, "x", payload, &x) == BT_OK);
+    CHECK(x.device.kind == DEV_CUDA && x.device.index == 3);
+    /* a device the decoder does not know: refused, naming the tensor */
+    char *bad = malloc(f.hdr.size);
+    memcpy(bad, f.hdr.data, f.hdr.size);
+    char *at = memmem(bad, f.hdr.size, "cuda:3", 6);
+    REQUIRE(at);
+    memcpy(at, "tpu:03", 6);
+    CHECK(msg_decode(bad, f.hdr.size, f.payload_len, NULL, &d, &got, &err) == BT_ERR_PEER_PROTO);
+    CHECK_MSG(strstr(err.reason, "tensor 'x' names an unknown device") != NULL, "%s", err.reason);
+    free(bad);
+    msg_frame_fini(&f);
+    msg_frame_fini(&host);
+}
+
 /* The exact bytes of one envelope, written out by hand from the msgpack
  * spec: the format is a contract with other processes (and other builds),
  * so an encoder change that alters them must be deliberate. */
@@ -844,7 +893,7 @@ static void test_wire_cost(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_wire_addr, test_wire_golden_bytes, test_wire_roundtrip_all_types, test_wire_rejects_lies,
+    TEST_RUN(argc, argv, test_wire_addr, test_wire_golden_bytes, test_wire_roundtrip_all_types, test_wire_tensor_device, test_wire_rejects_lies,
              test_wire_unknown_keys_skipped, test_wire_truncated_and_trailing, test_wire_hostile_counts,
              test_wire_limits, test_wire_encoder_refuses, test_wire_corpus_mutations, test_wire_cost);
 }

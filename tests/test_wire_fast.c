@@ -181,7 +181,8 @@ static void rnd_msg(rnd_msg_t *m, uint32_t type, bool valid)
         tensor_t *t = &m->ts[i];
         t->dtype = (dtype_t)rnd_below(DT_COUNT);
         t->ndim = rnd_below(3) ? 1 + (int)rnd_below(TENSOR_MAX_DIMS) : TENSOR_MAX_DIMS;
-        t->device = DEVICE_CPU;
+        /* a few tensors name their device (the descriptor's sixth key) */
+        t->device = rnd_below(6) ? DEVICE_CPU : (device_t){DEV_CUDA, (int)rnd_below(16)};
         int zero = -1;
         for (int k = 0; k < t->ndim; k++) {
             /* small dims, or a 0 (no bytes) beside the decoder's largest

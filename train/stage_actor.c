@@ -308,6 +308,7 @@ static void advance(stage_actor_t *s)
             j->out = actor_msg_new(MSG_ACTIVATION);
             tensor_t *xo = j->out ? actor_msg_tensor_new(j->out, "x", act, 3, shape) : NULL;
             if (!xo) { fail(s, BT_ERR_NOMEM, "activation buffer"); return; }
+            xo->device = c->chunks[op.chunk]->place.dev; /* its home; the bytes are staged */
             j->x_out = xo->data;
             j->out->body.activation.vstage = v + 1;
         }
@@ -326,6 +327,7 @@ static void advance(stage_actor_t *s)
             j->out = actor_msg_new(MSG_ACT_GRAD);
             tensor_t *dx = j->out ? actor_msg_tensor_new(j->out, "dx", act, 3, shape) : NULL;
             if (!dx) { fail(s, BT_ERR_NOMEM, "gradient buffer"); return; }
+            dx->device = c->chunks[op.chunk]->place.dev;
             j->dx_in = dx->data;
             j->out->body.act_grad = (msg_act_grad_t){.vstage = v - 1, .loss_scale = 1.0f};
         }

@@ -409,11 +409,22 @@ static int wire_key_find(const msgpack_object *key, const wire_key_t *keys, int 
     return -1;
 }
 
-enum { TK_NAME, TK_DTYPE, TK_SHAPE, TK_OFFSET, TK_NBYTES, TK_COUNT };
+/* TK_DEV is optional (absent: the host); the others are required. */
+enum { TK_NAME, TK_DTYPE, TK_SHAPE, TK_OFFSET, TK_NBYTES, TK_DEV, TK_COUNT };
 static const wire_key_t wire_tensor_keys[TK_COUNT] = {
     [TK_NAME] = WIRE_KEY("name"), [TK_DTYPE] = WIRE_KEY("dtype"), [TK_SHAPE] = WIRE_KEY("shape"),
-    [TK_OFFSET] = WIRE_KEY("offset"), [TK_NBYTES] = WIRE_KEY("nbytes"),
+    [TK_OFFSET] = WIRE_KEY("offset"), [TK_NBYTES] = WIRE_KEY("nbytes"), [TK_DEV] = WIRE_KEY("dev"),
 };
+
+/* "cpu", "cuda:3", ... of at most DEVICE_STR_MAX - 1 bytes; false otherwise. */
+static bool wire_device_parse(const char *s, uint32_t len, device_t *out)
+{
+    char buf[DEVICE_STR_MAX];
+    if (len == 0 || len >= sizeof buf || memchr(s, '\0', len)) return false;
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    return device_parse(buf, out);
+}
 _Static_assert(sizeof wire_tensor_keys / sizeof wire_tensor_keys[0] == TK_COUNT, "tensor keys");
 
 static bt_status_t wire_tensor_read(const msgpack_object *o, uint32_t idx, const wire_limits_t *lim,
@@ -430,7 +441,7 @@ static bt_status_t wire_tensor_read(const msgpack_object *o, uint32_t idx, const
         if (val[k]) return wire_err_set(err, "envelope: tensor #%u duplicate key '%s'", idx, wire_tensor_keys[k].s);
         val[k] = &kv->val;
     }
-    for (int k = 0; k < TK_COUNT; k++)
+    for (int k = 0; k < TK_DEV; k++)
         if (!val[k]) return wire_err_set(err, "envelope: tensor #%u missing key '%s'", idx, wire_tensor_keys[k].s);
 
     bt_status_t st = wire_get_name(val[TK_NAME], lim->max_name_len, d->name, err);
@@ -454,6 +465,11 @@ static bt_status_t wire_tensor_read(const msgpack_object *o, uint32_t idx, const
     for (int i = d->ndim; i < TENSOR_MAX_DIMS; i++) d->shape[i] = 1;
     if ((st = wire_get_u64(val[TK_OFFSET], d->name, "offset", -1, UINT64_MAX, &d->offset, err)) != BT_OK) return st;
     if ((st = wire_get_u64(val[TK_NBYTES], d->name, "nbytes", -1, UINT64_MAX, &d->nbytes, err)) != BT_OK) return st;
+    d->device = DEVICE_CPU;
+    const msgpack_object *dv = val[TK_DEV];
+    if (dv && (dv->type != MSGPACK_OBJECT_STR ||
+               !wire_device_parse(dv->via.str.ptr, dv->via.str.size, &d->device)))
+        return wire_err_set(err, "envelope: tensor '%s' names an unknown device", d->name);
     return BT_OK;
 }
 
@@ -659,7 +675,9 @@ static bool wire_tensor_fast(wire_rd_t *r, const wire_limits_t *lim, wire_tensor
 {
     const char *s;
     uint32_t len, ndim;
-    if (!WIRE_RD_LIT(r, "\x85\xa4" "name") || !wire_rd_str(r, &s, &len)) return false;
+    /* five keys, or six with "dev" last */
+    bool has_dev = WIRE_RD_LIT(r, "\x86\xa4" "name");
+    if ((!has_dev && !WIRE_RD_LIT(r, "\x85\xa4" "name")) || !wire_rd_str(r, &s, &len)) return false;
     if (len == 0 || len > lim->max_name_len) return false;
     for (uint32_t k = 0; k < len; k++)
         if (s[k] == '\0') return false;
@@ -678,8 +696,14 @@ static bool wire_tensor_fast(wire_rd_t *r, const wire_limits_t *lim, wire_tensor
         d->shape[k] = (int64_t)v;
     }
     for (int k = (int)ndim; k < TENSOR_MAX_DIMS; k++) d->shape[k] = 1;
-    return WIRE_RD_LIT(r, "\xa6" "offset") && wire_rd_uint(r, UINT64_MAX, &d->offset) &&
-           WIRE_RD_LIT(r, "\xa6" "nbytes") && wire_rd_uint(r, UINT64_MAX, &d->nbytes);
+    if (!(WIRE_RD_LIT(r, "\xa6" "offset") && wire_rd_uint(r, UINT64_MAX, &d->offset) &&
+          WIRE_RD_LIT(r, "\xa6" "nbytes") && wire_rd_uint(r, UINT64_MAX, &d->nbytes)))
+        return false;
+    d->device = DEVICE_CPU;
+    if (!has_dev) return true;
+    /* a host device written out is valid, but not what the encoder writes */
+    return WIRE_RD_LIT(r, "\xa3" "dev") && wire_rd_str(r, &s, &len) &&
+           wire_device_parse(s, len, &d->device) && !device_is_host(d->device);
 }
 
 /* A signed envelope field in [-1, max]. */
@@ -781,9 +805,11 @@ bt_status_t wire_env_decode(const void *hdr, size_t hdr_len, size_t payload_len,
  * msgpack-c's packer writes them. */
 
 /* Upper bounds of the bytes written above: a key <= 8 bytes, an integer <= 9,
- * a name <= 2 + 63, a dtype <= 5, a container header <= 3. */
+ * a name <= 2 + 63, a dtype <= 5, a container header <= 3, a device name
+ * <= 1 + DEVICE_STR_MAX. */
 #define WIRE_ENC_FIXED_MAX  (3 + EK_COUNT * 8 + 7 * 9 + 3)
-#define WIRE_ENC_TENSOR_MAX (3 + TK_COUNT * 8 + 65 + 5 + 3 + TENSOR_MAX_DIMS * 9 + 2 * 9)
+#define WIRE_ENC_TENSOR_MAX                                                                        \
+    (3 + TK_COUNT * 8 + 65 + 5 + 3 + TENSOR_MAX_DIMS * 9 + 2 * 9 + 1 + DEVICE_STR_MAX)
 
 static bt_status_t wire_env_emit(msgpack_sbuffer *buf, const wire_env_t *env, const size_t *name_len,
                                  const wire_meta_enc_t *meta, wire_err_t *err);
@@ -848,7 +874,7 @@ static bt_status_t wire_env_emit(msgpack_sbuffer *buf, const wire_env_t *env, co
     /* Keys as literals written by word stores (the bounds above allot 8
      * bytes to each key, so the 8-byte stores stay inside `need`); the
      * literals are the key tables' entries as encoded. */
-    _Static_assert(EK_COUNT == 9 && TK_COUNT == 5 && WIRE_VERSION == 1, "literal map sizes and version");
+    _Static_assert(EK_COUNT == 9 && TK_COUNT == 6 && WIRE_VERSION == 1, "literal map sizes and version");
     WIRE_OUT_LIT(&o, "\x89\xa3" "ver" "\x01");
     WIRE_OUT_LIT(&o, "\xa4" "type");
     wire_out_uint(&o, env->type);
@@ -866,7 +892,9 @@ static bt_status_t wire_env_emit(msgpack_sbuffer *buf, const wire_env_t *env, co
     wire_out_array(&o, env->ntensors);
     for (uint32_t i = 0; i < env->ntensors; i++) {
         const wire_tensor_desc_t *d = &env->tensors[i];
-        WIRE_OUT_LIT(&o, "\x85\xa4" "name");
+        bool dev = !device_is_host(d->device);
+        if (dev) WIRE_OUT_LIT(&o, "\x86\xa4" "name");
+        else WIRE_OUT_LIT(&o, "\x85\xa4" "name");
         wire_out_str(&o, d->name, name_len[i]);
         WIRE_OUT_LIT(&o, "\xa5" "dtype");
         /* the dtype name (validated above) as one word store; the buffer
@@ -886,6 +914,12 @@ static bt_status_t wire_env_emit(msgpack_sbuffer *buf, const wire_env_t *env, co
         wire_out_uint(&o, d->offset);
         WIRE_OUT_LIT(&o, "\xa6" "nbytes");
         wire_out_uint(&o, d->nbytes);
+        if (dev) {
+            char ds[DEVICE_STR_MAX];
+            device_str(d->device, ds);
+            WIRE_OUT_LIT(&o, "\xa3" "dev");
+            wire_out_str(&o, ds, strlen(ds));
+        }
     }
     WIRE_OUT_LIT(&o, "\xa4" "meta");
     size_t meta_len = meta && meta->write ? meta->write(o.p, env, meta->body) : 0;
@@ -1016,6 +1050,7 @@ static bt_status_t wire_layout(wire_env_t *env, const tensor_t *ts, const char *
             if (k < t->ndim) numel *= (uint64_t)t->shape[k];
         }
         d->nbytes = numel * esize;
+        d->device = t->device; /* the view's bytes are host memory; its device is the home */
         d->offset = i == 0 ? 0 : wire_align_up(end);
         if (d->offset > end) {
             iov[nio].iov_base = (void *)wire_zeros;
@@ -1041,7 +1076,7 @@ tensor_t wire_tensor_view(const wire_env_t *env, uint32_t i, void *payload)
     memset(&t, 0, sizeof t);
     t.dtype = d->dtype;
     t.ndim = d->ndim;
-    t.device = DEVICE_CPU;
+    t.device = d->device; /* the home; the data is the payload's bytes, host memory */
     /* Unsigned: dims of up to max_dim beside a zero dim are a valid (empty)
      * tensor whose stride product overflows int64. */
     uint64_t stride = 1;

@@ -73,6 +73,13 @@ typedef struct {
     int64_t  shape[TENSOR_MAX_DIMS];
     uint64_t offset;  /* from the start of the payload */
     uint64_t nbytes;
+    /* The tensor's home: the device the sender keeps it on, and where the
+     * receiver puts it. The bytes themselves are in the payload, host memory
+     * (staged there by the sender), whatever the home. Encoded as the key
+     * "dev" ("cuda:0") after nbytes, only for a home that is not the host: a
+     * host tensor's descriptor keeps its five keys, and a descriptor without
+     * "dev" is at home on the host. */
+    device_t device;
 } wire_tensor_desc_t;
 
 /* The decoded envelope minus its meta body (which wire/msg.h decodes). */
@@ -122,6 +129,8 @@ bt_status_t wire_env_encode_ex(msgpack_sbuffer *buf, const wire_env_t *env, cons
  * zero padding in between. iov needs room for 2*n entries; *iovcnt and
  * *payload_len are set on success. The tensors' memory must stay valid until
  * the transport's send completes. */
+/* (The views' data must be host memory; a view's device field, when not the
+ * host, is written as the tensor's home.) */
 bt_status_t wire_tensors_layout(wire_env_t *env, const tensor_t *ts, const char *const *names,
                                 int n, struct iovec *iov, int *iovcnt, size_t *payload_len,
                                 wire_err_t *err);
@@ -190,9 +199,10 @@ bt_status_t wire_env_decode_ex(const void *hdr, size_t hdr_len, size_t payload_l
                                const wire_limits_t *lim, wire_env_t *env, const wire_meta_dec_t *meta,
                                wire_decode_path_t path, wire_err_t *err);
 
-/* A view of tensor i of a validated envelope over its received payload
- * (device CPU). The view borrows the payload: it is valid until the frame is
- * released. */
+/* A view of tensor i of a validated envelope over its received payload. Its
+ * data is host memory (the payload) whatever its device field, which is the
+ * tensor's home (wire_tensor_desc_t.device). The view borrows the payload:
+ * it is valid until the frame is released. */
 tensor_t wire_tensor_view(const wire_env_t *env, uint32_t i, void *payload);
 
 /* The view of the tensor named `name`; BT_ERR_NOT_FOUND when absent. */

@@ -151,6 +151,10 @@ static inline void wire_gen_message(const uint8_t *in, size_t n, wire_env_t *env
         memset(&ts[i], 0, sizeof ts[i]);
         ts[i].dtype = dt;
         ts[i].ndim = ndim;
+        /* mostly host tensors; some name a device (the sixth "dev" key) */
+        uint64_t dv = wire_gen_u64(&s) % 8;
+        ts[i].device = dv < 6 ? DEVICE_CPU
+                              : (device_t){dv == 6 ? DEV_CUDA : DEV_FENCED, (int)(dv == 6 ? i : 0)};
         int64_t stride = 1;
         for (int k = ndim - 1; k >= 0; k--) {
             ts[i].shape[k] = shape[k];
@@ -184,7 +188,7 @@ static inline bool wire_gen_env_equal(const wire_env_t *a, const wire_env_t *b)
     for (uint32_t i = 0; i < a->ntensors; i++) {
         const wire_tensor_desc_t *x = &a->tensors[i], *y = &b->tensors[i];
         if (strcmp(x->name, y->name) || x->dtype != y->dtype || x->ndim != y->ndim ||
-            x->offset != y->offset || x->nbytes != y->nbytes)
+            x->offset != y->offset || x->nbytes != y->nbytes || !device_eq(x->device, y->device))
             return false;
         for (int k = 0; k < x->ndim; k++)
             if (x->shape[k] != y->shape[k]) return false;
