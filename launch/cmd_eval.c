@@ -343,13 +343,17 @@ int cmd_eval(int argc, char **argv)
     eval_seqs_t seqs = {0};
     int32_t *targets = NULL;
     model_place_t place;
+    model_config_t cfg;
     if (run_place_parse(device, dtype, &place) != BT_OK) return 2;
-    if (ckpt_source_load_part(dir, NULL, NULL, &place, &m) != BT_OK) return 1; /* it said why */
-    if (text_path ? eval_text_read(text_path, dir, m->cfg.vocab_size, &seqs) != 0
-                  : eval_ids_read(ids_path, m->cfg.vocab_size, &seqs) != 0)
+    /* with --layout the workers load the model, each its share: this
+     * process reads the config only */
+    if (ckpt_source_config(dir, &cfg) != BT_OK) return 1; /* it said why */
+    if (!layout && ckpt_source_load_part(dir, NULL, NULL, &place, &m) != BT_OK) return 1;
+    if (text_path ? eval_text_read(text_path, dir, cfg.vocab_size, &seqs) != 0
+                  : eval_ids_read(ids_path, cfg.vocab_size, &seqs) != 0)
         goto free_seqs;
     if (max_tokens > 0) eval_seqs_truncate(&seqs, max_tokens);
-    if (window == 0) window = m->cfg.max_position_embeddings;
+    if (window == 0) window = cfg.max_position_embeddings;
     if (eval_seqs_window(&seqs, window) != 0) {
         log_error("eval: out of memory");
         goto free_seqs;
@@ -380,7 +384,7 @@ int cmd_eval(int argc, char **argv)
         for (int64_t i = 0; i < rows; i++)
             memcpy(ids + i * tmax, seqs.ids + seqs.start[i], (size_t)seqs.len[i] * sizeof *ids);
         model_targets_from_ids(targets, ids, seqs.len, rows, tmax);
-        int drc = driver_eval(dir, layout, ids, targets, rows, tmax, &lloss, &n_tok);
+        int drc = driver_eval(dir, layout, device, dtype, ids, targets, rows, tmax, &lloss, &n_tok);
         free(ids);
         if (drc) {
             rc = drc;

@@ -897,8 +897,9 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
     return rc;
 }
 
-int driver_eval(const char *model_dir, const char *layout, const int32_t *ids,
-                const int32_t *targets, int64_t rows, int64_t T, double *loss, int64_t *tokens)
+int driver_eval(const char *model_dir, const char *layout, const char *device, const char *dtype,
+                const int32_t *ids, const int32_t *targets, int64_t rows, int64_t T, double *loss,
+                int64_t *tokens)
 {
     int64_t tp = 1, pp = 1, dp = 1;
     char buf[256];
@@ -917,6 +918,16 @@ int driver_eval(const char *model_dir, const char *layout, const int32_t *ids,
         fprintf(stderr, "baton eval: --model %s: unsupported characters in the path\n", model_dir);
         return 2;
     }
+    if (!device) device = "cpu";
+    if (!dtype) dtype = "fp32";
+    if (strpbrk(device, "\"\n\\{},:") && strncmp(device, "cuda:", 5)) {
+        fprintf(stderr, "baton eval: --device %s: not a device\n", device);
+        return 2;
+    }
+    if (strpbrk(dtype, "\"\n\\{},:")) {
+        fprintf(stderr, "baton eval: --dtype %s: not a precision\n", dtype);
+        return 2;
+    }
     /* A job for the workers: the model, the layout, microbatches of 4 rows
      * of T tokens (data.dir is required by the schema; eval-only workers
      * never read it). */
@@ -925,9 +936,10 @@ int driver_eval(const char *model_dir, const char *layout, const int32_t *ids,
                      "model: {hf: \"%s\"}\n"
                      "data: {dir: \"%s\", seq_len: %lld, split: 0}\n"
                      "train: {steps: 1, micro_batch: 4, grad_accum: %lld}\n"
-                     "parallel: {tp: %lld, pp: %lld, dp: %lld}\n",
+                     "parallel: {tp: %lld, pp: %lld, dp: %lld}\n"
+                     "device: \"%s\"\ndtype: \"%s\"\n",
                      model_dir, model_dir, (long long)T, (long long)pp, (long long)tp, (long long)pp,
-                     (long long)dp);
+                     (long long)dp, device, dtype);
     if (n < 0) return 1;
     static job_t job;
     char err[JOB_ERR_MAX];

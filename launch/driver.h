@@ -41,7 +41,8 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet);
  * of T tokens (ids; targets -100 where not scored) in the layout
  * "tp=N,pp=N,dp=N" (missing keys: 1), as processes. Writes the mean NLL
  * over scored positions and their count. Returns the exit status. */
-int driver_eval(const char *model_dir, const char *layout, const int32_t *ids,
-                const int32_t *targets, int64_t rows, int64_t T, double *loss, int64_t *tokens);
+int driver_eval(const char *model_dir, const char *layout, const char *device, const char *dtype,
+                const int32_t *ids, const int32_t *targets, int64_t rows, int64_t T, double *loss,
+                int64_t *tokens);
 
 #endif

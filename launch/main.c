@@ -3,8 +3,10 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 
 #include "base/file.h"
+#include "base/log.h"
 
 typedef struct {
     const char *name;
@@ -22,6 +24,19 @@ static const cli_cmd_t commands[] = {
     {"bench", cmd_bench, "transport|train ...               benchmarks"},
     {"worker", cmd_worker, "(internal) one rank process of a job"},
 };
+
+/* VmHWM of /proc/self/status in KiB, or -1 */
+static long peak_rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "re");
+    if (!f) return -1;
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kib = strtol(line + 6, NULL, 10);
+    fclose(f);
+    return kib;
+}
 
 static void usage(FILE *f)
 {
@@ -41,8 +56,18 @@ int main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].name)) continue;
+        int rc = commands[i].fn(argc - 1, argv + 1);
+        /* what the process held at most (tests/sh/test_rank_memory.sh reads
+         * it): VmHWM, which starts afresh at exec (getrusage's ru_maxrss
+         * would include what the forking driver held) */
+        if (log_enabled(LOG_DEBUG)) {
+            long hwm = peak_rss_kib();
+            if (hwm >= 0) log_debug("%s: peak resident memory %ld KiB", argv[1], hwm);
+        }
+        return rc;
+    }
     fprintf(stderr, "baton: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

@@ -98,6 +98,7 @@ close_file:
 /* Everything a rank owns, released in reverse order by worker_free. */
 typedef struct {
     int            rank;
+    bool           eval_only;  /* an evaluation run: no gradients, no optimizer state */
     job_t          job;
     graph_t        g;
     uint8_t        secret[RUN_SECRET_LEN];
@@ -212,7 +213,7 @@ static bt_status_t chunks_create(worker_t *w)
         if ((st = run_model_create_part(&w->job, &stage, w->g.tp > 1 ? &par : NULL, &place,
                                         &w->chunks[k])))
             return st;
-        if ((st = model_grads_alloc(w->chunks[k]))) return st;
+        if (!w->eval_only && (st = model_grads_alloc(w->chunks[k]))) return st;
     }
     return BT_OK;
 }
@@ -402,7 +403,7 @@ static bt_status_t actors_start(worker_t *w)
         if (v == 0) oc.embed_chunk = k;
         if (g->tied && g->n_vstages > 1 && v == g->n_vstages - 1) oc.head_copy_chunk = k;
     }
-    if ((st = dist_optim_create(&oc, &w->opt))) return st;
+    if (!w->eval_only && (st = dist_optim_create(&oc, &w->opt))) return st;
 
     bool data = graph_rank_needs_data(g, w->rank);
     int64_t rows = (int64_t)g->dp * g->microbatches * g->micro_batch;
@@ -502,7 +503,7 @@ int worker_main(const char *run_dir, int rank)
     if (w->job.trace_dir[0] && trace_start(w->job.trace_dir, (uint32_t)rank, NULL))
         log_warn("rank %d: tracing into %s failed; running untraced", rank, w->job.trace_dir);
     snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_MODE);
-    bool eval_only = access(path, F_OK) == 0;
+    bool eval_only = w->eval_only = access(path, F_OK) == 0;
     if (!eval_only && graph_rank_needs_data(&w->g, rank)) {
         uint32_t vocab;
         if ((st = worker_train_stream(&w->job, &w->tokens, &w->n_tokens, &vocab))) goto fail;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "ckpt/hf.h"
+#include "model/kind.h"
 #include "model/model.h"
 #include "tests/test.h"
 
@@ -212,6 +213,70 @@ static void test_model_head_chunks(void)
     model_destroy(m);
 }
 
+/* Blocks as kinds: a stack whose layers are a lone attention then a lone
+ * MLP computes exactly what one Llama layer (attention, then MLP) computes
+ * with the same weights: the same loss and the same gradients, bit for bit.
+ * Its layout has no MLP tensors in layer 0 and no attention tensors in
+ * layer 1, and a pipeline stage can hold either layer. */
+static void test_model_hybrid_blocks(void)
+{
+    model_config_t one = cfg_small(), hyb = cfg_small();
+    one.num_layers = 1;
+    hyb.num_layers = 2;
+    hyb.blocks[0] = (model_block_t){.mixer = MODEL_MIXER_ATTENTION, .ffn = MODEL_FFN_NONE};
+    hyb.blocks[1] = (model_block_t){.mixer = MODEL_MIXER_NONE, .ffn = MODEL_FFN_DENSE};
+    model_t *a = NULL, *b = NULL;
+    REQUIRE(model_create(&one, NULL, &a) == BT_OK && model_create(&hyb, NULL, &b) == BT_OK);
+    REQUIRE(model_init_random(a, 9, 0.1f) == BT_OK);
+    CHECK(a->n_params == b->n_params && a->n_subs == 2 && b->n_subs == 2);
+    CHECK(model_param_find(b, "model.layers.0.mlp.up_proj.weight") < 0);
+    CHECK(model_param_find(b, "model.layers.1.self_attn.q_proj.weight") < 0);
+    CHECK(model_param_find(b, "model.layers.1.post_attention_layernorm.weight") >= 0);
+    /* b's tensors are a's, with the MLP's under layer 1 */
+    for (int i = 0; i < b->n_params; i++) {
+        char name[MODEL_NAME_MAX];
+        snprintf(name, sizeof name, "%s", b->params[i].name);
+        char *l1 = strstr(name, "layers.1.");
+        if (l1) l1[7] = '0';
+        int j = model_param_find(a, name);
+        REQUIRE(j >= 0);
+        memcpy(b->params[i].t.data, a->params[j].t.data, tensor_nbytes(&a->params[j].t));
+    }
+    int32_t ids[16], tg[16];
+    for (int i = 0; i < 16; i++) ids[i] = (i * 11 + 3) % 64;
+    model_targets_from_ids(tg, ids, NULL, 2, 8);
+    model_batch_t batch = {.B = 2, .T = 8, .ids = ids, .targets = tg};
+    model_acts_t *aa = NULL, *ab = NULL;
+    REQUIRE(model_acts_create(a, 2, 8, &aa) == BT_OK && model_acts_create(b, 2, 8, &ab) == BT_OK);
+    model_loss_t la, lb;
+    REQUIRE(model_forward_backward(a, aa, &batch, 0.1f, &la) == BT_OK);
+    REQUIRE(model_forward_backward(b, ab, &batch, 0.1f, &lb) == BT_OK);
+    CHECK(la.loss_sum == lb.loss_sum && la.n_scored == lb.n_scored);
+    int differ = 0;
+    for (int i = 0; i < b->n_params; i++) {
+        char name[MODEL_NAME_MAX];
+        snprintf(name, sizeof name, "%s", b->params[i].name);
+        char *l1 = strstr(name, "layers.1.");
+        if (l1) l1[7] = '0';
+        int j = model_param_find(a, name);
+        differ += memcmp(b->grads[i].t.data, a->grads[j].t.data, tensor_nbytes(&a->grads[j].t)) != 0;
+    }
+    CHECK_MSG(differ == 0, "%d gradients differ between the hybrid stack and the Llama layer", differ);
+    /* a stage of just the MLP layer */
+    model_stage_t s1 = {.first_layer = 1, .last_layer = 2, .has_head = true};
+    model_t *st = NULL;
+    REQUIRE(model_create(&hyb, &s1, &st) == BT_OK);
+    CHECK(st->n_subs == 1 && st->subs[0].kind == &model_kind_mlp && st->subs[0].layer == 1);
+    model_destroy(st);
+    model_acts_destroy(aa);
+    model_acts_destroy(ab);
+    model_destroy(a);
+    model_destroy(b);
+    /* a layer with neither is refused by name */
+    hyb.blocks[1] = (model_block_t){0};
+    CHECK(model_create(&hyb, NULL, &b) == BT_ERR_INVALID);
+}
+
 /* The fenced device catches host code that touches device memory: a model
  * there runs through the backend (a forward pass, reading a parameter back),
  * but a direct read of its parameter block dies of SIGSEGV. */
@@ -270,5 +335,5 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_model_block_layout, test_model_stage_init,
              test_model_positions_and_errors, test_model_head_chunks,
-             test_model_fenced_device_catches_host_access);
+             test_model_hybrid_blocks, test_model_fenced_device_catches_host_access);
 }
