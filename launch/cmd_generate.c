@@ -30,6 +30,8 @@
 #include "base/log.h"
 #include "ckpt/model_source.h"
 #include "data/tokenizer.h"
+#include "launch/job.h"
+#include "launch/run_mem.h"
 #include "model/model.h"
 #include "model/train.h"
 
@@ -218,14 +220,17 @@ int cmd_generate(int argc, char **argv)
     gen_cand_t *cand = NULL;
     char *text = NULL;
     ckpt_source_special_t sp;
-    if (ckpt_source_load(model_path, NULL, &m) != BT_OK) return 1; /* the loader said why */
+    model_config_t cfg;
+    /* The config first: the run's memory is estimated before the weights
+     * are allocated. */
+    if (ckpt_source_config(model_path, &cfg) != BT_OK) return 1; /* the reader said why */
     if (ckpt_source_tokenizer(model_path, &tok, &sp) != BT_OK) goto out;
     size_t np = 0;
     if (tok_encode(tok, prompt, strlen(prompt), &pids, &np) != BT_OK) {
         log_error("generate: cannot tokenize the prompt");
         goto out;
     }
-    int64_t V = m->cfg.vocab_size, n0 = (int64_t)np + (bos ? 1 : 0);
+    int64_t V = cfg.vocab_size, n0 = (int64_t)np + (bos ? 1 : 0);
     int64_t tmax = n0 + (int64_t)max_new;
     if (bos && sp.bos < 0) {
         log_error("generate: --bos: %s names no BOS token", model_path);
@@ -235,11 +240,22 @@ int cmd_generate(int argc, char **argv)
         log_error("generate: the prompt has no tokens (give some text or --bos)");
         goto out;
     }
-    if (tmax > m->cfg.max_position_embeddings) {
+    if (tmax > cfg.max_position_embeddings) {
         log_error("generate: prompt (%lld tokens) + --max-new %lld exceeds the model's %lld positions",
-                  (long long)n0, (long long)max_new, (long long)m->cfg.max_position_embeddings);
+                  (long long)n0, (long long)max_new, (long long)cfg.max_position_embeddings);
         goto out;
     }
+    run_mem_plan_t plan; /* + the logits of every position and the sampling scratch */
+    run_mem_plan_single(&cfg, 1, tmax, false,
+                        (double)tmax * (double)V * sizeof *logits + (double)V * sizeof *cand, &plan);
+    char hint[96], why[JOB_ERR_MAX];
+    snprintf(hint, sizeof hint, "the activations of %lld positions (the prompt + --max-new)",
+             (long long)tmax);
+    if (run_mem_source_check(model_path, &cfg, &plan, hint, why, sizeof why)) {
+        fprintf(stderr, "baton generate: %s\n", why);
+        goto out;
+    }
+    if (ckpt_source_load(model_path, NULL, &m) != BT_OK) goto out; /* the loader said why */
     ids = malloc((size_t)tmax * sizeof *ids);
     targets = malloc((size_t)tmax * sizeof *targets);
     logits = malloc((size_t)tmax * (size_t)V * sizeof *logits);

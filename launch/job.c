@@ -647,10 +647,8 @@ out_parser:
 
 /* ---- validation --------------------------------------------------------- */
 
-static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t errlen,
-                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t errlen,
-                         const char *fmt, ...)
+static bt_status_t vfail_va(const job_t *job, const char *field, char *err, size_t errlen,
+                            const char *fmt, va_list ap)
 {
     int fi = field_find(field);
     if (fi < 0) BT_PANIC("validation names unknown field %s", field);
@@ -664,11 +662,30 @@ static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t 
         w.line = o->line;
         w.col = o->col;
     }
+    if (err && errlen) where_fmt(err, errlen, &w, field, fmt, ap);
+    return BT_ERR_INVALID;
+}
+
+static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t errlen,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t errlen,
+                         const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    if (err && errlen) where_fmt(err, errlen, &w, field, fmt, ap);
+    bt_status_t st = vfail_va(job, field, err, errlen, fmt, ap);
     va_end(ap);
-    return BT_ERR_INVALID;
+    return st;
+}
+
+bt_status_t job_error(const job_t *job, const char *field, char *err, size_t errlen,
+                      const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    bt_status_t st = vfail_va(job, field, err, errlen, fmt, ap);
+    va_end(ap);
+    return st;
 }
 
 static bool field_is_set(const job_t *job, const char *name)

@@ -135,6 +135,13 @@ bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t e
 /* Cross-field checks; reads model.hf's config.json when set. */
 bt_status_t job_validate(job_t *job, char *err, size_t errlen);
 
+/* A message about `field` (a schema name) in the form above, placed where
+ * the field was set (file:line:col, --set, or the file alone for a
+ * default); returns BT_ERR_INVALID. For checks made after validation (the
+ * memory estimate, launch/run_mem.h). */
+bt_status_t job_error(const job_t *job, const char *field, char *err, size_t errlen,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
 /* Layers per pipeline stage (pp * virtual_stages entries): the explicit split
  * or an even one (the first layers % stages stages get one more). */
 int job_stage_layers(const job_t *job, int64_t *out, int max);

@@ -195,13 +195,37 @@ bt_status_t run_parent_make(const char *path)
     return run_dir_make(dir);
 }
 
+void run_json_num(FILE *f, const char *fmt, double v)
+{
+    if (isfinite(v)) fprintf(f, fmt, v);
+    else fputs("null", f);
+}
+
 void run_metrics_write(FILE *f, const run_step_report_t *r)
 {
     if (!f) return;
-    fprintf(f, "{\"step\": %lld, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, "
-               "\"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
-            (long long)r->step, r->loss, r->lr, r->grad_norm, (long long)r->tokens, r->tokens_per_s,
-            r->elapsed_s);
+    fprintf(f, "{\"step\": %lld, \"loss\": ", (long long)r->step);
+    run_json_num(f, "%.7g", r->loss);
+    fputs(", \"lr\": ", f);
+    run_json_num(f, "%.7g", r->lr);
+    fputs(", \"grad_norm\": ", f);
+    run_json_num(f, "%.7g", r->grad_norm);
+    fprintf(f, ", \"tokens\": %lld, \"tokens_per_s\": ", (long long)r->tokens);
+    run_json_num(f, "%.1f", r->tokens_per_s);
+    fputs(", \"elapsed_s\": ", f);
+    run_json_num(f, "%.3f", r->elapsed_s);
+    fputs("}\n", f);
+    fflush(f);
+}
+
+void run_eval_metrics_write(FILE *f, int64_t step, double loss)
+{
+    if (!f) return;
+    fprintf(f, "{\"step\": %lld, \"val_loss\": ", (long long)step);
+    run_json_num(f, "%.7g", loss);
+    fputs(", \"val_ppl\": ", f);
+    run_json_num(f, "%.7g", exp(loss));
+    fputs("}\n", f);
     fflush(f);
 }
 
