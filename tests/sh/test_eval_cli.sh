@@ -118,6 +118,11 @@ expect_err eval_err_tied_head_differs "tensor 'lm_head.weight' differs from mode
     --model "$tmp/tied_head" --ids $t/ids.txt --json
 grep -q "tie_word_embeddings=true" "$tmp/err" && pass eval_err_tied_head_says_config \
     || fail eval_err_tied_head_says_config "$(cat "$tmp/err")"
+# the llama fixture (own head) marked tied: was loss 5.9823 (head ignored)
+copy_model $d "$tmp/llama_tied"
+sed -i 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$tmp/llama_tied/config.json"
+expect_err eval_err_untied_head_marked_tied "tensor 'lm_head.weight' differs from model.embed_tokens.weight" \
+    --model "$tmp/llama_tied" --ids $d/ids.txt --json
 # ... the same as a surplus layer tensor, which is refused too
 copy_model $t "$tmp/extra_layer"
 $ST_EDIT $t/model.safetensors "$tmp/extra_layer/model.safetensors" add \
