@@ -104,7 +104,7 @@ out=$("$BATON" run "$tmp/nan.yaml" 2>&1); rc=$?
 # behaviour fail fast instead of filling the machine.
 for layout in single pp2; do
     sets=(--set model.vocab=16777216); [ $layout = pp2 ] && sets+=(--set parallel.pp=2)
-    out=$( (ulimit -v 4000000; BATON_MEM_LIMIT=2G timeout 60 "$BATON" run "$tmp/job.yaml" "${sets[@]}" \
+    out=$( (cap_vm; BATON_MEM_LIMIT=2G timeout 60 "$BATON" run "$tmp/job.yaml" "${sets[@]}" \
            --set metrics.file= --set metrics.plot=) 2>&1); rc=$?
     want="--set model.vocab=16777216: model.vocab: the job needs about"
     [ $layout = pp2 ] && want="$want 32.[0-9] GiB of memory in 2 processes (the largest, rank 1, 16.[0-9] GiB: parameters 4.00 GiB" \
