@@ -258,7 +258,9 @@ static num_parse_t parse_float(const char *s, double *out)
     char *end;
     double v = strtod(s, &end);
     if (*end || end == s || isnan(v)) return NUM_BAD;
-    if (errno == ERANGE || !isfinite(v)) return NUM_HUGE; /* 1e400, -inf, 1e-400 */
+    /* 1e400 and inf are too large; 1e-400 underflows to 0 (or a denormal),
+     * which the field's range then judges */
+    if ((errno == ERANGE && fabs(v) > 1) || !isfinite(v)) return NUM_HUGE;
     *out = v;
     return NUM_OK;
 }

@@ -160,6 +160,7 @@ static void test_job_integer_range(void)
     expect_error(BASE "parallel: {pp: 2, split: [1, 99999999999999999999]}\n", "bad.yaml:2:30:",
                  "parallel.split", "out of range [1, 4096]");
     expect_error(BASE "optim: {lr: 1e400}\n", "bad.yaml:2:13:", "optim.lr", "1e400 is out of range [0, 10]");
+    expect_error(BASE "optim: {eps: 1e-400}\n", "bad.yaml:2:14:", "optim.eps", "1e-400 is out of range [1e-30, 1]");
     /* not numbers at all are still said to be that */
     expect_error(BASE "model: {vocab: 12abc}\n", "model.vocab", "expected an integer, got '12abc'", NULL);
     expect_error(BASE "optim: {lr: nan}\n", "optim.lr", "expected a number", NULL);
