@@ -107,20 +107,38 @@ static void rope_inv_freq(const model_config_t *c, float *inv, int64_t half)
     }
 }
 
-static size_t acts_floats(const model_t *m, int nl, int64_t B, int64_t T, int64_t chunk)
+/* Floats of one activation arena (the CARVE list of model_acts_create) and,
+ * in *chunk, the head chunk rows; doubles, so that no shape wraps. */
+static double acts_floats(const model_acts_dims_t *d, int64_t B, int64_t T, int64_t *chunk)
 {
-    const model_config_t *c = &m->cfg;
-    size_t N = (size_t)(B * T), C = (size_t)c->hidden_size, F = (size_t)m->ffn;
-    size_t Cq = (size_t)(m->n_heads * c->head_dim), Ckv = (size_t)(m->n_kv_heads * c->head_dim);
-    size_t V = (size_t)m->vocab, L = (size_t)nl, half = (size_t)c->head_dim / 2;
-    size_t n = 2 * (size_t)T * half;
+    double N = (double)B * (double)T, C = (double)d->C, F = (double)d->F;
+    double Cq = (double)(d->Hq * d->D), Ckv = (double)(d->Hkv * d->D);
+    double V = (double)d->V, L = (double)d->layers, half = (double)(d->D / 2);
+    double rows = d->V > 0 ? (double)(MODEL_HEAD_CHUNK_ELEMS / (uint64_t)d->V) : 1;
+    if (rows < 1) rows = 1;
+    if (rows > N) rows = N;
+    if (chunk) *chunk = (int64_t)rows;
+    double n = 2 * (double)T * half;
     n += (L + 1) * N * C;
-    n += L * (N * C * 3 + N * 2 + N * Cq * 2 + N * Ckv * 2 + (size_t)(B * m->n_heads * T) +
+    n += L * (N * C * 3 + N * 2 + N * Cq * 2 + N * Ckv * 2 + (double)B * (double)d->Hq * (double)T +
               N * F * 3);
-    if (m->stage.has_head) n += N * C * 2 + N + (size_t)chunk * (2 * V + 1) + (size_t)chunk * 3;
+    if (d->head) n += N * C * 2 + N + rows * (2 * V + 1) + rows * 3;
     n += N * C * 3 + N * Cq * 3 + N * Ckv * 3 + N * F * 3;
     n += N;
     return n;
+}
+
+double model_acts_bytes(const model_acts_dims_t *d, int64_t B, int64_t T)
+{
+    /* the float arena, the ids and positions copies, the rope frequencies */
+    return 4.0 * acts_floats(d, B, T, NULL) + 8.0 * (double)B * (double)T + 4.0 * (double)(d->D / 2);
+}
+
+static model_acts_dims_t acts_dims(const model_t *m, int nl)
+{
+    return (model_acts_dims_t){.C = m->cfg.hidden_size, .F = m->ffn, .Hq = m->n_heads,
+                               .Hkv = m->n_kv_heads, .D = m->cfg.head_dim, .V = m->vocab,
+                               .layers = nl, .head = m->stage.has_head};
 }
 
 bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **out)
@@ -144,10 +162,16 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
     a->T = T;
     a->nl = m->stage.last_layer - m->stage.first_layer;
     int64_t N = B * T;
-    a->head_chunk = (int64_t)(MODEL_HEAD_CHUNK_ELEMS / (size_t)m->vocab);
-    if (a->head_chunk < 1) a->head_chunk = 1;
-    if (a->head_chunk > N) a->head_chunk = N;
-    size_t nf = acts_floats(m, a->nl, B, T, a->head_chunk);
+    model_acts_dims_t dims = acts_dims(m, a->nl);
+    double nfd = acts_floats(&dims, B, T, &a->head_chunk);
+    /* an arena no size_t holds is refused, not wrapped into a small one */
+    if (nfd * 4.0 > 0x1p62 || (double)N * 4.0 > 0x1p62) {
+        log_error("model: an activation arena for B=%lld T=%lld would be %.3g bytes",
+                  (long long)B, (long long)T, nfd * 4.0);
+        free(a);
+        return BT_ERR_NOMEM;
+    }
+    size_t nf = (size_t)nfd;
     a->mem = malloc(nf * sizeof(float));
     a->ids = malloc((size_t)N * sizeof(int32_t));
     a->pos = malloc((size_t)N * sizeof(int32_t));

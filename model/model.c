@@ -36,10 +36,18 @@ bt_status_t model_config_validate(const model_config_t *c)
                   (long long)c->vocab_size);
     MODEL_REQUIRE(c->vocab_size <= INT32_MAX, "model config: vocab_size=%lld too large",
                   (long long)c->vocab_size);
-    MODEL_REQUIRE(c->hidden_size > 0, "model config: hidden_size=%lld must be > 0",
-                  (long long)c->hidden_size);
-    MODEL_REQUIRE(c->intermediate_size > 0, "model config: intermediate_size=%lld must be > 0",
-                  (long long)c->intermediate_size);
+    /* Upper bounds far above any real model keep every shape product inside
+     * int64 (and exact in a double): vocab x hidden <= 2^51. */
+    MODEL_REQUIRE(c->hidden_size > 0 && c->hidden_size <= MODEL_MAX_HIDDEN,
+                  "model config: hidden_size=%lld must be in [1, %d]", (long long)c->hidden_size,
+                  MODEL_MAX_HIDDEN);
+    MODEL_REQUIRE(c->intermediate_size > 0 && c->intermediate_size <= MODEL_MAX_FFN,
+                  "model config: intermediate_size=%lld must be in [1, %d]",
+                  (long long)c->intermediate_size, MODEL_MAX_FFN);
+    MODEL_REQUIRE(c->num_heads <= MODEL_MAX_HEADS && c->head_dim <= MODEL_MAX_HEAD_DIM,
+                  "model config: num_attention_heads=%lld and head_dim=%lld must be at most %d "
+                  "and %d", (long long)c->num_heads, (long long)c->head_dim, MODEL_MAX_HEADS,
+                  MODEL_MAX_HEAD_DIM);
     MODEL_REQUIRE(c->num_layers > 0 && c->num_layers < 100000,
                   "model config: num_hidden_layers=%lld out of range", (long long)c->num_layers);
     MODEL_REQUIRE(c->num_heads > 0, "model config: num_attention_heads=%lld must be > 0",
@@ -86,6 +94,9 @@ typedef struct {
     model_param_t *out; /* NULL: count only */
     int            n;
     int            tp_rank, tp_size;
+    /* floats of the parameter block with its view alignment, and those of
+     * the vocabulary-sized tensors: doubles, so that no config wraps them */
+    double         elems, vocab_elems;
 } layout_ctx_t;
 
 /* Appends one parameter of HF shape [d0, d1] (ndim 1: [d0]) to the layout,
@@ -94,18 +105,22 @@ typedef struct {
 static int layout_add(layout_ctx_t *lc, int ndim, int64_t d0, int64_t d1, model_shard_dim_t dim,
                       const char *fmt, int layer, const char *suffix)
 {
+    int64_t shape[2] = {d0, ndim > 1 ? d1 : 1}, shard_offset = 0;
+    if (dim != MODEL_SHARD_NONE)
+        model_tp_split(shape[dim], lc->tp_size, lc->tp_rank, &shard_offset, &shape[dim]);
+    double numel = (double)shape[0] * (double)shape[1];
+    lc->elems = ceil(lc->elems / MODEL_VIEW_ALIGN) * MODEL_VIEW_ALIGN + numel;
+    if (layer < 0 && (!strcmp(fmt, "model.embed_tokens.weight") || !strcmp(fmt, "lm_head.weight")))
+        lc->vocab_elems += numel;
     if (lc->out) {
         model_param_t *p = &lc->out[lc->n];
         memset(p, 0, sizeof *p);
         if (layer >= 0) snprintf(p->name, sizeof p->name, fmt, layer, suffix);
         else snprintf(p->name, sizeof p->name, "%s", fmt);
-        int64_t shape[2] = {d0, ndim > 1 ? d1 : 1};
         p->shard_dim = dim;
-        p->full_shape[0] = shape[0];
-        p->full_shape[1] = shape[1];
-        if (dim != MODEL_SHARD_NONE)
-            model_tp_split(shape[dim], lc->tp_size, lc->tp_rank, &p->shard_offset,
-                              &shape[dim]);
+        p->full_shape[0] = d0;
+        p->full_shape[1] = ndim > 1 ? d1 : 1;
+        p->shard_offset = shard_offset;
         p->t.dtype = DT_F32;
         p->t.device = DEVICE_CPU;
         p->t.ndim = ndim;
@@ -120,12 +135,22 @@ static int layout_add(layout_ctx_t *lc, int ndim, int64_t d0, int64_t d1, model_
 /* Megatron splits: q/k/v, gate/up (and their biases) column-parallel (rows of
  * the HF [out, in] weight), o/down row-parallel (columns) with replicated
  * biases, embedding and lm_head by vocabulary rows, norms replicated. */
+static int layout_build_ctx(layout_ctx_t *ctx, const model_config_t *c, const model_stage_t *st,
+                            model_layer_ix_t *lix, int *embed, int *final_norm, int *lm_head);
+
 static int layout_build(const model_config_t *c, const model_stage_t *st,
                         const model_parallel_t *par, model_param_t *out, model_layer_ix_t *lix,
                         int *embed, int *final_norm, int *lm_head)
 {
     layout_ctx_t lc = {.out = out, .tp_rank = par ? par->tp_rank : 0,
                        .tp_size = par ? par->tp_size : 1};
+    return layout_build_ctx(&lc, c, st, lix, embed, final_norm, lm_head);
+}
+
+static int layout_build_ctx(layout_ctx_t *ctx, const model_config_t *c, const model_stage_t *st,
+                            model_layer_ix_t *lix, int *embed, int *final_norm, int *lm_head)
+{
+    layout_ctx_t lc = *ctx;
     int64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
     int64_t Cq = c->num_heads * c->head_dim, Ckv = c->num_kv_heads * c->head_dim;
     const model_shard_dim_t ROW = MODEL_SHARD_ROWS, COL = MODEL_SHARD_COLS, REP = MODEL_SHARD_NONE;
@@ -161,7 +186,31 @@ static int layout_build(const model_config_t *c, const model_stage_t *st,
     if (embed) *embed = st->has_embedding ? e : -1;
     if (final_norm) *final_norm = fn;
     if (lm_head) *lm_head = lh;
+    *ctx = lc;
     return lc.n;
+}
+
+void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, int tp_rank,
+                        int tp_size, int64_t B, int64_t T, model_mem_t *out)
+{
+    model_stage_t full = model_stage_full(cfg);
+    const model_stage_t *s = stage ? stage : &full;
+    layout_ctx_t lc = {.out = NULL, .tp_rank = tp_rank, .tp_size = tp_size > 0 ? tp_size : 1};
+    layout_build_ctx(&lc, cfg, s, NULL, NULL, NULL, NULL);
+    memset(out, 0, sizeof *out);
+    out->params = 4.0 * lc.elems;
+    out->vocab_params = 4.0 * lc.vocab_elems;
+    if (B > 0 && T > 0) {
+        int64_t vs, vocab;
+        model_tp_split(cfg->vocab_size, lc.tp_size, tp_rank, &vs, &vocab);
+        model_acts_dims_t d = {
+            .C = cfg->hidden_size, .F = cfg->intermediate_size / lc.tp_size,
+            .Hq = cfg->num_heads / lc.tp_size, .Hkv = cfg->num_kv_heads / lc.tp_size,
+            .D = cfg->head_dim, .V = vocab, .layers = s->last_layer - s->first_layer,
+            .head = s->has_head,
+        };
+        out->acts = model_acts_bytes(&d, B, T);
+    }
 }
 
 int model_layout(const model_config_t *cfg, const model_stage_t *stage, model_param_t *out)
@@ -195,6 +244,12 @@ bt_status_t model_create_tp(const model_config_t *cfg, const model_stage_t *stag
         log_error("model: stage layers [%d, %d) outside the model's %lld layers", s->first_layer,
                   s->last_layer, (long long)cfg->num_layers);
         return BT_ERR_INVALID;
+    }
+    model_mem_t mem;
+    model_mem_estimate(cfg, s, par->tp_rank, par->tp_size, 0, 0, &mem);
+    if (mem.params > 0x1p62) { /* would wrap the size_t offsets below */
+        log_error("model: the parameters would take %.3g bytes", mem.params);
+        return BT_ERR_NOMEM;
     }
     model_t *m = calloc(1, sizeof *m);
     if (!m) return BT_ERR_NOMEM;

@@ -61,6 +61,12 @@
 #include "kernels/tensor.h"
 
 #define MODEL_IGNORE_INDEX (-100)
+/* Config bounds (model_config_validate): far above real models, low enough
+ * that no shape product overflows. vocab_size <= INT32_MAX, layers < 100000. */
+#define MODEL_MAX_HIDDEN   (1 << 20)
+#define MODEL_MAX_FFN      (1 << 22)
+#define MODEL_MAX_HEADS    (1 << 16)
+#define MODEL_MAX_HEAD_DIM (1 << 16)
 #define MODEL_NAME_MAX 96
 
 typedef enum {
@@ -247,6 +253,34 @@ bt_status_t model_param_gather(const model_t *m, int i, bool grad, float *full);
  * Collective; full may be NULL on ranks that do not need the result. Use:
  * gather, then ckpt_hf_save(full) on one rank. */
 bt_status_t model_tp_gather(const model_t *m, bool grads, model_t *full);
+
+/* ---- memory -------------------------------------------------------------- */
+
+/* What one model instance allocates, in bytes, computed from the config
+ * alone (nothing is allocated; doubles, so that an absurd config gives an
+ * absurd number instead of a wrapped one). The launcher adds these up per
+ * process to refuse a job that cannot fit before it starts (launch/mem.h). */
+typedef struct {
+    double params;       /* model_create_tp's parameter block; model_grads_alloc's
+                            gradient block is the same size */
+    double vocab_params; /* of params: the vocabulary-sized tensors (embedding, lm_head) */
+    double acts;         /* one model_acts_create(B, T) arena (0 when B or T is 0) */
+} model_mem_t;
+
+/* For `stage` (NULL: the whole model) of TP rank tp_rank of tp_size, with an
+ * activation arena of B rows of T tokens. Exact for params (view alignment
+ * included) and acts (tests/test_model_api.c compares them with what
+ * model_create_tp and model_acts_create allocate). */
+void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, int tp_rank,
+                        int tp_size, int64_t B, int64_t T, model_mem_t *out);
+
+/* The shapes an activation arena depends on (one TP share of a stage). */
+typedef struct {
+    int64_t C, F, Hq, Hkv, D, V; /* hidden, MLP, heads, kv heads, head dim, vocab rows (this rank's) */
+    int     layers;              /* layers of the stage */
+    bool    head;                /* the stage has the final norm and lm_head */
+} model_acts_dims_t;
+double model_acts_bytes(const model_acts_dims_t *d, int64_t B, int64_t T);
 
 /* ---- running ------------------------------------------------------------- */
 

@@ -1,6 +1,8 @@
 /* Model API contracts: the one parameter block and its named views, the
  * gradient twin, stage layouts, deterministic init, explicit positions, and
  * caller errors reported rather than crashed on. */
+#include <malloc.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,8 +207,90 @@ static void test_model_head_chunks(void)
     model_destroy(m);
 }
 
+/* Bytes the heap handed out (arena in use + mmapped chunks); 0 when the
+ * allocator is not glibc's (sanitizers replace it). */
+static double heap_in_use(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    return 0;
+#else
+    struct mallinfo2 mi = mallinfo2();
+    return (double)mi.uordblks + (double)mi.hblkhd;
+#endif
+}
+
+/* model_mem_estimate is what model_create_tp and model_acts_create really
+ * take: the parameter block exactly (views aligned as the model aligns
+ * them), for whole models, stages and TP shares; the activation arena as
+ * the heap sees it (glibc: within its chunk and page rounding). */
+static void test_model_mem_estimate(void)
+{
+    model_config_t c = cfg_small();
+    c.vocab_size = 70001; /* uneven vocabulary split, several head chunks */
+    model_stage_t stages[3] = {
+        {.first_layer = 0, .last_layer = 3, .has_embedding = true, .has_head = true},
+        {.first_layer = 0, .last_layer = 1, .has_embedding = true, .has_head = false},
+        {.first_layer = 1, .last_layer = 3, .has_embedding = false, .has_head = true},
+    };
+    for (int tied = 0; tied < 2; tied++)
+        for (int si = 0; si < 3; si++)
+            for (int tp = 1; tp <= 2; tp++)
+                for (int r = 0; r < tp; r++) {
+                    c.tie_word_embeddings = tied;
+                    model_parallel_t par = {.tp_rank = r, .tp_size = tp};
+                    int n = model_layout_tp(&c, &stages[si], &par, NULL);
+                    model_param_t *ps = calloc((size_t)n, sizeof *ps);
+                    REQUIRE(ps);
+                    model_layout_tp(&c, &stages[si], &par, ps);
+                    double elems = 0, vocab = 0;
+                    for (int i = 0; i < n; i++) {
+                        elems = ceil(elems / 16) * 16 + (double)tensor_numel(&ps[i].t);
+                        if (ps[i].full_shape[0] == c.vocab_size) vocab += (double)tensor_numel(&ps[i].t);
+                    }
+                    free(ps);
+                    model_mem_t mm;
+                    model_mem_estimate(&c, &stages[si], r, tp, 0, 0, &mm);
+                    CHECK_MSG(mm.params == 4 * elems && mm.vocab_params == 4 * vocab,
+                              "tied %d stage %d tp %d/%d: %.0f vs %.0f", tied, si, r, tp, mm.params,
+                              4 * elems);
+                    CHECK(mm.acts == 0);
+                }
+    c.tie_word_embeddings = false;
+    model_t *m = NULL;
+    REQUIRE(model_create(&c, &stages[2], &m) == BT_OK);
+    model_mem_t mm;
+    model_mem_estimate(&c, &stages[2], 0, 1, 3, 20, &mm);
+    CHECK(mm.params == 4.0 * (double)m->n_elems);
+    double before = heap_in_use();
+    model_acts_t *a = NULL;
+    REQUIRE(model_acts_create(m, 3, 20, &a) == BT_OK);
+    double used = heap_in_use() - before;
+    /* 70001-row head chunks: 59 rows of logits and their gradient dominate */
+    CHECK(mm.acts > 2.0 * 59 * 70001 * 4);
+    if (before > 0)
+        CHECK_MSG(fabs(used - mm.acts) <= 0.001 * mm.acts + 16384, "heap %.0f, estimate %.0f", used,
+                  mm.acts);
+    model_acts_destroy(a);
+    model_destroy(m);
+
+    /* absurd shapes give absurd numbers, not wrapped ones, and are refused */
+    c = cfg_small();
+    c.vocab_size = INT32_MAX;
+    c.hidden_size = MODEL_MAX_HIDDEN;
+    c.num_heads = 1 << 12;
+    c.num_kv_heads = 1 << 12;
+    c.head_dim = 256;
+    c.intermediate_size = MODEL_MAX_FFN;
+    c.num_layers = 99999;
+    model_mem_estimate(&c, NULL, 0, 1, 1 << 20, 1 << 24, &mm);
+    CHECK(mm.params > 1e18 && mm.acts > 1e25);
+    CHECK(model_create(&c, NULL, &m) == BT_ERR_NOMEM);
+    c.hidden_size = MODEL_MAX_HIDDEN + 1;
+    CHECK(model_config_validate(&c) == BT_ERR_INVALID);
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_model_block_layout, test_model_stage_init,
-             test_model_positions_and_errors, test_model_head_chunks);
+             test_model_positions_and_errors, test_model_head_chunks, test_model_mem_estimate);
 }
