@@ -4,6 +4,7 @@
 #   make run             install missing packages, build, run the default job
 #   make SAN=address,undefined test    sanitizer build in build/san-address,undefined
 #   make fuzz            libFuzzer targets (clang) in build/fuzz
+#   make fuzz-run        every fuzz target for FUZZ_RUNS executions (1M), one at a time
 #   make deps            install Debian packages (needs root)
 
 CC      ?= cc
@@ -56,10 +57,14 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 TEST_HELPER_SRC := $(wildcard tests/helpers/*.c)
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+# Every fuzz target also links, with the ordinary compiler, against a main()
+# that replays files (tests/fuzz/replay_main.c): make test runs each over its
+# committed corpus tests/fuzz/corpus_X without needing libFuzzer.
+FUZZ_REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
 
-.PHONY: all test run deps fuzz clean bench
+.PHONY: all test run deps fuzz fuzz-run clean bench
 .SECONDARY:
-all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN)
+all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN) $(FUZZ_REPLAY_BIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -77,6 +82,10 @@ $(BUILD)/baton: $(BUILD)/obj/launch/main.o $(BUILD)/libbaton.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELPER_OBJ) $(BUILD)/libbaton.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/replay_main.o $(BUILD)/libbaton.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -104,6 +113,16 @@ build/fuzz/obj/%.o: %.c
 	clang $(FUZZ_CFLAGS) -c $< -o $@
 build/fuzz/%: build/fuzz/obj/tests/fuzz/%.o $(LIB_SRC:%.c=build/fuzz/obj/%.o)
 	clang -fsanitize=fuzzer,address,undefined $^ -o $@ $(LDLIBS)
+
+# The recorded campaigns (docs: "Fuzzing" in WIRE.md, MODELS.md, GGUF.md,
+# TRACING.md, JOBS.md, DATA.md; numbers in bench/RESULTS.md): each target
+# from a copy of its committed seeds for FUZZ_RUNS executions, one target at
+# a time on one core (-jobs=1), niced. Summary: build/fuzz/run/summary.txt.
+# Not part of make test (a campaign takes minutes per target).
+FUZZ_RUNS    ?= 1000000
+FUZZ_TARGETS ?= $(FUZZ_SRC:tests/fuzz/%.c=%)
+fuzz-run: fuzz
+	@tools/fuzz_run.sh $(FUZZ_RUNS) $(FUZZ_TARGETS)
 
 clean:
 	rm -rf build

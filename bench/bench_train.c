@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "kernels/kernels.h"
+#include "launch/run_setup.h"
 #include "model/model.h"
 #include "train/train.h"
 
@@ -195,13 +196,19 @@ int bench_train_main(int argc, char **argv)
     if (b.json) {
         printf("{\"bench\": \"train\", \"hidden\": %lld, \"layers\": %lld, \"heads\": %lld, "
                "\"seq\": %lld, \"batch\": %lld, \"vocab\": %lld, \"threads\": %d, \"steps\": %lld, "
-               "\"baton_tokens_per_s\": %.1f",
+               "\"baton_tokens_per_s\": ",
                (long long)b.hidden, (long long)b.layers, (long long)b.heads, (long long)b.seq,
-               (long long)b.batch, (long long)b.vocab, b.threads, (long long)b.steps, baton_tps);
-        if (trc == 0)
-            printf(", \"torch_tokens_per_s\": %.1f, \"ratio\": %.3f", torch_tps, baton_tps / torch_tps);
-        else if (b.torch)
-            printf(", \"torch_error\": \"%s\"", why);
+               (long long)b.batch, (long long)b.vocab, b.threads, (long long)b.steps);
+        run_json_num(stdout, "%.1f", baton_tps);
+        if (trc == 0) {
+            printf(", \"torch_tokens_per_s\": ");
+            run_json_num(stdout, "%.1f", torch_tps);
+            printf(", \"ratio\": ");
+            run_json_num(stdout, "%.3f", baton_tps / torch_tps);
+        } else if (b.torch) {
+            printf(", \"torch_error\": "); /* python's own words: escaped */
+            run_json_str(stdout, why, strlen(why));
+        }
         printf("}\n");
     } else if (trc == 0) {
         printf("pytorch %10.1f tokens/s  (first loss %.4f)\n", torch_tps, torch_loss);

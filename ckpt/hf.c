@@ -505,6 +505,44 @@ static bool hf_name_ignorable(const char *name)
     return n >= k && !strcmp(name + n - k, suffix);
 }
 
+/* With tie_word_embeddings the head is the embedding, so a stored
+ * lm_head.weight has no parameter to go to. transformers (5.x) ties the two
+ * only when they are equal and otherwise keeps both untied, with a warning
+ * that the config does not match the checkpoint; 4.x overwrote the head
+ * with the embedding. Either way the loss depends on the version, so baton
+ * accepts the tensor only when it equals model.embed_tokens.weight (same
+ * shape, every element equal after widening to f32: the checkpoints that
+ * save both names for one tensor), and otherwise refuses it as it refuses
+ * any other tensor the config does not have. */
+static bt_status_t hf_check_tied_head(const hf_weights_t *w, const ckpt_st_file_t *hf,
+                                      const ckpt_st_tensor_t *head)
+{
+    const ckpt_st_file_t *ef = NULL;
+    const ckpt_st_tensor_t *emb = hf_weights_find(w, "model.embed_tokens.weight", &ef);
+    bool same = emb && emb->ndim == head->ndim;
+    for (int d = 0; same && d < head->ndim; d++) same = emb->shape[d] == head->shape[d];
+    enum { CHUNK = 1 << 14 };
+    float *a = same ? malloc(2 * CHUNK * sizeof *a) : NULL;
+    if (same && !a) return BT_ERR_NOMEM;
+    for (int64_t at = 0; same && at < head->numel; at += CHUNK) {
+        int64_t n = head->numel - at < CHUNK ? head->numel - at : CHUNK;
+        bt_status_t st;
+        if ((st = ckpt_st_read_f32_range(hf, head, at, n, a)) != BT_OK ||
+            (st = ckpt_st_read_f32_range(ef, emb, at, n, a + CHUNK)) != BT_OK) {
+            free(a);
+            return st;
+        }
+        for (int64_t i = 0; same && i < n; i++) same = a[i] == a[CHUNK + i];
+    }
+    free(a);
+    if (same) return BT_OK;
+    log_error("%s: tensor 'lm_head.weight' %s model.embed_tokens.weight, but config.json has "
+              "tie_word_embeddings=true, so the head is the embedding and has no tensor of its own; "
+              "set tie_word_embeddings to false to use this head, or remove the tensor", hf->path,
+              emb ? "differs from" : "is stored without");
+    return BT_ERR_INVALID;
+}
+
 /* Rejects file tensors that no parameter of the whole model has. */
 static bt_status_t hf_check_extra(const model_t *m, const hf_weights_t *w)
 {
@@ -516,8 +554,12 @@ static bt_status_t hf_check_extra(const model_t *m, const hf_weights_t *w)
     for (int f = 0; f < w->n_files && st == BT_OK; f++)
         for (int i = 0; i < w->files[f]->n; i++) {
             const char *name = w->files[f]->tensors[i].name;
-            bool known = hf_name_ignorable(name) ||
-                         (m->cfg.tie_word_embeddings && !strcmp(name, "lm_head.weight"));
+            if (m->cfg.tie_word_embeddings && !strcmp(name, "lm_head.weight")) {
+                if ((st = hf_check_tied_head(w, w->files[f], &w->files[f]->tensors[i])) != BT_OK)
+                    break;
+                continue;
+            }
+            bool known = hf_name_ignorable(name);
             for (int j = 0; j < n && !known; j++) known = !strcmp(all[j].name, name);
             if (!known) {
                 log_error("%s: unexpected tensor '%s' (not a parameter of this %s config)",

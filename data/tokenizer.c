@@ -1484,6 +1484,17 @@ static bt_status_t tok_load_buffer(const char *buf, size_t len, const char *json
         st = BT_ERR_INVALID;
         goto fail_tok;
     }
+    /* The tables are indexed by id, so a few entries with a huge id would
+     * allocate gigabytes (the fuzzer found 188 tokens with id 120113197:
+     * 2.9 GB). Real vocabularies are dense; allow as many holes as ids. */
+    size_t n_entries = json_object_size(vocab) + json_array_size(added);
+    if ((uint64_t)max_id >= 2 * (uint64_t)n_entries + 1024) {
+        log_error("%s: token ids are sparse: the largest is %lld for %zu tokens (ids must be "
+                  "nearly dense: below twice the number of tokens + 1024)", json_path,
+                  (long long)max_id, n_entries);
+        st = BT_ERR_INVALID;
+        goto fail_tok;
+    }
     tok->n_tokens = (uint32_t)max_id + 1;
     tok->tokens = calloc(tok->n_tokens, sizeof *tok->tokens);
     tok->vocab.cap = tok_pow2_at_least((size_t)tok->n_tokens * 2);

@@ -27,7 +27,6 @@
  * among the data-parallel replicas; same loss as the single process.
  */
 #include "launch/cli.h"
-#include "launch/run_setup.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -40,6 +39,9 @@
 #include "ckpt/model_source.h"
 #include "data/tokenizer.h"
 #include "launch/driver.h"
+#include "launch/job.h"
+#include "launch/run_mem.h"
+#include "launch/run_setup.h"
 #include "model/model.h"
 
 typedef struct {
@@ -259,6 +261,62 @@ static int eval_seqs_window(eval_seqs_t *s, int64_t window)
     return 0;
 }
 
+/* --ids: one line is one sequence, so a line longer than the model's
+ * positions is refused rather than silently cut into windows, unless
+ * --window asks for that. Positions past max_position_embeddings with an
+ * explicit larger --window are the caller's choice (RoPE computes them;
+ * transformers does too). */
+static int eval_window_check(const eval_seqs_t *s, const char *ids_path, int64_t window,
+                             int64_t max_pos)
+{
+    if (!ids_path || window != 0) return 0;
+    for (int64_t i = 0; i < s->n_seq; i++)
+        if (s->len[i] > max_pos) {
+            log_error("%s: sequence %lld (of the non-blank lines) has %lld tokens, more than the model's "
+                      "max_position_embeddings=%lld; give --window N to score it in windows of "
+                      "N tokens (each scored on its own)", ids_path, (long long)i + 1,
+                      (long long)s->len[i], (long long)max_pos);
+            return -1;
+        }
+    return 0;
+}
+
+/* The result line. A loss or gradient norm that is not a finite number
+ * (NaN or infinite weights, an overflow in the model) is an error: exit
+ * status 1, a message on stderr, nothing on stdout, so that no script takes
+ * it for a result (and --json never prints the non-JSON "nan"). A finite
+ * loss whose perplexity overflows a double (loss > 709.78 nats) prints ppl
+ * as null in JSON. */
+static int eval_result_print(bool json, int64_t tokens, double loss, bool has_gn, double gn,
+                             int64_t n_seq, int64_t window, const char *layout)
+{
+    if (!isfinite(loss) || (has_gn && !isfinite(gn))) {
+        const char *what = !isfinite(loss) ? "loss" : "gradient norm";
+        double v = !isfinite(loss) ? loss : gn;
+        fprintf(stderr, "baton eval: the %s is %s, not a finite number: the model's weights "
+                        "hold NaN or infinite values, or its activations overflowed (%lld scored "
+                        "positions)\n", what, isnan(v) ? "NaN" : v > 0 ? "+infinity" : "-infinity",
+                (long long)tokens);
+        return 1;
+    }
+    double ppl = exp(loss);
+    if (json) {
+        printf("{\"tokens\": %lld, \"loss\": %.17g, \"ppl\": ", (long long)tokens, loss);
+        run_json_num(stdout, "%.17g", ppl);
+        if (has_gn) printf(", \"grad_norm\": %.17g", gn);
+        printf("}\n");
+        return 0;
+    }
+    printf("tokens %lld  loss %.6f nats  ppl %.4f", (long long)tokens, loss, ppl);
+    if (has_gn) printf("  grad_norm %.6g", gn);
+    if (layout)
+        printf("  (%lld sequences, window %lld, layout %s)\n", (long long)n_seq, (long long)window,
+               layout);
+    else
+        printf("  (%lld sequences, window %lld)\n", (long long)n_seq, (long long)window);
+    return 0;
+}
+
 static void eval_usage(FILE *f)
 {
     fprintf(f,
@@ -342,22 +400,31 @@ int cmd_eval(int argc, char **argv)
     model_acts_t *a = NULL;
     eval_seqs_t seqs = {0};
     int32_t *targets = NULL;
-    model_place_t place;
     model_config_t cfg;
+    model_place_t place;
     if (run_place_parse(device, dtype, &place) != BT_OK) return 2;
-    /* with --layout the workers load the model, each its share: this
-     * process reads the config only */
-    if (ckpt_source_config(dir, &cfg) != BT_OK) return 1; /* it said why */
-    if (!layout && ckpt_source_load_part(dir, NULL, NULL, &place, &m) != BT_OK) return 1;
+    /* The config first: the input is checked against it and the memory the
+     * run needs is estimated before the weights are allocated. With
+     * --layout the workers load the model, each its share; this process
+     * never does. */
+    if (ckpt_source_config(dir, &cfg) != BT_OK) return 1; /* the reader said why */
     if (text_path ? eval_text_read(text_path, dir, cfg.vocab_size, &seqs) != 0
                   : eval_ids_read(ids_path, cfg.vocab_size, &seqs) != 0)
         goto free_seqs;
     if (max_tokens > 0) eval_seqs_truncate(&seqs, max_tokens);
-    if (window == 0) window = cfg.max_position_embeddings;
+    int64_t max_pos = cfg.max_position_embeddings;
+    if (eval_window_check(&seqs, ids_path, window, max_pos) != 0) goto free_seqs;
+    bool default_window = window == 0;
+    if (default_window) window = max_pos;
+    int64_t n_before = seqs.n_seq;
     if (eval_seqs_window(&seqs, window) != 0) {
         log_error("eval: out of memory");
         goto free_seqs;
     }
+    if (text_path && default_window && seqs.n_seq > n_before)
+        fprintf(stderr, "baton eval: %s: %lld tokens scored as %lld windows of at most "
+                        "max_position_embeddings=%lld tokens (--window sets another size)\n",
+                text_path, (long long)seqs.n_ids, (long long)seqs.n_seq, (long long)window);
     int64_t tmax = 0, total = 0;
     for (int64_t i = 0; i < seqs.n_seq; i++) {
         if (seqs.len[i] > tmax) tmax = seqs.len[i];
@@ -367,6 +434,17 @@ int cmd_eval(int argc, char **argv)
         log_error("%s: no scored positions (every sequence has a single token)",
                   text_path ? text_path : ids_path);
         goto free_seqs;
+    }
+    if (!layout) { /* --layout: the driver checks each rank's share (launch/driver.c) */
+        run_mem_plan_t plan;
+        run_mem_plan_single(&cfg, 1, tmax, grad_norm, 0, &plan);
+        char hint[96], why[JOB_ERR_MAX];
+        snprintf(hint, sizeof hint, "the activations of the longest window, %lld tokens (--window)",
+                 (long long)tmax);
+        if (run_mem_source_check(dir, &cfg, &plan, hint, why, sizeof why)) {
+            fprintf(stderr, "baton eval: %s\n", why);
+            goto free_seqs;
+        }
     }
     if (layout) {
         if (grad_norm) {
@@ -392,15 +470,10 @@ int cmd_eval(int argc, char **argv)
         }
         if (n_tok != total) BT_PANIC("eval: scored %lld of %lld positions", (long long)n_tok,
                                      (long long)total);
-        if (json)
-            printf("{\"tokens\": %lld, \"loss\": %.17g, \"ppl\": %.17g}\n", (long long)n_tok, lloss,
-                   exp(lloss));
-        else
-            printf("tokens %lld  loss %.6f nats  ppl %.4f  (%lld sequences, window %lld, layout %s)\n",
-                   (long long)n_tok, lloss, exp(lloss), (long long)rows, (long long)window, layout);
-        rc = 0;
+        rc = eval_result_print(json, n_tok, lloss, false, 0, rows, window, layout);
         goto free_targets;
     }
+    if (ckpt_source_load_part(dir, NULL, NULL, &place, &m) != BT_OK) goto free_seqs; /* it said why */
     if (model_acts_create(m, 1, tmax, &a) != BT_OK) goto free_seqs;
     targets = malloc((size_t)tmax * sizeof *targets);
     if (!targets) goto destroy_acts;
@@ -419,18 +492,9 @@ int cmd_eval(int argc, char **argv)
     }
     if (scored != total) BT_PANIC("eval: scored %lld of %lld positions", (long long)scored,
                                   (long long)total);
-    double loss = sum / (double)scored, ppl = exp(loss);
+    double loss = sum / (double)scored;
     double gn = grad_norm ? sqrt(model_grads_sumsq(m)) : 0.0;
-    if (json) {
-        printf("{\"tokens\": %lld, \"loss\": %.17g, \"ppl\": %.17g", (long long)scored, loss, ppl);
-        if (grad_norm) printf(", \"grad_norm\": %.17g", gn);
-        printf("}\n");
-    } else {
-        printf("tokens %lld  loss %.6f nats  ppl %.4f", (long long)scored, loss, ppl);
-        if (grad_norm) printf("  grad_norm %.6g", gn);
-        printf("  (%lld sequences, window %lld)\n", (long long)seqs.n_seq, (long long)window);
-    }
-    rc = 0;
+    rc = eval_result_print(json, scored, loss, grad_norm, gn, seqs.n_seq, window, NULL);
 free_targets:
     free(targets);
 destroy_acts:

@@ -19,7 +19,6 @@
  * and a few dozen tokens on a CPU this takes seconds.
  */
 #include "launch/cli.h"
-#include "launch/run_setup.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -31,6 +30,9 @@
 #include "base/log.h"
 #include "ckpt/model_source.h"
 #include "data/tokenizer.h"
+#include "launch/job.h"
+#include "launch/run_mem.h"
+#include "launch/run_setup.h"
 #include "model/model.h"
 #include "train/train.h"
 
@@ -94,44 +96,6 @@ static int64_t gen_sample(const float *logits, int64_t V, const gen_sampling_t *
         if (u < acc) return cand[i].id;
     }
     return cand[n - 1].id;
-}
-
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is not one. */
-static size_t gen_utf8_len(const unsigned char *s, size_t n)
-{
-    size_t len = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2
-               : s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
-    if (len == 0 || len > n) return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xc0) != 0x80) return 0;
-    if (len == 3 && ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0))) return 0;
-    if (len == 4 && ((s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))) return 0;
-    return len;
-}
-
-/* A JSON string; bytes that are not valid UTF-8 (a token may hold part of a
- * character) become U+FFFD, as HF's decode() does. */
-static void gen_json_str(FILE *f, const char *text, size_t len)
-{
-    const unsigned char *s = (const unsigned char *)text;
-    fputc('"', f);
-    for (size_t i = 0; i < len;) {
-        unsigned char c = s[i];
-        size_t n = gen_utf8_len(s + i, len - i);
-        if (n == 0) {
-            fputs("\\ufffd", f);
-            i++;
-            continue;
-        }
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c == '\r') fputs("\\r", f);
-        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
-        else fwrite(s + i, 1, n, f);
-        i += n;
-    }
-    fputc('"', f);
 }
 
 static void gen_usage(FILE *f)
@@ -224,16 +188,19 @@ int cmd_generate(int argc, char **argv)
     gen_cand_t *cand = NULL;
     char *text = NULL;
     ckpt_source_special_t sp;
+    model_config_t cfg;
     model_place_t place;
     if (run_place_parse(device, dtype, &place) != BT_OK) return 2;
-    if (ckpt_source_load_part(model_path, NULL, NULL, &place, &m) != BT_OK) return 1; /* said why */
+    /* The config first: the run's memory is estimated before the weights
+     * are allocated. */
+    if (ckpt_source_config(model_path, &cfg) != BT_OK) return 1; /* the reader said why */
     if (ckpt_source_tokenizer(model_path, &tok, &sp) != BT_OK) goto out;
     size_t np = 0;
     if (tok_encode(tok, prompt, strlen(prompt), &pids, &np) != BT_OK) {
         log_error("generate: cannot tokenize the prompt");
         goto out;
     }
-    int64_t V = m->cfg.vocab_size, n0 = (int64_t)np + (bos ? 1 : 0);
+    int64_t V = cfg.vocab_size, n0 = (int64_t)np + (bos ? 1 : 0);
     int64_t tmax = n0 + (int64_t)max_new;
     if (bos && sp.bos < 0) {
         log_error("generate: --bos: %s names no BOS token", model_path);
@@ -243,11 +210,22 @@ int cmd_generate(int argc, char **argv)
         log_error("generate: the prompt has no tokens (give some text or --bos)");
         goto out;
     }
-    if (tmax > m->cfg.max_position_embeddings) {
+    if (tmax > cfg.max_position_embeddings) {
         log_error("generate: prompt (%lld tokens) + --max-new %lld exceeds the model's %lld positions",
-                  (long long)n0, (long long)max_new, (long long)m->cfg.max_position_embeddings);
+                  (long long)n0, (long long)max_new, (long long)cfg.max_position_embeddings);
         goto out;
     }
+    run_mem_plan_t plan; /* + the logits of every position and the sampling scratch */
+    run_mem_plan_single(&cfg, 1, tmax, false,
+                        (double)tmax * (double)V * sizeof *logits + (double)V * sizeof *cand, &plan);
+    char hint[96], why[JOB_ERR_MAX];
+    snprintf(hint, sizeof hint, "the activations of %lld positions (the prompt + --max-new)",
+             (long long)tmax);
+    if (run_mem_source_check(model_path, &cfg, &plan, hint, why, sizeof why)) {
+        fprintf(stderr, "baton generate: %s\n", why);
+        goto out;
+    }
+    if (ckpt_source_load_part(model_path, NULL, NULL, &place, &m) != BT_OK) goto out; /* it said why */
     ids = malloc((size_t)tmax * sizeof *ids);
     targets = malloc((size_t)tmax * sizeof *targets);
     logits = malloc((size_t)tmax * (size_t)V * sizeof *logits);
@@ -294,7 +272,7 @@ int cmd_generate(int argc, char **argv)
         printf("], \"ids\": [");
         for (int64_t i = n0; i < n; i++) printf("%s%d", i > n0 ? ", " : "", ids[i]);
         printf("], \"text\": ");
-        gen_json_str(stdout, text, tlen);
+        run_json_str(stdout, text, tlen);
         printf("}\n");
     } else {
         fwrite(text, 1, tlen, stdout);

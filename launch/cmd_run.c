@@ -16,6 +16,7 @@
 #include "launch/driver.h"
 #include "launch/job.h"
 #include "launch/plot.h"
+#include "launch/run_mem.h"
 #include "launch/run_setup.h"
 #include "train/train.h"
 
@@ -64,11 +65,7 @@ static bt_status_t eval_report(train_t *t, FILE *metrics, int64_t step,
     printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)step, *loss, *ppl);
     fflush(stdout);
     plot_curve_push(val_curve, (double)step, *loss);
-    if (metrics) {
-        fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.7g, \"val_ppl\": %.7g}\n",
-                (long long)step, *loss, *ppl);
-        fflush(metrics);
-    }
+    run_eval_metrics_write(metrics, step, *loss);
     return BT_OK;
 }
 
@@ -143,6 +140,10 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "baton run: %s: the data's tokenizer has %u ids but the model's vocabulary "
                         "is %lld (model.vocab or model.hf)\n", job.path, data_vocab,
                 (long long)job.model.vocab);
+        goto out;
+    }
+    if (run_mem_job_check(&job, err, sizeof err)) {
+        fprintf(stderr, "baton run: %s\n", err);
         goto out;
     }
     model_place_t place;

@@ -22,6 +22,7 @@
 #include "launch/graph.h"
 #include "launch/jobdir.h"
 #include "launch/plot.h"
+#include "launch/run_mem.h"
 #include "launch/run_setup.h"
 #include "launch/spawn.h"
 #include "launch/worker.h"
@@ -440,11 +441,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
         errno = 0;
         printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)d->step, vloss, exp(vloss));
         plot_curve_push(&d->val_curve, (double)d->step, vloss);
-        if (d->metrics) {
-            fprintf(d->metrics, "{\"step\": %lld, \"val_loss\": %.7g, \"val_ppl\": %.7g}\n",
-                    (long long)d->step, vloss, exp(vloss));
-            fflush(d->metrics);
-        }
+        run_eval_metrics_write(d->metrics, d->step, vloss);
         if (d->step == steps) printf("final validation loss %.4f, perplexity %.2f\n", vloss, exp(vloss));
         drv_stdout_check(d);
         next_after(d, true);
@@ -724,6 +721,10 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         }
         job->model.vocab = vocab;
         snprintf(vocab_set, sizeof vocab_set, "model.vocab=%u", vocab);
+    }
+    if (run_mem_job_check(job, err, sizeof err)) { /* before any process starts */
+        fprintf(stderr, "baton %s: %s\n", ev ? "eval" : "run", err);
+        return 1;
     }
     if (!ev && n_tokens < job->data.seq_len + 1) {
         fprintf(stderr, "baton run: %s: the training stream has %lld tokens, fewer than one window\n",

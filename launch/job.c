@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/log.h"
 #include "base/tensor.h"
@@ -189,7 +190,10 @@ static void where_fmt(char *err, size_t errlen, const where_t *w, const char *fi
                       const char *fmt, va_list ap)
 {
     int n;
-    if (w->override)
+    if (w->override && strlen(w->override) > 80) /* keep the reason in the message */
+        n = snprintf(err, errlen, "--set %.60s...(%zu bytes): %s: ", w->override,
+                     strlen(w->override), field);
+    else if (w->override)
         n = snprintf(err, errlen, "--set %s: %s: ", w->override, field);
     else if (w->line > 0)
         n = snprintf(err, errlen, "%s:%d:%d: %s: ", w->file, w->line, w->col, field);
@@ -227,31 +231,45 @@ static bool scalar_is_plain(const yaml_node_t *n)
 
 static const char *scalar_text(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
 
-static bool parse_int(const char *s, int64_t *out)
+/* How a scalar reads as a number: a value, not a number at all, or a number
+ * outside what the C type holds (reported with the field's range, not as
+ * "not a number": 99999999999999999999 is an integer, just a huge one). */
+typedef enum { NUM_OK = 0, NUM_BAD, NUM_HUGE } num_parse_t;
+
+static num_parse_t parse_int(const char *s, int64_t *out)
 {
-    if (!*s) return false;
+    if (!*s) return NUM_BAD;
     errno = 0;
     char *end;
     long long v = strtoll(s, &end, 0);
+    if (!*end && errno == ERANGE) return NUM_HUGE;
     if (errno || *end) {
         /* Accept integral values written as 1e3 or 2.0. */
+        errno = 0;
         double d = strtod(s, &end);
-        if (*end || !isfinite(d) || d != floor(d) || fabs(d) > 9.2e18) return false;
+        if (*end || end == s) return NUM_BAD;
+        if (isnan(d)) return NUM_BAD;
+        if (errno == ERANGE && fabs(d) > 1) return NUM_HUGE; /* 1e400 */
+        if (d != floor(d)) return NUM_BAD;
+        if (fabs(d) > 9.2e18) return NUM_HUGE;
         v = (long long)d;
     }
     *out = v;
-    return true;
+    return NUM_OK;
 }
 
-static bool parse_float(const char *s, double *out)
+static num_parse_t parse_float(const char *s, double *out)
 {
-    if (!*s) return false;
+    if (!*s) return NUM_BAD;
     errno = 0;
     char *end;
     double v = strtod(s, &end);
-    if (errno == ERANGE || *end || !isfinite(v)) return false;
+    if (*end || end == s || isnan(v)) return NUM_BAD;
+    /* 1e400 and inf are too large; 1e-400 underflows to 0 (or a denormal),
+     * which the field's range then judges */
+    if ((errno == ERANGE && fabs(v) > 1) || !isfinite(v)) return NUM_HUGE;
     *out = v;
-    return true;
+    return NUM_OK;
 }
 
 static bool parse_bool(const char *s, bool *out)
@@ -265,12 +283,22 @@ static bool parse_bool(const char *s, bool *out)
     return false;
 }
 
-static bt_status_t number_check(double v, const field_t *f, const where_t *w, const char *text,
+/* The field's inclusive range as text: integers in full ("[1, 16777216]",
+ * not %g's "[1, 1.67772e+07]"), numbers with %g. */
+static void range_fmt(const field_t *f, bool integral, char *buf, size_t cap)
+{
+    if (integral)
+        snprintf(buf, cap, "[%lld, %lld]", (long long)f->min, (long long)f->max);
+    else
+        snprintf(buf, cap, "[%g, %g]", f->min, f->max);
+}
+
+static bt_status_t out_of_range(const field_t *f, bool integral, const where_t *w, const char *text,
                                 char *err, size_t errlen)
 {
-    if (v < f->min || v > f->max)
-        return fail_at(err, errlen, w, f->name, "%s is out of range [%g, %g]", text, f->min, f->max);
-    return BT_OK;
+    char range[96];
+    range_fmt(f, integral, range, sizeof range);
+    return fail_at(err, errlen, w, f->name, "%s is out of range %s", text, range);
 }
 
 /* One scalar element of a numeric field (or list element). */
@@ -284,14 +312,18 @@ static bt_status_t scalar_number(const field_t *f, bool integral, const yaml_nod
     const char *s = scalar_text(n);
     if (!scalar_is_plain(n))
         return fail_at(err, errlen, w, f->name, "expected %s, got the quoted string '%s'", want, s);
+    num_parse_t r;
     if (integral) {
-        int64_t v;
-        if (!parse_int(s, &v)) return fail_at(err, errlen, w, f->name, "expected %s, got '%s'", want, s);
+        int64_t v = 0;
+        r = parse_int(s, &v);
         *out = (double)v;
-    } else if (!parse_float(s, out)) {
-        return fail_at(err, errlen, w, f->name, "expected %s, got '%s'", want, s);
+    } else {
+        r = parse_float(s, out);
     }
-    return number_check(*out, f, w, s, err, errlen);
+    if (r == NUM_HUGE) return out_of_range(f, integral, w, s, err, errlen);
+    if (r == NUM_BAD) return fail_at(err, errlen, w, f->name, "expected %s, got '%s'", want, s);
+    if (*out < f->min || *out > f->max) return out_of_range(f, integral, w, s, err, errlen);
+    return BT_OK;
 }
 
 /* Store a YAML node into field f of job. */
@@ -457,31 +489,77 @@ static bt_status_t doc_apply(job_t *job, const char *file, yaml_document_t *doc,
     return BT_OK;
 }
 
-static bt_status_t parser_run(yaml_parser_t *parser, job_t *job, const char *file, char *err,
-                              size_t errlen)
+/* libyaml builds a document in time that grows with the square of its
+ * nesting depth (a 400 KB file of 200 000 nested "[" took minutes), and a
+ * job file needs three levels (section, field, list). So before loading,
+ * one pass over the events counts the depth and stops at the first node
+ * deeper than JOB_YAML_MAX_DEPTH, naming its line; a syntax error found on
+ * the way is left to the loader, which reports it in the usual form. */
+static bt_status_t yaml_depth_check(const char *text, size_t len, const where_t *base,
+                                    const char *field, char *err, size_t errlen)
 {
-    yaml_document_t doc;
-    if (!yaml_parser_load(parser, &doc)) {
-        where_t w = {.file = file, .line = (int)parser->problem_mark.line + 1,
-                     .col = (int)parser->problem_mark.column + 1};
-        return fail_at(err, errlen, &w, "(syntax)", "%s%s%s", parser->problem ? parser->problem : "YAML error",
-                       parser->context ? " " : "", parser->context ? parser->context : "");
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser)) BT_PANIC("yaml_parser_initialize");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    bt_status_t st = BT_OK;
+    int depth = 0;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) break; /* the loader reports it */
+        yaml_event_type_t type = ev.type;
+        if (type == YAML_SEQUENCE_START_EVENT || type == YAML_MAPPING_START_EVENT) {
+            if (++depth > JOB_YAML_MAX_DEPTH) {
+                where_t w = *base;
+                if (!w.override) {
+                    w.line = (int)ev.start_mark.line + 1;
+                    w.col = (int)ev.start_mark.column + 1;
+                }
+                st = fail_at(err, errlen, &w, field,
+                             "nested deeper than %d levels (the limit for job files; a job "
+                             "needs 3)", JOB_YAML_MAX_DEPTH);
+            }
+        } else if (type == YAML_SEQUENCE_END_EVENT || type == YAML_MAPPING_END_EVENT) {
+            depth--;
+        }
+        yaml_event_delete(&ev);
+        if (st || type == YAML_STREAM_END_EVENT) break;
     }
-    bt_status_t st = doc_apply(job, file, &doc, err, errlen);
+    yaml_parser_delete(&parser);
+    return st;
+}
+
+bt_status_t job_load_buffer(const char *name, const char *yaml, size_t len, job_t *job, char *err,
+                            size_t errlen)
+{
+    job_defaults(job);
+    snprintf(job->path, sizeof job->path, "%s", name);
+    where_t w = {.file = name};
+    if (len > JOB_FILE_MAX_BYTES)
+        return fail_at(err, errlen, &w, "(file)", "%zu bytes, more than the %u-byte limit for job "
+                       "files", len, (unsigned)JOB_FILE_MAX_BYTES);
+    bt_status_t st = yaml_depth_check(yaml, len, &w, "(file)", err, errlen);
+    if (st) return st;
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&parser)) BT_PANIC("yaml_parser_initialize");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        w.line = (int)parser.problem_mark.line + 1;
+        w.col = (int)parser.problem_mark.column + 1;
+        st = fail_at(err, errlen, &w, "(syntax)", "%s%s%s", parser.problem ? parser.problem : "YAML error",
+                     parser.context ? " " : "", parser.context ? parser.context : "");
+        goto out_parser;
+    }
+    st = doc_apply(job, name, &doc, err, errlen);
     yaml_document_delete(&doc);
+out_parser:
+    yaml_parser_delete(&parser);
     return st;
 }
 
 bt_status_t job_load_string(const char *name, const char *yaml, job_t *job, char *err, size_t errlen)
 {
-    job_defaults(job);
-    snprintf(job->path, sizeof job->path, "%s", name);
-    yaml_parser_t parser;
-    if (!yaml_parser_initialize(&parser)) BT_PANIC("yaml_parser_initialize");
-    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, strlen(yaml));
-    bt_status_t st = parser_run(&parser, job, name, err, errlen);
-    yaml_parser_delete(&parser);
-    return st;
+    return job_load_buffer(name, yaml, strlen(yaml), job, err, errlen);
 }
 
 bt_status_t job_load(const char *path, job_t *job, char *err, size_t errlen)
@@ -493,11 +571,34 @@ bt_status_t job_load(const char *path, job_t *job, char *err, size_t errlen)
         snprintf(err, errlen, "%s: cannot open job file: %s", path, strerror(errno));
         return BT_ERR_INVALID;
     }
-    yaml_parser_t parser;
-    if (!yaml_parser_initialize(&parser)) BT_PANIC("yaml_parser_initialize");
-    yaml_parser_set_input_file(&parser, f);
-    bt_status_t st = parser_run(&parser, job, path, err, errlen);
-    yaml_parser_delete(&parser);
+    /* Read at most one byte past the limit: a larger file (or an endless
+     * pipe) is refused without reading it all. */
+    bt_status_t st = BT_ERR_INVALID;
+    char *buf = malloc((size_t)JOB_FILE_MAX_BYTES + 2);
+    if (!buf) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        goto close_file;
+    }
+    size_t len = fread(buf, 1, (size_t)JOB_FILE_MAX_BYTES + 1, f);
+    if (ferror(f)) {
+        snprintf(err, errlen, "%s: cannot read job file: %s", path, strerror(errno));
+        goto free_buf;
+    }
+    if (len > JOB_FILE_MAX_BYTES) {
+        struct stat sb;
+        if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode))
+            snprintf(err, errlen, "%s: (file): %lld bytes, more than the %u-byte limit for job files",
+                     path, (long long)sb.st_size, (unsigned)JOB_FILE_MAX_BYTES);
+        else
+            snprintf(err, errlen, "%s: (file): more than the %u-byte limit for job files", path,
+                     (unsigned)JOB_FILE_MAX_BYTES);
+        goto free_buf;
+    }
+    buf[len] = '\0';
+    st = job_load_buffer(path, buf, len, job, err, errlen);
+free_buf:
+    free(buf);
+close_file:
     fclose(f);
     return st;
 }
@@ -514,12 +615,17 @@ bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t e
     int fi = field_find(name);
     if (fi < 0) return fail_at(err, errlen, &w, name, "unknown key");
     const char *value = eq + 1;
+    size_t vlen = strlen(value);
+    if (vlen > JOB_FILE_MAX_BYTES)
+        return fail_at(err, errlen, &w, name, "value of %zu bytes, more than the %u-byte limit", vlen,
+                       (unsigned)JOB_FILE_MAX_BYTES);
+    bt_status_t st = yaml_depth_check(value, vlen, &w, name, err, errlen);
+    if (st) return st;
 
     yaml_parser_t parser;
     yaml_document_t doc;
     if (!yaml_parser_initialize(&parser)) BT_PANIC("yaml_parser_initialize");
-    yaml_parser_set_input_string(&parser, (const unsigned char *)value, strlen(value));
-    bt_status_t st;
+    yaml_parser_set_input_string(&parser, (const unsigned char *)value, vlen);
     if (!yaml_parser_load(&parser, &doc)) {
         st = fail_at(err, errlen, &w, name, "cannot parse value: %s",
                      parser.problem ? parser.problem : "YAML error");
@@ -550,10 +656,8 @@ out_parser:
 
 /* ---- validation --------------------------------------------------------- */
 
-static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t errlen,
-                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t errlen,
-                         const char *fmt, ...)
+static bt_status_t vfail_va(const job_t *job, const char *field, char *err, size_t errlen,
+                            const char *fmt, va_list ap)
 {
     int fi = field_find(field);
     if (fi < 0) BT_PANIC("validation names unknown field %s", field);
@@ -567,11 +671,30 @@ static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t 
         w.line = o->line;
         w.col = o->col;
     }
+    if (err && errlen) where_fmt(err, errlen, &w, field, fmt, ap);
+    return BT_ERR_INVALID;
+}
+
+static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t errlen,
+                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static bt_status_t vfail(const job_t *job, const char *field, char *err, size_t errlen,
+                         const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    if (err && errlen) where_fmt(err, errlen, &w, field, fmt, ap);
+    bt_status_t st = vfail_va(job, field, err, errlen, fmt, ap);
     va_end(ap);
-    return BT_ERR_INVALID;
+    return st;
+}
+
+bt_status_t job_error(const job_t *job, const char *field, char *err, size_t errlen,
+                      const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    bt_status_t st = vfail_va(job, field, err, errlen, fmt, ap);
+    va_end(ap);
+    return st;
 }
 
 static bool field_is_set(const job_t *job, const char *name)

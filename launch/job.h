@@ -30,6 +30,11 @@
 #define JOB_HOST_MAX   128
 #define JOB_MAX_FIELDS 96  /* >= number of schema fields (static-asserted in job.c) */
 #define JOB_ERR_MAX    768
+/* Input limits: a job file (or one --set value) larger than this, or nested
+ * deeper, is refused before libyaml builds it (its time grows with the
+ * square of the depth). A job file needs 3 levels and a few KB. */
+#define JOB_FILE_MAX_BYTES (1u << 20)
+#define JOB_YAML_MAX_DEPTH 32
 
 typedef enum { JOB_XPORT_AUTO = 0, JOB_XPORT_INPROC, JOB_XPORT_TCP, JOB_XPORT_UCX, JOB_XPORT_COUNT } job_xport_t;
 typedef enum { JOB_SCHED_1F1B = 0, JOB_SCHED_INTERLEAVED, JOB_SCHED_COUNT } job_schedule_t;
@@ -128,10 +133,20 @@ bt_status_t job_load(const char *path, job_t *job, char *err, size_t errlen);
 /* Same from a string (tests); `name` stands for the file name in messages. */
 bt_status_t job_load_string(const char *name, const char *yaml, job_t *job,
                             char *err, size_t errlen);
+/* Same from len bytes (need not be NUL-terminated: the fuzz target). */
+bt_status_t job_load_buffer(const char *name, const char *yaml, size_t len, job_t *job,
+                            char *err, size_t errlen);
 /* One "section.key=value" override. */
 bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t errlen);
 /* Cross-field checks; reads model.hf's config.json when set. */
 bt_status_t job_validate(job_t *job, char *err, size_t errlen);
+
+/* A message about `field` (a schema name) in the form above, placed where
+ * the field was set (file:line:col, --set, or the file alone for a
+ * default); returns BT_ERR_INVALID. For checks made after validation (the
+ * memory estimate, launch/run_mem.h). */
+bt_status_t job_error(const job_t *job, const char *field, char *err, size_t errlen,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* Layers per pipeline stage (pp * virtual_stages entries): the explicit split
  * or an even one (the first layers % stages stages get one more). */

@@ -242,13 +242,73 @@ bt_status_t run_parent_make(const char *path)
     return run_dir_make(dir);
 }
 
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 when it is not one. */
+static size_t json_utf8_len(const unsigned char *s, size_t n)
+{
+    size_t len = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2
+               : s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+    if (len == 0 || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if (len == 3 && ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0))) return 0;
+    if (len == 4 && ((s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))) return 0;
+    return len;
+}
+
+void run_json_str(FILE *f, const char *text, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    fputc('"', f);
+    for (size_t i = 0; i < len;) {
+        unsigned char c = s[i];
+        size_t n = json_utf8_len(s + i, len - i);
+        if (n == 0) {
+            fputs("\\ufffd", f);
+            i++;
+            continue;
+        }
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c == '\t') fputs("\\t", f);
+        else if (c == '\r') fputs("\\r", f);
+        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
+        else fwrite(s + i, 1, n, f);
+        i += n;
+    }
+    fputc('"', f);
+}
+
+void run_json_num(FILE *f, const char *fmt, double v)
+{
+    if (isfinite(v)) fprintf(f, fmt, v);
+    else fputs("null", f);
+}
+
 void run_metrics_write(FILE *f, const run_step_report_t *r)
 {
     if (!f) return;
-    fprintf(f, "{\"step\": %lld, \"loss\": %.7g, \"lr\": %.7g, \"grad_norm\": %.7g, "
-               "\"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
-            (long long)r->step, r->loss, r->lr, r->grad_norm, (long long)r->tokens, r->tokens_per_s,
-            r->elapsed_s);
+    fprintf(f, "{\"step\": %lld, \"loss\": ", (long long)r->step);
+    run_json_num(f, "%.7g", r->loss);
+    fputs(", \"lr\": ", f);
+    run_json_num(f, "%.7g", r->lr);
+    fputs(", \"grad_norm\": ", f);
+    run_json_num(f, "%.7g", r->grad_norm);
+    fprintf(f, ", \"tokens\": %lld, \"tokens_per_s\": ", (long long)r->tokens);
+    run_json_num(f, "%.1f", r->tokens_per_s);
+    fputs(", \"elapsed_s\": ", f);
+    run_json_num(f, "%.3f", r->elapsed_s);
+    fputs("}\n", f);
+    fflush(f);
+}
+
+void run_eval_metrics_write(FILE *f, int64_t step, double loss)
+{
+    if (!f) return;
+    fprintf(f, "{\"step\": %lld, \"val_loss\": ", (long long)step);
+    run_json_num(f, "%.7g", loss);
+    fputs(", \"val_ppl\": ", f);
+    run_json_num(f, "%.7g", exp(loss));
+    fputs("}\n", f);
     fflush(f);
 }
 

@@ -48,6 +48,16 @@ typedef struct {
 } run_step_report_t;
 
 void run_metrics_write(FILE *f, const run_step_report_t *r);
+/* The validation line {"step", "val_loss", "val_ppl"} (ppl = exp(loss)). */
+void run_eval_metrics_write(FILE *f, int64_t step, double loss);
+/* A JSON number printed with fmt ("%.7g"), or null when v is NaN or
+ * infinite: JSON has neither, and every JSON line the CLI writes must stay
+ * parseable (a diverged run's metrics say null where the loss was NaN). */
+void run_json_num(FILE *f, const char *fmt, double v);
+/* A JSON string of text[0..len): quotes, backslashes and control bytes
+ * escaped; bytes that are not valid UTF-8 (a token may hold part of a
+ * character) become U+FFFD, as HF's decode() does. */
+void run_json_str(FILE *f, const char *text, size_t len);
 void run_progress_print(const run_step_report_t *r);
 
 /* mkdir -p DIR; the directory part of an output PATH (trailing slashes do

@@ -47,13 +47,15 @@ static bt_status_t attn_validate(const model_config_t *c, int tp)
             return BT_ERR_INVALID;                                                                 \
         }                                                                                          \
     } while (0)
-    A_REQUIRE(a->num_heads > 0, "model config: num_attention_heads=%lld must be > 0",
-              (long long)a->num_heads);
+    A_REQUIRE(a->num_heads > 0 && a->num_heads <= MODEL_MAX_HEADS,
+              "model config: num_attention_heads=%lld must be in [1, %d]", (long long)a->num_heads,
+              MODEL_MAX_HEADS);
     A_REQUIRE(a->num_kv_heads > 0 && a->num_heads % a->num_kv_heads == 0,
               "model config: num_key_value_heads=%lld must divide num_attention_heads=%lld",
               (long long)a->num_kv_heads, (long long)a->num_heads);
-    A_REQUIRE(a->head_dim > 0 && a->head_dim % 2 == 0,
-              "model config: head_dim=%lld must be even and > 0", (long long)a->head_dim);
+    A_REQUIRE(a->head_dim > 0 && a->head_dim % 2 == 0 && a->head_dim <= MODEL_MAX_HEAD_DIM,
+              "model config: head_dim=%lld must be even and in [2, %d]", (long long)a->head_dim,
+              MODEL_MAX_HEAD_DIM);
     A_REQUIRE(a->sliding_window >= 0, "model config: sliding_window=%lld must be >= 0",
               (long long)a->sliding_window);
     A_REQUIRE((unsigned)r->kind < MODEL_ROPE_COUNT, "model config: unknown rope kind %d",
@@ -125,23 +127,26 @@ static attn_saved_t attn_saved_layout(const model_t *m, int64_t B, int64_t T)
     return s;
 }
 
-static size_t attn_saved_bytes(const model_t *m, int64_t B, int64_t T)
+static double attn_saved_bytes(const model_t *m, int64_t B, int64_t T)
 {
-    return attn_saved_layout(m, B, T).total;
+    attn_dims_t d = attn_dims(m);
+    double N = (double)B * (double)T, es = (double)dtype_size(m->place.act_dtype);
+    return 2 * model_align_d(N * (double)d.Cq * es) + 2 * model_align_d(N * (double)d.Ckv * es) +
+           model_align_d((double)B * (double)d.Hq * (double)T * 4);
 }
 
 /* scratch: datt dq dqr [N,Cq], dk dkr dv [N,Ckv] */
-static size_t attn_scratch_bytes(const model_t *m, int64_t B, int64_t T)
+static double attn_scratch_bytes(const model_t *m, int64_t B, int64_t T)
 {
     attn_dims_t d = attn_dims(m);
-    size_t N = (size_t)(B * T), es = dtype_size(m->place.act_dtype);
-    return 3 * model_align(N * (size_t)d.Cq * es) + 3 * model_align(N * (size_t)d.Ckv * es);
+    double N = (double)B * (double)T, es = (double)dtype_size(m->place.act_dtype);
+    return 3 * model_align_d(N * (double)d.Cq * es) + 3 * model_align_d(N * (double)d.Ckv * es);
 }
 
 /* shared: the RoPE tables cos, sin [T, D/2] f32 for positions 0..T-1 */
-static size_t attn_shared_bytes(const model_t *m, int64_t T)
+static double attn_shared_bytes(const model_t *m, int64_t T)
 {
-    return 2 * model_align((size_t)(T * (m->cfg.attn.head_dim / 2)) * sizeof(float));
+    return 2 * model_align_d((double)T * (double)(m->cfg.attn.head_dim / 2) * 4);
 }
 
 /* Inverse frequencies as transformers computes them (float32 arithmetic). */

@@ -96,8 +96,11 @@ bt_status_t model_config_validate(const model_config_t *c)
                 (long long)c->vocab_size);
     CFG_REQUIRE(c->vocab_size <= INT32_MAX, "model config: vocab_size=%lld too large",
                 (long long)c->vocab_size);
-    CFG_REQUIRE(c->hidden_size > 0, "model config: hidden_size=%lld must be > 0",
-                (long long)c->hidden_size);
+    /* Upper bounds far above any real model keep every shape product inside
+     * int64 (and exact in a double): vocab x hidden <= 2^51. */
+    CFG_REQUIRE(c->hidden_size > 0 && c->hidden_size <= MODEL_MAX_HIDDEN,
+                "model config: hidden_size=%lld must be in [1, %d]", (long long)c->hidden_size,
+                MODEL_MAX_HIDDEN);
     CFG_REQUIRE(c->num_layers > 0 && c->num_layers <= MODEL_MAX_LAYERS,
                 "model config: num_hidden_layers=%lld outside [1, %d]", (long long)c->num_layers,
                 MODEL_MAX_LAYERS);

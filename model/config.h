@@ -17,6 +17,12 @@
 #include "base/status.h"
 
 #define MODEL_MAX_LAYERS 1024
+/* Config bounds (model_config_validate): far above real models, low enough
+ * that no shape product overflows. vocab_size <= INT32_MAX, layers <= MODEL_MAX_LAYERS. */
+#define MODEL_MAX_HIDDEN   (1 << 20)
+#define MODEL_MAX_FFN      (1 << 22)
+#define MODEL_MAX_HEADS    (1 << 16)
+#define MODEL_MAX_HEAD_DIM (1 << 16)
 
 typedef enum {
     MODEL_ARCH_LLAMA = 0,

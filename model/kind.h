@@ -58,13 +58,15 @@ struct model_kind {
     void (*layout)(model_layout_t *lb, const model_config_t *c, const char *prefix,
                    model_sub_t *sub);
     /* Bytes one microbatch of B x T keeps between forward and backward, and
-     * the scratch its forward/backward needs (shared by all sublayers). */
-    size_t (*saved_bytes)(const model_t *m, int64_t B, int64_t T);
-    size_t (*scratch_bytes)(const model_t *m, int64_t B, int64_t T);
+     * the scratch its forward/backward needs (shared by all sublayers): in
+     * doubles, so that an absurd shape gives an absurd size instead of a
+     * wrapped one (the arena refuses what cannot be allocated). */
+    double (*saved_bytes)(const model_t *m, int64_t B, int64_t T);
+    double (*scratch_bytes)(const model_t *m, int64_t B, int64_t T);
     /* State shared by every sublayer of this kind in one arena (e.g. RoPE
      * tables): its size, and filling it once (NULL when none). Fails when T
      * is not supported (a sliding window shorter than T). */
-    size_t (*shared_bytes)(const model_t *m, int64_t T);
+    double (*shared_bytes)(const model_t *m, int64_t T);
     bt_status_t (*shared_init)(const model_t *m, int64_t T, void *shared);
     /* y[N, C] (overwritten) from ln[N, C]; saved is this sublayer's region. */
     bt_status_t (*forward)(model_run_t *r, const model_sub_t *sub, void *saved, const tensor_t *ln,
@@ -109,5 +111,6 @@ bt_status_t model_row_parallel_fwd(model_run_t *r, tensor_t *out, const tensor_t
 
 /* Bytes rounded up so that carved views start on 64-byte boundaries. */
 static inline size_t model_align(size_t n) { return (n + 63) / 64 * 64; }
+static inline double model_align_d(double n) { return __builtin_ceil(n / 64) * 64; }
 
 #endif

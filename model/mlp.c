@@ -18,9 +18,9 @@ static int64_t mlp_ffn(const model_t *m) { return m->cfg.mlp.intermediate_size /
 
 static bt_status_t mlp_validate(const model_config_t *c, int tp)
 {
-    if (c->mlp.intermediate_size <= 0) {
-        log_error("model config: intermediate_size=%lld must be > 0",
-                  (long long)c->mlp.intermediate_size);
+    if (c->mlp.intermediate_size <= 0 || c->mlp.intermediate_size > MODEL_MAX_FFN) {
+        log_error("model config: intermediate_size=%lld must be in [1, %d]",
+                  (long long)c->mlp.intermediate_size, MODEL_MAX_FFN);
         return BT_ERR_INVALID;
     }
     if (tp > 1 && c->mlp.intermediate_size % tp) {
@@ -52,9 +52,10 @@ static void mlp_layout(model_layout_t *lb, const model_config_t *c, const char *
 }
 
 /* saved: gate, up, h [N, F]; scratch: dh, dgate, dup [N, F] */
-static size_t mlp_three(const model_t *m, int64_t B, int64_t T)
+static double mlp_three(const model_t *m, int64_t B, int64_t T)
 {
-    return 3 * model_align((size_t)(B * T * mlp_ffn(m)) * dtype_size(m->place.act_dtype));
+    return 3 * model_align_d((double)B * (double)T * (double)mlp_ffn(m) *
+                             (double)dtype_size(m->place.act_dtype));
 }
 
 static void mlp_views(const model_run_t *r, void *base, tensor_t v[3])

@@ -167,7 +167,22 @@ static bt_status_t place_check(const model_t *m)
     return BT_OK;
 }
 
-/* Carves views of dtype dt out of base for every parameter; returns bytes. */
+/* Bytes of a block carving views of dtype dt for every parameter (in
+ * doubles: an absurd config gives an absurd size, never a wrapped one). */
+static double carve_bytes(const model_param_t *views, int n, dtype_t dt)
+{
+    double off = 0, es = (double)dtype_size(dt);
+    for (int i = 0; i < n; i++) {
+        off = ceil(off / MODEL_VIEW_ALIGN) * MODEL_VIEW_ALIGN;
+        double numel = 1;
+        for (int d = 0; d < views[i].t.ndim; d++) numel *= (double)views[i].t.shape[d];
+        off += numel * es;
+    }
+    return ceil(off / MODEL_VIEW_ALIGN) * MODEL_VIEW_ALIGN;
+}
+
+/* Carves views of dtype dt out of base for every parameter; returns bytes
+ * (the caller checked carve_bytes fits). */
 static size_t carve(model_param_t *views, int n, void *base, dtype_t dt, device_t dev)
 {
     size_t off = 0;
@@ -179,6 +194,9 @@ static size_t carve(model_param_t *views, int n, void *base, dtype_t dt, device_
     }
     return (off + MODEL_VIEW_ALIGN - 1) / MODEL_VIEW_ALIGN * MODEL_VIEW_ALIGN;
 }
+
+/* 2^62: no allocation of more can succeed anywhere */
+#define MODEL_BYTES_MAX 4611686018427387904.0
 
 /* the whole of [p, p + bytes) on dev, as a byte tensor */
 static tensor_t bytes_view(void *p, size_t bytes, device_t dev)
@@ -223,6 +241,12 @@ bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stag
                                &m->final_norm, &m->lm_head);
     if ((st = place_check(m)) != BT_OK) goto fail;
     if ((st = kern_stream_create(place->dev, &m->stream)) != BT_OK) goto fail;
+    double want = carve_bytes(m->params, m->n_params, place->param_dtype);
+    if (want >= MODEL_BYTES_MAX) {
+        log_error("model: %.3g bytes of parameters cannot be allocated", want);
+        st = BT_ERR_NOMEM;
+        goto fail;
+    }
     m->param_bytes = carve(m->params, m->n_params, NULL, place->param_dtype, place->dev);
     if ((st = kern_mem_alloc(place->dev, m->param_bytes, &m->param_mem)) != BT_OK) {
         log_error("model: cannot allocate %zu bytes of parameters", m->param_bytes);
@@ -257,6 +281,45 @@ void model_destroy(model_t *m)
     free(m->grads);
     free(m->params);
     free(m);
+}
+
+void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, int tp_rank,
+                        int tp_size, int64_t B, int64_t T, model_mem_t *out)
+{
+    memset(out, 0, sizeof *out);
+    model_stage_t full = model_stage_full(cfg);
+    /* a shell of the instance model_create_tp would build: its layout and
+     * sublayers, no memory */
+    model_t m;
+    memset(&m, 0, sizeof m);
+    m.cfg = *cfg;
+    m.stage = stage ? *stage : full;
+    m.par = (model_parallel_t){.tp_rank = tp_rank, .tp_size = tp_size > 0 ? tp_size : 1};
+    m.place = model_place_host();
+    model_vocab_split(cfg->vocab_size, m.par.tp_size, tp_rank, &m.vocab_start, &m.vocab);
+    int ns = 0, n = layout_build(cfg, &m.stage, &m.par, NULL, NULL, &ns, NULL, NULL, NULL);
+    m.params = calloc((size_t)n + 1, sizeof *m.params);
+    m.subs = calloc((size_t)ns + 1, sizeof *m.subs);
+    if (!m.params || !m.subs) {
+        out->params = out->acts = INFINITY; /* what cannot be computed cannot be allocated */
+        goto out;
+    }
+    m.n_params = layout_build(cfg, &m.stage, &m.par, m.params, m.subs, &m.n_subs, &m.embed,
+                              &m.final_norm, &m.lm_head);
+    out->params = carve_bytes(m.params, m.n_params, DT_F32);
+    for (int i = 0; i < m.n_params; i++) {
+        double local = 1, whole = 1;
+        for (int d = 0; d < m.params[i].spec.ndim; d++) {
+            local *= (double)m.params[i].spec.extent[d];
+            whole *= (double)m.params[i].spec.global[d];
+        }
+        if (i == m.embed || i == m.lm_head) out->vocab_params += 4 * local;
+        if (4 * whole > out->largest) out->largest = 4 * whole;
+    }
+    if (B > 0 && T > 0) out->acts = model_acts_plan_bytes(&m, B, T);
+out:
+    free(m.subs);
+    free(m.params);
 }
 
 int model_param_find(const model_t *m, const char *name)

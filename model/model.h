@@ -223,6 +223,30 @@ bt_status_t model_param_gather(const model_t *m, int i, bool grad, float *full);
  * Collective; full may be NULL on ranks that do not need the result. */
 bt_status_t model_tp_gather(const model_t *m, bool grads, model_t *full);
 
+/* ---- memory -------------------------------------------------------------- */
+
+/* What one model instance allocates, in bytes, computed from the config
+ * alone (nothing is allocated; doubles, so that an absurd config gives an
+ * absurd number instead of a wrapped one). The launcher adds these up per
+ * process to refuse a job that cannot fit before it starts (launch/mem.h). */
+typedef struct {
+    double params;       /* model_create_tp's parameter block; model_grads_alloc's
+                            gradient block is the same size */
+    double vocab_params; /* of params: the vocabulary-sized tensors (embedding, lm_head) */
+    double acts;         /* one model_acts_create(B, T) arena (0 when B or T is 0) */
+    double largest;      /* the largest whole tensor of the stage in f32 (what gathering
+                            one for an export holds) */
+} model_mem_t;
+
+/* For `stage` (NULL: the whole model) of TP rank tp_rank of tp_size, with an
+ * activation arena of B rows of T tokens, on the host in f32. Exact for
+ * params (view alignment included) and acts: both are computed by the code
+ * that allocates them (tests/test_model_api.c compares them with what
+ * model_create_tp and model_acts_create allocate). */
+void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, int tp_rank,
+                        int tp_size, int64_t B, int64_t T, model_mem_t *out);
+
+
 /* ---- running ------------------------------------------------------------- */
 
 /* Activation arena for up to B rows of T tokens for m's stage, on m's

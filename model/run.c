@@ -111,20 +111,89 @@ static void *shared_of(const model_acts_t *a, const model_kind_t *k)
 
 /* ---- the arena ---------------------------------------------------------------- */
 
+/* Where every region of an arena for B x T goes: byte offsets and the
+ * total, in doubles (an absurd shape gives an absurd size, never a wrapped
+ * one). model_acts_create carves by it and model_mem_estimate reports its
+ * total, so the two cannot disagree. */
 typedef struct {
-    size_t off;
-} carver_t;
+    double  total;
+    int64_t head_chunk;
+    double  x, ln, rstd, saved, ids, tg, pos, ones, tmp, dres, dln, scratch;
+    double  lnf, dlnf, rstdf, logits, dlogits, losses, vmax, vsum;
+    const model_kind_t *shared_kind[MODEL_MAX_KINDS];
+    double  shared[MODEL_MAX_KINDS];
+    int     n_shared;
+} acts_plan_t;
 
-static size_t take(carver_t *c, size_t bytes)
+static double take(double *off, double bytes)
 {
-    size_t at = c->off;
-    c->off += model_align(bytes ? bytes : 1);
+    double at = *off;
+    *off += model_align_d(bytes > 0 ? bytes : 1);
     return at;
+}
+
+/* saved_off[S] (may be NULL) receives each sublayer's saved region, relative
+ * to p->saved. */
+static void acts_plan(const model_t *m, int64_t B, int64_t T, acts_plan_t *p, double *saved_off)
+{
+    memset(p, 0, sizeof *p);
+    int S = m->n_subs;
+    double N = (double)B * (double)T, C = (double)m->cfg.hidden_size, V = (double)m->vocab;
+    double es = (double)dtype_size(m->place.act_dtype), NC = N * C * es;
+    double chunk = m->vocab > 0 ? floor((double)MODEL_HEAD_CHUNK_ELEMS / V) : 1;
+    if (chunk < 1) chunk = 1;
+    if (chunk > N) chunk = N;
+    p->head_chunk = (int64_t)chunk;
+    double off = 0, scratch = 0;
+    p->x = take(&off, (S + 1) * NC);
+    p->ln = take(&off, S * NC);
+    p->rstd = take(&off, S * N * 4);
+    p->saved = off;
+    for (int s = 0; s < S; s++) {
+        const model_kind_t *k = m->subs[s].kind;
+        double at = take(&off, k->saved_bytes(m, B, T)) - p->saved;
+        if (saved_off) saved_off[s] = at;
+        double sc = k->scratch_bytes(m, B, T);
+        if (sc > scratch) scratch = sc;
+        bool have = false;
+        for (int i = 0; i < p->n_shared; i++) have |= p->shared_kind[i] == k;
+        if (!have && k->shared_bytes) {
+            if (p->n_shared == MODEL_MAX_KINDS)
+                BT_PANIC("model acts: more than %d kinds", MODEL_MAX_KINDS);
+            p->shared_kind[p->n_shared] = k;
+            p->shared[p->n_shared++] = take(&off, k->shared_bytes(m, T));
+        }
+    }
+    p->ids = take(&off, N * 4);
+    p->tg = take(&off, N * 4);
+    p->pos = take(&off, N * 4);
+    p->ones = take(&off, N * es);
+    p->tmp = take(&off, NC);
+    p->dres = take(&off, NC);
+    p->dln = take(&off, NC);
+    p->scratch = take(&off, scratch);
+    if (m->stage.has_head) {
+        p->lnf = take(&off, NC);
+        p->dlnf = take(&off, NC);
+        p->rstdf = take(&off, N * 4);
+        p->logits = take(&off, chunk * V * es);
+        p->dlogits = take(&off, chunk * V * es);
+        p->losses = take(&off, N * 4);
+        p->vmax = take(&off, chunk * 4);
+        p->vsum = take(&off, 2 * chunk * 4);
+    }
+    p->total = off;
+}
+
+double model_acts_plan_bytes(const model_t *m, int64_t B, int64_t T)
+{
+    acts_plan_t p;
+    acts_plan(m, B, T, &p, NULL);
+    return p.total;
 }
 
 bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **out)
 {
-    const model_config_t *c = &m->cfg;
     if (B <= 0 || T <= 0) {
         log_error("model: activation arena needs B > 0 and T > 0 (got %lld, %lld)", (long long)B,
                   (long long)T);
@@ -136,54 +205,27 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
     a->B = B;
     a->T = T;
     int S = m->n_subs;
-    int64_t N = B * T, C = c->hidden_size, V = m->vocab;
-    size_t es = dtype_size(m->place.act_dtype), NC = (size_t)(N * C) * es;
-    a->head_chunk = (int64_t)(MODEL_HEAD_CHUNK_ELEMS / (size_t)V);
-    if (a->head_chunk < 1) a->head_chunk = 1;
-    if (a->head_chunk > N) a->head_chunk = N;
-    size_t chunk = (size_t)a->head_chunk;
+    double *saved_d = calloc((size_t)S + 1, sizeof *saved_d);
+    acts_plan_t p;
+    if (saved_d) acts_plan(m, B, T, &p, saved_d);
+    /* an arena past 2^62 bytes cannot be allocated anywhere: refuse it
+     * before the offsets are turned into sizes */
+    bool fits = saved_d && p.total < 4611686018427387904.0 && (double)B * (double)T < 1e15;
     a->saved_off = calloc((size_t)S + 1, sizeof *a->saved_off);
-    a->h_pos = malloc((size_t)N * sizeof *a->h_pos);
-    a->h_losses = malloc((size_t)N * sizeof *a->h_losses);
+    a->h_pos = fits ? malloc((size_t)(B * T) * sizeof *a->h_pos) : NULL;
+    a->h_losses = fits ? malloc((size_t)(B * T) * sizeof *a->h_losses) : NULL;
     if (!a->saved_off || !a->h_pos || !a->h_losses) {
+        if (saved_d && !fits)
+            log_error("model: cannot allocate %.3g bytes of activations for B=%lld T=%lld",
+                      p.total, (long long)B, (long long)T);
+        free(saved_d);
         model_acts_destroy(a);
         return BT_ERR_NOMEM;
     }
-    /* first pass: offsets; second: pointers into the one allocation */
-    carver_t cv = {0};
-    size_t o_x = take(&cv, (size_t)(S + 1) * NC), o_ln = take(&cv, (size_t)S * NC);
-    size_t o_rstd = take(&cv, (size_t)(S * N) * sizeof(float));
-    size_t o_saved = cv.off, scratch = 0;
-    for (int s = 0; s < S; s++) {
-        const model_kind_t *k = m->subs[s].kind;
-        a->saved_off[s] = take(&cv, k->saved_bytes(m, B, T)) - o_saved;
-        size_t sc = k->scratch_bytes(m, B, T);
-        if (sc > scratch) scratch = sc;
-        bool have = false;
-        for (int i = 0; i < a->n_shared; i++) have |= a->shared_kind[i] == k;
-        if (!have && k->shared_bytes) {
-            if (a->n_shared == MODEL_MAX_KINDS) BT_PANIC("model acts: more than %d kinds", MODEL_MAX_KINDS);
-            a->shared_kind[a->n_shared] = k;
-            a->shared[a->n_shared++] = (void *)(uintptr_t)take(&cv, k->shared_bytes(m, T));
-        }
-    }
-    size_t o_ids = take(&cv, (size_t)N * 4), o_tg = take(&cv, (size_t)N * 4);
-    size_t o_pos = take(&cv, (size_t)N * 4), o_ones = take(&cv, (size_t)N * es);
-    size_t o_tmp = take(&cv, NC), o_dres = take(&cv, NC), o_dln = take(&cv, NC);
-    size_t o_scr = take(&cv, scratch);
-    size_t o_lnf = 0, o_dlnf = 0, o_rstdf = 0, o_lg = 0, o_dlg = 0, o_loss = 0, o_vmax = 0,
-           o_vsum = 0;
-    if (m->stage.has_head) {
-        o_lnf = take(&cv, NC);
-        o_dlnf = take(&cv, NC);
-        o_rstdf = take(&cv, (size_t)N * sizeof(float));
-        o_lg = take(&cv, chunk * (size_t)V * es);
-        o_dlg = take(&cv, chunk * (size_t)V * es);
-        o_loss = take(&cv, (size_t)N * sizeof(float));
-        o_vmax = take(&cv, chunk * sizeof(float));
-        o_vsum = take(&cv, 2 * chunk * sizeof(float));
-    }
-    a->bytes = cv.off;
+    for (int s = 0; s < S; s++) a->saved_off[s] = (size_t)saved_d[s];
+    free(saved_d);
+    a->head_chunk = p.head_chunk;
+    a->bytes = (size_t)p.total;
     if (kern_mem_alloc(m->place.dev, a->bytes, &a->mem) != BT_OK) {
         log_error("model: cannot allocate %.1f MB of activations for B=%lld T=%lld",
                   (double)a->bytes / 1e6, (long long)B, (long long)T);
@@ -191,57 +233,59 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
         return BT_ERR_NOMEM;
     }
     char *base = a->mem;
-#define AT(o) ((void *)(base + (o)))
-    a->x = AT(o_x);
-    a->ln = AT(o_ln);
-    a->rstd = AT(o_rstd);
-    a->saved = AT(o_saved);
-    for (int i = 0; i < a->n_shared; i++) a->shared[i] = AT((size_t)(uintptr_t)a->shared[i]);
-    a->ids = AT(o_ids);
-    a->targets = AT(o_tg);
-    a->pos = AT(o_pos);
-    a->ones = AT(o_ones);
-    a->tmp = AT(o_tmp);
-    a->dres = AT(o_dres);
-    a->dln = AT(o_dln);
-    a->scratch = AT(o_scr);
+#define AT(o) ((void *)(base + (size_t)(o)))
+    a->x = AT(p.x);
+    a->ln = AT(p.ln);
+    a->rstd = AT(p.rstd);
+    a->saved = AT(p.saved);
+    a->n_shared = p.n_shared;
+    for (int i = 0; i < p.n_shared; i++) {
+        a->shared_kind[i] = p.shared_kind[i];
+        a->shared[i] = AT(p.shared[i]);
+    }
+    a->ids = AT(p.ids);
+    a->targets = AT(p.tg);
+    a->pos = AT(p.pos);
+    a->ones = AT(p.ones);
+    a->tmp = AT(p.tmp);
+    a->dres = AT(p.dres);
+    a->dln = AT(p.dln);
+    a->scratch = AT(p.scratch);
     if (m->stage.has_head) {
-        a->lnf = AT(o_lnf);
-        a->dlnf = AT(o_dlnf);
-        a->rstdf = AT(o_rstdf);
-        a->logits = AT(o_lg);
-        a->dlogits = AT(o_dlg);
-        a->losses = AT(o_loss);
-        a->vmax = AT(o_vmax);
-        a->vsum = AT(o_vsum);
+        a->lnf = AT(p.lnf);
+        a->dlnf = AT(p.dlnf);
+        a->rstdf = AT(p.rstdf);
+        a->logits = AT(p.logits);
+        a->dlogits = AT(p.dlogits);
+        a->losses = AT(p.losses);
+        a->vmax = AT(p.vmax);
+        a->vsum = AT(p.vsum);
     }
 #undef AT
+    int64_t N = B * T;
+    size_t es = dtype_size(m->place.act_dtype);
     bt_status_t st = BT_OK;
     for (int i = 0; i < a->n_shared && st == BT_OK; i++)
         st = a->shared_kind[i]->shared_init(m, T, a->shared[i]);
     if (st == BT_OK) {
         /* the ones vector, in the activation dtype */
         float *one = malloc((size_t)N * sizeof *one);
-        if (!one) st = BT_ERR_NOMEM;
+        void *conv = one && es != 4 ? malloc((size_t)N * es) : one;
+        if (!one || !conv) st = BT_ERR_NOMEM;
         else {
             for (int64_t i = 0; i < N; i++) one[i] = 1.0f;
-            tensor_t src = tensor_1d(one, DT_F32, N);
-            tensor_t dst = tensor_on(src, DEVICE_CPU);
-            void *conv = es == 4 ? one : malloc((size_t)N * es);
-            if (!conv) st = BT_ERR_NOMEM;
-            else {
-                if (conv != one) {
-                    dst.dtype = m->place.act_dtype;
-                    dst.data = conv;
-                    kern_copy(kern_stream_host(), &dst, &src);
-                }
-                tensor_t ones = model_act_view(m, a->ones, 0, 1, &N);
-                kern_upload(m->stream, &ones, conv);
-                st = kern_stream_sync(m->stream);
-                if (conv != one) free(conv);
+            if (conv != one) {
+                tensor_t src = tensor_1d(one, DT_F32, N), dst = src;
+                dst.dtype = m->place.act_dtype;
+                dst.data = conv;
+                kern_copy(kern_stream_host(), &dst, &src);
             }
-            free(one);
+            tensor_t ones = model_act_view(m, a->ones, 0, 1, &N);
+            kern_upload(m->stream, &ones, conv);
+            st = kern_stream_sync(m->stream);
         }
+        if (conv != one) free(conv);
+        free(one);
     }
     if (st != BT_OK) {
         model_acts_destroy(a);
@@ -254,7 +298,7 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
 void model_acts_destroy(model_acts_t *a)
 {
     if (!a) return;
-    kern_mem_free(a->m->place.dev, a->mem);
+    if (a->mem) kern_mem_free(a->m->place.dev, a->mem);
     free(a->h_losses);
     free(a->h_pos);
     free(a->saved_off);

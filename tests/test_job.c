@@ -3,7 +3,9 @@
 #include "launch/job.h"
 
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -144,6 +146,102 @@ static void test_job_out_of_range(void)
                  "exceed");
     expect_error(BASE "checkpoint: {every: 5}\n", "bad.yaml:2:14:", "checkpoint.every",
                  "checkpoint.dir names no directory");
+}
+
+/* Out-of-range integers say the allowed range (in full, not as %g), in the
+ * file and in --set, instead of "expected an integer". */
+static void test_job_integer_range(void)
+{
+    expect_error(BASE "model: {vocab: 99999999999999999999}\n", "bad.yaml:2:16:", "model.vocab",
+                 "99999999999999999999 is out of range [0, 16777216]");
+    expect_error(BASE "model: {vocab: 16777217}\n", "bad.yaml:2:16:", "model.vocab",
+                 "16777217 is out of range [0, 16777216]");
+    expect_error(BASE "train: {steps: 1e400}\n", "bad.yaml:2:16:", "train.steps",
+                 "1e400 is out of range [1, 9000000000000000]");
+    expect_error(BASE "train: {steps: -99999999999999999999}\n", "train.steps",
+                 "is out of range [1, 9000000000000000]", NULL);
+    expect_error(BASE "parallel: {pp: 2, split: [1, 99999999999999999999]}\n", "bad.yaml:2:30:",
+                 "parallel.split", "out of range [1, 4096]");
+    expect_error(BASE "optim: {lr: 1e400}\n", "bad.yaml:2:13:", "optim.lr", "1e400 is out of range [0, 10]");
+    expect_error(BASE "optim: {eps: 1e-400}\n", "bad.yaml:2:14:", "optim.eps", "1e-400 is out of range [1e-30, 1]");
+    /* not numbers at all are still said to be that */
+    expect_error(BASE "model: {vocab: 12abc}\n", "model.vocab", "expected an integer, got '12abc'", NULL);
+    expect_error(BASE "optim: {lr: nan}\n", "optim.lr", "expected a number", NULL);
+
+    job_t job;
+    REQUIRE(job_load_string("good.yaml", good, &job, err, sizeof err) == BT_OK);
+    CHECK(job_override(&job, "model.vocab=99999999999999999999", err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "--set model.vocab=99999999999999999999: model.vocab:") &&
+              strstr(err, "out of range [0, 16777216]"), "%s", err);
+    CHECK(job_override(&job, "model.hidden=2097152", err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "2097152 is out of range [1, 1048576]"), "%s", err);
+    CHECK(job_override(&job, "parallel.split=[1, 1e30]", err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "parallel.split") && strstr(err, "out of range [1, 4096]"), "%s", err);
+}
+
+/* A file of `depth` nested flow lists under key x (2 bytes a level). */
+static bool deep_file_write(const char *path, int depth)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return false;
+    fputs("data: {dir: x}\nhosts: ", f);
+    for (int i = 0; i < depth; i++) fputc('[', f);
+    for (int i = 0; i < depth; i++) fputc(']', f);
+    fputc('\n', f);
+    return fclose(f) == 0;
+}
+
+/* Deep nesting and huge files are refused with the limit, before libyaml
+ * spends time quadratic in the depth on them (200 000 levels: minutes). */
+static void test_job_input_limits(void)
+{
+    char path[] = "/tmp/test_job_deepXXXXXX";
+    int fd = mkstemp(path);
+    REQUIRE(fd >= 0);
+    close(fd);
+    job_t job;
+    REQUIRE(deep_file_write(path, 200000));
+    CHECK(job_load(path, &job, err, sizeof err) == BT_ERR_INVALID);
+    char want[128];
+    snprintf(want, sizeof want, "%s:2:39: (file): nested deeper than 32 levels", path);
+    CHECK_MSG(strstr(err, want), "%s", err);
+    /* 32 levels are allowed by the reader (the schema then refuses the list) */
+    REQUIRE(deep_file_write(path, 31));
+    CHECK(job_load(path, &job, err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "hosts") && strstr(err, "entry 0") && !strstr(err, "nested"), "%s", err);
+
+    /* block nesting counts the same */
+    char block[4096] = "data: {dir: x}\n";
+    size_t o = strlen(block);
+    for (int i = 0; i < 40 && o + 100 < sizeof block; i++)
+        o += (size_t)snprintf(block + o, sizeof block - o, "%*sk%d:\n", 2 * i, "", i);
+    expect_error(block, "bad.yaml:34:", "(file): nested deeper than 32 levels", NULL);
+
+    /* size: one byte over the limit (a comment) */
+    FILE *f = fopen(path, "w");
+    REQUIRE(f);
+    fputs("data: {dir: x}\n#", f);
+    for (unsigned i = 0; i < JOB_FILE_MAX_BYTES; i++) fputc('x', f);
+    fputc('\n', f);
+    REQUIRE(fclose(f) == 0);
+    CHECK(job_load(path, &job, err, sizeof err) == BT_ERR_INVALID);
+    snprintf(want, sizeof want, "%s: (file): %u bytes, more than the 1048576-byte limit", path,
+             JOB_FILE_MAX_BYTES + 17);
+    CHECK_MSG(strstr(err, want), "%s", err);
+    unlink(path);
+
+    /* --set values: the same depth limit */
+    REQUIRE(job_load_string("good.yaml", good, &job, err, sizeof err) == BT_OK);
+    char *deep = malloc(2 * 100000 + 16);
+    REQUIRE(deep);
+    o = (size_t)sprintf(deep, "hosts=");
+    for (int i = 0; i < 100000; i++) deep[o++] = '[';
+    for (int i = 0; i < 100000; i++) deep[o++] = ']';
+    deep[o] = '\0';
+    CHECK(job_override(&job, deep, err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "--set hosts=[[[") && strstr(err, "(200006 bytes): hosts: nested deeper than 32 levels"),
+              "%s", err);
+    free(deep);
 }
 
 static void test_job_model_shape_rules(void)
@@ -316,6 +414,7 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_job_parse_all_sections, test_job_defaults_and_derived,
              test_job_unknown_key, test_job_wrong_type, test_job_out_of_range,
+             test_job_integer_range, test_job_input_limits,
              test_job_model_shape_rules, test_job_parallel_rules, test_job_overrides,
              test_job_hf_config, test_job_file_errors, test_job_schema_names,
              test_job_examples_valid);

@@ -2,6 +2,8 @@
  * gradient twin, stage layouts, deterministic init, explicit positions, and
  * caller errors reported rather than crashed on. */
 #include <signal.h>
+#include <malloc.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -331,9 +333,93 @@ static void test_model_fenced_device_catches_host_access(void)
     }
 }
 
+/* Bytes the heap handed out (arena in use + mmapped chunks); 0 when the
+ * allocator is not glibc's (sanitizers replace it). */
+static double heap_in_use(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    return 0;
+#else
+    struct mallinfo2 mi = mallinfo2();
+    return (double)mi.uordblks + (double)mi.hblkhd;
+#endif
+}
+
+/* model_mem_estimate is what model_create_tp and model_acts_create really
+ * take: the parameter block exactly (views aligned as the model aligns
+ * them), for whole models, stages and TP shares; the activation arena as
+ * the heap sees it (glibc: within its chunk and page rounding). */
+static void test_model_mem_estimate(void)
+{
+    model_config_t c = cfg_small();
+    c.vocab_size = 70001; /* uneven vocabulary split, several head chunks */
+    model_stage_t stages[3] = {
+        {.first_layer = 0, .last_layer = 3, .has_embedding = true, .has_head = true},
+        {.first_layer = 0, .last_layer = 1, .has_embedding = true, .has_head = false},
+        {.first_layer = 1, .last_layer = 3, .has_embedding = false, .has_head = true},
+    };
+    for (int tied = 0; tied < 2; tied++)
+        for (int si = 0; si < 3; si++)
+            for (int tp = 1; tp <= 2; tp++)
+                for (int r = 0; r < tp; r++) {
+                    c.tie_word_embeddings = tied;
+                    model_parallel_t par = {.tp_rank = r, .tp_size = tp};
+                    int n = model_layout_tp(&c, &stages[si], &par, NULL);
+                    model_param_t *ps = calloc((size_t)n, sizeof *ps);
+                    REQUIRE(ps);
+                    model_layout_tp(&c, &stages[si], &par, ps);
+                    double elems = 0, vocab = 0;
+                    for (int i = 0; i < n; i++) {
+                        elems = ceil(elems / 16) * 16 + (double)tensor_numel(&ps[i].t);
+                        if (ps[i].spec.global[0] == c.vocab_size) vocab += (double)tensor_numel(&ps[i].t);
+                    }
+                    elems = ceil(elems / 16) * 16; /* the block ends aligned too */
+                    free(ps);
+                    model_mem_t mm;
+                    model_mem_estimate(&c, &stages[si], r, tp, 0, 0, &mm);
+                    CHECK_MSG(mm.params == 4 * elems && mm.vocab_params == 4 * vocab,
+                              "tied %d stage %d tp %d/%d: %.0f vs %.0f", tied, si, r, tp, mm.params,
+                              4 * elems);
+                    CHECK(mm.acts == 0);
+                }
+    c.tie_word_embeddings = false;
+    model_t *m = NULL;
+    REQUIRE(model_create(&c, &stages[2], &m) == BT_OK);
+    model_mem_t mm;
+    model_mem_estimate(&c, &stages[2], 0, 1, 3, 20, &mm);
+    CHECK(mm.params == (double)m->param_bytes);
+    double before = heap_in_use();
+    model_acts_t *a = NULL;
+    REQUIRE(model_acts_create(m, 3, 20, &a) == BT_OK);
+    double used = heap_in_use() - before;
+    /* 70001-row head chunks: 59 rows of logits and their gradient dominate */
+    CHECK(mm.acts > 2.0 * 59 * 70001 * 4);
+    if (before > 0)
+        CHECK_MSG(fabs(used - mm.acts) <= 0.001 * mm.acts + 16384, "heap %.0f, estimate %.0f", used,
+                  mm.acts);
+    model_acts_destroy(a);
+    model_destroy(m);
+
+    /* absurd shapes give absurd numbers, not wrapped ones, and are refused */
+    c = cfg_small();
+    c.vocab_size = INT32_MAX;
+    c.hidden_size = MODEL_MAX_HIDDEN;
+    c.attn.num_heads = 1 << 12;
+    c.attn.num_kv_heads = 1 << 12;
+    c.attn.head_dim = 256;
+    c.mlp.intermediate_size = MODEL_MAX_FFN;
+    c.num_layers = MODEL_MAX_LAYERS;
+    model_mem_estimate(&c, NULL, 0, 1, 1 << 20, 1 << 24, &mm);
+    CHECK_MSG(mm.params > 1e16 && mm.acts > 1e23, "params %.3g acts %.3g", mm.params, mm.acts);
+    CHECK(model_create(&c, NULL, &m) == BT_ERR_NOMEM);
+    c.hidden_size = MODEL_MAX_HIDDEN + 1;
+    CHECK(model_config_validate(&c) == BT_ERR_INVALID);
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_model_block_layout, test_model_stage_init,
              test_model_positions_and_errors, test_model_head_chunks,
-             test_model_hybrid_blocks, test_model_fenced_device_catches_host_access);
+             test_model_hybrid_blocks, test_model_fenced_device_catches_host_access,
+             test_model_mem_estimate);
 }

@@ -439,6 +439,14 @@ static void test_load_errors(void)
     snprintf(buf, sizeof buf, base, "null", "null", "\"a c\"");
     CHECK(load_json_text(buf, "merge") == BT_ERR_INVALID);
     CHECK(load_json_text("{\"model\": {", "trunc") == BT_ERR_INVALID);
+    /* found by fuzz_tokenizer: a few tokens with a huge id sized the id
+     * tables by it (2.9 GB for 188 tokens); ids must be nearly dense */
+    CHECK(load_json_text("{\"added_tokens\":[{\"id\":120113197,\"content\":\"<x>\"}],"
+                         "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[]}}",
+                         "sparse") == BT_ERR_INVALID);
+    CHECK(load_json_text("{\"added_tokens\":[{\"id\":1027,\"content\":\"<x>\"}],"
+                         "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[]}}",
+                         "holes") == BT_OK);
     /* a merge listed twice keeps its last rank: HF tokenizers 0.23 encodes
      * "abc" with merges [a b, b c, a b] as [a, bc] */
     FILE *f = fopen("build/test_tok_dup.json", "we");

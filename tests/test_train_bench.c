@@ -83,6 +83,16 @@ static void test_train_bench_torch_side(void)
         CHECK_MSG(why && strstr(why, "PyTorch is not installed"), "%s", why ? why : "(none)");
         json_decref(j);
     }
+    /* the script's own words go into the JSON escaped (quotes, a tab, a
+     * backslash): the line stays JSON */
+    fake_script(path, "print('module \"torch\" not found\\tin C:\\\\x')\nraise SystemExit(2)\n");
+    j = bench_json(args, n);
+    CHECK(j != NULL);
+    if (j) {
+        const char *why = json_string_value(json_object_get(j, "torch_error"));
+        CHECK_MSG(why && !strcmp(why, "module \"torch\" not found\tin C:\\x"), "%s", why ? why : "(none)");
+        json_decref(j);
+    }
     fake_script(path, "raise RuntimeError('boom')\n");
     fflush(stdout);
     int saved = fcntl(1, F_DUPFD_CLOEXEC, 0), devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);

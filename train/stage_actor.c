@@ -214,26 +214,42 @@ static void export_bufs_free(stage_actor_t *s)
 
 /* The export's tensors, whole, in host memory: one f32 buffer per parameter
  * (read from the device; with TP gathered over the group, a collective
- * every TP rank of the replica takes part in). Each later travels in its
- * CKPT_SHARD message, which frees it. */
+ * every TP rank of the replica takes part in). The exporter keeps them, each
+ * to travel in its CKPT_SHARD message, which frees it; the other TP ranks
+ * gather into one scratch buffer they reuse. */
 static bt_status_t job_gather_run(void *arg)
 {
     stage_job_t *j = arg;
     stage_actor_t *s = j->s;
     export_bufs_free(s);
-    for (int k = 0; k < s->cfg.pipe.vpp; k++) {
+    bool keep = s->cfg.exporter;
+    float *scratch = NULL;
+    int64_t scratch_n = 0;
+    bt_status_t st = BT_OK;
+    for (int k = 0; k < s->cfg.pipe.vpp && st == BT_OK; k++) {
         model_t *m = s->cfg.chunks[k];
-        s->export_buf[k] = calloc((size_t)m->n_params + 1, sizeof *s->export_buf[k]);
-        if (!s->export_buf[k]) return BT_ERR_NOMEM;
-        for (int i = 0; i < m->n_params; i++) {
-            float *buf = malloc((size_t)shard_global_numel(&m->params[i].spec) * sizeof *buf + 1);
-            if (!buf) return BT_ERR_NOMEM;
-            s->export_buf[k][i] = buf;
-            bt_status_t st = model_param_gather(m, i, false, buf);
-            if (st) return st;
+        if (keep && !(s->export_buf[k] = calloc((size_t)m->n_params + 1, sizeof(float *)))) {
+            st = BT_ERR_NOMEM;
+            break;
+        }
+        for (int i = 0; i < m->n_params && st == BT_OK; i++) {
+            int64_t n = shard_global_numel(&m->params[i].spec);
+            float *buf;
+            if (keep) {
+                buf = s->export_buf[k][i] = malloc((size_t)n * sizeof *buf + 1);
+            } else {
+                if (n > scratch_n) {
+                    free(scratch);
+                    scratch = malloc((size_t)n * sizeof *scratch + 1);
+                    scratch_n = scratch ? n : 0;
+                }
+                buf = scratch;
+            }
+            st = buf ? model_param_gather(m, i, false, buf) : BT_ERR_NOMEM;
         }
     }
-    return BT_OK;
+    free(scratch);
+    return st;
 }
 
 static void export_buf_release(void *buf) { free(buf); }

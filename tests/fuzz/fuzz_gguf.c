@@ -3,8 +3,9 @@
  * metadata lookups, the llama helpers and the tokenizer.json writer (to
  * /dev/null) must then run without a fault.
  *
- *   make fuzz && nice build/fuzz/fuzz_gguf -close_fd_mask=2 -max_total_time=300 CORPUS
- * (seed the corpus with the .gguf files of tests/fixtures/gguf) */
+ *   make fuzz && build/fuzz/fuzz_gguf -max_len=4096 -close_fd_mask=2 CORPUS tests/fuzz/corpus_gguf
+ * (seeds: tests/fuzz/gen_seeds.py; make fuzz-run runs the recorded
+ * campaign; docs/GGUF.md) */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

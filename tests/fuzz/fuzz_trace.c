@@ -4,8 +4,9 @@
  * NOMEM) or load records that the JSON writer and the summary then take
  * without a fault.
  *
- *   make fuzz && nice build/fuzz/fuzz_trace -close_fd_mask=2 -max_total_time=300 \
- *       tests/fuzz/corpus_trace   (seeds: python3 tests/fuzz/gen_trace_seeds.py) */
+ *   make fuzz && build/fuzz/fuzz_trace -max_len=4096 -close_fd_mask=2 CORPUS tests/fuzz/corpus_trace
+ * (seeds: python3 tests/fuzz/gen_trace_seeds.py; make fuzz-run runs the
+ * recorded campaign; docs/TRACING.md) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

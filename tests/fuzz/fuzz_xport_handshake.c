@@ -1,6 +1,10 @@
 /* libFuzzer: handshake messages from a hostile peer. The input is split into
  * a hello and a proof; reading them must never crash, and a proof that the
- * fuzzer made up must never be accepted (it would need the secret). */
+ * fuzzer made up must never be accepted (it would need the secret).
+ *
+ *   make fuzz && build/fuzz/fuzz_xport_handshake -max_len=256 CORPUS tests/fuzz/corpus_xport_handshake
+ * (a hello and a proof are 144 bytes; seeds: tests/fuzz/gen_seeds.py; make
+ * fuzz-run runs the recorded campaign; docs/WIRE.md) */
 #include "transport/handshake.h"
 
 #include <stdlib.h>

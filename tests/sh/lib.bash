@@ -5,3 +5,7 @@ pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1${2:+: $2}"; }
 # field NAME TEXT: the first number after "NAME": in TEXT (JSON output)
 field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" <<<"$2" | head -1; }
+# cap_vm: in a subshell, caps the address space at ~4 GB so that a command
+# that would allocate gigabytes fails fast instead of filling the machine;
+# not under a sanitizer build (ASan reserves terabytes of address space).
+cap_vm() { [[ "${BUILD:-build}" == *san-* ]] || ulimit -v 4000000; }

@@ -27,7 +27,7 @@ mkdir -p "$tmp/data"
 awk 'BEGIN { x = 12345; for (i = 0; i < 4000; i++) { x = (x * 1103515245 + 12345) % 2147483648;
        t = (i % 48); if (x % 10 == 0) t = int(x / 65536) % 64; printf "%d ", t } print "" }' \
     > "$tmp/data/tokens.txt"
-printf '1 5 9 13 17 21 25 29 33\n2 4 6 8 10 12 14 16 18\n' > "$tmp/ids.txt"
+printf '1 5 9 13 17 21 25 29\n2 4 6 8 10 12 14 16\n' > "$tmp/ids.txt" # at most max_position_embeddings (8)
 cat > "$tmp/job.yaml" <<YAML
 model: {layers: 1, hidden: 32, heads: 4, kv_heads: 2, ffn: 64, vocab: 64}
 data: {dir: $tmp/data, seq_len: 8, split: 0}

@@ -31,4 +31,15 @@ out=$("$BATON" eval --model $FIX/llama --ids $FIX/llama/ids.txt --layout tp=3 2>
 out=$("$BATON" eval --model $FIX/llama --ids $FIX/llama/ids.txt --layout pp=two 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "expected tp=N,pp=N,dp=N" <<<"$out" && pass eval_layout_bad_syntax \
     || fail eval_layout_bad_syntax "rc $rc: $out"
+# a config.json with a huge vocabulary: refused before any worker starts,
+# with every rank's share counted (2 ranks x 4 GiB of embedding + the
+# whole model each holds while it starts)
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/huge" && cp $FIX/llama/config.json $FIX/llama/model.safetensors "$tmp/huge/"
+sed -i 's/"vocab_size": 256/"vocab_size": 16777216/' "$tmp/huge/config.json"
+out=$( (cap_vm; BATON_MEM_LIMIT=2G timeout 60 "$BATON" eval --model "$tmp/huge" --ids $FIX/llama/ids.txt \
+      --layout pp=2 --json) 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "model.hf: the job needs about [0-9.]* GiB of memory in 2 processes" <<<"$out" &&
+    grep -q "more than the 2.00 GiB available (BATON_MEM_LIMIT=2G); [0-9]*% of it is for vocab_size 16777216 x hidden_size 64 in model.hf's config" <<<"$out" &&
+    ! grep -q "rank 0 (pid" <<<"$out" && pass eval_layout_mem_refused || fail eval_layout_mem_refused "rc $rc: $out"
 exit 0

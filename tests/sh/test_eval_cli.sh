@@ -101,3 +101,76 @@ expect_err eval_err_sliding_window "sliding_window=32" --model $FIX/mistral --id
 expect_err eval_err_text_no_tokenizer "tokenizer.json" --model $FIX/qwen2 --text $d/text.txt
 expect_err eval_err_text_missing "nothing.txt" --model $d --text "$tmp/nothing.txt"
 expect_err eval_err_bad_window "window" --model $d --ids $d/ids.txt --window 1
+
+# ---- bad input: a clear error, not a hang, a silent change or non-JSON ----
+ST_EDIT="python3 tests/helpers/st_edit.py"
+copy_model() { mkdir -p "$2" && cp "$1"/config.json "$1"/model.safetensors "$2"/ && \
+               { [ ! -f "$1"/tokenizer.json ] || cp "$1"/tokenizer.json "$2"/; }; }
+t=$FIX/llama_tied_llama3
+tied_ref=$("$BATON" eval --model $t --ids $t/ids.txt --json)
+
+# Tied embeddings with an lm_head.weight that differs from the embedding:
+# refused, naming the tensor (it used to be ignored silently).
+copy_model $t "$tmp/tied_head"
+$ST_EDIT $t/model.safetensors "$tmp/tied_head/model.safetensors" add lm_head.weight \
+    model.embed_tokens.weight 1.5
+expect_err eval_err_tied_head_differs "tensor 'lm_head.weight' differs from model.embed_tokens.weight" \
+    --model "$tmp/tied_head" --ids $t/ids.txt --json
+grep -q "tie_word_embeddings=true" "$tmp/err" && pass eval_err_tied_head_says_config \
+    || fail eval_err_tied_head_says_config "$(cat "$tmp/err")"
+# the llama fixture (own head) marked tied: was loss 5.9823 (head ignored)
+copy_model $d "$tmp/llama_tied"
+sed -i 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$tmp/llama_tied/config.json"
+expect_err eval_err_untied_head_marked_tied "tensor 'lm_head.weight' differs from model.embed_tokens.weight" \
+    --model "$tmp/llama_tied" --ids $d/ids.txt --json
+# ... the same as a surplus layer tensor, which is refused too
+copy_model $t "$tmp/extra_layer"
+$ST_EDIT $t/model.safetensors "$tmp/extra_layer/model.safetensors" add \
+    model.layers.9.input_layernorm.weight model.norm.weight
+expect_err eval_err_extra_layer_tensor "unexpected tensor 'model.layers.9.input_layernorm.weight'" \
+    --model "$tmp/extra_layer" --ids $t/ids.txt
+# an lm_head.weight equal to the embedding (one tensor saved under both
+# names) is the same model: accepted, same loss
+copy_model $t "$tmp/tied_same"
+$ST_EDIT $t/model.safetensors "$tmp/tied_same/model.safetensors" add lm_head.weight \
+    model.embed_tokens.weight
+out=$("$BATON" eval --model "$tmp/tied_same" --ids $t/ids.txt --json 2>"$tmp/err")
+[ -n "$out" ] && [ "$out" = "$tied_ref" ] && pass eval_tied_head_equal_accepted \
+    || fail eval_tied_head_equal_accepted "$out vs $tied_ref: $(cat "$tmp/err")"
+
+# NaN weights: an error (exit 1, message, nothing on stdout), never
+# {"loss": nan}, which is not JSON.
+copy_model $d "$tmp/nan"
+$ST_EDIT $d/model.safetensors "$tmp/nan/model.safetensors" nan model.norm.weight
+expect_err eval_err_nan_json "the loss is NaN, not a finite number" --model "$tmp/nan" --ids $d/ids.txt --json
+expect_err eval_err_nan_text "the loss is NaN" --model "$tmp/nan" --ids $d/ids.txt
+expect_err eval_err_nan_grad_norm "NaN" --model "$tmp/nan" --ids $d/ids.txt --json --grad-norm
+
+# A line longer than max_position_embeddings (64) is refused unless
+# --window asks for windows; --window 64 scores it as 64 + 6 tokens.
+seq 1 70 | tr '\n' ' ' >"$tmp/long70.txt"; echo >>"$tmp/long70.txt"
+expect_err eval_err_longer_than_positions \
+    "long70.txt: sequence 1 (of the non-blank lines) has 70 tokens, more than the model's max_position_embeddings=64; give --window N" \
+    --model $d --ids "$tmp/long70.txt" --json
+out=$("$BATON" eval --model $d --ids "$tmp/long70.txt" --window 64 --json 2>"$tmp/err")
+[ "$(field tokens "$out")" = 68 ] && pass eval_window_explicit_long || fail eval_window_explicit_long "$out $(cat "$tmp/err")"
+# --text cuts into windows of max_position_embeddings by design: it says so
+"$BATON" eval --model $d --text $d/text.txt --json >"$tmp/out" 2>"$tmp/err"
+grep -q "tokens scored as [0-9]* windows of at most max_position_embeddings=64 tokens" "$tmp/err" \
+    && pass eval_text_windows_said || fail eval_text_windows_said "$(cat "$tmp/err")"
+
+# A config.json with a huge vocabulary: refused before anything is
+# allocated, naming the field and the estimate (the address-space cap makes
+# the old behaviour, allocating 8 GiB, fail fast instead of swapping).
+copy_model $d "$tmp/huge"
+sed -i 's/"vocab_size": 256/"vocab_size": 16777216/' "$tmp/huge/config.json"
+for cmd in eval generate; do
+    if [ $cmd = eval ]; then args=(--ids $d/ids.txt --json); else args=(--prompt "It is" --max-new 2); fi
+    o=$( (cap_vm; BATON_MEM_LIMIT=1G timeout 60 "$BATON" $cmd --model "$tmp/huge" "${args[@]}") 2>&1 >/dev/null); r=$?
+    if [ $r -eq 1 ] && grep -q "huge: the model needs about 8.[0-9]* GiB of memory (parameters 8.00 GiB, activations" <<<"$o" &&
+       grep -q "more than the 1.00 GiB available (BATON_MEM_LIMIT=1G); 9[0-9]% of it is for the vocabulary-sized tensors (vocab_size 16777216 x hidden_size 64)" <<<"$o"
+    then pass ${cmd}_err_huge_config; else fail ${cmd}_err_huge_config "rc $r: $o"; fi
+done
+o=$(BATON_MEM_LIMIT=lots "$BATON" eval --model $d --ids $d/ids.txt 2>&1); r=$?
+[ $r -eq 1 ] && grep -q "BATON_MEM_LIMIT=lots: expected a size" <<<"$o" && pass eval_err_mem_limit_syntax \
+    || fail eval_err_mem_limit_syntax "rc $r: $o"

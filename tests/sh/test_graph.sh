@@ -56,4 +56,14 @@ bad graph_split_entries "parallel.split: 3 entries, but there are 2 stages" --se
 bad graph_microbatches "microbatches cannot fill 2 pipeline stages" --set train.grad_accum=1
 bad graph_inproc_refused "transport.tensor_parallel: inproc links threads of one process" \
     --set transport.tensor_parallel=inproc
+bad graph_vocab_range "model.vocab: 16777217 is out of range \[0, 16777216\]" --set model.vocab=16777217
+
+# A 400 KB job file nested 200 000 levels deep is refused at once with the
+# limit and the line, by graph and run alike (libyaml alone spends minutes on it).
+python3 -c 'import sys; d=200000; sys.stdout.write("data: {dir: x}\nhosts: " + "["*d + "]"*d + "\n")' >"$tmp/deep.yaml"
+for cmd in graph run; do
+    o=$(timeout 20 "$BATON" $cmd "$tmp/deep.yaml" 2>&1); r=$?
+    if [ $r -eq 1 ] && grep -q -- "deep.yaml:2:39: (file): nested deeper than 32 levels" <<<"$o"; then
+        pass "${cmd}_deep_nesting"; else fail "${cmd}_deep_nesting" "rc $r: ${o:0:300}"; fi
+done
 exit 0

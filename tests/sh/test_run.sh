@@ -98,3 +98,19 @@ printf 'model: {hf: %s}\ndata: {dir: tests/fixtures/train_llama, seq_len: 16}\nt
     "$tmp/nanmodel" > "$tmp/nan.yaml"
 out=$("$BATON" run "$tmp/nan.yaml" 2>&1); rc=$?
 [ $rc -eq 1 ] && [[ "$out" == *"step 1: loss is NaN"* ]] && pass run_nan_named || fail run_nan_named "rc $rc: $(echo "$out" | tail -2)"
+# A huge dimension is refused before any process starts, naming the field,
+# the estimate and the limit (it used to pass validation; each worker then
+# grew to gigabytes with no output). The address-space cap makes the old
+# behaviour fail fast instead of filling the machine.
+for layout in single pp2; do
+    sets=(--set model.vocab=16777216); [ $layout = pp2 ] && sets+=(--set parallel.pp=2)
+    out=$( (cap_vm; BATON_MEM_LIMIT=2G timeout 60 "$BATON" run "$tmp/job.yaml" "${sets[@]}" \
+           --set metrics.file= --set metrics.plot=) 2>&1); rc=$?
+    want="--set model.vocab=16777216: model.vocab: the job needs about"
+    [ $layout = pp2 ] && want="$want 32.[0-9] GiB of memory in 2 processes (the largest, rank 1, 16.[0-9] GiB: parameters 4.00 GiB" \
+                      || want="$want 32.[0-9] GiB of memory (parameters 8.00 GiB, gradients 8.00 GiB, optimizer state 16.0 GiB"
+    if [ $rc -eq 1 ] && grep -q -- "$want" <<<"$out" &&
+       grep -Eq "more than the 2.00 GiB available \(BATON_MEM_LIMIT=2G\); (99|100)% of it is for model.vocab 16777216 x model.hidden 64" <<<"$out" &&
+       ! grep -q "^step" <<<"$out"
+    then pass run_mem_refused_$layout; else fail run_mem_refused_$layout "rc $rc: $(tail -3 <<<"$out")"; fi
+done
