@@ -81,7 +81,7 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELPER_OBJ) $(BUILD)/libbaton.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 test: all
-	@BUILD=$(BUILD) tests/run.sh $(T)
+	@BUILD=$(BUILD) SAN=$(SAN) tests/run.sh $(T)
 
 deps:
 	@tools/install-deps.sh $(PKGS)

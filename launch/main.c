@@ -1,8 +1,10 @@
 /* baton: one binary, many subcommands. Only main() may exit. */
 #include "launch/cli.h"
+#include "transport/xport.h"
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     const char *name;
@@ -30,6 +32,11 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    const char *env_bad = xport_ucx_env_check();
+    if (env_bad) {
+        fprintf(stderr, "baton: %s\n", env_bad);
+        _exit(2); /* not exit(): OpenBLAS's exit handler ends its threads, which is the crash */
+    }
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
         !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);

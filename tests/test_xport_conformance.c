@@ -98,7 +98,8 @@ static xport_config_t base_cfg(struct ev_loop *loop, uint32_t self_id)
 {
     return (xport_config_t){
         .loop = loop, .job_id = JOB_ID, .secret = g_secret, .secret_len = g_secret_len,
-        .self_id = self_id, .listen_addr = NULL, .max_frame = 0, .handshake_ms = 2000,
+        .self_id = self_id, .listen_addr = NULL, .max_frame = 0,
+        .handshake_ms = (unsigned)(2000 * test_time_scale()),
     };
 }
 
@@ -347,7 +348,7 @@ static int child_main(int argc, char **argv)
     xport_config_t cfg = {
         .loop = c->loop, .secret = secret, .secret_len = secret_len,
         .job_id = !strcmp(c->mode, "badauth") && !strcmp(argv[4], "2") ? "another-job" : JOB_ID,
-        .self_id = 7, .handshake_ms = 2000,
+        .self_id = 7, .handshake_ms = (unsigned)(2000 * test_time_scale()),
         .cbs = {.arg = c, .connected = child_on_connected, .alloc = child_on_alloc,
                 .free = child_on_free, .recv = child_on_recv, .error = child_on_error},
     };

@@ -240,6 +240,15 @@ extern const xport_ucx_setting_t xport_ucx_settings[XPORT_UCX_NSETTINGS];
 /* True when the environment sets setting i (by its name or an alias). */
 bool xport_ucx_setting_from_env(int i);
 
+/* NULL when UCX lets this process run; else the message to print before
+ * exiting (main and the test harness check first thing). Only a
+ * ThreadSanitizer build with UCX can fail it: libucs's constructor patches
+ * UCX's memory-event hooks into glibc's madvise before main, glibc calls
+ * madvise as a thread exits, after TSan has released the thread, and the
+ * hook's rwlock then crashes TSan. UCX_MEM_EVENTS=no in the environment
+ * (read at that load, so it cannot be set later) keeps the hooks out. */
+const char *xport_ucx_env_check(void);
+
 /* Ops for a kind, or NULL when that transport is not built. */
 const xport_ops_t *xport_ops_get(xport_kind_t kind);
 /* "inproc"|"tcp"|"ucx"|"auto" -> kind; auto is resolved by the caller
