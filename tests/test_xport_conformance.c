@@ -1188,6 +1188,113 @@ static void test_inproc_close_takes_back(void)
     ev_loop_destroy(p.loop);
 }
 
+/* inproc: a connector on another thread takes its frame back out of the
+ * listener's box (closing before the listener picked it up) while the
+ * listener polls that box: inproc_drain reads the box head without the lock,
+ * so the take-back must store it atomically. ThreadSanitizer reported the
+ * plain store (seen in test_coll and close_in_callback, where it depended on
+ * timing). Here the order is fixed: the listener polls its empty box, then
+ * says so through a relaxed flag (which orders nothing for TSan), then the
+ * connector sends and closes. */
+typedef struct {
+    char            addr[XPORT_ADDR_MAX];
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    bool            connected;   /* under mu */
+    atomic_int      polled;      /* relaxed only */
+    int             canceled, other, conn_status;
+} tbp_ctx_t;
+static int g_tbp_accepts, g_tbp_recv, g_tbp_err;
+static void tbp_accept(void *arg, xport_ep_t *ep, uint32_t peer) { g_tbp_accepts++; }
+static void tbp_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx) { g_tbp_recv++; xport_rx_release(rx); }
+static void tbp_error(void *arg, xport_ep_t *ep, bt_status_t st) { g_tbp_err += st == BT_ERR_PEER_CLOSED; }
+static void tbp_connected(void *arg, xport_ep_t *ep, bt_status_t st)
+{
+    tbp_ctx_t *c = arg;
+    c->conn_status = st == BT_OK ? 1 : -1;
+}
+static void tbp_done(void *arg, bt_status_t st)
+{
+    tbp_ctx_t *c = arg;
+    if (st == BT_ERR_CANCELED) c->canceled++;
+    else c->other++;
+}
+
+static void *tbp_connector(void *arg)
+{
+    tbp_ctx_t *c = arg;
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    xport_config_t cfg = base_cfg(loop, 2);
+    cfg.cbs = (xport_cbs_t){.arg = c, .connected = tbp_connected};
+    xport_t *x = NULL;
+    xport_ep_t *ep = NULL;
+    if (xport_create(&xport_inproc_ops, &cfg, &x) != BT_OK || xport_connect(x, c->addr, &ep) != BT_IN_PROGRESS) {
+        c->conn_status = -1;
+    } else {
+        uint64_t deadline = clock_now_ns() + (uint64_t)(10e9 * test_time_scale());
+        while (!c->conn_status && clock_now_ns() < deadline)
+            if (!xport_progress(x)) usleep(1000);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->connected = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (c->conn_status == 1) {
+        while (!atomic_load_explicit(&c->polled, memory_order_relaxed)) usleep(100);
+        static test_hdr_t h = {.tag = T_DATA};
+        struct iovec iov = {.iov_base = g_pattern, .iov_len = 100};
+        if (xport_send(ep, &h, sizeof h, &iov, 1, tbp_done, c) != BT_IN_PROGRESS) c->other++;
+        xport_close(ep); /* takes the frame back out of the listener's box */
+        uint64_t deadline = clock_now_ns() + (uint64_t)(10e9 * test_time_scale());
+        while (!c->canceled && !c->other && clock_now_ns() < deadline)
+            if (!xport_progress(x)) usleep(1000);
+    }
+    if (x) xport_destroy(x);
+    ev_loop_destroy(loop);
+    return NULL;
+}
+
+static void test_inproc_take_back_while_peer_polls(void)
+{
+    secret_setup();
+    pattern_init();
+    tbp_ctx_t c = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    snprintf(c.addr, sizeof c.addr, "inproc:tbp-%d", (int)getpid());
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    xport_config_t cfg = base_cfg(loop, 1);
+    cfg.listen_addr = c.addr;
+    cfg.cbs = (xport_cbs_t){.accept = tbp_accept, .recv = tbp_recv, .error = tbp_error};
+    xport_t *x = NULL;
+    char addr[XPORT_ADDR_MAX];
+    REQUIRE(xport_create(&xport_inproc_ops, &cfg, &x) == BT_OK);
+    REQUIRE(xport_listen(x, addr, sizeof addr) == BT_OK);
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, tbp_connector, &c) == 0);
+    /* accept on our side; the connector says when its side is connected */
+    uint64_t deadline = clock_now_ns() + (uint64_t)(10e9 * test_time_scale());
+    bool up = false;
+    while (!up && clock_now_ns() < deadline) {
+        xport_progress(x);
+        pthread_mutex_lock(&c.mu);
+        up = c.connected;
+        pthread_mutex_unlock(&c.mu);
+        if (!up) usleep(1000);
+    }
+    CHECK(up && g_tbp_accepts == 1);
+    xport_progress(x); /* the box is empty: only the unlocked look at its head */
+    atomic_store_explicit(&c.polled, 1, memory_order_relaxed);
+    pthread_join(th, NULL);
+    CHECK(c.conn_status == 1);
+    CHECK_MSG(c.canceled == 1 && c.other == 0, "%d canceled, %d other", c.canceled, c.other);
+    deadline = clock_now_ns() + (uint64_t)(10e9 * test_time_scale());
+    while (!g_tbp_err && clock_now_ns() < deadline)
+        if (!xport_progress(x)) usleep(1000);
+    CHECK(g_tbp_err == 1);  /* the close arrived... */
+    CHECK(g_tbp_recv == 0); /* ...and the frame taken back never did */
+    xport_destroy(x);
+    ev_loop_destroy(loop);
+}
+
 /* ---- case: bad handshake (wrong secret / wrong job id) ----------------- */
 
 static void case_bad_handshake(xport_kind_t kind)
@@ -1771,6 +1878,7 @@ static void test_send_close_ucx(void) { case_send_then(XPORT_UCX, "sendclose"); 
 #define ALL_TESTS \
     test_kind_table, test_handshake_messages, test_secret_file, \
     XPORT_CASES(NAME_CASE, inproc) test_kill_send_inproc, test_inproc_close_takes_back, \
+    test_inproc_take_back_while_peer_polls, \
     XPORT_CASES(NAME_CASE, tcp) test_kill_send_tcp, test_send_exit_tcp, test_send_close_tcp, test_tcp_bad_frames, test_tcp_bad_handshake_raw, \
     test_tcp_ipv6, test_tcp_pending_handshake_cap, \
     UCX_TESTS
