@@ -35,13 +35,14 @@ user_tsan=${TSAN_OPTIONS:-} user_asan=${ASAN_OPTIONS:-} user_ubsan=${UBSAN_OPTIO
 case ",$SAN," in *,thread,*)
     export UCX_MEM_EVENTS=${UCX_MEM_EVENTS:-no}
     export BATON_TEST_TIME_SCALE=${BATON_TEST_TIME_SCALE:-10}
-    tsan_base="suppressions=$PWD/tests/tsan.supp"
+    tsan_base="suppressions='$PWD/tests/tsan.supp'"
 esac
 # san_env DIR: point every sanitizer's reports of the next test into DIR
+# (quoted: sanitizer options split at commas, as in build/san-address,undefined)
 san_env() {
-    export TSAN_OPTIONS="${tsan_base:-} log_path=$1/report $user_tsan"
-    export ASAN_OPTIONS="log_path=$1/report $user_asan"
-    export UBSAN_OPTIONS="log_path=$1/report $user_ubsan"
+    export TSAN_OPTIONS="${tsan_base:-} log_path='$1/report' $user_tsan"
+    export ASAN_OPTIONS="log_path='$1/report' $user_asan"
+    export UBSAN_OPTIONS="log_path='$1/report' $user_ubsan"
 }
 # Shell tests first: tests/sh/test_bubble.sh measures per-op CPU times of a
 # pipeline, and on a shared VM a minute of full load from the other tests
