@@ -592,9 +592,8 @@ static void child_ponger(int card_fd, const char *kind, int64_t elems, int secon
     if (write(card_fd, card, len) != (ssize_t)len) _exit(6);
     close(card_fd);
     actor_router_wait(rt, (unsigned)seconds * 1000);
-    int bad = ponger.bad;
-    actor_router_destroy(rt);
-    _exit(bad ? 7 : 0);
+    actor_router_destroy(rt); /* joins the loop that runs the ponger */
+    _exit(ponger.bad ? 7 : 0);
 }
 
 static pid_t spawn_ponger(const char *kind, int64_t elems, int seconds, char *card, size_t cap)
