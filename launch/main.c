@@ -1,8 +1,10 @@
 /* baton: one binary, many subcommands. Only main() may exit. */
 #include "launch/cli.h"
+#include "transport/xport.h"
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/file.h"
 
@@ -32,6 +34,11 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    const char *env_bad = xport_ucx_env_check();
+    if (env_bad) {
+        fprintf(stderr, "baton: %s\n", env_bad);
+        _exit(2); /* not exit(): OpenBLAS's exit handler ends its threads, which is the crash */
+    }
     /* Nothing this process inherited or a library opened while loading
      * (UCX opens pipes and /dev/null without close-on-exec) goes on to
      * the programs it runs; what it opens itself is close-on-exec. */
