@@ -94,7 +94,7 @@ $(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/repl
 # and the flags above are computed when make starts).
 test: deps
 	@$(MAKE) --no-print-directory all
-	@BUILD=$(BUILD) tests/run.sh $(T)
+	@BUILD=$(BUILD) SAN=$(SAN) tests/run.sh $(T)
 
 deps:
 	@tools/install-deps.sh $(PKGS)

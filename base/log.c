@@ -3,31 +3,41 @@
 #include "base/clock.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
 static char g_tag[32] = "";
-static int g_level = -1;
+/* -1 until the first log_enabled() reads BATON_LOG (or log_set_level sets
+ * it). Any thread may be first, so it is atomic; relaxed is enough because
+ * the level is the only thing published. */
+static _Atomic int g_level = -1;
 
 void log_set_tag(const char *tag)
 {
     snprintf(g_tag, sizeof g_tag, "%s", tag ? tag : "");
 }
 
-void log_set_level(log_level_t level) { g_level = (int)level; }
+void log_set_level(log_level_t level) { atomic_store_explicit(&g_level, (int)level, memory_order_relaxed); }
 
 static int log_level_get(void)
 {
-    if (g_level < 0) {
-        const char *e = getenv("BATON_LOG");
-        g_level = LOG_INFO;
-        if (e) {
-            if (!strcmp(e, "error")) g_level = LOG_ERROR;
-            else if (!strcmp(e, "warn")) g_level = LOG_WARN;
-            else if (!strcmp(e, "debug")) g_level = LOG_DEBUG;
-        }
+    int level = atomic_load_explicit(&g_level, memory_order_relaxed);
+    if (level >= 0) return level;
+    const char *e = getenv("BATON_LOG");
+    level = LOG_INFO;
+    if (e) {
+        if (!strcmp(e, "error")) level = LOG_ERROR;
+        else if (!strcmp(e, "warn")) level = LOG_WARN;
+        else if (!strcmp(e, "debug")) level = LOG_DEBUG;
     }
-    return g_level;
+    /* threads racing here compute the same value; a log_set_level that got
+     * in first wins over the environment */
+    int unset = -1;
+    if (!atomic_compare_exchange_strong_explicit(&g_level, &unset, level, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        level = unset;
+    return level;
 }
 
 int log_enabled(log_level_t level) { return (int)level <= log_level_get(); }

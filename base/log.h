@@ -13,6 +13,9 @@
 
 typedef enum { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG } log_level_t;
 
+/* The tag is a plain buffer: set it while the process has one thread (at
+ * start, or right after fork), before any other thread logs. The level may
+ * be set or read from any thread. */
 void log_set_tag(const char *tag);
 void log_set_level(log_level_t level);
 int  log_enabled(log_level_t level);

@@ -1,9 +1,11 @@
 /* baton: one binary, many subcommands. Only main() may exit. */
 #include "launch/cli.h"
+#include "transport/xport.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "base/file.h"
 #include "base/log.h"
@@ -47,6 +49,11 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    const char *env_bad = xport_ucx_env_check();
+    if (env_bad) {
+        fprintf(stderr, "baton: %s\n", env_bad);
+        _exit(2); /* not exit(): OpenBLAS's exit handler ends its threads, which is the crash */
+    }
     /* Nothing this process inherited or a library opened while loading
      * (UCX opens pipes and /dev/null without close-on-exec) goes on to
      * the programs it runs; what it opens itself is close-on-exec. */

@@ -200,8 +200,9 @@ static void child_consumer(int fd_card, int fd_rep, uint32_t credits)
     if (write(fd_card, card, strlen(card) + 1) < 0) _exit(6);
     close(fd_card);
     actor_router_wait(rt, 60000);
-    consumer_report_t rep = c.rep;
+    /* the consumer's loop (its rss sampling timer) runs until destroy joins it */
     actor_router_destroy(rt);
+    consumer_report_t rep = c.rep;
     if (write(fd_rep, &rep, sizeof rep) != (ssize_t)sizeof rep) _exit(6);
     _exit(0);
 }

@@ -336,6 +336,11 @@ static void test_trace_processes(void)
  * in trace_stop's pthread_cond_signal). */
 static void test_trace_fork_while_flushing(void)
 {
+    /* TSan does not support new threads in the child of a threaded
+     * process: by default it kills the child, and with die_after_fork=0 the
+     * child's flusher reuses the dead parent thread's id and trips TSan's
+     * own check ("dup thread with used id"). */
+    if (TEST_TSAN) TEST_SKIP("ThreadSanitizer cannot start threads in the child of a threaded fork");
     int ok = 0, runs = 0;
     for (int k = 0; k < 40; k++) {
         dir_make();
@@ -865,8 +870,8 @@ static void test_trace_cost(void)
     printf("trace cost per event: disabled median %.2f ns (best %.2f), enabled median %.2f ns (best %.2f); "
            "batches of %d, timestamps passed in\n", off_med, off_best, on_med, on_best, COST_BATCH);
     CHECK(dropped == 0);
-    CHECK(off_best < 10.0);
-    CHECK(on_best < 100.0);
+    CHECK(off_best < 10.0 * test_time_scale());
+    CHECK(on_best < 100.0 * test_time_scale());
     dir_remove();
 }
 

@@ -103,7 +103,8 @@ static xport_config_t base_cfg(struct ev_loop *loop, uint32_t self_id)
 {
     return (xport_config_t){
         .loop = loop, .job_id = JOB_ID, .secret = g_secret, .secret_len = g_secret_len,
-        .self_id = self_id, .listen_addr = NULL, .max_frame = 0, .handshake_ms = 2000,
+        .self_id = self_id, .listen_addr = NULL, .max_frame = 0,
+        .handshake_ms = (unsigned)(2000 * test_time_scale()),
     };
 }
 
@@ -352,7 +353,7 @@ static int child_main(int argc, char **argv)
     xport_config_t cfg = {
         .loop = c->loop, .secret = secret, .secret_len = secret_len,
         .job_id = !strcmp(c->mode, "badauth") && !strcmp(argv[4], "2") ? "another-job" : JOB_ID,
-        .self_id = 7, .handshake_ms = 2000,
+        .self_id = 7, .handshake_ms = (unsigned)(2000 * test_time_scale()),
         .cbs = {.arg = c, .connected = child_on_connected, .alloc = child_on_alloc,
                 .free = child_on_free, .recv = child_on_recv, .error = child_on_error},
     };
@@ -1196,6 +1197,113 @@ static void test_inproc_close_takes_back(void)
     ev_loop_destroy(p.loop);
 }
 
+/* inproc: a connector on another thread takes its frame back out of the
+ * listener's box (closing before the listener picked it up) while the
+ * listener polls that box: inproc_drain reads the box head without the lock,
+ * so the take-back must store it atomically. ThreadSanitizer reported the
+ * plain store (seen in test_coll and close_in_callback, where it depended on
+ * timing). Here the order is fixed: the listener polls its empty box, then
+ * says so through a relaxed flag (which orders nothing for TSan), then the
+ * connector sends and closes. */
+typedef struct {
+    char            addr[XPORT_ADDR_MAX];
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    bool            connected;   /* under mu */
+    atomic_int      polled;      /* relaxed only */
+    int             canceled, other, conn_status;
+} tbp_ctx_t;
+static int g_tbp_accepts, g_tbp_recv, g_tbp_err;
+static void tbp_accept(void *arg, xport_ep_t *ep, uint32_t peer) { g_tbp_accepts++; }
+static void tbp_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx) { g_tbp_recv++; xport_rx_release(rx); }
+static void tbp_error(void *arg, xport_ep_t *ep, bt_status_t st) { g_tbp_err += st == BT_ERR_PEER_CLOSED; }
+static void tbp_connected(void *arg, xport_ep_t *ep, bt_status_t st)
+{
+    tbp_ctx_t *c = arg;
+    c->conn_status = st == BT_OK ? 1 : -1;
+}
+static void tbp_done(void *arg, bt_status_t st)
+{
+    tbp_ctx_t *c = arg;
+    if (st == BT_ERR_CANCELED) c->canceled++;
+    else c->other++;
+}
+
+static void *tbp_connector(void *arg)
+{
+    tbp_ctx_t *c = arg;
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    xport_config_t cfg = base_cfg(loop, 2);
+    cfg.cbs = (xport_cbs_t){.arg = c, .connected = tbp_connected};
+    xport_t *x = NULL;
+    xport_ep_t *ep = NULL;
+    if (xport_create(&xport_inproc_ops, &cfg, &x) != BT_OK || xport_connect(x, c->addr, &ep) != BT_IN_PROGRESS) {
+        c->conn_status = -1;
+    } else {
+        uint64_t deadline = clock_now_ns() + (uint64_t)(10e9 * test_time_scale());
+        while (!c->conn_status && clock_now_ns() < deadline)
+            if (!xport_progress(x)) usleep(1000);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->connected = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (c->conn_status == 1) {
+        while (!atomic_load_explicit(&c->polled, memory_order_relaxed)) usleep(100);
+        static test_hdr_t h = {.tag = T_DATA};
+        struct iovec iov = {.iov_base = g_pattern, .iov_len = 100};
+        if (xport_send(ep, &h, sizeof h, &iov, 1, tbp_done, c) != BT_IN_PROGRESS) c->other++;
+        xport_close(ep); /* takes the frame back out of the listener's box */
+        uint64_t deadline = clock_now_ns() + (uint64_t)(10e9 * test_time_scale());
+        while (!c->canceled && !c->other && clock_now_ns() < deadline)
+            if (!xport_progress(x)) usleep(1000);
+    }
+    if (x) xport_destroy(x);
+    ev_loop_destroy(loop);
+    return NULL;
+}
+
+static void test_inproc_take_back_while_peer_polls(void)
+{
+    secret_setup();
+    pattern_init();
+    tbp_ctx_t c = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    snprintf(c.addr, sizeof c.addr, "inproc:tbp-%d", (int)getpid());
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    xport_config_t cfg = base_cfg(loop, 1);
+    cfg.listen_addr = c.addr;
+    cfg.cbs = (xport_cbs_t){.accept = tbp_accept, .recv = tbp_recv, .error = tbp_error};
+    xport_t *x = NULL;
+    char addr[XPORT_ADDR_MAX];
+    REQUIRE(xport_create(&xport_inproc_ops, &cfg, &x) == BT_OK);
+    REQUIRE(xport_listen(x, addr, sizeof addr) == BT_OK);
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, tbp_connector, &c) == 0);
+    /* accept on our side; the connector says when its side is connected */
+    uint64_t deadline = clock_now_ns() + (uint64_t)(10e9 * test_time_scale());
+    bool up = false;
+    while (!up && clock_now_ns() < deadline) {
+        xport_progress(x);
+        pthread_mutex_lock(&c.mu);
+        up = c.connected;
+        pthread_mutex_unlock(&c.mu);
+        if (!up) usleep(1000);
+    }
+    CHECK(up && g_tbp_accepts == 1);
+    xport_progress(x); /* the box is empty: only the unlocked look at its head */
+    atomic_store_explicit(&c.polled, 1, memory_order_relaxed);
+    pthread_join(th, NULL);
+    CHECK(c.conn_status == 1);
+    CHECK_MSG(c.canceled == 1 && c.other == 0, "%d canceled, %d other", c.canceled, c.other);
+    deadline = clock_now_ns() + (uint64_t)(10e9 * test_time_scale());
+    while (!g_tbp_err && clock_now_ns() < deadline)
+        if (!xport_progress(x)) usleep(1000);
+    CHECK(g_tbp_err == 1);  /* the close arrived... */
+    CHECK(g_tbp_recv == 0); /* ...and the frame taken back never did */
+    xport_destroy(x);
+    ev_loop_destroy(loop);
+}
+
 /* ---- case: bad handshake (wrong secret / wrong job id) ----------------- */
 
 static void case_bad_handshake(xport_kind_t kind)
@@ -1645,14 +1753,14 @@ static int raw_ucx_main(const char *addr, int variant)
     }
     int rc = 0;
     if (UCS_PTR_IS_ERR(req)) rc = 3;
-    uint64_t deadline = clock_now_ns() + 5000000000ull;
+    uint64_t deadline = clock_now_ns() + (uint64_t)(5e9 * test_time_scale());
     if (req && !UCS_PTR_IS_ERR(req)) {
         while (ucp_request_check_status(req) == UCS_INPROGRESS && clock_now_ns() < deadline)
             ucp_worker_progress(w);
         if (ucp_request_check_status(req) != UCS_OK) rc = 4;
         ucp_request_free(req);
     }
-    deadline = clock_now_ns() + 1000000000ull;
+    deadline = clock_now_ns() + (uint64_t)(1e9 * test_time_scale());
     while (clock_now_ns() < deadline) {
         ucp_worker_progress(w);
         usleep(100);
@@ -1668,6 +1776,151 @@ static int raw_ucx_main(const char *addr, int variant)
     return rc;
 }
 
+/* ucx: the peer closes in order while our sends are still in UCX's hands
+ * (our queue to it is full). Their done() may fire only once UCX is done
+ * with the buffers: done() here frees each buffer, and our UCX endpoint
+ * keeps flushing after the peer's BYE (the ack must go out), so an early
+ * done() was a heap use after free inside UCX (ucp_dt_pack). TSan caught it
+ * in close_in_callback's echo child, by timing; here it is certain under
+ * SAN=thread and SAN=address. Every done() must still come before the
+ * error callback. The closer has a thread of its own, so it takes our
+ * frames in while we wait. */
+enum { OCP_FRAMES = 4096, OCP_BYTES = 4096 };
+typedef struct {
+    char            addr[XPORT_LISTEN_ADDR_MAX];
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    int             stage;       /* under mu: 1 closer connected, 2 close now, 3 finish */
+    int             conn_status; /* closer's: 1 connected, -1 failed (read after stage 1) */
+    xport_ep_t     *ep;          /* ours, from accept */
+    int             dones, ok, failed, bad_status, after_error, errors;
+    bt_status_t     error;
+} ocp_ctx_t;
+
+static void ocp_stage_set(ocp_ctx_t *c, int stage)
+{
+    pthread_mutex_lock(&c->mu);
+    c->stage = stage;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int ocp_stage_get(ocp_ctx_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int st = c->stage;
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+static void ocp_connected(void *arg, xport_ep_t *ep, bt_status_t st)
+{
+    ((ocp_ctx_t *)arg)->conn_status = st == BT_OK ? 1 : -1;
+}
+static void ocp_accept(void *arg, xport_ep_t *ep, uint32_t peer) { ((ocp_ctx_t *)arg)->ep = ep; }
+static void ocp_closer_recv(void *arg, xport_ep_t *ep, xport_rx_t *rx) { xport_rx_release(rx); }
+
+/* a frame's buffer starts with the context pointer */
+static void ocp_send_done(void *arg, bt_status_t st)
+{
+    ocp_ctx_t *c;
+    memcpy(&c, arg, sizeof c);
+    c->dones++;
+    if (c->errors) c->after_error++;
+    if (st == BT_OK) c->ok++;
+    else if (st == BT_ERR_PEER_CLOSED || st == BT_ERR_CANCELED) c->failed++;
+    else c->bad_status++;
+    free(arg);
+}
+
+static void ocp_error(void *arg, xport_ep_t *ep, bt_status_t st)
+{
+    ocp_ctx_t *c = arg;
+    c->errors++;
+    c->error = st;
+}
+
+static void *ocp_closer(void *arg)
+{
+    ocp_ctx_t *c = arg;
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    xport_config_t cfg = base_cfg(loop, 2);
+    cfg.cbs = (xport_cbs_t){.arg = c, .connected = ocp_connected, .recv = ocp_closer_recv};
+    xport_t *x = NULL;
+    xport_ep_t *ep = NULL;
+    uint64_t limit = (uint64_t)(20e9 * test_time_scale());
+    if (xport_create(&xport_ucx_ops, &cfg, &x) != BT_OK || xport_connect(x, c->addr, &ep) != BT_IN_PROGRESS) {
+        c->conn_status = -1;
+    } else {
+        uint64_t deadline = clock_now_ns() + limit;
+        while (!c->conn_status && clock_now_ns() < deadline) ev_run(loop, EVRUN_NOWAIT);
+        if (!c->conn_status) c->conn_status = -1;
+    }
+    ocp_stage_set(c, 1);
+    if (c->conn_status == 1) {
+        /* no step of our loop until the other side's queue to us is full */
+        pthread_mutex_lock(&c->mu);
+        while (c->stage < 2) pthread_cond_wait(&c->cv, &c->mu);
+        pthread_mutex_unlock(&c->mu);
+        xport_close(ep); /* BYE: the peer acks once it has our frames */
+        uint64_t deadline = clock_now_ns() + limit;
+        while (ocp_stage_get(c) < 3 && clock_now_ns() < deadline) ev_run(loop, EVRUN_NOWAIT);
+    }
+    if (x) xport_destroy(x);
+    ev_loop_destroy(loop);
+    return NULL;
+}
+
+static void test_ucx_orderly_close_pending_sends(void)
+{
+    secret_setup();
+    ocp_ctx_t c = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    xport_config_t cfg = base_cfg(loop, 1);
+    cfg.cbs = (xport_cbs_t){.arg = &c, .accept = ocp_accept, .error = ocp_error};
+    xport_t *x = NULL;
+    REQUIRE(xport_create(&xport_ucx_ops, &cfg, &x) == BT_OK);
+    REQUIRE(xport_listen(x, c.addr, sizeof c.addr) == BT_OK);
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, ocp_closer, &c) == 0);
+    uint64_t deadline = clock_now_ns() + (uint64_t)(20e9 * test_time_scale());
+    while ((!c.ep || ocp_stage_get(&c) < 1) && clock_now_ns() < deadline) ev_run(loop, EVRUN_NOWAIT);
+    bool up = c.ep && ocp_stage_get(&c) >= 1 && c.conn_status == 1;
+    CHECK(up);
+    if (up) {
+        static test_hdr_t h = {.tag = T_DATA, .len = OCP_BYTES};
+        int posted = 0;
+        for (int i = 0; i < OCP_FRAMES; i++) {
+            uint8_t *buf = malloc(OCP_BYTES);
+            if (!buf) break;
+            ocp_ctx_t *cp = &c;
+            memset(buf, i & 0xff, OCP_BYTES);
+            memcpy(buf, &cp, sizeof cp);
+            struct iovec iov = {.iov_base = buf, .iov_len = OCP_BYTES};
+            if (xport_send(c.ep, &h, sizeof h, &iov, 1, ocp_send_done, buf) != BT_IN_PROGRESS) {
+                free(buf);
+                break;
+            }
+            posted++;
+        }
+        CHECK(posted == OCP_FRAMES);
+        /* the closer has not taken a frame: most wait in UCX's hands */
+        CHECK_MSG(posted - c.dones > 0, "%d of %d sends already done", c.dones, posted);
+        ocp_stage_set(&c, 2);
+        deadline = clock_now_ns() + (uint64_t)(20e9 * test_time_scale());
+        while (!c.errors && clock_now_ns() < deadline) ev_run(loop, EVRUN_NOWAIT);
+        CHECK(c.errors == 1 && c.error == BT_ERR_PEER_CLOSED);
+        CHECK_MSG(c.dones == posted && c.after_error == 0, "%d of %d done, %d after the error callback",
+                  c.dones, posted, c.after_error);
+        CHECK_MSG(c.bad_status == 0 && c.ok + c.failed == posted, "%d ok, %d failed, %d other", c.ok,
+                  c.failed, c.bad_status);
+    }
+    ocp_stage_set(&c, 3);
+    pthread_join(th, NULL);
+    xport_destroy(x);
+    ev_loop_destroy(loop);
+}
+
 static void test_ucx_raw_bad_peers(void)
 {
     parent_t p;
@@ -1681,7 +1934,7 @@ static void test_ucx_raw_bad_peers(void)
     test_capture_begin(&cap);
     child_proc_t *raw[5];
     for (int v = 0; v < 5; v++) raw[v] = parent_spawn(&p, "ucxraw", 0, (uint64_t)v);
-    uint64_t deadline = clock_now_ns() + 20ull * 1000000000ull;
+    uint64_t deadline = clock_now_ns() + (uint64_t)(20e9 * test_time_scale());
     bool all = false;
     while (clock_now_ns() < deadline && !all) {
         ev_run(p.loop, EVRUN_NOWAIT), usleep(1000);
@@ -1931,13 +2184,14 @@ static void test_send_close_ucx(void) { case_send_then(XPORT_UCX, "sendclose"); 
 #define NAME_CASE(name, kind) test_##name##_##kind,
 #ifdef BT_HAVE_UCX
 #define UCX_TESTS XPORT_CASES(NAME_CASE, ucx) test_kill_send_ucx, test_send_exit_ucx, test_send_close_ucx, \
-                  test_ucx_raw_bad_peers,
+                  test_ucx_raw_bad_peers, test_ucx_orderly_close_pending_sends,
 #else
 #define UCX_TESTS
 #endif
 #define ALL_TESTS \
     test_kind_table, test_handshake_messages, test_secret_file, test_ucx_net_select, \
     XPORT_CASES(NAME_CASE, inproc) test_kill_send_inproc, test_inproc_close_takes_back, \
+    test_inproc_take_back_while_peer_polls, \
     XPORT_CASES(NAME_CASE, tcp) test_kill_send_tcp, test_send_exit_tcp, test_send_close_tcp, test_tcp_bad_frames, test_tcp_bad_handshake_raw, \
     test_tcp_ipv6, test_tcp_pending_handshake_cap, \
     UCX_TESTS

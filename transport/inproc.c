@@ -71,7 +71,8 @@ struct inproc_box {
     pthread_mutex_t  mu;
     atomic_int       refs;
     inproc_xport_t  *x;          /* NULL once the xport is destroyed */
-    inproc_item_t   *head, *tail;
+    inproc_item_t   *head, *tail;  /* under mu; head is also read without it
+                                  * (inproc_drain), so every store to it is atomic */
     char             name[XPORT_ADDR_MAX];
     char            *job_id;
     uint32_t         self_id;
@@ -256,7 +257,11 @@ static bool inproc_item_is_frame_of(const inproc_item_t *it, const inproc_link_t
 }
 
 /* Move the frames of link l for `side` from the list at *head (tail pointer
- * *tailp, may be NULL) onto the list at **out. */
+ * *tailp, may be NULL) onto the list at **out. *head may be a box's head,
+ * which its owner's inproc_drain reads without the lock while another
+ * thread takes its frames back from it (inproc_ep_shutdown): the unlinking
+ * stores are atomic for that (relaxed: the reader takes the lock before it
+ * follows the pointer). */
 static void inproc_frames_take(inproc_item_t **head, inproc_item_t **tailp, const inproc_link_t *l,
                                int side, inproc_item_t ***out)
 {
@@ -264,7 +269,7 @@ static void inproc_frames_take(inproc_item_t **head, inproc_item_t **tailp, cons
     for (inproc_item_t **pp = head; *pp;) {
         inproc_item_t *it = *pp;
         if (inproc_item_is_frame_of(it, l, side)) {
-            *pp = it->next;
+            __atomic_store_n(pp, it->next, __ATOMIC_RELAXED);
             it->next = NULL;
             **out = it;
             *out = &it->next;
@@ -598,7 +603,8 @@ static void inproc_destroy(xport_t *base)
     pthread_mutex_lock(&x->box->mu);
     x->box->x = NULL;
     inproc_item_t *list = x->box->head;
-    x->box->head = x->box->tail = NULL;
+    __atomic_store_n(&x->box->head, NULL, __ATOMIC_RELAXED);
+    x->box->tail = NULL;
     pthread_mutex_unlock(&x->box->mu);
     while (list) {
         inproc_item_t *it = list;

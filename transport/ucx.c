@@ -1023,6 +1023,21 @@ static void ucx_ep_fail(ucx_ep_t *ep, bt_status_t status, const char *fmt, ...)
                   was == UEP_OPEN ? "open" : "handshake", why, bt_status_str(status));
     ep->state = UEP_DEAD;
     ucx_ep_hold(ep);
+    /* An orderly close keeps the UCX endpoint flushing (our ack must reach
+     * the peer), and UCX goes on reading the buffers of our sends still in
+     * its hands: their done() may come only from UCX's completion, since the
+     * owner may free a buffer once it has fired (teardown's early report of
+     * in-flight sends is for a forced close, after which UCX reads nothing).
+     * The peer is alive and takes them in; a bounded wait, then force. */
+    if (orderly && ep->inflight) {
+        uint64_t deadline = clock_now_ns() + (uint64_t)(UCX_CLOSE_S * 1e9);
+        while (ep->inflight && clock_now_ns() < deadline) ucp_worker_progress(x->worker);
+        if (ep->inflight) {
+            log_warn("ucx: peer %s closed but did not take our last frames within %.0f s; dropping them",
+                     ep->base.peer_addr, UCX_CLOSE_S);
+            orderly = false;
+        }
+    }
     ucx_done_flush(x);                    /* earlier completions first */
     ucx_ep_teardown(ep, status, !orderly, true);
     ucx_done_flush(x);

@@ -7,6 +7,29 @@
 
 #include "base/log.h"
 
+/* gcc says __SANITIZE_THREAD__; clang answers __has_feature */
+#if defined(__SANITIZE_THREAD__)
+#define XPORT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define XPORT_TSAN 1
+#endif
+#endif
+#if defined(XPORT_TSAN) && defined(BT_HAVE_UCX)
+#include <ucm/api/ucm.h>
+#endif
+
+const char *xport_ucx_env_check(void)
+{
+#if defined(XPORT_TSAN) && defined(BT_HAVE_UCX)
+    /* what UCX parsed (environment, or a UCX config file), not getenv */
+    if (ucm_global_opts.enable_events)
+        return "this ThreadSanitizer build needs UCX_MEM_EVENTS=no in its environment: UCX's "
+               "memory-event hook on madvise crashes TSan when a thread exits (tests/run.sh sets it)";
+#endif
+    return NULL;
+}
+
 bt_status_t xport_send_check(const xport_ep_t *ep, size_t max_frame, const void *hdr, size_t hdr_len,
                              const struct iovec *iov, int iovcnt, size_t *payload_len)
 {

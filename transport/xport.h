@@ -268,6 +268,14 @@ bt_status_t xport_ucx_net_select(const char *listen_addr, const char *sys_root, 
 /* Appends "DEV:PORT" for every port of every RDMA device that drives
  * interface ifname (comma-separated, after what out already holds). */
 bt_status_t xport_ucx_rdma_ports(const char *ifname, const char *sys_root, char *out, size_t cap);
+/* NULL when UCX lets this process run; else the message to print before
+ * exiting (main and the test harness check first thing). Only a
+ * ThreadSanitizer build with UCX can fail it: libucs's constructor patches
+ * UCX's memory-event hooks into glibc's madvise before main, glibc calls
+ * madvise as a thread exits, after TSan has released the thread, and the
+ * hook's rwlock then crashes TSan. UCX_MEM_EVENTS=no in the environment
+ * (read at that load, so it cannot be set later) keeps the hooks out. */
+const char *xport_ucx_env_check(void);
 
 /* Ops for a kind, or NULL when that transport is not built. */
 const xport_ops_t *xport_ops_get(xport_kind_t kind);

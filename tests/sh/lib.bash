@@ -9,3 +9,7 @@ field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" <<<"$2" | head -1; }
 # that would allocate gigabytes fails fast instead of filling the machine;
 # not under a sanitizer build (ASan reserves terabytes of address space).
 cap_vm() { [[ "${BUILD:-build}" == *san-* ]] || ulimit -v 4000000; }
+# scaled N: N times BATON_TEST_TIME_SCALE (tests/run.sh sets it for slow
+# sanitizer builds; 1 when unset), rounded up: for bounds on elapsed time
+scaled() { awk -v n="$1" -v k="${BATON_TEST_TIME_SCALE:-1}" \
+    'BEGIN { k += 0; if (!(k >= 1)) k = 1; v = n * k; r = int(v); if (r < v) r++; print r }'; }

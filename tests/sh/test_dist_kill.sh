@@ -27,7 +27,7 @@ start_job() {
     rm -f "$tmp/m.jsonl"
     env "$@" "$BATON" run "$tmp/job.yaml" > "$out" 2>&1 &
     driver=$!
-    for _ in $(seq 1 100); do
+    for _ in $(seq 1 "$(scaled 100)"); do
         [ -s "$tmp/m.jsonl" ] && [ "$(wc -l < "$tmp/m.jsonl")" -ge 3 ] && break
         sleep 0.1
     done
@@ -70,7 +70,7 @@ else
     wait_driver
     echo "driver exited $rc after $secs s"
     [ "$rc" -ne 0 ] && pass kill_exit_nonzero || fail kill_exit_nonzero "rc 0"
-    awk -v s="$secs" 'BEGIN { exit !(s < 5) }' && pass kill_exit_fast || fail kill_exit_fast "$secs s"
+    awk -v s="$secs" -v b="$(scaled 5)" 'BEGIN { exit !(s < b) }' && pass kill_exit_fast || fail kill_exit_fast "$secs s"
     grep -q "job failed: rank 3 (pid $victim, host local, tp=0 dp=1 pp=1) killed by signal 9" "$tmp/out.txt" \
         && pass kill_names_rank || fail kill_names_rank "$(grep 'job failed' "$tmp/out.txt")"
     left=$(still_running $workers)
@@ -101,7 +101,7 @@ frozen() { # name, expected text, env...
     [ -n "$v" ] && kill -STOP "$v"
     wait_driver
     echo "$name: driver exited $rc after $secs s"
-    if [ -n "$v" ] && [ "$rc" -ne 0 ] && grep -q -- "$want" "$tmp/out2.txt" && awk -v s="$secs" 'BEGIN { exit !(s < 8) }'; then
+    if [ -n "$v" ] && [ "$rc" -ne 0 ] && grep -q -- "$want" "$tmp/out2.txt" && awk -v s="$secs" -v b="$(scaled 8)" 'BEGIN { exit !(s < b) }'; then
         pass "$name"; else fail "$name" "rc $rc, $secs s: $(grep 'job failed' "$tmp/out2.txt")"; fi
     local left
     left=$(still_running $ws)
