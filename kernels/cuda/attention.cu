@@ -398,6 +398,15 @@ __device__ __forceinline__ uint32_t tc_pack(float lo, float hi)
     return (uint32_t)cu_f32_to_bf16(lo) | (uint32_t)cu_f32_to_bf16(hi) << 16;
 }
 
+/* x0, x1 as bf16 pairs hi (rounded values) and lo (their rounding errors,
+ * rounded): hi + lo carries ~16 of the 24 bits */
+__device__ __forceinline__ void tc_split(float x0, float x1, uint32_t *hi, uint32_t *lo)
+{
+    uint16_t h0 = cu_f32_to_bf16(x0), h1 = cu_f32_to_bf16(x1);
+    *hi = (uint32_t)h0 | (uint32_t)h1 << 16;
+    *lo = tc_pack(x0 - cu_bf16_to_f32(h0), x1 - cu_bf16_to_f32(h1));
+}
+
 enum { TC_BQ = 64, TC_BK = 64, TC_WARPS = 4, TC_PAD = 8 };
 
 /* rows [r0, r0 + TC_BK) of head h (dim DIM) into smem rows of LD elements,
@@ -421,8 +430,12 @@ __device__ __forceinline__ void tc_load(uint16_t *sm, const uint16_t *g, int64_t
  * (FlashAttention-2's layout): S = Q K^T by mma, the online softmax on the
  * C fragments in base 2 (scores pre-multiplied by log2(e)), P re-packed
  * from C to A fragments without leaving registers, O += P V by mma with V
- * read transposed by ldmatrix. P is rounded to bf16 for the second
- * product; max, sums, O and lse stay fp32. */
+ * read transposed by ldmatrix. P enters the second product as two bf16
+ * parts (rounded value and rounding error), so the output is about as
+ * accurate as an fp32 P would make it (rounding P to bf16 alone costs
+ * about four times the error of the output's own rounding); max, sums, O
+ * and lse stay fp32. The split doubles the P V products' tensor-core work,
+ * not their shared-memory traffic. */
 template <int D, int DV>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_attn_fwd_tc(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
@@ -506,20 +519,23 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         for (int t = 0; t < OT; t++) o[t][0] *= a0, o[t][1] *= a0, o[t][2] *= a1, o[t][3] *= a1;
         #pragma unroll
         for (int kt = 0; kt < TC_BK / 16; kt++) {
-            uint32_t pa[4] = {tc_pack(sc[2 * kt][0], sc[2 * kt][1]),
-                              tc_pack(sc[2 * kt][2], sc[2 * kt][3]),
-                              tc_pack(sc[2 * kt + 1][0], sc[2 * kt + 1][1]),
-                              tc_pack(sc[2 * kt + 1][2], sc[2 * kt + 1][3])};
+            /* P as bf16 hi + lo parts: P V in two products keeps P to ~16 bits */
+            uint32_t ph[4], pl[4];
+            tc_split(sc[2 * kt][0], sc[2 * kt][1], &ph[0], &pl[0]);
+            tc_split(sc[2 * kt][2], sc[2 * kt][3], &ph[1], &pl[1]);
+            tc_split(sc[2 * kt + 1][0], sc[2 * kt + 1][1], &ph[2], &pl[2]);
+            tc_split(sc[2 * kt + 1][2], sc[2 * kt + 1][3], &ph[3], &pl[3]);
             #pragma unroll
             for (int np = 0; np < OT / 2; np++) {
                 uint32_t vb[4];
                 tc_ldsm4_t(vb, Vs + (kt * 16 + mr + (mi & 1) * 8) * LDV + np * 16 + (mi >> 1) * 8);
-                tc_mma(o[2 * np], pa, vb[0], vb[1]);
-                tc_mma(o[2 * np + 1], pa, vb[2], vb[3]);
+                tc_mma(o[2 * np], ph, vb[0], vb[1]);
+                tc_mma(o[2 * np + 1], ph, vb[2], vb[3]);
+                tc_mma(o[2 * np], pl, vb[0], vb[1]);
+                tc_mma(o[2 * np + 1], pl, vb[2], vb[3]);
             }
         }
     }
-    #pragma unroll
     for (int off = 1; off < 4; off <<= 1) {
         l0 += __shfl_xor_sync(0xffffffffu, l0, off);
         l1 += __shfl_xor_sync(0xffffffffu, l1, off);
