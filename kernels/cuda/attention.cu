@@ -12,6 +12,11 @@
  * first tile on; rows past Tq in the last tile are computed without a mask
  * and never stored.
  *
+ * Tensor-core kernels (bf16, further down) take the common head dims: the
+ * forward (D, Dv) in (32,32) (64,64) (96,96) (128,128) (192,128), the
+ * backward D == Dv <= 128; q, k, v, dout 16-byte aligned. Everything else,
+ * and everything under BATON_CUDA_ATTN=simt, runs on:
+ *
  * SIMT kernels (every dtype and head size; fp32 math on f32 or bf16 data):
  * 32-row query tiles x 32-key tiles, 8 warps, everything staged in shared
  * memory as f32.
@@ -367,7 +372,9 @@ static dim3 at_grid(int64_t tiles, int64_t H, int64_t B)
  * the C fragment holds rows g (c0, c1) and g+8 (c2, c3) at columns 2c,
  * 2c+1. ldmatrix.x4 gives thread t row t/4, columns 2(t%4), 2(t%4)+1 of
  * each of four 8x8 matrices whose row addresses threads 8m..8m+7 supply
- * (with .trans: rows 2(t%4), 2(t%4)+1 of column t/4). */
+ * (with .trans: rows 2(t%4), 2(t%4)+1 of column t/4). A C fragment of a
+ * 16 x 16k product is, two n-tiles at a time, the A fragment of the next
+ * product over those 16k columns: the layout FlashAttention-2 relies on. */
 __device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
@@ -411,12 +418,12 @@ enum { TC_BQ = 64, TC_BK = 64, TC_WARPS = 4, TC_PAD = 8 };
 
 /* rows [r0, r0 + TC_BK) of head h (dim DIM) into smem rows of LD elements,
  * 16 bytes at a time, zeros past T */
-template <int DIM>
+template <int DIM, int ROWS = TC_BK>
 __device__ __forceinline__ void tc_load(uint16_t *sm, const uint16_t *g, int64_t b, int64_t r0,
                                         int64_t T, int64_t h, int64_t H)
 {
     constexpr int LD = DIM + TC_PAD, VEC = DIM / 8;
-    for (int idx = threadIdx.x; idx < TC_BK * VEC; idx += TC_WARPS * 32) {
+    for (int idx = threadIdx.x; idx < ROWS * VEC; idx += TC_WARPS * 32) {
         int r = idx / VEC, c8 = idx % VEC;
         int64_t t = r0 + r;
         uint4 val = make_uint4(0, 0, 0, 0);
@@ -558,6 +565,226 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     }
 }
 
+/* ---- tensor-core backward (bf16) ----------------------------------------------------- */
+
+/* The same split of the work as the SIMT backward, on tensor cores, for
+ * head dims up to 128 (register budget): the dK/dV kernel owns 64 keys (16
+ * per warp) and walks the query heads of its group and the 32-query tiles
+ * that see them; the dQ kernel owns 64 queries (16 per warp) and walks the
+ * 64-key tiles. Per warp everything is an m16n8k16 product whose C fragment
+ * feeds the next one:
+ *   dK/dV: S^T = K Q^T, P^T = exp2(S^T log2e scale - lse2), dP^T = V dO^T,
+ *          dS^T = P^T (dP^T - delta); dV += P^T dO, dK += dS^T Q;
+ *   dQ:    S = Q K^T, P, dP = dO V^T, dS = P (dP - delta); dQ += dS K.
+ * P and dS enter their products as bf16 hi + lo parts (tc_split). K, V, Q
+ * and dO stay in shared memory and are read by ldmatrix (.trans where a
+ * product needs the transpose). dQ, dK, dV accumulate in fp32 registers
+ * and are added once into the bf16 gradients. */
+enum { TC_BQ2 = 32 }; /* query rows per step of the dK/dV kernel */
+
+/* the A fragment of rows [r, r+16) x cols [c, c+16) of a row-major smem tile */
+__device__ __forceinline__ void tc_lda(uint32_t a[4], const uint16_t *sm, int ld, int r, int c,
+                                       int mi, int mr)
+{
+    tc_ldsm4(a, sm + (r + mr + (mi & 1) * 8) * ld + c + (mi >> 1) * 8);
+}
+
+/* B fragments of two n-tiles [n, n+16) over k [c, c+16), B[k][n] = sm[n][k] */
+__device__ __forceinline__ void tc_ldb(uint32_t b[4], const uint16_t *sm, int ld, int n, int c,
+                                       int mi, int mr)
+{
+    tc_ldsm4(b, sm + (n + mr + (mi >> 1) * 8) * ld + c + (mi & 1) * 8);
+}
+
+/* B fragments of two n-tiles [n, n+16) over k [r, r+16), B[k][n] = sm[k][n] */
+__device__ __forceinline__ void tc_ldbt(uint32_t b[4], const uint16_t *sm, int ld, int r, int n,
+                                        int mi, int mr)
+{
+    tc_ldsm4_t(b, sm + (r + mr + (mi & 1) * 8) * ld + n + (mi >> 1) * 8);
+}
+
+/* acc[NO][4] += X[16][16*KT] B, X given as C fragments x[2*KT][4] (split in
+ * hi + lo), B read by tc_ldbt from rows [0, 16*KT) of sm */
+template <int KT, int NO>
+__device__ __forceinline__ void tc_mma_cb(float acc[NO][4], float x[2 * KT][4], const uint16_t *sm,
+                                          int ld, int mi, int mr)
+{
+#pragma unroll
+    for (int kt = 0; kt < KT; kt++) {
+        uint32_t xh[4], xl[4];
+        tc_split(x[2 * kt][0], x[2 * kt][1], &xh[0], &xl[0]);
+        tc_split(x[2 * kt][2], x[2 * kt][3], &xh[1], &xl[1]);
+        tc_split(x[2 * kt + 1][0], x[2 * kt + 1][1], &xh[2], &xl[2]);
+        tc_split(x[2 * kt + 1][2], x[2 * kt + 1][3], &xh[3], &xl[3]);
+#pragma unroll
+        for (int np = 0; np < NO / 2; np++) {
+            uint32_t bb[4];
+            tc_ldbt(bb, sm, ld, kt * 16, np * 16, mi, mr);
+            tc_mma(acc[2 * np], xh, bb[0], bb[1]);
+            tc_mma(acc[2 * np + 1], xh, bb[2], bb[3]);
+            tc_mma(acc[2 * np], xl, bb[0], bb[1]);
+            tc_mma(acc[2 * np + 1], xl, bb[2], bb[3]);
+        }
+    }
+}
+
+/* c[NT][4] = A[16 rows of sa from r][DIM] B, B[k][n] = sb[n][k] for n in [0, 8 NT) */
+template <int DIM, int NT>
+__device__ __forceinline__ void tc_mma_ab(float c[NT][4], const uint16_t *sa, int lda, int r,
+                                          const uint16_t *sb, int ldb, int mi, int mr)
+{
+#pragma unroll
+    for (int t = 0; t < NT; t++) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < DIM / 16; kk++) {
+        uint32_t a[4];
+        tc_lda(a, sa, lda, r, kk * 16, mi, mr);
+#pragma unroll
+        for (int n2 = 0; n2 < NT / 2; n2++) {
+            uint32_t bb[4];
+            tc_ldb(bb, sb, ldb, n2 * 16, kk * 16, mi, mr);
+            tc_mma(c[2 * n2], a, bb[0], bb[1]);
+            tc_mma(c[2 * n2 + 1], a, bb[2], bb[3]);
+        }
+    }
+}
+
+/* g[row][col..col+1] += (x0, x1) on bf16 pairs */
+__device__ __forceinline__ void tc_add2(uint16_t *g, float x0, float x1)
+{
+    uint32_t w = *(uint32_t *)g;
+    *(uint32_t *)g = tc_pack(cu_bf16_to_f32((uint16_t)(w & 0xffffu)) + x0,
+                             cu_bf16_to_f32((uint16_t)(w >> 16)) + x1);
+}
+
+template <int D, int DV>
+__global__ void __launch_bounds__(TC_WARPS * 32)
+    k_attn_bwd_kv_tc(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q,
+                     const uint16_t *k, const uint16_t *v, const float *lse, const float *delta,
+                     kern_attn_shape_t s)
+{
+    constexpr int LDK = D + TC_PAD, LDV = DV + TC_PAD, NQ = TC_BQ2 / 8;
+    extern __shared__ __align__(16) uint16_t tc_sm[];
+    uint16_t *Ks = tc_sm, *Vs = Ks + TC_BK * LDK, *Qs = Vs + TC_BK * LDV, *dOs = Qs + TC_BQ2 * LDK;
+    float *lse_s = (float *)(dOs + TC_BQ2 * LDV), *delta_s = lse_s + TC_BQ2;
+    const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = (int64_t)blockIdx.x * TC_BK;
+    const int64_t group = s.Hq / s.Hkv;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int mi = lane >> 3, mr = lane & 7;
+    const float sl2 = s.scale * 1.4426950408889634f;
+    const int64_t j0 = k0 + warp * 16 + g, j1 = j0 + 8; /* this thread's key rows */
+
+    tc_load<D>(Ks, k, b, k0, s.Tk, hk, s.Hkv);
+    tc_load<DV>(Vs, v, b, k0, s.Tk, hk, s.Hkv);
+    float dka[D / 8][4], dva[DV / 8][4];
+#pragma unroll
+    for (int t = 0; t < D / 8; t++) dka[t][0] = dka[t][1] = dka[t][2] = dka[t][3] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < DV / 8; t++) dva[t][0] = dva[t][1] = dva[t][2] = dva[t][3] = 0.0f;
+    int64_t i_start = 0;
+    if (s.causal && k0 > s.q_offset) i_start = (k0 - s.q_offset) / TC_BQ2 * TC_BQ2;
+    for (int64_t gh = 0; gh < group; gh++) {
+        const int64_t h = hk * group + gh;
+        for (int64_t q0 = i_start; q0 < s.Tq; q0 += TC_BQ2) {
+            __syncthreads();
+            tc_load<D, TC_BQ2>(Qs, q, b, q0, s.Tq, h, s.Hq);
+            tc_load<DV, TC_BQ2>(dOs, dout, b, q0, s.Tq, h, s.Hq);
+            for (int r = threadIdx.x; r < TC_BQ2; r += TC_WARPS * 32) {
+                int64_t i = q0 + r;
+                lse_s[r] = i < s.Tq ? lse[(b * s.Hq + h) * s.Tq + i] * 1.4426950408889634f : 0.0f;
+                delta_s[r] = i < s.Tq ? delta[(b * s.Hq + h) * s.Tq + i] : 0.0f;
+            }
+            __syncthreads();
+            float pt[NQ][4], dpt[NQ][4];
+            tc_mma_ab<D, NQ>(pt, Ks, LDK, warp * 16, Qs, LDK, mi, mr);    /* S^T */
+            tc_mma_ab<DV, NQ>(dpt, Vs, LDV, warp * 16, dOs, LDV, mi, mr); /* dP^T */
+#pragma unroll
+            for (int t = 0; t < NQ; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int col = t * 8 + 2 * c + (e & 1);
+                    int64_t i = q0 + col, j = e < 2 ? j0 : j1;
+                    bool ok = i < s.Tq && j < s.Tk && j < at_limit(s, i);
+                    float p = ok ? exp2f(pt[t][e] * sl2 - lse_s[col]) : 0.0f;
+                    pt[t][e] = p;
+                    dpt[t][e] = p * (dpt[t][e] - delta_s[col]);
+                }
+            tc_mma_cb<TC_BQ2 / 16, DV / 8>(dva, pt, dOs, LDV, mi, mr); /* dV += P^T dO */
+            tc_mma_cb<TC_BQ2 / 16, D / 8>(dka, dpt, Qs, LDK, mi, mr);  /* dK += dS^T Q */
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < D / 8; t++) {
+        int col = t * 8 + 2 * c;
+        if (dk && j0 < s.Tk)
+            tc_add2(dk + ((b * s.Tk + j0) * s.Hkv + hk) * D + col, s.scale * dka[t][0], s.scale * dka[t][1]);
+        if (dk && j1 < s.Tk)
+            tc_add2(dk + ((b * s.Tk + j1) * s.Hkv + hk) * D + col, s.scale * dka[t][2], s.scale * dka[t][3]);
+    }
+#pragma unroll
+    for (int t = 0; t < DV / 8; t++) {
+        int col = t * 8 + 2 * c;
+        if (dv && j0 < s.Tk) tc_add2(dv + ((b * s.Tk + j0) * s.Hkv + hk) * DV + col, dva[t][0], dva[t][1]);
+        if (dv && j1 < s.Tk) tc_add2(dv + ((b * s.Tk + j1) * s.Hkv + hk) * DV + col, dva[t][2], dva[t][3]);
+    }
+}
+
+template <int D, int DV>
+__global__ void __launch_bounds__(TC_WARPS * 32)
+    k_attn_bwd_q_tc(uint16_t *dq, const uint16_t *dout, const uint16_t *q, const uint16_t *k,
+                    const uint16_t *v, const float *lse, const float *delta, kern_attn_shape_t s)
+{
+    constexpr int LDK = D + TC_PAD, LDV = DV + TC_PAD, NT = TC_BK / 8;
+    extern __shared__ __align__(16) uint16_t tc_sm[];
+    uint16_t *Qs = tc_sm, *dOs = Qs + TC_BQ * LDK, *Ks = dOs + TC_BQ * LDV, *Vs = Ks + TC_BK * LDK;
+    const int64_t b = blockIdx.z, h = blockIdx.y, q0 = (int64_t)blockIdx.x * TC_BQ;
+    const int64_t hk = h / (s.Hq / s.Hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int mi = lane >> 3, mr = lane & 7;
+    const float sl2 = s.scale * 1.4426950408889634f;
+    const int64_t i0 = q0 + warp * 16 + g, i1 = i0 + 8;
+    const int64_t lim0 = i0 < s.Tq ? at_limit(s, i0) : 0, lim1 = i1 < s.Tq ? at_limit(s, i1) : 0;
+    const float l20 = i0 < s.Tq ? lse[(b * s.Hq + h) * s.Tq + i0] * 1.4426950408889634f : 0.0f;
+    const float l21 = i1 < s.Tq ? lse[(b * s.Hq + h) * s.Tq + i1] * 1.4426950408889634f : 0.0f;
+    const float de0 = i0 < s.Tq ? delta[(b * s.Hq + h) * s.Tq + i0] : 0.0f;
+    const float de1 = i1 < s.Tq ? delta[(b * s.Hq + h) * s.Tq + i1] : 0.0f;
+
+    tc_load<D>(Qs, q, b, q0, s.Tq, h, s.Hq);
+    tc_load<DV>(dOs, dout, b, q0, s.Tq, h, s.Hq);
+    float dqa[D / 8][4];
+#pragma unroll
+    for (int t = 0; t < D / 8; t++) dqa[t][0] = dqa[t][1] = dqa[t][2] = dqa[t][3] = 0.0f;
+    int64_t last = q0 + TC_BQ < s.Tq ? q0 + TC_BQ - 1 : s.Tq - 1;
+    int64_t nk = at_limit(s, last);
+    for (int64_t k0 = 0; k0 < nk; k0 += TC_BK) {
+        __syncthreads();
+        tc_load<D>(Ks, k, b, k0, s.Tk, hk, s.Hkv);
+        tc_load<DV>(Vs, v, b, k0, s.Tk, hk, s.Hkv);
+        __syncthreads();
+        float ps[NT][4], ds[NT][4];
+        tc_mma_ab<D, NT>(ps, Qs, LDK, warp * 16, Ks, LDK, mi, mr);   /* S */
+        tc_mma_ab<DV, NT>(ds, dOs, LDV, warp * 16, Vs, LDV, mi, mr); /* dP */
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int64_t j = k0 + t * 8 + 2 * c + (e & 1);
+                bool hi = e >= 2;
+                float p = j < (hi ? lim1 : lim0) ? exp2f(ps[t][e] * sl2 - (hi ? l21 : l20)) : 0.0f;
+                ds[t][e] = p * (ds[t][e] - (hi ? de1 : de0));
+            }
+        tc_mma_cb<TC_BK / 16, D / 8>(dqa, ds, Ks, LDK, mi, mr); /* dQ += dS K */
+    }
+#pragma unroll
+    for (int t = 0; t < D / 8; t++) {
+        int col = t * 8 + 2 * c;
+        if (i0 < s.Tq)
+            tc_add2(dq + ((b * s.Tq + i0) * s.Hq + h) * D + col, s.scale * dqa[t][0], s.scale * dqa[t][1]);
+        if (i1 < s.Tq)
+            tc_add2(dq + ((b * s.Tq + i1) * s.Hq + h) * D + col, s.scale * dqa[t][2], s.scale * dqa[t][3]);
+    }
+}
+
 /* The (D, Dv) pairs the tensor-core kernel is built for. */
 #define TC_PAIRS(X) X(64, 64) X(128, 128) X(192, 128) X(32, 32) X(96, 96)
 
@@ -603,6 +830,58 @@ static bool tc_aligned(const void *q, const void *k, const void *v, const void *
     return !(((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15) && !((uintptr_t)out & 3);
 }
 
+/* The backward's pairs (its fp32 accumulators must fit in registers). */
+#define TC_BWD_PAIRS(X) X(32, 32) X(64, 64) X(96, 96) X(128, 128)
+
+static bool tc_bwd_takes(const kern_attn_shape_t *sh, dtype_t dt)
+{
+    if (dt != DT_BF16 || cuda_attn_get_path() != CUDA_ATTN_AUTO) return false;
+#define TC_HAS(d, dv) if (sh->D == d && sh->Dv == dv) return true;
+    TC_BWD_PAIRS(TC_HAS)
+#undef TC_HAS
+    return false;
+}
+
+template <int D, int DV>
+static cudaError_t tc_bwd_launch(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout,
+                                 const void *q, const void *k, const void *v, const float *lse,
+                                 const float *delta, const kern_attn_shape_t *sh)
+{
+    const size_t LDK = D + TC_PAD, LDV = DV + TC_PAD;
+    cudaError_t e = cudaSuccess;
+    if (dk || dv) {
+        size_t smem = 2 * (TC_BK * LDK + TC_BK * LDV + TC_BQ2 * LDK + TC_BQ2 * LDV) + 8 * TC_BQ2;
+        e = at_smem_optin(k_attn_bwd_kv_tc<D, DV>, smem);
+        if (e != cudaSuccess) return e;
+        dim3 grid((unsigned)((sh->Tk + TC_BK - 1) / TC_BK), (unsigned)sh->Hkv, (unsigned)sh->B);
+        k_attn_bwd_kv_tc<D, DV><<<grid, TC_WARPS * 32, smem, st>>>(
+            (uint16_t *)dk, (uint16_t *)dv, (const uint16_t *)dout, (const uint16_t *)q,
+            (const uint16_t *)k, (const uint16_t *)v, lse, delta, *sh);
+    }
+    if (dq) {
+        size_t smem = 2 * (TC_BQ * LDK + TC_BQ * LDV + TC_BK * LDK + TC_BK * LDV);
+        e = at_smem_optin(k_attn_bwd_q_tc<D, DV>, smem);
+        if (e != cudaSuccess) return e;
+        dim3 grid((unsigned)((sh->Tq + TC_BQ - 1) / TC_BQ), (unsigned)sh->Hq, (unsigned)sh->B);
+        k_attn_bwd_q_tc<D, DV><<<grid, TC_WARPS * 32, smem, st>>>(
+            (uint16_t *)dq, (const uint16_t *)dout, (const uint16_t *)q, (const uint16_t *)k,
+            (const uint16_t *)v, lse, delta, *sh);
+    }
+    return cudaGetLastError();
+}
+
+static cudaError_t tc_bwd(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout,
+                          const void *q, const void *k, const void *v, const float *lse,
+                          const float *delta, const kern_attn_shape_t *sh)
+{
+#define TC_GO(d, dv_)                                                                              \
+    if (sh->D == d && sh->Dv == dv_)                                                               \
+        return tc_bwd_launch<d, dv_>(st, dq, dk, dv, dout, q, k, v, lse, delta, sh);
+    TC_BWD_PAIRS(TC_GO)
+#undef TC_GO
+    return cudaErrorNotSupported;
+}
+
 extern "C" cudaError_t cuda_attn_fwd(cudaStream_t st, void *out, float *lse, const void *q,
                                      const void *k, const void *v, dtype_t dt,
                                      const kern_attn_shape_t *sh)
@@ -642,6 +921,11 @@ extern "C" cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *
         int64_t rows = sh->B * sh->Tq * sh->Hq;
         k_attn_delta<T><<<cu_blocks(rows, 8), 256, 0, st>>>(delta, (const T *)dout,
                                                             (const T *)out, *sh);
+        if (tc_bwd_takes(sh, dt) && tc_aligned(q, k, v, dout) &&
+            !(((uintptr_t)dq | (uintptr_t)dk | (uintptr_t)dv) & 3)) {
+            e = tc_bwd(st, dq, dk, dv, dout, q, k, v, lse, delta, sh);
+            return e != cudaSuccess ? e : cudaGetLastError();
+        }
         if (dk || dv) {
             e = at_smem_optin(k_attn_bwd_kv_simt<T>, kv_smem);
             if (e == cudaSuccess)

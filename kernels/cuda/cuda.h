@@ -146,7 +146,8 @@ cudaError_t cuda_adamw(cudaStream_t st, void *param, dtype_t param_dt, void *par
 typedef enum { CUDA_ATTN_AUTO = 0, CUDA_ATTN_SIMT = 1 } cuda_attn_path_t;
 void cuda_attn_set_path(cuda_attn_path_t p);
 cuda_attn_path_t cuda_attn_get_path(void);
-/* Whether the tensor-core kernels take this shape and dtype. */
+/* Whether the tensor-core forward takes this shape and dtype (the
+ * backward takes the subset with D == Dv <= 128, see attention.cu). */
 bool cuda_attn_uses_tc(const kern_attn_shape_t *sh, dtype_t dt);
 
 /* Flash-style forward: out[B,Tq,Hq,Dv], lse[B,Hq,Tq] f32; no Tq x Tk matrix
