@@ -427,9 +427,9 @@ static void cuda_download(kern_stream_t *s, void *host, const void *src, size_t 
 
 /* ---- dense algebra --------------------------------------------------------------------- */
 
-/* One cuBLASLt product; true when queued. With a bias that no algorithm
- * takes as an epilogue, the bias is written into c first and added with
- * beta = 1 (what the CPU twin does). */
+/* One product; true when queued. cuBLASLt computes it, or, when cuBLASLt
+ * declines the problem (no algorithm for that shape, dtype, alignment or
+ * epilogue), the plain kernel of gemm.cu. */
 static bool cs_gemm(cuda_stream_t *cs, const char *op, cuda_gemm_t g)
 {
     if (g.M == 0 || g.N == 0) return true;
@@ -451,13 +451,7 @@ static bool cs_gemm(cuda_stream_t *cs, const char *op, cuda_gemm_t g)
     }
     if (cuda_lt_gemm(cs->lt, cs->st, cs->ws, CUDA_LT_WORKSPACE, &g, &no_algo, why, sizeof why))
         return true;
-    if (no_algo && g.bias) {
-        if (!cs_check(cs, op, cuda_bias_rows(cs->st, g.c, g.bias, g.c_dt, g.M, g.N))) return false;
-        g.bias = NULL;
-        g.beta = 1.0f;
-        if (cuda_lt_gemm(cs->lt, cs->st, cs->ws, CUDA_LT_WORKSPACE, &g, &no_algo, why, sizeof why))
-            return true;
-    }
+    if (no_algo) return cs_check(cs, op, cuda_gemm_fallback(cs->st, &g));
     cudaGetLastError();
     kern_stream_fail(&cs->base, op, why);
     return false;

@@ -181,10 +181,19 @@ done:
     return ok;
 }
 
+static volatile bool cuda_lt_declines; /* test hook: cuda_lt_set_declined */
+
+void cuda_lt_set_declined(bool on) { cuda_lt_declines = on; }
+
 bool cuda_lt_gemm(cuda_lt_t *lt, cudaStream_t st, void *ws, size_t ws_bytes, const cuda_gemm_t *g,
                   bool *no_algo, char *why, size_t why_cap)
 {
     *no_algo = false;
+    if (cuda_lt_declines) {
+        *no_algo = true;
+        snprintf(why, why_cap, "cuBLASLt declined by the test hook");
+        return false;
+    }
     uint32_t align = cuda_lt_align_log2(g->a) | cuda_lt_align_log2(g->b) << 4 |
                      cuda_lt_align_log2(g->c) << 8 |
                      (g->bias ? cuda_lt_align_log2(g->bias) << 12 : 0);
@@ -207,9 +216,11 @@ bool cuda_lt_gemm(cuda_lt_t *lt, cudaStream_t st, void *ws, size_t ws_bytes, con
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
                                               sizeof g->bias),
                "set BIAS_POINTER");
-    LT_TRY(cublasLtMatmul(lt->h, p->desc, &g->alpha, g->b, p->la, g->a, p->lb, &g->beta, g->c, p->lc,
-                          g->c, p->lc, &p->algo, p->ws_needed ? ws : NULL, p->ws_needed, st),
-           "cublasLtMatmul");
+    cublasStatus_t mst = cublasLtMatmul(lt->h, p->desc, &g->alpha, g->b, p->la, g->a, p->lb,
+                                        &g->beta, g->c, p->lc, g->c, p->lc, &p->algo,
+                                        p->ws_needed ? ws : NULL, p->ws_needed, st);
+    if (mst == CUBLAS_STATUS_NOT_SUPPORTED) *no_algo = true;
+    LT_TRY(mst, "cublasLtMatmul");
 done:
     return ok;
 }

@@ -174,8 +174,8 @@ void cuda_lt_destroy(cuda_lt_t *lt);
  * + beta c, a and b in ab_dt, c in c_dt (ab_dt, or f32 under bf16 inputs),
  * fp32 compute; bias (c_dt, [N] per column of c, or NULL) through the bias
  * epilogue. Returns false and a message in why[] on failure; *no_algo is set
- * when cuBLASLt has no algorithm for the bias epilogue (the caller then adds
- * the bias itself). */
+ * when cuBLASLt declines the problem (no algorithm for it, or "not
+ * supported"), which cuda_gemm_fallback then computes. */
 typedef struct {
     void *c;
     const void *a, *b, *bias;
@@ -186,6 +186,14 @@ typedef struct {
 } cuda_gemm_t;
 bool cuda_lt_gemm(cuda_lt_t *lt, cudaStream_t st, void *ws, size_t ws_bytes, const cuda_gemm_t *g,
                   bool *no_algo, char *why, size_t why_cap);
+
+/* The same product by a plain tiled kernel (gemm.cu), for what cuBLASLt
+ * declines; bias in c_dt. */
+cudaError_t cuda_gemm_fallback(cudaStream_t st, const cuda_gemm_t *g);
+
+/* Test hook: while on, cuda_lt_gemm declines every product, so that the
+ * fallback kernel computes them all. Process-wide. */
+void cuda_lt_set_declined(bool on);
 
 /* cuBLASLt's version as the loaded library reports it (e.g. 130100). */
 size_t cuda_lt_version(void);

@@ -46,6 +46,7 @@ static kern_stream_t *HS;              /* the host stream: CPU twins */
 static const device_t CUDA0 = {DEV_CUDA, 0};
 static device_t DEV = {DEV_CUDA, 0}; /* the device under test (cpu with --cpu) */
 static int n_rows, n_fail;
+static bool plain_gemm; /* rows of products computed by the fallback kernel */
 static bool quick;
 static const char *filter;
 
@@ -177,7 +178,9 @@ static void row(const char *op, const char *dt, const char *shape, double cu, do
     char cpus[16];
     if (cpu < 0) snprintf(cpus, sizeof cpus, "%9s", "-");
     else snprintf(cpus, sizeof cpus, "%9.2e", cpu);
-    printf("%-20s %-9s %-36s %9.2e %s %8.1e  %-4s %9.3f\n", op, dt, shape, cu, cpus, tol,
+    char name[48];
+    snprintf(name, sizeof name, "%s%s", op, plain_gemm ? " plain" : "");
+    printf("%-20s %-9s %-36s %9.2e %s %8.1e  %-4s %9.3f\n", name, dt, shape, cu, cpus, tol,
            ok ? "PASS" : "FAIL", ms);
     fflush(stdout);
 }
@@ -213,11 +216,15 @@ static void ref_matmul(double *c, const float *a, const float *b, const float *c
         }
 }
 
-static void test_matmul(dtype_t dt)
+/* plain: cuBLASLt declines every product (cuda_lt_set_declined), so that
+ * the fallback kernel (kernels/cuda/gemm.cu) computes them */
+static void test_matmul(dtype_t dt, bool plain)
 {
     static const int64_t shapes[][3] = {{1, 1, 1}, {7, 5, 3}, {3, 4, 0}, {64, 64, 64},
                                         {127, 33, 65}, {256, 512, 128}, {1024, 1024, 1024}};
-    int nshapes = quick ? 4 : 7;
+    int nshapes = quick || plain ? (quick ? 4 : 6) : 7;
+    if (DEV.kind == DEV_CUDA) cuda_lt_set_declined(plain);
+    plain_gemm = plain;
     kt_rng_t r = {11};
     for (int si = 0; si < nshapes; si++)
         for (int tr = 0; tr < 4; tr++) {
@@ -250,6 +257,8 @@ static void test_matmul(dtype_t dt)
             dfree(&da), dfree(&db), dfree(&dc);
             free(a), free(b), free(c0), free(got), free(cpu), free(ref);
         }
+    if (DEV.kind == DEV_CUDA) cuda_lt_set_declined(false);
+    plain_gemm = false;
 }
 
 static void test_linear(dtype_t dt, dtype_t gdt)
@@ -1344,8 +1353,16 @@ int main(int argc, char **argv)
     static const dtype_t dts[] = {DT_F32, DT_BF16};
     for (int d = 0; d < (on_cpu ? 1 : 2); d++) {
         dtype_t dt = dts[d];
-        if (want("matmul")) test_matmul(dt);
+        if (want("matmul")) test_matmul(dt, false);
+        if (want("matmul") && !on_cpu) test_matmul(dt, true);
         if (want("linear")) test_linear(dt, dt);
+        if (want("linear") && !on_cpu) {
+            /* the fallback kernel's bias and (under bf16) f32-gradient paths */
+            cuda_lt_set_declined(true), plain_gemm = true;
+            test_linear(dt, dt);
+            if (dt == DT_BF16) test_linear(dt, DT_F32);
+            cuda_lt_set_declined(false), plain_gemm = false;
+        }
         if (want("linear") && dt == DT_BF16) test_linear(dt, DT_F32);
         if (want("elementwise")) test_elementwise(dt);
         if (want("embedding")) test_embedding(dt, dt);
