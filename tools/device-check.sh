@@ -40,6 +40,7 @@ for b in "$BUILD/baton" "$TEST"; do
 done
 
 section "library versions"
+echo "  $(ldd --version 2>&1 | head -1) (the binaries need glibc 2.34 or newer)"
 # the file each soname resolves to carries the full version (libcublasLt.so.13.1.0.3)
 for so in libcudart.so libcublasLt.so libcudnn.so libnccl.so libcuda.so; do
     path=$(ldd "$TEST" | awk -v s="$so" 'index($1, s) == 1 {print $3}' | head -1)

@@ -6,9 +6,11 @@
 #
 # It asks ldd which libraries build/baton and build/device/test_cuda_ops
 # load, dpkg -S which Debian package owns each, fetches those packages with
-# `apt-get download` and unpacks them with `dpkg -x`. glibc itself is left
-# out (it cannot be swapped through LD_LIBRARY_PATH), and so are the CUDA
-# libraries, which no package owns here and which the GPU machine has.
+# `apt-get download` and unpacks them with `dpkg -x`. Left out: glibc (it
+# cannot be swapped through LD_LIBRARY_PATH), the C++ runtime and zlib that
+# every system has (Debian 12's libstdc++ needs glibc 2.36, newer than the
+# binaries' own 2.34, so packing it would only narrow where they run), and
+# the CUDA libraries, which no package owns here and the GPU machine has.
 # Only the shared objects are kept, so the pack stays under 64 MiB.
 #
 # Usage: tools/device-pack.sh            (after `make`; BUILD=build by default)
@@ -30,7 +32,7 @@ while read -r lib; do
         echo "device-pack: no package owns $lib (left out: the GPU machine must have it)"
         continue
     fi
-    case $owner in libc6) continue ;; esac
+    case $owner in libc6 | libgcc-s1 | libstdc++6 | zlib1g) continue ;; esac
     pkgs+=("$owner")
 done < <(ldd "${BINS[@]}" | awk '/=> \//{print $3}' | sort -u)
 mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u)
