@@ -34,23 +34,32 @@ CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SAN)
 endif
 
-LIB_DIRS := base transport wire trace actors coll kernels kernels/cpu kernels/fenced data model train ckpt launch bench
+# The CUDA backend (kernels/cuda/): built when nvcc is on PATH. The .cu files
+# (kernels behind extern "C" launchers) go through nvcc for sm_90, the .c
+# files (backend table, cuBLASLt) through cc with -DBT_HAVE_CUDA=1; both with
+# warnings as errors. Without nvcc nothing below changes the CPU build.
+CU_SRC   := $(wildcard kernels/cuda/*.cu)
+ifeq ($(HAVE_NVCC),1)
+ifneq ($(CU_SRC),)
+HAVE_CUDA := 1
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc))
+NVCCFLAGS ?= -O3 -std=c++17 -arch=sm_90 -I. -Werror all-warnings \
+             -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC -MMD -MP
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+CUDA_DIRS := kernels/cuda
+CFLAGS   += -DBT_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
+DEVICE_BIN := $(BUILD)/device/test_cuda_ops
+endif
+endif
+
+LIB_DIRS := base transport wire trace actors coll kernels kernels/cpu kernels/fenced data model train ckpt launch bench \
+            $(CUDA_DIRS)
 LIB_SRC  := $(filter-out launch/main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 ifneq ($(HAVE_UCX),1)
 LIB_SRC  := $(filter-out transport/ucx.c,$(LIB_SRC))
 endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
-
-# CUDA twins: compiled when nvcc exists, behind C launchers (kernels/cuda/*.cu).
-CU_SRC   := $(wildcard kernels/cuda/*.cu)
-ifeq ($(HAVE_NVCC),1)
-ifneq ($(CU_SRC),)
-NVCCFLAGS ?= -O3 -std=c++17 -arch=sm_90 -I. -Xcompiler -fPIC
-CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
-CFLAGS   += -DBT_HAVE_CUDA=1
-LDLIBS   += -L$(dir $(shell command -v nvcc))../lib64 -lcudart -lcublasLt -lcublas -lnccl
-endif
-endif
 
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -62,9 +71,9 @@ FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 # committed corpus tests/fuzz/corpus_X without needing libFuzzer.
 FUZZ_REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
 
-.PHONY: all test run deps fuzz fuzz-run clean bench
+.PHONY: all test run deps fuzz fuzz-run clean bench device
 .SECONDARY:
-all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN) $(FUZZ_REPLAY_BIN)
+all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN) $(FUZZ_REPLAY_BIN) $(DEVICE_BIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -86,6 +95,13 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_HELPER_OBJ) $(BUILD)/libbaton.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/replay_main.o $(BUILD)/libbaton.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+# Device tests (tests/device/*.c): built with CUDA, never run by `make test`
+# (no GPU here); tools/device-check.sh runs them on a GPU machine.
+device: $(DEVICE_BIN)
+$(BUILD)/device/%: $(BUILD)/obj/tests/device/%.o $(BUILD)/libbaton.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -111,7 +127,7 @@ fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -c $< -o $@
-build/fuzz/%: build/fuzz/obj/tests/fuzz/%.o $(LIB_SRC:%.c=build/fuzz/obj/%.o)
+build/fuzz/%: build/fuzz/obj/tests/fuzz/%.o $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out kernels/cuda/%,$(LIB_SRC)))
 	clang -fsanitize=fuzzer,address,undefined $^ -o $@ $(LDLIBS)
 
 # The recorded campaigns (docs: "Fuzzing" in WIRE.md, MODELS.md, GGUF.md,

@@ -1,0 +1,874 @@
+/* The CUDA backend: device memory (cudaMalloc), pinned staging
+ * (cudaMallocHost), streams (non-blocking cudaStream_t, each with its
+ * cuBLASLt plans, a 32 MiB cuBLASLt workspace, a scratch buffer and a small
+ * block of mapped host memory), events, copies (cudaMemcpyAsync), and the
+ * ops, which hand device pointers to the launchers of kernels/cuda/cuda.h.
+ *
+ * Errors. Every launch and library call is checked; a failure becomes the
+ * stream's sticky error through kern_stream_fail(s, "<kern op>", "<CUDA or
+ * cuBLASLt message>"), reported by kern_stream_sync / kern_stream_notify as
+ * BT_ERR_DEVICE. Errors that only show when queued work runs (a kernel
+ * fault) are reported by the next sync, naming the last op queued.
+ * Data-dependent errors set a word of the stream's mapped flags
+ * (kernels/cuda/cuda.h) and are reported the same way. Nothing here exits.
+ *
+ * Notifications use cudaStreamAddCallback rather than cudaLaunchHostFunc:
+ * a host function is skipped once the context has failed, and a
+ * notification that never comes would hang its owner; a callback always
+ * runs, once, and is told the failure.
+ *
+ * Scratch. Ops that need device scratch (reductions, column sums, the
+ * embedding sort, attention's backward) use the stream's scratch buffer,
+ * grown stream-ordered (cudaFreeAsync + cudaMallocAsync) when an op needs
+ * more than kern_stream_reserve set aside. */
+#ifdef BT_HAVE_CUDA
+
+#include "kernels/cuda/cuda.h"
+
+#include "base/log.h"
+
+#include <cublasLt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CUDA_LT_WORKSPACE ((size_t)32 << 20) /* what cuBLASLt asks for on Hopper */
+#define CUDA_MIN_MAJOR 9                     /* the kernels are built for sm_90 */
+
+/* Host memory mapped into the device, one block per stream. */
+typedef struct {
+    unsigned flags[8]; /* CUDA_FLAG_* words, set to 1 by kernels */
+    double sumsq;
+    int64_t count;
+} cuda_mapped_t;
+
+typedef struct {
+    kern_stream_t base;
+    cudaStream_t st;
+    cuda_lt_t *lt;
+    void *ws; /* cuBLASLt workspace, CUDA_LT_WORKSPACE bytes */
+    void *scratch;
+    size_t scratch_bytes;
+    cuda_mapped_t *host; /* host view of the mapped block */
+    cuda_mapped_t *dev;  /* its device address */
+    unsigned flags_seen; /* flag words already reported */
+    const char *last_op; /* the op queued last, to name asynchronous failures */
+} cuda_stream_t;
+
+typedef struct {
+    kern_event_t base;
+    cudaEvent_t ev;
+} cuda_event_t;
+
+static cuda_stream_t *cs_of(kern_stream_t *s) { return (cuda_stream_t *)s; }
+
+/* ---- checks -------------------------------------------------------------------------- */
+
+static const char *volatile cuda_inject_op; /* test hook, see cuda.h */
+
+void cuda_test_inject_failure(const char *op) { cuda_inject_op = op; }
+
+static bool cuda_injected(const char *op)
+{
+    const char *inj = cuda_inject_op;
+    if (!inj || strcmp(inj, op)) return false;
+    cuda_inject_op = NULL;
+    return true;
+}
+
+/* true when e is success; otherwise the stream's error names op and e */
+static bool cs_check(cuda_stream_t *cs, const char *op, cudaError_t e)
+{
+    cs->last_op = op;
+    if (cuda_injected(op)) {
+        kern_stream_fail(&cs->base, op, "injected failure (cuda_test_inject_failure)");
+        return false;
+    }
+    if (e == cudaSuccess) return true;
+    char d[192];
+    snprintf(d, sizeof d, "%s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    kern_stream_fail(&cs->base, op, d);
+    return false;
+}
+
+/* Makes the stream's device current on this thread (the current device is
+ * per thread; a launch into another device's stream fails). */
+static bool cs_enter(cuda_stream_t *cs, const char *op)
+{
+    return cs_check(cs, op, cudaSetDevice(cs->base.dev.index));
+}
+
+/* The stream's scratch, at least n bytes; NULL (and the stream failed) when
+ * it cannot grow. */
+static void *cs_scratch(cuda_stream_t *cs, const char *op, size_t n)
+{
+    if (n <= cs->scratch_bytes && (cs->scratch || n == 0)) return cs->scratch;
+    if (cs->scratch) cudaFreeAsync(cs->scratch, cs->st);
+    cs->scratch = NULL;
+    cs->scratch_bytes = 0;
+    size_t want = (n + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+    void *p = NULL;
+    char inj[64];
+    snprintf(inj, sizeof inj, "%s scratch", op);
+    cudaError_t e = cuda_injected(inj) ? cudaErrorMemoryAllocation : cudaMallocAsync(&p, want, cs->st);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure must not be blamed on the next launch */
+        char d[192];
+        snprintf(d, sizeof d, "cannot allocate %zu bytes of scratch: %s", want,
+                 cudaGetErrorString(e));
+        cs->last_op = op;
+        kern_stream_fail(&cs->base, op, d);
+        return NULL;
+    }
+    cs->scratch = p;
+    cs->scratch_bytes = want;
+    return p;
+}
+
+static const struct {
+    const char *op, *what;
+} cuda_flag_info[CUDA_FLAG_COUNT] = {
+    [CUDA_FLAG_XENT_TARGET] = {"kern_xent_fwd_bwd", "a target outside the vocabulary [0, V)"},
+    [CUDA_FLAG_VP_TARGET] = {"kern_xent_vp_finish", "a negative target other than ignore_index"},
+    [CUDA_FLAG_ROPE_POS] = {"kern_rope", "a position outside the cos/sin table [0, P)"},
+};
+
+/* After the stream has drained: data errors the kernels flagged. */
+static void cs_check_flags(cuda_stream_t *cs)
+{
+    for (unsigned i = 0; i < CUDA_FLAG_COUNT; i++) {
+        if (!((volatile unsigned *)cs->host->flags)[i] || (cs->flags_seen & (1u << i))) continue;
+        cs->flags_seen |= 1u << i;
+        kern_stream_fail(&cs->base, cuda_flag_info[i].op, cuda_flag_info[i].what);
+    }
+}
+
+static bt_status_t cuda_alloc_status(cudaError_t e)
+{
+    cudaGetLastError();
+    return e == cudaErrorMemoryAllocation ? BT_ERR_NOMEM : BT_ERR_DEVICE;
+}
+
+/* ---- devices ------------------------------------------------------------------------- */
+
+static bool cuda_usable(int index, char *why, size_t cap)
+{
+    int drv = 0, rt = 0, n = 0;
+    cudaError_t e = cudaDriverGetVersion(&drv);
+    if (e != cudaSuccess || drv == 0) {
+        snprintf(why, cap, "no CUDA driver is installed (libcuda.so.1 not found)");
+        return false;
+    }
+    cudaRuntimeGetVersion(&rt);
+    if (drv < rt) {
+        snprintf(why, cap,
+                 "the CUDA driver supports CUDA %d.%d, older than the runtime %d.%d this binary "
+                 "loaded",
+                 drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+        return false;
+    }
+    e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        snprintf(why, cap, "no CUDA device: %s", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+        cudaGetLastError();
+        return false;
+    }
+    if (index < 0 || index >= n) {
+        snprintf(why, cap, "cuda:%d does not exist (%d device%s)", index, n, n == 1 ? "" : "s");
+        return false;
+    }
+    int major = 0, minor = 0, pools = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index);
+    cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, index);
+    if (major < CUDA_MIN_MAJOR) {
+        snprintf(why, cap, "cuda:%d is sm_%d%d; this build's kernels need sm_90 or newer", index,
+                 major, minor);
+        return false;
+    }
+    if (!pools) {
+        snprintf(why, cap, "cuda:%d has no stream-ordered memory pools (cudaMallocAsync)", index);
+        return false;
+    }
+    size_t lt = cuda_lt_version();
+    if (lt / 10000 != CUBLAS_VER_MAJOR) {
+        snprintf(why, cap, "the loaded cuBLASLt is %zu.%zu.%zu; this binary needs major version %d",
+                 lt / 10000, lt / 100 % 100, lt % 100, CUBLAS_VER_MAJOR);
+        return false;
+    }
+    return true;
+}
+
+void cuda_versions_str(char *buf, size_t cap)
+{
+    int drv = 0, rt = 0, n = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    size_t lt = cuda_lt_version();
+    int len = snprintf(buf, cap, "driver %d.%d, runtime %d.%d, cublasLt %zu.%zu.%zu (built with %d.%d.%d)",
+                       drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10, lt / 10000,
+                       lt / 100 % 100, lt % 100, CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR,
+                       CUBLAS_VER_PATCH);
+    if (drv == 0 || cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        n = 0;
+    }
+    for (int i = 0; i < n && len > 0 && (size_t)len < cap; i++) {
+        struct cudaDeviceProp p;
+        if (cudaGetDeviceProperties(&p, i) != cudaSuccess) break;
+        len += snprintf(buf + len, cap - (size_t)len, "; cuda:%d %s sm_%d%d %.1f GiB", i, p.name,
+                        p.major, p.minor, (double)p.totalGlobalMem / (1 << 30));
+    }
+}
+
+/* ---- memory -------------------------------------------------------------------------- */
+
+static bt_status_t cuda_mem_alloc(int index, size_t nbytes, void **out)
+{
+    cudaError_t e = cudaSetDevice(index);
+    if (e == cudaSuccess) e = cudaMalloc(out, nbytes ? nbytes : 1);
+    return e == cudaSuccess ? BT_OK : cuda_alloc_status(e);
+}
+
+static void cuda_mem_free(int index, void *p)
+{
+    if (cudaSetDevice(index) != cudaSuccess || cudaFree(p) != cudaSuccess) {
+        log_error("cuda:%d: cudaFree(%p): %s", index, p, cudaGetErrorString(cudaGetLastError()));
+    }
+}
+
+static bt_status_t cuda_host_alloc(int index, size_t nbytes, void **out)
+{
+    cudaError_t e = cudaSetDevice(index);
+    if (e == cudaSuccess) e = cudaMallocHost(out, nbytes ? nbytes : 1);
+    return e == cudaSuccess ? BT_OK : cuda_alloc_status(e);
+}
+
+static void cuda_host_free(int index, void *p)
+{
+    (void)index;
+    if (cudaFreeHost(p) != cudaSuccess)
+        log_error("cudaFreeHost(%p): %s", p, cudaGetErrorString(cudaGetLastError()));
+}
+
+/* ---- streams and events ----------------------------------------------------------------- */
+
+static bt_status_t cuda_stream_create(int index, kern_stream_t **out)
+{
+    bt_status_t rc = BT_ERR_DEVICE;
+    char why[160] = "";
+    cudaError_t e;
+    cuda_stream_t *cs = calloc(1, sizeof *cs);
+    if (!cs) return BT_ERR_NOMEM;
+    cs->base.be = &kern_cuda_backend;
+    cs->base.dev = (device_t){DEV_CUDA, index};
+    if ((e = cudaSetDevice(index)) != cudaSuccess) goto fail_free;
+    if ((e = cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking)) != cudaSuccess)
+        goto fail_free;
+    if ((e = cuda_lt_create(&cs->lt, why, sizeof why)) != cudaSuccess) goto fail_stream;
+    if ((e = cudaMalloc(&cs->ws, CUDA_LT_WORKSPACE)) != cudaSuccess) goto fail_lt;
+    if ((e = cudaHostAlloc((void **)&cs->host, sizeof *cs->host, cudaHostAllocMapped)) !=
+        cudaSuccess)
+        goto fail_ws;
+    memset(cs->host, 0, sizeof *cs->host);
+    if ((e = cudaHostGetDevicePointer((void **)&cs->dev, cs->host, 0)) != cudaSuccess)
+        goto fail_host;
+    *out = &cs->base;
+    return BT_OK;
+
+fail_host:
+    cudaFreeHost(cs->host);
+fail_ws:
+    cudaFree(cs->ws);
+fail_lt:
+    cuda_lt_destroy(cs->lt);
+fail_stream:
+    cudaStreamDestroy(cs->st);
+fail_free:
+    rc = cuda_alloc_status(e);
+    log_error("cuda:%d: cannot create a stream: %s", index, why[0] ? why : cudaGetErrorString(e));
+    free(cs);
+    return rc;
+}
+
+static void cuda_stream_destroy(kern_stream_t *s)
+{
+    cuda_stream_t *cs = cs_of(s);
+    cudaSetDevice(s->dev.index);
+    cudaStreamSynchronize(cs->st);
+    if (cs->scratch) cudaFree(cs->scratch);
+    cudaFreeHost(cs->host);
+    cudaFree(cs->ws);
+    cuda_lt_destroy(cs->lt);
+    cudaStreamDestroy(cs->st);
+    cudaGetLastError();
+    free(cs);
+}
+
+static bt_status_t cuda_stream_sync(kern_stream_t *s)
+{
+    cuda_stream_t *cs = cs_of(s);
+    cudaError_t e = cudaSetDevice(s->dev.index);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cs->st);
+    if (e != cudaSuccess) {
+        char d[224];
+        snprintf(d, sizeof d, "%s (%s), while running the work queued up to this op",
+                 cudaGetErrorString(e), cudaGetErrorName(e));
+        cudaGetLastError();
+        kern_stream_fail(s, cs->last_op ? cs->last_op : "queued work", d);
+    }
+    cs_check_flags(cs);
+    return s->error;
+}
+
+typedef struct {
+    kern_notify_fn fn;
+    void *arg;
+    bt_status_t status; /* the stream's error when the notification was queued */
+    const volatile unsigned *flags;
+} cuda_note_t;
+
+/* On a CUDA thread, once the work before it is done (or the context failed). */
+static void CUDART_CB cuda_note_cb(cudaStream_t st, cudaError_t e, void *p)
+{
+    (void)st;
+    cuda_note_t *n = p;
+    bt_status_t status = n->status;
+    if (status == BT_OK && e != cudaSuccess) status = BT_ERR_DEVICE;
+    for (int i = 0; i < CUDA_FLAG_COUNT && status == BT_OK; i++)
+        if (n->flags[i]) status = BT_ERR_DEVICE;
+    n->fn(n->arg, status);
+    free(n);
+}
+
+static bt_status_t cuda_stream_notify(kern_stream_t *s, kern_notify_fn fn, void *arg)
+{
+    cuda_stream_t *cs = cs_of(s);
+    cuda_note_t *n = malloc(sizeof *n);
+    if (!n) return BT_ERR_NOMEM;
+    *n = (cuda_note_t){.fn = fn, .arg = arg, .status = s->error, .flags = cs->host->flags};
+    if (!cs_enter(cs, "kern_stream_notify") ||
+        !cs_check(cs, "kern_stream_notify", cudaStreamAddCallback(cs->st, cuda_note_cb, n, 0))) {
+        free(n);
+        return s->error;
+    }
+    return BT_OK;
+}
+
+static bt_status_t cuda_stream_reserve(kern_stream_t *s, size_t nbytes)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (nbytes <= cs->scratch_bytes) return BT_OK;
+    if (cudaSetDevice(s->dev.index) != cudaSuccess) return cuda_alloc_status(cudaErrorInvalidDevice);
+    void *p = NULL;
+    cudaError_t e = cudaMallocAsync(&p, nbytes, cs->st);
+    if (e != cudaSuccess) return cuda_alloc_status(e);
+    if (cs->scratch) cudaFreeAsync(cs->scratch, cs->st);
+    cs->scratch = p;
+    cs->scratch_bytes = nbytes;
+    return BT_OK;
+}
+
+static bt_status_t cuda_event_create(int index, kern_event_t **out)
+{
+    cuda_event_t *ev = calloc(1, sizeof *ev);
+    if (!ev) return BT_ERR_NOMEM;
+    ev->base.be = &kern_cuda_backend;
+    ev->base.dev = (device_t){DEV_CUDA, index};
+    cudaError_t e = cudaSetDevice(index);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        log_error("cuda:%d: cannot create an event: %s", index, cudaGetErrorString(e));
+        free(ev);
+        return cuda_alloc_status(e);
+    }
+    *out = &ev->base;
+    return BT_OK;
+}
+
+static void cuda_event_destroy(kern_event_t *e)
+{
+    cuda_event_t *ev = (cuda_event_t *)e;
+    cudaSetDevice(e->dev.index);
+    cudaEventDestroy(ev->ev);
+    free(ev);
+}
+
+static void cuda_event_record(kern_event_t *e, kern_stream_t *s)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_event_record"))
+        cs_check(cs, "kern_event_record", cudaEventRecord(((cuda_event_t *)e)->ev, cs->st));
+}
+
+static void cuda_stream_wait(kern_stream_t *s, kern_event_t *e)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_stream_wait"))
+        cs_check(cs, "kern_stream_wait", cudaStreamWaitEvent(cs->st, ((cuda_event_t *)e)->ev, 0));
+}
+
+/* ---- copies ---------------------------------------------------------------------------- */
+
+static void cuda_upload(kern_stream_t *s, void *dst, const void *host, size_t n)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_upload"))
+        cs_check(cs, "kern_upload", cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, cs->st));
+}
+
+static void cuda_download(kern_stream_t *s, void *host, const void *src, size_t n)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_download"))
+        cs_check(cs, "kern_download", cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, cs->st));
+}
+
+/* ---- dense algebra --------------------------------------------------------------------- */
+
+/* One product; true when queued. cuBLASLt computes it, or, when cuBLASLt
+ * declines the problem (no algorithm for that shape, dtype, alignment or
+ * epilogue), the plain kernel of gemm.cu. */
+static bool cs_gemm(cuda_stream_t *cs, const char *op, cuda_gemm_t g)
+{
+    if (g.M == 0 || g.N == 0) return true;
+    if (g.K == 0) {
+        /* no product: c = bias, or beta c (beta == 0 overwrites, clearing NaNs) */
+        if (g.bias)
+            return cs_check(cs, op, cuda_bias_rows(cs->st, g.c, g.bias, g.c_dt, g.M, g.N));
+        if (g.beta == 1.0f) return true;
+        if (g.beta == 0.0f)
+            return cs_check(cs, op, cudaMemsetAsync(g.c, 0, (size_t)(g.M * g.N) * dtype_size(g.c_dt), cs->st));
+        return cs_check(cs, op, cuda_scale(cs->st, g.c, g.beta, g.c_dt, g.M * g.N));
+    }
+    char why[256];
+    bool no_algo = false;
+    cs->last_op = op;
+    if (cuda_injected(op)) {
+        kern_stream_fail(&cs->base, op, "injected failure (cuda_test_inject_failure)");
+        return false;
+    }
+    if (cuda_lt_gemm(cs->lt, cs->st, cs->ws, CUDA_LT_WORKSPACE, &g, &no_algo, why, sizeof why))
+        return true;
+    if (no_algo) return cs_check(cs, op, cuda_gemm_fallback(cs->st, &g));
+    cudaGetLastError();
+    kern_stream_fail(&cs->base, op, why);
+    return false;
+}
+
+static void cuda_op_matmul(kern_stream_t *s, tensor_t *c, ct_t *a, ct_t *b, bool ta, bool tb,
+                           float alpha, float beta)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_matmul";
+    if (!cs_enter(cs, op)) return;
+    cs_gemm(cs, op,
+            (cuda_gemm_t){.c = c->data, .a = a->data, .b = b->data, .ab_dt = a->dtype,
+                          .c_dt = c->dtype, .M = tensor_rows(c), .N = tensor_cols(c),
+                          .K = ta ? tensor_rows(a) : tensor_cols(a), .trans_a = ta, .trans_b = tb,
+                          .alpha = alpha, .beta = beta});
+}
+
+static void cuda_op_linear_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w, ct_t *bias)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_linear_fwd";
+    if (!cs_enter(cs, op)) return;
+    cs_gemm(cs, op,
+            (cuda_gemm_t){.c = out->data, .a = x->data, .b = w->data,
+                          .bias = bias ? bias->data : NULL, .ab_dt = x->dtype, .c_dt = out->dtype,
+                          .M = tensor_rows(x), .N = w->shape[0], .K = tensor_cols(x),
+                          .trans_b = true, .alpha = 1.0f, .beta = 0.0f});
+}
+
+static void cuda_op_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+                               ct_t *dout, ct_t *x, ct_t *w)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_linear_bwd";
+    if (!cs_enter(cs, op)) return;
+    int64_t N = tensor_rows(x), IC = tensor_cols(x), OC = w->shape[0];
+    /* dx[N,IC] += dout[N,OC] w[OC,IC] */
+    if (dx && !cs_gemm(cs, op,
+                       (cuda_gemm_t){.c = dx->data, .a = dout->data, .b = w->data,
+                                     .ab_dt = dout->dtype, .c_dt = dx->dtype, .M = N, .N = IC,
+                                     .K = OC, .alpha = 1.0f, .beta = 1.0f}))
+        return;
+    /* dw[OC,IC] += dout^T x, in f32 when dw is f32 under bf16 data */
+    if (dw && !cs_gemm(cs, op,
+                       (cuda_gemm_t){.c = dw->data, .a = dout->data, .b = x->data,
+                                     .ab_dt = dout->dtype, .c_dt = dw->dtype, .M = OC, .N = IC,
+                                     .K = N, .trans_a = true, .alpha = 1.0f, .beta = 1.0f}))
+        return;
+    if (dbias && N > 0 && OC > 0) {
+        void *scr = cs_scratch(cs, op, cuda_colsum_scratch(N, OC));
+        if (scr)
+            cs_check(cs, op,
+                     cuda_colsum(cs->st, dbias->data, dbias->dtype, dout->data, dout->dtype, N, OC,
+                                 scr));
+    }
+}
+
+/* ---- elementwise ------------------------------------------------------------------------ */
+
+static void cuda_op_zero(kern_stream_t *s, tensor_t *t)
+{
+    cuda_stream_t *cs = cs_of(s);
+    size_t n = tensor_nbytes(t);
+    if (n && cs_enter(cs, "kern_zero"))
+        cs_check(cs, "kern_zero", cudaMemsetAsync(t->data, 0, n, cs->st));
+}
+
+static void cuda_op_copy(kern_stream_t *s, tensor_t *dst, ct_t *src)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_copy";
+    int64_t n = tensor_numel(dst);
+    if (dst->dtype == src->dtype) {
+        if (n && dst->data != src->data && cs_enter(cs, op))
+            cs_check(cs, op,
+                     cudaMemcpyAsync(dst->data, src->data, tensor_nbytes(dst),
+                                     cudaMemcpyDeviceToDevice, cs->st));
+        return;
+    }
+    if (!dtype_is_float(dst->dtype) || !dtype_is_float(src->dtype))
+        BT_PANIC("kern_copy: no conversion %s -> %s", dtype_name(src->dtype),
+                 dtype_name(dst->dtype));
+    if (cs_enter(cs, op))
+        cs_check(cs, op, cuda_convert(cs->st, dst->data, dst->dtype, src->data, src->dtype, n));
+}
+
+static void cuda_op_add(kern_stream_t *s, tensor_t *out, ct_t *a, ct_t *b)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_add"))
+        cs_check(cs, "kern_add",
+                 cuda_add(cs->st, out->data, a->data, b->data, out->dtype, tensor_numel(out)));
+}
+
+static void cuda_op_axpy(kern_stream_t *s, tensor_t *y, float alpha, ct_t *x)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_axpy"))
+        cs_check(cs, "kern_axpy", cuda_axpy(cs->st, y->data, alpha, x->data, y->dtype, tensor_numel(y)));
+}
+
+static void cuda_op_scale(kern_stream_t *s, tensor_t *t, float f)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_scale"))
+        cs_check(cs, "kern_scale", cuda_scale(cs->st, t->data, f, t->dtype, tensor_numel(t)));
+}
+
+/* Queues a reduction into the mapped block and waits for it. */
+static bool cs_reduce(cuda_stream_t *cs, const char *op, ct_t *t, bool count)
+{
+    if (!dtype_is_float(t->dtype)) BT_PANIC("%s: %s is not a float dtype", op, dtype_name(t->dtype));
+    if (!cs_enter(cs, op)) return false;
+    int64_t n = tensor_numel(t);
+    void *scr = cs_scratch(cs, op, cuda_reduce_scratch(n));
+    if (!scr) return false;
+    cudaError_t e = count ? cuda_count_nonfinite(cs->st, &cs->dev->count, t->data, t->dtype, n, scr)
+                          : cuda_sumsq(cs->st, &cs->dev->sumsq, t->data, t->dtype, n, scr);
+    if (!cs_check(cs, op, e)) return false;
+    return kern_stream_sync(&cs->base) == BT_OK;
+}
+
+/* On a failed stream: NaN, so that a norm built from it is never trusted. */
+static double cuda_op_sumsq(kern_stream_t *s, ct_t *t)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (!cs_reduce(cs, "kern_sumsq", t, false)) return NAN;
+    return *(volatile double *)&cs->host->sumsq;
+}
+
+/* On a failed stream: every element counts as non-finite. */
+static int64_t cuda_op_count_nonfinite(kern_stream_t *s, ct_t *t)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (!cs_reduce(cs, "kern_count_nonfinite", t, true)) return tensor_numel(t);
+    return *(volatile int64_t *)&cs->host->count;
+}
+
+/* ---- layers ------------------------------------------------------------------------------ */
+
+static void cuda_op_embedding_fwd(kern_stream_t *s, tensor_t *out, ct_t *table, ct_t *ids,
+                                  int64_t vocab_start)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_embedding_fwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_embedding_fwd(cs->st, out->data, table->data, ids->data, out->dtype,
+                                    tensor_rows(out), table->shape[0], table->shape[1],
+                                    vocab_start));
+}
+
+static void cuda_op_embedding_bwd(kern_stream_t *s, tensor_t *dtable, ct_t *dout, ct_t *ids,
+                                  int64_t vocab_start)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_embedding_bwd";
+    int64_t N = tensor_rows(dout), V = dtable->shape[0], C = dtable->shape[1];
+    if (N == 0 || C == 0 || !cs_enter(cs, op)) return;
+    size_t need = cuda_embedding_bwd_scratch(N, V);
+    void *scr = cs_scratch(cs, op, need);
+    if (scr)
+        cs_check(cs, op,
+                 cuda_embedding_bwd(cs->st, dtable->data, dtable->dtype, dout->data, dout->dtype,
+                                    ids->data, N, V, C, vocab_start, scr, cs->scratch_bytes));
+}
+
+static void cuda_op_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, ct_t *x, ct_t *w,
+                                float eps)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_rmsnorm_fwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_rmsnorm_fwd(cs->st, out->data, rstd->data, x->data, w->data, x->dtype,
+                                  tensor_rows(x), tensor_cols(x), eps));
+}
+
+static void cuda_op_rmsnorm_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout, ct_t *x,
+                                ct_t *w, ct_t *rstd)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_rmsnorm_bwd";
+    int64_t N = tensor_rows(x), C = tensor_cols(x);
+    if ((!dx && !dw) || N == 0 || !cs_enter(cs, op)) return;
+    void *scr = NULL;
+    if (dw && !(scr = cs_scratch(cs, op, cuda_rmsnorm_bwd_scratch(N, C)))) return;
+    cs_check(cs, op,
+             cuda_rmsnorm_bwd(cs->st, dx ? dx->data : NULL, dw ? dw->data : NULL,
+                              dw ? dw->dtype : DT_F32, dout->data, x->data, w->data, rstd->data,
+                              x->dtype, N, C, scr));
+}
+
+static void cuda_rope_run(kern_stream_t *s, const char *op, tensor_t *out, ct_t *x, ct_t *cos,
+                          ct_t *sin, ct_t *pos, bool bwd)
+{
+    cuda_stream_t *cs = cs_of(s);
+    int64_t D = x->shape[x->ndim - 1], H = x->shape[x->ndim - 2];
+    int64_t BT = D * H > 0 ? tensor_numel(x) / (D * H) : 0;
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_rope(cs->st, out->data, x->data, cos->data, sin->data, pos->data, x->dtype,
+                           BT, H, D, cos->shape[0], bwd, cs->dev->flags));
+}
+
+static void cuda_op_rope_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *cos, ct_t *sin,
+                             ct_t *pos)
+{
+    cuda_rope_run(s, "kern_rope_fwd", out, x, cos, sin, pos, false);
+}
+
+static void cuda_op_rope_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *cos, ct_t *sin,
+                             ct_t *pos)
+{
+    cuda_rope_run(s, "kern_rope_bwd", dx, dout, cos, sin, pos, true);
+}
+
+static void cuda_op_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *q, ct_t *k,
+                                  ct_t *v, const kern_attn_shape_t *sh)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_attention_fwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_attn_fwd(cs->st, out->data, lse->data, q->data, k->data, v->data, q->dtype,
+                               sh));
+}
+
+static void cuda_op_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
+                                  ct_t *dout, ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
+                                  const kern_attn_shape_t *sh)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_attention_bwd";
+    if ((!dq && !dk && !dv) || !cs_enter(cs, op)) return;
+    void *scr = cs_scratch(cs, op, cuda_attn_bwd_scratch(sh));
+    if (scr)
+        cs_check(cs, op,
+                 cuda_attn_bwd(cs->st, dq ? dq->data : NULL, dk ? dk->data : NULL,
+                               dv ? dv->data : NULL, dout->data, q->data, k->data, v->data,
+                               out->data, lse->data, q->dtype, sh, scr));
+}
+
+static void cuda_op_swiglu_fwd(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *up)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_swiglu_fwd"))
+        cs_check(cs, "kern_swiglu_fwd",
+                 cuda_swiglu_fwd(cs->st, out->data, gate->data, up->data, out->dtype,
+                                 tensor_numel(out)));
+}
+
+static void cuda_op_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, ct_t *dout,
+                               ct_t *gate, ct_t *up)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_swiglu_bwd"))
+        cs_check(cs, "kern_swiglu_bwd",
+                 cuda_swiglu_bwd(cs->st, dgate ? dgate->data : NULL, dup ? dup->data : NULL,
+                                 dout->data, gate->data, up->data, dout->dtype,
+                                 tensor_numel(dout)));
+}
+
+static void cuda_op_xent_fwd_bwd(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits,
+                                 ct_t *logits, ct_t *targets, float dloss, int32_t ignore_index)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_xent_fwd_bwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_xent_fwd_bwd(cs->st, losses->data, dlogits ? dlogits->data : NULL,
+                                   logits->data, logits->dtype, targets->data,
+                                   tensor_rows(logits), tensor_cols(logits), dloss, ignore_index,
+                                   cs->dev->flags));
+}
+
+static void cuda_op_xent_vp_max(kern_stream_t *s, tensor_t *row_max, ct_t *logits)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_xent_vp_max";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_xent_vp_max(cs->st, row_max->data, logits->data, logits->dtype,
+                                  tensor_rows(logits), tensor_cols(logits)));
+}
+
+static void cuda_op_xent_vp_sum(kern_stream_t *s, tensor_t *sumexp, tensor_t *tgt_logit,
+                                ct_t *logits, ct_t *gmax, ct_t *targets, int64_t vocab_start,
+                                int32_t ignore_index)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_xent_vp_sum";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_xent_vp_sum(cs->st, sumexp->data, tgt_logit->data, logits->data,
+                                  logits->dtype, gmax->data, targets->data, tensor_rows(logits),
+                                  tensor_cols(logits), vocab_start, ignore_index));
+}
+
+static void cuda_op_xent_vp_finish(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits,
+                                   ct_t *logits, ct_t *gmax, ct_t *sumexp, ct_t *tgt_logit,
+                                   ct_t *targets, int64_t vocab_start, float dloss,
+                                   int32_t ignore_index)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_xent_vp_finish";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_xent_vp_finish(cs->st, losses ? losses->data : NULL,
+                                     dlogits ? dlogits->data : NULL, logits->data, logits->dtype,
+                                     gmax->data, sumexp->data, tgt_logit->data, targets->data,
+                                     tensor_rows(logits), tensor_cols(logits), vocab_start, dloss,
+                                     ignore_index, cs->dev->flags));
+}
+
+/* The shortest decimal that rounds to f, read as a double: the value the
+ * config wrote (0.9, 0.999), as torch sees it (kernels/cpu/adamw.c). */
+static double cuda_adamw_hparam(float f)
+{
+    char buf[32];
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
+        double d = strtod(buf, NULL);
+        if ((float)d == f) return d;
+    }
+    return (double)f;
+}
+
+static void cuda_op_adamw(kern_stream_t *s, tensor_t *param, tensor_t *param_copy, ct_t *grad,
+                          tensor_t *m, tensor_t *v, const adamw_args_t *a)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_adamw";
+    double lr = cuda_adamw_hparam(a->lr), wd = cuda_adamw_hparam(a->weight_decay);
+    double beta1 = cuda_adamw_hparam(a->beta1), beta2 = cuda_adamw_hparam(a->beta2);
+    double eps = cuda_adamw_hparam(a->eps), step = (double)a->step;
+    double bc1 = 1.0 - pow(beta1, step), bc2 = 1.0 - pow(beta2, step);
+    cuda_adamw_k_t k = {
+        .decay = (float)(1.0 - lr * wd),
+        .w1 = (float)(1.0 - beta1),
+        .b2 = (float)beta2,
+        .w2 = (float)(1.0 - beta2),
+        .bc2s = (float)sqrt(bc2),
+        .eps = (float)eps,
+        .neg_step = (float)(-(lr / bc1)),
+        .decays = wd != 0.0,
+    };
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_adamw(cs->st, param->data, param->dtype,
+                            param_copy ? param_copy->data : NULL,
+                            param_copy ? param_copy->dtype : DT_F32, grad->data, grad->dtype,
+                            m->data, v->data, tensor_numel(param), &k));
+}
+
+#define F32 (1u << DT_F32)
+#define BF16 (1u << DT_BF16)
+
+const kern_backend_t kern_cuda_backend = {
+    .name = "cuda",
+    .kind = DEV_CUDA,
+    .op_dtypes =
+        {
+            [KERN_OP_MATMUL] = F32 | BF16,
+            [KERN_OP_LINEAR] = F32 | BF16,
+            [KERN_OP_ELEMENTWISE] = F32 | BF16,
+            [KERN_OP_REDUCE] = F32 | BF16 | (1u << DT_F16) | (1u << DT_F64),
+            [KERN_OP_EMBEDDING] = F32 | BF16,
+            [KERN_OP_RMSNORM] = F32 | BF16,
+            [KERN_OP_ROPE] = F32 | BF16,
+            [KERN_OP_ATTENTION] = F32 | BF16,
+            [KERN_OP_SWIGLU] = F32 | BF16,
+            [KERN_OP_XENT] = F32 | BF16,
+            [KERN_OP_ADAMW] = F32 | BF16,
+        },
+    .usable = cuda_usable,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_sync = cuda_stream_sync,
+    .stream_notify = cuda_stream_notify,
+    .stream_reserve = cuda_stream_reserve,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .stream_wait = cuda_stream_wait,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .matmul = cuda_op_matmul,
+    .linear_fwd = cuda_op_linear_fwd,
+    .linear_bwd = cuda_op_linear_bwd,
+    .zero = cuda_op_zero,
+    .copy = cuda_op_copy,
+    .add = cuda_op_add,
+    .axpy = cuda_op_axpy,
+    .scale = cuda_op_scale,
+    .sumsq = cuda_op_sumsq,
+    .count_nonfinite = cuda_op_count_nonfinite,
+    .embedding_fwd = cuda_op_embedding_fwd,
+    .embedding_bwd = cuda_op_embedding_bwd,
+    .rmsnorm_fwd = cuda_op_rmsnorm_fwd,
+    .rmsnorm_bwd = cuda_op_rmsnorm_bwd,
+    .rope_fwd = cuda_op_rope_fwd,
+    .rope_bwd = cuda_op_rope_bwd,
+    .attention_fwd = cuda_op_attention_fwd,
+    .attention_bwd = cuda_op_attention_bwd,
+    .swiglu_fwd = cuda_op_swiglu_fwd,
+    .swiglu_bwd = cuda_op_swiglu_bwd,
+    .xent_fwd_bwd = cuda_op_xent_fwd_bwd,
+    .xent_vp_max = cuda_op_xent_vp_max,
+    .xent_vp_sum = cuda_op_xent_vp_sum,
+    .xent_vp_finish = cuda_op_xent_vp_finish,
+    .adamw = cuda_op_adamw,
+};
+
+#endif /* BT_HAVE_CUDA */

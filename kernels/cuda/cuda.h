@@ -1,0 +1,218 @@
+/* The CUDA backend's C interface: the extern "C" launchers of the kernels in
+ * kernels/cuda/<layer>.cu (CUDA C++ stays inside those files), the cuBLASLt
+ * products of blas.c, and the per-stream state that backend.c owns.
+ *
+ * Launchers take device pointers, dtypes and dimensions (the dispatch has
+ * checked them, kernels/kernels.c), queue their kernels on `st` and return
+ * the launch status (cudaGetLastError after the last launch), which the
+ * backend turns into a sticky stream error naming the op. They never
+ * synchronize. Shapes and semantics are those of the CPU twins
+ * (kernels/cpu/cpu.h); every compute op takes f32 or bf16 data and computes
+ * in fp32.
+ *
+ * Scratch: a launcher that needs device scratch says how much through its
+ * *_scratch() function; the backend passes a buffer of at least that size
+ * that stays untouched by others until the launched work is done.
+ *
+ * Data-dependent errors (a target outside the vocabulary, a position outside
+ * the RoPE table) cannot panic on the device: the kernel sets its word of
+ * `flags` (host memory mapped into the device, CUDA_FLAG_*), and the backend
+ * reports it as the stream's error at the next sync or notification. */
+#ifndef BT_KERNELS_CUDA_CUDA_H
+#define BT_KERNELS_CUDA_CUDA_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "kernels/backend.h"
+
+/* Words of a stream's mapped flag array; a kernel stores 1 into its word. */
+enum {
+    CUDA_FLAG_XENT_TARGET = 0, /* kern_xent_fwd_bwd: target outside [0, V) */
+    CUDA_FLAG_VP_TARGET,       /* kern_xent_vp_finish: negative target */
+    CUDA_FLAG_ROPE_POS,        /* kern_rope_*: position outside [0, P) */
+    CUDA_FLAG_COUNT,
+};
+
+/* ---- elementwise (elementwise.cu) ----------------------------------------- */
+
+/* dst[n] = src[n] converted between float dtypes (f32, bf16, f16, f64), bit
+ * for bit as kernels/cpu/elementwise.c (base/tensor.c rounding). */
+cudaError_t cuda_convert(cudaStream_t st, void *dst, dtype_t dst_dt, const void *src,
+                         dtype_t src_dt, int64_t n);
+/* out = a + b; y += alpha x; p *= f (dt f32 or bf16, fp32 math) */
+cudaError_t cuda_add(cudaStream_t st, void *out, const void *a, const void *b, dtype_t dt,
+                     int64_t n);
+cudaError_t cuda_axpy(cudaStream_t st, void *y, float alpha, const void *x, dtype_t dt, int64_t n);
+cudaError_t cuda_scale(cudaStream_t st, void *p, float f, dtype_t dt, int64_t n);
+
+/* Reductions in a fixed order (deterministic): partial sums per block into
+ * scratch, then one block adds the partials in index order and writes *out,
+ * which may be host memory mapped into the device. dt: f32, bf16, f16, f64. */
+size_t cuda_reduce_scratch(int64_t n);
+cudaError_t cuda_sumsq(cudaStream_t st, double *out, const void *p, dtype_t dt, int64_t n,
+                       void *scratch);
+cudaError_t cuda_count_nonfinite(cudaStream_t st, int64_t *out, const void *p, dtype_t dt,
+                                 int64_t n, void *scratch);
+
+/* out[N,OC] rows = bias[OC] (linear_fwd when no bias epilogue is taken) */
+cudaError_t cuda_bias_rows(cudaStream_t st, void *out, const void *bias, dtype_t dt, int64_t N,
+                           int64_t OC);
+/* dst[C] (dst_dt f32 or bf16) += column sums of src[N,C] (src_dt), fp32
+ * partials per fixed row group, added in group order. */
+size_t cuda_colsum_scratch(int64_t N, int64_t C);
+cudaError_t cuda_colsum(cudaStream_t st, void *dst, dtype_t dst_dt, const void *src,
+                        dtype_t src_dt, int64_t N, int64_t C, void *scratch);
+
+/* SwiGLU: out = silu(gate) * up; dgate/dup += (NULL skipped) */
+cudaError_t cuda_swiglu_fwd(cudaStream_t st, void *out, const void *gate, const void *up,
+                            dtype_t dt, int64_t n);
+cudaError_t cuda_swiglu_bwd(cudaStream_t st, void *dgate, void *dup, const void *dout,
+                            const void *gate, const void *up, dtype_t dt, int64_t n);
+
+/* RoPE over x[BT,H,D] with tables [P,D/2] f32 and pos[BT] i32: forward
+ * (out may alias x) or, when bwd, dx += R^T dout. */
+cudaError_t cuda_rope(cudaStream_t st, void *out, const void *x, const float *cos,
+                      const float *sin, const int32_t *pos, dtype_t dt, int64_t BT, int64_t H,
+                      int64_t D, int64_t P, bool bwd, unsigned *flags);
+
+/* Embedding: out[N,C] = table rows (zero outside the shard). The backward
+ * sorts (id, row) pairs with a stable radix sort and lets one thread per
+ * (distinct id, column) add its rows in row order: deterministic, and for f32
+ * the same sums in the same order as the CPU twin. */
+cudaError_t cuda_embedding_fwd(cudaStream_t st, void *out, const void *table,
+                               const int32_t *ids, dtype_t dt, int64_t N, int64_t V, int64_t C,
+                               int64_t vocab_start);
+size_t cuda_embedding_bwd_scratch(int64_t N, int64_t V);
+cudaError_t cuda_embedding_bwd(cudaStream_t st, void *dtable, dtype_t dtable_dt,
+                               const void *dout, dtype_t dt, const int32_t *ids, int64_t N,
+                               int64_t V, int64_t C, int64_t vocab_start, void *scratch,
+                               size_t scratch_bytes);
+
+/* ---- RMSNorm (norm.cu) ----------------------------------------------------- */
+
+cudaError_t cuda_rmsnorm_fwd(cudaStream_t st, void *out, float *rstd, const void *x,
+                             const void *w, dtype_t dt, int64_t N, int64_t C, float eps);
+/* dx (dt) += ...; dw (dw_dt: f32 or dt) += sum over rows, deterministic */
+size_t cuda_rmsnorm_bwd_scratch(int64_t N, int64_t C);
+cudaError_t cuda_rmsnorm_bwd(cudaStream_t st, void *dx, void *dw, dtype_t dw_dt,
+                             const void *dout, const void *x, const void *w, const float *rstd,
+                             dtype_t dt, int64_t N, int64_t C, void *scratch);
+
+/* ---- cross-entropy (xent.cu): fp32 math on f32 or bf16 logits ------------- */
+
+cudaError_t cuda_xent_fwd_bwd(cudaStream_t st, float *losses, void *dlogits, const void *logits,
+                              dtype_t dt, const int32_t *targets, int64_t N, int64_t V,
+                              float dloss, int32_t ignore_index, unsigned *flags);
+cudaError_t cuda_xent_vp_max(cudaStream_t st, float *row_max, const void *logits, dtype_t dt,
+                             int64_t N, int64_t V);
+cudaError_t cuda_xent_vp_sum(cudaStream_t st, float *sumexp, float *tgt_logit,
+                             const void *logits, dtype_t dt, const float *gmax,
+                             const int32_t *targets, int64_t N, int64_t V, int64_t vocab_start,
+                             int32_t ignore_index);
+cudaError_t cuda_xent_vp_finish(cudaStream_t st, float *losses, void *dlogits,
+                                const void *logits, dtype_t dt, const float *gmax,
+                                const float *sumexp, const float *tgt_logit,
+                                const int32_t *targets, int64_t N, int64_t V,
+                                int64_t vocab_start, float dloss, int32_t ignore_index,
+                                unsigned *flags);
+
+/* ---- AdamW (adamw.cu) ----------------------------------------------------- */
+
+/* The per-element constants, formed on the host exactly as the CPU twin
+ * forms them (kernels/cpu/adamw.c), so that f32 results are bit-identical. */
+typedef struct {
+    float decay, w1, b2, w2, bc2s, eps, neg_step;
+    int decays;
+} cuda_adamw_k_t;
+
+/* param (param_dt f32 or bf16) updated with f32 moments m, v; grad in
+ * grad_dt (f32 or bf16); param_copy (copy_dt any float dtype, or NULL) gets
+ * the new parameter in the same pass. */
+cudaError_t cuda_adamw(cudaStream_t st, void *param, dtype_t param_dt, void *param_copy,
+                       dtype_t copy_dt, const void *grad, dtype_t grad_dt, float *m, float *v,
+                       int64_t n, const cuda_adamw_k_t *k);
+
+/* ---- attention (attention.cu) --------------------------------------------- */
+
+/* Which attention kernels run: tensor cores for bf16 when the head dims allow
+ * (CUDA_ATTN_AUTO), or the fp32 SIMT kernels for everything
+ * (CUDA_ATTN_SIMT; BATON_CUDA_ATTN=simt sets it for the process). */
+typedef enum { CUDA_ATTN_AUTO = 0, CUDA_ATTN_SIMT = 1 } cuda_attn_path_t;
+void cuda_attn_set_path(cuda_attn_path_t p);
+cuda_attn_path_t cuda_attn_get_path(void);
+/* Whether the tensor-core forward takes this shape and dtype (the
+ * backward takes the subset with D == Dv <= 128, see attention.cu). */
+bool cuda_attn_uses_tc(const kern_attn_shape_t *sh, dtype_t dt);
+
+/* Flash-style forward: out[B,Tq,Hq,Dv], lse[B,Hq,Tq] f32; no Tq x Tk matrix
+ * is stored. Fails with cudaErrorInvalidValue when the head dims exceed what
+ * the kernels' shared memory holds (see attention.cu). */
+cudaError_t cuda_attn_fwd(cudaStream_t st, void *out, float *lse, const void *q, const void *k,
+                          const void *v, dtype_t dt, const kern_attn_shape_t *sh);
+/* Backward: dq, dk, dv += (NULL skipped). Deterministic: dk, dv by one block
+ * per (batch, kv head, key tile), dq by one block per (batch, head, query
+ * tile), no atomics. Scratch holds rowsum(dout * out) [B,Hq,Tq] f32. */
+size_t cuda_attn_bwd_scratch(const kern_attn_shape_t *sh);
+cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout,
+                          const void *q, const void *k, const void *v, const void *out,
+                          const float *lse, dtype_t dt, const kern_attn_shape_t *sh,
+                          void *scratch);
+
+/* ---- cuBLASLt (blas.c) ---------------------------------------------------- */
+
+typedef struct cuda_lt cuda_lt_t; /* a handle and its plan cache, one per stream */
+cudaError_t cuda_lt_create(cuda_lt_t **out, char *why, size_t why_cap);
+void cuda_lt_destroy(cuda_lt_t *lt);
+
+/* One product in row-major terms, as kern_matmul: c[M,N] = alpha op(a) op(b)
+ * + beta c, a and b in ab_dt, c in c_dt (ab_dt, or f32 under bf16 inputs),
+ * fp32 compute; bias (c_dt, [N] per column of c, or NULL) through the bias
+ * epilogue. Returns false and a message in why[] on failure; *no_algo is set
+ * when cuBLASLt declines the problem (no algorithm for it, or "not
+ * supported"), which cuda_gemm_fallback then computes. */
+typedef struct {
+    void *c;
+    const void *a, *b, *bias;
+    dtype_t ab_dt, c_dt;
+    int64_t M, N, K;
+    bool trans_a, trans_b;
+    float alpha, beta;
+} cuda_gemm_t;
+bool cuda_lt_gemm(cuda_lt_t *lt, cudaStream_t st, void *ws, size_t ws_bytes, const cuda_gemm_t *g,
+                  bool *no_algo, char *why, size_t why_cap);
+
+/* The same product by a plain tiled kernel (gemm.cu), for what cuBLASLt
+ * declines; bias in c_dt. */
+cudaError_t cuda_gemm_fallback(cudaStream_t st, const cuda_gemm_t *g);
+
+/* Test hook: while on, cuda_lt_gemm declines every product, so that the
+ * fallback kernel computes them all. Process-wide. */
+void cuda_lt_set_declined(bool on);
+
+/* cuBLASLt's version as the loaded library reports it (e.g. 130100). */
+size_t cuda_lt_version(void);
+
+/* ---- backend (backend.c) --------------------------------------------------- */
+
+/* The versions this process runs with, for logs and device checks:
+ * "driver 13.0, runtime 13.0, cublasLt 13.1.0, GPU 0: NVIDIA H200 (sm_90) ..." */
+void cuda_versions_str(char *buf, size_t cap);
+
+/* Test hook: the next checked call of the op named `op` (e.g.
+ * "kern_matmul") reports an injected failure instead of its own status,
+ * through the same path as a real one; "<op> scratch" (e.g. "kern_sumsq
+ * scratch") fails that op's next scratch allocation instead. NULL clears
+ * it. Not thread-safe. */
+void cuda_test_inject_failure(const char *op);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
