@@ -255,6 +255,19 @@ bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stag
     carve(m->params, m->n_params, m->param_mem, place->param_dtype, place->dev);
     tensor_t all = bytes_view(m->param_mem, m->param_bytes, place->dev);
     kern_zero(m->stream, &all);
+    if (place->param_dtype != DT_F32) {
+        m->masters = calloc((size_t)m->n_params + 1, sizeof *m->masters);
+        if (!m->masters) {
+            st = BT_ERR_NOMEM;
+            goto fail;
+        }
+        memcpy(m->masters, m->params, (size_t)m->n_params * sizeof *m->masters);
+        m->master_bytes = carve(m->masters, m->n_params, NULL, DT_F32, place->dev);
+        if ((st = kern_mem_alloc(place->dev, m->master_bytes, &m->master_mem)) != BT_OK) goto fail;
+        carve(m->masters, m->n_params, m->master_mem, DT_F32, place->dev);
+        tensor_t mall = bytes_view(m->master_mem, m->master_bytes, place->dev);
+        kern_zero(m->stream, &mall);
+    }
     for (int i = 0; i < m->n_params; i++) {
         m->grads[i] = m->params[i];
         m->grads[i].t = tensor_make(NULL, place->grad_dtype, place->dev, m->params[i].t.ndim,
@@ -274,7 +287,9 @@ void model_destroy(model_t *m)
     if (!m) return;
     if (m->stream) kern_stream_sync(m->stream);
     kern_mem_free(m->place.dev, m->grad_mem);
+    kern_mem_free(m->place.dev, m->master_mem);
     kern_mem_free(m->place.dev, m->param_mem);
+    free(m->masters);
     kern_host_free(m->place.dev, m->host_buf);
     kern_stream_destroy(m->stream);
     free(m->subs);
@@ -391,12 +406,15 @@ bt_status_t model_param_read(const model_t *m, int i, bool grad, float *host)
                   m->params[i].name);
         return BT_ERR_INVALID;
     }
-    return model_tensor_read_f32(m, grad ? &m->grads[i].t : &m->params[i].t, host);
+    const tensor_t *t = grad ? &m->grads[i].t : m->masters ? &m->masters[i].t : &m->params[i].t;
+    return model_tensor_read_f32(m, t, host);
 }
 
 bt_status_t model_param_write(model_t *m, int i, const float *host)
 {
-    return model_tensor_write_f32(m, &m->params[i].t, host);
+    bt_status_t st = model_tensor_write_f32(m, &m->params[i].t, host);
+    if (st == BT_OK && m->masters) st = model_tensor_write_f32(m, &m->masters[i].t, host);
+    return st;
 }
 
 bt_status_t model_grads_alloc(model_t *m)

@@ -128,7 +128,13 @@ typedef struct model {
     kern_stream_t   *stream;     /* every op of this instance runs on it */
     void            *param_mem;  /* device: all parameters */
     void            *grad_mem;   /* device: gradients, or NULL (model_grads_alloc) */
-    size_t           param_bytes, grad_bytes;
+    /* When the parameters are not f32 (a bf16 compute copy): their f32
+     * masters, carved the same way, which loading and initialisation write
+     * exactly and the optimizer updates (writing the copy in the same pass);
+     * else NULL, the parameters being their own masters. */
+    void            *master_mem;
+    model_param_t   *masters;    /* [n_params] or NULL */
+    size_t           param_bytes, grad_bytes, master_bytes;
     int              n_params;
     model_param_t   *params;     /* [n_params] views into param_mem */
     model_param_t   *grads;      /* [n_params] same names, views into grad_mem */
@@ -194,9 +200,11 @@ int model_layout_tp(const model_config_t *cfg, const model_stage_t *stage,
 
 /* Index of the parameter named `name`, or -1. */
 int model_param_find(const model_t *m, const char *name);
-/* host[numel] (f32) = parameter i (grad: its gradient), this instance's piece. */
+/* host[numel] (f32) = parameter i (grad: its gradient), this instance's
+ * piece; the f32 master when there is one. */
 bt_status_t model_param_read(const model_t *m, int i, bool grad, float *host);
-/* parameter i = host[numel] (f32), converted to the parameter dtype. */
+/* parameter i = host[numel] (f32), converted to the parameter dtype (and
+ * its f32 master, exactly, when there is one). */
 bt_status_t model_param_write(model_t *m, int i, const float *host);
 
 /* ---- gradients ----------------------------------------------------------- */

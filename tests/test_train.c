@@ -177,8 +177,8 @@ static void test_train_optim_clip_adamw(void)
     float w0[6], b0[3], gw0[6], gb0[3];
     memcpy(w0, w, sizeof w); memcpy(b0, b, sizeof b); memcpy(gw0, gw, sizeof gw); memcpy(gb0, gb, sizeof gb);
     optim_param_t ps[2] = {
-        {"w", tensor_2d(w, DT_F32, 2, 3), tensor_2d(gw, DT_F32, 2, 3)},
-        {"b", tensor_1d(b, DT_F32, 3), tensor_1d(gb, DT_F32, 3)},
+        {"w", tensor_2d(w, DT_F32, 2, 3), tensor_2d(gw, DT_F32, 2, 3), {0}},
+        {"b", tensor_1d(b, DT_F32, 3), tensor_1d(gb, DT_F32, 3), {0}},
     };
     optim_config_t cfg = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
                           .decay = OPTIM_DECAY_MATRICES};

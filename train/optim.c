@@ -54,7 +54,7 @@ bt_status_t optim_create(const optim_config_t *cfg, const optim_param_t *params,
             return BT_ERR_INVALID;
         }
         size_t one = align64((size_t)tensor_numel(&p->param) * sizeof(float));
-        bytes += 2 * one + (p->param.dtype != DT_F32 ? one : 0);
+        bytes += 2 * one + (p->param.dtype != DT_F32 && !p->master.data ? one : 0);
     }
     o->params = calloc((size_t)n + 1, sizeof *o->params);
     o->decay = calloc((size_t)n + 1, sizeof *o->decay);
@@ -78,8 +78,10 @@ bt_status_t optim_create(const optim_config_t *cfg, const optim_param_t *params,
         kern_zero(s, &o->m[i]);
         kern_zero(s, &o->v[i]);
         off += 2 * one;
-        if (p->dtype != DT_F32) {
-            /* the master starts as the copy widened */
+        if (p->dtype != DT_F32 && params[i].master.data) {
+            o->master[i] = params[i].master; /* the model's exact f32 values */
+        } else if (p->dtype != DT_F32) {
+            /* no master given: it starts as the copy widened */
             o->master[i] = tensor_make((char *)o->state + off, DT_F32, o->dev, p->ndim, p->shape);
             kern_copy(s, &o->master[i], p);
             off += one;
@@ -103,7 +105,8 @@ bt_status_t optim_create_for_model(const optim_config_t *cfg, model_t *m, optim_
     if (!ps) return BT_ERR_NOMEM;
     for (int i = 0; i < m->n_params; i++)
         ps[i] = (optim_param_t){.name = m->params[i].name, .param = m->params[i].t,
-                                .grad = m->grads[i].t};
+                                .grad = m->grads[i].t,
+                                .master = m->masters ? m->masters[i].t : (tensor_t){0}};
     bt_status_t st = optim_create(cfg, ps, m->n_params, m->stream, out);
     free(ps);
     return st;

@@ -41,6 +41,8 @@ typedef struct {
     const char *name;   /* borrowed; for messages */
     tensor_t    param;  /* borrowed; f32, or a lower-precision copy (see above) */
     tensor_t    grad;   /* same shape, borrowed; f32 or param's dtype */
+    tensor_t    master; /* borrowed f32 master of a lower-precision param (a model's
+                         * masters); .data NULL: the optimizer makes its own */
 } optim_param_t;
 
 typedef struct optim optim_t;

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The model-level half of the device check: baton's own model code on a GPU
+# against transformers' numbers (the fixtures' expected.json) and against the
+# CPU run of the same binary. Run from the repository root of a tree that
+# holds build/baton and build/devpack/ (tools/device-pack.sh), on a machine
+# with a GPU; tools/device-check.sh runs the per-op table first.
+#
+# Prints one table row per check: what, the GPU value, the reference, the
+# relative difference, the tolerance, PASS/FAIL.
+#   eval   every HF fixture: loss and gradient norm on cuda in fp32 (1e-4 of
+#          transformers) and bf16 (1e-2)
+#   train  20 steps of a fixture job on cuda, fp32 and bf16, against the CPU
+#          run: every step's loss within 1e-2 (fp32: 1e-4), no NaN
+#   gen    greedy generation on cuda fp32 gives the CPU's ids
+#   memcheck  a short training run under compute-sanitizer: no error
+# Exit status 0 when every row passes.
+set -u
+BUILD=${BUILD:-build}
+OUT=${OUT:-/tmp/device-model-check}
+BATON=$PWD/$BUILD/baton
+mkdir -p "$OUT"
+LIB=$PWD/$BUILD/devpack/root/usr/lib/x86_64-linux-gnu
+if [ -d "$LIB" ]; then
+    export LD_LIBRARY_PATH="$LIB:$LIB/openblas-pthread:$LIB/ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export UCX_MODULE_DIR=$LIB/ucx
+fi
+fails=0
+row() { # what got want tol
+    local r
+    r=$(awk -v a="$2" -v b="$3" -v t="$4" 'BEGIN {
+        if (a == "" || b == "" || a != a + 0) { print "nan FAIL"; exit }
+        d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; r = m > 0 ? d / m : d;
+        printf "%.3g %s\n", r, (r <= t ? "PASS" : "FAIL") }')
+    printf '%-44s %-22s %-22s %-10s %-8s %s\n' "$1" "$2" "$3" "${r% *}" "$4" "${r#* }"
+    [ "${r#* }" = PASS ] || fails=$((fails + 1))
+}
+field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" <<<"$2" | head -1; }
+printf '%-44s %-22s %-22s %-10s %-8s %s\n' check gpu reference rel tol result
+
+for fx in llama llama_f16 llama_sharded llama_tied_llama3 mistral qwen2 qwen2_bf16; do
+    d=tests/fixtures/$fx
+    [ -f "$d/expected.json" ] || continue
+    ref=$(cat "$d/expected.json")
+    for dt in fp32 bf16; do
+        tol=1e-4; [ $dt = bf16 ] && tol=1e-2
+        got=$("$BATON" eval --model "$d" --ids "$d/ids.txt" --grad-norm --json --device cuda --dtype $dt 2>"$OUT/eval_${fx}_$dt.err")
+        row "eval $fx $dt loss" "$(field loss "$got")" "$(field loss "$ref")" $tol
+        row "eval $fx $dt grad_norm" "$(field grad_norm "$got")" "$(field grad_norm "$ref")" $tol
+    done
+done
+
+tmp=$(mktemp -d)
+mkdir -p "$tmp/data"
+awk 'BEGIN { x = 12345; for (i = 0; i < 20000; i++) { x = (x * 1103515245 + 12345) % 2147483648;
+       t = (i % 48); if (x % 10 == 0) t = int(x / 65536) % 200; printf "%d ", t } print "" }' \
+    > "$tmp/data/tokens.txt"
+cat > "$tmp/job.yaml" <<YAML
+model: {layers: 4, hidden: 128, heads: 4, kv_heads: 2, ffn: 256, vocab: 256, init_std: 0.02}
+data: {dir: $tmp/data, seq_len: 64, split: 0.1}
+train: {steps: 20, micro_batch: 4, grad_accum: 2, seed: 7, log_every: 100, eval_every: 10, eval_batches: 4}
+optim: {lr: 0.001, min_lr: 0.0001, warmup: 2, weight_decay: 0.1, clip: 1.0}
+YAML
+"$BATON" run "$tmp/job.yaml" --quiet --set metrics.file="$tmp/cpu.jsonl" > "$OUT/train_cpu.log" 2>&1
+for dt in fp32 bf16; do
+    tol=1e-4; [ $dt = bf16 ] && tol=1e-2
+    "$BATON" run "$tmp/job.yaml" --quiet --set device=cuda --set dtype=$dt \
+        --set metrics.file="$tmp/$dt.jsonl" > "$OUT/train_$dt.log" 2>&1
+    worst=$(python3 - "$tmp/cpu.jsonl" "$tmp/$dt.jsonl" <<'PY' 2>/dev/null
+import json, math, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1]) if '"loss"' in l]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2]) if '"loss"' in l]
+if len(a) != 20 or len(b) != 20 or any(x is None or not math.isfinite(x) for x in b): print("nan")
+else: print(max(abs(x - y) / abs(x) for x, y in zip(a, b)))
+PY
+)
+    row "train 20 steps $dt (max rel loss diff)" "$worst" 0 $tol
+    cp "$tmp/$dt.jsonl" "$OUT/"
+done
+cp "$tmp/cpu.jsonl" "$OUT/"
+
+g_cpu=$("$BATON" generate --model tests/fixtures/llama --prompt "ab" --max-new 12 --json 2>/dev/null)
+g_gpu=$("$BATON" generate --model tests/fixtures/llama --prompt "ab" --max-new 12 --json --device cuda 2>/dev/null)
+if [ -n "$g_cpu" ] && [ "$g_cpu" = "$g_gpu" ]; then same=1; else same=0; fi
+row "generate llama fp32: ids equal the CPU's" "$same" 1 0
+
+san=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$san" ]; then
+    "$san" --tool memcheck --error-exitcode 3 --leak-check no "$BATON" run "$tmp/job.yaml" --quiet \
+        --set device=cuda --set dtype=bf16 --set train.steps=2 --set train.eval_every=0 \
+        --set metrics.file= > "$OUT/memcheck_train.log" 2>&1
+    src=$?
+    row "memcheck: 2 bf16 training steps (exit status)" $src 0 0
+    tail -3 "$OUT/memcheck_train.log"
+else
+    echo "compute-sanitizer not found: memcheck row skipped"
+fi
+rm -rf "$tmp"
+echo
+[ $fails -eq 0 ] && echo "device-model-check: all passed" || echo "device-model-check: $fails FAILED"
+[ $fails -eq 0 ]
