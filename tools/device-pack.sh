@@ -68,3 +68,8 @@ if [ "$size" -ge 64 ]; then
     echo "device-pack: the pack is over 64 MiB" >&2
     exit 1
 fi
+# The device tool carries at most 64 MiB with the working tree, so the pack
+# also travels as one xz tarball (about 8 MiB); tools/device-session.sh
+# unpacks it on the GPU machine when build/devpack itself was not carried.
+tar -C "$BUILD" -cJf "$BUILD/devpack.tar.xz" devpack
+echo "device-pack: $BUILD/devpack.tar.xz is $(du -m "$BUILD/devpack.tar.xz" | cut -f1) MiB"
