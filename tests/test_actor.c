@@ -846,10 +846,14 @@ static void killed_peer(const char *kind)
     uint64_t t_kill = clock_now_ns();
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
-    for (int i = 0; i < 300 * test_time_scale() && !atomic_load(&sup.reports); i++) usleep(10000);
+    for (int i = 0; i < 500 * test_time_scale() && !atomic_load(&sup.reports); i++) usleep(10000);
     CHECK(atomic_load(&sup.reports) == 1);
     double ms = (double)(atomic_load(&sup.t_ns) - t_kill) / 1e6;
-    CHECK_MSG(atomic_load(&sup.reports) && ms < 2000.0 * test_time_scale(), "report after %.1f ms", ms);
+    /* tcp sees the reset at once; ucx, connected by worker address, learns
+     * of a dead peer from its keepalive (UCX_KEEPALIVE_INTERVAL=1s,
+     * transport/xport.c): between one and two intervals after the death */
+    double bound = (!strcmp(kind, "ucx") ? 3000.0 : 2000.0) * test_time_scale();
+    CHECK_MSG(atomic_load(&sup.reports) && ms < bound, "report after %.1f ms (bound %.0f)", ms, bound);
     CHECK(sup.last.status == BT_ERR_PEER_CLOSED);
     CHECK(sup.last.peer == 1);
     /* sends to the dead rank fail cleanly */
