@@ -34,27 +34,32 @@ CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SAN)
 endif
 
-# The CUDA backend (kernels/cuda/): built when nvcc is on PATH. The .cu files
-# (kernels behind extern "C" launchers) go through nvcc for sm_90, the .c
-# files (backend table, cuBLASLt) through cc with -DBT_HAVE_CUDA=1; both with
-# warnings as errors. Without nvcc nothing below changes the CPU build.
+# The CUDA backend (kernels/cuda/): built when nvcc is on PATH, into its own
+# shared object $(BUILD)/libbaton_cuda.so that kernels/device.c loads the
+# first time a CUDA device is asked for, so that processes that never use a
+# GPU do not map cudart and cuBLASLt (about 150 MB resident each). The .cu
+# files (kernels behind extern "C" launchers) go through nvcc for sm_90, the
+# .c files (backend table, cuBLASLt) through cc; all position-independent,
+# warnings as errors. The executables are linked -rdynamic: the object calls
+# back into them. Without nvcc nothing below changes the CPU build.
 CU_SRC   := $(wildcard kernels/cuda/*.cu)
+CUDA_C_SRC := $(wildcard kernels/cuda/*.c)
+LDFLAGS  += -rdynamic
 ifeq ($(HAVE_NVCC),1)
 ifneq ($(CU_SRC),)
 HAVE_CUDA := 1
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc))
 NVCCFLAGS ?= -O3 -std=c++17 -arch=sm_90 -I. -Werror all-warnings \
              -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC -MMD -MP
-CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
-CUDA_DIRS := kernels/cuda
-CFLAGS   += -DBT_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
-LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
+CUDA_OBJ := $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CUDA_C_SRC:%.c=$(BUILD)/obj/%.o)
+CUDA_LIB := $(BUILD)/libbaton_cuda.so
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
+$(CUDA_C_SRC:%.c=$(BUILD)/obj/%.o): CFLAGS += -DBT_HAVE_CUDA=1 -fPIC -isystem $(CUDA_HOME)/include
 DEVICE_BIN := $(BUILD)/device/test_cuda_ops
 endif
 endif
 
-LIB_DIRS := base transport wire trace actors coll kernels kernels/cpu kernels/fenced data model train ckpt launch bench \
-            $(CUDA_DIRS)
+LIB_DIRS := base transport wire trace actors coll kernels kernels/cpu kernels/fenced data model train ckpt launch bench
 LIB_SRC  := $(filter-out launch/main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 ifneq ($(HAVE_UCX),1)
 LIB_SRC  := $(filter-out transport/ucx.c,$(LIB_SRC))
@@ -73,7 +78,7 @@ FUZZ_REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
 
 .PHONY: all test run deps fuzz fuzz-run clean bench device
 .SECONDARY:
-all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN) $(FUZZ_REPLAY_BIN) $(DEVICE_BIN)
+all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN) $(FUZZ_REPLAY_BIN) $(CUDA_LIB) $(DEVICE_BIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -83,7 +88,7 @@ $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	nvcc $(NVCCFLAGS) -c $< -o $@
 
-$(BUILD)/libbaton.a: $(LIB_OBJ) $(CU_OBJ)
+$(BUILD)/libbaton.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -101,9 +106,13 @@ $(BUILD)/fuzz-replay/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/repl
 # Device tests (tests/device/*.c): built with CUDA, never run by `make test`
 # (no GPU here); tools/device-check.sh runs them on a GPU machine.
 device: $(DEVICE_BIN)
-$(BUILD)/device/%: $(BUILD)/obj/tests/device/%.o $(BUILD)/libbaton.a
+$(BUILD)/device/%: $(BUILD)/obj/tests/device/%.o $(BUILD)/libbaton.a $(CUDA_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $(filter %.o %.a,$^) -o $@ -L$(BUILD) -lbaton_cuda -Wl,-rpath,'$$ORIGIN/..' \
+	    $(LDLIBS) $(CUDA_LIBS)
+
+$(CUDA_LIB): $(CUDA_OBJ)
+	$(CC) -shared $(LDFLAGS) $^ -o $@ $(CUDA_LIBS)
 
 # test and run install what is missing first and then build in a fresh make,
 # so that a first `make test` on a new machine finds the packages (HAVE_UCX
@@ -127,7 +136,7 @@ fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -c $< -o $@
-build/fuzz/%: build/fuzz/obj/tests/fuzz/%.o $(patsubst %.c,build/fuzz/obj/%.o,$(filter-out kernels/cuda/%,$(LIB_SRC)))
+build/fuzz/%: build/fuzz/obj/tests/fuzz/%.o $(patsubst %.c,build/fuzz/obj/%.o,$(LIB_SRC))
 	clang -fsanitize=fuzzer,address,undefined $^ -o $@ $(LDLIBS)
 
 # The recorded campaigns (docs: "Fuzzing" in WIRE.md, MODELS.md, GGUF.md,

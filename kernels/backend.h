@@ -133,8 +133,8 @@ struct kern_backend {
 
 extern const kern_backend_t kern_cpu_backend;
 extern const kern_backend_t kern_fenced_backend;
-#ifdef BT_HAVE_CUDA
+/* Defined in libbaton_cuda.so (kernels/cuda/backend.c), which
+ * kernels/device.c loads on first use of a CUDA device. */
 extern const kern_backend_t kern_cuda_backend;
-#endif
 
 #endif

@@ -5,23 +5,87 @@
 #include "base/log.h"
 #include "kernels/backend.h"
 
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-/* Indexed by device_kind_t. A NULL entry is a backend this binary was built
- * without. */
-static const kern_backend_t *const kern_backends[] = {
-    [DEV_CPU] = &kern_cpu_backend,
-#ifdef BT_HAVE_CUDA
-    [DEV_CUDA] = &kern_cuda_backend,
-#else
-    [DEV_CUDA] = NULL,
-#endif
-    [DEV_FENCED] = &kern_fenced_backend,
-};
-_Static_assert(sizeof kern_backends / sizeof kern_backends[0] == DEV_COUNT,
-               "one backend entry per device kind");
+/* The CUDA backend lives in a shared object, libbaton_cuda.so, that is
+ * loaded the first time a CUDA device is asked for. A process that never
+ * touches a GPU (every CPU run, every test here) then never maps cudart and
+ * cuBLASLt, which cost about 150 MB of resident memory per process merely
+ * by being linked. The object calls back into the executable (tensor,
+ * dtype, log and stream helpers), which is linked -rdynamic for it.
+ *
+ * Where it is looked for, first found wins: $BATON_CUDA_LIB (a path), then
+ * libbaton_cuda.so beside the executable, then one folder up (the test
+ * binaries live in build/tests/, the library in build/). A BATON_CUDA_LIB
+ * that names nothing is an error, not a reason to look elsewhere. */
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static const kern_backend_t *cuda_backend;
+static char cuda_why[512];
+
+static void cuda_load(void)
+{
+    char cands[3][PATH_MAX + 32];
+    int n = 0;
+    const char *env = getenv("BATON_CUDA_LIB");
+    if (env && *env) snprintf(cands[n++], sizeof cands[0], "%s", env);
+    char exe[PATH_MAX];
+    ssize_t len = n ? -1 : readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(cands[n++], sizeof cands[0], "%s/libbaton_cuda.so", exe);
+            snprintf(cands[n++], sizeof cands[0], "%s/../libbaton_cuda.so", exe);
+        }
+    }
+    size_t off = 0;
+    cuda_why[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (access(cands[i], F_OK) != 0) {
+            if (env && *env)
+                off += (size_t)snprintf(cuda_why, sizeof cuda_why, "BATON_CUDA_LIB=%s: %s", env,
+                                        strerror(errno));
+            continue;
+        }
+        void *h = dlopen(cands[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            off += (size_t)snprintf(cuda_why + off, off < sizeof cuda_why ? sizeof cuda_why - off : 0,
+                                    "%s%s", off ? "; " : "", dlerror());
+            continue;
+        }
+        const kern_backend_t *be = dlsym(h, "kern_cuda_backend");
+        if (be) {
+            cuda_backend = be;
+            return; /* never closed: the backend's memory and streams outlive any caller */
+        }
+        off += (size_t)snprintf(cuda_why + off, off < sizeof cuda_why ? sizeof cuda_why - off : 0,
+                                "%s%s has no kern_cuda_backend", off ? "; " : "", cands[i]);
+        dlclose(h);
+    }
+    if (!cuda_why[0])
+        snprintf(cuda_why, sizeof cuda_why,
+                 "no libbaton_cuda.so beside the executable (it is built where nvcc is on PATH; "
+                 "BATON_CUDA_LIB names another)");
+}
+
+/* Indexed by device_kind_t; NULL for a backend this process does not have. */
+static const kern_backend_t *backend_of(device_kind_t kind)
+{
+    switch (kind) {
+    case DEV_CPU: return &kern_cpu_backend;
+    case DEV_FENCED: return &kern_fenced_backend;
+    case DEV_CUDA: pthread_once(&cuda_once, cuda_load); return cuda_backend;
+    default: return NULL;
+    }
+}
 
 static const char *const kern_op_names[] = {
     [KERN_OP_MATMUL] = "matmul",
@@ -43,35 +107,33 @@ const char *kern_op_name(kern_op_t op)
     return (unsigned)op < KERN_OP_COUNT ? kern_op_names[op] : "invalid";
 }
 
-/* The backend of dev; panics on a device kind that is not built (callers
+/* The backend of dev; panics on a device kind that is not there (callers
  * check kern_device_usable first: using such a device is a bug). */
 static const kern_backend_t *kern_be(device_t dev, const char *what)
 {
     if ((unsigned)dev.kind >= DEV_COUNT) BT_PANIC("%s: invalid device kind %d", what, dev.kind);
-    const kern_backend_t *be = kern_backends[dev.kind];
-    if (!be)
-        BT_PANIC("%s: %s kernels are not built into this binary (the CUDA backend needs nvcc "
-                 "and kernels/cuda/*.cu at build time)",
-                 what, device_kind_name(dev.kind));
+    const kern_backend_t *be = backend_of(dev.kind);
+    if (!be) BT_PANIC("%s: no %s backend: %s", what, device_kind_name(dev.kind), cuda_why);
     return be;
 }
 
 bool kern_device_usable(device_t dev, char *why, size_t why_cap)
 {
-    if ((unsigned)dev.kind >= DEV_COUNT || !kern_backends[dev.kind]) {
-        snprintf(why, why_cap, "this binary was built without the %s backend%s",
-                 device_kind_name(dev.kind),
-                 dev.kind == DEV_CUDA ? " (build where nvcc is on PATH)" : "");
+    const kern_backend_t *be = (unsigned)dev.kind < DEV_COUNT ? backend_of(dev.kind) : NULL;
+    if (!be) {
+        snprintf(why, why_cap, "no %s backend in this process: %s", device_kind_name(dev.kind),
+                 dev.kind == DEV_CUDA ? cuda_why : "unknown device kind");
         return false;
     }
-    return kern_backends[dev.kind]->usable(dev.index, why, why_cap);
+    return be->usable(dev.index, why, why_cap);
 }
 
 bool kern_supports(device_t dev, kern_op_t op, dtype_t dt)
 {
-    if ((unsigned)dev.kind >= DEV_COUNT || !kern_backends[dev.kind]) return false;
-    if ((unsigned)op >= KERN_OP_COUNT || (unsigned)dt >= DT_COUNT) return false;
-    return (kern_backends[dev.kind]->op_dtypes[op] & (1u << dt)) != 0;
+    if ((unsigned)dev.kind >= DEV_COUNT || (unsigned)op >= KERN_OP_COUNT || (unsigned)dt >= DT_COUNT)
+        return false;
+    const kern_backend_t *be = backend_of(dev.kind);
+    return be && (be->op_dtypes[op] & (1u << dt)) != 0;
 }
 
 bt_status_t kern_mem_alloc(device_t dev, size_t nbytes, void **out)

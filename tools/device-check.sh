@@ -2,7 +2,7 @@
 # Checks the CUDA backend on a GPU machine, with binaries built elsewhere.
 #
 # Run from the repository root of a copy of the tree that holds
-# build/baton, build/device/test_cuda_ops and build/devpack/ (made by
+# build/baton, build/libbaton_cuda.so, build/device/test_cuda_ops and build/devpack/ (made by
 # tools/device-pack.sh on the build machine). Prints the GPU (nvidia-smi),
 # the libraries the binaries load and their versions, runs the device test
 # (its table of ops x dtypes x shapes), and runs it again on the small shapes
@@ -32,7 +32,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi 2>&1 | tee "$OUT/nvidi
 else echo "nvidia-smi not found"; fi
 
 section "libraries (ldd)"
-for b in "$BUILD/baton" "$TEST"; do
+for b in "$BUILD/baton" "$BUILD/libbaton_cuda.so" "$TEST"; do
     if [ ! -x "$b" ]; then echo "device-check: $b is missing"; exit 1; fi
     echo "$b:"
     ldd "$b" | sed 's/^/  /'

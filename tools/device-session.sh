@@ -3,8 +3,9 @@
 # (tools/device-check.sh), the model check (tools/device-model-check.sh),
 # then the default GPU job (jobs/austen_gpu.yaml) in bf16 and fp32 under
 # /usr/bin/time. Outputs go under $OUT (the device tool brings them back).
-# Needs build/baton, build/device/test_cuda_ops, build/devpack (or its
-# tarball build/devpack.tar.xz) and data/austen_shards carried along.
+# Needs build/baton, build/libbaton_cuda.so, build/device/test_cuda_ops,
+# build/devpack (or its tarball build/devpack.tar.xz) and data/austen_shards
+# carried along.
 set -u
 if [ ! -d build/devpack ] && [ -f build/devpack.tar.xz ]; then
     tar -C build -xJf build/devpack.tar.xz
