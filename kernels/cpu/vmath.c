@@ -15,6 +15,7 @@
  * exponentiate x - max <= 0 or -g), NaN stays NaN. */
 #include "kernels/cpu/cpu.h"
 
+#include <stdatomic.h>
 #include <math.h>
 #include <string.h>
 
@@ -183,16 +184,19 @@ __attribute__((target("avx2,fma"))) static int64_t cpu_silu_mul_bwd_avx2(
     return i;
 }
 
-static int cpu_avx2_state; /* 0 unknown, 1 yes, -1 no; benign race: same answer */
+/* 0 unknown, 1 yes, -1 no. Threads that race to fill it compute the same
+ * answer; the atomic makes that race defined (and quiet under TSan). */
+static _Atomic int cpu_avx2_state;
 
 static bool cpu_avx2(void)
 {
-    if (!cpu_avx2_state) {
+    int st = atomic_load_explicit(&cpu_avx2_state, memory_order_relaxed);
+    if (!st) {
         __builtin_cpu_init();
-        cpu_avx2_state =
-            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : -1;
+        st = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : -1;
+        atomic_store_explicit(&cpu_avx2_state, st, memory_order_relaxed);
     }
-    return cpu_avx2_state > 0;
+    return st > 0;
 }
 
 #endif /* CPU_HAVE_X86 */
