@@ -581,14 +581,23 @@ static void hf_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
 }
 
 /* Reads parameter i's piece of the HF tensor t (its shard spec against the
- * whole tensor: one range per contiguous run) into host[numel] f32, then
- * writes it to the model's device. */
+ * whole tensor: one range per contiguous run): straight into the parameter
+ * when it is host f32, else into *host (allocated on first need, the size
+ * of the largest parameter) and from there to the model's device. */
 static bt_status_t hf_param_read(model_t *m, int i, const ckpt_st_file_t *f,
-                                 const ckpt_st_tensor_t *t, float *host)
+                                 const ckpt_st_tensor_t *t, float **host)
 {
     const model_param_t *p = &m->params[i];
-    bt_status_t st = ckpt_st_read_piece(f, t, &p->spec, host);
-    return st != BT_OK ? st : model_param_write(m, i, host);
+    float *direct = model_param_host_f32(m, i);
+    if (direct) return ckpt_st_read_piece(f, t, &p->spec, direct);
+    if (!*host) {
+        int64_t most = 1;
+        for (int j = 0; j < m->n_params; j++)
+            if (tensor_numel(&m->params[j].t) > most) most = tensor_numel(&m->params[j].t);
+        if (!(*host = malloc((size_t)most * sizeof **host))) return BT_ERR_NOMEM;
+    }
+    bt_status_t st = ckpt_st_read_piece(f, t, &p->spec, *host);
+    return st != BT_OK ? st : model_param_write(m, i, *host);
 }
 
 bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
@@ -597,13 +606,6 @@ bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
     bt_status_t st = hf_weights_open(dir, &w);
     if (st != BT_OK) return st;
     float *host = NULL;
-    int64_t most = 1;
-    for (int i = 0; i < m->n_params; i++)
-        if (tensor_numel(&m->params[i].t) > most) most = tensor_numel(&m->params[i].t);
-    if (!(host = malloc((size_t)most * sizeof *host))) {
-        st = BT_ERR_NOMEM;
-        goto close_weights;
-    }
     if ((st = hf_check_extra(m, &w)) != BT_OK) goto close_weights;
     for (int i = 0; i < m->n_params; i++) {
         model_param_t *p = &m->params[i];
@@ -626,7 +628,7 @@ bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
             st = BT_ERR_INVALID;
             goto close_weights;
         }
-        if ((st = hf_param_read(m, i, f, t, host)) != BT_OK) goto close_weights;
+        if ((st = hf_param_read(m, i, f, t, &host)) != BT_OK) goto close_weights;
     }
 close_weights:
     free(host);

@@ -313,13 +313,36 @@ typedef struct {
     const ckpt_st_file_t   *f;
     const ckpt_st_tensor_t *t;
     float                  *dst;
+    uintptr_t               released; /* mapped bytes below this are given back */
     bt_status_t             st;
 } st_piece_t;
+
+/* Mapped file pages a piece read has passed are given back to the kernel
+ * every this many bytes (they stay in the page cache): a rank's resident
+ * memory then holds its pieces and at most this much of the file, not the
+ * whole tensor it reads from. */
+#define ST_RELEASE_BYTES ((size_t)8 << 20)
+
+static void st_release(st_piece_t *p, uintptr_t upto)
+{
+    if (!p->f->map) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = p->released / page * page, hi = upto / page * page;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    if (upto > p->released) p->released = upto;
+}
 
 static void st_piece_run(void *arg, int64_t src_off, int64_t dst_off, int64_t n)
 {
     st_piece_t *p = arg;
-    if (p->st == BT_OK) p->st = ckpt_st_read_f32_range(p->f, p->t, src_off, n, p->dst + dst_off);
+    size_t es = dtype_size(p->t->dtype);
+    int64_t chunk = (int64_t)(ST_RELEASE_BYTES / (es ? es : 1));
+    for (int64_t done = 0; done < n && p->st == BT_OK; done += chunk) {
+        int64_t k = n - done < chunk ? n - done : chunk;
+        p->st = ckpt_st_read_f32_range(p->f, p->t, src_off + done, k, p->dst + dst_off + done);
+        uintptr_t end = (uintptr_t)p->t->data + (uintptr_t)(src_off + done + k) * es;
+        if (end - p->released >= ST_RELEASE_BYTES) st_release(p, end);
+    }
 }
 
 bt_status_t ckpt_st_read_piece(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t,
@@ -333,16 +356,14 @@ bt_status_t ckpt_st_read_piece(const ckpt_st_file_t *f, const ckpt_st_tensor_t *
         return BT_ERR_INVALID;
     }
     shard_spec_t whole = shard_whole(piece->ndim, piece->global);
-    st_piece_t p = {.f = f, .t = t, .dst = dst, .st = BT_OK};
+    st_piece_t p = {.f = f, .t = t, .dst = dst, .released = (uintptr_t)t->data, .st = BT_OK};
+    /* runs come in increasing file order (row-major over the piece), so the
+     * pages behind the latest run are done with */
     shard_runs(piece, &whole, st_piece_run, &p);
-    if (f->map && t->end > t->begin) {
-        /* the pages were only needed for this copy: drop them from the
-         * process (they stay in the page cache), so that a rank's resident
-         * memory holds its pieces, not the whole file */
+    if (t->end > t->begin) {
         long page = sysconf(_SC_PAGESIZE);
-        uintptr_t lo = (uintptr_t)t->data / (uintptr_t)page * (uintptr_t)page;
-        uintptr_t hi = (uintptr_t)t->data + (uintptr_t)(t->end - t->begin);
-        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+        st_release(&p, ((uintptr_t)t->data + (uintptr_t)(t->end - t->begin) + (uintptr_t)page - 1) /
+                           (uintptr_t)page * (uintptr_t)page);
     }
     return p.st;
 }

@@ -64,8 +64,9 @@ bt_status_t ckpt_st_read_f32_range(const ckpt_st_file_t *f, const ckpt_st_tensor
 
 /* The elements of `piece` (a shard spec of t's global shape) read from t
  * into dst[shard_numel(piece)] f32, one range per contiguous run; the pages
- * read are released from the process afterwards (madvise), so that loading
- * a piece of a large file keeps only the piece resident. */
+ * read are released from the process as the read passes them (madvise,
+ * every 8 MB), so that loading a piece of a large file keeps only the piece
+ * and a few MB of the file resident. */
 bt_status_t ckpt_st_read_piece(const ckpt_st_file_t *f, const ckpt_st_tensor_t *t,
                                const shard_spec_t *piece, float *dst);
 

@@ -474,7 +474,8 @@ int cmd_eval(int argc, char **argv)
         goto free_targets;
     }
     if (ckpt_source_load_part(dir, NULL, NULL, &place, &m) != BT_OK) goto free_seqs; /* it said why */
-    if (model_acts_create(m, 1, tmax, &a) != BT_OK) goto free_seqs;
+    if ((grad_norm ? model_acts_create : model_acts_create_fwd)(m, 1, tmax, &a) != BT_OK)
+        goto free_seqs;
     targets = malloc((size_t)tmax * sizeof *targets);
     if (!targets) goto destroy_acts;
     float dloss = grad_norm ? (float)(1.0 / (double)total) : 0.0f;

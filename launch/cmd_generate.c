@@ -245,7 +245,7 @@ int cmd_generate(int argc, char **argv)
         ids[n++] = (int32_t)pids[i];
     }
     for (int64_t i = 0; i < tmax; i++) targets[i] = MODEL_IGNORE_INDEX;
-    if (model_acts_create(m, 1, tmax, &a) != BT_OK) goto out;
+    if (model_acts_create_fwd(m, 1, tmax, &a) != BT_OK) goto out;
     train_rng_t rng;
     train_rng_seed(&rng, smp.seed);
     while (n < tmax) {

@@ -47,7 +47,8 @@ void run_mem_plan_single(const model_config_t *cfg, int64_t B, int64_t T, bool g
     memset(out, 0, sizeof *out);
     model_mem_t mm;
     model_mem_estimate(cfg, NULL, 0, 1, B, T, &mm);
-    proc_acc_t a = {.p = {.params = mm.params, .grads = grads ? mm.params : 0, .acts = mm.acts + extra}};
+    proc_acc_t a = {.p = {.params = mm.params, .grads = grads ? mm.params : 0,
+                          .acts = (grads ? mm.acts : mm.acts_fwd) + extra}};
     a.vocab_steady = mm.vocab_params * (grads ? 2 : 1);
     proc_finish(&a);
     plan_add(out, &a, -1);

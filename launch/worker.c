@@ -414,6 +414,7 @@ static bt_status_t actors_start(worker_t *w)
         .tp_rank = c.tp, .tp_size = g->tp, .dp_rank = c.dp, .dp_size = g->dp,
         .eval_rows = w->eval_rows,
         .exporter = c.dp == 0 && c.tp == 0, .B = g->micro_batch, .T = g->seq_len,
+        .eval_only = w->eval_only,
         /* every window scores all T positions (train/train.h) */
         .dloss = 1.0f / (float)(rows * g->seq_len),
         .opt = w->opt, .worker = compute, .rt = w->rt, .heartbeat_s = 0.3,

@@ -331,7 +331,10 @@ void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, i
         if (i == m.embed || i == m.lm_head) out->vocab_params += 4 * local;
         if (4 * whole > out->largest) out->largest = 4 * whole;
     }
-    if (B > 0 && T > 0) out->acts = model_acts_plan_bytes(&m, B, T);
+    if (B > 0 && T > 0) {
+        out->acts = model_acts_plan_bytes(&m, B, T, false);
+        out->acts_fwd = model_acts_plan_bytes(&m, B, T, true);
+    }
 out:
     free(m.subs);
     free(m.params);
@@ -397,6 +400,14 @@ bt_status_t model_tensor_write_f32(model_t *m, tensor_t *t, const float *host)
     bt_status_t st = kern_stream_sync(m->stream);
     free(raw);
     return st;
+}
+
+float *model_param_host_f32(model_t *m, int i)
+{
+    tensor_t *t = &m->params[i].t;
+    if (m->masters || t->dtype != DT_F32 || t->device.kind != DEV_CPU || !tensor_is_contiguous(t))
+        return NULL;
+    return t->data;
 }
 
 bt_status_t model_param_read(const model_t *m, int i, bool grad, float *host)

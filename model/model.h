@@ -206,6 +206,10 @@ bt_status_t model_param_read(const model_t *m, int i, bool grad, float *host);
 /* parameter i = host[numel] (f32), converted to the parameter dtype (and
  * its f32 master, exactly, when there is one). */
 bt_status_t model_param_write(model_t *m, int i, const float *host);
+/* Parameter i's own memory when it is one contiguous f32 tensor on the CPU
+ * with no master copy (a loader then reads straight into it, with no host
+ * buffer between); NULL otherwise, and model_param_write is the way in. */
+float *model_param_host_f32(model_t *m, int i);
 
 /* ---- gradients ----------------------------------------------------------- */
 
@@ -242,6 +246,7 @@ typedef struct {
                             gradient block is the same size */
     double vocab_params; /* of params: the vocabulary-sized tensors (embedding, lm_head) */
     double acts;         /* one model_acts_create(B, T) arena (0 when B or T is 0) */
+    double acts_fwd;     /* one model_acts_create_fwd(B, T) arena (0 likewise) */
     double largest;      /* the largest whole tensor of the stage in f32 (what gathering
                             one for an export holds) */
 } model_mem_t;
@@ -260,6 +265,11 @@ void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, i
 /* Activation arena for up to B rows of T tokens for m's stage, on m's
  * device. Fails with a clear error when T exceeds a sliding window. */
 bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **out);
+/* The same for forward passes only (evaluation, generation): it keeps one
+ * sublayer's state at a time, so its size does not grow with the layers
+ * (SmolLM2-135M, 511 tokens: 1063 MB peak resident with the training arena,
+ * see bench/RESULTS.md). A forward with dloss > 0 on it is an error. */
+bt_status_t model_acts_create_fwd(model_t *m, int64_t B, int64_t T, model_acts_t **out);
 void        model_acts_destroy(model_acts_t *a);
 /* Views of the arena, on m's device, for a batch of B x T:
  *  x_in   [B,T,C] the stage's input hidden states (no embedding): fill before forward;

@@ -16,9 +16,9 @@ bt_status_t model_tp_reduce(model_t *m, tensor_t *t, coll_op_t op, const char *w
 /* t (a tensor of m's device in its own dtype) = host[numel] f32, and back. */
 bt_status_t model_tensor_write_f32(model_t *m, tensor_t *t, const float *host);
 bt_status_t model_tensor_read_f32(const model_t *m, const tensor_t *t, float *host);
-/* Bytes of the activation arena model_acts_create(m, B, T) would allocate
- * (a double: never wrapped). */
-double      model_acts_plan_bytes(const model_t *m, int64_t B, int64_t T);
+/* Bytes of the activation arena model_acts_create(m, B, T) (fwd_only:
+ * model_acts_create_fwd) would allocate (a double: never wrapped). */
+double      model_acts_plan_bytes(const model_t *m, int64_t B, int64_t T, bool fwd_only);
 /* Whether the collective can work on memory of m's device directly. */
 bool        model_coll_direct(const model_t *m, const coll_comm_t *c);
 

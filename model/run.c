@@ -35,6 +35,7 @@ struct model_acts {
     int64_t  B, T;       /* capacity */
     int64_t  cb, ct;     /* shape of the last forward */
     bool     grad_ready; /* last forward had dloss > 0 */
+    bool     fwd_only;   /* model_acts_create_fwd: slots reused, no backward */
     int64_t  head_chunk; /* rows per head chunk */
     void    *mem;        /* device: everything below */
     size_t   bytes;
@@ -118,6 +119,7 @@ static void *shared_of(const model_acts_t *a, const model_kind_t *k)
 typedef struct {
     double  total;
     int64_t head_chunk;
+    bool    fwd_only;
     double  x, ln, rstd, saved, ids, tg, pos, ones, tmp, dres, dln, scratch;
     double  lnf, dlnf, rstdf, logits, dlogits, losses, vmax, vsum;
     const model_kind_t *shared_kind[MODEL_MAX_KINDS];
@@ -133,10 +135,17 @@ static double take(double *off, double bytes)
 }
 
 /* saved_off[S] (may be NULL) receives each sublayer's saved region, relative
- * to p->saved. */
-static void acts_plan(const model_t *m, int64_t B, int64_t T, acts_plan_t *p, double *saved_off)
+ * to p->saved.
+ *
+ * A forward-only arena (fwd_only) keeps what one forward pass needs at a
+ * time: two residual slots used in turn, one norm slot, and one saved region
+ * (the largest sublayer's) that every sublayer overwrites; no gradient
+ * regions. Its size does not grow with the number of layers. */
+static void acts_plan(const model_t *m, int64_t B, int64_t T, bool fwd_only, acts_plan_t *p,
+                      double *saved_off)
 {
     memset(p, 0, sizeof *p);
+    p->fwd_only = fwd_only;
     int S = m->n_subs;
     double N = (double)B * (double)T, C = (double)m->cfg.hidden_size, V = (double)m->vocab;
     double es = (double)dtype_size(m->place.act_dtype), NC = N * C * es;
@@ -145,13 +154,21 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, acts_plan_t *p, do
     if (chunk > N) chunk = N;
     p->head_chunk = (int64_t)chunk;
     double off = 0, scratch = 0;
-    p->x = take(&off, (S + 1) * NC);
-    p->ln = take(&off, S * NC);
-    p->rstd = take(&off, S * N * 4);
+    p->x = take(&off, (fwd_only ? 2 : S + 1) * NC);
+    p->ln = take(&off, (fwd_only ? 1 : S) * NC);
+    p->rstd = take(&off, (fwd_only ? 1 : S) * N * 4);
     p->saved = off;
+    if (fwd_only) { /* one region, the largest sublayer's, before the shared state */
+        double most = 0;
+        for (int s = 0; s < S; s++) {
+            double sb = m->subs[s].kind->saved_bytes(m, B, T);
+            if (sb > most) most = sb;
+        }
+        take(&off, most);
+    }
     for (int s = 0; s < S; s++) {
         const model_kind_t *k = m->subs[s].kind;
-        double at = take(&off, k->saved_bytes(m, B, T)) - p->saved;
+        double at = fwd_only ? 0 : take(&off, k->saved_bytes(m, B, T)) - p->saved;
         if (saved_off) saved_off[s] = at;
         double sc = k->scratch_bytes(m, B, T);
         if (sc > scratch) scratch = sc;
@@ -164,20 +181,21 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, acts_plan_t *p, do
             p->shared[p->n_shared++] = take(&off, k->shared_bytes(m, T));
         }
     }
+    double grads = fwd_only ? 0 : 1; /* gradient regions: none in a forward-only arena */
     p->ids = take(&off, N * 4);
     p->tg = take(&off, N * 4);
     p->pos = take(&off, N * 4);
     p->ones = take(&off, N * es);
     p->tmp = take(&off, NC);
-    p->dres = take(&off, NC);
-    p->dln = take(&off, NC);
+    p->dres = take(&off, grads * NC);
+    p->dln = take(&off, grads * NC);
     p->scratch = take(&off, scratch);
     if (m->stage.has_head) {
         p->lnf = take(&off, NC);
-        p->dlnf = take(&off, NC);
+        p->dlnf = take(&off, grads * NC);
         p->rstdf = take(&off, N * 4);
         p->logits = take(&off, chunk * V * es);
-        p->dlogits = take(&off, chunk * V * es);
+        p->dlogits = take(&off, grads * chunk * V * es);
         p->losses = take(&off, N * 4);
         p->vmax = take(&off, chunk * 4);
         p->vsum = take(&off, 2 * chunk * 4);
@@ -185,14 +203,14 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, acts_plan_t *p, do
     p->total = off;
 }
 
-double model_acts_plan_bytes(const model_t *m, int64_t B, int64_t T)
+double model_acts_plan_bytes(const model_t *m, int64_t B, int64_t T, bool fwd_only)
 {
     acts_plan_t p;
-    acts_plan(m, B, T, &p, NULL);
+    acts_plan(m, B, T, fwd_only, &p, NULL);
     return p.total;
 }
 
-bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **out)
+static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, bool fwd_only, model_acts_t **out)
 {
     if (B <= 0 || T <= 0) {
         log_error("model: activation arena needs B > 0 and T > 0 (got %lld, %lld)", (long long)B,
@@ -204,10 +222,11 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
     a->m = m;
     a->B = B;
     a->T = T;
+    a->fwd_only = fwd_only;
     int S = m->n_subs;
     double *saved_d = calloc((size_t)S + 1, sizeof *saved_d);
     acts_plan_t p;
-    if (saved_d) acts_plan(m, B, T, &p, saved_d);
+    if (saved_d) acts_plan(m, B, T, fwd_only, &p, saved_d);
     /* an arena past 2^62 bytes cannot be allocated anywhere: refuse it
      * before the offsets are turned into sizes */
     bool fits = saved_d && p.total < 4611686018427387904.0 && (double)B * (double)T < 1e15;
@@ -295,6 +314,21 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
     return BT_OK;
 }
 
+bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **out)
+{
+    return acts_create(m, B, T, false, out);
+}
+
+bt_status_t model_acts_create_fwd(model_t *m, int64_t B, int64_t T, model_acts_t **out)
+{
+    return acts_create(m, B, T, true, out);
+}
+
+/* Residual slot of sublayer boundary k, norm slot of sublayer k: a
+ * forward-only arena takes turns between two and reuses one. */
+static int64_t x_slot(const model_acts_t *a, int64_t k) { return a->fwd_only ? k % 2 : k; }
+static int64_t ln_slot(const model_acts_t *a, int64_t k) { return a->fwd_only ? 0 : k; }
+
 void model_acts_destroy(model_acts_t *a)
 {
     if (!a) return;
@@ -314,7 +348,7 @@ tensor_t model_acts_x_out(model_acts_t *a)
 {
     int64_t N = a->cb * a->ct, C = a->m->cfg.hidden_size;
     size_t es = dtype_size(a->m->place.act_dtype);
-    return model_act_view(a->m, a->x, (size_t)((int64_t)a->m->n_subs * N * C) * es, 3,
+    return model_act_view(a->m, a->x, (size_t)(x_slot(a, a->m->n_subs) * N * C) * es, 3,
                           (int64_t[]){a->cb, a->ct, C});
 }
 
@@ -426,7 +460,7 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
     const model_config_t *c = &m->cfg;
     int64_t N = b->B * b->T, C = c->hidden_size, V = m->vocab;
     size_t es = dtype_size(m->place.act_dtype);
-    tensor_t x = stack_view(m, a->x, m->n_subs, N, C);
+    tensor_t x = stack_view(m, a->x, x_slot(a, m->n_subs), N, C);
     tensor_t lnf = stack_view(m, a->lnf, 0, N, C), rstdf = f32_view(m, a->rstdf, 1, &N);
     kern_rmsnorm_fwd(s, &lnf, &rstdf, &x, P(m, m->final_norm), (float)c->rms_norm_eps);
     tensor_t dlnf = stack_view(m, a->dlnf, 0, N, C);
@@ -496,6 +530,11 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
                   st_->has_embedding && !b->ids ? "token ids" : "targets and a loss");
         return BT_ERR_INVALID;
     }
+    if (dloss > 0 && a->fwd_only) {
+        log_error("model: a forward with gradients (dloss > 0) on a forward-only arena "
+                  "(model_acts_create_fwd keeps nothing for a backward)");
+        return BT_ERR_INVALID;
+    }
     int64_t N = b->B * b->T, C = c->hidden_size;
     bt_status_t st;
     if (dloss > 0 && (st = model_grads_alloc(m)) != BT_OK) return st;
@@ -549,9 +588,10 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
     float eps = (float)c->rms_norm_eps;
     for (int k = 0; k < m->n_subs; k++) {
         const model_sub_t *sub = &m->subs[k];
-        tensor_t x = stack_view(m, a->x, k, N, C), xn = stack_view(m, a->x, k + 1, N, C);
-        tensor_t ln = stack_view(m, a->ln, k, N, C);
-        tensor_t rstd = f32_view(m, a->rstd + k * N, 1, &N);
+        tensor_t x = stack_view(m, a->x, x_slot(a, k), N, C);
+        tensor_t xn = stack_view(m, a->x, x_slot(a, k + 1), N, C);
+        tensor_t ln = stack_view(m, a->ln, ln_slot(a, k), N, C);
+        tensor_t rstd = f32_view(m, a->rstd + ln_slot(a, k) * N, 1, &N);
         kern_rmsnorm_fwd(s, &ln, &rstd, &x, P(m, sub->norm), eps);
         r.shared = shared_of(a, sub->kind);
         if ((st = sub->kind->forward(&r, sub, (char *)a->saved + a->saved_off[k], &ln, &tmp)))

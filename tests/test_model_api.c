@@ -279,6 +279,78 @@ static void test_model_hybrid_blocks(void)
     CHECK(model_create(&hyb, NULL, &b) == BT_ERR_INVALID);
 }
 
+/* A forward-only arena (evaluation, generation) gives the training arena's
+ * loss bit for bit, on a Llama stack and on a hybrid one (a kind with
+ * shared state, RoPE, beside one without), whole and as a middle stage;
+ * it is smaller, does not grow with depth, refuses a forward with
+ * gradients, and model_mem_estimate knows its size. */
+static void test_model_forward_only_arena(void)
+{
+    model_config_t deep = cfg_small(), hyb = cfg_small();
+    deep.num_layers = 6;
+    hyb.num_layers = 3;
+    hyb.blocks[0] = (model_block_t){.mixer = MODEL_MIXER_ATTENTION, .ffn = MODEL_FFN_NONE};
+    hyb.blocks[1] = (model_block_t){.mixer = MODEL_MIXER_NONE, .ffn = MODEL_FFN_DENSE};
+    hyb.blocks[2] = (model_block_t){.mixer = MODEL_MIXER_ATTENTION, .ffn = MODEL_FFN_DENSE};
+    const model_config_t *cfgs[] = {&deep, &hyb};
+    int32_t ids[24], tg[24];
+    for (int i = 0; i < 24; i++) ids[i] = (i * 29 + 7) % 64;
+    model_targets_from_ids(tg, ids, NULL, 2, 12);
+    model_batch_t batch = {.B = 2, .T = 12, .ids = ids, .targets = tg};
+    for (int ci = 0; ci < 2; ci++) {
+        model_t *m = NULL;
+        REQUIRE(model_create(cfgs[ci], NULL, &m) == BT_OK);
+        REQUIRE(model_init_random(m, 21 + (uint64_t)ci, 0.2f) == BT_OK);
+        model_acts_t *tr = NULL, *fw = NULL;
+        REQUIRE(model_acts_create(m, 2, 12, &tr) == BT_OK);
+        REQUIRE(model_acts_create_fwd(m, 2, 12, &fw) == BT_OK);
+        model_loss_t lt, lf;
+        REQUIRE(model_forward_backward(m, tr, &batch, 0, &lt) == BT_OK);
+        REQUIRE(model_forward_backward(m, fw, &batch, 0, &lf) == BT_OK);
+        CHECK_MSG(lt.loss_sum == lf.loss_sum && lt.n_scored == lf.n_scored,
+                  "config %d: training arena %.17g, forward-only %.17g", ci, lt.loss_sum,
+                  lf.loss_sum);
+        CHECK(lt.loss_sum > 0);
+        CHECK(model_forward_backward(m, fw, &batch, 0.1f, &lf) == BT_ERR_INVALID);
+        model_mem_t mm;
+        model_mem_estimate(cfgs[ci], NULL, 0, 1, 2, 12, &mm);
+        CHECK(mm.acts_fwd < mm.acts);
+        if (ci == 0) { /* 6 layers: the training arena keeps 12 sublayers' state */
+            CHECK_MSG(mm.acts_fwd < 0.5 * mm.acts, "forward-only %.0f, training %.0f",
+                      mm.acts_fwd, mm.acts);
+            model_config_t twice = deep;
+            twice.num_layers = 12;
+            model_mem_t m2;
+            model_mem_estimate(&twice, NULL, 0, 1, 2, 12, &m2);
+            CHECK(m2.acts_fwd == mm.acts_fwd && m2.acts > 1.5 * mm.acts);
+        }
+        /* a middle stage (hidden states in and out) gives the same output */
+        model_stage_t mid = {.first_layer = 1, .last_layer = cfgs[ci]->num_layers - 1};
+        model_t *ms = NULL;
+        REQUIRE(model_create(cfgs[ci], &mid, &ms) == BT_OK);
+        REQUIRE(model_init_random(ms, 5, 0.2f) == BT_OK);
+        model_acts_t *mt = NULL, *mf = NULL;
+        REQUIRE(model_acts_create(ms, 2, 12, &mt) == BT_OK);
+        REQUIRE(model_acts_create_fwd(ms, 2, 12, &mf) == BT_OK);
+        int64_t n = 2 * 12 * cfgs[ci]->hidden_size;
+        float *xin = malloc((size_t)n * sizeof *xin), *o1 = malloc((size_t)n * sizeof *o1),
+              *o2 = malloc((size_t)n * sizeof *o2);
+        REQUIRE(xin && o1 && o2);
+        for (int64_t i = 0; i < n; i++) xin[i] = (float)((i * 7919) % 201 - 100) / 100.0f;
+        model_batch_t hb = {.B = 2, .T = 12};
+        REQUIRE(model_stage_forward_io(ms, mt, &hb, xin, 0, o1, NULL) == BT_OK);
+        REQUIRE(model_stage_forward_io(ms, mf, &hb, xin, 0, o2, NULL) == BT_OK);
+        CHECK_MSG(memcmp(o1, o2, (size_t)n * sizeof *o1) == 0, "config %d: middle stage differs", ci);
+        free(xin), free(o1), free(o2);
+        model_acts_destroy(mt);
+        model_acts_destroy(mf);
+        model_destroy(ms);
+        model_acts_destroy(tr);
+        model_acts_destroy(fw);
+        model_destroy(m);
+    }
+}
+
 /* The fenced device catches host code that touches device memory: a model
  * there runs through the backend (a forward pass, reading a parameter back),
  * but a direct read of its parameter block dies of SIGSEGV. */
@@ -420,6 +492,7 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_model_block_layout, test_model_stage_init,
              test_model_positions_and_errors, test_model_head_chunks,
-             test_model_hybrid_blocks, test_model_fenced_device_catches_host_access,
+             test_model_hybrid_blocks, test_model_forward_only_arena,
+             test_model_fenced_device_catches_host_access,
              test_model_mem_estimate);
 }

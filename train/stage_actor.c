@@ -91,8 +91,10 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
     for (int j = 0, n = 0; j < E; j++) /* forward only: microbatch by microbatch, chunk by chunk */
         for (int k = 0; k < V; k++)
             s->eval.ops[n++] = (pipe_op_t){.kind = PIPE_OP_FWD, .mb = j, .chunk = k};
-    for (int k = 0; k < M * V && !st; k++)
-        st = model_acts_create(cfg->chunks[k % V], cfg->B, cfg->T, &s->acts[k]);
+    /* evaluation runs microbatch 0's arena of each chunk (ix(s, 0, chunk)) */
+    for (int k = 0; k < (cfg->eval_only ? V : M * V) && !st; k++)
+        st = (cfg->eval_only ? model_acts_create_fwd : model_acts_create)(cfg->chunks[k % V], cfg->B,
+                                                                        cfg->T, &s->acts[k]);
     if (st) {
         stage_actor_fini(s);
         return st;
@@ -550,6 +552,10 @@ static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
     }
     if (h->state != STAGE_CMD_STEP && h->state != STAGE_CMD_EVAL) return ACTOR_DONE;
     bool eval = h->state == STAGE_CMD_EVAL;
+    if (!eval && s->cfg.eval_only) {
+        fail(s, BT_ERR_INVALID, "a training step on an evaluation-only stage");
+        return ACTOR_DONE;
+    }
     if (s->running || (!eval && h->step != s->done_step + 1)) {
         fail(s, BT_ERR_INVALID, "command out of order");
         return ACTOR_DONE;

@@ -77,6 +77,8 @@ typedef struct {
                                                 * (every TP rank of its replica takes part
                                                 * in gathering them) */
     int64_t         B, T;
+    bool            eval_only;                 /* evaluation only (no opt): one forward-only
+                                                * arena per chunk; a training step is refused */
     float           dloss;                     /* 1 / scored positions of the global batch */
     dist_optim_t   *opt;
     actor_worker_t *worker;
