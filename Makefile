@@ -1,4 +1,4 @@
-# baton: flat Makefile (STYLE.md rule 14).
+# baton: flat Makefile (CONVENTIONS.md: build).
 #   make                 build build/baton and build/libbaton.a
 #   make test            build and run the test suite (last line: N passed, N failed)
 #   make run             install missing packages, build, run the default job

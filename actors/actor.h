@@ -1,17 +1,19 @@
 /* Actors: caller-allocated state machines driven by messages.
  *
  * An actor is a struct of the caller's with actor_t as its FIRST member
- * (STYLE.md rule 7). Its class gives one handler per message type (a table
- * indexed by type) plus start/stop hooks. All of an actor's hooks, handlers
- * and timers run on one loop thread, one at a time, so an actor needs no
- * locks for its own state. A handler never blocks: long work goes to a
- * worker (actors/worker.h), whose completion comes back as a message.
+ * (CONVENTIONS.md: structs with a runtime header). Its class gives one
+ * handler per message type (a table indexed by type) plus start/stop hooks.
+ * All of an actor's hooks, handlers and timers run on one loop thread, one
+ * at a time, so an actor needs no locks for its own state. A handler never
+ * blocks: long work goes to a worker (actors/worker.h), whose completion
+ * comes back as a message.
  *
- * Ownership (STYLE.md rule 6): a handler returns ACTOR_DONE (the runtime
- * frees the message when the handler returns) or ACTOR_KEPT (the actor owns
- * it and calls actor_msg_free later, on any thread). Freeing a received
- * message returns its buffer to the transport and its credit to the sender.
- * actor_send always takes ownership of the message it is given.
+ * Ownership (CONVENTIONS.md: ownership of messages): a handler returns
+ * ACTOR_DONE (the runtime frees the message when the handler returns) or
+ * ACTOR_KEPT (the actor owns it and calls actor_msg_free later, on any
+ * thread). Freeing a received message returns its buffer to the transport
+ * and its credit to the sender. actor_send always takes ownership of the
+ * message it is given.
  *
  * Types: wire message types (msg_type_t, wire/msg.h) travel between
  * processes; the ACTOR_SYS_* types after them are local runtime events

@@ -1,4 +1,4 @@
-/* One libev loop per thread (STYLE.md rule 7).
+/* One libev loop per thread.
  *
  * An actor_loop_t owns an ev_loop, the thread that runs it, an ev_async and
  * a locked MPSC inbox. Other threads reach a loop only by posting an item to

@@ -1,8 +1,9 @@
 /* Logging and panics.
  *
- * One error is logged once, where it is decided (STYLE.md rule 5). Every line
- * carries the process tag set by log_set_tag() (e.g. "rank3") so that the
- * merged output of a multi-process job says who spoke.
+ * One error is logged once, where it is decided (CONVENTIONS.md: status
+ * and errors). Every line carries the process tag set by log_set_tag()
+ * (e.g. "rank3") so that the merged output of a multi-process job says who
+ * spoke.
  * Level from BATON_LOG=error|warn|info|debug (default info).
  */
 #ifndef BT_BASE_LOG_H

@@ -1,4 +1,4 @@
-/* One status type for the whole project (STYLE.md rule 4).
+/* One status type for the whole project (CONVENTIONS.md: status and errors).
  *
  *   BT_OK            success
  *   BT_IN_PROGRESS   the operation was started; a completion callback follows

@@ -11,8 +11,9 @@
  * a backend records the first failure of queued work in it (kern_stream_fail).
  *
  * Adding a backend: fill a kern_backend_t with designated initializers in
- * its own file and put it in kern_backends[] (kernels/device.c) under its
- * device kind. Model code does not change. Every entry is required; an op
+ * its own file, give it a device kind (base/tensor.h) and return it from
+ * backend_of() (kernels/device.c), linked in or loaded as a shared object
+ * as the CUDA one is. Model code does not change. Every entry is required; an op
  * the device lacks has a zero op_dtypes entry (and its function may panic).
  *
  * Layouts and conventions are those of kernels.h: row-major contiguous,

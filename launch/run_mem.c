@@ -63,7 +63,7 @@ bt_status_t run_mem_plan_job(const job_t *job, const model_config_t *cfg, run_me
     if (par->tp * par->pp * par->dp == 1) {
         model_mem_t mm;
         model_mem_estimate(cfg, NULL, 0, 1, B, T, &mm);
-        /* model/train.c: gradients, AdamW m and v for every parameter */
+        /* train/train.c: gradients, AdamW m and v for every parameter */
         proc_acc_t a = {.p = {.params = mm.params, .grads = mm.params, .optim = 2 * mm.params,
                               .acts = mm.acts}};
         a.vocab_steady = 4 * mm.vocab_params;

@@ -14,8 +14,10 @@
  * column-parallel input gradient is the kind's to reduce).
  *
  * Adding a kind: a file with a const model_kind_t, an entry in its enum
- * (model/config.h), a sub-config there if it has one, and its row in the
- * kind tables (model/model.c). No other kind changes.
+ * (model/config.h), a sub-config there if it has one, its row in the kind
+ * tables (model/config.c), the prefix its architectures put it under
+ * (model/arch.c) and the config reader that sets it per layer (ckpt/hf.c).
+ * No other kind changes.
  */
 #ifndef BT_MODEL_KIND_H
 #define BT_MODEL_KIND_H

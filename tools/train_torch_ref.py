@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch reference of baton's single-process training loop.
 
-Implements exactly what model/train.c, model/optim.c and model/lr_schedule.c
+Implements exactly what train/train.c, train/optim.c and train/lr_schedule.c
 do, so that a fixture run of both can be compared step by step:
 
   * data order: windows of T+1 tokens at stride T, visited per epoch in the
@@ -61,7 +61,7 @@ class Xoshiro256ss:
 
 
 class Sampler:
-    """Window index of global sample g (train_sampler_window in model/train.c)."""
+    """Window index of global sample g (train_sampler_window in train/train.c)."""
 
     def __init__(self, seed, n_windows):
         self.seed, self.n, self.epoch, self.perm = seed, n_windows, -1, None
@@ -79,7 +79,7 @@ class Sampler:
 
 
 def lr_at(step, lr, min_lr, warmup, total, warmup_from_min=False):
-    """0-based optimizer step -> learning rate (model/lr_schedule.c)."""
+    """0-based optimizer step -> learning rate (train/lr_schedule.c)."""
     if step < warmup:
         lr0 = min_lr if warmup_from_min else 0.0
         return lr0 + (lr - lr0) * (step + 1) / warmup

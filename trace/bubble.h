@@ -1,7 +1,7 @@
 /* Pipeline bubble of a traced run (`baton trace DIR --summary`).
  *
  * Input: the compute spans "fwd" / "bwd" that the stage actors record
- * (model/stage_actor.c: one span per microbatch op, step >= 1 for training)
+ * (train/stage_actor.c: one span per microbatch op, step >= 1 for training)
  * and the stage track names written by the workers (launch/worker.c:
  * "stage r<rank> pp<stage> dp<replica> tp<rank> v<virtual stages>").
  *

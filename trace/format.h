@@ -1,4 +1,4 @@
-/* On-disk layout of a trace file (private to actors/trace*.c).
+/* On-disk layout of a trace file (private to trace/record.c and trace/read.c).
  *
  *   trace_file_hdr_t                      magic, version, rank, pid, record size
  *   { trace_blk_t, body }*                blocks in write order

@@ -41,7 +41,7 @@ typedef struct {
 } data_actor_config_t;
 
 typedef struct {
-    actor_t             a;   /* first (STYLE.md rule 7) */
+    actor_t             a;   /* first: the runtime header */
     data_actor_config_t cfg;
     train_sampler_t     sampler;
 } data_actor_t;

@@ -99,7 +99,7 @@ typedef struct {
 } stage_pass_t;
 
 typedef struct {
-    actor_t              a; /* first (STYLE.md rule 7) */
+    actor_t              a; /* first: the runtime header */
     stage_actor_config_t cfg;
     stage_pass_t         train, eval;
     stage_pass_t        *cur;           /* the pass running (or last run) */

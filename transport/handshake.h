@@ -12,7 +12,7 @@
  * stops a proof from being reflected back. The server proves itself only
  * after the client did, so a client that sees the server's proof knows it
  * was accepted. Both messages have fixed sizes and start with a magic and a
- * version (STYLE.md rule 11); MACs are compared in constant time.
+ * version (CONVENTIONS.md: formats); MACs are compared in constant time.
  */
 #ifndef BT_TRANSPORT_HANDSHAKE_H
 #define BT_TRANSPORT_HANDSHAKE_H

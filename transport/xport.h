@@ -1,4 +1,4 @@
-/* Transports behind one ops table (STYLE.md rule 2).
+/* Transports behind one ops table (CONVENTIONS.md: ops tables).
  *
  * A transport moves opaque frames between two processes (or two loops of one
  * process). A frame is a header (the msgpack envelope, opaque here: the
@@ -9,7 +9,7 @@
  *
  * Layering: this folder uses only libev, UCX, OpenSSL (HMAC) and base/.
  * Every call made from a loop is non-blocking: connect and send return
- * BT_IN_PROGRESS and finish in a callback (STYLE.md rule 3).
+ * BT_IN_PROGRESS and finish in a callback (CONVENTIONS.md: loops never block).
  *
  * Threading: an xport_t belongs to the libev loop it was created with; all
  * calls on it and its endpoints come from that loop's thread, and all
@@ -200,7 +200,7 @@ typedef struct xport_ops {
     uint32_t    (*ep_peer_id)(const xport_ep_t *ep);
 } xport_ops_t;
 
-/* Small wrappers so callers do not touch the ops table (STYLE.md rule 2). */
+/* Small wrappers so callers do not touch the ops table. */
 static inline bt_status_t xport_create(const xport_ops_t *ops, const xport_config_t *cfg,
                                        xport_t **out)
 {

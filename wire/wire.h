@@ -209,7 +209,7 @@ tensor_t wire_tensor_view(const wire_env_t *env, uint32_t i, void *payload);
 bt_status_t wire_tensor_find(const wire_env_t *env, const char *name, void *payload,
                              tensor_t *out);
 
-/* ---- helpers shared with actors/msg.c ------------------------------------ */
+/* ---- helpers shared with wire/msg.c ------------------------------------ */
 
 /* Bytes per element / wire name of a dtype; 0 / NULL when unknown. The wire
  * names ("f32", "bf16", ...) are part of the format and never change. */

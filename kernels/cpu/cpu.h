@@ -1,5 +1,5 @@
-/* CPU fp32 kernels, one layer per file, forward beside backward (STYLE.md
- * rule 8). Arguments go outputs, inputs, dimensions; shapes are in the
+/* CPU fp32 kernels, one layer per file, forward beside backward
+ * (CONVENTIONS.md: kernels). Arguments go outputs, inputs, dimensions; shapes are in the
  * comments; backward functions accumulate into their gradients (+=) and skip
  * NULL ones. Inputs are trusted: kernels.c has checked them.
  * These are the reference twins that CUDA kernels are tested against. */
