@@ -43,6 +43,32 @@ struct kern_event {
 /* Records the first failure on s (later ones are dropped); logs it once. */
 void kern_stream_fail(kern_stream_t *s, const char *op, const char *detail);
 
+/* What the CPU kernels compute in, as an op_dtypes initializer: the cpu
+ * backend's, and the fenced one's, which runs the same kernels. */
+#define KERN_CPU_OP_DTYPES                                                                        \
+    {                                                                                             \
+        [KERN_OP_MATMUL] = 1u << DT_F32, [KERN_OP_LINEAR] = 1u << DT_F32,                         \
+        [KERN_OP_ELEMENTWISE] = 1u << DT_F32,                                                     \
+        [KERN_OP_REDUCE] = (1u << DT_F32) | (1u << DT_BF16) | (1u << DT_F16) | (1u << DT_F64),    \
+        [KERN_OP_EMBEDDING] = 1u << DT_F32, [KERN_OP_RMSNORM] = 1u << DT_F32,                     \
+        [KERN_OP_ROPE] = 1u << DT_F32, [KERN_OP_ATTENTION] = 1u << DT_F32,                        \
+        [KERN_OP_SWIGLU] = 1u << DT_F32, [KERN_OP_XENT] = 1u << DT_F32,                           \
+        [KERN_OP_ADAMW] = 1u << DT_F32,                                                           \
+    }
+
+/* Streams and events of a backend whose work is done before each call
+ * returns (cpu, fenced; kernels/cpu/backend.c): sync and notify report the
+ * stream's recorded failure, every event is complete. */
+bt_status_t kern_immediate_stream_create(const kern_backend_t *be, device_t dev, kern_stream_t **out);
+void        kern_immediate_stream_destroy(kern_stream_t *s);
+bt_status_t kern_immediate_stream_sync(kern_stream_t *s);
+bt_status_t kern_immediate_stream_notify(kern_stream_t *s, kern_notify_fn fn, void *arg);
+bt_status_t kern_immediate_stream_reserve(kern_stream_t *s, size_t nbytes);
+bt_status_t kern_immediate_event_create(const kern_backend_t *be, device_t dev, kern_event_t **out);
+void        kern_immediate_event_destroy(kern_event_t *e);
+void        kern_immediate_event_record(kern_event_t *e, kern_stream_t *s);
+void        kern_immediate_stream_wait(kern_stream_t *s, kern_event_t *e);
+
 /* Shape of one attention call: q[B,Tq,Hq,D] k[B,Tk,Hkv,D] v[B,Tk,Hkv,Dv]. */
 typedef struct {
     int64_t B, Tq, Tk, Hq, Hkv, D, Dv;

@@ -15,25 +15,11 @@ static float *whole_values(int64_t n)
     return w;
 }
 
-/* global flat index of piece element k */
-static int64_t global_index(const shard_spec_t *s, int64_t k)
-{
-    int64_t box_k = s->flat_len >= 0 ? s->flat_start + k : k;
-    int64_t g[SHARD_MAX_DIMS];
-    for (int d = s->ndim - 1; d >= 0; d--) {
-        g[d] = s->offset[d] + box_k % s->extent[d];
-        box_k /= s->extent[d];
-    }
-    int64_t ix = 0;
-    for (int d = 0; d < s->ndim; d++) ix = ix * s->global[d] + g[d];
-    return ix;
-}
-
 /* piece data must hold exactly its elements of the whole */
 static int piece_wrong(const shard_spec_t *s, const float *data)
 {
     int bad = 0;
-    for (int64_t k = 0; k < shard_numel(s); k++) bad += data[k] != (float)global_index(s, k);
+    for (int64_t k = 0; k < shard_numel(s); k++) bad += data[k] != (float)shard_global_index(s, k);
     return bad;
 }
 
@@ -133,6 +119,11 @@ static void test_overlap_and_runs(void)
     CHECK(box.offset[0] == 3 && box.extent[0] == 3 && box.offset[1] == 0 && box.extent[1] == 5);
     shard_spec_t other = shard_split(&w, 0, SHARD_GROUP_TP, 0, 2, 1);
     CHECK(!shard_overlap(&rows, &other, NULL));
+    /* global indices, worked by hand: piece element k -> row-major index in [6, 10] */
+    CHECK(shard_global_index(&rows, 0) == 30 && shard_global_index(&rows, 11) == 41);
+    CHECK(shard_global_index(&cols, 7) == 12 && shard_global_index(&cols, 29) == 54);
+    shard_spec_t part = shard_flat(&cols, SHARD_GROUP_DP, 1, 2, 3, 10);
+    CHECK(shard_global_index(&part, 4) == 12); /* box element 7: row 1, column 2 */
     /* a row piece read from the whole is one contiguous run, a column piece
      * one run per row */
     int64_t runs = 0;

@@ -81,6 +81,19 @@ int64_t train_sampler_window(train_sampler_t *s, int64_t g)
     return s->perm[g % s->n_windows];
 }
 
+/* Every token of a stream is an id of the model's vocabulary; says which is not. */
+static bool tokens_in_vocab(const int32_t *tokens, int64_t n, int64_t vocab, const char *which)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab) {
+            log_error("train: token %lld of the %s stream is %d, outside the model's "
+                      "vocabulary [0, %lld)", (long long)i, which, tokens[i], (long long)vocab);
+            return false;
+        }
+    return true;
+}
+
+
 /* ---- loop ------------------------------------------------------------------ */
 
 struct train {
@@ -109,20 +122,9 @@ bt_status_t train_create(const train_config_t *cfg, model_t *m, const int32_t *t
                   "seq_len + 1 = %lld", (long long)n_train, (long long)(T + 1));
         return BT_ERR_INVALID;
     }
-    for (int64_t i = 0; i < n_train; i++)
-        if (train_tokens[i] < 0 || train_tokens[i] >= m->cfg.vocab_size) {
-            log_error("train: token %lld of the training stream is %d, outside the model's "
-                      "vocabulary [0, %lld)", (long long)i, train_tokens[i],
-                      (long long)m->cfg.vocab_size);
-            return BT_ERR_INVALID;
-        }
-    for (int64_t i = 0; i < n_val; i++)
-        if (val_tokens[i] < 0 || val_tokens[i] >= m->cfg.vocab_size) {
-            log_error("train: token %lld of the validation stream is %d, outside the model's "
-                      "vocabulary [0, %lld)", (long long)i, val_tokens[i],
-                      (long long)m->cfg.vocab_size);
-            return BT_ERR_INVALID;
-        }
+    if (!tokens_in_vocab(train_tokens, n_train, m->cfg.vocab_size, "training") ||
+        !tokens_in_vocab(val_tokens, n_val, m->cfg.vocab_size, "validation"))
+        return BT_ERR_INVALID;
 
     train_t *t = calloc(1, sizeof *t);
     if (!t) return BT_ERR_NOMEM;

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define F32 (1u << DT_F32)
 
 /* ---- devices, memory, streams --------------------------------------------- */
 
@@ -33,53 +32,57 @@ static void cpu_mem_free(int index, void *p)
     free(p);
 }
 
-typedef struct {
-    kern_stream_t base;
-} cpu_stream_t;
+/* ---- streams and events of a backend that works at once (cpu, fenced) ---- */
 
-typedef struct {
-    kern_event_t base;
-} cpu_event_t;
-
-static bt_status_t cpu_stream_create(int index, kern_stream_t **out)
+bt_status_t kern_immediate_stream_create(const kern_backend_t *be, device_t dev, kern_stream_t **out)
 {
-    cpu_stream_t *s = calloc(1, sizeof *s);
+    kern_stream_t *s = calloc(1, sizeof *s);
     if (!s) return BT_ERR_NOMEM;
-    s->base.be = &kern_cpu_backend;
-    s->base.dev = (device_t){DEV_CPU, index};
-    *out = &s->base;
+    s->be = be;
+    s->dev = dev;
+    *out = s;
     return BT_OK;
 }
 
-static void cpu_stream_destroy(kern_stream_t *s) { free(s); }
-static bt_status_t cpu_stream_sync(kern_stream_t *s) { return s->error; }
+void kern_immediate_stream_destroy(kern_stream_t *s) { free(s); }
+bt_status_t kern_immediate_stream_sync(kern_stream_t *s) { return s->error; }
 
-static bt_status_t cpu_stream_notify(kern_stream_t *s, kern_notify_fn fn, void *arg)
+bt_status_t kern_immediate_stream_notify(kern_stream_t *s, kern_notify_fn fn, void *arg)
 {
     fn(arg, s->error);
     return BT_OK;
 }
 
-static bt_status_t cpu_stream_reserve(kern_stream_t *s, size_t nbytes)
+bt_status_t kern_immediate_stream_reserve(kern_stream_t *s, size_t nbytes)
 {
     (void)s, (void)nbytes; /* the layer files allocate their own host scratch */
     return BT_OK;
 }
 
-static bt_status_t cpu_event_create(int index, kern_event_t **out)
+bt_status_t kern_immediate_event_create(const kern_backend_t *be, device_t dev, kern_event_t **out)
 {
-    cpu_event_t *e = calloc(1, sizeof *e);
+    kern_event_t *e = calloc(1, sizeof *e);
     if (!e) return BT_ERR_NOMEM;
-    e->base.be = &kern_cpu_backend;
-    e->base.dev = (device_t){DEV_CPU, index};
-    *out = &e->base;
+    e->be = be;
+    e->dev = dev;
+    *out = e;
     return BT_OK;
 }
 
-static void cpu_event_destroy(kern_event_t *e) { free(e); }
+void kern_immediate_event_destroy(kern_event_t *e) { free(e); }
 /* work is done when queued: an event is always complete */
-static void cpu_event_record(kern_event_t *e, kern_stream_t *s) { (void)e, (void)s; }
-static void cpu_stream_wait(kern_stream_t *s, kern_event_t *e) { (void)e, (void)s; }
+void kern_immediate_event_record(kern_event_t *e, kern_stream_t *s) { (void)e, (void)s; }
+void kern_immediate_stream_wait(kern_stream_t *s, kern_event_t *e) { (void)e, (void)s; }
+
+static bt_status_t cpu_stream_create(int index, kern_stream_t **out)
+{
+    return kern_immediate_stream_create(&kern_cpu_backend, (device_t){DEV_CPU, index}, out);
+}
+
+static bt_status_t cpu_event_create(int index, kern_event_t **out)
+{
+    return kern_immediate_event_create(&kern_cpu_backend, (device_t){DEV_CPU, index}, out);
+}
 
 static void cpu_upload(kern_stream_t *s, void *dst, const void *host, size_t n)
 {
@@ -267,34 +270,21 @@ static void cpu_op_adamw(kern_stream_t *s, tensor_t *param, tensor_t *param_copy
 const kern_backend_t kern_cpu_backend = {
     .name = "cpu",
     .kind = DEV_CPU,
-    .op_dtypes =
-        {
-            [KERN_OP_MATMUL] = F32,
-            [KERN_OP_LINEAR] = F32,
-            [KERN_OP_ELEMENTWISE] = F32,
-            [KERN_OP_REDUCE] = F32 | (1u << DT_BF16) | (1u << DT_F16) | (1u << DT_F64),
-            [KERN_OP_EMBEDDING] = F32,
-            [KERN_OP_RMSNORM] = F32,
-            [KERN_OP_ROPE] = F32,
-            [KERN_OP_ATTENTION] = F32,
-            [KERN_OP_SWIGLU] = F32,
-            [KERN_OP_XENT] = F32,
-            [KERN_OP_ADAMW] = F32,
-        },
+    .op_dtypes = KERN_CPU_OP_DTYPES,
     .usable = cpu_usable,
     .mem_alloc = cpu_mem_alloc,
     .mem_free = cpu_mem_free,
     .host_alloc = cpu_mem_alloc,
     .host_free = cpu_mem_free,
     .stream_create = cpu_stream_create,
-    .stream_destroy = cpu_stream_destroy,
-    .stream_sync = cpu_stream_sync,
-    .stream_notify = cpu_stream_notify,
-    .stream_reserve = cpu_stream_reserve,
+    .stream_destroy = kern_immediate_stream_destroy,
+    .stream_sync = kern_immediate_stream_sync,
+    .stream_notify = kern_immediate_stream_notify,
+    .stream_reserve = kern_immediate_stream_reserve,
     .event_create = cpu_event_create,
-    .event_destroy = cpu_event_destroy,
-    .event_record = cpu_event_record,
-    .stream_wait = cpu_stream_wait,
+    .event_destroy = kern_immediate_event_destroy,
+    .event_record = kern_immediate_event_record,
+    .stream_wait = kern_immediate_stream_wait,
     .upload = cpu_upload,
     .download = cpu_download,
     .matmul = cpu_op_matmul,

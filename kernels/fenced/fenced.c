@@ -119,52 +119,17 @@ static bt_status_t fenced_host_alloc(int index, size_t nbytes, void **out)
 
 static void fenced_host_free(int index, void *p) { kern_cpu_backend.host_free(index, p); }
 
-typedef struct {
-    kern_stream_t base;
-} fenced_stream_t;
-
-typedef struct {
-    kern_event_t base;
-} fenced_event_t;
-
+/* Streams and events: the CPU backend's (work is done at once), under this
+ * backend's name. */
 static bt_status_t fenced_stream_create(int index, kern_stream_t **out)
 {
-    fenced_stream_t *s = calloc(1, sizeof *s);
-    if (!s) return BT_ERR_NOMEM;
-    s->base.be = &kern_fenced_backend;
-    s->base.dev = (device_t){DEV_FENCED, index};
-    *out = &s->base;
-    return BT_OK;
-}
-
-static void fenced_stream_destroy(kern_stream_t *s) { free(s); }
-static bt_status_t fenced_stream_sync(kern_stream_t *s) { return s->error; }
-
-static bt_status_t fenced_stream_notify(kern_stream_t *s, kern_notify_fn fn, void *arg)
-{
-    fn(arg, s->error);
-    return BT_OK;
-}
-
-static bt_status_t fenced_stream_reserve(kern_stream_t *s, size_t nbytes)
-{
-    (void)s, (void)nbytes;
-    return BT_OK;
+    return kern_immediate_stream_create(&kern_fenced_backend, (device_t){DEV_FENCED, index}, out);
 }
 
 static bt_status_t fenced_event_create(int index, kern_event_t **out)
 {
-    fenced_event_t *e = calloc(1, sizeof *e);
-    if (!e) return BT_ERR_NOMEM;
-    e->base.be = &kern_fenced_backend;
-    e->base.dev = (device_t){DEV_FENCED, index};
-    *out = &e->base;
-    return BT_OK;
+    return kern_immediate_event_create(&kern_fenced_backend, (device_t){DEV_FENCED, index}, out);
 }
-
-static void fenced_event_destroy(kern_event_t *e) { free(e); }
-static void fenced_event_record(kern_event_t *e, kern_stream_t *s) { (void)e, (void)s; }
-static void fenced_stream_wait(kern_stream_t *s, kern_event_t *e) { (void)e, (void)s; }
 
 static void fenced_upload(kern_stream_t *s, void *dst, const void *host, size_t n)
 {
@@ -290,39 +255,25 @@ static void f_adamw(kern_stream_t *s, tensor_t *param, tensor_t *param_copy, ct_
     FENCED(cpu->adamw(s, param, param_copy, grad, m, v, args));
 }
 
-#define F32 (1u << DT_F32)
 
 const kern_backend_t kern_fenced_backend = {
     .name = "fenced",
     .kind = DEV_FENCED,
-    .op_dtypes =
-        {
-            [KERN_OP_MATMUL] = F32,
-            [KERN_OP_LINEAR] = F32,
-            [KERN_OP_ELEMENTWISE] = F32,
-            [KERN_OP_REDUCE] = F32 | (1u << DT_BF16) | (1u << DT_F16) | (1u << DT_F64),
-            [KERN_OP_EMBEDDING] = F32,
-            [KERN_OP_RMSNORM] = F32,
-            [KERN_OP_ROPE] = F32,
-            [KERN_OP_ATTENTION] = F32,
-            [KERN_OP_SWIGLU] = F32,
-            [KERN_OP_XENT] = F32,
-            [KERN_OP_ADAMW] = F32,
-        },
+    .op_dtypes = KERN_CPU_OP_DTYPES,
     .usable = fenced_usable,
     .mem_alloc = fenced_mem_alloc,
     .mem_free = fenced_mem_free,
     .host_alloc = fenced_host_alloc,
     .host_free = fenced_host_free,
     .stream_create = fenced_stream_create,
-    .stream_destroy = fenced_stream_destroy,
-    .stream_sync = fenced_stream_sync,
-    .stream_notify = fenced_stream_notify,
-    .stream_reserve = fenced_stream_reserve,
+    .stream_destroy = kern_immediate_stream_destroy,
+    .stream_sync = kern_immediate_stream_sync,
+    .stream_notify = kern_immediate_stream_notify,
+    .stream_reserve = kern_immediate_stream_reserve,
     .event_create = fenced_event_create,
-    .event_destroy = fenced_event_destroy,
-    .event_record = fenced_event_record,
-    .stream_wait = fenced_stream_wait,
+    .event_destroy = kern_immediate_event_destroy,
+    .event_record = kern_immediate_event_record,
+    .stream_wait = kern_immediate_stream_wait,
     .upload = fenced_upload,
     .download = fenced_download,
     .matmul = f_matmul,

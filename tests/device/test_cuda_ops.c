@@ -29,7 +29,7 @@
  * machine; FILTER: run ops whose name contains it).
  * Exit status 0 when every row passes, 1 when one fails, 2 when cuda:0 is
  * not usable here. */
-#include "tests/test_kernels_common.h"
+#include "tests/ref_attention.h"
 
 #include "base/log.h"
 #include "kernels/backend.h"
@@ -784,106 +784,7 @@ static void test_swiglu(dtype_t dt)
 
 /* ---- attention ------------------------------------------------------------------------- */
 
-typedef struct {
-    int64_t B, Tq, Tk, Hq, Hkv, D, Dv;
-    bool causal;
-    int64_t q_offset;
-} ashape_t;
-
-typedef struct {
-    ashape_t s;
-    double scale;
-    double *q, *k, *v, *R; /* R: weights of the loss sum(out * R) = dout */
-} actx_t;
-
-#define QI(b, i, h, d) ((((b) * s->Tq + (i)) * s->Hq + (h)) * s->D + (d))
-#define KI(b, j, h, d) ((((b) * s->Tk + (j)) * s->Hkv + (h)) * s->D + (d))
-#define VI(b, j, h, d) ((((b) * s->Tk + (j)) * s->Hkv + (h)) * s->Dv + (d))
-#define OI(b, i, h, d) ((((b) * s->Tq + (i)) * s->Hq + (h)) * s->Dv + (d))
-
-static int64_t a_limit(const ashape_t *s, int64_t i)
-{
-    if (!s->causal) return s->Tk;
-    return s->q_offset + i + 1 < s->Tk ? s->q_offset + i + 1 : s->Tk;
-}
-
-static double a_probs(double *p, const actx_t *c, int64_t b, int64_t i, int64_t h)
-{
-    const ashape_t *s = &c->s;
-    int64_t kvh = h / (s->Hq / s->Hkv), lim = a_limit(s, i);
-    double m = -INFINITY;
-    for (int64_t j = 0; j < lim; j++) {
-        double d = 0;
-        for (int64_t e = 0; e < s->D; e++) d += c->q[QI(b, i, h, e)] * c->k[KI(b, j, kvh, e)];
-        p[j] = c->scale * d;
-        m = p[j] > m ? p[j] : m;
-    }
-    double z = 0;
-    for (int64_t j = 0; j < lim; j++) z += (p[j] = exp(p[j] - m));
-    for (int64_t j = 0; j < s->Tk; j++) p[j] = j < lim ? p[j] / z : 0;
-    return m + log(z);
-}
-
-static void a_fwd(double *out, double *lse, const actx_t *c)
-{
-    const ashape_t *s = &c->s;
-    double *p = kt_alloc_d(s->Tk);
-    for (int64_t b = 0; b < s->B; b++)
-        for (int64_t h = 0; h < s->Hq; h++)
-            for (int64_t i = 0; i < s->Tq; i++) {
-                int64_t kvh = h / (s->Hq / s->Hkv);
-                double l = a_probs(p, c, b, i, h);
-                if (lse) lse[(b * s->Hq + h) * s->Tq + i] = l;
-                for (int64_t e = 0; e < s->Dv; e++) {
-                    double acc = 0;
-                    for (int64_t j = 0; j < a_limit(s, i); j++) acc += p[j] * c->v[VI(b, j, kvh, e)];
-                    out[OI(b, i, h, e)] = acc;
-                }
-            }
-    free(p);
-}
-
-/* gradients of sum(out * R), added onto dq, dk, dv */
-static void a_bwd(double *dq, double *dk, double *dv, const double *out, const actx_t *c)
-{
-    const ashape_t *s = &c->s;
-    double *p = kt_alloc_d(s->Tk);
-    for (int64_t b = 0; b < s->B; b++)
-        for (int64_t h = 0; h < s->Hq; h++)
-            for (int64_t i = 0; i < s->Tq; i++) {
-                int64_t kvh = h / (s->Hq / s->Hkv);
-                a_probs(p, c, b, i, h);
-                const double *g = c->R + OI(b, i, h, 0);
-                double di = 0;
-                for (int64_t e = 0; e < s->Dv; e++) di += g[e] * out[OI(b, i, h, e)];
-                for (int64_t j = 0; j < a_limit(s, i); j++) {
-                    double dp = 0;
-                    for (int64_t e = 0; e < s->Dv; e++) {
-                        dp += g[e] * c->v[VI(b, j, kvh, e)];
-                        dv[VI(b, j, kvh, e)] += p[j] * g[e];
-                    }
-                    double ds = p[j] * (dp - di) * c->scale;
-                    for (int64_t e = 0; e < s->D; e++) {
-                        dq[QI(b, i, h, e)] += ds * c->k[KI(b, j, kvh, e)];
-                        dk[KI(b, j, kvh, e)] += ds * c->q[QI(b, i, h, e)];
-                    }
-                }
-            }
-    free(p);
-}
-
-static double a_loss(void *p)
-{
-    actx_t *c = p;
-    int64_t n = c->s.B * c->s.Tq * c->s.Hq * c->s.Dv;
-    double *out = kt_alloc_d(n), l = 0;
-    a_fwd(out, NULL, c);
-    for (int64_t i = 0; i < n; i++) l += out[i] * c->R[i];
-    free(out);
-    return l;
-}
-
-static void attn_case(const ashape_t *s, dtype_t dt, const char *path, uint64_t seed)
+static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint64_t seed)
 {
     kt_rng_t r = {seed};
     int64_t nq = s->B * s->Tq * s->Hq * s->D, nk = s->B * s->Tk * s->Hkv * s->D;
@@ -893,11 +794,11 @@ static void attn_case(const ashape_t *s, dtype_t dt, const char *path, uint64_t 
     float *q = rnd(&r, nq, -1.5, 1.5, dt), *k = rnd(&r, nk, -1.5, 1.5, dt);
     float *v = rnd(&r, nv, -1, 1, dt), *dout = rnd(&r, no, -1, 1, dt);
     float *dq0 = rnd(&r, nq, -1, 1, dt), *dk0 = rnd(&r, nk, -1, 1, dt), *dv0 = rnd(&r, nv, -1, 1, dt);
-    actx_t c = {*s, scale, kt_to_d(q, nq), kt_to_d(k, nk), kt_to_d(v, nv), kt_to_d(dout, no)};
+    attn_ctx_t c = {*s, scale, kt_to_d(q, nq), kt_to_d(k, nk), kt_to_d(v, nv), kt_to_d(dout, no)};
     double *rout = kt_alloc_d(no), *rlse = kt_alloc_d(nl);
     double *rdq = kt_to_d(dq0, nq), *rdk = kt_to_d(dk0, nk), *rdv = kt_to_d(dv0, nv);
-    a_fwd(rout, rlse, &c);
-    a_bwd(rdq, rdk, rdv, rout, &c);
+    ref_attn_fwd(rout, rlse, &c);
+    ref_attn_bwd(rdq, rdk, rdv, rout, &c);
     int64_t mx = nq > nk ? nq : nk;
     mx = mx > nv ? mx : nv, mx = mx > no ? mx : no;
     float *got = kt_alloc(mx);
@@ -968,15 +869,15 @@ static void attn_case(const ashape_t *s, dtype_t dt, const char *path, uint64_t 
     if (nq * s->Tk <= 4096 && dt == DT_F32) {
         /* the reference's gradients against central differences */
         double *fq = kt_alloc_d(nq), *fk = kt_alloc_d(nk), *fv = kt_alloc_d(nv);
-        a_bwd(fq, fk, fv, rout, &c);
+        ref_attn_bwd(fq, fk, fv, rout, &c);
         float *gq = kt_alloc(nq), *gk = kt_alloc(nk), *gv = kt_alloc(nv);
         for (int64_t i = 0; i < nq; i++) gq[i] = (float)fq[i];
         for (int64_t i = 0; i < nk; i++) gk[i] = (float)fk[i];
         for (int64_t i = 0; i < nv; i++) gv[i] = (float)fv[i];
         int before = test_case_failures;
-        kt_fd_check("attn dq", c.q, nq, gq, NULL, a_loss, &c, 24, 1e-5, &r);
-        kt_fd_check("attn dk", c.k, nk, gk, NULL, a_loss, &c, 24, 1e-5, &r);
-        kt_fd_check("attn dv", c.v, nv, gv, NULL, a_loss, &c, 24, 1e-5, &r);
+        kt_fd_check("attn dq", c.q, nq, gq, NULL, ref_attn_loss, &c, 24, 1e-5, &r);
+        kt_fd_check("attn dk", c.k, nk, gk, NULL, ref_attn_loss, &c, 24, 1e-5, &r);
+        kt_fd_check("attn dv", c.v, nv, gv, NULL, ref_attn_loss, &c, 24, 1e-5, &r);
         row("fd-ref attention", "f64", sh, test_case_failures > before ? 1.0 : 0.0, -1, 0, 0);
         free(fq), free(fk), free(fv), free(gq), free(gk), free(gv);
     }
@@ -991,7 +892,7 @@ static void attn_case(const ashape_t *s, dtype_t dt, const char *path, uint64_t 
 
 static void test_attention(dtype_t dt)
 {
-    static const ashape_t shapes[] = {
+    static const attn_shape_t shapes[] = {
         {1, 1, 1, 1, 1, 1, 1, true, 0},       {2, 3, 3, 2, 1, 4, 4, true, 0},
         {1, 7, 7, 3, 1, 8, 5, true, 0},       {2, 17, 17, 4, 1, 8, 8, false, 0},
         {1, 5, 12, 4, 2, 6, 6, true, 7},      {1, 33, 40, 4, 4, 16, 16, true, 3},
