@@ -183,12 +183,14 @@ int cmd_run(int argc, char **argv)
         double elapsed = (double)(clock_now_ns() - t0) * 1e-9;
         double tps = (double)tokens_done / train_seconds;
         double eta = elapsed / (double)info.step * (double)(tc.steps - info.step);
-        plot_curve_push(&curve, (double)info.step, info.loss);
+        if (isfinite(info.loss)) plot_curve_push(&curve, (double)info.step, info.loss);
         run_step_report_t rep = {.step = info.step, .steps = tc.steps, .tokens = tokens_done,
                                  .loss = info.loss, .lr = info.lr, .grad_norm = info.grad_norm,
-                                 .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta};
+                                 .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta,
+                                 .skipped = info.skipped, .skipped_total = info.skipped_total};
         run_metrics_write(metrics, &rep);
-        if (!quiet && (info.step == 1 || info.step % job.train.log_every == 0 || info.step == tc.steps))
+        if (!quiet && (info.step == 1 || info.step % job.train.log_every == 0 ||
+                       info.step == tc.steps || info.skipped))
             run_progress_print(&rep);
         if (n_val > tc.seq_len && job.train.eval_every && info.step % job.train.eval_every == 0 &&
             info.step != tc.steps)

@@ -55,6 +55,7 @@ typedef struct {
     uint64_t        t_quiesce0;
     int64_t         step;       /* step running (1-based) */
     double          loss_sum, scored, grad_norm, lr;
+    int64_t         skip_run, skipped; /* non-finite steps: in a row now, in all */
     uint64_t        t0, t_step0, t_phase0;
     int64_t         tokens_done;
     bool            has_eval;   /* evaluation rows were written for the workers */
@@ -448,22 +449,42 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
         return ACTOR_DONE;
     }
     double loss = d->loss_sum / d->scored;
-    if (!isfinite(loss)) {
-        fail(d, BT_ERR_NUMERIC, -1, "step %lld: loss is %s", (long long)d->step,
-             isnan(loss) ? "NaN" : "Inf");
-        return ACTOR_DONE;
+    /* every rank's norm is the global one, and a non-finite loss share makes
+     * it NaN (train/dist_optim.h): a non-finite norm means no rank updated */
+    bool skipped = !isfinite(d->grad_norm) || !isfinite(loss);
+    if (skipped) {
+        d->skip_run++;
+        d->skipped++;
+        char what[64];
+        if (!isfinite(loss)) snprintf(what, sizeof what, "loss is %s", isnan(loss) ? "NaN" : "Inf");
+        else snprintf(what, sizeof what, "gradient norm is %s", isnan(d->grad_norm) ? "NaN" : "Inf");
+        if (d->skip_run > d->job->train.max_skipped_steps) {
+            fail(d, BT_ERR_NUMERIC, -1,
+                 "step %lld: %s; %lld consecutive non-finite steps, more than "
+                 "train.max_skipped_steps = %lld (the ranks' lines above say where)",
+                 (long long)d->step, what, (long long)d->skip_run,
+                 (long long)d->job->train.max_skipped_steps);
+            return ACTOR_DONE;
+        }
+        log_warn("step %lld skipped, no update on any rank: %s (%lld in a row, %lld in all; the "
+                 "ranks' lines say where)",
+                 (long long)d->step, what, (long long)d->skip_run, (long long)d->skipped);
+    } else {
+        d->skip_run = 0;
     }
     d->tokens_done += (int64_t)d->scored;
-    plot_curve_push(&d->curve, (double)d->step, loss);
+    if (isfinite(loss)) plot_curve_push(&d->curve, (double)d->step, loss);
     double elapsed = (double)(clock_now_ns() - d->t0) * 1e-9;
     double tps = (double)d->tokens_done / elapsed;
     double eta = elapsed / (double)d->step * (double)(steps - d->step);
     run_step_report_t rep = {.step = d->step, .steps = steps, .tokens = d->tokens_done,
                              .loss = loss, .lr = d->lr, .grad_norm = d->grad_norm,
-                             .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta};
+                             .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta,
+                             .skipped = skipped, .skipped_total = d->skipped};
     run_metrics_write(d->metrics, &rep);
     errno = 0;
-    if (!d->quiet && (d->step == 1 || d->step % d->job->train.log_every == 0 || d->step == steps))
+    if (!d->quiet && (d->step == 1 || d->step % d->job->train.log_every == 0 || d->step == steps ||
+                      skipped))
         run_progress_print(&rep);
     drv_stdout_check(d);
     next_after(d, false);

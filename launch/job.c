@@ -91,6 +91,7 @@ static const field_t fields[] = {
     INT("train.eval_every", train.eval_every, 0, BIG),
     INT("train.eval_batches", train.eval_batches, 0, 1 << 20),
     INT("train.log_every", train.log_every, 1, BIG),
+    INT("train.max_skipped_steps", train.max_skipped_steps, 0, BIG),
 
     FLT("optim.lr", optim.lr, 0, 10),
     FLT("optim.min_lr", optim.min_lr, 0, 10),
@@ -162,7 +163,8 @@ void job_defaults(job_t *job)
     };
     job->data = (job_data_t){.seq_len = 128, .split = 0.1};
     job->train = (job_train_t){.steps = 100, .micro_batch = 4, .grad_accum = 1, .seed = 1234,
-                               .eval_every = 0, .eval_batches = 8, .log_every = 10};
+                               .eval_every = 0, .eval_batches = 8, .log_every = 10,
+                               .max_skipped_steps = 5};
     job->optim = (job_optim_t){.lr = 3e-4, .min_lr = 3e-5, .warmup = 0,
                                .warmup_from = JOB_WARMUP_FROM_ZERO, .betas = {0.9, 0.95},
                                .eps = 1e-8, .weight_decay = 0.1, .clip = 1.0,

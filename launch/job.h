@@ -68,6 +68,7 @@ typedef struct {
 
 typedef struct {
     int64_t steps, micro_batch, grad_accum, seed, eval_every, eval_batches, log_every;
+    int64_t max_skipped_steps; /* consecutive non-finite steps skipped before the run stops */
 } job_train_t;
 
 typedef struct {

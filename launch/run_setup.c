@@ -206,6 +206,7 @@ void run_train_config(const job_t *job, train_config_t *out)
                   .decay = o->decay == JOB_DECAY_ALL ? OPTIM_DECAY_ALL
                          : o->decay == JOB_DECAY_NONE ? OPTIM_DECAY_NONE : OPTIM_DECAY_MATRICES},
         .clip = o->clip,
+        .max_skipped_steps = job->train.max_skipped_steps,
     };
 }
 
@@ -297,7 +298,8 @@ void run_metrics_write(FILE *f, const run_step_report_t *r)
     run_json_num(f, "%.1f", r->tokens_per_s);
     fputs(", \"elapsed_s\": ", f);
     run_json_num(f, "%.3f", r->elapsed_s);
-    fputs("}\n", f);
+    fprintf(f, ", \"skipped\": %s, \"skipped_steps\": %lld}\n", r->skipped ? "true" : "false",
+            (long long)r->skipped_total);
     fflush(f);
 }
 
@@ -321,7 +323,8 @@ void run_progress_print(const run_step_report_t *r)
     if (t >= 3600) snprintf(eta, sizeof eta, "%ldh%02ldm", t / 3600, t / 60 % 60);
     else if (t >= 60) snprintf(eta, sizeof eta, "%ldm%02lds", t / 60, t % 60);
     else snprintf(eta, sizeof eta, "%lds", t);
-    printf("step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | ETA %s\n",
-           (long long)r->step, (long long)r->steps, r->loss, r->lr, r->grad_norm, r->tokens_per_s, eta);
+    printf("step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | ETA %s%s\n",
+           (long long)r->step, (long long)r->steps, r->loss, r->lr, r->grad_norm, r->tokens_per_s, eta,
+           r->skipped ? " | SKIPPED: non-finite, no update" : "");
     fflush(stdout);
 }

@@ -45,6 +45,8 @@ void run_train_config(const job_t *job, train_config_t *out);
 typedef struct {
     int64_t step, steps, tokens; /* tokens done so far */
     double  loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s;
+    bool    skipped;             /* a non-finite step: no update */
+    int64_t skipped_total;       /* such steps so far */
 } run_step_report_t;
 
 void run_metrics_write(FILE *f, const run_step_report_t *r);

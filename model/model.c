@@ -410,6 +410,15 @@ float *model_param_host_f32(model_t *m, int i)
     return t->data;
 }
 
+const char *model_first_nonfinite_param(const model_t *m)
+{
+    for (int i = 0; i < m->n_params; i++)
+        if (kern_count_nonfinite(m->stream, &m->params[i].t) ||
+            (m->masters && kern_count_nonfinite(m->stream, &m->masters[i].t)))
+            return m->params[i].name;
+    return NULL;
+}
+
 bt_status_t model_param_read(const model_t *m, int i, bool grad, float *host)
 {
     if (grad && !m->grad_mem) {

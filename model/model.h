@@ -210,6 +210,9 @@ bt_status_t model_param_write(model_t *m, int i, const float *host);
  * with no master copy (a loader then reads straight into it, with no host
  * buffer between); NULL otherwise, and model_param_write is the way in. */
 float *model_param_host_f32(model_t *m, int i);
+/* The name of the first parameter (or master copy) holding a NaN or an
+ * infinity; NULL when all are finite. One scan per tensor, on its device. */
+const char *model_first_nonfinite_param(const model_t *m);
 
 /* ---- gradients ----------------------------------------------------------- */
 

@@ -226,14 +226,62 @@ static bt_status_t tied_reduce(dist_optim_t *d)
     return dev_coll(d, c->emb, DC_ALL_REDUCE, m, g->data, g->dtype, n, NULL, 0, n);
 }
 
-bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, double *grad_norm, double *lr_out)
+/* Before any reduction: the first of this rank's gradient tensors that is
+ * not finite (NULL: all are), and in *chunk which chunk holds it. One scan
+ * of each chunk's gradient block per step (the cost of reading the
+ * gradients once); the tensors are looked at one by one only when it finds
+ * something. */
+static const char *local_nonfinite(const dist_optim_t *d, int *chunk)
+{
+    const dist_optim_config_t *c = &d->cfg;
+    for (int k = 0; k < c->n_chunks; k++) {
+        model_t *m = c->chunks[k];
+        tensor_t all = tensor_make(m->grad_mem, m->place.grad_dtype, m->place.dev, 1,
+                                   (int64_t[]){d->c[k].n});
+        if (!kern_count_nonfinite(m->stream, &all)) continue;
+        *chunk = k;
+        for (int i = 0; i < m->n_params; i++)
+            if (kern_count_nonfinite(m->stream, &m->grads[i].t)) return m->grads[i].name;
+        return "the padding between tensors";
+    }
+    return NULL;
+}
+
+/* This rank's part of a skipped step's report: whether the cause was here,
+ * and where its gradients first stopped being finite before the reduction. */
+static void skip_report(const dist_optim_t *d, int64_t step, const char *bad, int bad_chunk,
+                        bool loss_bad, double norm)
+{
+    const dist_optim_config_t *c = &d->cfg;
+    const char *what = isnan(norm) ? "NaN" : "Inf";
+    if (bad) {
+        const model_stage_t *s = &c->chunks[bad_chunk]->stage;
+        log_warn("step %lld, rank %d: skipped, no update: gradient norm is %s; here (layers "
+                 "[%d, %d)) the first non-finite gradient before reduction is %s%s",
+                 (long long)step + 1, c->rank, what, s->first_layer, s->last_layer, bad,
+                 loss_bad ? ", and this rank's loss is not finite" : "");
+    } else {
+        log_warn("step %lld, rank %d: skipped, no update: gradient norm is %s; %s",
+                 (long long)step + 1, c->rank, what,
+                 loss_bad ? "this rank's gradients are finite, its loss is not"
+                          : "this rank's gradients were finite (the cause is on another rank)");
+    }
+}
+
+bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, bool loss_bad, double *grad_norm,
+                            double *lr_out, bool *skipped)
 {
     const dist_optim_config_t *c = &d->cfg;
     bool zero = c->zero1 && c->dp;
     bt_status_t st;
+    *skipped = false;
+    if (optim_test_poison(step + 1, c->rank))
+        kern_scale(c->chunks[0]->stream, &c->chunks[0]->grads[0].t, NAN);
+    int bad_chunk = -1;
+    const char *bad = local_nonfinite(d, &bad_chunk);
     if ((st = tied_reduce(d))) return st;
 
-    double sumsq = 0.0;
+    double sumsq = loss_bad ? NAN : 0.0;
     for (int k = 0; k < c->n_chunks; k++) {
         model_t *m = c->chunks[k];
         chunk_opt_t *co = &d->c[k];
@@ -252,13 +300,22 @@ bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, double *grad_norm, do
     if (c->world && (st = coll_all_reduce(c->world, &sumsq, 1, DT_F64, COLL_SUM))) return st;
     double norm = sqrt(sumsq);
     *grad_norm = norm;
-    if (!isfinite(norm)) {
-        log_error("step %lld, rank %d: gradient norm is %s; stopping before the update",
-                  (long long)step + 1, c->rank, isnan(norm) ? "NaN" : "Inf");
-        return BT_ERR_NUMERIC;
-    }
     double lr = lr_schedule_at(&c->lr, step);
     *lr_out = lr;
+    if (!isfinite(norm)) { /* the same verdict on every rank: the norm is global */
+        skip_report(d, step, bad, bad_chunk, loss_bad, norm);
+        for (int k = 0; k < c->n_chunks; k++) {
+            const char *bp = model_first_nonfinite_param(c->chunks[k]);
+            if (bp) {
+                log_error("step %lld, rank %d: parameter %s is not finite: no update can repair "
+                          "that (check the model or lower optim.lr)",
+                          (long long)step + 1, c->rank, bp);
+                return BT_ERR_NUMERIC;
+            }
+        }
+        *skipped = true;
+        return BT_OK;
+    }
     double coef = optim_clip_coef(norm, c->clip);
     for (int k = 0; k < c->n_chunks; k++) {
         chunk_opt_t *co = &d->c[k];

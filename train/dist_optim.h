@@ -50,10 +50,14 @@ typedef struct dist_optim dist_optim_t;
 bt_status_t dist_optim_create(const dist_optim_config_t *cfg, dist_optim_t **out);
 void        dist_optim_destroy(dist_optim_t *d);
 
-/* Reduce, clip and update for 0-based optimizer step `step`. Writes the
- * global norm before clipping and the learning rate used. BT_ERR_NUMERIC
- * (logged, naming the step and rank) when the norm is not finite; the
- * parameters are then unchanged. Collective failures are returned as is. */
-bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, double *grad_norm, double *lr);
+/* Reduce, clip and update for 0-based step `step`. Writes the global norm
+ * before clipping and the learning rate used. loss_bad: this rank's share
+ * of the loss is not finite; it makes the global norm NaN, so that every
+ * rank sees the same verdict. When the norm is not finite no rank updates
+ * anything (*skipped, logged per rank with its first non-finite gradient);
+ * the caller decides how many such steps in a row it tolerates. Collective
+ * failures are returned as is. */
+bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, bool loss_bad, double *grad_norm,
+                            double *lr, bool *skipped);
 
 #endif

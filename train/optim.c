@@ -151,6 +151,18 @@ const char *optim_find_nonfinite_grad(const optim_t *o)
     return NULL;
 }
 
+bool optim_test_poison(int64_t step, int rank)
+{
+    const char *e = getenv("BATON_TEST_NONFINITE");
+    if (!e || !*e) return false;
+    char *end;
+    long long from = strtoll(e, &end, 10);
+    bool onward = *end == '+';
+    if (onward) end++;
+    long long at_rank = *end == '@' ? strtoll(end + 1, NULL, 10) : 0;
+    return rank == at_rank && (onward ? step >= from : step == from);
+}
+
 void optim_step(optim_t *o, double lr, double clip_coef)
 {
     o->step++;

@@ -64,6 +64,12 @@ double      optim_clip_coef(double total_norm, double max_norm); /* max_norm <= 
 /* Name of a parameter whose gradient holds a NaN/Inf, or NULL. */
 const char *optim_find_nonfinite_grad(const optim_t *o);
 
+/* Fault injection for the tests of skipped steps: whether rank `rank`
+ * should poison a gradient (make it NaN) at 1-based step `step`, from
+ * BATON_TEST_NONFINITE="STEP" (that step), "STEP+" (that step and every
+ * later one), optionally "@RANK" (default rank 0). Unset: never. */
+bool optim_test_poison(int64_t step, int rank);
+
 /* grads *= clip_coef (when < 1), then one AdamW update with learning rate lr. */
 void        optim_step(optim_t *o, double lr, double clip_coef);
 

@@ -25,6 +25,7 @@ struct stage_job {
     model_loss_t   loss;
     int64_t        step;
     double         grad_norm, lr;
+    bool           skipped;   /* the step's norm was not finite: no update anywhere */
 };
 
 static uint32_t name_fwd, name_bwd, name_opt;
@@ -199,7 +200,10 @@ static bt_status_t job_end_run(void *arg)
 {
     stage_job_t *j = arg;
     uint64_t t0 = clock_now_ns();
-    bt_status_t st = dist_optim_step(j->s->cfg.opt, j->step - 1, &j->grad_norm, &j->lr);
+    /* only the last stage's tp rank 0 sums the loss (stage_on_work_done) */
+    bool loss_bad = !isfinite(j->s->loss_sum);
+    bt_status_t st =
+        dist_optim_step(j->s->cfg.opt, j->step - 1, loss_bad, &j->grad_norm, &j->lr, &j->skipped);
     trace_span(j->s->a.addr, TRACE_SPAN_COMPUTE, name_opt, 0xffff, j->step, -1, t0, clock_now_ns());
     return st;
 }

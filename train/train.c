@@ -6,6 +6,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "kernels/kernels.h"
 
 /* ---- PRNG ------------------------------------------------------------------ */
 
@@ -105,7 +106,9 @@ struct train {
     int64_t         n_tokens, n_val;
     train_sampler_t sampler;
     int32_t        *ids, *targets; /* [grad_accum][micro_batch * seq_len] */
-    int64_t         step;          /* optimizer steps done */
+    int64_t         step;          /* steps done (skipped ones included) */
+    int64_t         skip_run;      /* consecutive skipped steps just before this one */
+    int64_t         skipped;       /* skipped steps in all */
 };
 
 bt_status_t train_create(const train_config_t *cfg, model_t *m, const int32_t *train_tokens,
@@ -210,26 +213,50 @@ bt_status_t train_step(train_t *t, train_step_info_t *info)
     }
     double loss = loss_sum / (double)scored;
     int64_t step = t->step + 1;
-    if (!isfinite(loss)) {
-        log_error("train: step %lld: loss is %s; stopping before the update (lower optim.lr, "
-                  "check the data)", (long long)step, isnan(loss) ? "NaN" : "Inf");
-        return BT_ERR_NUMERIC;
-    }
+    if (optim_test_poison(step, 0)) kern_scale(t->model->stream, &t->model->grads[0].t, NAN);
     double norm = optim_grad_norm(t->optim);
-    if (!isfinite(norm)) {
-        const char *bad = optim_find_nonfinite_grad(t->optim);
-        log_error("train: step %lld: gradient norm is %s (first non-finite gradient: %s); "
-                  "stopping before the update", (long long)step, isnan(norm) ? "NaN" : "Inf",
-                  bad ? bad : "none: the sum of squares overflowed");
-        return BT_ERR_NUMERIC;
-    }
     double lr = lr_schedule_at(&c->lr, t->step);
-    optim_step(t->optim, lr, optim_clip_coef(norm, c->clip));
+    bool skip = !isfinite(loss) || !isfinite(norm);
+    if (skip) {
+        /* no update: parameters and optimizer state stay as they were; the
+         * step's data is consumed (the next step takes the next batch) */
+        const char *bad = optim_find_nonfinite_grad(t->optim);
+        char what[160];
+        if (!isfinite(loss))
+            snprintf(what, sizeof what, "loss is %s", isnan(loss) ? "NaN" : "Inf");
+        else
+            snprintf(what, sizeof what, "gradient norm is %s", isnan(norm) ? "NaN" : "Inf");
+        const char *bad_param = model_first_nonfinite_param(t->model);
+        if (bad_param) {
+            log_error("train: step %lld: %s, and parameter %s is not finite: no update can "
+                      "repair that (check the model or lower optim.lr)",
+                      (long long)step, what, bad_param);
+            return BT_ERR_NUMERIC;
+        }
+        t->skip_run++;
+        t->skipped++;
+        if (t->skip_run > c->max_skipped_steps) {
+            log_error("train: step %lld: %s (first non-finite gradient: %s); %lld consecutive "
+                      "non-finite steps, more than train.max_skipped_steps = %lld: stopping "
+                      "(lower optim.lr, check the data)",
+                      (long long)step, what, bad ? bad : "none", (long long)t->skip_run,
+                      (long long)c->max_skipped_steps);
+            return BT_ERR_NUMERIC;
+        }
+        log_warn("train: step %lld skipped, no update: %s (first non-finite gradient: %s; %lld "
+                 "in a row, %lld in all)",
+                 (long long)step, what, bad ? bad : "none, the sum of squares overflowed",
+                 (long long)t->skip_run, (long long)t->skipped);
+    } else {
+        t->skip_run = 0;
+        optim_step(t->optim, lr, optim_clip_coef(norm, c->clip));
+    }
     t->step = step;
 
     if (info)
         *info = (train_step_info_t){.step = step, .loss = loss, .lr = lr, .grad_norm = norm,
-                                    .tokens = scored,
+                                    .tokens = scored, .skipped = skip,
+                                    .skipped_total = t->skipped,
                                     .seconds = (double)(clock_now_ns() - t0) * 1e-9};
     return BT_OK;
 }

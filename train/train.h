@@ -64,6 +64,7 @@ typedef struct {
     lr_schedule_t lr;
     optim_config_t optim;
     double clip;               /* max global grad norm; <= 0: no clipping */
+    int64_t max_skipped_steps; /* consecutive non-finite steps skipped before an error */
 } train_config_t;
 
 typedef struct {
@@ -73,6 +74,8 @@ typedef struct {
     double  grad_norm;         /* global norm before clipping */
     int64_t tokens;            /* scored tokens this step */
     double  seconds;           /* wall time of this step */
+    bool    skipped;           /* loss or gradient norm not finite: no update */
+    int64_t skipped_total;     /* steps skipped so far in this run */
 } train_step_info_t;
 
 typedef struct train train_t;

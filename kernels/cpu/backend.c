@@ -19,6 +19,10 @@ static bool cpu_usable(int index, char *why, size_t cap)
 static bt_status_t cpu_mem_alloc(int index, size_t nbytes, void **out)
 {
     (void)index;
+    /* more than x86-64 user space (2^47 bytes) never succeeds: refused here
+     * rather than asked of malloc, which a sanitizer's allocator reports as
+     * an error of its own (the tests of absurd configs) */
+    if (nbytes > ((size_t)1 << 47)) return BT_ERR_NOMEM;
     /* 64-byte aligned rows for the vector code; never NULL for 0 bytes */
     void *p = aligned_alloc(64, (nbytes + 63) / 64 * 64 + (nbytes == 0 ? 64 : 0));
     if (!p) return BT_ERR_NOMEM;
