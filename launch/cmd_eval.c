@@ -437,7 +437,7 @@ int cmd_eval(int argc, char **argv)
     }
     if (!layout) { /* --layout: the driver checks each rank's share (launch/driver.c) */
         run_mem_plan_t plan;
-        run_mem_plan_single(&cfg, 1, tmax, grad_norm, 0, &plan);
+        run_mem_plan_single(&cfg, 1, tmax, grad_norm, false, 0, &plan);
         char hint[96], why[JOB_ERR_MAX];
         snprintf(hint, sizeof hint, "the activations of the longest window, %lld tokens (--window)",
                  (long long)tmax);

@@ -14,9 +14,11 @@
  * run. Generation stops after N tokens or at an EOS id of the model
  * (ckpt/model_source.h says where they come from) unless --ignore-eos.
  *
- * There is no KV cache in the model API: every step runs the forward over
- * the whole prefix again (O(n^2) in the generated length). For a 135M model
- * and a few dozen tokens on a CPU this takes seconds.
+ * The prompt runs through the model once (only its last position's logits
+ * are computed), then each new token alone, attending over the K and V the
+ * attention sublayers keep for every earlier position (a decode arena,
+ * model_acts_create_decode). --no-cache instead runs the whole prefix again
+ * for every token, the way to check the cache against (tests/sh/test_generate.sh).
  */
 #include "launch/cli.h"
 
@@ -104,6 +106,7 @@ static void gen_usage(FILE *f)
             "usage: baton generate --model DIR|FILE.gguf --prompt TEXT [--max-new N]\n"
             "                      [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
             "                      [--bos] [--ignore-eos] [--json] [--device D] [--dtype P]\n"
+            "                      [--no-cache]\n"
             "  --model M        Hugging Face model directory or llama GGUF file\n"
             "  --prompt TEXT    tokenized without special tokens\n"
             "  --max-new N      new tokens at most (default 32)\n"
@@ -115,7 +118,8 @@ static void gen_usage(FILE *f)
             "  --ignore-eos     do not stop at an EOS id\n"
             "  --json           print {\"prompt_ids\", \"ids\", \"text\"} (new tokens only)\n"
             "  --device D       cpu (default), cuda, cuda:N, fenced (the test device) or auto\n"
-            "  --dtype P        fp32 (default) or bf16\n");
+            "  --dtype P        fp32 (default) or bf16\n"
+            "  --no-cache       recompute the whole prefix for every token (no KV cache)\n");
 }
 
 static bool gen_num(const char *opt, const char *arg, double lo, double hi, double *out)
@@ -139,12 +143,13 @@ int cmd_generate(int argc, char **argv)
         {"seed", required_argument, NULL, 's'},        {"bos", no_argument, NULL, 'b'},
         {"ignore-eos", no_argument, NULL, 'e'},        {"json", no_argument, NULL, 'j'},
         {"device", required_argument, NULL, 'd'},      {"dtype", required_argument, NULL, 'D'},
-        {"help", no_argument, NULL, 'h'},              {NULL, 0, NULL, 0},
+        {"no-cache", no_argument, NULL, 'C'},          {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     const char *model_path = NULL, *prompt = NULL, *device = NULL, *dtype = NULL;
     double max_new = 32, top_k = 0, seed = 0;
     gen_sampling_t smp = {.temperature = 0, .top_k = 0, .top_p = 1.0, .seed = 0};
-    bool bos = false, ignore_eos = false, json = false;
+    bool bos = false, ignore_eos = false, json = false, no_cache = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -161,6 +166,7 @@ int cmd_generate(int argc, char **argv)
         case 'j': json = true; break;
         case 'd': device = optarg; break;
         case 'D': dtype = optarg; break;
+        case 'C': no_cache = true; break;
         case 'h': gen_usage(stdout); return 0;
         default: gen_usage(stderr); return 2;
         }
@@ -183,7 +189,7 @@ int cmd_generate(int argc, char **argv)
     tok_t *tok = NULL;
     model_acts_t *a = NULL;
     uint32_t *pids = NULL;
-    int32_t *ids = NULL, *targets = NULL;
+    int32_t *ids = NULL, *targets = NULL, *pos = NULL;
     float *logits = NULL;
     gen_cand_t *cand = NULL;
     char *text = NULL;
@@ -215,9 +221,10 @@ int cmd_generate(int argc, char **argv)
                   (long long)n0, (long long)max_new, (long long)cfg.max_position_embeddings);
         goto out;
     }
-    run_mem_plan_t plan; /* + the logits of every position and the sampling scratch */
-    run_mem_plan_single(&cfg, 1, tmax, false,
-                        (double)tmax * (double)V * sizeof *logits + (double)V * sizeof *cand, &plan);
+    run_mem_plan_t plan; /* + the logits (every position's without the cache) and the sampling scratch */
+    double n_logits = no_cache ? (double)tmax : 1.0;
+    run_mem_plan_single(&cfg, 1, tmax, false, !no_cache,
+                        n_logits * (double)V * sizeof *logits + (double)V * sizeof *cand, &plan);
     char hint[96], why[JOB_ERR_MAX];
     snprintf(hint, sizeof hint, "the activations of %lld positions (the prompt + --max-new)",
              (long long)tmax);
@@ -227,10 +234,11 @@ int cmd_generate(int argc, char **argv)
     }
     if (ckpt_source_load_part(model_path, NULL, NULL, &place, &m) != BT_OK) goto out; /* it said why */
     ids = malloc((size_t)tmax * sizeof *ids);
+    pos = malloc((size_t)tmax * sizeof *pos);
     targets = malloc((size_t)tmax * sizeof *targets);
-    logits = malloc((size_t)tmax * (size_t)V * sizeof *logits);
+    logits = malloc((size_t)(no_cache ? tmax : 1) * (size_t)V * sizeof *logits);
     cand = malloc((size_t)V * sizeof *cand);
-    if (!ids || !targets || !logits || !cand) {
+    if (!ids || !pos || !targets || !logits || !cand) {
         log_error("generate: out of memory");
         goto out;
     }
@@ -245,14 +253,23 @@ int cmd_generate(int argc, char **argv)
         ids[n++] = (int32_t)pids[i];
     }
     for (int64_t i = 0; i < tmax; i++) targets[i] = MODEL_IGNORE_INDEX;
-    if (model_acts_create_fwd(m, 1, tmax, &a) != BT_OK) goto out;
+    if ((no_cache ? model_acts_create_fwd(m, 1, tmax, &a) : model_acts_create_decode(m, tmax, &a)) !=
+        BT_OK)
+        goto out;
     train_rng_t rng;
     train_rng_seed(&rng, smp.seed);
+    for (int64_t i = 0; i < tmax; i++) pos[i] = (int32_t)i;
+    int64_t done = 0; /* positions the decode arena has seen */
     while (n < tmax) {
-        model_batch_t b = {.B = 1, .T = n, .ids = ids, .targets = targets, .logits_out = logits};
+        /* with the cache: the tokens not yet seen (the prompt, then the last
+         * new one); without: the whole prefix. Only the last row's logits. */
+        int64_t from = no_cache ? 0 : done;
+        model_batch_t b = {.B = 1, .T = n - from, .ids = ids + from, .targets = targets,
+                           .pos = pos + from, .logits_out = logits, .logits_from = n - from - 1};
         model_loss_t l;
         if (model_forward_backward(m, a, &b, 0.0f, &l) != BT_OK) goto out;
-        const float *last = logits + (size_t)(n - 1) * (size_t)V;
+        done = n;
+        const float *last = logits;
         int64_t next = smp.temperature == 0 ? gen_argmax(last, V) : gen_sample(last, V, &smp, &rng, cand);
         ids[n++] = (int32_t)next;
         bool stop = false;
@@ -285,6 +302,7 @@ out:
     free(logits);
     free(targets);
     free(ids);
+    free(pos);
     free(pids);
     model_acts_destroy(a);
     tok_free(tok);

@@ -42,13 +42,14 @@ static void plan_add(run_mem_plan_t *out, const proc_acc_t *a, int rank)
 }
 
 void run_mem_plan_single(const model_config_t *cfg, int64_t B, int64_t T, bool grads,
-                         double extra, run_mem_plan_t *out)
+                         bool decode, double extra, run_mem_plan_t *out)
 {
     memset(out, 0, sizeof *out);
     model_mem_t mm;
     model_mem_estimate(cfg, NULL, 0, 1, B, T, &mm);
     proc_acc_t a = {.p = {.params = mm.params, .grads = grads ? mm.params : 0,
-                          .acts = (grads ? mm.acts : mm.acts_fwd) + extra}};
+                          .acts = (grads ? mm.acts : decode ? mm.acts_decode : mm.acts_fwd) +
+                                  extra}};
     a.vocab_steady = mm.vocab_params * (grads ? 2 : 1);
     proc_finish(&a);
     plan_add(out, &a, -1);

@@ -60,10 +60,11 @@ typedef struct {
  * (run_model_config; the vocabulary resolved). */
 bt_status_t run_mem_plan_job(const job_t *job, const model_config_t *cfg, run_mem_plan_t *out,
                              char *err, size_t errlen);
-/* One process holding the whole model: an arena of B x T, gradients when
- * `grads`, `extra` more bytes (generate's logits). */
+/* One process holding the whole model: a training arena of B x T and
+ * gradients when `grads`, else a forward-only arena (a decode arena for
+ * B = 1 when `decode`), and `extra` more bytes (generate's logits). */
 void run_mem_plan_single(const model_config_t *cfg, int64_t B, int64_t T, bool grads,
-                         double extra, run_mem_plan_t *out);
+                         bool decode, double extra, run_mem_plan_t *out);
 
 /* The part that dominates the total. */
 run_mem_part_t run_mem_plan_main_part(const run_mem_plan_t *p);

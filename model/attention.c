@@ -242,6 +242,31 @@ static attn_views_t attn_views(const model_run_t *r, void *saved)
     return v;
 }
 
+/* decode cache: K then V, [T, Ckv] each (B = 1), after RoPE */
+static double attn_cache_bytes(const model_t *m, int64_t T)
+{
+    attn_dims_t d = attn_dims(m);
+    return 2 * model_align_d((double)T * (double)d.Ckv * (double)dtype_size(m->place.act_dtype));
+}
+
+/* Appends this batch's k, v (positions pos0 ..) to the cache and views the
+ * cache's first pos0 + T positions as [1, Tk, Hkv, D]. */
+static void attn_cache_append(model_run_t *r, const attn_views_t *v, tensor_t *k4, tensor_t *v4)
+{
+    const model_t *m = r->m;
+    attn_dims_t d = attn_dims(m);
+    size_t es = dtype_size(m->place.act_dtype), row = (size_t)d.Ckv * es;
+    size_t vbase = model_align((size_t)r->T_cap * row);
+    int64_t Tk = r->pos0 + r->T;
+    tensor_t kd = model_act_view(m, r->cache, (size_t)r->pos0 * row, 2, (int64_t[]){r->T, d.Ckv});
+    tensor_t vd =
+        model_act_view(m, r->cache, vbase + (size_t)r->pos0 * row, 2, (int64_t[]){r->T, d.Ckv});
+    kern_copy(r->s, &kd, &v->k);
+    kern_copy(r->s, &vd, &v->v);
+    *k4 = model_act_view(m, r->cache, 0, 4, (int64_t[]){1, Tk, d.Hkv, d.D});
+    *v4 = model_act_view(m, r->cache, vbase, 4, (int64_t[]){1, Tk, d.Hkv, d.D});
+}
+
 static bt_status_t attn_forward(model_run_t *r, const model_sub_t *sub, void *saved,
                                 const tensor_t *ln, tensor_t *y)
 {
@@ -257,7 +282,13 @@ static bt_status_t attn_forward(model_run_t *r, const model_sub_t *sub, void *sa
     kern_linear_fwd(s, &v.v, ln, model_sub_param(m, sub, A_V), model_sub_param(m, sub, A_VB));
     kern_rope_fwd(s, &v.q4, &v.q4, &cos, &sin, r->pos);
     kern_rope_fwd(s, &v.k4, &v.k4, &cos, &sin, r->pos);
-    kern_attention_fwd(s, &v.att4, &v.lse, &v.q4, &v.k4, &v.v4, scale, true, 0);
+    if (r->cache) { /* decoding: attend over every cached position and these */
+        tensor_t k4, v4;
+        attn_cache_append(r, &v, &k4, &v4);
+        kern_attention_fwd(s, &v.att4, &v.lse, &v.q4, &k4, &v4, scale, true, r->pos0);
+    } else {
+        kern_attention_fwd(s, &v.att4, &v.lse, &v.q4, &v.k4, &v.v4, scale, true, 0);
+    }
     return model_row_parallel_fwd(r, y, &v.att, model_sub_param(m, sub, A_O),
                                   model_sub_param(m, sub, A_OB), "o_proj output", sub->layer);
 }
@@ -330,6 +361,7 @@ const model_kind_t model_kind_attention = {
     .scratch_bytes = attn_scratch_bytes,
     .shared_bytes = attn_shared_bytes,
     .shared_init = attn_shared_init,
+    .cache_bytes = attn_cache_bytes,
     .forward = attn_forward,
     .backward = attn_backward,
     .fma_per_token = attn_fma_per_token,

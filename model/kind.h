@@ -48,6 +48,12 @@ typedef struct {
     const tensor_t *ones;       /* [N, 1] of 1 in the activation dtype (bias after a reduction) */
     void          *shared;      /* this kind's per-arena state (shared_init), or NULL */
     void          *scratch;     /* scratch_bytes, shared by every sublayer */
+    /* Decoding (model_acts_create_decode; B = 1): this sublayer's cache of
+     * cache_bytes, holding what earlier positions left there, and the
+     * position of this batch's first token (its positions are pos0 ..
+     * pos0 + T - 1). NULL / 0 otherwise. */
+    void          *cache;
+    int64_t        pos0;
 } model_run_t;
 
 struct model_kind {
@@ -70,6 +76,10 @@ struct model_kind {
      * is not supported (a sliding window shorter than T). */
     double (*shared_bytes)(const model_t *m, int64_t T);
     bt_status_t (*shared_init)(const model_t *m, int64_t T, void *shared);
+    /* Bytes a sublayer keeps across forward calls while decoding one
+     * sequence of up to T positions (attention: K and V); NULL when the kind
+     * needs none (it then computes each token from its input alone). */
+    double (*cache_bytes)(const model_t *m, int64_t T);
     /* y[N, C] (overwritten) from ln[N, C]; saved is this sublayer's region. */
     bt_status_t (*forward)(model_run_t *r, const model_sub_t *sub, void *saved, const tensor_t *ln,
                            tensor_t *y);

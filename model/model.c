@@ -332,8 +332,9 @@ void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, i
         if (4 * whole > out->largest) out->largest = 4 * whole;
     }
     if (B > 0 && T > 0) {
-        out->acts = model_acts_plan_bytes(&m, B, T, false);
-        out->acts_fwd = model_acts_plan_bytes(&m, B, T, true);
+        out->acts = model_acts_plan_bytes(&m, B, T, MODEL_ACTS_TRAIN);
+        out->acts_fwd = model_acts_plan_bytes(&m, B, T, MODEL_ACTS_FWD);
+        out->acts_decode = model_acts_plan_bytes(&m, 1, T, MODEL_ACTS_DECODE);
     }
 out:
     free(m.subs);

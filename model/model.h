@@ -156,7 +156,10 @@ typedef struct {
     const int32_t *ids;        /* host [B*T] token ids; needed when stage has_embedding */
     const int32_t *targets;    /* host [B*T] next-token targets or -100; needed when has_head */
     const int32_t *pos;        /* host [B*T] positions, or NULL for 0..T-1 in every row */
-    float         *logits_out; /* optional host [B*T, vocab] copy of the logits (head stage) */
+    float         *logits_out; /* optional host [B*T - logits_from, vocab] copy of the logits
+                                * of rows [logits_from, B*T) (head stage) */
+    int64_t        logits_from; /* first row copied to logits_out (0: all); chunks of rows
+                                 * before it with nothing scored are not computed */
 } model_batch_t;
 
 typedef struct {
@@ -250,6 +253,7 @@ typedef struct {
     double vocab_params; /* of params: the vocabulary-sized tensors (embedding, lm_head) */
     double acts;         /* one model_acts_create(B, T) arena (0 when B or T is 0) */
     double acts_fwd;     /* one model_acts_create_fwd(B, T) arena (0 likewise) */
+    double acts_decode;  /* one model_acts_create_decode(T) arena (0 likewise) */
     double largest;      /* the largest whole tensor of the stage in f32 (what gathering
                             one for an export holds) */
 } model_mem_t;
@@ -273,6 +277,12 @@ bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **o
  * (SmolLM2-135M, 511 tokens: 1063 MB peak resident with the training arena,
  * see bench/RESULTS.md). A forward with dloss > 0 on it is an error. */
 bt_status_t model_acts_create_fwd(model_t *m, int64_t B, int64_t T, model_acts_t **out);
+/* A forward-only arena for decoding one sequence of up to T positions: it
+ * also keeps each sublayer's cache (attention: K and V of every position
+ * seen), so a forward of the next tokens (B = 1; positions continuing the
+ * earlier ones, batch->pos) computes only them. The first forward on it
+ * must start at position 0. */
+bt_status_t model_acts_create_decode(model_t *m, int64_t T, model_acts_t **out);
 void        model_acts_destroy(model_acts_t *a);
 /* Views of the arena, on m's device, for a batch of B x T:
  *  x_in   [B,T,C] the stage's input hidden states (no embedding): fill before forward;

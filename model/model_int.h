@@ -16,9 +16,12 @@ bt_status_t model_tp_reduce(model_t *m, tensor_t *t, coll_op_t op, const char *w
 /* t (a tensor of m's device in its own dtype) = host[numel] f32, and back. */
 bt_status_t model_tensor_write_f32(model_t *m, tensor_t *t, const float *host);
 bt_status_t model_tensor_read_f32(const model_t *m, const tensor_t *t, float *host);
-/* Bytes of the activation arena model_acts_create(m, B, T) (fwd_only:
- * model_acts_create_fwd) would allocate (a double: never wrapped). */
-double      model_acts_plan_bytes(const model_t *m, int64_t B, int64_t T, bool fwd_only);
+/* Bytes of the activation arena of B x T that model_acts_create (mode
+ * MODEL_ACTS_TRAIN), model_acts_create_fwd (_FWD) or
+ * model_acts_create_decode (_DECODE, B = 1) would allocate (a double: never
+ * wrapped). */
+enum { MODEL_ACTS_TRAIN = 0, MODEL_ACTS_FWD, MODEL_ACTS_DECODE };
+double      model_acts_plan_bytes(const model_t *m, int64_t B, int64_t T, int mode);
 /* Whether the collective can work on memory of m's device directly. */
 bool        model_coll_direct(const model_t *m, const coll_comm_t *c);
 

@@ -35,7 +35,10 @@ struct model_acts {
     int64_t  B, T;       /* capacity */
     int64_t  cb, ct;     /* shape of the last forward */
     bool     grad_ready; /* last forward had dloss > 0 */
-    bool     fwd_only;   /* model_acts_create_fwd: slots reused, no backward */
+    bool     fwd_only;   /* model_acts_create_fwd/_decode: slots reused, no backward */
+    bool     decode;     /* model_acts_create_decode: the kinds' caches below */
+    void   **cache;      /* [S] host array: each sublayer's cache region, or NULL */
+    int64_t  cached;     /* decode: positions [0, cached) are in the caches */
     int64_t  head_chunk; /* rows per head chunk */
     void    *mem;        /* device: everything below */
     size_t   bytes;
@@ -119,7 +122,7 @@ static void *shared_of(const model_acts_t *a, const model_kind_t *k)
 typedef struct {
     double  total;
     int64_t head_chunk;
-    bool    fwd_only;
+    bool    fwd_only, decode;
     double  x, ln, rstd, saved, ids, tg, pos, ones, tmp, dres, dln, scratch;
     double  lnf, dlnf, rstdf, logits, dlogits, losses, vmax, vsum;
     const model_kind_t *shared_kind[MODEL_MAX_KINDS];
@@ -135,17 +138,21 @@ static double take(double *off, double bytes)
 }
 
 /* saved_off[S] (may be NULL) receives each sublayer's saved region, relative
- * to p->saved.
+ * to p->saved; cache_off[S] (may be NULL) each sublayer's decode cache
+ * (absolute; -1: none).
  *
  * A forward-only arena (fwd_only) keeps what one forward pass needs at a
  * time: two residual slots used in turn, one norm slot, and one saved region
  * (the largest sublayer's) that every sublayer overwrites; no gradient
- * regions. Its size does not grow with the number of layers. */
-static void acts_plan(const model_t *m, int64_t B, int64_t T, bool fwd_only, acts_plan_t *p,
-                      double *saved_off)
+ * regions. Its size does not grow with the number of layers. A decode arena
+ * (MODEL_ACTS_DECODE) is a forward-only one plus every sublayer's cache. */
+static void acts_plan(const model_t *m, int64_t B, int64_t T, int mode, acts_plan_t *p,
+                      double *saved_off, double *cache_off)
 {
     memset(p, 0, sizeof *p);
+    bool fwd_only = mode != MODEL_ACTS_TRAIN;
     p->fwd_only = fwd_only;
+    p->decode = mode == MODEL_ACTS_DECODE;
     int S = m->n_subs;
     double N = (double)B * (double)T, C = (double)m->cfg.hidden_size, V = (double)m->vocab;
     double es = (double)dtype_size(m->place.act_dtype), NC = N * C * es;
@@ -181,6 +188,11 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, bool fwd_only, act
             p->shared[p->n_shared++] = take(&off, k->shared_bytes(m, T));
         }
     }
+    for (int s = 0; s < S; s++) {
+        const model_kind_t *k = m->subs[s].kind;
+        double at = p->decode && k->cache_bytes ? take(&off, k->cache_bytes(m, T)) : -1;
+        if (cache_off) cache_off[s] = at;
+    }
     double grads = fwd_only ? 0 : 1; /* gradient regions: none in a forward-only arena */
     p->ids = take(&off, N * 4);
     p->tg = take(&off, N * 4);
@@ -203,14 +215,14 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, bool fwd_only, act
     p->total = off;
 }
 
-double model_acts_plan_bytes(const model_t *m, int64_t B, int64_t T, bool fwd_only)
+double model_acts_plan_bytes(const model_t *m, int64_t B, int64_t T, int mode)
 {
     acts_plan_t p;
-    acts_plan(m, B, T, fwd_only, &p, NULL);
+    acts_plan(m, B, T, mode, &p, NULL, NULL);
     return p.total;
 }
 
-static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, bool fwd_only, model_acts_t **out)
+static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, int mode, model_acts_t **out)
 {
     if (B <= 0 || T <= 0) {
         log_error("model: activation arena needs B > 0 and T > 0 (got %lld, %lld)", (long long)B,
@@ -222,18 +234,20 @@ static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, bool fwd_only, 
     a->m = m;
     a->B = B;
     a->T = T;
-    a->fwd_only = fwd_only;
+    a->fwd_only = mode != MODEL_ACTS_TRAIN;
+    a->decode = mode == MODEL_ACTS_DECODE;
     int S = m->n_subs;
-    double *saved_d = calloc((size_t)S + 1, sizeof *saved_d);
+    double *saved_d = calloc(2 * ((size_t)S + 1), sizeof *saved_d), *cache_d = saved_d + S + 1;
     acts_plan_t p;
-    if (saved_d) acts_plan(m, B, T, fwd_only, &p, saved_d);
+    if (saved_d) acts_plan(m, B, T, mode, &p, saved_d, cache_d);
     /* an arena past 2^62 bytes cannot be allocated anywhere: refuse it
      * before the offsets are turned into sizes */
     bool fits = saved_d && p.total < 4611686018427387904.0 && (double)B * (double)T < 1e15;
     a->saved_off = calloc((size_t)S + 1, sizeof *a->saved_off);
+    a->cache = calloc((size_t)S + 1, sizeof *a->cache);
     a->h_pos = fits ? malloc((size_t)(B * T) * sizeof *a->h_pos) : NULL;
     a->h_losses = fits ? malloc((size_t)(B * T) * sizeof *a->h_losses) : NULL;
-    if (!a->saved_off || !a->h_pos || !a->h_losses) {
+    if (!a->saved_off || !a->cache || !a->h_pos || !a->h_losses) {
         if (saved_d && !fits)
             log_error("model: cannot allocate %.3g bytes of activations for B=%lld T=%lld",
                       p.total, (long long)B, (long long)T);
@@ -242,17 +256,19 @@ static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, bool fwd_only, 
         return BT_ERR_NOMEM;
     }
     for (int s = 0; s < S; s++) a->saved_off[s] = (size_t)saved_d[s];
-    free(saved_d);
     a->head_chunk = p.head_chunk;
     a->bytes = (size_t)p.total;
     if (kern_mem_alloc(m->place.dev, a->bytes, &a->mem) != BT_OK) {
         log_error("model: cannot allocate %.1f MB of activations for B=%lld T=%lld",
                   (double)a->bytes / 1e6, (long long)B, (long long)T);
+        free(saved_d);
         model_acts_destroy(a);
         return BT_ERR_NOMEM;
     }
     char *base = a->mem;
 #define AT(o) ((void *)(base + (size_t)(o)))
+    for (int s = 0; s < S; s++) a->cache[s] = cache_d[s] >= 0 ? AT(cache_d[s]) : NULL;
+    free(saved_d);
     a->x = AT(p.x);
     a->ln = AT(p.ln);
     a->rstd = AT(p.rstd);
@@ -316,12 +332,17 @@ static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, bool fwd_only, 
 
 bt_status_t model_acts_create(model_t *m, int64_t B, int64_t T, model_acts_t **out)
 {
-    return acts_create(m, B, T, false, out);
+    return acts_create(m, B, T, MODEL_ACTS_TRAIN, out);
 }
 
 bt_status_t model_acts_create_fwd(model_t *m, int64_t B, int64_t T, model_acts_t **out)
 {
-    return acts_create(m, B, T, true, out);
+    return acts_create(m, B, T, MODEL_ACTS_FWD, out);
+}
+
+bt_status_t model_acts_create_decode(model_t *m, int64_t T, model_acts_t **out)
+{
+    return acts_create(m, 1, T, MODEL_ACTS_DECODE, out);
 }
 
 /* Residual slot of sublayer boundary k, norm slot of sublayer k: a
@@ -336,6 +357,7 @@ void model_acts_destroy(model_acts_t *a)
     free(a->h_losses);
     free(a->h_pos);
     free(a->saved_off);
+    free(a->cache);
     free(a);
 }
 
@@ -472,16 +494,22 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
     for (int64_t r0 = 0; r0 < N; r0 += a->head_chunk) {
         int64_t rows = N - r0 < a->head_chunk ? N - r0 : a->head_chunk;
         int64_t k = model_count_scored(b->targets + r0, rows);
-        if (!b->logits_out && k == 0) continue;
+        bool want = b->logits_out && r0 + rows > b->logits_from;
+        if (!want && k == 0) continue;
         tensor_t xin = model_act_view(m, a->lnf, (size_t)(r0 * C) * es, 2, (int64_t[]){rows, C});
         tensor_t logits = model_act_view(m, a->logits, 0, 2, (int64_t[]){rows, V});
         tensor_t dlogits = model_act_view(m, a->dlogits, 0, 2, (int64_t[]){rows, V});
         tensor_t losses = f32_view(m, a->losses + r0, 1, &rows);
         tensor_t tg = i32_view(m, a->targets + r0, rows);
         kern_linear_fwd(s, &logits, &xin, P(m, m->lm_head), NULL);
-        if (b->logits_out &&
-            (st = head_logits_out(m, b->logits_out + r0 * c->vocab_size, &logits, rows)) != BT_OK)
-            return st;
+        if (want) { /* the rows from logits_from on */
+            int64_t lo = b->logits_from > r0 ? b->logits_from : r0;
+            tensor_t part = model_act_view(m, a->logits, (size_t)((lo - r0) * V) * es, 2,
+                                           (int64_t[]){r0 + rows - lo, V});
+            st = head_logits_out(m, b->logits_out + (lo - b->logits_from) * c->vocab_size, &part,
+                                 r0 + rows - lo);
+            if (st != BT_OK) return st;
+        }
         if ((st = head_xent(m, a, &losses, dloss > 0 ? &dlogits : NULL, &logits, &tg, dloss)))
             return st;
         scored += k;
@@ -569,8 +597,20 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
         }
         a->h_pos[i] = p;
     }
+    int64_t pos0 = a->h_pos[0];
+    if (a->decode) {
+        bool run = b->B == 1;
+        for (int64_t i = 0; i < N && run; i++) run = a->h_pos[i] == pos0 + i;
+        if (!run || pos0 > a->cached) {
+            log_error("model: a decode arena takes one row of consecutive positions that continue "
+                      "the %lld cached ones (got %lld rows from position %lld)",
+                      (long long)a->cached, (long long)b->B, (long long)pos0);
+            return BT_ERR_INVALID;
+        }
+    }
     tensor_t pos, ones;
     model_run_t r = run_ctx(m, a, b->B, b->T, &pos, &ones);
+    r.pos0 = a->decode ? pos0 : 0;
     kern_upload(s, &pos, a->h_pos);
     a->cb = b->B;
     a->ct = b->T;
@@ -594,12 +634,14 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
         tensor_t rstd = f32_view(m, a->rstd + ln_slot(a, k) * N, 1, &N);
         kern_rmsnorm_fwd(s, &ln, &rstd, &x, P(m, sub->norm), eps);
         r.shared = shared_of(a, sub->kind);
+        r.cache = a->decode ? a->cache[k] : NULL;
         if ((st = sub->kind->forward(&r, sub, (char *)a->saved + a->saved_off[k], &ln, &tmp)))
             return st;
         kern_add(s, &xn, &x, &tmp);
     }
     if (st_->has_head && (st = head_forward(m, a, b, dloss, loss)) != BT_OK) return st;
     if ((st = kern_stream_sync(s)) != BT_OK) return st;
+    if (a->decode) a->cached = pos0 + b->T;
     a->grad_ready = dloss > 0;
     return BT_OK;
 }

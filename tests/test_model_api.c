@@ -351,6 +351,90 @@ static void test_model_forward_only_arena(void)
     }
 }
 
+/* max |a - b| over max |b|: logits near zero make element-wise ratios noise */
+static double max_rel_diff(const float *a, const float *b, int64_t n)
+{
+    double d = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (fabs((double)a[i] - b[i]) > d) d = fabs((double)a[i] - b[i]);
+        if (fabs((double)b[i]) > scale) scale = fabs((double)b[i]);
+    }
+    return d / scale;
+}
+
+/* A decode arena: the logits of each position, computed a few tokens at a
+ * time against the K/V cache (a prefill of 5, then single tokens, then a
+ * chunk of 3), match a full forward's to rounding; positions that leave a
+ * gap, two rows, or gradients are refused; a re-decode from an earlier
+ * position overwrites the cache from there. */
+static void test_model_decode_arena(void)
+{
+    model_config_t c = cfg_small();
+    c.num_layers = 3;
+    model_t *m = NULL;
+    REQUIRE(model_create(&c, NULL, &m) == BT_OK);
+    REQUIRE(model_init_random(m, 77, 0.3f) == BT_OK);
+    enum { T = 14 };
+    int64_t V = c.vocab_size;
+    int32_t ids[T], tg[T], pos[T];
+    for (int i = 0; i < T; i++) ids[i] = (i * 13 + 1) % (int32_t)V, tg[i] = MODEL_IGNORE_INDEX, pos[i] = i;
+    float *full = malloc((size_t)(T * V) * sizeof *full), *one = malloc((size_t)(T * V) * sizeof *one);
+    REQUIRE(full && one);
+    model_acts_t *fa = NULL, *da = NULL;
+    REQUIRE(model_acts_create_fwd(m, 1, T, &fa) == BT_OK);
+    REQUIRE(model_acts_create_decode(m, T, &da) == BT_OK);
+    model_loss_t l;
+    model_batch_t fb = {.B = 1, .T = T, .ids = ids, .targets = tg, .logits_out = full};
+    REQUIRE(model_forward_backward(m, fa, &fb, 0, &l) == BT_OK);
+    const int cuts[] = {0, 5, 6, 7, 8, 11, 12, 13, 14};
+    double worst = 0;
+    for (int k = 0; k + 1 < (int)(sizeof cuts / sizeof cuts[0]); k++) {
+        int a0 = cuts[k], n = cuts[k + 1] - cuts[k];
+        model_batch_t b = {.B = 1, .T = n, .ids = ids + a0, .targets = tg, .pos = pos + a0,
+                           .logits_out = one + (int64_t)a0 * V};
+        REQUIRE(model_forward_backward(m, da, &b, 0, &l) == BT_OK);
+    }
+    worst = max_rel_diff(one, full, T * V);
+    CHECK_MSG(worst < 1e-5, "decode logits differ from the full forward's by %.3g (relative)", worst);
+    /* logits_from: only the last row is copied, to logits_out[0] */
+    model_batch_t lb = {.B = 1, .T = T, .ids = ids, .targets = tg, .logits_out = one,
+                        .logits_from = T - 1};
+    REQUIRE(model_forward_backward(m, fa, &lb, 0, &l) == BT_OK);
+    CHECK(memcmp(one, full + (T - 1) * V, (size_t)V * sizeof *one) == 0);
+    /* refusals */
+    model_batch_t gap = {.B = 1, .T = 1, .ids = ids, .targets = tg, .pos = pos + 13};
+    model_acts_t *d2 = NULL;
+    REQUIRE(model_acts_create_decode(m, T, &d2) == BT_OK);
+    CHECK(model_forward_backward(m, d2, &gap, 0, &l) == BT_ERR_INVALID);
+    int32_t two[4] = {0, 1, 0, 1};
+    model_batch_t rows2 = {.B = 2, .T = 2, .ids = ids, .targets = tg, .pos = two};
+    CHECK(model_forward_backward(m, d2, &rows2, 0, &l) == BT_ERR_INVALID);
+    model_batch_t grad = {.B = 1, .T = 2, .ids = ids, .targets = tg, .pos = pos};
+    CHECK(model_forward_backward(m, d2, &grad, 0.5f, &l) == BT_ERR_INVALID);
+    /* rewinding: decode 0..6, then again from 3 with other tokens; the logits
+     * at 3..6 are those of a full forward of the new sequence */
+    model_batch_t p7 = {.B = 1, .T = 7, .ids = ids, .targets = tg, .pos = pos};
+    REQUIRE(model_forward_backward(m, d2, &p7, 0, &l) == BT_OK);
+    int32_t alt[T];
+    memcpy(alt, ids, sizeof alt);
+    for (int i = 3; i < 7; i++) alt[i] = (alt[i] + 7) % (int32_t)V;
+    model_batch_t re = {.B = 1, .T = 4, .ids = alt + 3, .targets = tg, .pos = pos + 3,
+                        .logits_out = one};
+    REQUIRE(model_forward_backward(m, d2, &re, 0, &l) == BT_OK);
+    model_batch_t fb2 = {.B = 1, .T = 7, .ids = alt, .targets = tg, .logits_out = full};
+    REQUIRE(model_forward_backward(m, fa, &fb2, 0, &l) == BT_OK);
+    worst = max_rel_diff(one, full + 3 * V, 4 * V);
+    CHECK_MSG(worst < 1e-5, "re-decoded logits differ by %.3g", worst);
+    model_mem_t mm;
+    model_mem_estimate(&c, NULL, 0, 1, 1, T, &mm);
+    CHECK(mm.acts_decode > mm.acts_fwd);
+    free(full), free(one);
+    model_acts_destroy(fa);
+    model_acts_destroy(da);
+    model_acts_destroy(d2);
+    model_destroy(m);
+}
+
 /* The fenced device catches host code that touches device memory: a model
  * there runs through the backend (a forward pass, reading a parameter back),
  * but a direct read of its parameter block dies of SIGSEGV. */
@@ -492,7 +576,7 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_model_block_layout, test_model_stage_init,
              test_model_positions_and_errors, test_model_head_chunks,
-             test_model_hybrid_blocks, test_model_forward_only_arena,
+             test_model_hybrid_blocks, test_model_forward_only_arena, test_model_decode_arena,
              test_model_fenced_device_catches_host_access,
              test_model_mem_estimate);
 }

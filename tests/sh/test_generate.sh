@@ -23,6 +23,28 @@ while IFS=$'\t' read -r prompt want_p want; do
 done <$F/generate.tsv
 [ $c -eq 2 ] || fail generate_cases "$F/generate.tsv has $c cases, expected 2"
 
+# the KV cache (the default) gives the ids of recomputing the whole prefix
+# for every token (--no-cache), greedy and sampled, on every fixture family
+# (the fixtures without a tokenizer.json borrow the llama fixture's: every
+# one has the same 256-id vocabulary)
+for fx in llama qwen2 mistral llama_tied_llama3 qwen2_bf16 gguf_model/hf; do
+    d=tests/fixtures/$fx
+    if [ ! -f $d/tokenizer.json ]; then
+        d=$tmp/${fx//\//_}; mkdir -p "$d"
+        ln -s "$PWD"/tests/fixtures/$fx/config.json "$PWD"/tests/fixtures/$fx/model.safetensors "$d"/
+        ln -s "$PWD"/tests/fixtures/llama/tokenizer.json "$d"/
+    fi
+    for mode in "" "--temperature 2 --seed 5"; do
+        # shellcheck disable=SC2086
+        c1=$("$BATON" generate --model $d --prompt "abc d" --max-new 20 --ignore-eos --json $mode 2>&1)
+        # shellcheck disable=SC2086
+        c0=$("$BATON" generate --model $d --prompt "abc d" --max-new 20 --ignore-eos --json --no-cache $mode 2>&1)
+        tag=${fx//\//_}_${mode:+sampled}; tag=${tag%_}
+        if [ -n "$(ids_of "$c1")" ] && [ "$c1" = "$c0" ]; then pass "generate_cache_equals_recompute_$tag"
+        else fail "generate_cache_equals_recompute_$tag" "cache: $c1 | recompute: $c0"; fi
+    done
+done
+
 g() { "$BATON" generate --model $F/tiny.gguf --prompt "The captain said" --max-new 16 --json "$@" 2>/dev/null; }
 greedy=$(ids_of "$(g)")
 # top-k 1 and a tiny top-p leave one candidate: the greedy choice at any temperature
