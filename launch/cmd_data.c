@@ -1,6 +1,6 @@
 /* baton data: tokenize text into token shards (data/shard.h), inspect them.
  *
- *   baton data prepare --tokenizer DIR|tokenizer.json --input FILE... --output DIR
+ *   baton data prepare --tokenizer DIR|tokenizer.json|MODEL.gguf --input FILE... --output DIR
  *                      [--shard-tokens N] [--chunk-bytes N] [--quiet]
  *   baton data info DIR
  *
@@ -12,6 +12,7 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "ckpt/model_source.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 
@@ -32,7 +33,7 @@ enum { DATA_CHUNK_BYTES = 8 << 20 };
 static void data_usage(FILE *f)
 {
     fprintf(f,
-            "usage: baton data prepare --tokenizer DIR|FILE --input FILE... --output DIR\n"
+            "usage: baton data prepare --tokenizer DIR|FILE|MODEL.gguf --input FILE... --output DIR\n"
             "                          [--shard-tokens N] [--chunk-bytes N] [--quiet]\n"
             "       baton data info DIR\n"
             "prepare: tokenize each input file (one document each) into token shards in DIR\n"
@@ -127,6 +128,17 @@ static bt_status_t data_prepare_input(tok_t *tok, shard_writer_t *w, const char 
     return st;
 }
 
+/* A GGUF file (its magic): its tokenizer is rebuilt from the metadata. */
+static bool data_is_gguf(const char *path)
+{
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    bool yes = fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    fclose(f);
+    return yes;
+}
+
 static int data_prepare(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -181,7 +193,8 @@ static int data_prepare(int argc, char **argv)
     tok_t *tok = NULL;
     shard_writer_t *w = NULL;
     int rc = 1;
-    if (tok_load(tok_path, &tok) != BT_OK) {
+    if ((data_is_gguf(tok_path) ? ckpt_source_tokenizer(tok_path, &tok, NULL)
+                                : tok_load(tok_path, &tok)) != BT_OK) {
         fprintf(stderr, "baton data prepare: cannot load tokenizer %s (see the error above)\n",
                 tok_path);
         goto out_inputs;

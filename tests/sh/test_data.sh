@@ -76,3 +76,14 @@ $BATON data prepare --tokenizer tests/fixtures/tok/gpt2 --input "$TMP/nope.txt" 
 $BATON data info "$TMP/a" >/dev/null 2>"$TMP/r.err"; gone_rc=$?
 if [ "$n_after" -eq 1 ] && [ $info_rc -eq 0 ] && [ $gone_rc -eq 1 ] && grep -q 'no shard index' "$TMP/r.err"
 then pass data_prepare_rerun; else fail data_prepare_rerun "shards $n_after, rc $info_rc $gone_rc"; fi
+
+# a GGUF's own tokenizer (rebuilt from its metadata) gives the token ids of
+# its Hugging Face twin's tokenizer.json: shard payloads identical past the
+# 64-byte header (which records each tokenizer's hash)
+G=tests/fixtures/gguf_model
+$BATON data prepare --tokenizer $G/tiny.gguf --input $G/text.txt --output "$TMP/gg" --quiet >/dev/null 2>"$TMP/gg.err"; rc1=$?
+$BATON data prepare --tokenizer $G/hf --input $G/text.txt --output "$TMP/gh" --quiet >/dev/null 2>&1; rc2=$?
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ -s "$TMP/gg/shard_00000.bin" ] &&
+    cmp -s <(tail -c +65 "$TMP/gg/shard_00000.bin") <(tail -c +65 "$TMP/gh/shard_00000.bin"); then
+    pass data_prepare_gguf_tokenizer
+else fail data_prepare_gguf_tokenizer "rc $rc1 $rc2: $(cat "$TMP/gg.err")"; fi
