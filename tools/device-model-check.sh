@@ -11,7 +11,10 @@
 #          transformers) and bf16 (1e-2)
 #   train  20 steps of a fixture job on cuda, fp32 and bf16, against the CPU
 #          run: every step's loss within 1e-2 (fp32: 1e-4), no NaN
-#   gen    greedy generation on cuda fp32 gives the CPU's ids
+#   gen    greedy generation on cuda fp32 gives the CPU's ids; the KV cache
+#          gives the ids of recomputing the prefix (fp32, bf16)
+#   skip   a NaN gradient injected at step 3 is skipped and moves nothing
+#   smollm2  SmolLM2-135M's loss on 65536 Austen ids vs the CPU (when present)
 #   memcheck  a short training run under compute-sanitizer: no error
 # Exit status 0 when every row passes.
 set -u
@@ -77,11 +80,60 @@ PY
     cp "$tmp/$dt.jsonl" "$OUT/"
 done
 cp "$tmp/cpu.jsonl" "$OUT/"
+# layouts with their ranks sharing the one GPU (activations and collectives
+# staged through host memory): each against the same layout on the CPU
+for lay in "pp=2" "tp=2" "pp=2 dp=2 zero1"; do
+    sets=(); name=${lay// /_}
+    for kv in $lay; do case $kv in zero1) sets+=(--set parallel.zero1=true) ;;
+                                 *) sets+=(--set "parallel.${kv%%=*}=${kv#*=}") ;; esac; done
+    "$BATON" run "$tmp/job.yaml" --quiet "${sets[@]}" --set metrics.file="$tmp/l_cpu_$name.jsonl" \
+        > "$OUT/train_cpu_$name.log" 2>&1
+    "$BATON" run "$tmp/job.yaml" --quiet "${sets[@]}" --set device=cuda \
+        --set metrics.file="$tmp/l_gpu_$name.jsonl" > "$OUT/train_gpu_$name.log" 2>&1
+    worst=$(python3 - "$tmp/l_cpu_$name.jsonl" "$tmp/l_gpu_$name.jsonl" <<'PY' 2>/dev/null
+import json, math, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1]) if '"loss"' in l]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2]) if '"loss"' in l]
+if len(a) != 20 or len(b) != 20 or any(x is None or not math.isfinite(x) for x in b): print("nan")
+else: print(max(abs(x - y) / abs(x) for x, y in zip(a, b)))
+PY
+)
+    row "train 20 steps fp32 $lay on one GPU" "$worst" 0 1e-4
+done
 
 g_cpu=$("$BATON" generate --model tests/fixtures/llama --prompt "ab" --max-new 12 --json 2>/dev/null)
 g_gpu=$("$BATON" generate --model tests/fixtures/llama --prompt "ab" --max-new 12 --json --device cuda 2>/dev/null)
 if [ -n "$g_cpu" ] && [ "$g_cpu" = "$g_gpu" ]; then same=1; else same=0; fi
 row "generate llama fp32: ids equal the CPU's" "$same" 1 0
+# the KV cache on the GPU against recomputing the prefix there, fp32 and bf16
+for dt in fp32 bf16; do
+    g1=$("$BATON" generate --model tests/fixtures/gguf_model/hf --prompt "The captain said" --max-new 24 \
+         --ignore-eos --json --device cuda --dtype $dt 2>/dev/null)
+    g0=$("$BATON" generate --model tests/fixtures/gguf_model/hf --prompt "The captain said" --max-new 24 \
+         --ignore-eos --json --device cuda --dtype $dt --no-cache 2>/dev/null)
+    if [ -n "$g1" ] && [ "$g1" = "$g0" ]; then same=1; else same=0; fi
+    row "generate $dt cuda: KV cache = recompute" "$same" 1 0
+done
+
+# a poisoned gradient at step 3 on the GPU: skipped, training goes on, and
+# the skipped step moved nothing (3 steps with it = 2 clean steps)
+sed 's/lr: 0.001, min_lr: 0.0001/lr: 0.001, min_lr: 0.001/' "$tmp/job.yaml" > "$tmp/skip.yaml"
+for dt in fp32 bf16; do
+    "$BATON" run "$tmp/skip.yaml" --quiet --set device=cuda --set dtype=$dt --set train.steps=2 \
+        --set checkpoint.dir="$tmp/c2_$dt" --set metrics.file= > /dev/null 2>&1
+    BATON_TEST_NONFINITE=3 "$BATON" run "$tmp/skip.yaml" --quiet --set device=cuda --set dtype=$dt \
+        --set train.steps=3 --set checkpoint.dir="$tmp/p3_$dt" --set metrics.file="$tmp/p3_$dt.jsonl" \
+        > /dev/null 2> "$OUT/skip_$dt.err"
+    sk=$(grep -c '"skipped": true' "$tmp/p3_$dt.jsonl" 2>/dev/null)
+    e2=$("$BATON" eval --model "$tmp/c2_$dt" --ids tests/fixtures/llama/ids.txt --json 2>&1)
+    e3=$("$BATON" eval --model "$tmp/p3_$dt" --ids tests/fixtures/llama/ids.txt --json 2>&1)
+    if [ "${sk:-0}" = 1 ] && [ -n "$(field loss "$e2")" ] && [ "$e2" = "$e3" ]; then same=1; else same=0; fi
+    row "skip $dt cuda: NaN step skipped, nothing moved" "$same" 1 0
+done
+
+# SmolLM2-135M against the CPU (tools/device-smollm2.sh; its rows, when the
+# model and the text are here)
+if OUT=$OUT tools/device-smollm2.sh; then :; else fails=$((fails + 1)); fi
 
 san=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$san" ]; then
