@@ -90,6 +90,14 @@ struct kern_backend {
     void (*mem_free)(int index, void *p);
     bt_status_t (*host_alloc)(int index, size_t nbytes, void **out);
     void (*host_free)(int index, void *p);
+    /* memory another process of this host can map (kernels/device.h,
+     * kern_ipc_*): has_ipc false and functions that answer
+     * BT_ERR_UNSUPPORTED where the device has none */
+    bool has_ipc;
+    bt_status_t (*ipc_alloc)(int index, size_t nbytes, void **out, kern_ipc_handle_t *h);
+    void (*ipc_free)(int index, void *p, size_t nbytes, const kern_ipc_handle_t *h);
+    bt_status_t (*ipc_open)(int index, const kern_ipc_handle_t *h, size_t nbytes, void **out);
+    void (*ipc_close)(int index, void *p, size_t nbytes);
 
     /* streams and events */
     bt_status_t (*stream_create)(int index, kern_stream_t **out);

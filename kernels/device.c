@@ -168,6 +168,39 @@ void kern_host_free(device_t dev, void *p)
     if (p) kern_be(dev, "kern_host_free")->host_free(dev.index, p);
 }
 
+bool kern_ipc_supported(device_t dev)
+{
+    const kern_backend_t *be = (unsigned)dev.kind < DEV_COUNT ? backend_of(dev.kind) : NULL;
+    return be && be->has_ipc;
+}
+
+bt_status_t kern_ipc_alloc(device_t dev, size_t nbytes, void **out, kern_ipc_handle_t *h)
+{
+    memset(h, 0, sizeof *h);
+    bt_status_t st = kern_be(dev, "kern_ipc_alloc")->ipc_alloc(dev.index, nbytes, out, h);
+    if (st != BT_OK) {
+        char d[DEVICE_STR_MAX];
+        log_error("%s: cannot allocate %.1f MB of memory to share with another process (%s)",
+                  device_str(dev, d), (double)nbytes / 1e6, bt_status_str(st));
+    }
+    return st;
+}
+
+void kern_ipc_free(device_t dev, void *p, size_t nbytes, const kern_ipc_handle_t *h)
+{
+    if (p) kern_be(dev, "kern_ipc_free")->ipc_free(dev.index, p, nbytes, h);
+}
+
+bt_status_t kern_ipc_open(device_t dev, const kern_ipc_handle_t *h, size_t nbytes, void **out)
+{
+    return kern_be(dev, "kern_ipc_open")->ipc_open(dev.index, h, nbytes, out);
+}
+
+void kern_ipc_close(device_t dev, void *p, size_t nbytes)
+{
+    if (p) kern_be(dev, "kern_ipc_close")->ipc_close(dev.index, p, nbytes);
+}
+
 bt_status_t kern_stream_create(device_t dev, kern_stream_t **out)
 {
     return kern_be(dev, "kern_stream_create")->stream_create(dev.index, out);

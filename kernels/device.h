@@ -29,6 +29,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/status.h"
 #include "base/tensor.h"
@@ -75,6 +76,29 @@ void kern_mem_free(device_t dev, void *p);
  * plain on cpu). The host may always touch it. */
 bt_status_t kern_host_alloc(device_t dev, size_t nbytes, void **out);
 void kern_host_free(device_t dev, void *p);
+
+/* ---- memory shared with other processes of this host ------------------- */
+
+/* Device memory one process allocates and another process on the same host
+ * maps, so that a pipeline neighbour reads it with a device-to-device copy
+ * (train/handoff.h): on cuda a cudaMalloc allocation and its CUDA IPC
+ * handle (cudaIpcGetMemHandle / cudaIpcOpenMemHandle; the neighbour may sit
+ * on another GPU of the host), on cpu a POSIX shared-memory object whose
+ * name is the handle. The fenced test device has none. The handle is
+ * opaque bytes that travel in a message; kern_ipc_open checks what it can
+ * (on cpu: the name's form and the object's size) and says what failed.
+ * A process cannot open its own cuda handles. */
+#define KERN_IPC_HANDLE_MAX 64
+typedef struct {
+    uint8_t bytes[KERN_IPC_HANDLE_MAX];
+} kern_ipc_handle_t;
+
+bool        kern_ipc_supported(device_t dev);
+bt_status_t kern_ipc_alloc(device_t dev, size_t nbytes, void **out, kern_ipc_handle_t *h);
+void        kern_ipc_free(device_t dev, void *p, size_t nbytes, const kern_ipc_handle_t *h);
+/* Maps another process's allocation of at least nbytes. */
+bt_status_t kern_ipc_open(device_t dev, const kern_ipc_handle_t *h, size_t nbytes, void **out);
+void        kern_ipc_close(device_t dev, void *p, size_t nbytes);
 
 /* ---- streams and events ------------------------------------------------ */
 

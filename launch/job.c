@@ -51,6 +51,8 @@ static const char *const dtype_names[] = {"fp32", "bf16"};
 _Static_assert(sizeof dtype_names / sizeof dtype_names[0] == JOB_DTYPE_COUNT, "dtype_names");
 static const char *const decay_names[] = {"matrices", "all", "none"};
 _Static_assert(sizeof decay_names / sizeof decay_names[0] == JOB_DECAY_COUNT, "decay_names");
+static const char *const handoff_names[] = {"auto", "ipc", "off"};
+_Static_assert(sizeof handoff_names / sizeof handoff_names[0] == JOB_HANDOFF_COUNT, "handoff_names");
 static const char *const edge_names[] = {"control", "pipeline", "data_parallel",
                                          "tensor_parallel", "checkpoint"};
 _Static_assert(sizeof edge_names / sizeof edge_names[0] == JOB_EDGE_COUNT, "edge_names");
@@ -118,6 +120,7 @@ static const field_t fields[] = {
     EDGE("data_parallel", JOB_EDGE_DATA_PARALLEL),
     EDGE("tensor_parallel", JOB_EDGE_TENSOR_PARALLEL),
     EDGE("checkpoint", JOB_EDGE_CKPT),
+    ENUM("transport.handoff", handoff, handoff_names),
 
     {"hosts", F_STR_LIST, OFF(hosts), 0, 0, NULL, 0, JOB_MAX_HOSTS, OFF(n_hosts)},
     STR("device", device),
@@ -838,6 +841,10 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
         }
 #endif
     if (job->n_hosts < 1) return vfail(job, "hosts", err, errlen, "needs at least one host");
+    if (job->handoff == JOB_HANDOFF_IPC && !strncmp(job->device, "fenced", 6))
+        return vfail(job, "transport.handoff", err, errlen,
+                     "ipc hands activations over in memory shared between processes; the %s device has none",
+                     job->device);
     return BT_OK;
 }
 

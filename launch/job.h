@@ -47,6 +47,11 @@ typedef enum { JOB_DECAY_MATRICES = 0, JOB_DECAY_ALL, JOB_DECAY_NONE, JOB_DECAY_
  * activations with f32 gradients and f32 master weights in the optimizer. */
 typedef enum { JOB_DTYPE_FP32 = 0, JOB_DTYPE_BF16, JOB_DTYPE_COUNT } job_dtype_t;
 #define JOB_DEVICE_MAX 16
+/* How pipeline neighbours on one host pass activations: auto (through
+ * shared device memory, train/handoff.h, when the device is a GPU), ipc
+ * (shared memory on any device that has it, cpu included), off (as message
+ * payloads, staged through host memory). */
+typedef enum { JOB_HANDOFF_AUTO = 0, JOB_HANDOFF_IPC, JOB_HANDOFF_OFF, JOB_HANDOFF_COUNT } job_handoff_t;
 /* Edge classes a transport is chosen for. */
 typedef enum { JOB_EDGE_CONTROL = 0, JOB_EDGE_PIPELINE, JOB_EDGE_DATA_PARALLEL,
                JOB_EDGE_TENSOR_PARALLEL, JOB_EDGE_CKPT, JOB_EDGE_COUNT } job_edge_t;
@@ -116,6 +121,7 @@ typedef struct {
     job_optim_t      optim;
     job_parallel_t   parallel;
     job_xport_t      transport[JOB_EDGE_COUNT];
+    job_handoff_t    handoff;                /* transport.handoff */
     char             device[JOB_DEVICE_MAX]; /* "cpu", "cuda", "cuda:N", "fenced", "auto" */
     job_dtype_t      dtype;
     char             hosts[JOB_MAX_HOSTS][JOB_HOST_MAX];

@@ -117,6 +117,7 @@ typedef struct {
     stage_actor_t  stage;
     data_actor_t   data;
     bool           stage_inited, data_inited;
+    bool           same_host[GRAPH_MAX_WORLD]; /* rank r runs on this host (the book's "host") */
 } worker_t;
 
 static bt_status_t file_read_all(const char *path, char *buf, size_t cap, size_t *len)
@@ -248,6 +249,25 @@ static bt_status_t colls_open(worker_t *w, const char *job_id)
     return BT_OK;
 }
 
+/* Which machine this is, as one word: the host name and this boot's id
+ * (two containers may share a name, never a boot id and a name). */
+#define HOST_ID_MAX 128
+static void host_identity(char *buf, size_t cap)
+{
+    char name[64] = "?", boot[40] = "?";
+    if (gethostname(name, sizeof name)) snprintf(name, sizeof name, "?");
+    name[sizeof name - 1] = 0;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) snprintf(boot, sizeof boot, "?");
+        fclose(f);
+    }
+    boot[strcspn(boot, "\n")] = 0;
+    snprintf(buf, cap, "%s/%s", name, boot);
+    for (char *c = buf; *c; c++)
+        if (*c == ' ' || *c == '\t') *c = '_';
+}
+
 static bt_status_t rank_file_write(worker_t *w, const char *run_dir, const char *card)
 {
     char tmp[1024], dst[1024];
@@ -258,7 +278,10 @@ static bt_status_t rank_file_write(worker_t *w, const char *run_dir, const char 
         log_error("rank %d: cannot write %s: %s", w->rank, tmp, strerror(errno));
         return BT_ERR_IO;
     }
+    char host[HOST_ID_MAX];
+    host_identity(host, sizeof host);
     fprintf(f, "card %s\n", card);
+    fprintf(f, "host %s\n", host);
     for (int k = 0; k < GRAPH_GROUP_COUNT; k++)
         if (w->comm[k]) fprintf(f, "coll%d %s\n", k, w->coll_addr[k]);
     if (fclose(f) || rename(tmp, dst)) {
@@ -273,6 +296,7 @@ static bt_status_t rank_file_write(worker_t *w, const char *run_dir, const char 
  * are malloc'd; NULL where the book has none. */
 typedef struct {
     char *card[GRAPH_MAX_WORLD];
+    char *host[GRAPH_MAX_WORLD];
     char *coll[GRAPH_GROUP_COUNT][GRAPH_MAX_WORLD];
 } book_t;
 
@@ -281,6 +305,7 @@ static void book_free(book_t *b)
     if (!b) return;
     for (int r = 0; r < GRAPH_MAX_WORLD; r++) {
         free(b->card[r]);
+        free(b->host[r]);
         for (int k = 0; k < GRAPH_GROUP_COUNT; k++) free(b->coll[k][r]);
     }
     free(b);
@@ -312,6 +337,7 @@ static bt_status_t book_wait(worker_t *w, const char *run_dir, book_t *b)
         if (sscanf(line, "%d %15s %n", &r, key, &off) != 2 || r < 0 || r >= w->g.world) goto bad;
         const char *val = line + off;
         if (!strcmp(key, "card") && strlen(val) < ACTOR_CARD_MAX) slot = &b->card[r];
+        else if (!strcmp(key, "host") && strlen(val) < HOST_ID_MAX) slot = &b->host[r];
         else if (sscanf(key, "coll%d", &k) == 1 && k >= 0 && k < GRAPH_GROUP_COUNT
                  && strlen(val) < XPORT_LISTEN_ADDR_MAX)
             slot = &b->coll[k][r];
@@ -324,6 +350,8 @@ static bt_status_t book_wait(worker_t *w, const char *run_dir, book_t *b)
     }
     free(line);
     fclose(f);
+    for (int r = 0; r < w->g.world; r++)
+        w->same_host[r] = b->host[r] && b->host[w->rank] && !strcmp(b->host[r], b->host[w->rank]);
     return BT_OK;
 bad:
     log_error("rank %d: %s line %d: malformed address book line '%.120s'", w->rank, path, line_no, line);
@@ -381,6 +409,17 @@ static bt_status_t links_connect(worker_t *w, const book_t *b)
     return BT_OK;
 }
 
+/* Whether activations to pipeline neighbour `peer` are handed off
+ * (train/handoff.h): never to ourselves (one process, no second copy) or
+ * another host; with transport.handoff auto on a GPU, with ipc on any
+ * device that shares memory (the job check refused the others). */
+static bool handoff_edge(const worker_t *w, int peer)
+{
+    device_t dev = w->chunks[0]->place.dev;
+    if (peer == w->rank || !w->same_host[peer] || !kern_ipc_supported(dev)) return false;
+    return w->job.handoff == JOB_HANDOFF_IPC || (w->job.handoff == JOB_HANDOFF_AUTO && dev.kind == DEV_CUDA);
+}
+
 static bt_status_t actors_start(worker_t *w)
 {
     const graph_t *g = &w->g;
@@ -422,8 +461,16 @@ static bt_status_t actors_start(worker_t *w)
     for (int k = 0; k < w->n_chunks; k++) {
         int v = graph_chunk_vstage(g, c.pp, k);
         sc.chunks[k] = w->chunks[k];
-        if (v + 1 < g->n_vstages) sc.next[k] = ACTOR_ADDR(graph_vstage_rank(g, v + 1, w->rank), GRAPH_SLOT_STAGE);
-        if (v > 0) sc.prev[k] = ACTOR_ADDR(graph_vstage_rank(g, v - 1, w->rank), GRAPH_SLOT_STAGE);
+        if (v + 1 < g->n_vstages) {
+            int r = graph_vstage_rank(g, v + 1, w->rank);
+            sc.next[k] = ACTOR_ADDR(r, GRAPH_SLOT_STAGE);
+            sc.handoff_next[k] = handoff_edge(w, r);
+        }
+        if (v > 0) {
+            int r = graph_vstage_rank(g, v - 1, w->rank);
+            sc.prev[k] = ACTOR_ADDR(r, GRAPH_SLOT_STAGE);
+            sc.handoff_prev[k] = handoff_edge(w, r);
+        }
     }
     if ((st = stage_actor_init(&w->stage, &sc))) return st;
     w->stage_inited = true;

@@ -315,6 +315,22 @@ bt_status_t model_stage_forward_io(model_t *m, model_acts_t *a, const model_batc
 bt_status_t model_stage_backward_io(model_t *m, model_acts_t *a, const void *dx_out,
                                     void *dx_in);
 
+/* The same with each end chosen: host memory as above, or a tensor on m's
+ * device (in the activation dtype, [B,T,C]; e.g. a pipeline neighbour's
+ * memory mapped into this process, train/handoff.h), copied on the device.
+ * Either way the end is done when the call returns. */
+typedef struct {
+    void           *host; /* host memory, or NULL */
+    const tensor_t *dev;  /* else a device tensor */
+} model_io_t;
+#define MODEL_IO_HOST(p) ((model_io_t){.host = (void *)(p)})
+#define MODEL_IO_DEV(t)  ((model_io_t){.dev = (t)})
+bt_status_t model_stage_forward_at(model_t *m, model_acts_t *a, const model_batch_t *batch,
+                                   model_io_t x_in, float dloss, model_io_t x_out,
+                                   model_loss_t *loss);
+bt_status_t model_stage_backward_at(model_t *m, model_acts_t *a, model_io_t dx_out,
+                                    model_io_t dx_in);
+
 /* Whole-model convenience: forward (+ backward when dloss > 0) of a full
  * model (stage with embedding and head). */
 bt_status_t model_forward_backward(model_t *m, model_acts_t *a, const model_batch_t *batch,

@@ -683,31 +683,51 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
     return kern_stream_sync(s);
 }
 
-bt_status_t model_stage_forward_io(model_t *m, model_acts_t *a, const model_batch_t *b,
-                                   const void *x_in, float dloss, void *x_out,
+/* Fills dst (an arena view) from an endpoint: upload from host memory or a
+ * copy on the device. */
+static void io_in(model_t *m, tensor_t *dst, model_io_t from)
+{
+    if (from.dev) kern_copy(m->stream, dst, from.dev);
+    else kern_upload(m->stream, dst, from.host);
+}
+
+static void io_out(model_t *m, model_io_t to, const tensor_t *src)
+{
+    if (to.dev) {
+        tensor_t d = *to.dev;
+        kern_copy(m->stream, &d, src);
+    } else {
+        kern_download(m->stream, to.host, src);
+    }
+}
+
+static bool io_set(model_io_t e) { return e.host || e.dev; }
+
+bt_status_t model_stage_forward_at(model_t *m, model_acts_t *a, const model_batch_t *b,
+                                   model_io_t x_in, float dloss, model_io_t x_out,
                                    model_loss_t *loss)
 {
-    if ((!m->stage.has_embedding && !x_in) || (!m->stage.has_head && !x_out)) {
+    if ((!m->stage.has_embedding && !io_set(x_in)) || (!m->stage.has_head && !io_set(x_out))) {
         log_error("model: stage [%d,%d) needs %s", m->stage.first_layer, m->stage.last_layer,
-                  !m->stage.has_embedding && !x_in ? "hidden-state input" : "an output buffer");
+                  !m->stage.has_embedding && !io_set(x_in) ? "hidden-state input" : "an output buffer");
         return BT_ERR_INVALID;
     }
     if (!m->stage.has_embedding) {
         tensor_t x = model_acts_x_in(a, b->B, b->T);
-        kern_upload(m->stream, &x, x_in);
+        io_in(m, &x, x_in);
     }
     bt_status_t st = model_stage_forward(m, a, b, dloss, m->stage.has_head ? loss : NULL);
     if (st != BT_OK || m->stage.has_head) return st;
     tensor_t y = model_acts_x_out(a);
-    kern_download(m->stream, x_out, &y);
+    io_out(m, x_out, &y);
     return kern_stream_sync(m->stream);
 }
 
-bt_status_t model_stage_backward_io(model_t *m, model_acts_t *a, const void *dx_out, void *dx_in)
+bt_status_t model_stage_backward_at(model_t *m, model_acts_t *a, model_io_t dx_out, model_io_t dx_in)
 {
-    if ((!m->stage.has_head && !dx_out) || (!m->stage.has_embedding && !dx_in)) {
+    if ((!m->stage.has_head && !io_set(dx_out)) || (!m->stage.has_embedding && !io_set(dx_in))) {
         log_error("model: stage [%d,%d) backward needs %s", m->stage.first_layer,
-                  m->stage.last_layer, !dx_out && !m->stage.has_head ? "dx_out" : "dx_in");
+                  m->stage.last_layer, !io_set(dx_out) && !m->stage.has_head ? "dx_out" : "dx_in");
         return BT_ERR_INVALID;
     }
     if (!a->grad_ready) {
@@ -716,13 +736,25 @@ bt_status_t model_stage_backward_io(model_t *m, model_acts_t *a, const void *dx_
     }
     if (!m->stage.has_head) {
         tensor_t d = model_acts_dx_out(a);
-        kern_upload(m->stream, &d, dx_out);
+        io_in(m, &d, dx_out);
     }
     bt_status_t st = model_stage_backward(m, a);
     if (st != BT_OK || m->stage.has_embedding) return st;
     tensor_t dx = model_acts_dx_in(a);
-    kern_download(m->stream, dx_in, &dx);
+    io_out(m, dx_in, &dx);
     return kern_stream_sync(m->stream);
+}
+
+bt_status_t model_stage_forward_io(model_t *m, model_acts_t *a, const model_batch_t *b,
+                                   const void *x_in, float dloss, void *x_out,
+                                   model_loss_t *loss)
+{
+    return model_stage_forward_at(m, a, b, MODEL_IO_HOST(x_in), dloss, MODEL_IO_HOST(x_out), loss);
+}
+
+bt_status_t model_stage_backward_io(model_t *m, model_acts_t *a, const void *dx_out, void *dx_in)
+{
+    return model_stage_backward_at(m, a, MODEL_IO_HOST(dx_out), MODEL_IO_HOST(dx_in));
 }
 
 bt_status_t model_forward_backward(model_t *m, model_acts_t *a, const model_batch_t *batch,

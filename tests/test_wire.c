@@ -455,6 +455,7 @@ static void bodies_fill(msg_body_t *b, msg_type_t t)
         b->ckpt_shard.start[0] = 256; b->ckpt_shard.start[1] = 0;
         b->ckpt_shard.is_optim = 0;
         break;
+    case MSG_RELEASE: b->release = (msg_release_t){.slot = 7, .gen = 4000000001u}; break;
     default: BT_PANIC("type %d", (int)t);
     }
 }

@@ -148,6 +148,10 @@ static void rnd_body(uint32_t type, msg_body_t *b, bool valid)
         }
         break;
     }
+    case MSG_RELEASE:
+        b->release.slot = (uint32_t)rnd_u64();
+        b->release.gen = (uint32_t)rnd_u64();
+        break;
     default:
         break;
     }

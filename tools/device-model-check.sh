@@ -80,8 +80,9 @@ PY
     cp "$tmp/$dt.jsonl" "$OUT/"
 done
 cp "$tmp/cpu.jsonl" "$OUT/"
-# layouts with their ranks sharing the one GPU (activations and collectives
-# staged through host memory): each against the same layout on the CPU
+# layouts with their ranks sharing the one GPU (pipeline activations handed
+# off through CUDA IPC, collectives staged through host memory): each
+# against the same layout on the CPU
 for lay in "pp=2" "tp=2" "pp=2 dp=2 zero1"; do
     sets=(); name=${lay// /_}
     for kv in $lay; do case $kv in zero1) sets+=(--set parallel.zero1=true) ;;
@@ -99,6 +100,31 @@ else: print(max(abs(x - y) / abs(x) for x, y in zip(a, b)))
 PY
 )
     row "train 20 steps fp32 $lay on one GPU" "$worst" 0 1e-4
+done
+
+# pipeline activations by CUDA IPC (transport.handoff auto on a GPU) against
+# staging them through host memory (off): the same bits, fp32 and bf16, 1F1B
+# and interleaved; the log counts the handoffs, tokens/s of both are shown
+for lay in "pp=2" "pp=2 virtual_stages=2 schedule=interleaved microbatches=4"; do
+    sets=(); name=ho_${lay// /_}
+    for kv in $lay; do sets+=(--set "parallel.${kv%%=*}=${kv#*=}"); done
+    for dt in fp32 bf16; do
+        for h in off auto; do
+            "$BATON" run "$tmp/job.yaml" --quiet "${sets[@]}" --set device=cuda --set dtype=$dt \
+                --set transport.handoff=$h --set checkpoint.dir="$tmp/${name}_${dt}_$h" \
+                --set metrics.file="$tmp/${name}_${dt}_$h.jsonl" > "$OUT/${name}_${dt}_$h.log" 2>&1
+        done
+        e_off=$("$BATON" eval --model "$tmp/${name}_${dt}_off" --ids tests/fixtures/llama/ids.txt --json 2>&1)
+        e_on=$("$BATON" eval --model "$tmp/${name}_${dt}_auto" --ids tests/fixtures/llama/ids.txt --json 2>&1)
+        l_off=$(grep -v val_loss "$tmp/${name}_${dt}_off.jsonl" 2>/dev/null | sed 's/"tokens_per_s.*//')
+        l_on=$(grep -v val_loss "$tmp/${name}_${dt}_auto.jsonl" 2>/dev/null | sed 's/"tokens_per_s.*//')
+        handed=$(grep -o 'handed [0-9]* tensors off' "$OUT/${name}_${dt}_auto.log" | awk '{n += $2} END {print n + 0}')
+        if [ -n "$(field loss "$e_on")" ] && [ "$e_off" = "$e_on" ] && [ -n "$l_on" ] && [ "$l_off" = "$l_on" ] &&
+            [ "$handed" -gt 0 ]; then same=1; else same=0; fi
+        row "$dt $lay: IPC handoff = staged" "$same" 1 0
+        tps() { python3 -c 'import json,sys; l=[json.loads(x) for x in open(sys.argv[1]) if "tokens_per_s" in x]; print(l[-1]["tokens_per_s"] if l else "nan")' "$1" 2>/dev/null; }
+        echo "  $dt $lay: $handed tensors handed off; tokens/s at the end: staged $(tps "$tmp/${name}_${dt}_off.jsonl"), IPC $(tps "$tmp/${name}_${dt}_auto.jsonl")"
+    done
 done
 
 g_cpu=$("$BATON" generate --model tests/fixtures/llama --prompt "ab" --max-new 12 --json 2>/dev/null)

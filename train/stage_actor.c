@@ -26,6 +26,13 @@ struct stage_job {
     int64_t        step;
     double         grad_norm, lr;
     bool           skipped;   /* the step's norm was not finite: no update anywhere */
+    /* handoff (train/handoff.h): the op's input is a neighbour's buffer
+     * (ho_in, from ho_in_src), its output goes into one of ours (ho_out
+     * asked, ho_taken once the compute thread has the buffer) */
+    bool           ho_in, ho_out, ho_taken;
+    handoff_desc_t ho_in_d, ho_out_d;
+    actor_addr_t   ho_in_src;
+    int64_t        out_shape[3];
 };
 
 static uint32_t name_fwd, name_bwd, name_opt;
@@ -100,6 +107,14 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
         stage_actor_fini(s);
         return st;
     }
+    device_t dev = cfg->chunks[0]->place.dev;
+    handoff_map_init(&s->ho_map, dev);
+    for (int k = 0; k < V; k++) s->ho_on |= cfg->handoff_next[k] || cfg->handoff_prev[k];
+    if (s->ho_on && (st = handoff_pool_init(&s->ho_pool, dev))) {
+        s->ho_on = false;
+        stage_actor_fini(s);
+        return st;
+    }
     s->cur = &s->train;
     name_fwd = trace_intern("fwd");
     name_bwd = trace_intern("bwd");
@@ -123,6 +138,16 @@ void stage_actor_fini(stage_actor_t *s)
     pass_free(&s->eval);
     export_bufs_free(s);
     free(s->job);
+    handoff_map_fini(&s->ho_map);
+    if (s->ho_on) {
+        int n;
+        size_t bytes;
+        handoff_pool_usage(&s->ho_pool, &n, &bytes);
+        log_info("rank %d: handed %llu tensors off through %d shared buffers (%.2f MB), %llu released",
+                 s->cfg.rank, (unsigned long long)s->ho_pool.handed, n, (double)bytes / 1e6,
+                 (unsigned long long)s->ho_pool.released);
+        handoff_pool_fini(&s->ho_pool);
+    }
     memset(s, 0, sizeof *s);
 }
 
@@ -183,13 +208,23 @@ static bt_status_t job_op_run(void *arg)
     model_t *m = s->cfg.chunks[j->op.chunk];
     model_acts_t *a = j->acts;
     uint64_t t0 = clock_now_ns(), c0 = stage_cpu_ns();
-    bt_status_t st;
-    if (j->op.kind == PIPE_OP_FWD) {
-        bool head = m->stage.has_head;
-        st = model_stage_forward_io(m, a, &j->batch, j->x_in, j->dloss, j->x_out,
-                                    head ? &j->loss : NULL);
-    } else {
-        st = model_stage_backward_io(m, a, j->dx_out, j->dx_in);
+    bool fwd = j->op.kind == PIPE_OP_FWD;
+    tensor_t in_v, out_v;
+    bt_status_t st = j->ho_in ? handoff_map_view(&s->ho_map, &j->ho_in_d, &in_v) : BT_OK;
+    if (st == BT_OK && j->ho_out) {
+        st = handoff_take(&s->ho_pool, m->place.act_dtype, 3, j->out_shape, &out_v, &j->ho_out_d);
+        j->ho_taken = st == BT_OK;
+    }
+    model_io_t in = j->ho_in ? MODEL_IO_DEV(&in_v) : MODEL_IO_HOST(fwd ? j->x_in : j->dx_out);
+    model_io_t out = j->ho_taken ? MODEL_IO_DEV(&out_v) : MODEL_IO_HOST(fwd ? j->x_out : j->dx_in);
+    if (st == BT_OK && fwd)
+        st = model_stage_forward_at(m, a, &j->batch, in, j->dloss, out,
+                                    m->stage.has_head ? &j->loss : NULL);
+    else if (st == BT_OK)
+        st = model_stage_backward_at(m, a, in, out);
+    if (st && j->ho_taken) { /* nothing goes out: the buffer is ours again */
+        handoff_release(&s->ho_pool, j->ho_out_d.slot, j->ho_out_d.gen);
+        j->ho_taken = false;
     }
     trace_span_cpu(s->a.addr, j->op.kind == PIPE_OP_FWD ? name_fwd : name_bwd, j->step, j->op.mb, t0,
                    clock_now_ns(), stage_cpu_ns() - c0);
@@ -281,6 +316,72 @@ static void fail(stage_actor_t *s, bt_status_t st, const char *what)
 
 static void metrics_send(stage_actor_t *s);
 
+/* The op's pipeline input NAME from message m, as bytes or handed off:
+ * checked against [rows, T, C] in the activation dtype (rows < 0: any, the
+ * activation's own) before anything reads it. Sets the job's input and
+ * out_shape[0] to its rows; false after a failure report. */
+static bool pipe_input(stage_actor_t *s, stage_job_t *j, actor_msg_t *m, const char *name, int chunk,
+                       int64_t rows)
+{
+    const model_t *mod = s->cfg.chunks[chunk];
+    bool handed;
+    tensor_t *t = handoff_msg_tensor(m, name, &handed);
+    int nd = t->ndim;
+    const int64_t *sh = t->shape;
+    dtype_t dt = t->dtype;
+    if (handed) {
+        char err[160], text[224];
+        bt_status_t st = handoff_desc_read(t, &j->ho_in_d, err, sizeof err);
+        if (st) {
+            snprintf(text, sizeof text, "%s from rank %u: %s", name, actor_addr_rank(m->env.src), err);
+            fail(s, st, text);
+            return false;
+        }
+        nd = j->ho_in_d.ndim, sh = j->ho_in_d.shape, dt = j->ho_in_d.dtype;
+        j->ho_in = true;
+        j->ho_in_src = m->env.src;
+    }
+    if (nd != 3 || dt != mod->place.act_dtype || (rows >= 0 && sh[0] != rows) || sh[1] != s->cfg.T ||
+        sh[2] != mod->cfg.hidden_size) {
+        char text[160];
+        snprintf(text, sizeof text, "%s from rank %u: not [%s, %lld, %lld] %s", name, actor_addr_rank(m->env.src),
+                 rows >= 0 ? "B" : "rows", (long long)s->cfg.T, (long long)mod->cfg.hidden_size,
+                 dtype_name(mod->place.act_dtype));
+        fail(s, BT_ERR_INVALID, text);
+        return false;
+    }
+    j->out_shape[0] = sh[0];
+    if (!handed) {
+        if (j->op.kind == PIPE_OP_FWD) j->x_in = t->data;
+        else j->dx_out = t->data;
+    }
+    return true;
+}
+
+/* The op's output message: the tensor NAME [rows, T, C] as bytes, or (hand)
+ * a buffer of ours the compute thread takes and the message describes. */
+static bool pipe_output(stage_actor_t *s, stage_job_t *j, uint32_t type, const char *name, int chunk,
+                        int64_t rows, bool hand)
+{
+    const model_t *mod = s->cfg.chunks[chunk];
+    int64_t shape[3] = {rows, s->cfg.T, mod->cfg.hidden_size};
+    memcpy(j->out_shape, shape, sizeof shape);
+    j->out = actor_msg_new(type);
+    if (j->out && hand) {
+        j->ho_out = true;
+        return true;
+    }
+    tensor_t *t = j->out ? actor_msg_tensor_new(j->out, name, mod->place.act_dtype, 3, shape) : NULL;
+    if (!t) {
+        fail(s, BT_ERR_NOMEM, type == MSG_ACTIVATION ? "activation buffer" : "gradient buffer");
+        return false;
+    }
+    t->device = mod->place.dev; /* its home; the bytes are staged */
+    if (j->op.kind == PIPE_OP_FWD) j->x_out = t->data;
+    else j->dx_in = t->data;
+    return true;
+}
+
 /* Start the next op whose inputs are here; after the last op, the
  * end-of-step job (training) or the metrics (evaluation). */
 static void advance(stage_actor_t *s)
@@ -310,49 +411,28 @@ static void advance(stage_actor_t *s)
     *j = (stage_job_t){.s = s, .op = op, .v = v, .step = p->eval ? STAGE_EVAL_STEP : s->step, .dloss = p->eval ? 0.0f : c->dloss,
                        .acts = s->acts[p->eval ? ix(s, 0, op.chunk) : k]};
     int64_t rows = c->B;
-    dtype_t act = c->chunks[op.chunk]->place.act_dtype;
     if (op.kind == PIPE_OP_FWD) {
         actor_msg_t *d = p->data_in[op.mb];
         if ((v == 0 || v == last) && !d) return;
         if (v != 0 && !p->act_in[k]) return;
-        tensor_t *x = v != 0 ? actor_msg_tensor(p->act_in[k], "x") : NULL;
-        rows = d ? actor_msg_tensor(d, "tokens")->shape[0] : x->shape[0];
-        if (rows < 1 || rows > c->B || (x && (x->shape[0] != rows || x->dtype != act))) {
+        if (v != 0 && !pipe_input(s, j, p->act_in[k], "x", op.chunk, -1)) return;
+        rows = d ? actor_msg_tensor(d, "tokens")->shape[0] : j->out_shape[0];
+        if (rows < 1 || rows > c->B || (v != 0 && j->out_shape[0] != rows)) {
             fail(s, BT_ERR_INVALID, "microbatch rows");
             return;
         }
         j->batch = (model_batch_t){.B = rows, .T = c->T};
         if (v == 0) j->batch.ids = actor_msg_tensor(d, "tokens")->data;
         if (v == last) j->batch.targets = actor_msg_tensor(d, "targets")->data;
-        if (v != 0) j->x_in = x->data;
-        if (v != last) {
-            int64_t shape[3] = {rows, c->T, c->chunks[op.chunk]->cfg.hidden_size};
-            j->out = actor_msg_new(MSG_ACTIVATION);
-            tensor_t *xo = j->out ? actor_msg_tensor_new(j->out, "x", act, 3, shape) : NULL;
-            if (!xo) { fail(s, BT_ERR_NOMEM, "activation buffer"); return; }
-            xo->device = c->chunks[op.chunk]->place.dev; /* its home; the bytes are staged */
-            j->x_out = xo->data;
-            j->out->body.activation.vstage = v + 1;
-        }
+        if (v != last && !pipe_output(s, j, MSG_ACTIVATION, "x", op.chunk, rows, c->handoff_next[op.chunk]))
+            return;
+        if (v != last) j->out->body.activation.vstage = v + 1;
     } else {
         if (v != last && !p->grad_in[k]) return;
-        if (v != last) {
-            const tensor_t *g = actor_msg_tensor(p->grad_in[k], "dx");
-            if (g->dtype != act || g->shape[0] != rows) {
-                fail(s, BT_ERR_INVALID, "activation gradient shape");
-                return;
-            }
-            j->dx_out = g->data;
-        }
-        if (v != 0) {
-            int64_t shape[3] = {rows, c->T, c->chunks[op.chunk]->cfg.hidden_size};
-            j->out = actor_msg_new(MSG_ACT_GRAD);
-            tensor_t *dx = j->out ? actor_msg_tensor_new(j->out, "dx", act, 3, shape) : NULL;
-            if (!dx) { fail(s, BT_ERR_NOMEM, "gradient buffer"); return; }
-            dx->device = c->chunks[op.chunk]->place.dev;
-            j->dx_in = dx->data;
-            j->out->body.act_grad = (msg_act_grad_t){.vstage = v - 1, .loss_scale = 1.0f};
-        }
+        if (v != last && !pipe_input(s, j, p->grad_in[k], "dx", op.chunk, rows)) return;
+        if (v != 0 && !pipe_output(s, j, MSG_ACT_GRAD, "dx", op.chunk, rows, c->handoff_prev[op.chunk]))
+            return;
+        if (v != 0) j->out->body.act_grad = (msg_act_grad_t){.vstage = v - 1, .loss_scale = 1.0f};
     }
     bt_status_t st = job_submit(s, job_op_run, JOB_OP);
     if (st) {
@@ -416,6 +496,20 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
         s->loss_sum += j->loss.loss_sum;
         s->n_scored += j->loss.n_scored;
     }
+    if (j->ho_in) { /* its buffer is read: the neighbour may reuse it */
+        actor_msg_t *r = actor_msg_new(MSG_RELEASE);
+        if (r) {
+            r->body.release = (msg_release_t){.slot = j->ho_in_d.slot, .gen = j->ho_in_d.gen};
+            bt_status_t rs = actor_send(self, j->ho_in_src, r);
+            if (rs && rs != BT_ERR_BUSY) log_warn("rank %d: RELEASE to %#x not sent (%s)", c->rank,
+                                                  j->ho_in_src, bt_status_str(rs));
+        }
+    }
+    if (j->ho_taken && handoff_attach(j->out, j->op.kind == PIPE_OP_FWD ? "x" : "dx", &j->ho_out_d)) {
+        actor_msg_free(j->out);
+        fail(s, BT_ERR_NOMEM, "handoff descriptor");
+        return ACTOR_DONE;
+    }
     if (j->out) {
         j->out->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
         j->out->env.mb = j->op.mb;
@@ -450,7 +544,7 @@ static actor_ret_t keep(stage_actor_t *s, actor_msg_t *m, bool grad, int vstage,
     stage_pass_t *p = pass_of(s, m);
     int chunk = vstage / s->cfg.pipe.pp;
     if (vstage < 0 || vstage >= s->cfg.n_vstages || vstage % s->cfg.pipe.pp != s->cfg.pp_rank ||
-        m->env.mb < 0 || m->env.mb >= p->n_mb || !actor_msg_tensor(m, tensor) ||
+        m->env.mb < 0 || m->env.mb >= p->n_mb || !handoff_msg_tensor(m, tensor, &(bool){false}) ||
         (grad && p->eval)) {
         log_error("rank %d: %s from %#x for virtual stage %d microbatch %d does not belong here; dropped",
                   s->cfg.rank, what, m->env.src, vstage, m->env.mb);
@@ -478,6 +572,16 @@ static actor_ret_t stage_on_act_grad(actor_t *self, actor_msg_t *m)
 {
     stage_actor_t *s = (stage_actor_t *)self;
     return keep(s, m, true, m->body.act_grad.vstage, "ACT_GRAD", "dx");
+}
+
+static actor_ret_t stage_on_release(actor_t *self, actor_msg_t *m)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    const msg_release_t *r = &m->body.release;
+    if (!s->ho_on || handoff_release(&s->ho_pool, r->slot, r->gen))
+        log_error("rank %d: RELEASE from %#x of buffer %u (use %u), which is not in flight; ignored",
+                  s->cfg.rank, m->env.src, r->slot, r->gen);
+    return ACTOR_DONE;
 }
 
 static actor_ret_t stage_on_data(actor_t *self, actor_msg_t *m)
@@ -628,6 +732,7 @@ const actor_class_t stage_actor_class = {
         [MSG_ACTIVATION] = stage_on_activation,
         [MSG_ACT_GRAD] = stage_on_act_grad,
         [MSG_DATA_BATCH] = stage_on_data,
+        [MSG_RELEASE] = stage_on_release,
         [ACTOR_SYS_WORK_DONE] = stage_on_work_done,
     },
     .start = stage_start,

@@ -12,6 +12,11 @@
  *   B(mb, chunk): needs the ACT_GRAD of mb from the next virtual stage
  *                 (tensor "dx"), except on the last virtual stage. Its input
  *                 gradient goes to the previous virtual stage.
+ * Handoff (train/handoff.h): where the config says so for an edge, the
+ * ACTIVATION / ACT_GRAD carries "x.ho" / "dx.ho" instead of the bytes, a
+ * descriptor of a buffer this rank shares with the neighbour on its host;
+ * the receiver copies it on its device after its op and answers RELEASE.
+ * A stage accepts either form on any edge.
  * Messages that arrive before their op is due are kept (ACTOR_KEPT) until it
  * is. After the last op the end-of-step job (train/dist_optim.h) runs on the
  * worker; its completion sends METRICS to the driver: grad_norm, lr and a
@@ -42,6 +47,7 @@
 
 #include "actors/router.h"
 #include "actors/worker.h"
+#include "train/handoff.h"
 #include "train/dist_optim.h"
 #include "model/model.h"
 #include "train/pipe_schedule.h"
@@ -68,6 +74,8 @@ typedef struct {
     model_t        *chunks[STAGE_MAX_CHUNKS];  /* chunk k runs virtual stage k*pp + pp_rank */
     actor_addr_t    next[STAGE_MAX_CHUNKS];    /* stage actor of virtual stage v+1 (unused on the last) */
     actor_addr_t    prev[STAGE_MAX_CHUNKS];    /* ... of v-1 (unused on virtual stage 0) */
+    bool            handoff_next[STAGE_MAX_CHUNKS]; /* hand activations to next[k] off (handoff.h) */
+    bool            handoff_prev[STAGE_MAX_CHUNKS]; /* ... and input gradients to prev[k] */
     actor_addr_t    driver;
     actor_addr_t    data;                      /* local data actor; 0 when none */
     int             tp_rank, tp_size;
@@ -115,6 +123,9 @@ typedef struct {
     float              **export_buf[STAGE_MAX_CHUNKS]; /* per chunk, per parameter: the whole
                                                      * tensor between gather and send */
     uint64_t             t_step0;
+    bool                 ho_on;         /* some edge hands off: ho_pool is set up */
+    handoff_pool_t       ho_pool;       /* buffers this rank hands to its neighbours */
+    handoff_map_t        ho_map;        /* the neighbours' buffers mapped here (compute thread) */
 } stage_actor_t;
 
 /* Op lists, activation arenas; then actor_register with stage_actor_class. */

@@ -341,6 +341,9 @@ static const msg_field_t metrics_fields[] = {
     MF(msg_metrics_t, t_fwd_ms, MF_F64), MF(msg_metrics_t, t_bwd_ms, MF_F64),
     MF(msg_metrics_t, t_opt_ms, MF_F64), MF(msg_metrics_t, t_step_ms, MF_F64),
 };
+static const msg_field_t release_fields[] = {
+    MF(msg_release_t, slot, MF_U32), MF(msg_release_t, gen, MF_U32),
+};
 /* global_shape and start are arrays of ndim entries, handled by hand below */
 static const msg_field_t ckpt_shard_fields[] = {
     MF(msg_ckpt_shard_t, name, MF_STR), MF(msg_ckpt_shard_t, ckpt_step, MF_I64),
@@ -367,6 +370,7 @@ MSG_SIMPLE_CODEC(activation, activation_fields, 0)
 MSG_SIMPLE_CODEC(act_grad, act_grad_fields, 0)
 MSG_SIMPLE_CODEC(data_batch, data_batch_fields, 0)
 MSG_SIMPLE_CODEC(metrics, metrics_fields, 0)
+MSG_SIMPLE_CODEC(release, release_fields, 0)
 
 /* The checks beyond the field table, shared by the tree decoders and the
  * raw ones (err may be NULL). */
@@ -422,6 +426,7 @@ MSG_TABLE_DECODE(activation, activation_fields, "ACTIVATION", msg_activation_che
 MSG_TABLE_DECODE(act_grad, act_grad_fields, "ACT_GRAD", msg_act_grad_check)
 MSG_TABLE_DECODE(data_batch, data_batch_fields, "DATA_BATCH", NULL)
 MSG_TABLE_DECODE(metrics, metrics_fields, "METRICS", NULL)
+MSG_TABLE_DECODE(release, release_fields, "RELEASE", NULL)
 
 static bt_status_t msg_ckpt_shard_encode(msgpack_packer *pk, const void *body)
 {
@@ -487,6 +492,7 @@ const msg_type_info_t msg_types[MSG_TYPE_COUNT] = {
     MSG_INFO(DATA_BATCH, data_batch, msg_data_batch_t),
     MSG_INFO(METRICS, metrics, msg_metrics_t),
     MSG_INFO(CKPT_SHARD, ckpt_shard, msg_ckpt_shard_t),
+    MSG_INFO(RELEASE, release, msg_release_t),
 };
 _Static_assert(sizeof msg_types / sizeof msg_types[0] == MSG_TYPE_COUNT, "one msg_types entry per msg_type_t");
 
@@ -511,6 +517,7 @@ static const msg_field_table_t msg_field_tables[MSG_TYPE_COUNT] = {
     [MSG_DATA_BATCH] = {data_batch_fields, NF(data_batch_fields), true, NULL},
     [MSG_METRICS] = {metrics_fields, NF(metrics_fields), true, NULL},
     [MSG_CKPT_SHARD] = {ckpt_shard_fields, NF(ckpt_shard_fields), false, NULL},
+    [MSG_RELEASE] = {release_fields, NF(release_fields), true, NULL},
 };
 _Static_assert(sizeof msg_field_tables / sizeof msg_field_tables[0] == MSG_TYPE_COUNT, "field tables");
 

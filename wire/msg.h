@@ -28,6 +28,7 @@ typedef enum {
     MSG_DATA_BATCH,    /* tensors "tokens" (i32 [B,T]) and "targets" */
     MSG_METRICS,       /* loss, tokens, timings of one step of one actor */
     MSG_CKPT_SHARD,    /* one slice of one named parameter, tensor "data" */
+    MSG_RELEASE,       /* the receiver is done with memory the sender handed off */
     MSG_TYPE_COUNT,
 } msg_type_t;
 
@@ -102,6 +103,14 @@ typedef struct {
     uint32_t is_optim;            /* 0 = weights, 1.. = optimizer state slot */
 } msg_ckpt_shard_t;
 
+/* RELEASE: an ACTIVATION or ACT_GRAD whose tensor was handed off (its
+ * bytes left in the sender's shared device memory, train/handoff.h) has
+ * been read; the sender may reuse that memory. */
+typedef struct {
+    uint32_t slot; /* the sender's buffer, as the handoff named it */
+    uint32_t gen;  /* which use of it */
+} msg_release_t;
+
 /* Storage for any body; decode into this when the type is not known yet. */
 typedef union {
     msg_ping_t         ping;
@@ -115,6 +124,7 @@ typedef union {
     msg_data_batch_t   data_batch;
     msg_metrics_t      metrics;
     msg_ckpt_shard_t   ckpt_shard;
+    msg_release_t      release;
 } msg_body_t;
 
 typedef bt_status_t (*msg_encode_fn)(msgpack_packer *pk, const void *body);

@@ -4,8 +4,18 @@
  * pointers and dimensions of the layer files. */
 #include "kernels/cpu/cpu.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/log.h"
 
 
 /* ---- devices, memory, streams --------------------------------------------- */
@@ -34,6 +44,96 @@ static void cpu_mem_free(int index, void *p)
 {
     (void)index;
     free(p);
+}
+
+/* Shared memory for another process of this host: a POSIX shared-memory
+ * object named "/baton-PID-N-RANDOM" (the handle holds the name, NUL
+ * included), its pages reserved up front so that a full /dev/shm is an
+ * error here rather than a SIGBUS on first touch. The name is unlinked
+ * when the allocator frees it; a process that dies first leaves it in
+ * /dev/shm. */
+static const char cpu_ipc_prefix[] = "/baton-";
+
+static bt_status_t cpu_ipc_alloc(int index, size_t nbytes, void **out, kern_ipc_handle_t *h)
+{
+    (void)index;
+    static atomic_uint counter;
+    if (nbytes == 0) nbytes = 1;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char *name = (char *)h->bytes;
+    snprintf(name, sizeof h->bytes, "%s%ld-%u-%08lx", cpu_ipc_prefix, (long)getpid(),
+             atomic_fetch_add(&counter, 1), (unsigned long)((uint64_t)ts.tv_nsec * 2654435761u) & 0xffffffffUL);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        log_error("cpu: shm_open(%s): %s", name, strerror(errno));
+        return BT_ERR_IO;
+    }
+    int rc = posix_fallocate(fd, 0, (off_t)nbytes);
+    if (rc) {
+        log_error("cpu: cannot reserve %.1f MB of shared memory for %s: %s (is /dev/shm full?)",
+                  (double)nbytes / 1e6, name, strerror(rc));
+        close(fd);
+        shm_unlink(name);
+        return BT_ERR_NOMEM;
+    }
+    void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        log_error("cpu: mmap of %s: %s", name, strerror(errno));
+        shm_unlink(name);
+        return BT_ERR_NOMEM;
+    }
+    *out = p;
+    return BT_OK;
+}
+
+static void cpu_ipc_free(int index, void *p, size_t nbytes, const kern_ipc_handle_t *h)
+{
+    (void)index;
+    munmap(p, nbytes ? nbytes : 1);
+    char name[KERN_IPC_HANDLE_MAX];
+    memcpy(name, h->bytes, sizeof name);
+    name[sizeof name - 1] = 0;
+    shm_unlink(name);
+}
+
+static bt_status_t cpu_ipc_open(int index, const kern_ipc_handle_t *h, size_t nbytes, void **out)
+{
+    (void)index;
+    const char *name = (const char *)h->bytes;
+    size_t len = strnlen(name, sizeof h->bytes);
+    if (len == sizeof h->bytes || strncmp(name, cpu_ipc_prefix, sizeof cpu_ipc_prefix - 1) ||
+        strchr(name + 1, '/')) {
+        log_error("cpu: shared-memory handle is not a baton object name");
+        return BT_ERR_INVALID;
+    }
+    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) {
+        log_error("cpu: shm_open(%s): %s", name, strerror(errno));
+        return errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) || (uint64_t)sb.st_size < (uint64_t)(nbytes ? nbytes : 1)) {
+        log_error("cpu: shared-memory object %s holds %lld bytes, %zu expected", name,
+                  (long long)sb.st_size, nbytes);
+        close(fd);
+        return BT_ERR_CORRUPT;
+    }
+    void *p = mmap(NULL, nbytes ? nbytes : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        log_error("cpu: mmap of %s: %s", name, strerror(errno));
+        return BT_ERR_NOMEM;
+    }
+    *out = p;
+    return BT_OK;
+}
+
+static void cpu_ipc_close(int index, void *p, size_t nbytes)
+{
+    (void)index;
+    munmap(p, nbytes ? nbytes : 1);
 }
 
 /* ---- streams and events of a backend that works at once (cpu, fenced) ---- */
@@ -280,6 +380,11 @@ const kern_backend_t kern_cpu_backend = {
     .mem_free = cpu_mem_free,
     .host_alloc = cpu_mem_alloc,
     .host_free = cpu_mem_free,
+    .has_ipc = true,
+    .ipc_alloc = cpu_ipc_alloc,
+    .ipc_free = cpu_ipc_free,
+    .ipc_open = cpu_ipc_open,
+    .ipc_close = cpu_ipc_close,
     .stream_create = cpu_stream_create,
     .stream_destroy = kern_immediate_stream_destroy,
     .stream_sync = kern_immediate_stream_sync,

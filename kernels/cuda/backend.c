@@ -252,6 +252,56 @@ static void cuda_host_free(int index, void *p)
         log_error("cudaFreeHost(%p): %s", p, cudaGetErrorString(cudaGetLastError()));
 }
 
+/* Memory for a pipeline neighbour in another process: a cudaMalloc
+ * allocation of its own (IPC handles cover whole allocations; the stream
+ * pools' memory has none) and its cudaIpcMemHandle_t. */
+_Static_assert(sizeof(cudaIpcMemHandle_t) <= KERN_IPC_HANDLE_MAX, "kern_ipc_handle_t is too small");
+
+static bt_status_t cuda_ipc_alloc(int index, size_t nbytes, void **out, kern_ipc_handle_t *h)
+{
+    cudaError_t e = cudaSetDevice(index);
+    if (e == cudaSuccess) e = cudaMalloc(out, nbytes ? nbytes : 1);
+    if (e != cudaSuccess) return cuda_alloc_status(e);
+    cudaIpcMemHandle_t ih;
+    if ((e = cudaIpcGetMemHandle(&ih, *out)) != cudaSuccess) {
+        log_error("cuda:%d: cudaIpcGetMemHandle: %s", index, cudaGetErrorString(e));
+        cudaFree(*out);
+        *out = NULL;
+        return BT_ERR_DEVICE;
+    }
+    memcpy(h->bytes, &ih, sizeof ih);
+    return BT_OK;
+}
+
+static void cuda_ipc_free(int index, void *p, size_t nbytes, const kern_ipc_handle_t *h)
+{
+    (void)nbytes, (void)h;
+    cuda_mem_free(index, p);
+}
+
+static bt_status_t cuda_ipc_open(int index, const kern_ipc_handle_t *h, size_t nbytes, void **out)
+{
+    (void)nbytes; /* the handle names a whole allocation, its size not checkable here */
+    cudaIpcMemHandle_t ih;
+    memcpy(&ih, h->bytes, sizeof ih);
+    cudaError_t e = cudaSetDevice(index);
+    if (e == cudaSuccess) e = cudaIpcOpenMemHandle(out, ih, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+        log_error("cuda:%d: cudaIpcOpenMemHandle: %s", index, cudaGetErrorString(e));
+        cudaGetLastError();
+        return BT_ERR_DEVICE;
+    }
+    return BT_OK;
+}
+
+static void cuda_ipc_close(int index, void *p, size_t nbytes)
+{
+    (void)nbytes;
+    cudaError_t e = cudaSetDevice(index);
+    if (e == cudaSuccess) e = cudaIpcCloseMemHandle(p);
+    if (e != cudaSuccess) log_error("cuda:%d: cudaIpcCloseMemHandle(%p): %s", index, p, cudaGetErrorString(e));
+}
+
 /* ---- streams and events ----------------------------------------------------------------- */
 
 static bt_status_t cuda_stream_create(int index, kern_stream_t **out)
@@ -833,6 +883,11 @@ const kern_backend_t kern_cuda_backend = {
     .mem_free = cuda_mem_free,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .has_ipc = true,
+    .ipc_alloc = cuda_ipc_alloc,
+    .ipc_free = cuda_ipc_free,
+    .ipc_open = cuda_ipc_open,
+    .ipc_close = cuda_ipc_close,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,

@@ -119,6 +119,23 @@ static bt_status_t fenced_host_alloc(int index, size_t nbytes, void **out)
 
 static void fenced_host_free(int index, void *p) { kern_cpu_backend.host_free(index, p); }
 
+/* No memory shared between processes: the fence is per process. */
+static bt_status_t fenced_ipc_alloc(int index, size_t nbytes, void **out, kern_ipc_handle_t *h)
+{
+    (void)index, (void)nbytes, (void)out, (void)h;
+    return BT_ERR_UNSUPPORTED;
+}
+static void fenced_ipc_free(int index, void *p, size_t nbytes, const kern_ipc_handle_t *h)
+{
+    (void)index, (void)p, (void)nbytes, (void)h;
+}
+static bt_status_t fenced_ipc_open(int index, const kern_ipc_handle_t *h, size_t nbytes, void **out)
+{
+    (void)index, (void)h, (void)nbytes, (void)out;
+    return BT_ERR_UNSUPPORTED;
+}
+static void fenced_ipc_close(int index, void *p, size_t nbytes) { (void)index, (void)p, (void)nbytes; }
+
 /* Streams and events: the CPU backend's (work is done at once), under this
  * backend's name. */
 static bt_status_t fenced_stream_create(int index, kern_stream_t **out)
@@ -265,6 +282,11 @@ const kern_backend_t kern_fenced_backend = {
     .mem_free = fenced_mem_free,
     .host_alloc = fenced_host_alloc,
     .host_free = fenced_host_free,
+    .has_ipc = false,
+    .ipc_alloc = fenced_ipc_alloc,
+    .ipc_free = fenced_ipc_free,
+    .ipc_open = fenced_ipc_open,
+    .ipc_close = fenced_ipc_close,
     .stream_create = fenced_stream_create,
     .stream_destroy = kern_immediate_stream_destroy,
     .stream_sync = kern_immediate_stream_sync,
