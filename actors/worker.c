@@ -44,6 +44,12 @@ void actor_complete(actor_t *self, uint64_t tag, void *arg, bt_status_t status)
     actor_complete_(self, tag, arg, status, NULL);
 }
 
+void actor_complete_owned(actor_t *self, uint64_t tag, void *arg, bt_status_t status,
+                          actor_free_fn cleanup)
+{
+    actor_complete_(self, tag, arg, status, cleanup);
+}
+
 static void *worker_main(void *arg)
 {
     actor_worker_t *w = arg;

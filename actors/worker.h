@@ -28,6 +28,10 @@ bt_status_t actor_worker_submit(actor_worker_t *w, actor_t *self, actor_work_fn 
  * stream's completion callback) to self from any thread: self receives the
  * same ACTOR_SYS_WORK_DONE {tag, arg, status} a worker job's completion is. */
 void        actor_complete(actor_t *self, uint64_t tag, void *arg, bt_status_t status);
+/* The same, with cleanup(arg) run instead when self has stopped and the
+ * completion is dropped (so what arg owns is not lost). */
+void        actor_complete_owned(actor_t *self, uint64_t tag, void *arg, bt_status_t status,
+                                 actor_free_fn cleanup);
 /* Jobs queued or running now. */
 uint32_t    actor_worker_backlog(actor_worker_t *w);
 /* Stop: the running job finishes (its completion is delivered or dropped),

@@ -322,9 +322,12 @@ bt_status_t model_stage_backward_io(model_t *m, model_acts_t *a, const void *dx_
 typedef struct {
     void           *host; /* host memory, or NULL */
     const tensor_t *dev;  /* else a device tensor */
+    bool            keep; /* else (an output): left in the arena (model_acts_x_out /
+                           * dx_in) for the caller to copy when it likes */
 } model_io_t;
 #define MODEL_IO_HOST(p) ((model_io_t){.host = (void *)(p)})
 #define MODEL_IO_DEV(t)  ((model_io_t){.dev = (t)})
+#define MODEL_IO_KEEP    ((model_io_t){.keep = true})
 bt_status_t model_stage_forward_at(model_t *m, model_acts_t *a, const model_batch_t *batch,
                                    model_io_t x_in, float dloss, model_io_t x_out,
                                    model_loss_t *loss);

@@ -693,6 +693,7 @@ static void io_in(model_t *m, tensor_t *dst, model_io_t from)
 
 static void io_out(model_t *m, model_io_t to, const tensor_t *src)
 {
+    if (to.keep) return;
     if (to.dev) {
         tensor_t d = *to.dev;
         kern_copy(m->stream, &d, src);
@@ -701,7 +702,7 @@ static void io_out(model_t *m, model_io_t to, const tensor_t *src)
     }
 }
 
-static bool io_set(model_io_t e) { return e.host || e.dev; }
+static bool io_set(model_io_t e) { return e.host || e.dev || e.keep; }
 
 bt_status_t model_stage_forward_at(model_t *m, model_acts_t *a, const model_batch_t *b,
                                    model_io_t x_in, float dloss, model_io_t x_out,

@@ -1,6 +1,7 @@
 #include "train/stage_actor.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,7 +10,118 @@
 #include "base/log.h"
 #include "train/data_actor.h"
 
-enum { JOB_OP = 1, JOB_END = 2, JOB_GATHER = 3 };
+enum { JOB_OP = 1, JOB_END = 2, JOB_GATHER = 3, JOB_STAGED = 4 };
+
+/* ---- host buffers of staged outputs ---------------------------------------- */
+
+/* Buffers of one activation's bytes (the largest [B,T,C] of the stage),
+ * from kern_host_alloc (pinned on cuda: the copy from the device runs at
+ * full speed and asynchronously). A message borrows one and gives it back
+ * when it is freed, on whatever thread that is; the pool outlives its
+ * owner until the last borrowed buffer is back. */
+#define STAGING_MAX 64
+typedef struct staging_buf {
+    stage_staging_t    *pool;
+    void               *p;
+    struct staging_buf *next;
+} staging_buf_t;
+
+struct stage_staging {
+    pthread_mutex_t mu;
+    device_t        dev;
+    size_t          cap;
+    staging_buf_t  *free;
+    int             n, out;
+    bool            closing;
+};
+
+static stage_staging_t *staging_new(device_t dev, size_t cap)
+{
+    stage_staging_t *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    if (pthread_mutex_init(&p->mu, NULL)) {
+        free(p);
+        return NULL;
+    }
+    p->dev = dev;
+    p->cap = cap;
+    return p;
+}
+
+static staging_buf_t *staging_get(stage_staging_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    staging_buf_t *b = p->free;
+    if (b) p->free = b->next;
+    else if (p->n < STAGING_MAX && (b = calloc(1, sizeof *b))) {
+        if (kern_host_alloc(p->dev, p->cap, &b->p)) {
+            free(b);
+            b = NULL;
+        } else {
+            b->pool = p;
+            p->n++;
+        }
+    }
+    if (b) p->out++;
+    pthread_mutex_unlock(&p->mu);
+    if (!b) log_error("stage: no host buffer for a staged activation (%d in flight)", p->n);
+    return b;
+}
+
+static void staging_free_pool(stage_staging_t *p)
+{
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+static void staging_put(void *arg)
+{
+    staging_buf_t *b = arg;
+    stage_staging_t *p = b->pool;
+    pthread_mutex_lock(&p->mu);
+    p->out--;
+    bool last = false;
+    if (p->closing) {
+        kern_host_free(p->dev, b->p);
+        free(b);
+        last = p->out == 0;
+    } else {
+        b->next = p->free;
+        p->free = b;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (last) staging_free_pool(p);
+}
+
+static void staging_close(stage_staging_t *p)
+{
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->closing = true;
+    while (p->free) {
+        staging_buf_t *b = p->free;
+        p->free = b->next;
+        kern_host_free(p->dev, b->p);
+        free(b);
+    }
+    bool last = p->out == 0;
+    pthread_mutex_unlock(&p->mu);
+    if (last) staging_free_pool(p);
+}
+
+/* A staged output on its way: sent when its copy is done. */
+typedef struct {
+    stage_actor_t *s;
+    actor_msg_t   *m;
+    actor_addr_t   to;
+} stage_send_t;
+
+static void stage_send_drop(void *arg)
+{
+    stage_send_t *r = arg;
+    actor_msg_free(r->m);
+    free(r);
+}
 
 /* The one job in flight (ops run one at a time, in list order). */
 struct stage_job {
@@ -33,6 +145,10 @@ struct stage_job {
     handoff_desc_t ho_in_d, ho_out_d;
     actor_addr_t   ho_in_src;
     int64_t        out_shape[3];
+    int            arena;          /* index of acts in s->acts */
+    stage_send_t  *staged;         /* the output goes out when its copy is done */
+    void          *stage_buf;      /* ... from the device into this host buffer */
+    bool           staged_queued;  /* the copy and its notification are queued */
 };
 
 static uint32_t name_fwd, name_bwd, name_opt;
@@ -108,6 +224,19 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
         return st;
     }
     device_t dev = cfg->chunks[0]->place.dev;
+    size_t act_bytes = (size_t)cfg->B * (size_t)cfg->T * (size_t)cfg->chunks[0]->cfg.hidden_size *
+                       dtype_size(cfg->chunks[0]->place.act_dtype);
+    s->ev_copied = calloc((size_t)(M * V), sizeof *s->ev_copied);
+    s->copy_pending = calloc((size_t)(M * V), sizeof *s->copy_pending);
+    s->staging = staging_new(dev, act_bytes);
+    if (!st && (!s->ev_copied || !s->copy_pending || !s->staging)) st = BT_ERR_NOMEM;
+    if (!st) st = kern_stream_create(dev, &s->copy);
+    if (!st) st = kern_event_create(dev, &s->ev_compute);
+    for (int k = 0; k < M * V && !st; k++) st = kern_event_create(dev, &s->ev_copied[k]);
+    if (st) {
+        stage_actor_fini(s);
+        return st;
+    }
     handoff_map_init(&s->ho_map, dev);
     for (int k = 0; k < V; k++) s->ho_on |= cfg->handoff_next[k] || cfg->handoff_prev[k];
     if (s->ho_on && (st = handoff_pool_init(&s->ho_pool, dev))) {
@@ -138,6 +267,17 @@ void stage_actor_fini(stage_actor_t *s)
     pass_free(&s->eval);
     export_bufs_free(s);
     free(s->job);
+    if (s->copy) { /* the last staged copies read the arenas: let them finish */
+        kern_stream_sync(s->copy);
+        kern_stream_destroy(s->copy);
+    }
+    if (s->ev_compute) kern_event_destroy(s->ev_compute);
+    if (s->ev_copied)
+        for (int k = 0; k < s->cfg.pipe.microbatches * s->cfg.pipe.vpp; k++)
+            if (s->ev_copied[k]) kern_event_destroy(s->ev_copied[k]);
+    free(s->ev_copied);
+    free(s->copy_pending);
+    staging_close(s->staging);
     handoff_map_fini(&s->ho_map);
     if (s->ho_on) {
         int n;
@@ -201,6 +341,13 @@ static uint64_t stage_cpu_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* The copy of a staged output is done (any thread): its message may go. */
+static void staged_copied(void *arg, bt_status_t status)
+{
+    stage_send_t *r = arg;
+    actor_complete_owned(&r->s->a, JOB_STAGED, r, status, stage_send_drop);
+}
+
 static bt_status_t job_op_run(void *arg)
 {
     stage_job_t *j = arg;
@@ -216,7 +363,10 @@ static bt_status_t job_op_run(void *arg)
         j->ho_taken = st == BT_OK;
     }
     model_io_t in = j->ho_in ? MODEL_IO_DEV(&in_v) : MODEL_IO_HOST(fwd ? j->x_in : j->dx_out);
-    model_io_t out = j->ho_taken ? MODEL_IO_DEV(&out_v) : MODEL_IO_HOST(fwd ? j->x_out : j->dx_in);
+    model_io_t out = j->ho_taken ? MODEL_IO_DEV(&out_v)
+                     : j->staged ? MODEL_IO_KEEP : MODEL_IO_HOST(fwd ? j->x_out : j->dx_in);
+    /* this arena's last output may still be on its way to the host */
+    if (s->copy_pending[j->arena]) kern_stream_wait(m->stream, s->ev_copied[j->arena]);
     if (st == BT_OK && fwd)
         st = model_stage_forward_at(m, a, &j->batch, in, j->dloss, out,
                                     m->stage.has_head ? &j->loss : NULL);
@@ -225,6 +375,16 @@ static bt_status_t job_op_run(void *arg)
     if (st && j->ho_taken) { /* nothing goes out: the buffer is ours again */
         handoff_release(&s->ho_pool, j->ho_out_d.slot, j->ho_out_d.gen);
         j->ho_taken = false;
+    }
+    if (st == BT_OK && j->staged) { /* the copy overlaps with the next op */
+        tensor_t y = fwd ? model_acts_x_out(a) : model_acts_dx_in(a);
+        kern_event_record(s->ev_compute, m->stream);
+        kern_stream_wait(s->copy, s->ev_compute);
+        kern_download(s->copy, j->stage_buf, &y);
+        kern_event_record(s->ev_copied[j->arena], s->copy);
+        s->copy_pending[j->arena] = true;
+        st = kern_stream_notify(s->copy, staged_copied, j->staged);
+        j->staged_queued = st == BT_OK;
     }
     trace_span_cpu(s->a.addr, j->op.kind == PIPE_OP_FWD ? name_fwd : name_bwd, j->step, j->op.mb, t0,
                    clock_now_ns(), stage_cpu_ns() - c0);
@@ -371,14 +531,26 @@ static bool pipe_output(stage_actor_t *s, stage_job_t *j, uint32_t type, const c
         j->ho_out = true;
         return true;
     }
-    tensor_t *t = j->out ? actor_msg_tensor_new(j->out, name, mod->place.act_dtype, 3, shape) : NULL;
-    if (!t) {
+    /* staged: the bytes in a host buffer the message borrows, copied there
+     * on the copy stream; the message leaves when they are */
+    staging_buf_t *b = j->out ? staging_get(s->staging) : NULL;
+    j->staged = b ? malloc(sizeof *j->staged) : NULL;
+    tensor_t view = tensor_make(b ? b->p : NULL, mod->place.act_dtype, mod->place.dev, 3, shape);
+    if (!j->staged || actor_msg_tensor_add(j->out, name, &view)) {
+        if (b) staging_put(b);
+        free(j->staged);
+        j->staged = NULL;
+        if (j->out) actor_msg_free(j->out);
+        j->out = NULL;
         fail(s, BT_ERR_NOMEM, type == MSG_ACTIVATION ? "activation buffer" : "gradient buffer");
         return false;
     }
-    t->device = mod->place.dev; /* its home; the bytes are staged */
-    if (j->op.kind == PIPE_OP_FWD) j->x_out = t->data;
-    else j->dx_in = t->data;
+    actor_msg_on_free(j->out, staging_put, b);
+    j->out->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
+    j->out->env.mb = j->op.mb;
+    *j->staged = (stage_send_t){.s = s, .m = j->out,
+                                .to = j->op.kind == PIPE_OP_FWD ? s->cfg.next[chunk] : s->cfg.prev[chunk]};
+    j->stage_buf = b->p;
     return true;
 }
 
@@ -409,7 +581,7 @@ static void advance(stage_actor_t *s)
     /* evaluation ops carry STAGE_EVAL_STEP, as their messages do: the trace
      * keeps them apart from the training step they follow */
     *j = (stage_job_t){.s = s, .op = op, .v = v, .step = p->eval ? STAGE_EVAL_STEP : s->step, .dloss = p->eval ? 0.0f : c->dloss,
-                       .acts = s->acts[p->eval ? ix(s, 0, op.chunk) : k]};
+                       .acts = s->acts[p->eval ? ix(s, 0, op.chunk) : k], .arena = p->eval ? ix(s, 0, op.chunk) : k};
     int64_t rows = c->B;
     if (op.kind == PIPE_OP_FWD) {
         actor_msg_t *d = p->data_in[op.mb];
@@ -434,9 +606,11 @@ static void advance(stage_actor_t *s)
             return;
         if (v != 0) j->out->body.act_grad = (msg_act_grad_t){.vstage = v - 1, .loss_scale = 1.0f};
     }
+    if (j->staged) j->out = NULL; /* the send record owns it now */
     bt_status_t st = job_submit(s, job_op_run, JOB_OP);
     if (st) {
         if (j->out) actor_msg_free(j->out);
+        if (j->staged) stage_send_drop(j->staged);
         fail(s, st, "compute submit");
     }
 }
@@ -466,8 +640,22 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
 {
     stage_actor_t *s = (stage_actor_t *)self;
     stage_job_t *j = s->job;
-    s->busy = false;
     bt_status_t st = m->sys.work.status;
+    if (m->sys.work.tag == JOB_STAGED) { /* a staged output's bytes are on the host */
+        stage_send_t *r = m->sys.work.arg;
+        actor_msg_t *out = r->m;
+        actor_addr_t to = r->to;
+        free(r);
+        if (st) {
+            actor_msg_free(out);
+            fail(s, st, "copying an output to the host");
+            return ACTOR_DONE;
+        }
+        st = actor_send(self, to, out);
+        if (st && st != BT_ERR_BUSY) fail(s, st, "pipeline send");
+        return ACTOR_DONE;
+    }
+    s->busy = false;
     if (m->sys.work.tag == JOB_GATHER) {
         if (st) fail(s, st, "export gather");
         else export_params(s);
@@ -486,6 +674,7 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
     }
     if (st) {
         if (j->out) actor_msg_free(j->out);
+        if (j->staged && !j->staged_queued) stage_send_drop(j->staged);
         fail(s, st, j->op.kind == PIPE_OP_FWD ? "forward" : "backward");
         return ACTOR_DONE;
     }

@@ -95,6 +95,7 @@ typedef struct {
 } stage_actor_config_t;
 
 typedef struct stage_job stage_job_t;
+typedef struct stage_staging stage_staging_t;
 
 /* One kind of pass: its op list and the kept inputs of its microbatches. */
 typedef struct {
@@ -123,6 +124,16 @@ typedef struct {
     float              **export_buf[STAGE_MAX_CHUNKS]; /* per chunk, per parameter: the whole
                                                      * tensor between gather and send */
     uint64_t             t_step0;
+    /* staged outputs (not handed off): the compute thread queues the copy
+     * of an op's output into a host buffer from `staging` (pinned on cuda)
+     * on `copy` and goes on with the next op; the message leaves when the
+     * copy is done (JOB_STAGED). An op on an arena whose copy may still
+     * run waits for ev_copied[arena] on its own stream first. */
+    kern_stream_t       *copy;
+    kern_event_t        *ev_compute;
+    kern_event_t       **ev_copied;     /* [M * vpp] */
+    bool                *copy_pending;  /* [M * vpp], compute thread */
+    stage_staging_t     *staging;
     bool                 ho_on;         /* some edge hands off: ho_pool is set up */
     handoff_pool_t       ho_pool;       /* buffers this rank hands to its neighbours */
     handoff_map_t        ho_map;        /* the neighbours' buffers mapped here (compute thread) */
