@@ -48,6 +48,13 @@ const char *ckpt_st_dtype_name(dtype_t dt)
     return NULL;
 }
 
+bool ckpt_st_dtype_from_name(const char *name, dtype_t *out)
+{
+    const st_dtype_t *d = st_dtype_lookup(name);
+    if (d) *out = d->dtype;
+    return d != NULL;
+}
+
 static void st_file_free(ckpt_st_file_t *f)
 {
     if (!f) return;

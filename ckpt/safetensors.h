@@ -15,6 +15,7 @@
 #ifndef BT_CKPT_SAFETENSORS_H
 #define BT_CKPT_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -72,6 +73,8 @@ bt_status_t ckpt_st_read_piece(const ckpt_st_file_t *f, const ckpt_st_tensor_t *
 
 /* "F32" etc. for a dtype_t; NULL when safetensors has no name for it. */
 const char *ckpt_st_dtype_name(dtype_t dt);
+/* The dtype_t of a safetensors dtype name; false when there is none. */
+bool        ckpt_st_dtype_from_name(const char *name, dtype_t *out);
 
 typedef struct {
     const char *name;
