@@ -635,18 +635,6 @@ static bt_status_t reader_file(ckpt_reader_t *r, uint32_t i, ckpt_st_file_t **ou
     return BT_OK;
 }
 
-typedef struct {
-    char       *dst;
-    const char *src;
-    size_t      elem;
-} run_copy_t;
-
-static void run_copy(void *arg, int64_t so, int64_t dof, int64_t n)
-{
-    run_copy_t *c = arg;
-    memcpy(c->dst + (size_t)dof * c->elem, c->src + (size_t)so * c->elem, (size_t)n * c->elem);
-}
-
 bt_status_t ckpt_read(ckpt_reader_t *r, const char *tensor, const shard_spec_t *want, void *dst,
                       char *err, size_t cap)
 {
@@ -667,8 +655,7 @@ bt_status_t ckpt_read(ckpt_reader_t *r, const char *tensor, const shard_spec_t *
             (uint64_t)((const uint8_t *)st_t->data - (const uint8_t *)f->map) != p->offset)
             return errf(err, cap, BT_ERR_CORRUPT, "%s: %s does not match the index (missing, or another dtype, size or place)",
                         f->path, p->key);
-        run_copy_t c = {.dst = dst, .src = st_t->data, .elem = elem};
-        shard_runs(want, &p->spec, run_copy, &c);
+        shard_copy(want, dst, &p->spec, st_t->data, elem);
     }
     return BT_OK;
 }

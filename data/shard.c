@@ -1,4 +1,5 @@
 /* Token shard files and shard sets; contract and layout in data/shard.h. */
+#include "base/le.h"
 #include "data/shard.h"
 
 #include "base/log.h"
@@ -20,30 +21,6 @@ enum {
     OFF_VOCAB = 20, OFF_COUNT = 24, OFF_CHECKSUM = 32, OFF_TOK_HASH = 40,
 };
 _Static_assert(OFF_TOK_HASH + 8 + 16 == SHARD_HEADER_BYTES, "shard header layout");
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
 
 static uint32_t shard_token_bytes(uint32_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
@@ -81,18 +58,18 @@ bt_status_t shard_file_write(const char *path, const uint32_t *ids, uint64_t n,
             payload[2 * i] = (uint8_t)ids[i];
             payload[2 * i + 1] = (uint8_t)(ids[i] >> 8);
         } else {
-            put_u32(payload + 4 * i, ids[i]);
+            le_put32(payload + 4 * i, ids[i]);
         }
     }
     uint8_t hdr[SHARD_HEADER_BYTES] = {0};
     memcpy(hdr + OFF_MAGIC, SHARD_MAGIC, 8);
-    put_u32(hdr + OFF_VERSION, SHARD_VERSION);
-    put_u32(hdr + OFF_HEADER_BYTES, SHARD_HEADER_BYTES);
-    put_u32(hdr + OFF_TOKEN_BYTES, tb);
-    put_u32(hdr + OFF_VOCAB, vocab_size);
-    put_u64(hdr + OFF_COUNT, n);
-    put_u64(hdr + OFF_CHECKSUM, XXH64(payload, payload_len, 0));
-    put_u64(hdr + OFF_TOK_HASH, tokenizer_hash);
+    le_put32(hdr + OFF_VERSION, SHARD_VERSION);
+    le_put32(hdr + OFF_HEADER_BYTES, SHARD_HEADER_BYTES);
+    le_put32(hdr + OFF_TOKEN_BYTES, tb);
+    le_put32(hdr + OFF_VOCAB, vocab_size);
+    le_put64(hdr + OFF_COUNT, n);
+    le_put64(hdr + OFF_CHECKSUM, XXH64(payload, payload_len, 0));
+    le_put64(hdr + OFF_TOK_HASH, tokenizer_hash);
 
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -147,9 +124,9 @@ bt_status_t shard_file_open(const char *path, shard_file_t *out)
     }
     const uint8_t *h = map;
     bt_status_t st = BT_ERR_CORRUPT;
-    uint32_t version = get_u32(h + OFF_VERSION), hb = get_u32(h + OFF_HEADER_BYTES);
-    uint32_t tb = get_u32(h + OFF_TOKEN_BYTES);
-    uint64_t n = get_u64(h + OFF_COUNT);
+    uint32_t version = le_get32(h + OFF_VERSION), hb = le_get32(h + OFF_HEADER_BYTES);
+    uint32_t tb = le_get32(h + OFF_TOKEN_BYTES);
+    uint64_t n = le_get64(h + OFF_COUNT);
     if (memcmp(h + OFF_MAGIC, SHARD_MAGIC, 8)) {
         log_error("%s: not a token shard (bad magic)", path);
         goto fail_map;
@@ -175,14 +152,14 @@ bt_status_t shard_file_open(const char *path, shard_file_t *out)
         goto fail_map;
     }
     uint64_t sum = XXH64(h + hb, (size_t)(n * tb), 0);
-    if (sum != get_u64(h + OFF_CHECKSUM)) {
+    if (sum != le_get64(h + OFF_CHECKSUM)) {
         log_error("%s: checksum mismatch: payload XXH64 %016" PRIx64 ", header says %016" PRIx64,
-                  path, sum, get_u64(h + OFF_CHECKSUM));
+                  path, sum, le_get64(h + OFF_CHECKSUM));
         goto fail_map;
     }
     *out = (shard_file_t){.map = map, .map_len = size, .payload = h + hb, .n_tokens = n,
-                          .token_bytes = tb, .vocab_size = get_u32(h + OFF_VOCAB),
-                          .tokenizer_hash = get_u64(h + OFF_TOK_HASH), .checksum = sum};
+                          .token_bytes = tb, .vocab_size = le_get32(h + OFF_VOCAB),
+                          .tokenizer_hash = le_get64(h + OFF_TOK_HASH), .checksum = sum};
     return BT_OK;
 
 fail_map:
@@ -505,7 +482,7 @@ bt_status_t shard_set_tokens(const shard_set_t *set, uint64_t start, size_t n, u
         if (f->token_bytes == 2)
             for (size_t i = 0; i < take; i++) out[i] = (uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8;
         else
-            for (size_t i = 0; i < take; i++) out[i] = get_u32(p + 4 * i);
+            for (size_t i = 0; i < take; i++) out[i] = le_get32(p + 4 * i);
         out += take;
         start += take;
         n -= take;

@@ -22,23 +22,19 @@ BUILD=${BUILD:-build}
 OUT=${OUT:-/tmp/device-model-check}
 BATON=$PWD/$BUILD/baton
 mkdir -p "$OUT"
-LIB=$PWD/$BUILD/devpack/root/usr/lib/x86_64-linux-gnu
-if [ -d "$LIB" ]; then
-    export LD_LIBRARY_PATH="$LIB:$LIB/openblas-pthread:$LIB/ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    export UCX_MODULE_DIR=$LIB/ucx
-fi
-fails=0
-row() { # what got want tol
-    local r
-    r=$(awk -v a="$2" -v b="$3" -v t="$4" 'BEGIN {
-        if (a == "" || b == "" || a != a + 0) { print "nan FAIL"; exit }
-        d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; r = m > 0 ? d / m : d;
-        printf "%.3g %s\n", r, (r <= t ? "PASS" : "FAIL") }')
-    printf '%-44s %-22s %-22s %-10s %-8s %s\n' "$1" "$2" "$3" "${r% *}" "$4" "${r#* }"
-    [ "${r#* }" = PASS ] || fails=$((fails + 1))
-}
-field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" <<<"$2" | head -1; }
+. "$(dirname "$0")/device-lib.sh"
 printf '%-44s %-22s %-22s %-10s %-8s %s\n' check gpu reference rel tol result
+# worst_rel REF.jsonl GOT.jsonl: the largest relative difference of the 20
+# step losses, nan when either run does not have 20 finite ones
+worst_rel() {
+    python3 - "$1" "$2" <<'PY' 2>/dev/null
+import json, math, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1]) if '"loss"' in l]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2]) if '"loss"' in l]
+if len(a) != 20 or len(b) != 20 or any(x is None or not math.isfinite(x) for x in b): print("nan")
+else: print(max(abs(x - y) / abs(x) for x, y in zip(a, b)))
+PY
+}
 
 for fx in llama llama_f16 llama_sharded llama_tied_llama3 mistral qwen2 qwen2_bf16; do
     d=tests/fixtures/$fx
@@ -68,14 +64,7 @@ for dt in fp32 bf16; do
     tol=1e-4; [ $dt = bf16 ] && tol=1e-2
     "$BATON" run "$tmp/job.yaml" --quiet --set device=cuda --set dtype=$dt \
         --set metrics.file="$tmp/$dt.jsonl" > "$OUT/train_$dt.log" 2>&1
-    worst=$(python3 - "$tmp/cpu.jsonl" "$tmp/$dt.jsonl" <<'PY' 2>/dev/null
-import json, math, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1]) if '"loss"' in l]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2]) if '"loss"' in l]
-if len(a) != 20 or len(b) != 20 or any(x is None or not math.isfinite(x) for x in b): print("nan")
-else: print(max(abs(x - y) / abs(x) for x, y in zip(a, b)))
-PY
-)
+    worst=$(worst_rel "$tmp/cpu.jsonl" "$tmp/$dt.jsonl")
     row "train 20 steps $dt (max rel loss diff)" "$worst" 0 $tol
     cp "$tmp/$dt.jsonl" "$OUT/"
 done
@@ -91,14 +80,7 @@ for lay in "pp=2" "tp=2" "pp=2 dp=2 zero1"; do
         > "$OUT/train_cpu_$name.log" 2>&1
     "$BATON" run "$tmp/job.yaml" --quiet "${sets[@]}" --set device=cuda \
         --set metrics.file="$tmp/l_gpu_$name.jsonl" > "$OUT/train_gpu_$name.log" 2>&1
-    worst=$(python3 - "$tmp/l_cpu_$name.jsonl" "$tmp/l_gpu_$name.jsonl" <<'PY' 2>/dev/null
-import json, math, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1]) if '"loss"' in l]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2]) if '"loss"' in l]
-if len(a) != 20 or len(b) != 20 or any(x is None or not math.isfinite(x) for x in b): print("nan")
-else: print(max(abs(x - y) / abs(x) for x, y in zip(a, b)))
-PY
-)
+    worst=$(worst_rel "$tmp/l_cpu_$name.jsonl" "$tmp/l_gpu_$name.jsonl")
     row "train 20 steps fp32 $lay on one GPU" "$worst" 0 1e-4
 done
 

@@ -16,11 +16,7 @@ BUILD=${BUILD:-build}
 OUT=${OUT:-/tmp/device-smollm2}
 BATON=$PWD/$BUILD/baton
 mkdir -p "$OUT"
-LIB=$PWD/$BUILD/devpack/root/usr/lib/x86_64-linux-gnu
-if [ -d "$LIB" ]; then
-    export LD_LIBRARY_PATH="$LIB:$LIB/openblas-pthread:$LIB/ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    export UCX_MODULE_DIR=$LIB/ucx
-fi
+. "$(dirname "$0")/device-lib.sh"
 smol=${SMOLLM2_GGUF:-models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
 # the checksum travels with the last piece: without it the pieces are not all here yet
 if [ ! -f "$smol" ] && [ -f models/parts/smol.gguf.sha256 ]; then
@@ -37,17 +33,6 @@ if [ ! -f "$smol" ] || [ ! -f data/austen/val.txt ]; then
     echo "SmolLM2-135M rows not run: no $smol or data/austen/val.txt here"
     exit 0
 fi
-fails=0
-row() { # what got want tol
-    local r
-    r=$(awk -v a="$2" -v b="$3" -v t="$4" 'BEGIN {
-        if (a == "" || b == "" || a != a + 0) { print "nan FAIL"; exit }
-        d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; r = m > 0 ? d / m : d;
-        printf "%.3g %s\n", r, (r <= t ? "PASS" : "FAIL") }')
-    printf '%-44s %-22s %-22s %-10s %-8s %s\n' "$1" "$2" "$3" "${r% *}" "$4" "${r#* }"
-    [ "${r#* }" = PASS ] || fails=$((fails + 1))
-}
-field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" <<<"$2" | head -1; }
 ev() { "$BATON" eval --model "$smol" --text data/austen/val.txt --window 1024 --max-tokens 65536 --json "$@"; }
 cpu=${SMOLLM2_CPU_LOSS:-}
 if [ -z "$cpu" ]; then

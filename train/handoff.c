@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/le.h"
 #include "base/log.h"
 
 /* Descriptor layout, little-endian, HANDOFF_DESC_BYTES in all:
@@ -13,39 +14,18 @@
 _Static_assert(68 + KERN_IPC_HANDLE_MAX == HANDOFF_DESC_BYTES, "descriptor layout");
 _Static_assert(TENSOR_MAX_DIMS == 4, "descriptor holds four dims");
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 void handoff_desc_write(const handoff_desc_t *d, uint8_t *out)
 {
     memset(out, 0, HANDOFF_DESC_BYTES);
     memcpy(out, "BTHO", 4);
-    put32(out + 4, DESC_VERSION);
-    put32(out + 8, d->slot);
-    put32(out + 12, d->gen);
-    put32(out + 16, (uint32_t)d->kind);
-    put32(out + 20, (uint32_t)d->dtype);
-    put32(out + 24, (uint32_t)d->ndim);
-    for (int i = 0; i < d->ndim; i++) put64(out + 28 + 8 * i, (uint64_t)d->shape[i]);
-    put64(out + 60, d->capacity);
+    le_put32(out + 4, DESC_VERSION);
+    le_put32(out + 8, d->slot);
+    le_put32(out + 12, d->gen);
+    le_put32(out + 16, (uint32_t)d->kind);
+    le_put32(out + 20, (uint32_t)d->dtype);
+    le_put32(out + 24, (uint32_t)d->ndim);
+    for (int i = 0; i < d->ndim; i++) le_put64(out + 28 + 8 * i, (uint64_t)d->shape[i]);
+    le_put64(out + 60, d->capacity);
     memcpy(out + 68, d->handle.bytes, KERN_IPC_HANDLE_MAX);
 }
 
@@ -57,13 +37,13 @@ bt_status_t handoff_desc_read(const tensor_t *t, handoff_desc_t *d, char *err, s
     }
     const uint8_t *p = t->data;
     memset(d, 0, sizeof *d);
-    if (memcmp(p, "BTHO", 4) || get32(p + 4) != DESC_VERSION) {
-        snprintf(err, errlen, "handoff descriptor has bad magic or version %u", get32(p + 4));
+    if (memcmp(p, "BTHO", 4) || le_get32(p + 4) != DESC_VERSION) {
+        snprintf(err, errlen, "handoff descriptor has bad magic or version %u", le_get32(p + 4));
         return BT_ERR_PEER_PROTO;
     }
-    d->slot = get32(p + 8);
-    d->gen = get32(p + 12);
-    uint32_t kind = get32(p + 16), dt = get32(p + 20), nd = get32(p + 24);
+    d->slot = le_get32(p + 8);
+    d->gen = le_get32(p + 12);
+    uint32_t kind = le_get32(p + 16), dt = le_get32(p + 20), nd = le_get32(p + 24);
     if (kind >= DEV_COUNT || dt >= DT_COUNT || nd < 1 || nd > TENSOR_MAX_DIMS ||
         d->slot >= HANDOFF_MAX_SLOTS) {
         snprintf(err, errlen, "handoff descriptor: device kind %u, dtype %u, ndim %u, slot %u out of range",
@@ -73,10 +53,10 @@ bt_status_t handoff_desc_read(const tensor_t *t, handoff_desc_t *d, char *err, s
     d->kind = (device_kind_t)kind;
     d->dtype = (dtype_t)dt;
     d->ndim = (int)nd;
-    d->capacity = get64(p + 60);
+    d->capacity = le_get64(p + 60);
     uint64_t bytes = dtype_size(d->dtype);
     for (int i = 0; i < d->ndim; i++) {
-        uint64_t n = get64(p + 28 + 8 * i);
+        uint64_t n = le_get64(p + 28 + 8 * i);
         if (n == 0 || n > (1ull << 40) || bytes > (1ull << 62) / n) {
             snprintf(err, errlen, "handoff descriptor: dim %d is %llu", i, (unsigned long long)n);
             return BT_ERR_PEER_PROTO;
@@ -172,7 +152,7 @@ bt_status_t handoff_attach(actor_msg_t *m, const char *name, const handoff_desc_
      * receiver must refuse, naming what is wrong */
     const char *inj = getenv("BATON_TEST_HANDOFF");
     if (inj && !strcmp(inj, "corrupt")) ((uint8_t *)t->data)[0] ^= 0x20;
-    if (inj && !strcmp(inj, "oversize")) put64((uint8_t *)t->data + 28, (uint64_t)d->shape[0] * 1000);
+    if (inj && !strcmp(inj, "oversize")) le_put64((uint8_t *)t->data + 28, (uint64_t)d->shape[0] * 1000);
     return BT_OK;
 }
 

@@ -5,6 +5,15 @@ pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1${2:+: $2}"; }
 # field NAME TEXT: the first number after "NAME": in TEXT (JSON output)
 field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" <<<"$2" | head -1; }
+# lcg_tokens SEED N PERIOD EVERY VOCAB: N token ids on one line, a ramp
+# 0..PERIOD-1 repeated, where a linear congruential draw picks about one in
+# EVERY to be a pseudo-random id below VOCAB instead: learnable, and the same
+# on every machine
+lcg_tokens() {
+    awk -v x="$1" -v n="$2" -v p="$3" -v e="$4" -v v="$5" 'BEGIN { for (i = 0; i < n; i++) {
+        x = (x * 1103515245 + 12345) % 2147483648; t = i % p; if (x % e == 0) t = int(x / 65536) % v
+        printf "%d ", t } print "" }'
+}
 # cap_vm: in a subshell, caps the address space at ~4 GB so that a command
 # that would allocate gigabytes fails fast instead of filling the machine;
 # not under a sanitizer build (ASan reserves terabytes of address space).

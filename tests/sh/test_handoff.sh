@@ -18,9 +18,7 @@ tmp=$(mktemp -d /tmp/test_handoff.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
 mkdir -p "$tmp/data"
-awk 'BEGIN { x = 777; for (i = 0; i < 8000; i++) { x = (x * 1103515245 + 12345) % 2147483648;
-       t = (i % 40); if (x % 9 == 0) t = int(x / 65536) % 200; printf "%d ", t } print "" }' \
-    > "$tmp/data/tokens.txt"
+lcg_tokens 777 8000 40 9 200 > "$tmp/data/tokens.txt"
 cut -d' ' -f1-32 "$tmp/data/tokens.txt" > "$tmp/ids.txt"
 cat > "$tmp/job.yaml" <<YAML
 model: {layers: 4, hidden: 64, heads: 4, kv_heads: 2, ffn: 128, vocab: 256, init_std: 0.02}
