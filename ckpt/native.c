@@ -525,7 +525,7 @@ bt_status_t ckpt_index_check(const ckpt_index_t *idx, char *err, size_t cap)
             free(l.runs);
             return BT_ERR_NOMEM;
         }
-        qsort(l.runs, l.n, sizeof *l.runs, grun_cmp);
+        if (l.n) qsort(l.runs, l.n, sizeof *l.runs, grun_cmp);
         int64_t at = 0;
         bt_status_t st = BT_OK;
         for (size_t r = 0; r < l.n && !st; r++) {
