@@ -178,15 +178,23 @@ def cmd_attack(args):
         except OSError as e:
             print(f"{host}:{port}: connect: {e}")
             continue
+        counted = False
         try:
             s.sendall(data)
             s.shutdown(socket.SHUT_WR)
             sent += 1
+            counted = True
             # give the process time to read it: wait for its close (bounded)
             if wait > 0:
                 s.settimeout(wait)
                 while s.recv(65536):
                     pass
+        except (ConnectionResetError, BrokenPipeError):
+            # the process read enough to refuse the bytes and closed before
+            # all of them were sent (a slow sender, e.g. beside a sanitizer
+            # build): it took the connection all the same
+            if not counted:
+                sent += 1
         except OSError:
             pass
         finally:
