@@ -154,6 +154,26 @@ bt_status_t ckpt_shard_write(ckpt_index_t *idx, const char *dir, const char *fil
 {
     if (!plain_file_name(file)) return errf(err, errlen, BT_ERR_INVALID, "shard file name '%s'", file);
     if (file_find(idx, file) >= 0) return errf(err, errlen, BT_ERR_INVALID, "shard file %s twice", file);
+    /* refused puts are refused before anything is written */
+    for (int i = 0; i < n; i++) {
+        const ckpt_put_t *p = &puts[i];
+        const ckpt_tensor_t *t = ckpt_index_find(idx, p->tensor);
+        for (int k = 0; k < i && !t; k++)
+            if (!strcmp(puts[k].tensor, p->tensor)) { /* an earlier put of this call */
+                bool same = puts[k].dtype == p->dtype && shard_same_global(&puts[k].spec, &p->spec);
+                if (!same)
+                    return errf(err, errlen, BT_ERR_INVALID, "tensor %s: pieces of two dtypes or global shapes", p->tensor);
+                break;
+            }
+        if (t) {
+            bool same = t->dtype == p->dtype && t->ndim == p->spec.ndim;
+            for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == p->spec.global[d];
+            if (!same)
+                return errf(err, errlen, BT_ERR_INVALID, "tensor %s: pieces of two dtypes or global shapes", p->tensor);
+        }
+        if (strlen(p->tensor) >= CKPT_NAME_MAX - 12)
+            return errf(err, errlen, BT_ERR_INVALID, "tensor name %.40s... too long", p->tensor);
+    }
     ckpt_st_entry_t *ents = calloc((size_t)n + 1, sizeof *ents);
     char (*keys)[CKPT_NAME_MAX + 16] = calloc((size_t)n + 1, sizeof *keys);
     bt_status_t st = ents && keys ? BT_OK : BT_ERR_NOMEM;

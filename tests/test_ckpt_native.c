@@ -348,10 +348,17 @@ static void test_writer_refusals(void)
     CHECK(ckpt_shard_write(&idx, dir, "a/b", &p, 1, err, sizeof err) == BT_ERR_INVALID);
     CHECK(ckpt_shard_write(&idx, dir, "a.safetensors", &p, 1, err, sizeof err) == BT_OK);
     CHECK(ckpt_shard_write(&idx, dir, "a.safetensors", &p, 1, err, sizeof err) == BT_ERR_INVALID && strstr(err, "twice"));
-    ckpt_put_t q = p;
-    q.spec = shard_whole(1, (int64_t[]){5});
+    float y[5] = {1, 2, 3, 4, 5};
+    ckpt_put_t q = {.tensor = "t", .dtype = DT_F32, .spec = shard_whole(1, (int64_t[]){5}), .data = y};
     CHECK(ckpt_shard_write(&idx, dir, "b.safetensors", &q, 1, err, sizeof err) == BT_ERR_INVALID &&
           strstr(err, "two dtypes or global shapes"));
+    char bpath[300];
+    snprintf(bpath, sizeof bpath, "%s/b.safetensors", dir);
+    CHECK(access(bpath, F_OK) != 0); /* refused before anything was written */
+    ckpt_put_t two[2] = {q, q};
+    two[1].dtype = DT_F64;
+    CHECK(ckpt_shard_write(&idx, dir, "c.safetensors", two, 2, err, sizeof err) == BT_ERR_INVALID);
+    CHECK(idx.n_files == 1);
     ckpt_index_free(&idx);
     base_dir_clear(dir);
     rmdir(dir);
