@@ -171,34 +171,32 @@ def cmd_attack(args):
     wait = float(args[2]) if len(args) > 2 else 1.0
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1" if host == "0.0.0.0" else "::1"
-    sent = 0
+    sent = cut = 0
     for data in payloads():
         try:
             s = socket.create_connection((host, port), timeout=2)
         except OSError as e:
             print(f"{host}:{port}: connect: {e}")
             continue
-        counted = False
+        # accepted: the bytes go to the process (it may read enough of them
+        # to refuse the rest and close first, which a slow sender, beside a
+        # sanitizer build, sees as a reset or a closed socket)
+        sent += 1
         try:
             s.sendall(data)
             s.shutdown(socket.SHUT_WR)
-            sent += 1
-            counted = True
             # give the process time to read it: wait for its close (bounded)
             if wait > 0:
                 s.settimeout(wait)
                 while s.recv(65536):
                     pass
-        except (ConnectionResetError, BrokenPipeError):
-            # the process read enough to refuse the bytes and closed before
-            # all of them were sent (a slow sender, e.g. beside a sanitizer
-            # build): it took the connection all the same
-            if not counted:
-                sent += 1
-        except OSError:
-            pass
+        except OSError as e:
+            if not isinstance(e, TimeoutError):
+                cut += 1
         finally:
             s.close()
+    if cut:
+        print(f"{host}:{port}: {cut} closed by the process before all bytes were sent")
     print(f"{host}:{port}: {sent} hostile connections")
 
 
