@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -59,6 +61,14 @@ bt_status_t ckpt_index_set_meta(ckpt_index_t *idx, const char *json_object)
     return BT_OK;
 }
 
+/* Whether pieces of dtype dt and global shape[ndim] belong to tensor t. */
+static bool tensor_matches(const ckpt_tensor_t *t, dtype_t dt, int ndim, const int64_t *shape)
+{
+    bool same = t->dtype == dt && t->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
+    return same;
+}
+
 /* The tensor `name` of idx, added (with dtype and shape) when new. */
 static bt_status_t tensor_get(ckpt_index_t *idx, const char *name, dtype_t dt, int ndim,
                               const int64_t *shape, ckpt_tensor_t **out, char *err, size_t cap)
@@ -66,9 +76,7 @@ static bt_status_t tensor_get(ckpt_index_t *idx, const char *name, dtype_t dt, i
     for (int i = 0; i < idx->n_tensors; i++) {
         ckpt_tensor_t *t = &idx->tensors[i];
         if (strcmp(t->name, name)) continue;
-        bool same = t->dtype == dt && t->ndim == ndim;
-        for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
-        if (!same) return errf(err, cap, BT_ERR_INVALID, "tensor %s: pieces of two dtypes or global shapes", name);
+        if (!tensor_matches(t, dt, ndim, shape)) return errf(err, cap, BT_ERR_INVALID, "tensor %s: pieces of two dtypes or global shapes", name);
         *out = t;
         return BT_OK;
     }
@@ -120,31 +128,70 @@ static bool plain_file_name(const char *s)
     return n > 0 && n < CKPT_FILE_MAX && s[0] != '.' && !strchr(s, '/');
 }
 
-/* ---- hashing a file ----------------------------------------------------------- */
+/* ---- mapping a shard file ------------------------------------------------------ */
 
-static bt_status_t file_hash(const char *path, uint64_t *bytes, uint64_t *hash, char *err, size_t cap)
+/* A shard file mapped read-only once: its bytes are hashed and its
+ * safetensors header parsed from the same mapping. */
+typedef struct {
+    void           *map;
+    size_t          size;
+    ckpt_st_file_t *st;   /* parsed from map */
+} shard_map_t;
+
+static void shard_unmap(shard_map_t *m)
 {
-    FILE *f = fopen(path, "rbe");
-    if (!f) return errf(err, cap, errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO, "%s: %s", path, strerror(errno));
-    XXH3_state_t *h = XXH3_createState();
-    if (!h) {
-        fclose(f);
-        return BT_ERR_NOMEM;
+    ckpt_st_close(m->st);
+    if (m->map) munmap(m->map, m->size);
+    memset(m, 0, sizeof *m);
+}
+
+/* Maps path; with want (a reader), its size and hash must be the index's
+ * before the header is parsed; without (the writer), info gets them. */
+static bt_status_t shard_map(const char *path, const ckpt_file_t *want, ckpt_file_t *info, shard_map_t *m,
+                             char *err, size_t cap)
+{
+    memset(m, 0, sizeof *m);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb)) {
+        bt_status_t st = errf(err, cap, errno == ENOENT ? BT_ERR_NOT_FOUND : BT_ERR_IO, "%s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return st;
     }
-    XXH3_64bits_reset(h);
-    static _Thread_local unsigned char buf[1 << 16];
-    size_t got;
-    uint64_t n = 0;
-    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
-        XXH3_64bits_update(h, buf, got);
-        n += got;
+    if (want && (uint64_t)sb.st_size != want->bytes) {
+        close(fd);
+        return errf(err, cap, BT_ERR_CORRUPT, "%s: %lld bytes, the index says %llu (truncated or replaced)", path,
+                    (long long)sb.st_size, (unsigned long long)want->bytes);
     }
-    bool bad = ferror(f);
-    fclose(f);
-    *bytes = n;
-    *hash = XXH3_64bits_digest(h);
-    XXH3_freeState(h);
-    return bad ? errf(err, cap, BT_ERR_IO, "%s: read error", path) : BT_OK;
+    m->size = (size_t)sb.st_size;
+    m->map = m->size ? mmap(NULL, m->size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (m->map == MAP_FAILED) {
+        m->map = NULL;
+        return errf(err, cap, BT_ERR_CORRUPT, "%s: cannot map %zu bytes (empty?)", path, m->size);
+    }
+    uint64_t hash = XXH3_64bits(m->map, m->size);
+    if (want && hash != want->xxh3) {
+        shard_unmap(m);
+        return errf(err, cap, BT_ERR_CORRUPT, "%s: checksum %016llx, the index says %016llx (the file is damaged)", path,
+                    (unsigned long long)hash, (unsigned long long)want->xxh3);
+    }
+    if (info) {
+        info->bytes = m->size;
+        info->xxh3 = hash;
+    }
+    bt_status_t st = ckpt_st_parse(m->map, m->size, path, &m->st);
+    if (st) {
+        shard_unmap(m);
+        return errf(err, cap, st, "%s: not a readable safetensors file", path);
+    }
+    return BT_OK;
+}
+
+/* Byte offset of tensor t's data in the mapped file. */
+static uint64_t shard_offset(const shard_map_t *m, const ckpt_st_tensor_t *t)
+{
+    return (uint64_t)((const uint8_t *)t->data - (const uint8_t *)m->map);
 }
 
 /* ---- writing ------------------------------------------------------------------ */
@@ -165,12 +212,8 @@ bt_status_t ckpt_shard_write(ckpt_index_t *idx, const char *dir, const char *fil
                     return errf(err, errlen, BT_ERR_INVALID, "tensor %s: pieces of two dtypes or global shapes", p->tensor);
                 break;
             }
-        if (t) {
-            bool same = t->dtype == p->dtype && t->ndim == p->spec.ndim;
-            for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == p->spec.global[d];
-            if (!same)
-                return errf(err, errlen, BT_ERR_INVALID, "tensor %s: pieces of two dtypes or global shapes", p->tensor);
-        }
+        if (t && !tensor_matches(t, p->dtype, p->spec.ndim, p->spec.global))
+            return errf(err, errlen, BT_ERR_INVALID, "tensor %s: pieces of two dtypes or global shapes", p->tensor);
         if (strlen(p->tensor) >= CKPT_NAME_MAX - 12)
             return errf(err, errlen, BT_ERR_INVALID, "tensor name %.40s... too long", p->tensor);
     }
@@ -194,26 +237,24 @@ bt_status_t ckpt_shard_write(ckpt_index_t *idx, const char *dir, const char *fil
     /* read it back: the offsets of the pieces, the hash of what is on disk */
     ckpt_file_t info = {0};
     snprintf(info.name, sizeof info.name, "%s", file);
-    ckpt_st_file_t *sf = NULL;
-    if (!st) st = file_hash(path, &info.bytes, &info.xxh3, err, errlen);
-    if (!st && (st = ckpt_st_open(path, &sf))) errf(err, errlen, st, "%s: cannot read back", path);
+    shard_map_t sm = {0};
+    if (!st) st = shard_map(path, NULL, &info, &sm, err, errlen);
     uint32_t fi = 0;
     if (!st) st = file_add(idx, &info, &fi, err, errlen);
     for (int i = 0; i < n && !st; i++) {
         const ckpt_put_t *p = &puts[i];
-        const ckpt_st_tensor_t *t = ckpt_st_find(sf, keys[i]);
+        const ckpt_st_tensor_t *t = ckpt_st_find(sm.st, keys[i]);
         if (!t) {
             st = errf(err, errlen, BT_ERR_CORRUPT, "%s: %s missing after writing", path, keys[i]);
             break;
         }
         ckpt_tensor_t *ct;
         st = tensor_get(idx, p->tensor, p->dtype, p->spec.ndim, p->spec.global, &ct, err, errlen);
-        ckpt_piece_t pc = {.file = fi, .offset = (uint64_t)((const uint8_t *)t->data - (const uint8_t *)sf->map),
-                           .spec = p->spec};
+        ckpt_piece_t pc = {.file = fi, .offset = shard_offset(&sm, t), .spec = p->spec};
         snprintf(pc.key, sizeof pc.key, "%s", keys[i]);
         if (!st) st = piece_add(ct, &pc);
     }
-    ckpt_st_close(sf);
+    shard_unmap(&sm);
     free(ents);
     free(keys);
     return st;
@@ -573,7 +614,7 @@ struct ckpt_reader {
     ckpt_index_t     idx;
     char           **dirs;
     int              n_dirs;
-    ckpt_st_file_t **open;   /* [n_files], opened and checked on first use */
+    shard_map_t     *open;   /* [n_files], mapped and checked on first use */
 };
 
 const ckpt_index_t *ckpt_reader_index(const ckpt_reader_t *r) { return &r->idx; }
@@ -581,7 +622,7 @@ const ckpt_index_t *ckpt_reader_index(const ckpt_reader_t *r) { return &r->idx; 
 void ckpt_reader_close(ckpt_reader_t *r)
 {
     if (!r) return;
-    for (int i = 0; i < r->idx.n_files; i++) ckpt_st_close(r->open ? r->open[i] : NULL);
+    for (int i = 0; i < r->idx.n_files && r->open; i++) shard_unmap(&r->open[i]);
     for (int i = 0; i < r->n_dirs; i++) free(r->dirs[i]);
     free(r->dirs);
     free(r->open);
@@ -624,34 +665,24 @@ bt_status_t ckpt_reader_open(const char *const *dirs, int n, ckpt_reader_t **out
 }
 
 /* The shard file i, found in the first directory that has it, its size
- * and hash checked against the index before it is used. */
-static bt_status_t reader_file(ckpt_reader_t *r, uint32_t i, ckpt_st_file_t **out, char *err, size_t cap)
+ * and hash checked against the index before anything of it is used. */
+static bt_status_t reader_file(ckpt_reader_t *r, uint32_t i, const shard_map_t **out, char *err, size_t cap)
 {
-    if (r->open[i]) {
-        *out = r->open[i];
-        return BT_OK;
+    if (!r->open[i].st) {
+        const ckpt_file_t *f = &r->idx.files[i];
+        char path[BASE_SAVE_PATH_MAX];
+        int d = 0;
+        for (; d < r->n_dirs; d++) {
+            snprintf(path, sizeof path, "%s/%s", r->dirs[d], f->name);
+            if (!access(path, F_OK)) break;
+        }
+        if (d == r->n_dirs)
+            return errf(err, cap, BT_ERR_NOT_FOUND, "shard file %s is in none of the %d checkpoint directories",
+                        f->name, r->n_dirs);
+        bt_status_t st = shard_map(path, f, NULL, &r->open[i], err, cap);
+        if (st) return st;
     }
-    const ckpt_file_t *f = &r->idx.files[i];
-    char path[BASE_SAVE_PATH_MAX];
-    struct stat sb;
-    int d = 0;
-    for (; d < r->n_dirs; d++) {
-        snprintf(path, sizeof path, "%s/%s", r->dirs[d], f->name);
-        if (!stat(path, &sb)) break;
-    }
-    if (d == r->n_dirs) return errf(err, cap, BT_ERR_NOT_FOUND, "shard file %s is in none of the %d checkpoint directories",
-                                    f->name, r->n_dirs);
-    if ((uint64_t)sb.st_size != f->bytes)
-        return errf(err, cap, BT_ERR_CORRUPT, "%s: %lld bytes, the index says %llu (truncated or replaced)", path,
-                    (long long)sb.st_size, (unsigned long long)f->bytes);
-    uint64_t bytes, hash;
-    bt_status_t st = file_hash(path, &bytes, &hash, err, cap);
-    if (st) return st;
-    if (hash != f->xxh3 || bytes != f->bytes)
-        return errf(err, cap, BT_ERR_CORRUPT, "%s: checksum %016llx, the index says %016llx (the file is damaged)", path,
-                    (unsigned long long)hash, (unsigned long long)f->xxh3);
-    if ((st = ckpt_st_open(path, &r->open[i]))) return errf(err, cap, st, "%s: not a readable safetensors file", path);
-    *out = r->open[i];
+    *out = &r->open[i];
     return BT_OK;
 }
 
@@ -667,14 +698,14 @@ bt_status_t ckpt_read(ckpt_reader_t *r, const char *tensor, const shard_spec_t *
     for (int k = 0; k < t->n_pieces; k++) {
         const ckpt_piece_t *p = &t->pieces[k];
         if (!shard_overlap(want, &p->spec, NULL)) continue;
-        ckpt_st_file_t *f;
+        const shard_map_t *f;
         bt_status_t st = reader_file(r, p->file, &f, err, cap);
         if (st) return st;
-        const ckpt_st_tensor_t *st_t = ckpt_st_find(f, p->key);
+        const ckpt_st_tensor_t *st_t = ckpt_st_find(f->st, p->key);
         if (!st_t || st_t->dtype != t->dtype || st_t->numel != shard_numel(&p->spec) ||
-            (uint64_t)((const uint8_t *)st_t->data - (const uint8_t *)f->map) != p->offset)
+            shard_offset(f, st_t) != p->offset)
             return errf(err, cap, BT_ERR_CORRUPT, "%s: %s does not match the index (missing, or another dtype, size or place)",
-                        f->path, p->key);
+                        f->st->path, p->key);
         shard_copy(want, dst, &p->spec, st_t->data, elem);
     }
     return BT_OK;
