@@ -123,7 +123,8 @@ bt_status_t kern_event_create(device_t dev, kern_event_t **out);
 void kern_event_destroy(kern_event_t *e);
 /* e completes when the work queued on s so far is done ... */
 void kern_event_record(kern_event_t *e, kern_stream_t *s);
-/* ... and work queued on s after this waits for it. */
+/* ... and work queued on s after this waits for it (an event never
+ * recorded is complete: waiting for it waits for nothing). */
 void kern_stream_wait(kern_stream_t *s, kern_event_t *e);
 
 /* ---- copies ------------------------------------------------------------ */

@@ -132,7 +132,6 @@ struct stage_job {
     model_acts_t  *acts;
     model_batch_t  batch;
     const void    *x_in, *dx_out; /* host: message payloads in the activation dtype */
-    void          *x_out, *dx_in;
     actor_msg_t   *out;         /* sent on completion (ACTIVATION / ACT_GRAD) */
     model_loss_t   loss;
     int64_t        step;
@@ -145,6 +144,7 @@ struct stage_job {
     handoff_desc_t ho_in_d, ho_out_d;
     actor_addr_t   ho_in_src;
     int64_t        out_shape[3];
+    actor_addr_t   out_to;         /* where the output goes (next or previous stage) */
     int            arena;          /* index of acts in s->acts */
     stage_send_t  *staged;         /* the output goes out when its copy is done */
     void          *stage_buf;      /* ... from the device into this host buffer */
@@ -227,9 +227,8 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
     size_t act_bytes = (size_t)cfg->B * (size_t)cfg->T * (size_t)cfg->chunks[0]->cfg.hidden_size *
                        dtype_size(cfg->chunks[0]->place.act_dtype);
     s->ev_copied = calloc((size_t)(M * V), sizeof *s->ev_copied);
-    s->copy_pending = calloc((size_t)(M * V), sizeof *s->copy_pending);
     s->staging = staging_new(dev, act_bytes);
-    if (!st && (!s->ev_copied || !s->copy_pending || !s->staging)) st = BT_ERR_NOMEM;
+    if (!st && (!s->ev_copied || !s->staging)) st = BT_ERR_NOMEM;
     if (!st) st = kern_stream_create(dev, &s->copy);
     if (!st) st = kern_event_create(dev, &s->ev_compute);
     for (int k = 0; k < M * V && !st; k++) st = kern_event_create(dev, &s->ev_copied[k]);
@@ -276,7 +275,6 @@ void stage_actor_fini(stage_actor_t *s)
         for (int k = 0; k < s->cfg.pipe.microbatches * s->cfg.pipe.vpp; k++)
             if (s->ev_copied[k]) kern_event_destroy(s->ev_copied[k]);
     free(s->ev_copied);
-    free(s->copy_pending);
     staging_close(s->staging);
     handoff_map_fini(&s->ho_map);
     if (s->ho_on) {
@@ -363,10 +361,10 @@ static bt_status_t job_op_run(void *arg)
         j->ho_taken = st == BT_OK;
     }
     model_io_t in = j->ho_in ? MODEL_IO_DEV(&in_v) : MODEL_IO_HOST(fwd ? j->x_in : j->dx_out);
-    model_io_t out = j->ho_taken ? MODEL_IO_DEV(&out_v)
-                     : j->staged ? MODEL_IO_KEEP : MODEL_IO_HOST(fwd ? j->x_out : j->dx_in);
+    /* no output (the last stage forward, the first backward), or one of ours handed off, or staged */
+    model_io_t out = j->ho_taken ? MODEL_IO_DEV(&out_v) : j->staged ? MODEL_IO_KEEP : (model_io_t){0};
     /* this arena's last output may still be on its way to the host */
-    if (s->copy_pending[j->arena]) kern_stream_wait(m->stream, s->ev_copied[j->arena]);
+    kern_stream_wait(m->stream, s->ev_copied[j->arena]);
     if (st == BT_OK && fwd)
         st = model_stage_forward_at(m, a, &j->batch, in, j->dloss, out,
                                     m->stage.has_head ? &j->loss : NULL);
@@ -382,7 +380,6 @@ static bt_status_t job_op_run(void *arg)
         kern_stream_wait(s->copy, s->ev_compute);
         kern_download(s->copy, j->stage_buf, &y);
         kern_event_record(s->ev_copied[j->arena], s->copy);
-        s->copy_pending[j->arena] = true;
         st = kern_stream_notify(s->copy, staged_copied, j->staged);
         j->staged_queued = st == BT_OK;
     }
@@ -526,7 +523,12 @@ static bool pipe_output(stage_actor_t *s, stage_job_t *j, uint32_t type, const c
     const model_t *mod = s->cfg.chunks[chunk];
     int64_t shape[3] = {rows, s->cfg.T, mod->cfg.hidden_size};
     memcpy(j->out_shape, shape, sizeof shape);
+    j->out_to = j->op.kind == PIPE_OP_FWD ? s->cfg.next[chunk] : s->cfg.prev[chunk];
     j->out = actor_msg_new(type);
+    if (j->out) {
+        j->out->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
+        j->out->env.mb = j->op.mb;
+    }
     if (j->out && hand) {
         j->ho_out = true;
         return true;
@@ -546,10 +548,7 @@ static bool pipe_output(stage_actor_t *s, stage_job_t *j, uint32_t type, const c
         return false;
     }
     actor_msg_on_free(j->out, staging_put, b);
-    j->out->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
-    j->out->env.mb = j->op.mb;
-    *j->staged = (stage_send_t){.s = s, .m = j->out,
-                                .to = j->op.kind == PIPE_OP_FWD ? s->cfg.next[chunk] : s->cfg.prev[chunk]};
+    *j->staged = (stage_send_t){.s = s, .m = j->out, .to = j->out_to};
     j->stage_buf = b->p;
     return true;
 }
@@ -699,11 +698,8 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
         fail(s, BT_ERR_NOMEM, "handoff descriptor");
         return ACTOR_DONE;
     }
-    if (j->out) {
-        j->out->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
-        j->out->env.mb = j->op.mb;
-        actor_addr_t to = j->op.kind == PIPE_OP_FWD ? c->next[j->op.chunk] : c->prev[j->op.chunk];
-        st = actor_send(self, to, j->out);
+    if (j->out) { /* handed off: the descriptor is attached */
+        st = actor_send(self, j->out_to, j->out);
         j->out = NULL;
         if (st && st != BT_ERR_BUSY) {
             fail(s, st, "pipeline send");

@@ -128,11 +128,11 @@ typedef struct {
      * of an op's output into a host buffer from `staging` (pinned on cuda)
      * on `copy` and goes on with the next op; the message leaves when the
      * copy is done (JOB_STAGED). An op on an arena whose copy may still
-     * run waits for ev_copied[arena] on its own stream first. */
+     * run waits for ev_copied[arena] on its own stream first (before any
+     * copy from it, a wait for nothing). */
     kern_stream_t       *copy;
     kern_event_t        *ev_compute;
     kern_event_t       **ev_copied;     /* [M * vpp] */
-    bool                *copy_pending;  /* [M * vpp], compute thread */
     stage_staging_t     *staging;
     bool                 ho_on;         /* some edge hands off: ho_pool is set up */
     handoff_pool_t       ho_pool;       /* buffers this rank hands to its neighbours */
