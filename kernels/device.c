@@ -76,7 +76,8 @@ static void cuda_load(void)
                  "BATON_CUDA_LIB names another)");
 }
 
-/* Indexed by device_kind_t; NULL for a backend this process does not have. */
+/* The backend of a device kind; NULL for one this process does not have
+ * (or a value that is no device kind). */
 static const kern_backend_t *backend_of(device_kind_t kind)
 {
     switch (kind) {
@@ -119,7 +120,7 @@ static const kern_backend_t *kern_be(device_t dev, const char *what)
 
 bool kern_device_usable(device_t dev, char *why, size_t why_cap)
 {
-    const kern_backend_t *be = (unsigned)dev.kind < DEV_COUNT ? backend_of(dev.kind) : NULL;
+    const kern_backend_t *be = backend_of(dev.kind);
     if (!be) {
         snprintf(why, why_cap, "no %s backend in this process: %s", device_kind_name(dev.kind),
                  dev.kind == DEV_CUDA ? cuda_why : "unknown device kind");
@@ -170,7 +171,7 @@ void kern_host_free(device_t dev, void *p)
 
 bool kern_ipc_supported(device_t dev)
 {
-    const kern_backend_t *be = (unsigned)dev.kind < DEV_COUNT ? backend_of(dev.kind) : NULL;
+    const kern_backend_t *be = backend_of(dev.kind);
     return be && be->has_ipc;
 }
 

@@ -748,7 +748,7 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     job_parallel_t *p = &job->parallel;
     bt_status_t st;
 
-    device_t dev;
+    device_t dev = DEVICE_CPU; /* auto: cpu or cuda, both share memory between processes */
     if (strcmp(job->device, "auto") && !device_parse(job->device, &dev))
         return vfail(job, "device", err, errlen,
                      "'%s' is not a device (cpu, cuda, cuda:N, fenced or auto)", job->device);
@@ -841,7 +841,7 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
         }
 #endif
     if (job->n_hosts < 1) return vfail(job, "hosts", err, errlen, "needs at least one host");
-    if (job->handoff == JOB_HANDOFF_IPC && !strncmp(job->device, "fenced", 6))
+    if (job->handoff == JOB_HANDOFF_IPC && dev.kind == DEV_FENCED)
         return vfail(job, "transport.handoff", err, errlen,
                      "ipc hands activations over in memory shared between processes; the %s device has none",
                      job->device);
