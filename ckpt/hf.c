@@ -730,6 +730,14 @@ static json_t *hf_config_json(const model_config_t *c)
 /* The names an HF export owns: a new export drops them from the previous
  * version (a sharded predecessor's index and shards included), and carries
  * everything else over (base/save.h). */
+char *ckpt_hf_config_text(const model_config_t *c)
+{
+    json_t *j = hf_config_json(c);
+    char *text = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    return text;
+}
+
 static const char *const hf_owned[] = {"config.json", "model.safetensors",
                                        "model.safetensors.index.json", "model-*.safetensors", NULL};
 

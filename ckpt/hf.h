@@ -17,6 +17,9 @@
 /* Parses config.json text; `what` names the file in errors. */
 bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
                                  model_config_t *out);
+/* The config.json an export writes for c (malloc'd JSON text, compact;
+ * ckpt_hf_config_parse reads it back), or NULL when out of memory. */
+char       *ckpt_hf_config_text(const model_config_t *c);
 /* Reads DIR/config.json. */
 bt_status_t ckpt_hf_config_load(const char *dir, model_config_t *out);
 
