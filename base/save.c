@@ -20,7 +20,7 @@
 static atomic_uint save_steps; /* steps taken by this process, all saves together */
 
 /* Every step that changes the file system goes through here first. */
-static void save_step(const char *what, const char *path)
+void base_save_step(const char *what, const char *path)
 {
     unsigned n = atomic_fetch_add(&save_steps, 1) + 1;
     log_debug("save step %u: %s %s", n, what, path);
@@ -113,9 +113,9 @@ static bool owned_match(const char *name, const char *const *owned)
     return false;
 }
 
-static bt_status_t dir_fsync(const char *dir)
+bt_status_t base_save_dir_fsync(const char *dir)
 {
-    save_step("fsync directory", dir);
+    base_save_step("fsync directory", dir);
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0 || fsync(fd) != 0) {
         log_error("%s: cannot fsync the directory: %s", dir, strerror(errno));
@@ -129,7 +129,7 @@ static bt_status_t dir_fsync(const char *dir)
 /* Removes a dead process's temporary (file or directory) at path. */
 static void temp_remove(const char *path, bool is_dir)
 {
-    save_step("remove stale", path);
+    base_save_step("remove stale", path);
     int err = is_dir ? base_dir_clear(path) : (unlink(path) ? errno : 0);
     if (err && err != ENOENT) log_warn("%s: cannot remove this stale temporary: %s", path, strerror(err));
     else log_info("removed %s, a temporary of a save whose process died", path);
@@ -165,7 +165,7 @@ bt_status_t base_save_file_begin(base_save_file_t *f, const char *path, mode_t m
         return BT_ERR_INVALID;
     }
     file_stale_reap(parent, base);
-    save_step("create", f->tmp);
+    base_save_step("create", f->tmp);
     f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
     if (f->fd < 0) {
         log_error("%s: cannot create: %s", f->tmp, strerror(errno));
@@ -176,7 +176,7 @@ bt_status_t base_save_file_begin(base_save_file_t *f, const char *path, mode_t m
 
 bt_status_t base_save_file_write(base_save_file_t *f, const void *buf, size_t n)
 {
-    save_step("write", f->tmp);
+    base_save_step("write", f->tmp);
     const char *p = buf;
     while (n > 0) {
         ssize_t w = write(f->fd, p, n);
@@ -193,7 +193,7 @@ bt_status_t base_save_file_write(base_save_file_t *f, const void *buf, size_t n)
 
 bt_status_t base_save_file_commit(base_save_file_t *f)
 {
-    save_step("fsync", f->tmp);
+    base_save_step("fsync", f->tmp);
     if (fsync(f->fd) != 0) {
         log_error("%s: fsync: %s", f->tmp, strerror(errno));
         base_save_file_abort(f);
@@ -206,7 +206,7 @@ bt_status_t base_save_file_commit(base_save_file_t *f)
         base_save_file_abort(f);
         return BT_ERR_IO;
     }
-    save_step("rename", f->path);
+    base_save_step("rename", f->path);
     if (rename(f->tmp, f->path) != 0) {
         log_error("%s: rename to %s: %s", f->tmp, f->path, strerror(errno));
         base_save_file_abort(f);
@@ -215,7 +215,7 @@ bt_status_t base_save_file_commit(base_save_file_t *f)
     char parent[BASE_SAVE_PATH_MAX];
     const char *base;
     path_split(f->path, parent, sizeof parent, &base);
-    return dir_fsync(parent);
+    return base_save_dir_fsync(parent);
 }
 
 void base_save_file_abort(base_save_file_t *f)
@@ -257,11 +257,11 @@ void base_save_dir_recover(const char *dir)
         if (old && lstat(dir, &sb) != 0 && errno == ENOENT) {
             /* the two-rename path died between its renames: the previous
              * version, complete, goes back into place */
-            save_step("restore", dir);
+            base_save_step("restore", dir);
             if (rename(p, dir) == 0) {
                 log_warn("%s: put back the previous version, moved aside by a save whose process died",
                          dir);
-                dir_fsync(parent);
+                base_save_dir_fsync(parent);
                 continue;
             }
             log_error("%s: cannot put back the previous version %s: %s", dir, p, strerror(errno));
@@ -313,7 +313,7 @@ bt_status_t base_save_dir_begin(base_save_dir_t *d, const char *dir)
         return BT_ERR_INVALID;
     }
     base_dir_clear(d->tmp); /* an earlier failed save of this very process */
-    save_step("create directory", d->tmp);
+    base_save_step("create directory", d->tmp);
     if (mkdir(d->tmp, 0777) != 0) {
         log_error("%s: cannot create %s: %s", dir, d->tmp, strerror(errno));
         d->tmp[0] = '\0';
@@ -366,7 +366,7 @@ static bt_status_t dir_carry(base_save_dir_t *d, const char *const *owned)
             st = BT_ERR_INVALID;
             break;
         }
-        save_step("link", to);
+        base_save_step("link", to);
         if (linkat(AT_FDCWD, from, AT_FDCWD, to, 0) != 0) {
             log_error("%s: cannot carry '%s' over to the new version (hard link): %s", d->dir, name,
                       strerror(errno));
@@ -387,17 +387,17 @@ bt_status_t base_save_dir_commit(base_save_dir_t *d, const char *const *owned)
     bt_status_t st = BT_OK;
     if (have_old) {
         if ((st = dir_carry(d, owned))) goto abort;
-        save_step("chmod", d->tmp);
+        base_save_step("chmod", d->tmp);
         if (chmod(d->tmp, old.st_mode & 07777) != 0) {
             log_error("%s: chmod: %s", d->tmp, strerror(errno));
             st = BT_ERR_IO;
             goto abort;
         }
     }
-    if ((st = dir_fsync(d->tmp))) goto abort;
+    if ((st = base_save_dir_fsync(d->tmp))) goto abort;
     const char *prev = NULL; /* where the previous version is after the swap */
     if (!have_old) {
-        save_step("rename", d->dir);
+        base_save_step("rename", d->dir);
         if (rename(d->tmp, d->dir) != 0) {
             log_error("%s: rename of the new version into place: %s", d->dir, strerror(errno));
             st = BT_ERR_IO;
@@ -406,7 +406,7 @@ bt_status_t base_save_dir_commit(base_save_dir_t *d, const char *const *owned)
     } else {
         int rc = -1;
         if (!d->no_exchange) {
-            save_step("exchange", d->dir);
+            base_save_step("exchange", d->dir);
             rc = renameat2(AT_FDCWD, d->tmp, AT_FDCWD, d->dir, RENAME_EXCHANGE);
             if (rc != 0 && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
                 log_error("%s: cannot swap the new version in: %s", d->dir, strerror(errno));
@@ -421,13 +421,13 @@ bt_status_t base_save_dir_commit(base_save_dir_t *d, const char *const *owned)
                 st = BT_ERR_INVALID;
                 goto abort;
             }
-            save_step("rename aside", aside);
+            base_save_step("rename aside", aside);
             if (rename(d->dir, aside) != 0) {
                 log_error("%s: cannot move the previous version aside: %s", d->dir, strerror(errno));
                 st = BT_ERR_IO;
                 goto abort;
             }
-            save_step("rename", d->dir);
+            base_save_step("rename", d->dir);
             if (rename(d->tmp, d->dir) != 0) {
                 log_error("%s: rename of the new version into place: %s", d->dir, strerror(errno));
                 if (rename(aside, d->dir) != 0)
@@ -442,9 +442,9 @@ bt_status_t base_save_dir_commit(base_save_dir_t *d, const char *const *owned)
     /* The new version is in place. A failing fsync of the parent means its
      * entry may not be durable yet: an error, though readers see the new
      * version; the previous one stays where it is until the next save. */
-    if ((st = dir_fsync(parent))) return st;
+    if ((st = base_save_dir_fsync(parent))) return st;
     if (prev) {
-        save_step("remove previous", prev);
+        base_save_step("remove previous", prev);
         int err = base_dir_clear(prev);
         if (err && err != ENOENT)
             log_warn("%s: cannot remove the previous version at %s: %s (the next save retries)", d->dir,

@@ -85,6 +85,12 @@ void        base_save_dir_abort(base_save_dir_t *d);
  * a previous version a dead process had moved aside (the two-rename path). */
 void        base_save_dir_recover(const char *dir);
 
+/* Other writers' file-system steps (a rename, a removal) go through the
+ * same count and fault injection: base_save_step before each. */
+void        base_save_step(const char *what, const char *path);
+/* fsync of a directory (after entries in it were created or renamed). */
+bt_status_t base_save_dir_fsync(const char *dir);
+
 /* Steps taken so far by this process (what BATON_FAULT_SAVE_STEP counts;
  * a forked child continues from its parent's count). */
 unsigned    base_save_steps(void);

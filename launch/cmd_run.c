@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,14 +17,20 @@
 #include "launch/driver.h"
 #include "launch/job.h"
 #include "launch/plot.h"
+#include "ckpt/store.h"
+#include "launch/run_ckpt.h"
 #include "launch/run_mem.h"
 #include "launch/run_setup.h"
+#include "train/ckpt_state.h"
 #include "train/train.h"
 
 static void run_usage(FILE *f)
 {
-    fprintf(f, "usage: baton run JOB.yaml [--set section.key=value ...] [--quiet]\n"
-               "  trains as the job file says (docs/JOBS.md lists every field)\n");
+    fprintf(f, "usage: baton run JOB.yaml [--set section.key=value ...] [--resume [latest|DIR]] "
+               "[--quiet]\n"
+               "  trains as the job file says (docs/JOBS.md lists every field)\n"
+               "  --resume: continue from a checkpoint (docs/CHECKPOINTS.md): `latest` (the default)\n"
+               "            is the newest under checkpoint.dir; DIR a step directory or a root\n");
 }
 
 /* The distributed layouts this build cannot run yet: say so instead of
@@ -57,6 +64,100 @@ static bt_status_t model_export(const model_t *m, const char *dir, int64_t step)
     return st;
 }
 
+/* The single-process run's checkpoint writer: a thread per save, so that
+ * training goes on while the files are written; one save at a time. */
+typedef struct {
+    pthread_t       th;
+    bool            running;
+    bt_status_t     st;
+    ckpt_snapshot_t snap;
+    char            root[JOB_PATH_MAX];
+    int64_t         step, keep;
+    char           *meta;
+    double          seconds;
+    char            err[768];
+} saver_t;
+
+static void *saver_main(void *arg)
+{
+    saver_t *w = arg;
+    uint64_t t0 = clock_now_ns();
+    char file[64];
+    run_ckpt_shard_name(0, file, sizeof file);
+    w->st = run_ckpt_save_one(w->root, w->step, file, w->snap.puts, w->snap.n, w->meta, w->keep,
+                              w->err, sizeof w->err);
+    w->seconds = (double)(clock_now_ns() - t0) * 1e-9;
+    return NULL;
+}
+
+/* Waits for the save in flight; says how it went. */
+static bt_status_t saver_join(saver_t *w)
+{
+    if (!w->running) return BT_OK;
+    pthread_join(w->th, NULL);
+    w->running = false;
+    ckpt_snapshot_free(&w->snap);
+    free(w->meta);
+    w->meta = NULL;
+    if (w->st) {
+        log_error("checkpoint of step %lld: %s", (long long)w->step, w->err);
+        return w->st;
+    }
+    log_info("checkpoint of step %lld committed under %s (%.1f MB in %.2f s)", (long long)w->step,
+             w->root, (double)w->snap.bytes / 1e6, w->seconds);
+    return BT_OK;
+}
+
+static bt_status_t saver_start(saver_t *w, const job_t *job, const char *const *sets, int n_sets,
+                               const model_t *m, train_t *t, const ckpt_items_t *items)
+{
+    bt_status_t st = saver_join(w);
+    if (st) return st;
+    train_position_t pos;
+    train_position(t, &pos);
+    int64_t rows = job->train.grad_accum * job->train.micro_batch;
+    w->meta = run_ckpt_meta_json(job, sets, n_sets, &m->cfg, &pos, rows);
+    if (!w->meta) return BT_ERR_NOMEM;
+    if ((st = ckpt_snapshot_take(items, &w->snap))) return st; /* the only wait of training */
+    if ((st = run_ckpt_root(job, 0, w->root, sizeof w->root))) return st;
+    w->step = pos.step;
+    w->keep = job->checkpoint.keep;
+    w->st = BT_OK;
+    if (pthread_create(&w->th, NULL, saver_main, w)) {
+        ckpt_snapshot_free(&w->snap);
+        return BT_ERR_NOMEM;
+    }
+    w->running = true;
+    return BT_OK;
+}
+
+/* --resume: parameters, optimizer state and position from the checkpoint. */
+static bt_status_t resume_load(const job_t *job, const char *what, model_t *m, train_t *t,
+                               const ckpt_items_t *items, train_position_t *pos)
+{
+    char root[JOB_PATH_MAX] = "", dir[CKPT_PATH_MAX], err[1024];
+    if (job->checkpoint.dir[0] && run_ckpt_root(job, 0, root, sizeof root)) return BT_ERR_INVALID;
+    bt_status_t st = run_ckpt_find(what, root, dir, sizeof dir, err, sizeof err);
+    ckpt_reader_t *r = NULL;
+    const char *dirs[1] = {dir};
+    if (!st) st = ckpt_reader_open(dirs, 1, &r, err, sizeof err);
+    run_ckpt_meta_t meta;
+    if (!st) st = run_ckpt_meta_check(ckpt_reader_index(r), dir, job, &m->cfg, &meta, err, sizeof err);
+    if (!st) st = ckpt_items_restore(items, r, err, sizeof err);
+    ckpt_reader_close(r);
+    if (st) {
+        fprintf(stderr, "baton run: --resume: %s\n", err);
+        return st;
+    }
+    train_resume(t, &meta.pos);
+    *pos = meta.pos;
+    int64_t rows = job->train.grad_accum * job->train.micro_batch;
+    printf("resumed from %s: step %lld, %lld samples consumed%s\n", dir, (long long)meta.pos.step,
+           (long long)meta.pos.samples,
+           meta.rows_per_step != rows ? " (the global batch changed: the data goes on from there)" : "");
+    return BT_OK;
+}
+
 static bt_status_t eval_report(train_t *t, FILE *metrics, int64_t step,
                                plot_curve_t *val_curve, double *loss, double *ppl)
 {
@@ -74,7 +175,8 @@ int cmd_run(int argc, char **argv)
     const char *job_path = NULL;
     const char *sets[256];
     int n_sets = 0;
-    bool quiet = false;
+    bool quiet = false, resume = false;
+    const char *resume_what = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             run_usage(stdout);
@@ -85,6 +187,16 @@ int cmd_run(int argc, char **argv)
             sets[n_sets++] = argv[i] + 6;
         } else if (!strcmp(argv[i], "--quiet")) {
             quiet = true;
+        } else if (!strcmp(argv[i], "--resume")) {
+            /* its value, when given, is `latest` or a directory (a job file is neither) */
+            resume = true;
+            struct stat sb;
+            if (i + 1 < argc && (!strcmp(argv[i + 1], "latest") ||
+                                 (stat(argv[i + 1], &sb) == 0 && S_ISDIR(sb.st_mode))))
+                resume_what = argv[++i];
+        } else if (!strncmp(argv[i], "--resume=", 9)) {
+            resume = true;
+            resume_what = argv[i] + 9;
         } else if (argv[i][0] != '-' && !job_path) {
             job_path = argv[i];
         } else {
@@ -105,11 +217,15 @@ int cmd_run(int argc, char **argv)
         if (job_override(&job, sets[i], err, sizeof err)) goto bad_job;
     if (job_validate(&job, err, sizeof err)) goto bad_job;
     if (job.parallel.tp * job.parallel.pp * job.parallel.dp > 1) /* multi-process: launch/driver.h */
-        return driver_run(&job, sets, n_sets, quiet);
+        return driver_run(&job, sets, n_sets, quiet, resume ? (resume_what ? resume_what : "latest") : NULL);
     if (!layout_supported(&job)) return 1;
     if (job.trace_dir[0]) log_warn("trace.dir: tracing of single-process runs is not built yet; ignored");
 
     int rc = 1;
+    static saver_t saver;
+    ckpt_items_t items = {0};
+    train_position_t pos = {0};
+    int64_t tokens_done = 0;
     int32_t *tokens = NULL, *val_tokens = NULL;
     const int32_t *val = NULL;
     int64_t n_train = 0, n_val = 0;
@@ -155,10 +271,19 @@ int cmd_run(int argc, char **argv)
     if ((job.metrics.file[0] && run_parent_make(job.metrics.file)) ||
         (job.metrics.plot[0] && run_parent_make(job.metrics.plot)))
         goto out;
-    if (job.metrics.file[0] && !(metrics = fopen(job.metrics.file, "we"))) {
+    if ((job.checkpoint.dir[0] || resume) &&
+        (ckpt_items_params(&items, m, true, -1) ||
+         ckpt_items_optim(&items, m, train_optimizer(t), true, -1)))
+        goto out;
+    if (resume) {
+        if (resume_load(&job, resume_what, m, t, &items, &pos)) goto out;
+        if (run_metrics_trim(job.metrics.file, pos.step, &tokens_done)) goto out;
+    }
+    if (job.metrics.file[0] && !(metrics = fopen(job.metrics.file, resume ? "ae" : "we"))) {
         log_error("metrics.file: cannot create %s: %s", job.metrics.file, strerror(errno));
         goto out;
     }
+    int64_t last = job.train.stop_after ? job.train.stop_after : tc.steps;
     double vloss = NAN, vppl = NAN;
     printf("baton run %s: %s model, %lld params, %lld layers, hidden %lld, vocab %lld | %lld train tokens, "
            "%lld val tokens | %lld steps x %lld tokens\n",
@@ -170,19 +295,18 @@ int cmd_run(int argc, char **argv)
 
     /* Fine-tuning a pretrained model: the starting validation loss, so that
      * the run shows how far it moved from it (step 0 in metrics). */
-    if (job.model.hf[0] && n_val > tc.seq_len && job.train.eval_every)
+    if (job.model.hf[0] && n_val > tc.seq_len && job.train.eval_every && !resume)
         if (eval_report(t, metrics, 0, &val_curve, &vloss, &vppl)) goto out;
     uint64_t t0 = clock_now_ns();
-    int64_t tokens_done = 0;
     double train_seconds = 0; /* step time only: evaluations and exports excluded */
-    for (int64_t s = 0; s < tc.steps; s++) {
+    for (int64_t s = pos.step; s < last; s++) {
         train_step_info_t info;
         if (train_step(t, &info)) goto out;
         tokens_done += info.tokens;
         train_seconds += info.seconds;
         double elapsed = (double)(clock_now_ns() - t0) * 1e-9;
         double tps = (double)tokens_done / train_seconds;
-        double eta = elapsed / (double)info.step * (double)(tc.steps - info.step);
+        double eta = elapsed / (double)(info.step - pos.step) * (double)(last - info.step);
         if (isfinite(info.loss)) plot_curve_push(&curve, (double)info.step, info.loss);
         run_step_report_t rep = {.step = info.step, .steps = tc.steps, .tokens = tokens_done,
                                  .loss = info.loss, .lr = info.lr, .grad_norm = info.grad_norm,
@@ -195,9 +319,20 @@ int cmd_run(int argc, char **argv)
         if (n_val > tc.seq_len && job.train.eval_every && info.step % job.train.eval_every == 0 &&
             info.step != tc.steps)
             if (eval_report(t, metrics, info.step, &val_curve, &vloss, &vppl)) goto out;
-        if (job.checkpoint.dir[0] && job.checkpoint.every && info.step % job.checkpoint.every == 0 &&
+        if (job.export.dir[0] && job.export.every && info.step % job.export.every == 0 &&
             info.step != tc.steps)
-            if (model_export(m, job.checkpoint.dir, info.step)) goto out;
+            if (model_export(m, job.export.dir, info.step)) goto out;
+        if (job.checkpoint.dir[0] &&
+            (info.step == last || (job.checkpoint.every && info.step % job.checkpoint.every == 0)))
+            if (saver_start(&saver, &job, sets, n_sets, m, t, &items)) goto out;
+    }
+    if (saver_join(&saver)) goto out;
+    if (job.checkpoint.dir[0]) printf("checkpoint of step %lld written under %s\n", (long long)last, saver.root);
+    if (last < tc.steps) { /* stopped early, as asked: the checkpoint is what goes on */
+        printf("stopped after step %lld of %lld (train.stop_after)\n", (long long)last,
+               (long long)tc.steps);
+        rc = 0;
+        goto out;
     }
     if (n_val > tc.seq_len) {
         if (eval_report(t, metrics, tc.steps, &val_curve, &vloss, &vppl)) goto out;
@@ -205,9 +340,9 @@ int cmd_run(int argc, char **argv)
     } else {
         printf("no validation split (data.split = %g): no validation perplexity\n", job.data.split);
     }
-    if (job.checkpoint.dir[0]) {
-        if (model_export(m, job.checkpoint.dir, tc.steps)) goto out;
-        printf("model written to %s (HF format)\n", job.checkpoint.dir);
+    if (job.export.dir[0]) {
+        if (model_export(m, job.export.dir, tc.steps)) goto out;
+        printf("model written to %s (HF format)\n", job.export.dir);
     }
     if (job.metrics.plot[0]) {
         plot_series_t tr = plot_curve_view(&curve), va = plot_curve_view(&val_curve);
@@ -216,6 +351,8 @@ int cmd_run(int argc, char **argv)
     }
     rc = 0;
 out:
+    if (saver_join(&saver)) rc = 1;
+    ckpt_items_free(&items);
     if (metrics) fclose(metrics);
     plot_curve_free(&curve);
     plot_curve_free(&val_curve);

@@ -34,7 +34,7 @@ typedef enum {
     DRV_RUNNING,
     DRV_EVAL,           /* forward-only pass over the evaluation rows */
     DRV_EXPORTING,      /* EXPORT sent, collecting every parameter (CKPT_SHARD) */
-    DRV_SAVING,         /* the saver thread writes checkpoint.dir */
+    DRV_SAVING,         /* the saver thread writes export.dir */
     DRV_QUIESCING,      /* STOP(IN_PROGRESS) sent, waiting for QUIESCED from every rank */
     DRV_DONE,
     DRV_FAILING,
@@ -302,13 +302,13 @@ static void export_start(driver_t *d)
 }
 
 /* What follows step d->step: its evaluation, its export (every
- * checkpoint.every steps and after the last), the next step, the end. The
+ * export.every steps and after the last), the next step, the end. The
  * order is the single-process run's (launch/cmd_run.c). */
 static void next_after(driver_t *d, bool evaluated)
 {
     if (d->phase == DRV_FAILING || d->phase == DRV_DONE) return;
     int64_t steps = d->job->train.steps, every = d->job->train.eval_every;
-    int64_t ck_every = d->job->checkpoint.every;
+    int64_t ck_every = d->job->export.every;
     if (!evaluated && d->has_eval &&
         (d->step == steps || (every && d->step % every == 0))) {
         eval_start(d);
@@ -322,12 +322,12 @@ static void next_after(driver_t *d, bool evaluated)
     else done(d);
 }
 
-/* The saver thread: checkpoint.dir replaced as a whole (ckpt_hf_save). */
+/* The saver thread: export.dir replaced as a whole (ckpt_hf_save). */
 static bt_status_t save_run(void *arg)
 {
     driver_t *d = arg;
-    bt_status_t st = run_parent_make(d->job->checkpoint.dir);
-    if (st == BT_OK) st = ckpt_hf_save(d->full, d->job->checkpoint.dir);
+    bt_status_t st = run_parent_make(d->job->export.dir);
+    if (st == BT_OK) st = ckpt_hf_save(d->full, d->job->export.dir);
     return st;
 }
 
@@ -335,7 +335,7 @@ static void save_start(driver_t *d)
 {
     d->phase = DRV_SAVING;
     bt_status_t st = actor_worker_submit(d->saver, &d->a, save_run, d, NULL, (uint64_t)d->step);
-    if (st) fail(d, st, -1, "checkpoint.dir: cannot start writing %s", d->job->checkpoint.dir);
+    if (st) fail(d, st, -1, "export.dir: cannot start writing %s", d->job->export.dir);
 }
 
 static actor_ret_t drv_on_work_done(actor_t *self, actor_msg_t *m)
@@ -344,17 +344,17 @@ static actor_ret_t drv_on_work_done(actor_t *self, actor_msg_t *m)
     if (d->phase != DRV_SAVING) return ACTOR_DONE;
     bt_status_t st = m->sys.work.status;
     if (st) {
-        fail(d, st, -1, "checkpoint.dir: cannot write the model of step %lld to %s (%s)",
-             (long long)d->step, d->job->checkpoint.dir, bt_status_str(st));
+        fail(d, st, -1, "export.dir: cannot write the model of step %lld to %s (%s)",
+             (long long)d->step, d->job->export.dir, bt_status_str(st));
         return ACTOR_DONE;
     }
     d->saved_step = d->step;
     if (d->step == d->job->train.steps) {
         errno = 0;
-        printf("model written to %s (HF format)\n", d->job->checkpoint.dir);
+        printf("model written to %s (HF format)\n", d->job->export.dir);
         drv_stdout_check(d);
     } else {
-        log_debug("model of step %lld written to %s", (long long)d->step, d->job->checkpoint.dir);
+        log_debug("model of step %lld written to %s", (long long)d->step, d->job->export.dir);
     }
     next_after(d, true);
     return ACTOR_DONE;
@@ -826,7 +826,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         log_error("metrics.file: cannot create %s: %s", job->metrics.file, strerror(errno));
         goto destroy_router;
     }
-    if (job->checkpoint.dir[0]) {
+    if (job->export.dir[0]) {
         model_config_t mc;
         if (run_model_config(job, &mc) || model_create(&mc, NULL, &d.full)) goto close_metrics;
         d.received = calloc((size_t)d.full->n_params + 1, sizeof *d.received);
@@ -909,11 +909,12 @@ remove_dir:
     return rc;
 }
 
-int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet)
+int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet, const char *resume)
 {
     char *text = NULL;
     size_t len = 0;
     if (base_file_read(job->path, 0, &text, &len)) return 1;
+    (void)resume; /* TODO(next commit): multi-process resume */
     int rc = driver_main(job, text, len, sets, n_sets, quiet, NULL);
     free(text);
     return rc;

@@ -13,10 +13,10 @@
  *   steps       STEP(n) to every stage actor; every rank answers METRICS at
  *               the end of its step; the driver prints the progress line and
  *               appends the metrics JSON line, then starts step n+1;
- *   export      every checkpoint.every steps and after the last, the ranks
+ *   export      every export.every steps and after the last, the ranks
  *               of data-parallel and tensor-parallel replica 0 send their
  *               parameters (CKPT_SHARD); the driver assembles the whole model
- *               and its saver thread writes checkpoint.dir in HF format
+ *               and its saver thread writes export.dir in HF format
  *               (atomically, ckpt_hf_save) before the next step starts;
  *   stop        STOP to all; children are reaped (SIGKILL after a grace time).
  * Supervision: heartbeats (a rank silent for BATON_HEARTBEAT_TIMEOUT seconds,
@@ -34,8 +34,10 @@
 #include "launch/job.h"
 
 /* Run a validated job with tp*pp*dp > 1. sets: the --set overrides already
- * applied to job (forwarded to the workers). Returns the exit status. */
-int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet);
+ * applied to job (forwarded to the workers). resume: NULL, or what
+ * `--resume` names ("latest", a step directory or a root). Returns the
+ * exit status. */
+int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet, const char *resume);
 
 /* One forward-only evaluation of the HF model in model_dir over `rows` rows
  * of T tokens (ids; targets -100 where not scored) in the layout

@@ -94,6 +94,7 @@ static const field_t fields[] = {
     INT("train.eval_batches", train.eval_batches, 0, 1 << 20),
     INT("train.log_every", train.log_every, 1, BIG),
     INT("train.max_skipped_steps", train.max_skipped_steps, 0, BIG),
+    INT("train.stop_after", train.stop_after, 0, BIG),
 
     FLT("optim.lr", optim.lr, 0, 10),
     FLT("optim.min_lr", optim.min_lr, 0, 10),
@@ -126,8 +127,11 @@ static const field_t fields[] = {
     STR("device", device),
     ENUM("dtype", dtype, dtype_names),
 
+    STR("export.dir", export.dir),
+    INT("export.every", export.every, 0, BIG),
     STR("checkpoint.dir", checkpoint.dir),
     INT("checkpoint.every", checkpoint.every, 0, BIG),
+    INT("checkpoint.keep", checkpoint.keep, 0, 1 << 20),
     STR("trace.dir", trace_dir),
     STR("metrics.file", metrics.file),
     STR("metrics.plot", metrics.plot),
@@ -180,6 +184,7 @@ void job_defaults(job_t *job)
     job->n_hosts = 1;
     snprintf(job->device, sizeof job->device, "cpu");
     job->dtype = JOB_DTYPE_FP32;
+    job->checkpoint.keep = 3;
 }
 
 /* ---- errors ------------------------------------------------------------- */
@@ -473,7 +478,7 @@ static bt_status_t doc_apply(job_t *job, const char *file, yaml_document_t *doc,
         }
         if (!section_exists(k))
             return fail_at(err, errlen, &wk, k, "unknown section (known: model, data, train, "
-                           "optim, parallel, transport, hosts, checkpoint, trace, metrics)");
+                           "optim, parallel, transport, hosts, export, checkpoint, trace, metrics)");
         if (val->type == YAML_SCALAR_NODE && val->data.scalar.length == 0) continue; /* "trace:" */
         if (val->type != YAML_MAPPING_NODE) {
             where_t wv = where_node(file, val);
@@ -783,9 +788,16 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     if (job->optim.warmup > job->train.steps)
         return vfail(job, "optim.warmup", err, errlen, "%lld warmup steps exceed train.steps %lld",
                      (long long)job->optim.warmup, (long long)job->train.steps);
+    if (job->export.every > 0 && !job->export.dir[0])
+        return vfail(job, "export.every", err, errlen,
+                     "exports every %lld steps, but export.dir names no directory for them",
+                     (long long)job->export.every);
+    if (job->train.stop_after > job->train.steps)
+        return vfail(job, "train.stop_after", err, errlen, "step %lld is past train.steps %lld",
+                     (long long)job->train.stop_after, (long long)job->train.steps);
     if (job->checkpoint.every > 0 && !job->checkpoint.dir[0])
         return vfail(job, "checkpoint.every", err, errlen,
-                     "exports every %lld steps, but checkpoint.dir names no directory for them",
+                     "saves every %lld steps, but checkpoint.dir names no directory for them",
                      (long long)job->checkpoint.every);
 
     if (m->heads % p->tp)

@@ -74,6 +74,8 @@ typedef struct {
 typedef struct {
     int64_t steps, micro_batch, grad_accum, seed, eval_every, eval_batches, log_every;
     int64_t max_skipped_steps; /* consecutive non-finite steps skipped before the run stops */
+    int64_t stop_after;        /* stop after this step, as if interrupted (the schedule still
+                                * spans `steps`; a checkpoint is saved there); 0: at `steps` */
 } job_train_t;
 
 typedef struct {
@@ -95,9 +97,20 @@ typedef struct {
     bool    zero1;
 } job_parallel_t;
 
+/* export: the weights as one Hugging Face directory (config.json +
+ * model.safetensors), replaced as a whole. */
 typedef struct {
     char    dir[JOB_PATH_MAX];
     int64_t every;                    /* steps; 0 = only at the end (when dir is set) */
+} job_export_t;
+
+/* checkpoint: the native format (docs/CHECKPOINTS.md), the state a run
+ * resumes from. dir may hold "{rank}" and "{host}", expanded per process,
+ * so that every process writes to a folder of its own (node-local disks). */
+typedef struct {
+    char    dir[JOB_PATH_MAX];        /* root: step-NNNNNNNN/ folders and `latest` */
+    int64_t every;                    /* steps; 0 = only at the end (when dir is set) */
+    int64_t keep;                     /* newest checkpoints kept; 0 = all */
 } job_checkpoint_t;
 
 typedef struct {
@@ -126,6 +139,7 @@ typedef struct {
     job_dtype_t      dtype;
     char             hosts[JOB_MAX_HOSTS][JOB_HOST_MAX];
     int              n_hosts;
+    job_export_t     export;
     job_checkpoint_t checkpoint;
     char             trace_dir[JOB_PATH_MAX];
     job_metrics_t    metrics;

@@ -80,7 +80,7 @@ bt_status_t run_mem_plan_job(const job_t *job, const model_config_t *cfg, run_me
      * be uneven), and by dp rank only in who gathers the export. A rank
      * builds only its share (launch/worker.c): while it loads, it holds its
      * parameters and one tensor's piece read from the file. */
-    bool exports = job->checkpoint.dir[0] != '\0';
+    bool exports = job->export.dir[0] != '\0';
     for (int r = 0; r < g.world; r++) {
         graph_coord_t c = graph_coord(&g, r);
         proc_acc_t a = {0};
@@ -108,7 +108,7 @@ bt_status_t run_mem_plan_job(const job_t *job, const model_config_t *cfg, run_me
         proc_finish(&a);
         plan_add(out, &a, r);
     }
-    if (job->checkpoint.dir[0]) { /* the driver assembles the whole model */
+    if (job->export.dir[0]) { /* the driver assembles the whole model */
         proc_acc_t d = {.p = {.copies = whole.params}, .vocab_steady = whole.vocab_params};
         proc_finish(&d);
         plan_add(out, &d, -1);

@@ -74,7 +74,7 @@ static int run_threads(const char *name, const char *sets, int threads)
     if (threads > 0) snprintf(env, sizeof env, "BATON_CPU_THREADS=%d ", threads);
     snprintf(cmd, sizeof cmd,
              "mkdir -p %s/%s && %s%s run %s/job.yaml --quiet %s --set metrics.file=%s/%s/m.jsonl "
-             "--set checkpoint.dir=%s/%s/ck > %s/%s/log 2>&1",
+             "--set export.dir=%s/%s/ck > %s/%s/log 2>&1",
              dir, name, env, baton(), dir, sets, dir, name, dir, name, dir, name);
     int rc = system(cmd);
     if (rc != 0) {

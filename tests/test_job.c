@@ -73,7 +73,7 @@ static void test_job_parse_all_sections(void)
     CHECK(job.transport[JOB_EDGE_PIPELINE] == JOB_XPORT_INPROC);
     CHECK(job.transport[JOB_EDGE_TENSOR_PARALLEL] == JOB_XPORT_AUTO);
     CHECK(job.n_hosts == 1 && !strcmp(job.hosts[0], "local"));
-    CHECK(!strcmp(job.checkpoint.dir, "/tmp/ck") && job.checkpoint.every == 10);
+    CHECK(!strcmp(job.export.dir, "/tmp/ck") && job.export.every == 10);
     CHECK(!strcmp(job.trace_dir, "/tmp/tr") && !strcmp(job.metrics.plot, "loss.png"));
     int64_t layers[8];
     CHECK(job_stage_layers(&job, layers, 8) == 2 && layers[0] == 1 && layers[1] == 3);
@@ -144,8 +144,8 @@ static void test_job_out_of_range(void)
                  "larger than optim.lr");
     expect_error(BASE "train: {steps: 10}\noptim: {warmup: 11}\n", "bad.yaml:3:9:", "optim.warmup",
                  "exceed");
-    expect_error(BASE "checkpoint: {every: 5}\n", "bad.yaml:2:14:", "checkpoint.every",
-                 "checkpoint.dir names no directory");
+    expect_error(BASE "checkpoint: {every: 5}\n", "bad.yaml:2:14:", "export.every",
+                 "export.dir names no directory");
 }
 
 /* Out-of-range integers say the allowed range (in full, not as %g), in the

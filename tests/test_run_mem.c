@@ -65,7 +65,7 @@ static void test_run_mem_layout(void)
     model_config_t cfg;
     job_of("data: {dir: x, seq_len: 16}\ntrain: {micro_batch: 2, grad_accum: 4}\n"
            "model: {layers: 4, hidden: 64, heads: 4, kv_heads: 2, vocab: 1001}\n"
-           "parallel: {tp: 2, pp: 2, dp: 2, zero1: true}\ncheckpoint: {dir: /tmp/x}\n", &job, &cfg);
+           "parallel: {tp: 2, pp: 2, dp: 2, zero1: true}\nexport: {dir: /tmp/x}\n", &job, &cfg);
     run_mem_plan_t p;
     REQUIRE(run_mem_plan_job(&job, &cfg, &p, err, sizeof err) == BT_OK);
     CHECK(p.n_procs == 8 + 1);

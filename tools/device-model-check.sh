@@ -93,7 +93,7 @@ for lay in "pp=2" "pp=2 virtual_stages=2 schedule=interleaved microbatches=4"; d
     for dt in fp32 bf16; do
         for h in off auto; do
             "$BATON" run "$tmp/job.yaml" --quiet "${sets[@]}" --set device=cuda --set dtype=$dt \
-                --set transport.handoff=$h --set checkpoint.dir="$tmp/${name}_${dt}_$h" \
+                --set transport.handoff=$h --set export.dir="$tmp/${name}_${dt}_$h" \
                 --set metrics.file="$tmp/${name}_${dt}_$h.jsonl" > "$OUT/${name}_${dt}_$h.log" 2>&1
         done
         e_off=$("$BATON" eval --model "$tmp/${name}_${dt}_off" --ids tests/fixtures/llama/ids.txt --json 2>&1)
@@ -128,9 +128,9 @@ done
 sed 's/lr: 0.001, min_lr: 0.0001/lr: 0.001, min_lr: 0.001/' "$tmp/job.yaml" > "$tmp/skip.yaml"
 for dt in fp32 bf16; do
     "$BATON" run "$tmp/skip.yaml" --quiet --set device=cuda --set dtype=$dt --set train.steps=2 \
-        --set checkpoint.dir="$tmp/c2_$dt" --set metrics.file= > /dev/null 2>&1
+        --set export.dir="$tmp/c2_$dt" --set metrics.file= > /dev/null 2>&1
     BATON_TEST_NONFINITE=3 "$BATON" run "$tmp/skip.yaml" --quiet --set device=cuda --set dtype=$dt \
-        --set train.steps=3 --set checkpoint.dir="$tmp/p3_$dt" --set metrics.file="$tmp/p3_$dt.jsonl" \
+        --set train.steps=3 --set export.dir="$tmp/p3_$dt" --set metrics.file="$tmp/p3_$dt.jsonl" \
         > /dev/null 2> "$OUT/skip_$dt.err"
     sk=$(grep -c '"skipped": true' "$tmp/p3_$dt.jsonl" 2>/dev/null)
     e2=$("$BATON" eval --model "$tmp/c2_$dt" --ids tests/fixtures/llama/ids.txt --json 2>&1)

@@ -127,6 +127,8 @@ void optim_destroy(optim_t *o)
 bool optim_param_decays(const optim_t *o, int i) { return o->decay[i]; }
 int optim_param_count(const optim_t *o) { return o->n; }
 int64_t optim_step_count(const optim_t *o) { return o->step; }
+void optim_set_step_count(optim_t *o, int64_t n) { o->step = n; }
+const optim_param_t *optim_param(const optim_t *o, int i) { return &o->params[i]; }
 tensor_t optim_moment1(const optim_t *o, int i) { return o->m[i]; }
 tensor_t optim_moment2(const optim_t *o, int i) { return o->v[i]; }
 

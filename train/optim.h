@@ -58,6 +58,10 @@ void        optim_destroy(optim_t *o);
 bool        optim_param_decays(const optim_t *o, int i);
 int         optim_param_count(const optim_t *o);
 int64_t     optim_step_count(const optim_t *o); /* updates done so far */
+/* Resume: the count of updates done (AdamW's bias correction uses it). */
+void        optim_set_step_count(optim_t *o, int64_t n);
+/* Parameter i's view as given to optim_create (its name and tensor). */
+const optim_param_t *optim_param(const optim_t *o, int i);
 
 double      optim_grad_norm(const optim_t *o);
 double      optim_clip_coef(double total_norm, double max_norm); /* max_norm <= 0: 1 */

@@ -109,6 +109,8 @@ struct train {
     int64_t         step;          /* steps done (skipped ones included) */
     int64_t         skip_run;      /* consecutive skipped steps just before this one */
     int64_t         skipped;       /* skipped steps in all */
+    int64_t         base_step;     /* resumed: the step the checkpoint was of, */
+    int64_t         base_samples;  /* ... and the samples consumed by then (0, 0: none) */
 };
 
 bt_status_t train_create(const train_config_t *cfg, model_t *m, const int32_t *train_tokens,
@@ -169,6 +171,27 @@ void train_destroy(train_t *t)
 }
 
 int64_t train_steps_done(const train_t *t) { return t->step; }
+
+void train_position(const train_t *t, train_position_t *p)
+{
+    *p = (train_position_t){.step = t->step, .samples = train_samples_done(t),
+                            .skipped = t->skipped, .skip_run = t->skip_run,
+                            .optim_steps = optim_step_count(t->optim)};
+}
+
+int64_t train_samples_done(const train_t *t)
+{
+    return t->base_samples + (t->step - t->base_step) * t->cfg.grad_accum * t->cfg.micro_batch;
+}
+
+void train_resume(train_t *t, const train_position_t *p)
+{
+    t->step = t->base_step = p->step;
+    t->base_samples = p->samples;
+    t->skipped = p->skipped;
+    t->skip_run = p->skip_run;
+    optim_set_step_count(t->optim, p->optim_steps);
+}
 optim_t *train_optimizer(train_t *t) { return t->optim; }
 
 /* Copy window w of `tokens` into one batch row: ids = w*T .. w*T+T-1,
@@ -189,7 +212,7 @@ bt_status_t train_step(train_t *t, train_step_info_t *info)
     /* Gather the whole global batch first: dloss needs its scored count. */
     for (int64_t k = 0; k < K; k++)
         for (int64_t b = 0; b < B; b++) {
-            int64_t g = (t->step * K + k) * B + b;
+            int64_t g = t->base_samples + ((t->step - t->base_step) * K + k) * B + b;
             int64_t w = train_sampler_window(&t->sampler, g);
             size_t row = (size_t)((k * B + b) * T);
             window_copy(t->ids + row, t->targets + row, t->tokens, w, T);

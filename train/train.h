@@ -98,6 +98,21 @@ bt_status_t train_step(train_t *t, train_step_info_t *info);
 bt_status_t train_eval(train_t *t, double *loss, double *ppl);
 
 int64_t     train_steps_done(const train_t *t);
+
+/* Where a run stands, for a checkpoint: steps done (skipped ones included),
+ * global samples consumed (the data position: the next step starts at
+ * sample `samples` of the sampler's order, whatever the batch size was
+ * before), non-finite steps (in all; in a row just now) and the
+ * optimizer's update count (AdamW's bias correction). */
+typedef struct {
+    int64_t step, samples, skipped, skip_run, optim_steps;
+} train_position_t;
+
+void        train_position(const train_t *t, train_position_t *p);
+int64_t     train_samples_done(const train_t *t);
+/* Continue from p (the parameters and optimizer state restored already):
+ * the next step is p->step + 1, its first sample p->samples. */
+void        train_resume(train_t *t, const train_position_t *p);
 optim_t    *train_optimizer(train_t *t);
 
 #endif

@@ -209,7 +209,7 @@ def gen_job():
             " decay: all}\n"
             "parallel: {tp: 2, pp: 2, dp: 1, split: [1, 3], schedule: 1f1b, microbatches: 4}\n"
             "transport: {control: tcp, pipeline: auto, data_parallel: auto}\n"
-            "hosts: [local]\ncheckpoint: {dir: /tmp/ck, every: 10}\ntrace: {dir: /tmp/tr}\n"
+            "hosts: [local]\nexport: {dir: /tmp/ck, every: 10}\ntrace: {dir: /tmp/tr}\n"
             "metrics: {file: m.jsonl, plot: loss.png}\n")
     put("job", "flow_all_sections.yaml", good, lim)
     sets = ["parallel.tp=1", "optim.betas=[0.8,0.9]", "hosts=[local, localhost]",

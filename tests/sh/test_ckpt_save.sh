@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Exports (checkpoint.dir) are atomic and honoured in every layout.
-#  1. `baton run` with checkpoint.every: 1 (two saves), killed before each
+# Exports (export.dir) are atomic and honoured in every layout.
+#  1. `baton run` with export.every: 1 (two saves), killed before each
 #     step of both saves in turn (BATON_FAULT_SAVE_STEP, base/save.h): the
 #     directory is then the previous export or the new one, byte-equal to
 #     the reference export of that step, `baton eval` on it gives that
 #     step's loss, and the next save leaves no temporary behind.
 #  2. Real SIGKILLs of a run that exports every step: the export loads, and
 #     the next save leaves no temporary.
-#  3. checkpoint.every in multi-process runs: the exports of steps 2 and 3
+#  3. export.every in multi-process runs: the exports of steps 2 and 3
 #     (step 2 captured by killing the run before the save of step 3 starts)
 #     equal the single-process run's: bitwise for pp=2 (untied: every
 #     gradient is accumulated microbatch by microbatch in the same order),
@@ -33,7 +33,7 @@ model: {layers: 1, hidden: 32, heads: 4, kv_heads: 2, ffn: 64, vocab: 64}
 data: {dir: $tmp/data, seq_len: 8, split: 0}
 train: {steps: 2, micro_batch: 2, grad_accum: 2, seed: 3, log_every: 100}
 optim: {lr: 0.01, min_lr: 0.001, warmup: 1, clip: 1.0}
-checkpoint: {dir: $tmp/ck/model, every: 1}
+export: {dir: $tmp/ck/model, every: 1}
 YAML
 mkdir -p "$tmp/ck"
 
@@ -114,13 +114,13 @@ done
 echo "4 SIGKILLs: $temps left a temporary (removed by the next save)"
 [ -z "$bad" ] && pass sigkill_export_loads_no_temporaries || fail sigkill_export_loads_no_temporaries "$bad"
 
-# ---- 3. checkpoint.every in multi-process layouts ---------------------------------------------
+# ---- 3. export.every in multi-process layouts ---------------------------------------------
 cat > "$tmp/mjob.yaml" <<YAML
 model: {layers: 2, hidden: 32, heads: 4, kv_heads: 2, ffn: 64, vocab: 64}
 data: {dir: $tmp/data, seq_len: 8, split: 0}
 train: {steps: 3, micro_batch: 2, grad_accum: 2, seed: 3, log_every: 100}
 optim: {lr: 0.01, min_lr: 0.001, warmup: 1, clip: 0}
-checkpoint: {dir: $tmp/mck/model, every: 1}
+export: {dir: $tmp/mck/model, every: 1}
 YAML
 # exports NAME --set ...: the run's exports of step 3 (NAME.3) and step 2 (NAME.2)
 exports() {

@@ -48,7 +48,7 @@ run() {
     local name=$1 dev=$2; shift 2
     mkdir -p "$tmp/$name"
     "$BATON" run "$tmp/job.yaml" --quiet --set device="$dev" --set metrics.file="$tmp/$name/m.jsonl" \
-        --set checkpoint.dir="$tmp/$name/ck" "$@" > "$tmp/$name/log" 2>&1
+        --set export.dir="$tmp/$name/ck" "$@" > "$tmp/$name/log" 2>&1
 }
 
 # same NAME: the fenced run equals the CPU run in losses and exported bytes

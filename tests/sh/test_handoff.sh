@@ -34,7 +34,7 @@ for lay in pp2 pp2vpp2dp2; do
                                     --set parallel.dp=2 --set parallel.zero1=true)
     for h in off ipc; do
         "$BATON" run "$tmp/job.yaml" "${sets[@]}" --set transport.handoff=$h \
-            --set metrics.file="$tmp/$lay-$h.jsonl" --set checkpoint.dir="$tmp/$lay-$h" \
+            --set metrics.file="$tmp/$lay-$h.jsonl" --set export.dir="$tmp/$lay-$h" \
             > "$tmp/$lay-$h.out" 2> "$tmp/$lay-$h.err"
         echo $? > "$tmp/$lay-$h.rc"
     done

@@ -32,7 +32,7 @@ model: {layers: 8, hidden: 512, heads: 8, kv_heads: 4, ffn: 1536, vocab: 8192, s
 data: {dir: $tmp/data, seq_len: 16, split: 0}
 train: {steps: 1, micro_batch: 1, grad_accum: 1, seed: 3, log_every: 1}
 optim: {lr: 0.0, min_lr: 0.0}
-checkpoint: {dir: $tmp/model}
+export: {dir: $tmp/model}
 YAML
 if ! "$BATON" run "$tmp/make.yaml" --quiet > "$tmp/make.log" 2>&1 || [ ! -f "$tmp/model/model.safetensors" ]; then
     fail make_model "$(tail -3 "$tmp/make.log")"

@@ -60,7 +60,7 @@ data: {dir: $fx, seq_len: 16, split: 0}
 train: {steps: 10, micro_batch: 2, grad_accum: 2, seed: 1234, log_every: 100}
 optim: {lr: 0.01, min_lr: 0.001, warmup: 3, warmup_from: zero, betas: [0.9, 0.95], eps: 1e-8,
         weight_decay: 0.1, clip: 3.0, decay: matrices}
-checkpoint: {dir: $tmp/ck, every: 5}
+export: {dir: $tmp/ck, every: 5}
 metrics: {file: $tmp/fx.jsonl}
 YAML
 "$BATON" run "$tmp/fixture.yaml" --quiet > "$tmp/fx.txt" 2>&1 || { fail run_cli_matches_torch "rc $?"; cat "$tmp/fx.txt"; }

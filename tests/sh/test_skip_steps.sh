@@ -33,7 +33,7 @@ for lay in single pp2dp2; do
     run() { # run NAME STEPS [ENV...]: the job for STEPS steps, exported, metrics in NAME.jsonl
         local name=$1 steps=$2; shift 2
         env "$@" "$BATON" run "$tmp/job.yaml" --quiet "${sets[@]}" --set train.steps="$steps" \
-            --set metrics.file="$tmp/$lay-$name.jsonl" --set checkpoint.dir="$tmp/$lay-$name" \
+            --set metrics.file="$tmp/$lay-$name.jsonl" --set export.dir="$tmp/$lay-$name" \
             > "$tmp/$lay-$name.out" 2> "$tmp/$lay-$name.err"
     }
     run clean6 6; rc_c=$?
