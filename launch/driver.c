@@ -4,6 +4,8 @@
 #include <pthread.h>
 #include <signal.h>
 #include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,6 +21,9 @@
 #include "base/log.h"
 #include "base/file.h"
 #include "ckpt/hf.h"
+#include "ckpt/native.h"
+#include "ckpt/store.h"
+#include "launch/run_ckpt.h"
 #include "launch/graph.h"
 #include "launch/jobdir.h"
 #include "launch/plot.h"
@@ -35,6 +40,7 @@ typedef enum {
     DRV_EVAL,           /* forward-only pass over the evaluation rows */
     DRV_EXPORTING,      /* EXPORT sent, collecting every parameter (CKPT_SHARD) */
     DRV_SAVING,         /* the saver thread writes export.dir */
+    DRV_CKPT_WAIT,      /* a checkpoint is due (or the run ends) while one is being written */
     DRV_QUIESCING,      /* STOP(IN_PROGRESS) sent, waiting for QUIESCED from every rank */
     DRV_DONE,
     DRV_FAILING,
@@ -68,6 +74,18 @@ typedef struct {
     bool           *received;   /* [full->n_params] */
     actor_worker_t *saver;      /* writes the exports, off the driver's loop */
     int64_t         saved_step; /* step of the last export written (0: none) */
+    /* native checkpoints (train/ckpt_writer.h): one save in flight at a time */
+    const char *const *sets;
+    int             n_sets;
+    int64_t         last_step;   /* train.stop_after, else train.steps */
+    int64_t         base_step, base_samples; /* resumed from (0, 0: a fresh run) */
+    int64_t         ck_step;     /* save in flight (0: none) */
+    int64_t         ck_saved;    /* step of the last save started */
+    int             ck_written, ck_commits, ck_committed;
+    bool           *ck_wrote;    /* [world] */
+    char          **ck_root;     /* [world] the root each writer reported */
+    ckpt_index_t    ck_idx;
+    uint64_t        ck_t0;
     actor_timer_t   watch, diag;
     bt_status_t     fail_status;
     int             fail_rank;
@@ -262,6 +280,19 @@ static void watch_fire(actor_t *self, actor_timer_t *t)
         finish(d);
         return;
     }
+    if (d->ck_step && (double)(now - d->ck_t0) * 1e-9 > d->step_timeout_s) {
+        char missing[256] = "";
+        size_t at = 0;
+        for (int k = 0; k < d->world && at + 8 < sizeof missing; k++)
+            if (!d->ck_wrote[k]) at += (size_t)snprintf(missing + at, sizeof missing - at, "%s%d",
+                                                        at ? ", " : "", k);
+        fail(d, BT_ERR_TIMEOUT, -1, "the checkpoint of step %lld did not finish within %.0f s "
+             "(BATON_STEP_TIMEOUT): %s", (long long)d->ck_step, d->step_timeout_s,
+             at ? "no file written by rank(s) " : "written, but a commit did not come back");
+        if (at) snprintf(d->fail_text + strlen(d->fail_text), sizeof d->fail_text - strlen(d->fail_text),
+                         "%s", missing);
+        return;
+    }
     if ((d->phase == DRV_RUNNING || d->phase == DRV_EVAL) &&
         (double)(now - d->t_step0) * 1e-9 > d->step_timeout_s)
         fail(d, BT_ERR_TIMEOUT, -1, "step %lld did not finish within %.0f s (step watchdog, "
@@ -301,6 +332,24 @@ static void export_start(driver_t *d)
     send_all(d, MSG_HEARTBEAT, STAGE_CMD_EXPORT, d->step, BT_OK, NULL);
 }
 
+/* SAVE: every stage copies its state after step d->step to the host and
+ * hands it to its writer; the writers report WRITTEN (drv_on_ckpt). */
+static void next_after(driver_t *d, bool evaluated);
+
+static void ckpt_save_start(driver_t *d)
+{
+    d->ck_step = d->ck_saved = d->step;
+    d->ck_written = d->ck_commits = d->ck_committed = 0;
+    d->ck_t0 = clock_now_ns();
+    ckpt_index_free(&d->ck_idx);
+    for (int r = 0; r < d->world; r++) {
+        d->ck_wrote[r] = false;
+        free(d->ck_root[r]);
+        d->ck_root[r] = NULL;
+    }
+    send_all(d, MSG_HEARTBEAT, STAGE_CMD_SAVE, d->step, BT_OK, NULL);
+}
+
 /* What follows step d->step: its evaluation, its export (every
  * export.every steps and after the last), the next step, the end. The
  * order is the single-process run's (launch/cmd_run.c). */
@@ -316,9 +365,21 @@ static void next_after(driver_t *d, bool evaluated)
     }
     d->phase = DRV_RUNNING;
     if (d->full && d->saved_step != d->step &&
-        (d->step == steps || (ck_every && d->step % ck_every == 0)))
+        (d->step == steps || (ck_every && d->step % ck_every == 0))) {
         export_start(d);
-    else if (d->step < steps) step_start(d, d->step + 1);
+        return;
+    }
+    int64_t every_ck = d->job->checkpoint.every;
+    if (d->job->checkpoint.dir[0] && d->ck_saved != d->step &&
+        (d->step == d->last_step || (every_ck && d->step % every_ck == 0))) {
+        if (d->ck_step) { /* the previous save is still being written */
+            d->phase = DRV_CKPT_WAIT;
+            return;
+        }
+        ckpt_save_start(d);
+    }
+    if (d->step < d->last_step) step_start(d, d->step + 1);
+    else if (d->ck_step) d->phase = DRV_CKPT_WAIT; /* the end waits for the last commit */
     else done(d);
 }
 
@@ -397,7 +458,7 @@ static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
         d->phase = DRV_RUNNING;
         d->t0 = clock_now_ns();
         if (d->eval_only) eval_start(d);
-        else step_start(d, 1);
+        else step_start(d, d->step + 1);
     } else if (state == STAGE_ST_QUIESCED && d->phase == DRV_QUIESCING) {
         if (++d->n_quiesced == d->world) finish(d);
     } else if (state == STAGE_ST_EXPORTED && d->phase == DRV_EXPORTING && ++d->n_exported == d->world) {
@@ -476,7 +537,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
     if (isfinite(loss)) plot_curve_push(&d->curve, (double)d->step, loss);
     double elapsed = (double)(clock_now_ns() - d->t0) * 1e-9;
     double tps = (double)d->tokens_done / elapsed;
-    double eta = elapsed / (double)d->step * (double)(steps - d->step);
+    double eta = elapsed / (double)(d->step - d->base_step) * (double)(d->last_step - d->step);
     run_step_report_t rep = {.step = d->step, .steps = steps, .tokens = d->tokens_done,
                              .loss = loss, .lr = d->lr, .grad_norm = d->grad_norm,
                              .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta,
@@ -514,6 +575,120 @@ static actor_ret_t drv_on_shard(actor_t *self, actor_msg_t *m)
     return ACTOR_DONE;
 }
 
+/* The text of a CKPT_CTL's u8 tensor `name` (NUL-terminated copy), or NULL. */
+static char *ctl_text(actor_msg_t *m, const char *name)
+{
+    tensor_t *t = actor_msg_tensor(m, name);
+    if (!t || t->dtype != DT_U8 || t->ndim != 1) return NULL;
+    char *s = malloc((size_t)t->shape[0] + 1);
+    if (!s) return NULL;
+    memcpy(s, t->data, (size_t)t->shape[0]);
+    s[t->shape[0]] = 0;
+    return s;
+}
+
+/* Every writer wrote: the whole index (with the run's metadata), checked,
+ * goes to one writer per root to commit. */
+static void ckpt_commit_start(driver_t *d)
+{
+    char err[1024];
+    int64_t rows = (int64_t)d->g->dp * d->g->microbatches * d->g->micro_batch;
+    train_position_t pos = {.step = d->ck_step,
+                            .samples = d->base_samples + (d->ck_step - d->base_step) * rows,
+                            .skipped = d->skipped, .skip_run = d->skip_run,
+                            .optim_steps = d->ck_step - d->skipped};
+    model_config_t mc;
+    char *meta = NULL, *text = NULL;
+    bt_status_t st = run_model_config(d->job, &mc);
+    if (!st && !(meta = run_ckpt_meta_json(d->job, d->sets, d->n_sets, &mc, &pos, rows))) st = BT_ERR_NOMEM;
+    if (!st) st = ckpt_index_set_meta(&d->ck_idx, meta);
+    free(meta);
+    if (!st && (st = ckpt_index_check(&d->ck_idx, err, sizeof err))) {
+        fail(d, st, -1, "checkpoint of step %lld: the ranks' pieces do not make a whole: %s",
+             (long long)d->ck_step, err);
+        return;
+    }
+    if (!st && !(text = ckpt_index_dump(&d->ck_idx))) st = BT_ERR_NOMEM;
+    for (int r = 0; r < d->world && !st; r++) {
+        bool first = true;
+        for (int q = 0; q < r && first; q++) first = strcmp(d->ck_root[q], d->ck_root[r]) != 0;
+        if (!first) continue;
+        actor_msg_t *m = actor_msg_new(MSG_CKPT_CTL);
+        int64_t n = (int64_t)strlen(text);
+        tensor_t *t = m ? actor_msg_tensor_new(m, "index", DT_U8, 1, &n) : NULL;
+        if (!t) {
+            if (m) actor_msg_free(m);
+            st = BT_ERR_NOMEM;
+            break;
+        }
+        memcpy(t->data, text, (size_t)n);
+        m->body.ckpt_ctl = (msg_ckpt_ctl_t){.step = d->ck_step, .phase = CKPT_CTL_COMMIT,
+                                            .rank = (uint32_t)r};
+        m->env.step = d->ck_step;
+        d->ck_commits++;
+        bt_status_t ss = actor_send(&d->a, ACTOR_ADDR(r, GRAPH_SLOT_CKPT), m);
+        if (ss && ss != BT_ERR_BUSY) st = ss;
+    }
+    free(text);
+    if (st) fail(d, st, -1, "checkpoint of step %lld: cannot start the commit (%s)",
+                 (long long)d->ck_step, bt_status_str(st));
+}
+
+static actor_ret_t drv_on_ckpt(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    int r = msg_rank(d, m);
+    if (r < 0 || d->phase == DRV_FAILING || d->phase == DRV_DONE) return ACTOR_DONE;
+    const msg_ckpt_ctl_t *c = &m->body.ckpt_ctl;
+    if (c->phase == CKPT_CTL_FAILED) {
+        fail(d, c->status ? (bt_status_t)c->status : BT_ERR_IO, r, "checkpoint of step %lld: %s",
+             (long long)c->step, c->text);
+        return ACTOR_DONE;
+    }
+    if (!d->ck_step || c->step != d->ck_step) {
+        fail(d, BT_ERR_PEER_PROTO, r, "checkpoint report for step %lld, none of that step in flight",
+             (long long)c->step);
+        return ACTOR_DONE;
+    }
+    if (c->phase == CKPT_CTL_WRITTEN) {
+        char err[1024];
+        char *frag = ctl_text(m, "index"), *root = ctl_text(m, "root");
+        ckpt_index_t part = {0};
+        bt_status_t st = frag && root && !d->ck_wrote[r] ? BT_OK : BT_ERR_PEER_PROTO;
+        if (st) snprintf(err, sizeof err, "a second report, or one without its index or root");
+        if (!st) st = ckpt_index_parse(frag, strlen(frag), "a writer's index", &part, err, sizeof err);
+        if (!st) st = ckpt_index_merge(&d->ck_idx, &part, err, sizeof err);
+        ckpt_index_free(&part);
+        free(frag);
+        if (st) {
+            free(root);
+            fail(d, st, r, "checkpoint of step %lld: %s", (long long)c->step, err);
+            return ACTOR_DONE;
+        }
+        d->ck_wrote[r] = true;
+        d->ck_root[r] = root;
+        if (++d->ck_written == d->world) ckpt_commit_start(d);
+        return ACTOR_DONE;
+    }
+    if (c->phase == CKPT_CTL_COMMITTED && d->ck_written == d->world && ++d->ck_committed == d->ck_commits) {
+        double secs = (double)(clock_now_ns() - d->ck_t0) * 1e-9;
+        uint64_t bytes = 0;
+        for (int i = 0; i < d->ck_idx.n_files; i++) bytes += d->ck_idx.files[i].bytes;
+        log_info("checkpoint of step %lld committed: %d files, %.1f MB, %d root(s), %.2f s",
+                 (long long)d->ck_step, d->ck_idx.n_files, (double)bytes / 1e6, d->ck_commits, secs);
+        if (d->ck_step == d->last_step) {
+            errno = 0;
+            printf("checkpoint of step %lld written under %s\n", (long long)d->ck_step,
+                   d->job->checkpoint.dir);
+            drv_stdout_check(d);
+        }
+        d->ck_step = 0;
+        ckpt_index_free(&d->ck_idx);
+        if (d->phase == DRV_CKPT_WAIT) next_after(d, true);
+    }
+    return ACTOR_DONE;
+}
+
 static actor_ret_t drv_on_error(actor_t *self, actor_msg_t *m)
 {
     driver_t *d = (driver_t *)self;
@@ -541,6 +716,7 @@ static const actor_class_t driver_class = {
         [MSG_HEARTBEAT] = drv_on_heartbeat,
         [MSG_METRICS] = drv_on_metrics,
         [MSG_CKPT_SHARD] = drv_on_shard,
+        [MSG_CKPT_CTL] = drv_on_ckpt,
         [MSG_ERROR_REPORT] = drv_on_error,
         [ACTOR_SYS_WORK_DONE] = drv_on_work_done,
     },
@@ -709,8 +885,144 @@ typedef struct {
 /* A multi-process job. job_text: the job file's bytes (copied to the run
  * directory for the workers). ev non-NULL: one evaluation pass over ev's
  * rows instead of training. */
+/* --resume: the step directories the ranks read (one per root that holds
+ * the step), written to the run directory, and where the run stands. For
+ * `latest`, the newest step that some root has committed and whose files
+ * all exist in the roots; a file in none of them is an error naming it,
+ * before any process starts. */
+static bt_status_t resume_prepare(const job_t *job, const graph_t *g, const char *what,
+                                  const char *run_dir, run_ckpt_meta_t *meta)
+{
+    static char roots[GRAPH_MAX_WORLD][JOB_PATH_MAX];
+    int n_roots = 0;
+    for (int r = 0; r < g->world && job->checkpoint.dir[0]; r++) {
+        char root[JOB_PATH_MAX];
+        if (run_ckpt_root(job, r, root, sizeof root)) return BT_ERR_INVALID;
+        bool seen = false;
+        for (int k = 0; k < n_roots && !seen; k++) seen = !strcmp(roots[k], root);
+        if (!seen) snprintf(roots[n_roots++], JOB_PATH_MAX, "%s", root);
+    }
+    static char dirs[GRAPH_MAX_WORLD + 1][CKPT_PATH_MAX];
+    char err[1024];
+    int n_dirs = 0;
+    int64_t cand[64];
+    int n_cand = 0;
+    bool latest = !strcmp(what, "latest");
+    if (latest) { /* every step any root committed, newest first */
+        if (!n_roots) {
+            fprintf(stderr, "baton run: --resume latest: checkpoint.dir names no checkpoint root\n");
+            return BT_ERR_INVALID;
+        }
+        for (int k = 0; k < n_roots; k++) {
+            int64_t st[64];
+            int n = ckpt_list_steps(roots[k], st, 64);
+            for (int i = 0; i < n; i++) {
+                bool dup = false;
+                for (int j = 0; j < n_cand && !dup; j++) dup = cand[j] == st[i];
+                if (!dup && n_cand < 64) cand[n_cand++] = st[i];
+            }
+        }
+        for (int i = 0; i < n_cand; i++) /* descending */
+            for (int j = i + 1; j < n_cand; j++)
+                if (cand[j] > cand[i]) { int64_t t = cand[i]; cand[i] = cand[j]; cand[j] = t; }
+        if (!n_cand) {
+            fprintf(stderr, "baton run: --resume latest: no committed checkpoint under %s%s\n",
+                    roots[0], n_roots > 1 ? " (nor the other ranks' roots)" : "");
+            return BT_ERR_NOT_FOUND;
+        }
+    } else {
+        if (ckpt_resolve(what, dirs[0], CKPT_PATH_MAX, err, sizeof err)) {
+            fprintf(stderr, "baton run: --resume: %s\n", err);
+            return BT_ERR_NOT_FOUND;
+        }
+        n_dirs = 1;
+        cand[n_cand++] = -1; /* the step comes from its index */
+    }
+    ckpt_index_t idx = {0};
+    for (int c = 0; c < n_cand; c++) {
+        ckpt_index_free(&idx);
+        if (latest) {
+            n_dirs = 0;
+            for (int k = 0; k < n_roots; k++) {
+                ckpt_step_dir(roots[k], cand[c], dirs[n_dirs], CKPT_PATH_MAX);
+                char ip[CKPT_PATH_MAX + 16];
+                snprintf(ip, sizeof ip, "%s/%s", dirs[n_dirs], CKPT_INDEX_FILE);
+                if (access(ip, F_OK) == 0) n_dirs++;
+            }
+        }
+        if (ckpt_index_read(dirs[0], &idx, err, sizeof err) ||
+            ckpt_index_check(&idx, err, sizeof err)) {
+            if (latest && c + 1 < n_cand) {
+                log_warn("resume: %s cannot be used (%s); trying the one before", dirs[0], err);
+                continue;
+            }
+            fprintf(stderr, "baton run: --resume: %s\n", err);
+            ckpt_index_free(&idx);
+            return BT_ERR_CORRUPT;
+        }
+        if (!latest) { /* the same step in the other roots may hold the other ranks' files */
+            json_int_t step = -1;
+            json_t *mj = json_loads(idx.meta, 0, NULL);
+            if (mj && json_is_integer(json_object_get(mj, "step")))
+                step = json_integer_value(json_object_get(mj, "step"));
+            json_decref(mj);
+            for (int k = 0; k < n_roots && step >= 0; k++) {
+                char sd[CKPT_PATH_MAX];
+                ckpt_step_dir(roots[k], step, sd, sizeof sd);
+                char a[PATH_MAX], b[PATH_MAX];
+                if (access(sd, F_OK) || !realpath(sd, a) || !realpath(dirs[0], b) || !strcmp(a, b)) continue;
+                snprintf(dirs[n_dirs++], CKPT_PATH_MAX, "%s", sd);
+            }
+        }
+        /* every file somewhere */
+        const char *missing = NULL;
+        for (int f = 0; f < idx.n_files && !missing; f++) {
+            bool found = false;
+            for (int k = 0; k < n_dirs && !found; k++) {
+                char fp[CKPT_PATH_MAX + CKPT_FILE_MAX + 2];
+                snprintf(fp, sizeof fp, "%.4095s/%.95s", dirs[k], idx.files[f].name);
+                found = access(fp, F_OK) == 0;
+            }
+            if (!found) missing = idx.files[f].name;
+        }
+        if (missing) {
+            if (latest && c + 1 < n_cand) {
+                log_warn("resume: step %lld: %s is in none of the checkpoint roots; trying the "
+                         "one before", (long long)cand[c], missing);
+                continue;
+            }
+            fprintf(stderr, "baton run: --resume: %s: file %s (listed in its index) is in none of "
+                    "the %d checkpoint director%s of this job; the ranks that wrote it may hold "
+                    "it on another disk\n", dirs[0], missing, n_dirs, n_dirs == 1 ? "y" : "ies");
+            ckpt_index_free(&idx);
+            return BT_ERR_NOT_FOUND;
+        }
+        break;
+    }
+    model_config_t mc;
+    bt_status_t st = run_model_config(job, &mc);
+    if (!st && (st = run_ckpt_meta_check(&idx, dirs[0], job, &mc, meta, err, sizeof err)))
+        fprintf(stderr, "baton run: --resume: %s\n", err);
+    ckpt_index_free(&idx);
+    if (st) return st;
+    char *text = NULL;
+    size_t len = 0;
+    for (int k = 0; k < n_dirs; k++) {
+        char *nt = realloc(text, len + strlen(dirs[k]) + 8);
+        if (!nt) { free(text); return BT_ERR_NOMEM; }
+        text = nt;
+        len += (size_t)sprintf(text + len, "dir %s\n", dirs[k]);
+    }
+    st = file_write(run_dir, RUN_FILE_RESUME, text, len, 0600);
+    free(text);
+    if (!st)
+        printf("resuming from %s: step %lld, %lld samples consumed (%d director%s)\n", dirs[0],
+               (long long)meta->pos.step, (long long)meta->pos.samples, n_dirs, n_dirs == 1 ? "y" : "ies");
+    return st;
+}
+
 static int driver_main(job_t *job, const char *job_text, size_t job_len, const char *const *sets,
-                       int n_sets, bool quiet, driver_eval_t *ev)
+                       int n_sets, bool quiet, driver_eval_t *ev, const char *resume)
 {
     static graph_t g;
     char err[JOB_ERR_MAX];
@@ -800,6 +1112,11 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     }
     if (!sets_text || file_write(run_dir, RUN_FILE_SETS, sets_text, sets_len, 0600)) goto remove_dir;
 
+    run_ckpt_meta_t rmeta = {0};
+    int64_t tokens_before = 0;
+    if (resume && (resume_prepare(job, &g, resume, run_dir, &rmeta) ||
+                   run_metrics_trim(job->metrics.file, rmeta.pos.step, &tokens_before)))
+        goto remove_dir;
     if (ev) {
         char p[1024];
         snprintf(p, sizeof p, "%s/%s", run_dir, RUN_FILE_EVAL);
@@ -822,7 +1139,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     if ((job->metrics.file[0] && run_parent_make(job->metrics.file)) ||
         (job->metrics.plot[0] && run_parent_make(job->metrics.plot)))
         goto destroy_router;
-    if (job->metrics.file[0] && !(d.metrics = fopen(job->metrics.file, "we"))) {
+    if (job->metrics.file[0] && !(d.metrics = fopen(job->metrics.file, resume ? "ae" : "we"))) {
         log_error("metrics.file: cannot create %s: %s", job->metrics.file, strerror(errno));
         goto destroy_router;
     }
@@ -833,7 +1150,17 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         if (!d.received || actor_router_worker_new(rt, "saver", &d.saver)) goto close_metrics;
     }
     d.last_seen = calloc((size_t)g.world, sizeof *d.last_seen);
-    if (!d.last_seen) goto close_metrics;
+    d.ck_wrote = calloc((size_t)g.world, sizeof *d.ck_wrote);
+    d.ck_root = calloc((size_t)g.world, sizeof *d.ck_root);
+    if (!d.last_seen || !d.ck_wrote || !d.ck_root) goto close_metrics;
+    d.sets = sets;
+    d.n_sets = n_sets;
+    d.last_step = job->train.stop_after ? job->train.stop_after : job->train.steps;
+    d.base_step = d.step = d.ck_saved = rmeta.pos.step;
+    d.base_samples = rmeta.pos.samples;
+    d.skipped = rmeta.pos.skipped;
+    d.skip_run = rmeta.pos.skip_run;
+    d.tokens_done = tokens_before;
     d.rt = rt;
     d.job = job;
     d.g = &g;
@@ -897,6 +1224,10 @@ destroy_router:
     actor_router_destroy(rt);
     free(d.last_seen);
     free(d.received);
+    for (int r = 0; d.ck_root && r < g.world; r++) free(d.ck_root[r]);
+    free(d.ck_root);
+    free(d.ck_wrote);
+    ckpt_index_free(&d.ck_idx);
     plot_curve_free(&d.curve);
     plot_curve_free(&d.val_curve);
     model_destroy(d.full);
@@ -914,8 +1245,7 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet, cons
     char *text = NULL;
     size_t len = 0;
     if (base_file_read(job->path, 0, &text, &len)) return 1;
-    (void)resume; /* TODO(next commit): multi-process resume */
-    int rc = driver_main(job, text, len, sets, n_sets, quiet, NULL);
+    int rc = driver_main(job, text, len, sets, n_sets, quiet, NULL, resume);
     free(text);
     return rc;
 }
@@ -972,7 +1302,7 @@ int driver_eval(const char *model_dir, const char *layout, const char *device, c
         return 1;
     }
     driver_eval_t ev = {.ids = ids, .targets = targets, .rows = rows};
-    int rc = driver_main(&job, text, (size_t)n, NULL, 0, true, &ev);
+    int rc = driver_main(&job, text, (size_t)n, NULL, 0, true, &ev, NULL);
     free(text);
     if (rc == 0) {
         *loss = ev.loss;

@@ -28,6 +28,7 @@
 
 #define GRAPH_SLOT_STAGE  1u
 #define GRAPH_SLOT_DATA   2u
+#define GRAPH_SLOT_CKPT   3u  /* the checkpoint writer (when checkpoint.dir is set) */
 #define GRAPH_SLOT_DRIVER 1u
 #define GRAPH_MAX_VSTAGES 256
 #define GRAPH_MAX_WORLD   1024

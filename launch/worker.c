@@ -12,10 +12,15 @@
 #include "actors/router.h"
 #include "trace/trace.h"
 #include "base/clock.h"
+#include "base/file.h"
 #include "base/log.h"
 #include "kernels/kernels.h"
 #include "launch/graph.h"
+#include "ckpt/store.h"
+#include "launch/run_ckpt.h"
 #include "launch/run_setup.h"
+#include "train/ckpt_state.h"
+#include "train/ckpt_writer.h"
 #include "train/data_actor.h"
 #include "train/stage_actor.h"
 
@@ -118,6 +123,11 @@ typedef struct {
     data_actor_t   data;
     bool           stage_inited, data_inited;
     bool           same_host[GRAPH_MAX_WORLD]; /* rank r runs on this host (the book's "host") */
+    ckpt_items_t   items;      /* what this rank's checkpoints hold */
+    ckpt_writer_t  writer;
+    bool           writer_inited;
+    char           run_dir[1024];
+    run_ckpt_meta_t resumed;   /* the checkpoint resumed from (pos.step 0: none) */
 } worker_t;
 
 static bt_status_t file_read_all(const char *path, char *buf, size_t cap, size_t *len)
@@ -420,6 +430,51 @@ static bool handoff_edge(const worker_t *w, int peer)
     return w->job.handoff == JOB_HANDOFF_IPC || (w->job.handoff == JOB_HANDOFF_AUTO && dev.kind == DEV_CUDA);
 }
 
+/* The rank's checkpoint items: its chunks' parameters (stored on
+ * data-parallel rank 0; never the tied head copy) and its optimizer state. */
+static bt_status_t items_build(worker_t *w, int dp_rank, int head_copy_chunk)
+{
+    bt_status_t st = BT_OK;
+    for (int k = 0; k < w->n_chunks && !st; k++) {
+        int skip = k == head_copy_chunk ? model_param_find(w->chunks[k], "model.embed_tokens.weight") : -1;
+        st = ckpt_items_params(&w->items, w->chunks[k], dp_rank == 0, skip);
+    }
+    if (!st) st = dist_optim_ckpt_items(w->opt, &w->items, dp_rank == 0);
+    return st;
+}
+
+/* --resume (the driver wrote the step directories to read): every item,
+ * resharded from whatever layout saved it, and the optimizer's count. */
+static bt_status_t resume_load(worker_t *w, const char *path)
+{
+    char *text = NULL, err[1400];
+    size_t len = 0;
+    bt_status_t st = base_file_read(path, 1u << 20, &text, &len);
+    if (st) return st;
+    const char *dirs[GRAPH_MAX_WORLD + 1];
+    int n = 0;
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line && n < GRAPH_MAX_WORLD + 1;
+         line = strtok_r(NULL, "\n", &save))
+        if (!strncmp(line, "dir ", 4)) dirs[n++] = line + 4;
+    ckpt_reader_t *r = NULL;
+    st = n ? ckpt_reader_open(dirs, n, &r, err, sizeof err) : BT_ERR_CORRUPT;
+    if (!n) snprintf(err, sizeof err, "%s names no directory", path);
+    model_config_t mc = w->chunks[0]->cfg;
+    if (!st) st = run_ckpt_meta_check(ckpt_reader_index(r), dirs[0], &w->job, &mc, &w->resumed, err,
+                                      sizeof err);
+    uint64_t t0 = clock_now_ns();
+    if (!st) st = ckpt_items_restore(&w->items, r, err, sizeof err);
+    ckpt_reader_close(r);
+    if (st) log_error("rank %d: --resume: %s", w->rank, err);
+    else {
+        dist_optim_set_steps(w->opt, w->resumed.pos.optim_steps);
+        log_debug("rank %d: state of step %lld restored in %.2f s", w->rank,
+                  (long long)w->resumed.pos.step, (double)(clock_now_ns() - t0) * 1e-9);
+    }
+    free(text);
+    return st;
+}
+
 static bt_status_t actors_start(worker_t *w)
 {
     const graph_t *g = &w->g;
@@ -443,6 +498,12 @@ static bt_status_t actors_start(worker_t *w)
         if (g->tied && g->n_vstages > 1 && v == g->n_vstages - 1) oc.head_copy_chunk = k;
     }
     if (!w->eval_only && (st = dist_optim_create(&oc, &w->opt))) return st;
+    char resume_path[1200];
+    snprintf(resume_path, sizeof resume_path, "%s/%s", w->run_dir, RUN_FILE_RESUME);
+    bool resume = !w->eval_only && access(resume_path, F_OK) == 0;
+    bool saves = !w->eval_only && w->job.checkpoint.dir[0];
+    if ((resume || saves) && (st = items_build(w, c.dp, oc.head_copy_chunk))) return st;
+    if (resume && (st = resume_load(w, resume_path))) return st;
 
     bool data = graph_rank_needs_data(g, w->rank);
     int64_t rows = (int64_t)g->dp * g->microbatches * g->micro_batch;
@@ -457,6 +518,8 @@ static bt_status_t actors_start(worker_t *w)
         /* every window scores all T positions (train/train.h) */
         .dloss = 1.0f / (float)(rows * g->seq_len),
         .opt = w->opt, .worker = compute, .rt = w->rt, .heartbeat_s = 0.3,
+        .writer = saves ? ACTOR_ADDR(w->rank, GRAPH_SLOT_CKPT) : 0, .ckpt = &w->items,
+        .first_step = w->resumed.pos.step,
     };
     for (int k = 0; k < w->n_chunks; k++) {
         int v = graph_chunk_vstage(g, c.pp, k);
@@ -480,10 +543,28 @@ static bt_status_t actors_start(worker_t *w)
                                   .T = g->seq_len, .M = g->microbatches, .dp = g->dp,
                                   .dp_rank = c.dp, .stage = ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE),
                                   .eval_ids = w->eval_ids, .eval_targets = w->eval_targets,
-                                  .eval_rows = w->eval_rows};
+                                  .eval_rows = w->eval_rows,
+                                  .base_step = w->resumed.pos.step,
+                                  .base_samples = w->resumed.pos.samples};
         if ((st = data_actor_init(&w->data, &dc))) return st;
         w->data_inited = true;
         if ((st = actor_register(w->rt, &w->data.a, &data_actor_class, loop, "data", GRAPH_SLOT_DATA)))
+            return st;
+    }
+    if (saves) { /* the writer: a loop and an I/O thread of its own */
+        actor_loop_t *ck_loop;
+        actor_worker_t *io;
+        ckpt_writer_config_t wc = {.rank = w->rank, .keep = w->job.checkpoint.keep,
+                                   .driver = ACTOR_ADDR(g->world, GRAPH_SLOT_DRIVER)};
+        if ((st = run_ckpt_root(&w->job, w->rank, wc.root, sizeof wc.root))) return st;
+        run_ckpt_shard_name(w->rank, wc.file, sizeof wc.file);
+        if ((st = actor_router_loop_new(w->rt, "ckpt", &ck_loop)) ||
+            (st = actor_router_worker_new(w->rt, "ckpt-io", &io)))
+            return st;
+        wc.io = io;
+        if ((st = ckpt_writer_init(&w->writer, &wc))) return st;
+        w->writer_inited = true;
+        if ((st = actor_register(w->rt, &w->writer.a, &ckpt_writer_class, ck_loop, "ckpt", GRAPH_SLOT_CKPT)))
             return st;
     }
     actor_router_supervisor_set(w->rt, ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE));
@@ -506,6 +587,8 @@ static void worker_free(worker_t *w)
     actor_router_destroy(w->rt); /* stops the actors, the compute worker and the loops */
     if (w->stage_inited) stage_actor_fini(&w->stage);
     if (w->data_inited) data_actor_fini(&w->data);
+    if (w->writer_inited) ckpt_writer_fini(&w->writer);
+    ckpt_items_free(&w->items);
     dist_optim_destroy(w->opt);
     for (int k = 0; k < GRAPH_GROUP_COUNT; k++)
         if (w->comm[k]) coll_destroy(w->comm[k]);
@@ -531,6 +614,7 @@ int worker_main(const char *run_dir, int rank)
         return 1;
     }
     w->rank = rank;
+    snprintf(w->run_dir, sizeof w->run_dir, "%s", run_dir);
     const char *job_id = strrchr(run_dir, '/') ? strrchr(run_dir, '/') + 1 : run_dir;
     char card[ACTOR_CARD_MAX], driver_card[ACTOR_CARD_MAX], path[1024];
     bt_status_t st;

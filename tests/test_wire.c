@@ -456,6 +456,17 @@ static void bodies_fill(msg_body_t *b, msg_type_t t)
         b->ckpt_shard.is_optim = 0;
         break;
     case MSG_RELEASE: b->release = (msg_release_t){.slot = 7, .gen = 4000000001u}; break;
+    case MSG_CKPT_PIECE:
+        b->ckpt_piece = (msg_ckpt_piece_t){.step = 6, .index = 2, .count = 9, .ndim = 2,
+                                           .glob0 = 512, .glob1 = 256, .off0 = 256, .ext0 = 256,
+                                           .ext1 = 256, .flat_start = 1000, .flat_len = 24};
+        strcpy(b->ckpt_piece.name, "optim.exp_avg/model.layers.3.self_attn.q_proj.weight");
+        break;
+    case MSG_CKPT_CTL:
+        b->ckpt_ctl = (msg_ckpt_ctl_t){.step = 6, .phase = CKPT_CTL_WRITTEN, .status = 0, .rank = 3,
+                                       .count = 12};
+        strcpy(b->ckpt_ctl.text, "shard-r00003.safetensors");
+        break;
     default: BT_PANIC("type %d", (int)t);
     }
 }

@@ -152,6 +152,47 @@ static void rnd_body(uint32_t type, msg_body_t *b, bool valid)
         b->release.slot = (uint32_t)rnd_u64();
         b->release.gen = (uint32_t)rnd_u64();
         break;
+    case MSG_CKPT_PIECE: {
+        msg_ckpt_piece_t *c = &b->ckpt_piece;
+        rnd_str(c->name, sizeof c->name);
+        c->step = rnd_i64();
+        c->index = (uint32_t)rnd_u64();
+        c->count = (uint32_t)rnd_u64();
+        c->ndim = (uint32_t)rnd_u64();
+        int64_t *dims[12] = {&c->glob0, &c->glob1, &c->glob2, &c->glob3, &c->off0, &c->off1,
+                             &c->off2, &c->off3, &c->ext0, &c->ext1, &c->ext2, &c->ext3};
+        for (int k = 0; k < 12; k++) *dims[k] = rnd_i64();
+        c->flat_start = rnd_i64();
+        c->flat_len = rnd_i64();
+        if (valid) { /* one in-range piece: a 2-D box and a flat range of it */
+            if (!c->name[0]) strcpy(c->name, "w");
+            c->ndim = 2;
+            c->count = 1 + (uint32_t)rnd_below(100);
+            c->index = (uint32_t)rnd_below(c->count);
+            c->glob0 = 1 + (int64_t)rnd_below(1000);
+            c->glob1 = 1 + (int64_t)rnd_below(1000);
+            c->glob2 = c->glob3 = c->off2 = c->off3 = c->ext2 = c->ext3 = 0;
+            c->off0 = (int64_t)rnd_below((uint64_t)c->glob0);
+            c->ext0 = (int64_t)rnd_below((uint64_t)(c->glob0 - c->off0) + 1);
+            c->off1 = 0;
+            c->ext1 = c->glob1;
+            c->flat_start = 0;
+            c->flat_len = (int64_t)rnd_below((uint64_t)(c->ext0 * c->ext1) + 1);
+        }
+        break;
+    }
+    case MSG_CKPT_CTL:
+        b->ckpt_ctl.step = rnd_i64();
+        b->ckpt_ctl.phase = (uint32_t)rnd_u64();
+        b->ckpt_ctl.status = (int32_t)rnd_i64();
+        b->ckpt_ctl.rank = (uint32_t)rnd_u64();
+        b->ckpt_ctl.count = (uint32_t)rnd_u64();
+        rnd_str(b->ckpt_ctl.text, sizeof b->ckpt_ctl.text);
+        if (valid) {
+            b->ckpt_ctl.phase = CKPT_CTL_BEGIN + (uint32_t)rnd_below(5);
+            if (b->ckpt_ctl.step < 0) b->ckpt_ctl.step = -(b->ckpt_ctl.step + 1);
+        }
+        break;
     default:
         break;
     }

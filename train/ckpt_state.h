@@ -47,7 +47,7 @@ typedef struct {
     bool           store;  /* this rank writes it */
 } ckpt_item_t;
 
-typedef struct {
+typedef struct ckpt_items {
     ckpt_item_t *v;
     int          n, cap;
 } ckpt_items_t;

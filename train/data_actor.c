@@ -58,6 +58,7 @@ static actor_ret_t data_on_heartbeat(actor_t *self, actor_msg_t *m)
     if (m->body.heartbeat.state != DATA_CMD_STEP || !c->tokens) return ACTOR_DONE;
     int64_t step = m->body.heartbeat.step; /* 1-based */
     int64_t R = (int64_t)c->dp * c->M * c->B;
+    int64_t first = c->base_samples + (step - 1 - c->base_step) * R; /* this step's first sample */
     int64_t shape[2] = {c->B, c->T};
     for (int k = 0; k < c->M; k++) {
         actor_msg_t *out = actor_msg_new(MSG_DATA_BATCH);
@@ -69,7 +70,7 @@ static actor_ret_t data_on_heartbeat(actor_t *self, actor_msg_t *m)
             return ACTOR_DONE;
         }
         for (int64_t b = 0; b < c->B; b++) {
-            int64_t g = (step - 1) * R + ((int64_t)c->dp_rank * c->M + k) * c->B + b;
+            int64_t g = first + ((int64_t)c->dp_rank * c->M + k) * c->B + b;
             int64_t w = train_sampler_window(&d->sampler, g);
             const int32_t *src = c->tokens + w * c->T;
             memcpy((int32_t *)ids->data + b * c->T, src, (size_t)c->T * sizeof(int32_t));

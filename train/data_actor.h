@@ -9,6 +9,10 @@
  * contiguous block d of M*B rows, and the union over the dp ranks is exactly
  * the single-process global batch of grad_accum = dp * M microbatches.
  *
+ * Resumed runs (base_step, base_samples from the checkpoint): step s > base_step
+ * starts at sample base_samples + (s - 1 - base_step) * R, so the data goes
+ * on where the checkpoint left it even when R changed with the layout.
+ *
  * Trigger: a MSG_HEARTBEAT with state DATA_CMD_STEP and the 1-based step
  * (sent by the local stage actor when the driver starts a step).
  *
@@ -35,6 +39,7 @@ typedef struct {
     int64_t        B, T;     /* micro_batch, seq_len */
     int            M;        /* microbatches per step per replica */
     int            dp, dp_rank;
+    int64_t        base_step, base_samples; /* resumed from (0, 0: a fresh run) */
     actor_addr_t   stage;    /* the stage actor fed */
     const int32_t *eval_ids, *eval_targets; /* [eval_rows * T] (borrowed), or NULL */
     int64_t        eval_rows;

@@ -6,6 +6,7 @@
 
 #include "base/log.h"
 #include "kernels/kernels.h"
+#include "train/ckpt_state.h"
 
 /* Per chunk: the non-ZeRO optimizer over the whole stage, or (ZeRO-1) two
  * optimizers over this rank's shard of the flat parameter block, cut at
@@ -332,4 +333,51 @@ bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, bool loss_bad, double
         if (st) return st;
     }
     return BT_OK;
+}
+
+/* The tied head copy's index in chunk c, or -1. */
+static int head_copy_param(const dist_optim_t *d, int c)
+{
+    return c == d->cfg.head_copy_chunk ? model_param_find(d->cfg.chunks[c], "model.embed_tokens.weight")
+                                       : -1;
+}
+
+bt_status_t dist_optim_ckpt_items(const dist_optim_t *d, struct ckpt_items *it, bool dp0)
+{
+    bt_status_t st = BT_OK;
+    for (int c = 0; c < d->cfg.n_chunks && !st; c++) {
+        const chunk_opt_t *co = &d->c[c];
+        model_t *m = d->cfg.chunks[c];
+        if (co->full) {
+            st = ckpt_items_optim(it, m, co->full, dp0, head_copy_param(d, c));
+            continue;
+        }
+        /* ZeRO-1: the tied copy's partition is stored from the embedding
+         * stage's block instead, which holds the same values */
+        int first = it->n;
+        if (!st && co->decay) st = ckpt_items_optim_ranges(it, m, co->decay, true);
+        if (!st && co->no_decay) st = ckpt_items_optim_ranges(it, m, co->no_decay, true);
+        if (c == d->cfg.head_copy_chunk)
+            for (int i = first; i < it->n; i++) {
+                const char *slash = strchr(it->v[i].name, '/');
+                if (slash && !strcmp(slash + 1, "model.embed_tokens.weight")) it->v[i].store = false;
+            }
+    }
+    return st;
+}
+
+int64_t dist_optim_steps(const dist_optim_t *d)
+{
+    const chunk_opt_t *co = &d->c[0];
+    return co->full ? optim_step_count(co->full) : optim_step_count(co->decay);
+}
+
+void dist_optim_set_steps(dist_optim_t *d, int64_t n)
+{
+    for (int c = 0; c < d->cfg.n_chunks; c++) {
+        chunk_opt_t *co = &d->c[c];
+        if (co->full) optim_set_step_count(co->full, n);
+        if (co->decay) optim_set_step_count(co->decay, n);
+        if (co->no_decay) optim_set_step_count(co->no_decay, n);
+    }
 }

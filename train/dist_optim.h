@@ -60,4 +60,14 @@ void        dist_optim_destroy(dist_optim_t *d);
 bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, bool loss_bad, double *grad_norm,
                             double *lr, bool *skipped);
 
+/* This rank's optimizer state as checkpoint items (train/ckpt_state.h):
+ * without ZeRO-1 the moments of every parameter, stored by data-parallel
+ * rank 0 (dp0); with it this rank's partition, always stored. The tied
+ * head copy is never stored (its values are the embedding stage's). */
+struct ckpt_items;
+bt_status_t dist_optim_ckpt_items(const dist_optim_t *d, struct ckpt_items *it, bool dp0);
+/* AdamW updates done (the same on every rank), and setting it on resume. */
+int64_t     dist_optim_steps(const dist_optim_t *d);
+void        dist_optim_set_steps(dist_optim_t *d, int64_t n);
+
 #endif

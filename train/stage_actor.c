@@ -2,15 +2,17 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "trace/trace.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "train/ckpt_state.h"
 #include "train/data_actor.h"
 
-enum { JOB_OP = 1, JOB_END = 2, JOB_GATHER = 3, JOB_STAGED = 4 };
+enum { JOB_OP = 1, JOB_END = 2, JOB_GATHER = 3, JOB_STAGED = 4, JOB_SNAP = 5 };
 
 /* ---- host buffers of staged outputs ---------------------------------------- */
 
@@ -155,6 +157,8 @@ static uint32_t name_fwd, name_bwd, name_opt;
 
 static void export_params(stage_actor_t *s);
 static void export_bufs_free(stage_actor_t *s);
+typedef struct stage_snap stage_snap_t;
+static void snap_send(stage_actor_t *s, stage_snap_t *sn);
 
 static int ix(const stage_actor_t *s, int mb, int chunk) { return mb * s->cfg.pipe.vpp + chunk; }
 static int vstage_of(const stage_actor_t *s, int chunk)
@@ -244,6 +248,7 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
         return st;
     }
     s->cur = &s->train;
+    s->step = s->done_step = cfg->first_step;
     name_fwd = trace_intern("fwd");
     name_bwd = trace_intern("bwd");
     name_opt = trace_intern("optim");
@@ -655,6 +660,17 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
         return ACTOR_DONE;
     }
     s->busy = false;
+    if (m->sys.work.tag == JOB_SNAP) {
+        stage_snap_t *sn = m->sys.work.arg;
+        if (st) {
+            free(sn);
+            fail(s, st, "checkpoint copy");
+            return ACTOR_DONE;
+        }
+        snap_send(s, sn);
+        advance(s); /* the next step may be waiting */
+        return ACTOR_DONE;
+    }
     if (m->sys.work.tag == JOB_GATHER) {
         if (st) fail(s, st, "export gather");
         else export_params(s);
@@ -825,6 +841,111 @@ static void export_params(stage_actor_t *s)
     if (ok) heartbeat_send(s, STAGE_ST_EXPORTED);
 }
 
+/* ---- checkpoints -------------------------------------------------------------- */
+
+/* The host copy of one save, shared by its pieces' messages: freed with
+ * the last of them (the writer frees them once the file is written). */
+struct stage_snap {
+    stage_actor_t  *s;
+    int64_t         step;
+    ckpt_snapshot_t snap;
+    atomic_int      refs;
+};
+
+static void snap_unref(void *arg)
+{
+    stage_snap_t *sn = arg;
+    if (atomic_fetch_sub(&sn->refs, 1) != 1) return;
+    ckpt_snapshot_free(&sn->snap);
+    free(sn);
+}
+
+static bt_status_t job_snap_run(void *arg)
+{
+    stage_snap_t *sn = arg;
+    return ckpt_snapshot_take(sn->s->cfg.ckpt, &sn->snap);
+}
+
+/* BEGIN and the pieces to the writer; the snapshot goes with them. */
+static void snap_send(stage_actor_t *s, stage_snap_t *sn)
+{
+    const ckpt_snapshot_t *sp = &sn->snap;
+    atomic_store(&sn->refs, sp->n + 1);
+    actor_msg_t *b = actor_msg_new(MSG_CKPT_CTL);
+    if (!b) {
+        snap_unref(sn);
+        fail(s, BT_ERR_NOMEM, "checkpoint");
+        return;
+    }
+    b->body.ckpt_ctl = (msg_ckpt_ctl_t){.step = sn->step, .phase = CKPT_CTL_BEGIN,
+                                        .rank = (uint32_t)s->cfg.rank, .count = (uint32_t)sp->n};
+    b->env.step = sn->step;
+    bt_status_t st = actor_send(&s->a, s->cfg.writer, b);
+    for (int i = 0; i < sp->n; i++) {
+        const ckpt_put_t *p = &sp->puts[i];
+        actor_msg_t *m = st && st != BT_ERR_BUSY ? NULL : actor_msg_new(MSG_CKPT_PIECE);
+        if (!m) {
+            for (int k = i; k < sp->n; k++) snap_unref(sn);
+            break;
+        }
+        msg_ckpt_piece_t *b2 = &m->body.ckpt_piece;
+        snprintf(b2->name, sizeof b2->name, "%s", p->tensor);
+        b2->step = sn->step;
+        b2->index = (uint32_t)i;
+        b2->count = (uint32_t)sp->n;
+        b2->ndim = (uint32_t)p->spec.ndim;
+        int64_t *g[4] = {&b2->glob0, &b2->glob1, &b2->glob2, &b2->glob3};
+        int64_t *o[4] = {&b2->off0, &b2->off1, &b2->off2, &b2->off3};
+        int64_t *e[4] = {&b2->ext0, &b2->ext1, &b2->ext2, &b2->ext3};
+        for (int d = 0; d < p->spec.ndim; d++) {
+            *g[d] = p->spec.global[d];
+            *o[d] = p->spec.offset[d];
+            *e[d] = p->spec.extent[d];
+        }
+        b2->flat_start = p->spec.flat_len < 0 ? 0 : p->spec.flat_start;
+        b2->flat_len = p->spec.flat_len < 0 ? -1 : p->spec.flat_len;
+        int64_t n = shard_numel(&p->spec);
+        tensor_t t = tensor_make((void *)p->data, p->dtype, DEVICE_CPU, 1, &n);
+        m->env.step = sn->step;
+        actor_msg_on_free(m, snap_unref, sn);
+        if (actor_msg_tensor_add(m, "data", &t)) {
+            actor_msg_free(m);
+            for (int k = i + 1; k < sp->n; k++) snap_unref(sn);
+            st = BT_ERR_INVALID;
+            break;
+        }
+        st = actor_send(&s->a, s->cfg.writer, m);
+    }
+    snap_unref(sn);
+    if (st && st != BT_ERR_BUSY) fail(s, st, "checkpoint hand-over to the writer");
+}
+
+static void snap_start(stage_actor_t *s, int64_t step)
+{
+    if (!s->cfg.ckpt || !s->cfg.writer) {
+        fail(s, BT_ERR_INVALID, "a checkpoint on a rank without a writer");
+        return;
+    }
+    if (s->running || s->busy || step != s->done_step) {
+        fail(s, BT_ERR_INVALID, "checkpoint command out of order");
+        return;
+    }
+    stage_snap_t *sn = calloc(1, sizeof *sn);
+    if (!sn) {
+        fail(s, BT_ERR_NOMEM, "checkpoint");
+        return;
+    }
+    sn->s = s;
+    sn->step = step;
+    bt_status_t st = actor_worker_submit(s->cfg.worker, &s->a, job_snap_run, sn, free, JOB_SNAP);
+    if (st) {
+        free(sn);
+        fail(s, st, "checkpoint submit");
+        return;
+    }
+    s->busy = true;
+}
+
 static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
 {
     stage_actor_t *s = (stage_actor_t *)self;
@@ -843,13 +964,17 @@ static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
         if (st) fail(s, st, "export gather submit");
         return ACTOR_DONE;
     }
+    if (h->state == STAGE_CMD_SAVE) {
+        snap_start(s, h->step);
+        return ACTOR_DONE;
+    }
     if (h->state != STAGE_CMD_STEP && h->state != STAGE_CMD_EVAL) return ACTOR_DONE;
     bool eval = h->state == STAGE_CMD_EVAL;
     if (!eval && s->cfg.eval_only) {
         fail(s, BT_ERR_INVALID, "a training step on an evaluation-only stage");
         return ACTOR_DONE;
     }
-    if (s->running || (!eval && h->step != s->done_step + 1)) {
+    if (s->running || (!eval && h->step != s->done_step + 1)) { /* (a save may still copy: busy) */
         fail(s, BT_ERR_INVALID, "command out of order");
         return ACTOR_DONE;
     }

@@ -34,6 +34,12 @@
  *                    STAGE_EVAL_STEP; METRICS as for a step (grad_norm NaN)
  *   driver -> stage  STAGE_CMD_EXPORT: send parameters (CKPT_SHARD) if this
  *                    rank exports, then STAGE_ST_EXPORTED
+ *   driver -> stage  STAGE_CMD_SAVE (step = n, between steps): the compute
+ *                    thread copies the rank's checkpoint items (the state
+ *                    after step n) to the host, and the stage hands them to
+ *                    its writer (train/ckpt_writer.h) as CKPT_CTL BEGIN +
+ *                    CKPT_PIECE messages; the next step starts as soon as
+ *                    the copy is done, while the writer writes
  *   stage -> driver  STAGE_ST_READY once, STAGE_ST_ALIVE every heartbeat
  *   STOP             stop this process (status says whether it is a failure)
  * Peer failures reported by the router (MSG_ERROR_REPORT) are forwarded to
@@ -60,6 +66,7 @@ enum {
     STAGE_CMD_STEP    = 0x5354,
     STAGE_CMD_EXPORT  = 0x4558,
     STAGE_CMD_EVAL    = 0x4556,
+    STAGE_CMD_SAVE    = 0x5341, /* step n: hand the state after step n to the writer */
 };
 
 /* Envelope step of every message of an evaluation pass (training steps are >= 1). */
@@ -89,6 +96,9 @@ typedef struct {
                                                 * arena per chunk; a training step is refused */
     float           dloss;                     /* 1 / scored positions of the global batch */
     dist_optim_t   *opt;
+    actor_addr_t    writer;                    /* checkpoint writer (0: none) */
+    int64_t         first_step;                /* resumed: the step the checkpoint is of (0) */
+    const struct ckpt_items *ckpt;             /* what this rank's checkpoints hold */
     actor_worker_t *worker;
     actor_router_t *rt;
     double          heartbeat_s;

@@ -344,6 +344,21 @@ static const msg_field_t metrics_fields[] = {
 static const msg_field_t release_fields[] = {
     MF(msg_release_t, slot, MF_U32), MF(msg_release_t, gen, MF_U32),
 };
+#define PIECE_I64(f) MF(msg_ckpt_piece_t, f, MF_I64)
+static const msg_field_t ckpt_piece_fields[] = {
+    MF(msg_ckpt_piece_t, name, MF_STR), PIECE_I64(step),
+    MF(msg_ckpt_piece_t, index, MF_U32), MF(msg_ckpt_piece_t, count, MF_U32),
+    MF(msg_ckpt_piece_t, ndim, MF_U32),
+    PIECE_I64(glob0), PIECE_I64(glob1), PIECE_I64(glob2), PIECE_I64(glob3),
+    PIECE_I64(off0), PIECE_I64(off1), PIECE_I64(off2), PIECE_I64(off3),
+    PIECE_I64(ext0), PIECE_I64(ext1), PIECE_I64(ext2), PIECE_I64(ext3),
+    PIECE_I64(flat_start), PIECE_I64(flat_len),
+};
+static const msg_field_t ckpt_ctl_fields[] = {
+    MF(msg_ckpt_ctl_t, step, MF_I64), MF(msg_ckpt_ctl_t, phase, MF_U32),
+    MF(msg_ckpt_ctl_t, status, MF_I32), MF(msg_ckpt_ctl_t, rank, MF_U32),
+    MF(msg_ckpt_ctl_t, count, MF_U32), MF(msg_ckpt_ctl_t, text, MF_STR),
+};
 /* global_shape and start are arrays of ndim entries, handled by hand below */
 static const msg_field_t ckpt_shard_fields[] = {
     MF(msg_ckpt_shard_t, name, MF_STR), MF(msg_ckpt_shard_t, ckpt_step, MF_I64),
@@ -371,6 +386,8 @@ MSG_SIMPLE_CODEC(act_grad, act_grad_fields, 0)
 MSG_SIMPLE_CODEC(data_batch, data_batch_fields, 0)
 MSG_SIMPLE_CODEC(metrics, metrics_fields, 0)
 MSG_SIMPLE_CODEC(release, release_fields, 0)
+MSG_SIMPLE_CODEC(ckpt_piece, ckpt_piece_fields, 0)
+MSG_SIMPLE_CODEC(ckpt_ctl, ckpt_ctl_fields, 0)
 
 /* The checks beyond the field table, shared by the tree decoders and the
  * raw ones (err may be NULL). */
@@ -405,6 +422,46 @@ static bt_status_t msg_act_grad_check(const void *body, wire_err_t *err)
     return BT_OK;
 }
 
+/* A piece's box lies inside its tensor and its flat range inside the box;
+ * the dims past ndim are zero (the checkpoint writer checks the rest). */
+static bt_status_t msg_ckpt_piece_check(const void *body, wire_err_t *err)
+{
+    const msg_ckpt_piece_t *p = body;
+    if (p->name[0] == 0) return wire_err_set(err, "CKPT_PIECE: empty tensor name");
+    if (p->ndim < 1 || p->ndim > 4) return wire_err_set(err, "CKPT_PIECE: ndim %u (1..4)", p->ndim);
+    if (p->count == 0 || p->index >= p->count)
+        return wire_err_set(err, "CKPT_PIECE: piece %u of %u", p->index, p->count);
+    const int64_t g[4] = {p->glob0, p->glob1, p->glob2, p->glob3};
+    const int64_t o[4] = {p->off0, p->off1, p->off2, p->off3};
+    const int64_t e[4] = {p->ext0, p->ext1, p->ext2, p->ext3};
+    int64_t box = 1;
+    for (uint32_t d = 0; d < 4; d++) {
+        bool used = d < p->ndim;
+        if (!used && (g[d] || o[d] || e[d]))
+            return wire_err_set(err, "CKPT_PIECE: %s: dim %u set past ndim %u", p->name, d, p->ndim);
+        if (used && (g[d] < 0 || g[d] > ((int64_t)1 << 40) || o[d] < 0 || e[d] < 0 || o[d] > g[d] ||
+                     e[d] > g[d] - o[d]))
+            return wire_err_set(err, "CKPT_PIECE: %s: dim %u: [%lld, +%lld) outside %lld", p->name, d,
+                                (long long)o[d], (long long)e[d], (long long)g[d]);
+        if (used) box = e[d] && box > ((int64_t)1 << 50) / e[d] ? -1 : box * e[d];
+        if (box < 0) return wire_err_set(err, "CKPT_PIECE: %s: box too large", p->name);
+    }
+    if (p->flat_len < -1 || (p->flat_len >= 0 && (p->flat_start < 0 || p->flat_start > box ||
+                                                  p->flat_len > box - p->flat_start)))
+        return wire_err_set(err, "CKPT_PIECE: %s: flat range [%lld, +%lld) outside the box of %lld",
+                            p->name, (long long)p->flat_start, (long long)p->flat_len, (long long)box);
+    return BT_OK;
+}
+
+static bt_status_t msg_ckpt_ctl_check(const void *body, wire_err_t *err)
+{
+    const msg_ckpt_ctl_t *c = body;
+    if (c->phase < CKPT_CTL_BEGIN || c->phase > CKPT_CTL_FAILED)
+        return wire_err_set(err, "CKPT_CTL: unknown phase %u", c->phase);
+    if (c->step < 0) return wire_err_set(err, "CKPT_CTL: step %lld", (long long)c->step);
+    return BT_OK;
+}
+
 /* Types whose body is exactly their field table (+ an optional check). */
 #define MSG_TABLE_DECODE(name, fields, NAME, check)                                            \
     static bt_status_t msg_##name##_decode(const msgpack_object *meta, void *body, wire_err_t *err) \
@@ -427,6 +484,8 @@ MSG_TABLE_DECODE(act_grad, act_grad_fields, "ACT_GRAD", msg_act_grad_check)
 MSG_TABLE_DECODE(data_batch, data_batch_fields, "DATA_BATCH", NULL)
 MSG_TABLE_DECODE(metrics, metrics_fields, "METRICS", NULL)
 MSG_TABLE_DECODE(release, release_fields, "RELEASE", NULL)
+MSG_TABLE_DECODE(ckpt_piece, ckpt_piece_fields, "CKPT_PIECE", msg_ckpt_piece_check)
+MSG_TABLE_DECODE(ckpt_ctl, ckpt_ctl_fields, "CKPT_CTL", msg_ckpt_ctl_check)
 
 static bt_status_t msg_ckpt_shard_encode(msgpack_packer *pk, const void *body)
 {
@@ -493,6 +552,8 @@ const msg_type_info_t msg_types[MSG_TYPE_COUNT] = {
     MSG_INFO(METRICS, metrics, msg_metrics_t),
     MSG_INFO(CKPT_SHARD, ckpt_shard, msg_ckpt_shard_t),
     MSG_INFO(RELEASE, release, msg_release_t),
+    MSG_INFO(CKPT_PIECE, ckpt_piece, msg_ckpt_piece_t),
+    MSG_INFO(CKPT_CTL, ckpt_ctl, msg_ckpt_ctl_t),
 };
 _Static_assert(sizeof msg_types / sizeof msg_types[0] == MSG_TYPE_COUNT, "one msg_types entry per msg_type_t");
 
@@ -518,6 +579,8 @@ static const msg_field_table_t msg_field_tables[MSG_TYPE_COUNT] = {
     [MSG_METRICS] = {metrics_fields, NF(metrics_fields), true, NULL},
     [MSG_CKPT_SHARD] = {ckpt_shard_fields, NF(ckpt_shard_fields), false, NULL},
     [MSG_RELEASE] = {release_fields, NF(release_fields), true, NULL},
+    [MSG_CKPT_PIECE] = {ckpt_piece_fields, NF(ckpt_piece_fields), true, msg_ckpt_piece_check},
+    [MSG_CKPT_CTL] = {ckpt_ctl_fields, NF(ckpt_ctl_fields), true, msg_ckpt_ctl_check},
 };
 _Static_assert(sizeof msg_field_tables / sizeof msg_field_tables[0] == MSG_TYPE_COUNT, "field tables");
 

@@ -29,6 +29,8 @@ typedef enum {
     MSG_METRICS,       /* loss, tokens, timings of one step of one actor */
     MSG_CKPT_SHARD,    /* one slice of one named parameter, tensor "data" */
     MSG_RELEASE,       /* the receiver is done with memory the sender handed off */
+    MSG_CKPT_PIECE,    /* one piece of a checkpoint tensor for a writer, tensor "data" */
+    MSG_CKPT_CTL,      /* checkpoint protocol between stage, writer and driver */
     MSG_TYPE_COUNT,
 } msg_type_t;
 
@@ -111,6 +113,39 @@ typedef struct {
     uint32_t gen;  /* which use of it */
 } msg_release_t;
 
+/* CKPT_PIECE: piece `index` of the `count` a stage hands its writer for
+ * the checkpoint of `step`: the box (off, ext) of the global tensor
+ * (ndim dims, global shape glob) and, flat_len >= 0, the flat range
+ * [flat_start, flat_start + flat_len) of the box (base/shard_spec.h).
+ * Tensor "data": its elements, densely (f32). */
+typedef struct {
+    char     name[MSG_NAME_MAX];
+    int64_t  step;
+    uint32_t index, count, ndim;
+    int64_t  glob0, glob1, glob2, glob3;
+    int64_t  off0, off1, off2, off3;
+    int64_t  ext0, ext1, ext2, ext3;
+    int64_t  flat_start, flat_len;
+} msg_ckpt_piece_t;
+
+/* CKPT_CTL phases (docs/CHECKPOINTS.md, "Saving from a distributed run"). */
+enum {
+    CKPT_CTL_BEGIN = 1,     /* stage -> writer: `count` pieces of `step` follow */
+    CKPT_CTL_WRITTEN = 2,   /* writer -> driver: its file is on disk; tensors "index" (the
+                             * file's fragment of index.json) and "root" (its directory) */
+    CKPT_CTL_COMMIT = 3,    /* driver -> writer: commit with tensor "index" (the whole one) */
+    CKPT_CTL_COMMITTED = 4, /* writer -> driver */
+    CKPT_CTL_FAILED = 5,    /* writer -> driver: status, text */
+};
+typedef struct {
+    int64_t  step;
+    uint32_t phase;
+    int32_t  status;
+    uint32_t rank;
+    uint32_t count;
+    char     text[MSG_TEXT_MAX];
+} msg_ckpt_ctl_t;
+
 /* Storage for any body; decode into this when the type is not known yet. */
 typedef union {
     msg_ping_t         ping;
@@ -125,6 +160,8 @@ typedef union {
     msg_metrics_t      metrics;
     msg_ckpt_shard_t   ckpt_shard;
     msg_release_t      release;
+    msg_ckpt_piece_t   ckpt_piece;
+    msg_ckpt_ctl_t     ckpt_ctl;
 } msg_body_t;
 
 typedef bt_status_t (*msg_encode_fn)(msgpack_packer *pk, const void *body);

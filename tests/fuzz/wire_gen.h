@@ -131,6 +131,39 @@ static inline void wire_gen_message(const uint8_t *in, size_t n, wire_env_t *env
         }
         break;
     }
+    case MSG_CKPT_PIECE: { /* an n-D box inside its tensor, optionally a flat range of it */
+        msg_ckpt_piece_t *c = &body->ckpt_piece;
+        wire_gen_str(&s, c->name, sizeof c->name);
+        if (!c->name[0]) strcpy(c->name, "w");
+        c->step = (int64_t)(wire_gen_u64(&s) >> 1);
+        c->count = 1 + (uint32_t)(wire_gen_u64(&s) % 1000);
+        c->index = (uint32_t)(wire_gen_u64(&s) % c->count);
+        c->ndim = 1 + (uint32_t)(wire_gen_u64(&s) % 4);
+        int64_t *g[4] = {&c->glob0, &c->glob1, &c->glob2, &c->glob3};
+        int64_t *o[4] = {&c->off0, &c->off1, &c->off2, &c->off3};
+        int64_t *e[4] = {&c->ext0, &c->ext1, &c->ext2, &c->ext3};
+        int64_t box = 1;
+        for (uint32_t k = 0; k < c->ndim; k++) {
+            *g[k] = (int64_t)(wire_gen_u64(&s) % 4096);
+            *o[k] = (int64_t)(wire_gen_u64(&s) % (uint64_t)(*g[k] + 1));
+            *e[k] = (int64_t)(wire_gen_u64(&s) % (uint64_t)(*g[k] - *o[k] + 1));
+            box *= *e[k];
+        }
+        c->flat_len = -1;
+        if (wire_gen_u64(&s) & 1) {
+            c->flat_start = (int64_t)(wire_gen_u64(&s) % (uint64_t)(box + 1));
+            c->flat_len = (int64_t)(wire_gen_u64(&s) % (uint64_t)(box - c->flat_start + 1));
+        }
+        break;
+    }
+    case MSG_CKPT_CTL:
+        body->ckpt_ctl.step = (int64_t)(wire_gen_u64(&s) >> 1);
+        body->ckpt_ctl.phase = CKPT_CTL_BEGIN + (uint32_t)(wire_gen_u64(&s) % 5);
+        body->ckpt_ctl.status = (int32_t)wire_gen_u64(&s);
+        body->ckpt_ctl.rank = (uint32_t)wire_gen_u64(&s);
+        body->ckpt_ctl.count = (uint32_t)wire_gen_u64(&s);
+        wire_gen_str(&s, body->ckpt_ctl.text, sizeof body->ckpt_ctl.text);
+        break;
     default:
         break;
     }
