@@ -53,7 +53,9 @@ void kern_stream_fail(kern_stream_t *s, const char *op, const char *detail);
         [KERN_OP_EMBEDDING] = 1u << DT_F32, [KERN_OP_RMSNORM] = 1u << DT_F32,                     \
         [KERN_OP_ROPE] = 1u << DT_F32, [KERN_OP_ATTENTION] = 1u << DT_F32,                        \
         [KERN_OP_SWIGLU] = 1u << DT_F32, [KERN_OP_XENT] = 1u << DT_F32,                           \
-        [KERN_OP_ADAMW] = 1u << DT_F32,                                                           \
+        [KERN_OP_ADAMW] = 1u << DT_F32, [KERN_OP_MOE_ROUTE] = 1u << DT_F32,                       \
+        [KERN_OP_MOE_PERMUTE] = 1u << DT_F32, [KERN_OP_MOE_COMBINE] = 1u << DT_F32,               \
+        [KERN_OP_GROUPED_LINEAR] = 1u << DT_F32,                                                  \
     }
 
 /* Streams and events of a backend whose work is done before each call
@@ -164,6 +166,23 @@ struct kern_backend {
 
     void (*adamw)(kern_stream_t *s, tensor_t *param, tensor_t *param_copy, ct_t *grad, tensor_t *m,
                   tensor_t *v, const adamw_args_t *args);
+
+    /* mixture of experts (kernels.h); dweights, dprobs, dyp, dx, dw may be NULL */
+    void (*moe_route_fwd)(kern_stream_t *s, tensor_t *weights, tensor_t *experts, tensor_t *probs,
+                          ct_t *logits, bool norm);
+    void (*moe_route_bwd)(kern_stream_t *s, tensor_t *dlogits, ct_t *dweights, ct_t *dprobs,
+                          ct_t *probs, ct_t *experts, bool norm);
+    void (*moe_route_stats)(kern_stream_t *s, tensor_t *counts, tensor_t *psum, ct_t *probs,
+                            ct_t *experts);
+    void (*moe_permute_fwd)(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
+                            tensor_t *routed, ct_t *x, ct_t *experts, int64_t capacity);
+    void (*moe_permute_bwd)(kern_stream_t *s, tensor_t *dx, ct_t *dxp, ct_t *slot);
+    void (*moe_combine_fwd)(kern_stream_t *s, tensor_t *y, ct_t *yp, ct_t *slot, ct_t *weights);
+    void (*moe_combine_bwd)(kern_stream_t *s, tensor_t *dyp, tensor_t *dweights, ct_t *dy, ct_t *yp,
+                            ct_t *slot, ct_t *weights);
+    void (*grouped_linear_fwd)(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w, ct_t *sizes);
+    void (*grouped_linear_bwd)(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout, ct_t *x,
+                               ct_t *w, ct_t *sizes);
 };
 
 extern const kern_backend_t kern_cpu_backend;

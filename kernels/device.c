@@ -100,6 +100,10 @@ static const char *const kern_op_names[] = {
     [KERN_OP_SWIGLU] = "swiglu",
     [KERN_OP_XENT] = "cross_entropy",
     [KERN_OP_ADAMW] = "adamw",
+    [KERN_OP_MOE_ROUTE] = "moe_route",
+    [KERN_OP_MOE_PERMUTE] = "moe_permute",
+    [KERN_OP_MOE_COMBINE] = "moe_combine",
+    [KERN_OP_GROUPED_LINEAR] = "grouped_linear",
 };
 _Static_assert(sizeof kern_op_names / sizeof kern_op_names[0] == KERN_OP_COUNT, "one name per op");
 

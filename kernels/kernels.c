@@ -622,3 +622,223 @@ void kern_adamw(kern_stream_t *s, tensor_t *param, tensor_t *param_copy, const t
     if (args->step < 1) BT_PANIC("%s: step %lld is not 1-based", op, (long long)args->step);
     kern_compute(s, op, KERN_OP_ADAMW, param->dtype)->adamw(s, param, param_copy, grad, m, v, args);
 }
+
+/* ---- mixture of experts --------------------------------------------------- */
+
+/* experts[N,K] i32 for N rows; returns K. */
+static int64_t kern_moe_choices(kern_stream_t *s, const char *op, const tensor_t *experts,
+                                int64_t N)
+{
+    kern_req(s, op, "experts", experts);
+    kern_req_ndim(op, "experts", experts, 2);
+    kern_req_dtype(op, "experts", experts, DT_I32);
+    if (experts->shape[0] != N)
+        BT_PANIC("%s: experts %s has %lld rows, expected %lld", op, kern_shape_str(experts).s,
+                 (long long)experts->shape[0], (long long)N);
+    if (experts->shape[1] < 1) BT_PANIC("%s: experts %s chooses none", op, kern_shape_str(experts).s);
+    return experts->shape[1];
+}
+
+void kern_moe_route_fwd(kern_stream_t *s, tensor_t *weights, tensor_t *experts, tensor_t *probs,
+                        const tensor_t *logits, bool norm)
+{
+    const char *op = "kern_moe_route_fwd";
+    kern_req(s, op, "logits", logits);
+    kern_req(s, op, "probs", probs);
+    kern_req(s, op, "weights", weights);
+    kern_req_ndim(op, "logits", logits, 2);
+    int64_t N = logits->shape[0], E = logits->shape[1];
+    int64_t K = kern_moe_choices(s, op, experts, N);
+    if (K > E) BT_PANIC("%s: top-%lld of %lld experts", op, (long long)K, (long long)E);
+    kern_req_dtype(op, "probs", probs, DT_F32);
+    kern_req_rows_cols(op, "probs", probs, N, E);
+    kern_req_dtype(op, "weights", weights, DT_F32);
+    kern_req_rows_cols(op, "weights", weights, N, K);
+    kern_compute(s, op, KERN_OP_MOE_ROUTE, logits->dtype)
+        ->moe_route_fwd(s, weights, experts, probs, logits, norm);
+}
+
+void kern_moe_route_bwd(kern_stream_t *s, tensor_t *dlogits, const tensor_t *dweights,
+                        const tensor_t *dprobs, const tensor_t *probs, const tensor_t *experts,
+                        bool norm)
+{
+    const char *op = "kern_moe_route_bwd";
+    kern_req(s, op, "dlogits", dlogits);
+    kern_req(s, op, "probs", probs);
+    kern_req_ndim(op, "probs", probs, 2);
+    kern_req_dtype(op, "probs", probs, DT_F32);
+    int64_t N = probs->shape[0], E = probs->shape[1];
+    int64_t K = kern_moe_choices(s, op, experts, N);
+    kern_req_rows_cols(op, "dlogits", dlogits, N, E);
+    if (dweights) {
+        kern_req(s, op, "dweights", dweights);
+        kern_req_dtype(op, "dweights", dweights, DT_F32);
+        kern_req_rows_cols(op, "dweights", dweights, N, K);
+    }
+    if (dprobs) {
+        kern_req(s, op, "dprobs", dprobs);
+        kern_req_dtype(op, "dprobs", dprobs, DT_F32);
+        kern_req_numel(op, "dprobs", dprobs, E);
+    }
+    kern_compute(s, op, KERN_OP_MOE_ROUTE, dlogits->dtype)
+        ->moe_route_bwd(s, dlogits, dweights, dprobs, probs, experts, norm);
+}
+
+void kern_moe_route_stats(kern_stream_t *s, tensor_t *counts, tensor_t *psum,
+                          const tensor_t *probs, const tensor_t *experts)
+{
+    const char *op = "kern_moe_route_stats";
+    kern_req(s, op, "counts", counts);
+    kern_req(s, op, "psum", psum);
+    kern_req(s, op, "probs", probs);
+    kern_req_ndim(op, "probs", probs, 2);
+    kern_req_dtype(op, "probs", probs, DT_F32);
+    int64_t N = probs->shape[0], E = probs->shape[1];
+    kern_moe_choices(s, op, experts, N);
+    kern_req_dtype(op, "counts", counts, DT_F32);
+    kern_req_numel(op, "counts", counts, E);
+    kern_req_dtype(op, "psum", psum, DT_F32);
+    kern_req_numel(op, "psum", psum, E);
+    kern_compute(s, op, KERN_OP_MOE_ROUTE, DT_F32)->moe_route_stats(s, counts, psum, probs, experts);
+}
+
+void kern_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
+                          tensor_t *routed, const tensor_t *x, const tensor_t *experts,
+                          int64_t capacity)
+{
+    const char *op = "kern_moe_permute_fwd";
+    kern_req(s, op, "xp", xp);
+    kern_req(s, op, "slot", slot);
+    kern_req(s, op, "sizes", sizes);
+    kern_req(s, op, "routed", routed);
+    kern_req(s, op, "x", x);
+    int64_t N = tensor_rows(x), C = tensor_cols(x);
+    int64_t K = kern_moe_choices(s, op, experts, N);
+    kern_req_dtype(op, "xp", xp, x->dtype);
+    kern_req_rows_cols(op, "xp", xp, N * K, C);
+    kern_req_dtype(op, "slot", slot, DT_I32);
+    kern_req_same_shape(op, "slot", slot, "experts", experts);
+    kern_req_dtype(op, "sizes", sizes, DT_I32);
+    kern_req_dtype(op, "routed", routed, DT_I32);
+    if (tensor_numel(sizes) < 1) BT_PANIC("%s: sizes %s holds no expert", op, kern_shape_str(sizes).s);
+    kern_req_numel(op, "routed", routed, tensor_numel(sizes));
+    kern_compute(s, op, KERN_OP_MOE_PERMUTE, x->dtype)
+        ->moe_permute_fwd(s, xp, slot, sizes, routed, x, experts, capacity);
+}
+
+/* slot[N,K] i32 for N rows; returns K. */
+static int64_t kern_moe_slots(kern_stream_t *s, const char *op, const tensor_t *slot, int64_t N)
+{
+    kern_req(s, op, "slot", slot);
+    kern_req_ndim(op, "slot", slot, 2);
+    kern_req_dtype(op, "slot", slot, DT_I32);
+    if (slot->shape[0] != N)
+        BT_PANIC("%s: slot %s has %lld rows, expected %lld", op, kern_shape_str(slot).s,
+                 (long long)slot->shape[0], (long long)N);
+    return slot->shape[1];
+}
+
+void kern_moe_permute_bwd(kern_stream_t *s, tensor_t *dx, const tensor_t *dxp, const tensor_t *slot)
+{
+    const char *op = "kern_moe_permute_bwd";
+    kern_req(s, op, "dx", dx);
+    kern_req(s, op, "dxp", dxp);
+    int64_t N = tensor_rows(dx), C = tensor_cols(dx);
+    int64_t K = kern_moe_slots(s, op, slot, N);
+    kern_req_dtype(op, "dxp", dxp, dx->dtype);
+    kern_req_rows_cols(op, "dxp", dxp, N * K, C);
+    kern_compute(s, op, KERN_OP_MOE_PERMUTE, dx->dtype)->moe_permute_bwd(s, dx, dxp, slot);
+}
+
+void kern_moe_combine_fwd(kern_stream_t *s, tensor_t *y, const tensor_t *yp, const tensor_t *slot,
+                          const tensor_t *weights)
+{
+    const char *op = "kern_moe_combine_fwd";
+    kern_req(s, op, "y", y);
+    kern_req(s, op, "yp", yp);
+    kern_req(s, op, "weights", weights);
+    int64_t N = tensor_rows(y), C = tensor_cols(y);
+    int64_t K = kern_moe_slots(s, op, slot, N);
+    kern_req_dtype(op, "yp", yp, y->dtype);
+    kern_req_rows_cols(op, "yp", yp, N * K, C);
+    kern_req_dtype(op, "weights", weights, DT_F32);
+    kern_req_same_shape(op, "weights", weights, "slot", slot);
+    if (y->data && y->data == yp->data) BT_PANIC("%s: y aliases yp", op);
+    kern_compute(s, op, KERN_OP_MOE_COMBINE, y->dtype)->moe_combine_fwd(s, y, yp, slot, weights);
+}
+
+void kern_moe_combine_bwd(kern_stream_t *s, tensor_t *dyp, tensor_t *dweights, const tensor_t *dy,
+                          const tensor_t *yp, const tensor_t *slot, const tensor_t *weights)
+{
+    const char *op = "kern_moe_combine_bwd";
+    kern_req(s, op, "dy", dy);
+    kern_req(s, op, "yp", yp);
+    kern_req(s, op, "weights", weights);
+    int64_t N = tensor_rows(dy), C = tensor_cols(dy);
+    int64_t K = kern_moe_slots(s, op, slot, N);
+    kern_req_dtype(op, "yp", yp, dy->dtype);
+    kern_req_rows_cols(op, "yp", yp, N * K, C);
+    kern_req_dtype(op, "weights", weights, DT_F32);
+    kern_req_same_shape(op, "weights", weights, "slot", slot);
+    if (dyp) {
+        kern_req(s, op, "dyp", dyp);
+        kern_req_dtype(op, "dyp", dyp, dy->dtype);
+        kern_req_same_shape(op, "dyp", dyp, "yp", yp);
+    }
+    if (dweights) {
+        kern_req(s, op, "dweights", dweights);
+        kern_req_dtype(op, "dweights", dweights, DT_F32);
+        kern_req_same_shape(op, "dweights", dweights, "slot", slot);
+    }
+    kern_compute(s, op, KERN_OP_MOE_COMBINE, dy->dtype)
+        ->moe_combine_bwd(s, dyp, dweights, dy, yp, slot, weights);
+}
+
+/* w[G,OC,IC], x[M,IC], sizes[G] i32. */
+static void kern_grouped_check(kern_stream_t *s, const char *op, const tensor_t *x,
+                               const tensor_t *w, const tensor_t *sizes)
+{
+    kern_req(s, op, "x", x);
+    kern_req(s, op, "w", w);
+    kern_req(s, op, "sizes", sizes);
+    kern_req_ndim(op, "w", w, 3);
+    kern_req_dtype(op, "w", w, x->dtype);
+    kern_req_dtype(op, "sizes", sizes, DT_I32);
+    kern_req_numel(op, "sizes", sizes, w->shape[0]);
+    if (tensor_cols(x) != w->shape[2])
+        BT_PANIC("%s: x %s does not fit w %s (IC)", op, kern_shape_str(x).s, kern_shape_str(w).s);
+}
+
+void kern_grouped_linear_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *x, const tensor_t *w,
+                             const tensor_t *sizes)
+{
+    const char *op = "kern_grouped_linear_fwd";
+    kern_req(s, op, "out", out);
+    kern_grouped_check(s, op, x, w, sizes);
+    kern_req_dtype(op, "out", out, x->dtype);
+    kern_req_rows_cols(op, "out", out, tensor_rows(x), w->shape[1]);
+    if (out->data && out->data == x->data) BT_PANIC("%s: out aliases x", op);
+    kern_compute(s, op, KERN_OP_GROUPED_LINEAR, x->dtype)->grouped_linear_fwd(s, out, x, w, sizes);
+}
+
+void kern_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, const tensor_t *dout,
+                             const tensor_t *x, const tensor_t *w, const tensor_t *sizes)
+{
+    const char *op = "kern_grouped_linear_bwd";
+    kern_req(s, op, "dout", dout);
+    kern_grouped_check(s, op, x, w, sizes);
+    kern_req_dtype(op, "dout", dout, x->dtype);
+    kern_req_rows_cols(op, "dout", dout, tensor_rows(x), w->shape[1]);
+    if (dx) {
+        kern_req(s, op, "dx", dx);
+        kern_req_dtype(op, "dx", dx, x->dtype);
+        kern_req_same_shape(op, "dx", dx, "x", x);
+    }
+    if (dw) {
+        kern_req(s, op, "dw", dw);
+        kern_req_grad_dtype(op, "dw", dw, x->dtype);
+        kern_req_same_shape(op, "dw", dw, "w", w);
+    }
+    kern_compute(s, op, KERN_OP_GROUPED_LINEAR, x->dtype)
+        ->grouped_linear_bwd(s, dx, dw, dout, x, w, sizes);
+}

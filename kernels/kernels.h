@@ -120,6 +120,76 @@ void kern_swiglu_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *gate, cons
 void kern_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, const tensor_t *dout,
                      const tensor_t *gate, const tensor_t *up);
 
+/* ---- mixture of experts -------------------------------------------------
+ *
+ * A routed feed-forward layer runs as four steps with explicit buffers, so
+ * that expert parallelism can put an all-to-all between them (model/moe.c):
+ *   route    logits[N,E] -> probs, each row's top-K experts and their weights
+ *   permute  x[N,C] -> xp[M,C], M = N*K: a copy of the row per chosen expert,
+ *            the copies grouped by expert (sizes[e] rows each, experts in order)
+ *   experts  kern_grouped_linear_* on xp: one product per expert over its rows
+ *   combine  yp[M,C] -> y[N,C]: each row's copies weighted and summed back
+ * Expert ids, slots and group sizes are i32; probabilities, routing weights
+ * and statistics are f32; x, xp, yp, y and the logits are in the compute
+ * dtype. Expert ids come from kern_moe_route_fwd: an id outside [0, E) is a
+ * caller bug (the CPU twin panics on it). */
+
+/* probs[N,E] f32 = softmax(logits[N,E]) (kept for the backward);
+ * experts[N,K] i32 = the K most probable experts of each row, the most
+ * probable first (ties: the lower index first); weights[N,K] f32 = their
+ * probabilities, divided by the sum of the K when norm. 1 <= K <= E. */
+void kern_moe_route_fwd(kern_stream_t *s, tensor_t *weights, tensor_t *experts, tensor_t *probs,
+                        const tensor_t *logits, bool norm);
+/* dlogits[N,E] += the gradient through the softmax of dweights[N,K] f32 (the
+ * gradient of weights: through the renormalisation when norm, and the top-K
+ * selection) and, when dprobs is non-NULL, of dprobs[E] f32 added to the
+ * gradient of every row's probabilities (a loss linear in the column sums of
+ * probs: the router's load-balancing loss). dweights may be NULL. */
+void kern_moe_route_bwd(kern_stream_t *s, tensor_t *dlogits, const tensor_t *dweights,
+                        const tensor_t *dprobs, const tensor_t *probs, const tensor_t *experts,
+                        bool norm);
+/* Load-balancing statistics, accumulated: counts[E] f32 += the number of
+ * rows whose top-K holds each expert; psum[E] f32 += the column sums of
+ * probs[N,E]. */
+void kern_moe_route_stats(kern_stream_t *s, tensor_t *counts, tensor_t *psum,
+                          const tensor_t *probs, const tensor_t *experts);
+
+/* Dispatch: routed[E] i32 = how many choices (n, k) picked each expert;
+ * expert e keeps the first min(routed[e], capacity) of them in row order
+ * (capacity < 0: all, dropless) as its sizes[e] i32 consecutive rows of
+ * xp[N*K, C], experts in order: xp[off_e + j] = x[n] for e's j-th kept
+ * choice (n, k), off_e = sizes[0] + ... + sizes[e-1]. slot[N,K] i32 = the row
+ * of xp that choice went to, -1 when dropped. Rows of xp past the kept ones
+ * are zeroed. experts[N,K] i32 as kern_moe_route_fwd writes them. */
+void kern_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
+                          tensor_t *routed, const tensor_t *x, const tensor_t *experts,
+                          int64_t capacity);
+/* dx[N,C] += the sum over k of dxp[slot[n,k]] (dropped choices add nothing). */
+void kern_moe_permute_bwd(kern_stream_t *s, tensor_t *dx, const tensor_t *dxp,
+                          const tensor_t *slot);
+/* Combine: y[N,C] = the sum over k of weights[n,k] * yp[slot[n,k]], kept
+ * choices only (overwritten; 0 for a row whose choices were all dropped). */
+void kern_moe_combine_fwd(kern_stream_t *s, tensor_t *y, const tensor_t *yp, const tensor_t *slot,
+                          const tensor_t *weights);
+/* dyp[M,C] += weights[n,k] * dy[n] at row slot[n,k]; dweights[N,K] f32 +=
+ * dy[n] . yp[slot[n,k]]; nothing for dropped choices. Either output may be NULL. */
+void kern_moe_combine_bwd(kern_stream_t *s, tensor_t *dyp, tensor_t *dweights, const tensor_t *dy,
+                          const tensor_t *yp, const tensor_t *slot, const tensor_t *weights);
+
+/* Grouped products (the experts): the rows of x[M,IC] form G consecutive
+ * groups of sizes[g] rows (sizes[G] i32 on the stream's device, summing to
+ * at most M), and group g is multiplied by its own matrix: the rows of out
+ * of group g = those of x @ w[g]^T, w[G,OC,IC]; rows of out past the groups
+ * are zeroed. One product per group (cpu: one sgemm, tiled over the pool as
+ * kern_matmul; cuda: one cuBLASLt call per group for now, after reading
+ * sizes back, so the call waits for the stream). */
+void kern_grouped_linear_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *x, const tensor_t *w,
+                             const tensor_t *sizes);
+/* dx[M,IC] += dout_g @ w[g] on each group's rows; dw[G,OC,IC] += dout_g^T @ x_g
+ * (dw f32 or the compute dtype). Either may be NULL. */
+void kern_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, const tensor_t *dout,
+                             const tensor_t *x, const tensor_t *w, const tensor_t *sizes);
+
 /* ---- loss --------------------------------------------------------------- */
 
 /* Fused softmax cross-entropy. logits[N,V], targets[N] i32 (ignore_index ->

@@ -371,6 +371,72 @@ static void cpu_op_adamw(kern_stream_t *s, tensor_t *param, tensor_t *param_copy
     if (param_copy) cpu_copy(param_copy->data, param_copy->dtype, param->data, DT_F32, n);
 }
 
+static void cpu_op_moe_route_fwd(kern_stream_t *s, tensor_t *weights, tensor_t *experts,
+                                 tensor_t *probs, ct_t *logits, bool norm)
+{
+    cpu_moe_route_fwd(weights->data, experts->data, probs->data, logits->data, logits->shape[0],
+                      logits->shape[1], experts->shape[1], norm);
+}
+
+static void cpu_op_moe_route_bwd(kern_stream_t *s, tensor_t *dlogits, ct_t *dweights, ct_t *dprobs,
+                                 ct_t *probs, ct_t *experts, bool norm)
+{
+    cpu_moe_route_bwd(dlogits->data, dweights ? dweights->data : NULL,
+                      dprobs ? dprobs->data : NULL, probs->data, experts->data, probs->shape[0],
+                      probs->shape[1], experts->shape[1], norm);
+}
+
+static void cpu_op_moe_route_stats(kern_stream_t *s, tensor_t *counts, tensor_t *psum, ct_t *probs,
+                                   ct_t *experts)
+{
+    cpu_moe_route_stats(counts->data, psum->data, probs->data, experts->data, probs->shape[0],
+                        probs->shape[1], experts->shape[1]);
+}
+
+static void cpu_op_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
+                                   tensor_t *routed, ct_t *x, ct_t *experts, int64_t capacity)
+{
+    cpu_moe_permute_fwd(xp->data, slot->data, sizes->data, routed->data, x->data, experts->data,
+                        tensor_rows(x), tensor_cols(x), experts->shape[1], tensor_numel(sizes),
+                        capacity);
+}
+
+static void cpu_op_moe_permute_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dxp, ct_t *slot)
+{
+    cpu_moe_permute_bwd(dx->data, dxp->data, slot->data, tensor_rows(dx), tensor_cols(dx),
+                        slot->shape[1]);
+}
+
+static void cpu_op_moe_combine_fwd(kern_stream_t *s, tensor_t *y, ct_t *yp, ct_t *slot,
+                                   ct_t *weights)
+{
+    cpu_moe_combine_fwd(y->data, yp->data, slot->data, weights->data, tensor_rows(y),
+                        tensor_cols(y), slot->shape[1]);
+}
+
+static void cpu_op_moe_combine_bwd(kern_stream_t *s, tensor_t *dyp, tensor_t *dweights, ct_t *dy,
+                                   ct_t *yp, ct_t *slot, ct_t *weights)
+{
+    cpu_moe_combine_bwd(dyp ? dyp->data : NULL, dweights ? dweights->data : NULL, dy->data,
+                        yp->data, slot->data, weights->data, tensor_rows(dy), tensor_cols(dy),
+                        slot->shape[1]);
+}
+
+static void cpu_op_grouped_linear_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w,
+                                      ct_t *sizes)
+{
+    cpu_grouped_linear_fwd(out->data, x->data, w->data, sizes->data, tensor_rows(x),
+                           tensor_cols(x), w->shape[1], w->shape[0]);
+}
+
+static void cpu_op_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout,
+                                      ct_t *x, ct_t *w, ct_t *sizes)
+{
+    cpu_grouped_linear_bwd(dx ? dx->data : NULL, dw ? dw->data : NULL, dout->data, x->data,
+                           w->data, sizes->data, tensor_rows(x), tensor_cols(x), w->shape[1],
+                           w->shape[0]);
+}
+
 const kern_backend_t kern_cpu_backend = {
     .name = "cpu",
     .kind = DEV_CPU,
@@ -421,4 +487,13 @@ const kern_backend_t kern_cpu_backend = {
     .xent_vp_sum = cpu_op_xent_vp_sum,
     .xent_vp_finish = cpu_op_xent_vp_finish,
     .adamw = cpu_op_adamw,
+    .moe_route_fwd = cpu_op_moe_route_fwd,
+    .moe_route_bwd = cpu_op_moe_route_bwd,
+    .moe_route_stats = cpu_op_moe_route_stats,
+    .moe_permute_fwd = cpu_op_moe_permute_fwd,
+    .moe_permute_bwd = cpu_op_moe_permute_bwd,
+    .moe_combine_fwd = cpu_op_moe_combine_fwd,
+    .moe_combine_bwd = cpu_op_moe_combine_bwd,
+    .grouped_linear_fwd = cpu_op_grouped_linear_fwd,
+    .grouped_linear_bwd = cpu_op_grouped_linear_bwd,
 };

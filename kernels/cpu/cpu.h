@@ -55,6 +55,21 @@ void cpu_linear_bwd(float *dx,         /* [N,IC] or NULL, += */
                     const float *w,    /* [OC,IC] */
                     int64_t N, int64_t IC, int64_t OC);
 
+/* grouped products (matmul.c): rows of x in G consecutive groups of sizes[g]
+ * rows (sum <= M), group g times w[g]; one product per group */
+void cpu_grouped_linear_fwd(float *out,           /* [M,OC]; rows past the groups zeroed */
+                            const float *x,       /* [M,IC] */
+                            const float *w,       /* [G,OC,IC] */
+                            const int32_t *sizes, /* [G] */
+                            int64_t M, int64_t IC, int64_t OC, int64_t G);
+void cpu_grouped_linear_bwd(float *dx,            /* [M,IC] or NULL, += */
+                            float *dw,            /* [G,OC,IC] or NULL, += */
+                            const float *dout,    /* [M,OC] */
+                            const float *x,       /* [M,IC] */
+                            const float *w,       /* [G,OC,IC] */
+                            const int32_t *sizes, /* [G] */
+                            int64_t M, int64_t IC, int64_t OC, int64_t G);
+
 /* elementwise.c; the dtype-generic ones take any float dtype */
 void    cpu_zero(void *p, size_t nbytes);
 void    cpu_copy(void *dst, dtype_t dst_dt, const void *src, dtype_t src_dt, int64_t n);
@@ -154,6 +169,47 @@ int64_t cpu_xent_vp_finish(float *losses,          /* [N] */
                            const int32_t *targets, /* [N] */
                            int64_t N, int64_t V, int64_t vocab_start, float dloss,
                            int32_t ignore_index);
+
+/* moe.c: routing, dispatch and combine of routed experts (kernels.h) */
+void cpu_moe_route_fwd(float *weights,      /* [N,K] */
+                       int32_t *experts,    /* [N,K] */
+                       float *probs,        /* [N,E] */
+                       const float *logits, /* [N,E] */
+                       int64_t N, int64_t E, int64_t K, bool norm);
+void cpu_moe_route_bwd(float *dlogits,         /* [N,E] += */
+                       const float *dweights,  /* [N,K] or NULL */
+                       const float *dprobs,    /* [E] or NULL */
+                       const float *probs,     /* [N,E] */
+                       const int32_t *experts, /* [N,K] */
+                       int64_t N, int64_t E, int64_t K, bool norm);
+void cpu_moe_route_stats(float *counts,          /* [E] += */
+                         float *psum,            /* [E] += */
+                         const float *probs,     /* [N,E] */
+                         const int32_t *experts, /* [N,K] */
+                         int64_t N, int64_t E, int64_t K);
+void cpu_moe_permute_fwd(float *xp,              /* [N*K,C] */
+                         int32_t *slot,          /* [N,K] */
+                         int32_t *sizes,         /* [E] */
+                         int32_t *routed,        /* [E] */
+                         const float *x,         /* [N,C] */
+                         const int32_t *experts, /* [N,K] */
+                         int64_t N, int64_t C, int64_t K, int64_t E, int64_t capacity);
+void cpu_moe_permute_bwd(float *dx,           /* [N,C] += */
+                         const float *dxp,    /* [N*K,C] */
+                         const int32_t *slot, /* [N,K] */
+                         int64_t N, int64_t C, int64_t K);
+void cpu_moe_combine_fwd(float *y,              /* [N,C] */
+                         const float *yp,       /* [N*K,C] */
+                         const int32_t *slot,   /* [N,K] */
+                         const float *weights,  /* [N,K] */
+                         int64_t N, int64_t C, int64_t K);
+void cpu_moe_combine_bwd(float *dyp,            /* [N*K,C] or NULL, += */
+                         float *dweights,       /* [N,K] or NULL, += */
+                         const float *dy,       /* [N,C] */
+                         const float *yp,       /* [N*K,C] */
+                         const int32_t *slot,   /* [N,K] */
+                         const float *weights,  /* [N,K] */
+                         int64_t N, int64_t C, int64_t K);
 
 /* adamw.c */
 void cpu_adamw(float *param,      /* [n] */

@@ -111,3 +111,40 @@ void cpu_linear_bwd(float *dx, float *dw, float *dbias, const float *dout, const
         free(acc);
     }
 }
+
+/* Group g's rows [r, r + sizes[g]) of x; a size that runs past M is a
+ * caller bug (sizes come from kern_moe_permute_fwd). */
+static int64_t grouped_rows(const int32_t *sizes, int64_t g, int64_t r, int64_t M, const char *op)
+{
+    if (sizes[g] < 0 || r + sizes[g] > M)
+        BT_PANIC("%s: group %lld has %d rows from row %lld, past the %lld rows of x", op,
+                 (long long)g, sizes[g], (long long)r, (long long)M);
+    return sizes[g];
+}
+
+void cpu_grouped_linear_fwd(float *out, const float *x, const float *w, const int32_t *sizes,
+                            int64_t M, int64_t IC, int64_t OC, int64_t G)
+{
+    int64_t r = 0;
+    for (int64_t g = 0; g < G; g++) {
+        int64_t n = grouped_rows(sizes, g, r, M, "kern_grouped_linear_fwd");
+        cpu_matmul(out + r * OC, x + r * IC, w + g * OC * IC, n, OC, IC, false, true, 1.0f, 0.0f);
+        r += n;
+    }
+    for (int64_t i = r * OC; i < M * OC; i++) out[i] = 0.0f;
+}
+
+void cpu_grouped_linear_bwd(float *dx, float *dw, const float *dout, const float *x,
+                            const float *w, const int32_t *sizes, int64_t M, int64_t IC,
+                            int64_t OC, int64_t G)
+{
+    int64_t r = 0;
+    for (int64_t g = 0; g < G; g++) {
+        int64_t n = grouped_rows(sizes, g, r, M, "kern_grouped_linear_bwd");
+        if (dx) cpu_matmul(dx + r * IC, dout + r * OC, w + g * OC * IC, n, IC, OC, false, false,
+                           1.0f, 1.0f);
+        if (dw) cpu_matmul(dw + g * OC * IC, dout + r * OC, x + r * IC, OC, IC, n, true, false,
+                           1.0f, 1.0f);
+        r += n;
+    }
+}

@@ -858,6 +858,180 @@ static void cuda_op_adamw(kern_stream_t *s, tensor_t *param, tensor_t *param_cop
                             m->data, v->data, tensor_numel(param), &k));
 }
 
+/* ---- routed experts --------------------------------------------------------------------- */
+
+static void cuda_op_moe_route_fwd(kern_stream_t *s, tensor_t *weights, tensor_t *experts,
+                                  tensor_t *probs, ct_t *logits, bool norm)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_moe_route_fwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_moe_route_fwd(cs->st, weights->data, experts->data, probs->data,
+                                    logits->data, logits->dtype, logits->shape[0],
+                                    logits->shape[1], experts->shape[1], norm));
+}
+
+static void cuda_op_moe_route_bwd(kern_stream_t *s, tensor_t *dlogits, ct_t *dweights,
+                                  ct_t *dprobs, ct_t *probs, ct_t *experts, bool norm)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_moe_route_bwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_moe_route_bwd(cs->st, dlogits->data, dlogits->dtype,
+                                    dweights ? dweights->data : NULL,
+                                    dprobs ? dprobs->data : NULL, probs->data, experts->data,
+                                    probs->shape[0], probs->shape[1], experts->shape[1], norm));
+}
+
+static void cuda_op_moe_route_stats(kern_stream_t *s, tensor_t *counts, tensor_t *psum,
+                                    ct_t *probs, ct_t *experts)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_moe_route_stats";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_moe_route_stats(cs->st, counts->data, psum->data, probs->data,
+                                      experts->data, probs->shape[0], probs->shape[1],
+                                      experts->shape[1]));
+}
+
+static void cuda_op_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot,
+                                    tensor_t *sizes, tensor_t *routed, ct_t *x, ct_t *experts,
+                                    int64_t capacity)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_moe_permute_fwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_moe_permute_fwd(cs->st, xp->data, slot->data, sizes->data, routed->data,
+                                      x->data, experts->data, x->dtype, tensor_rows(x),
+                                      tensor_cols(x), experts->shape[1], tensor_numel(sizes),
+                                      capacity));
+}
+
+static void cuda_op_moe_permute_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dxp, ct_t *slot)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_moe_permute_bwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_moe_permute_bwd(cs->st, dx->data, dxp->data, slot->data, dx->dtype,
+                                      tensor_rows(dx), tensor_cols(dx), slot->shape[1]));
+}
+
+static void cuda_op_moe_combine_fwd(kern_stream_t *s, tensor_t *y, ct_t *yp, ct_t *slot,
+                                    ct_t *weights)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_moe_combine_fwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_moe_combine_fwd(cs->st, y->data, yp->data, slot->data, weights->data,
+                                      y->dtype, tensor_rows(y), tensor_cols(y), slot->shape[1]));
+}
+
+static void cuda_op_moe_combine_bwd(kern_stream_t *s, tensor_t *dyp, tensor_t *dweights, ct_t *dy,
+                                    ct_t *yp, ct_t *slot, ct_t *weights)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_moe_combine_bwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_moe_combine_bwd(cs->st, dyp ? dyp->data : NULL,
+                                      dweights ? dweights->data : NULL, dy->data, yp->data,
+                                      slot->data, weights->data, dy->dtype, tensor_rows(dy),
+                                      tensor_cols(dy), slot->shape[1]));
+}
+
+/* The group sizes on the host: the products are one cuBLASLt call per group
+ * for now, so the call waits for the stream to read them (a grouped GEMM
+ * kernel reading sizes on the device is the later step). NULL (the stream
+ * failed) when they cannot be read or do not fit the M rows of x. */
+static int32_t *cs_group_sizes(cuda_stream_t *cs, const char *op, ct_t *sizes, int64_t M)
+{
+    int64_t G = tensor_numel(sizes);
+    int32_t *h = malloc((size_t)(G > 0 ? G : 1) * sizeof *h);
+    if (!h) {
+        kern_stream_fail(&cs->base, op, "out of host memory for the group sizes");
+        return NULL;
+    }
+    if (!cs_check(cs, op,
+                  cudaMemcpyAsync(h, sizes->data, (size_t)G * sizeof *h, cudaMemcpyDeviceToHost,
+                                  cs->st)) ||
+        !cs_check(cs, op, cudaStreamSynchronize(cs->st))) {
+        free(h);
+        return NULL;
+    }
+    int64_t sum = 0;
+    for (int64_t g = 0; g < G; g++) {
+        if (h[g] < 0 || (sum += h[g]) > M) {
+            kern_stream_fail(&cs->base, op, "group sizes negative or past the rows of x");
+            free(h);
+            return NULL;
+        }
+    }
+    return h;
+}
+
+static void cuda_op_grouped_linear_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w,
+                                       ct_t *sizes)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_grouped_linear_fwd";
+    int64_t M = tensor_rows(x), IC = tensor_cols(x), OC = w->shape[1], G = w->shape[0];
+    if (!cs_enter(cs, op)) return;
+    int32_t *h = cs_group_sizes(cs, op, sizes, M);
+    if (!h) return;
+    size_t xs = dtype_size(x->dtype);
+    int64_t r = 0;
+    bool ok = true;
+    for (int64_t g = 0; g < G && ok; r += h[g], g++)
+        ok = cs_gemm(cs, op,
+                     (cuda_gemm_t){.c = (char *)out->data + (size_t)(r * OC) * xs,
+                                   .a = (const char *)x->data + (size_t)(r * IC) * xs,
+                                   .b = (const char *)w->data + (size_t)(g * OC * IC) * xs,
+                                   .ab_dt = x->dtype, .c_dt = out->dtype, .M = h[g], .N = OC,
+                                   .K = IC, .trans_b = true, .alpha = 1.0f, .beta = 0.0f});
+    if (ok && r < M)
+        cs_check(cs, op,
+                 cudaMemsetAsync((char *)out->data + (size_t)(r * OC) * xs, 0,
+                                 (size_t)((M - r) * OC) * xs, cs->st));
+    free(h);
+}
+
+static void cuda_op_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout,
+                                       ct_t *x, ct_t *w, ct_t *sizes)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_grouped_linear_bwd";
+    int64_t M = tensor_rows(x), IC = tensor_cols(x), OC = w->shape[1], G = w->shape[0];
+    if ((!dx && !dw) || !cs_enter(cs, op)) return;
+    int32_t *h = cs_group_sizes(cs, op, sizes, M);
+    if (!h) return;
+    size_t xs = dtype_size(x->dtype), ws = dw ? dtype_size(dw->dtype) : 0;
+    int64_t r = 0;
+    bool ok = true;
+    for (int64_t g = 0; g < G && ok; r += h[g], g++) {
+        const char *dout_g = (const char *)dout->data + (size_t)(r * OC) * xs;
+        if (dx)
+            ok = cs_gemm(cs, op,
+                         (cuda_gemm_t){.c = (char *)dx->data + (size_t)(r * IC) * xs, .a = dout_g,
+                                       .b = (const char *)w->data + (size_t)(g * OC * IC) * xs,
+                                       .ab_dt = x->dtype, .c_dt = dx->dtype, .M = h[g], .N = IC,
+                                       .K = OC, .alpha = 1.0f, .beta = 1.0f});
+        if (ok && dw)
+            ok = cs_gemm(cs, op,
+                         (cuda_gemm_t){.c = (char *)dw->data + (size_t)(g * OC * IC) * ws,
+                                       .a = dout_g,
+                                       .b = (const char *)x->data + (size_t)(r * IC) * xs,
+                                       .ab_dt = x->dtype, .c_dt = dw->dtype, .M = OC, .N = IC,
+                                       .K = h[g], .trans_a = true, .alpha = 1.0f, .beta = 1.0f});
+    }
+    free(h);
+}
+
 #define F32 (1u << DT_F32)
 #define BF16 (1u << DT_BF16)
 
@@ -877,6 +1051,10 @@ const kern_backend_t kern_cuda_backend = {
             [KERN_OP_SWIGLU] = F32 | BF16,
             [KERN_OP_XENT] = F32 | BF16,
             [KERN_OP_ADAMW] = F32 | BF16,
+            [KERN_OP_MOE_ROUTE] = F32 | BF16,
+            [KERN_OP_MOE_PERMUTE] = F32 | BF16,
+            [KERN_OP_MOE_COMBINE] = F32 | BF16,
+            [KERN_OP_GROUPED_LINEAR] = F32 | BF16,
         },
     .usable = cuda_usable,
     .mem_alloc = cuda_mem_alloc,
@@ -924,6 +1102,15 @@ const kern_backend_t kern_cuda_backend = {
     .xent_vp_sum = cuda_op_xent_vp_sum,
     .xent_vp_finish = cuda_op_xent_vp_finish,
     .adamw = cuda_op_adamw,
+    .moe_route_fwd = cuda_op_moe_route_fwd,
+    .moe_route_bwd = cuda_op_moe_route_bwd,
+    .moe_route_stats = cuda_op_moe_route_stats,
+    .moe_permute_fwd = cuda_op_moe_permute_fwd,
+    .moe_permute_bwd = cuda_op_moe_permute_bwd,
+    .moe_combine_fwd = cuda_op_moe_combine_fwd,
+    .moe_combine_bwd = cuda_op_moe_combine_bwd,
+    .grouped_linear_fwd = cuda_op_grouped_linear_fwd,
+    .grouped_linear_bwd = cuda_op_grouped_linear_bwd,
 };
 
 #endif /* BT_HAVE_CUDA */

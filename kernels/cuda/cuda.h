@@ -138,6 +138,30 @@ cudaError_t cuda_adamw(cudaStream_t st, void *param, dtype_t param_dt, void *par
                        dtype_t copy_dt, const void *grad, dtype_t grad_dt, float *m, float *v,
                        int64_t n, const cuda_adamw_k_t *k);
 
+/* ---- routed experts (moe.cu) ------------------------------------------------ */
+
+/* The CPU twins' semantics (kernels/cpu/moe.c); dt is the compute dtype of
+ * logits / dlogits (route) and of x, xp, yp, y (permute, combine). Expert
+ * ids outside [0, E) are dropped rather than faulted on. */
+cudaError_t cuda_moe_route_fwd(cudaStream_t st, float *weights, int32_t *experts, float *probs,
+                               const void *logits, dtype_t dt, int64_t N, int64_t E, int64_t K,
+                               bool norm);
+cudaError_t cuda_moe_route_bwd(cudaStream_t st, void *dlogits, dtype_t dt, const float *dweights,
+                               const float *dprobs, const float *probs, const int32_t *experts,
+                               int64_t N, int64_t E, int64_t K, bool norm);
+cudaError_t cuda_moe_route_stats(cudaStream_t st, float *counts, float *psum, const float *probs,
+                                 const int32_t *experts, int64_t N, int64_t E, int64_t K);
+cudaError_t cuda_moe_permute_fwd(cudaStream_t st, void *xp, int32_t *slot, int32_t *sizes,
+                                 int32_t *routed, const void *x, const int32_t *experts, dtype_t dt,
+                                 int64_t N, int64_t C, int64_t K, int64_t E, int64_t capacity);
+cudaError_t cuda_moe_permute_bwd(cudaStream_t st, void *dx, const void *dxp, const int32_t *slot,
+                                 dtype_t dt, int64_t N, int64_t C, int64_t K);
+cudaError_t cuda_moe_combine_fwd(cudaStream_t st, void *y, const void *yp, const int32_t *slot,
+                                 const float *weights, dtype_t dt, int64_t N, int64_t C, int64_t K);
+cudaError_t cuda_moe_combine_bwd(cudaStream_t st, void *dyp, float *dweights, const void *dy,
+                                 const void *yp, const int32_t *slot, const float *weights,
+                                 dtype_t dt, int64_t N, int64_t C, int64_t K);
+
 /* ---- attention (attention.cu) --------------------------------------------- */
 
 /* Which attention kernels run: tensor cores for bf16 when the head dims allow

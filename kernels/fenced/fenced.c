@@ -272,6 +272,49 @@ static void f_adamw(kern_stream_t *s, tensor_t *param, tensor_t *param_copy, ct_
     FENCED(cpu->adamw(s, param, param_copy, grad, m, v, args));
 }
 
+static void f_moe_route_fwd(kern_stream_t *s, tensor_t *weights, tensor_t *experts, tensor_t *probs,
+                            ct_t *logits, bool norm)
+{
+    FENCED(cpu->moe_route_fwd(s, weights, experts, probs, logits, norm));
+}
+static void f_moe_route_bwd(kern_stream_t *s, tensor_t *dlogits, ct_t *dweights, ct_t *dprobs,
+                            ct_t *probs, ct_t *experts, bool norm)
+{
+    FENCED(cpu->moe_route_bwd(s, dlogits, dweights, dprobs, probs, experts, norm));
+}
+static void f_moe_route_stats(kern_stream_t *s, tensor_t *counts, tensor_t *psum, ct_t *probs,
+                              ct_t *experts)
+{
+    FENCED(cpu->moe_route_stats(s, counts, psum, probs, experts));
+}
+static void f_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
+                              tensor_t *routed, ct_t *x, ct_t *experts, int64_t capacity)
+{
+    FENCED(cpu->moe_permute_fwd(s, xp, slot, sizes, routed, x, experts, capacity));
+}
+static void f_moe_permute_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dxp, ct_t *slot)
+{
+    FENCED(cpu->moe_permute_bwd(s, dx, dxp, slot));
+}
+static void f_moe_combine_fwd(kern_stream_t *s, tensor_t *y, ct_t *yp, ct_t *slot, ct_t *weights)
+{
+    FENCED(cpu->moe_combine_fwd(s, y, yp, slot, weights));
+}
+static void f_moe_combine_bwd(kern_stream_t *s, tensor_t *dyp, tensor_t *dweights, ct_t *dy,
+                              ct_t *yp, ct_t *slot, ct_t *weights)
+{
+    FENCED(cpu->moe_combine_bwd(s, dyp, dweights, dy, yp, slot, weights));
+}
+static void f_grouped_linear_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w, ct_t *sizes)
+{
+    FENCED(cpu->grouped_linear_fwd(s, out, x, w, sizes));
+}
+static void f_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout, ct_t *x,
+                                 ct_t *w, ct_t *sizes)
+{
+    FENCED(cpu->grouped_linear_bwd(s, dx, dw, dout, x, w, sizes));
+}
+
 
 const kern_backend_t kern_fenced_backend = {
     .name = "fenced",
@@ -323,4 +366,13 @@ const kern_backend_t kern_fenced_backend = {
     .xent_vp_sum = f_xent_vp_sum,
     .xent_vp_finish = f_xent_vp_finish,
     .adamw = f_adamw,
+    .moe_route_fwd = f_moe_route_fwd,
+    .moe_route_bwd = f_moe_route_bwd,
+    .moe_route_stats = f_moe_route_stats,
+    .moe_permute_fwd = f_moe_permute_fwd,
+    .moe_permute_bwd = f_moe_permute_bwd,
+    .moe_combine_fwd = f_moe_combine_fwd,
+    .moe_combine_bwd = f_moe_combine_bwd,
+    .grouped_linear_fwd = f_grouped_linear_fwd,
+    .grouped_linear_bwd = f_grouped_linear_bwd,
 };
