@@ -143,6 +143,7 @@ static bt_status_t resume_load(const job_t *job, const char *what, model_t *m, t
     if (!st) st = ckpt_reader_open(dirs, 1, &r, err, sizeof err);
     run_ckpt_meta_t meta;
     if (!st) st = run_ckpt_meta_check(ckpt_reader_index(r), dir, job, &m->cfg, &meta, err, sizeof err);
+    if (!st && job->checkpoint.dir[0]) st = run_ckpt_newer_check(root, meta.pos.step, err, sizeof err);
     if (!st) st = ckpt_items_restore(items, r, err, sizeof err);
     ckpt_reader_close(r);
     if (st) {

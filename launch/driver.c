@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "actors/router.h"
@@ -61,6 +62,9 @@ typedef struct {
     uint64_t        t_quiesce0;
     int64_t         step;       /* step running (1-based) */
     double          loss_sum, scored, grad_norm, lr;
+    double         *rank_loss;  /* [world] this step's loss sum of each rank: summed in rank
+                                 * order, so that the step's loss does not depend on which
+                                 * rank's METRICS came first */
     int64_t         skip_run, skipped; /* non-finite steps: in a row now, in all */
     uint64_t        t0, t_step0, t_phase0;
     int64_t         tokens_done;
@@ -483,13 +487,15 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
         fail(d, BT_ERR_PEER_PROTO, r, "bad METRICS for step %lld", (long long)m->env.step);
         return ACTOR_DONE;
     }
-    d->loss_sum += ((double *)l->data)[0];
+    d->rank_loss[r] = ((double *)l->data)[0];
     d->scored += ((double *)l->data)[1];
     if (r == 0) {
         d->grad_norm = m->body.metrics.grad_norm;
         d->lr = m->body.metrics.lr;
     }
     if (++d->n_metrics < d->world) return ACTOR_DONE;
+    d->loss_sum = 0;
+    for (int k = 0; k < d->world; k++) d->loss_sum += d->rank_loss[k];
 
     int64_t steps = d->job->train.steps;
     if (d->phase == DRV_EVAL) {
@@ -1003,6 +1009,23 @@ static bt_status_t resume_prepare(const job_t *job, const graph_t *g, const char
     bt_status_t st = run_model_config(job, &mc);
     if (!st && (st = run_ckpt_meta_check(&idx, dirs[0], job, &mc, meta, err, sizeof err)))
         fprintf(stderr, "baton run: --resume: %s\n", err);
+    for (int k = 0; k < n_roots && !st; k++) {
+        /* `latest` fell back past a newer step some root committed but
+         * others did not (a save cut short between its commits): that
+         * incomplete one moves aside, kept, so that the run can save it anew */
+        int64_t newer[64];
+        int n = latest ? ckpt_list_steps(roots[k], newer, 64) : 0;
+        for (int i = 0; i < n; i++) {
+            if (newer[i] <= meta->pos.step) continue;
+            char from[CKPT_PATH_MAX], to[CKPT_PATH_MAX + 64];
+            ckpt_step_dir(roots[k], newer[i], from, sizeof from);
+            snprintf(to, sizeof to, "%s.incomplete-%lld", from, (long long)time(NULL));
+            if (rename(from, to) == 0)
+                log_warn("resume: %s is incomplete (other roots lack it): moved to %s", from, to);
+        }
+        if ((st = run_ckpt_newer_check(roots[k], meta->pos.step, err, sizeof err)))
+            fprintf(stderr, "baton run: --resume: %s\n", err);
+    }
     ckpt_index_free(&idx);
     if (st) return st;
     char *text = NULL;
@@ -1151,8 +1174,9 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     }
     d.last_seen = calloc((size_t)g.world, sizeof *d.last_seen);
     d.ck_wrote = calloc((size_t)g.world, sizeof *d.ck_wrote);
+    d.rank_loss = calloc((size_t)g.world, sizeof *d.rank_loss);
     d.ck_root = calloc((size_t)g.world, sizeof *d.ck_root);
-    if (!d.last_seen || !d.ck_wrote || !d.ck_root) goto close_metrics;
+    if (!d.last_seen || !d.ck_wrote || !d.ck_root || !d.rank_loss) goto close_metrics;
     d.sets = sets;
     d.n_sets = n_sets;
     d.last_step = job->train.stop_after ? job->train.stop_after : job->train.steps;
@@ -1227,6 +1251,7 @@ destroy_router:
     for (int r = 0; d.ck_root && r < g.world; r++) free(d.ck_root[r]);
     free(d.ck_root);
     free(d.ck_wrote);
+    free(d.rank_loss);
     ckpt_index_free(&d.ck_idx);
     plot_curve_free(&d.curve);
     plot_curve_free(&d.val_curve);

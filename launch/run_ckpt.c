@@ -218,3 +218,13 @@ out:
     ckpt_index_free(&idx);
     return st;
 }
+
+bt_status_t run_ckpt_newer_check(const char *root, int64_t step, char *err, size_t errlen)
+{
+    int64_t newest;
+    if (!root[0] || ckpt_list_steps(root, &newest, 1) != 1 || newest <= step) return BT_OK;
+    snprintf(err, errlen, "%s already holds the checkpoint of step %lld, newer than step %lld "
+             "resumed from: the run would save over it; give it another checkpoint.dir, or move "
+             "the newer steps away", root, (long long)newest, (long long)step);
+    return BT_ERR_INVALID;
+}

@@ -63,6 +63,10 @@ bt_status_t run_ckpt_save_one(const char *root, int64_t step, const char *file,
                               const ckpt_put_t *puts, int n, const char *meta, int64_t keep,
                               char *err, size_t errlen);
 
+/* A resumed run saves into root: refused up front when root holds a
+ * committed step newer than `step` (nothing is overwritten). */
+bt_status_t run_ckpt_newer_check(const char *root, int64_t step, char *err, size_t errlen);
+
 /* The metrics file of a resumed run: lines of steps after `step` (a run
  * that went on past its last checkpoint) are dropped, atomically; *tokens
  * is the token count of the last kept step line (0: none). A missing file

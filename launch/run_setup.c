@@ -289,11 +289,11 @@ void run_metrics_write(FILE *f, const run_step_report_t *r)
 {
     if (!f) return;
     fprintf(f, "{\"step\": %lld, \"loss\": ", (long long)r->step);
-    run_json_num(f, "%.7g", r->loss);
+    run_json_num(f, "%.17g", r->loss); /* round-trips: runs compare bit for bit */
     fputs(", \"lr\": ", f);
     run_json_num(f, "%.7g", r->lr);
     fputs(", \"grad_norm\": ", f);
-    run_json_num(f, "%.7g", r->grad_norm);
+    run_json_num(f, "%.17g", r->grad_norm);
     fprintf(f, ", \"tokens\": %lld, \"tokens_per_s\": ", (long long)r->tokens);
     run_json_num(f, "%.1f", r->tokens_per_s);
     fputs(", \"elapsed_s\": ", f);
@@ -307,7 +307,7 @@ void run_eval_metrics_write(FILE *f, int64_t step, double loss)
 {
     if (!f) return;
     fprintf(f, "{\"step\": %lld, \"val_loss\": ", (long long)step);
-    run_json_num(f, "%.7g", loss);
+    run_json_num(f, "%.17g", loss);
     fputs(", \"val_ppl\": ", f);
     run_json_num(f, "%.7g", exp(loss));
     fputs("}\n", f);

@@ -340,14 +340,18 @@ static bt_status_t attn_backward(model_run_t *r, const model_sub_t *sub, void *s
     return model_tp_sum(m, dln, "the attention input gradient", sub->layer);
 }
 
-/* weights: q, k, v, o; scores and values: 2 * T * Hq * D (PaLM's convention,
- * not halved for the causal mask) */
-static double attn_fma_per_token(const model_config_t *c, int64_t T)
+/* weights: q, o (C x Cq each), k, v (C x Ckv each); biases are additions.
+ * Scores and values under the causal mask: query t meets t + 1 keys, T/2 on
+ * average (the convention drops the exact count's +1/2), D multiply-adds
+ * each in q.k and in p.v, for each of the Hq heads: Cq * T. A sliding
+ * window never cuts this: sequences longer than it are refused. */
+static void attn_flops(const model_config_t *c, int64_t T, model_flops_t *f)
 {
     const model_attn_config_t *a = &c->attn;
     double C = (double)c->hidden_size, Cq = (double)(a->num_heads * a->head_dim);
     double Ckv = (double)(a->num_kv_heads * a->head_dim);
-    return C * Cq * 2 + C * Ckv * 2 + 2.0 * Cq * (double)T;
+    f->matmul_params += 2.0 * C * Cq + 2.0 * C * Ckv;
+    f->attn_fma += Cq * (double)T;
 }
 
 static const kern_op_t attn_ops[] = {KERN_OP_LINEAR, KERN_OP_ROPE, KERN_OP_ATTENTION,
@@ -364,7 +368,7 @@ const model_kind_t model_kind_attention = {
     .cache_bytes = attn_cache_bytes,
     .forward = attn_forward,
     .backward = attn_backward,
-    .fma_per_token = attn_fma_per_token,
+    .flops = attn_flops,
     .ops = attn_ops,
     .n_ops = (int)(sizeof attn_ops / sizeof attn_ops[0]),
 };

@@ -23,6 +23,7 @@
 #define BT_MODEL_KIND_H
 
 #include "kernels/kernels.h"
+#include "model/flops.h"
 #include "model/model.h"
 
 /* Layout under construction: kinds append their tensors. */
@@ -86,9 +87,13 @@ struct model_kind {
     /* dln[N, C] (overwritten) from dy[N, C]; parameter gradients accumulate. */
     bt_status_t (*backward)(model_run_t *r, const model_sub_t *sub, void *saved,
                             const tensor_t *ln, const tensor_t *dy, tensor_t *dln);
-    /* Multiply-adds per token of forward (weights and, for attention, the
-     * score and value products at sequence length T), for MFU. */
-    double (*fma_per_token)(const model_config_t *c, int64_t T);
+    /* What a token costs this sublayer, for MFU (model/flops.h): adds to
+     * f->matmul_params the weights that multiply every token and to
+     * f->attn_fma its forward multiply-adds per token between activations
+     * (attention: the causal scores and values at sequence length T). A
+     * kind of routed experts (not written yet) adds its active parameters
+     * only: the router's and top_k experts' weights, not every expert's. */
+    void (*flops)(const model_config_t *c, int64_t T, model_flops_t *f);
     const kern_op_t *ops; /* kernel ops it calls, checked with kern_supports */
     int              n_ops;
 };

@@ -102,10 +102,11 @@ static bt_status_t mlp_backward(model_run_t *r, const model_sub_t *sub, void *sa
     return model_tp_sum(m, dln, "the MLP input gradient", sub->layer);
 }
 
-static double mlp_fma_per_token(const model_config_t *c, int64_t T)
+/* gate, up, down: C x F each */
+static void mlp_flops(const model_config_t *c, int64_t T, model_flops_t *f)
 {
     (void)T;
-    return 3.0 * (double)c->hidden_size * (double)c->mlp.intermediate_size;
+    f->matmul_params += 3.0 * (double)c->hidden_size * (double)c->mlp.intermediate_size;
 }
 
 static const kern_op_t mlp_ops[] = {KERN_OP_LINEAR, KERN_OP_SWIGLU, KERN_OP_MATMUL,
@@ -121,7 +122,7 @@ const model_kind_t model_kind_mlp = {
     .shared_init = NULL,
     .forward = mlp_forward,
     .backward = mlp_backward,
-    .fma_per_token = mlp_fma_per_token,
+    .flops = mlp_flops,
     .ops = mlp_ops,
     .n_ops = (int)(sizeof mlp_ops / sizeof mlp_ops[0]),
 };

@@ -541,18 +541,3 @@ int64_t model_num_params(const model_config_t *cfg)
     free(p);
     return total;
 }
-
-double model_flops_per_token(const model_config_t *c, int64_t T)
-{
-    /* 6 flops per multiply-add per token (forward 2, backward 4): the
-     * blocks' weights and attention products, and the head; the embedding
-     * lookup excluded */
-    double fma = (double)c->vocab_size * (double)c->hidden_size;
-    for (int64_t l = 0; l < c->num_layers; l++) {
-        const model_kind_t *k[2] = {model_mixer_kind(c->blocks[l].mixer),
-                                    model_ffn_kind(c->blocks[l].ffn)};
-        for (int i = 0; i < 2; i++)
-            if (k[i]) fma += k[i]->fma_per_token(c, T);
-    }
-    return 6.0 * fma;
-}

@@ -345,8 +345,7 @@ void    model_targets_from_ids(int32_t *targets, const int32_t *ids, const int64
                                int64_t B, int64_t T);
 int64_t model_count_scored(const int32_t *targets, int64_t n);
 
-/* FLOPs of one forward+backward per token (6N + attention), for MFU. */
-double  model_flops_per_token(const model_config_t *cfg, int64_t T);
-/* Number of parameters of the full model described by cfg. */
+/* Number of parameters of the full model described by cfg (FLOPs per token
+ * for MFU: model/flops.h). */
 int64_t model_num_params(const model_config_t *cfg);
 #endif

@@ -187,6 +187,12 @@ static void write_start(ckpt_writer_t *w)
 
 /* ---- handlers --------------------------------------------------------------- */
 
+static bool test_hang(const ckpt_writer_t *w)
+{
+    const char *hang = getenv("BATON_TEST_CKPT_HANG"); /* tests: this rank never writes */
+    return hang && *hang && atoi(hang) == w->cfg.rank;
+}
+
 static actor_ret_t on_ctl(actor_t *self, actor_msg_t *m)
 {
     ckpt_writer_t *w = (ckpt_writer_t *)self;
@@ -199,6 +205,11 @@ static actor_ret_t on_ctl(actor_t *self, actor_msg_t *m)
         return ACTOR_DONE;
     }
     if (c->phase == CKPT_CTL_BEGIN) {
+        if (test_hang(w)) {
+            log_warn("rank %d: BATON_TEST_CKPT_HANG: the checkpoint of step %lld is never written",
+                     w->cfg.rank, (long long)c->step);
+            return ACTOR_DONE;
+        }
         if (w->busy || w->pieces) {
             failed(w, c->step, BT_ERR_BUSY, "a save of step %lld while step %lld is still in hand",
                    (long long)c->step, (long long)w->step);
@@ -244,6 +255,7 @@ static actor_ret_t on_piece(actor_t *self, actor_msg_t *m)
 {
     ckpt_writer_t *w = (ckpt_writer_t *)self;
     const msg_ckpt_piece_t *p = &m->body.ckpt_piece;
+    if (test_hang(w)) return ACTOR_DONE;
     if (actor_addr_rank(m->env.src) != (uint32_t)w->cfg.rank) {
         log_warn("rank %d: checkpoint writer: a piece from rank %u; ignored", w->cfg.rank,
                  actor_addr_rank(m->env.src));

@@ -1,6 +1,9 @@
 #include "train/stage_actor.h"
 
 #include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -946,6 +949,16 @@ static void snap_start(stage_actor_t *s, int64_t step)
     s->busy = true;
 }
 
+/* Fault injection for the resume tests: BATON_TEST_KILL="STEP@RANK" makes
+ * that rank SIGKILL itself when told to run that step. */
+static bool test_kill_due(int64_t step, int rank)
+{
+    const char *v = getenv("BATON_TEST_KILL");
+    long long at;
+    int r;
+    return v && sscanf(v, "%lld@%d", &at, &r) == 2 && at == step && r == rank;
+}
+
 static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
 {
     stage_actor_t *s = (stage_actor_t *)self;
@@ -963,6 +976,12 @@ static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
         bt_status_t st = job_submit(s, job_gather_run, JOB_GATHER);
         if (st) fail(s, st, "export gather submit");
         return ACTOR_DONE;
+    }
+    if (h->state == STAGE_CMD_STEP && test_kill_due(h->step, s->cfg.rank)) {
+        fprintf(stderr, "baton: fault injection: rank %d killed at the start of step %lld\n",
+                s->cfg.rank, (long long)h->step);
+        fflush(stderr);
+        kill(getpid(), SIGKILL);
     }
     if (h->state == STAGE_CMD_SAVE) {
         snap_start(s, h->step);
