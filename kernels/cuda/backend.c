@@ -105,6 +105,7 @@ static void *cs_scratch(cuda_stream_t *cs, const char *op, size_t n)
 {
     if (n <= cs->scratch_bytes && (cs->scratch || n == 0)) return cs->scratch;
     if (cs->scratch) cudaFreeAsync(cs->scratch, cs->st);
+    cuda_held_remove(cs->scratch);
     cs->scratch = NULL;
     cs->scratch_bytes = 0;
     size_t want = (n + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
@@ -123,6 +124,7 @@ static void *cs_scratch(cuda_stream_t *cs, const char *op, size_t n)
     }
     cs->scratch = p;
     cs->scratch_bytes = want;
+    cuda_held_add(p, want);
     return p;
 }
 
@@ -228,11 +230,14 @@ static bt_status_t cuda_mem_alloc(int index, size_t nbytes, void **out)
 {
     cudaError_t e = cudaSetDevice(index);
     if (e == cudaSuccess) e = cudaMalloc(out, nbytes ? nbytes : 1);
-    return e == cudaSuccess ? BT_OK : cuda_alloc_status(e);
+    if (e != cudaSuccess) return cuda_alloc_status(e);
+    cuda_held_add(*out, nbytes ? nbytes : 1);
+    return BT_OK;
 }
 
 static void cuda_mem_free(int index, void *p)
 {
+    cuda_held_remove(p);
     if (cudaSetDevice(index) != cudaSuccess || cudaFree(p) != cudaSuccess) {
         log_error("cuda:%d: cudaFree(%p): %s", index, p, cudaGetErrorString(cudaGetLastError()));
     }
@@ -270,6 +275,7 @@ static bt_status_t cuda_ipc_alloc(int index, size_t nbytes, void **out, kern_ipc
         return BT_ERR_DEVICE;
     }
     memcpy(h->bytes, &ih, sizeof ih);
+    cuda_held_add(*out, nbytes ? nbytes : 1);
     return BT_OK;
 }
 
@@ -324,6 +330,7 @@ static bt_status_t cuda_stream_create(int index, kern_stream_t **out)
     memset(cs->host, 0, sizeof *cs->host);
     if ((e = cudaHostGetDevicePointer((void **)&cs->dev, cs->host, 0)) != cudaSuccess)
         goto fail_host;
+    cuda_held_add(cs->ws, CUDA_LT_WORKSPACE);
     *out = &cs->base;
     return BT_OK;
 
@@ -347,6 +354,8 @@ static void cuda_stream_destroy(kern_stream_t *s)
     cuda_stream_t *cs = cs_of(s);
     cudaSetDevice(s->dev.index);
     cudaStreamSynchronize(cs->st);
+    cuda_held_remove(cs->scratch);
+    cuda_held_remove(cs->ws);
     if (cs->scratch) cudaFree(cs->scratch);
     cudaFreeHost(cs->host);
     cudaFree(cs->ws);
@@ -414,7 +423,9 @@ static bt_status_t cuda_stream_reserve(kern_stream_t *s, size_t nbytes)
     void *p = NULL;
     cudaError_t e = cudaMallocAsync(&p, nbytes, cs->st);
     if (e != cudaSuccess) return cuda_alloc_status(e);
+    cuda_held_add(p, nbytes); /* before the old one goes: both exist for a moment */
     if (cs->scratch) cudaFreeAsync(cs->scratch, cs->st);
+    cuda_held_remove(cs->scratch);
     cs->scratch = p;
     cs->scratch_bytes = nbytes;
     return BT_OK;

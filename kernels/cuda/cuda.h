@@ -222,6 +222,21 @@ void cuda_lt_set_declined(bool on);
 /* cuBLASLt's version as the loaded library reports it (e.g. 130100). */
 size_t cuda_lt_version(void);
 
+/* ---- device memory held (held.c) ------------------------------------------- */
+
+/* The bytes of device memory this process holds through the backend: every
+ * cudaMalloc block (parameter, gradient and optimizer blocks, activation
+ * arenas, IPC buffers, each stream's cuBLASLt workspace) and each stream's
+ * scratch, added when allocated and taken off when freed (a pointer never
+ * added is ignored). Not in it: the CUDA context, cuBLASLt's own state, and
+ * what the memory pool keeps beyond the scratch it handed out. With
+ * BATON_CUDA_MEM_REPORT=1 in the environment the process logs the versions
+ * it runs with at its first allocation and, at exit, the most it held
+ * ("cuda: device memory held at most N bytes ..."; bench/gpu_bench.sh reads
+ * it beside torch's max_memory_allocated). Any thread. */
+void cuda_held_add(const void *p, size_t nbytes);
+void cuda_held_remove(const void *p);
+
 /* ---- backend (backend.c) --------------------------------------------------- */
 
 /* The versions this process runs with, for logs and device checks:
