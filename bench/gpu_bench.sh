@@ -71,11 +71,15 @@ if [ ! -x "$BATON" ]; then
 fi
 if [ "$QUICK" != 1 ]; then
     [ -e "$BUILD/libbaton_cuda.so" ] || { echo "gpu_bench: $BUILD/libbaton_cuda.so is missing (make with nvcc on PATH)" >&2; exit 1; }
-    if [ ! -d "$BUILD/devpack" ] && [ -f "$BUILD/devpack.tar.xz" ]; then
-        tar -C "$BUILD" -xJf "$BUILD/devpack.tar.xz"
-    fi
 fi
-LIB=$ROOT/$BUILD/devpack/root/usr/lib/x86_64-linux-gnu
+# the library pack: build/devpack itself, else its tarball unpacked into the
+# scratch folder (not into $BUILD: a second call carrying $BUILD would carry
+# the 47 MiB of unpacked libraries too, past the device tool's 64 MiB)
+PACK=$ROOT/$BUILD/devpack
+if [ ! -d "$PACK" ] && [ -f "$BUILD/devpack.tar.xz" ]; then
+    tar -C "$work" -xJf "$BUILD/devpack.tar.xz" && PACK=$work/devpack
+fi
+LIB=$PACK/root/usr/lib/x86_64-linux-gnu
 if [ -d "$LIB" ]; then
     export LD_LIBRARY_PATH="$LIB:$LIB/openblas-pthread:$LIB/ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export UCX_MODULE_DIR=$LIB/ucx
@@ -83,7 +87,7 @@ fi
 # baton's memory check compares the job's parameters, gradients, optimizer state and
 # activations with the host's MemAvailable even when they live on the GPU
 # (launch/run_mem.c), and a freshly started GPU machine reports far less than it can
-# use (/work/.library: its memory grows as it is used): the 1.1B row would be refused
+# use (the lent machines' memory grows as it is used): the 1.1B row would be refused
 export BATON_MEM_LIMIT=off
 export BATON_CUDA_MEM_REPORT=1
 export PYTHONUNBUFFERED=1
