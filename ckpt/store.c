@@ -264,24 +264,14 @@ bt_status_t ckpt_resolve(const char *path, char *dir, size_t cap, char *err, siz
         snprintf(dir, cap, "%s", path);
         return BT_OK;
     }
-    char lp[CKPT_PATH_MAX + 16];
-    snprintf(lp, sizeof lp, "%s/" CKPT_LATEST_FILE, path);
-    char *text = NULL;
-    size_t len = 0;
-    bool ok = false;
-    if (access(lp, F_OK) == 0 && base_file_read(lp, 256, &text, &len) == BT_OK) {
-        while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) text[--len] = 0;
-        snprintf(dir, cap, "%s/%s", path, text);
-        ok = step_of(text, false) >= 0 && has_index(dir);
-        if (!ok) log_warn("checkpoint: %s names '%s', which is no committed checkpoint; taking the "
-                          "newest one there", lp, text);
-    }
-    free(text);
-    if (ok) return BT_OK;
+    /* A root: its newest committed step. A committed directory is complete
+     * by construction (its index is written last, then it is renamed into
+     * place), while `latest` is replaced after that rename: a crash in
+     * between leaves `latest` one step behind, never ahead. */
     int64_t newest;
     if (ckpt_list_steps(path, &newest, 1) != 1)
-        return errf(err, errlen, BT_ERR_NOT_FOUND, "%s holds no checkpoint (no index.json, no "
-                    "committed step-N directory)", path);
+        return errf(err, errlen, BT_ERR_NOT_FOUND, "%s holds no committed checkpoint (no index.json, "
+                    "no step-N directory with one)", path);
     ckpt_step_dir(path, newest, dir, cap);
     return BT_OK;
 }

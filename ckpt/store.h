@@ -47,8 +47,9 @@ bt_status_t ckpt_commit(const char *root, int64_t step, const ckpt_index_t *idx,
  * at most max of the newest; returns how many (0: none or no root). */
 int         ckpt_list_steps(const char *root, int64_t *steps, int max);
 /* A checkpoint named by the user: a step directory (with index.json), or a
- * root whose `latest` names one (an unreadable or dangling `latest`: the
- * newest committed step, said in a warning). */
+ * root, meaning its newest committed step (which `latest` names too, except
+ * after a crash between a commit's rename and its update of `latest`: the
+ * directories are the truth, the pointer is for people and tools). */
 bt_status_t ckpt_resolve(const char *path, char *dir, size_t cap, char *err, size_t errlen);
 
 #endif
