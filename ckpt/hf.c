@@ -16,6 +16,15 @@
 
 /* ---- config.json ----------------------------------------------------------- */
 
+/* model_type of each architecture (config.json, when architectures is absent) */
+static const char *const hf_model_types[] = {
+    [MODEL_ARCH_LLAMA] = "llama",     [MODEL_ARCH_MISTRAL] = "mistral",
+    [MODEL_ARCH_QWEN2] = "qwen2",     [MODEL_ARCH_MIXTRAL] = "mixtral",
+    [MODEL_ARCH_QWEN2_MOE] = "qwen2_moe",
+};
+_Static_assert(sizeof hf_model_types / sizeof hf_model_types[0] == MODEL_ARCH_COUNT,
+               "model_type per arch");
+
 typedef struct {
     const char *what;
     json_t     *root;
@@ -168,30 +177,27 @@ static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
                 return BT_OK;
             }
         log_error("%s: architectures[0]='%s' is not supported (supported: LlamaForCausalLM, "
-                  "MistralForCausalLM, Qwen2ForCausalLM)", c->what, name);
+                  "MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM)",
+                  c->what, name);
         return BT_ERR_UNSUPPORTED;
     }
     json_t *mt = json_object_get(c->root, "model_type");
-    static const char *const types[] = {
-        [MODEL_ARCH_LLAMA] = "llama", [MODEL_ARCH_MISTRAL] = "mistral", [MODEL_ARCH_QWEN2] = "qwen2",
-    };
-    _Static_assert(sizeof types / sizeof types[0] == MODEL_ARCH_COUNT, "model_type per arch");
     if (mt && json_is_string(mt)) {
         for (int i = 0; i < MODEL_ARCH_COUNT; i++)
-            if (!strcmp(json_string_value(mt), types[i])) {
+            if (!strcmp(json_string_value(mt), hf_model_types[i])) {
                 *arch = (model_arch_t)i;
                 return BT_OK;
             }
-        log_error("%s: model_type='%s' is not supported (supported: llama, mistral, qwen2)",
-                  c->what, json_string_value(mt));
+        log_error("%s: model_type='%s' is not supported (supported: llama, mistral, qwen2, "
+                  "mixtral, qwen2_moe)", c->what, json_string_value(mt));
         return BT_ERR_UNSUPPORTED;
     }
     log_error("%s: neither 'architectures' nor 'model_type' names the model class", c->what);
     return BT_ERR_INVALID;
 }
 
-/* Sliding window: Mistral applies sliding_window (when set) to every layer;
- * Qwen2 only when use_sliding_window, to the layers layer_types marks
+/* Sliding window: Mistral and Mixtral apply sliding_window (when set) to
+ * every layer; Qwen2 and Qwen2-MoE only when use_sliding_window, to the layers layer_types marks
  * "sliding_attention" (or, in older configs, layers >= max_window_layers).
  * We do not implement the window: cfg->sliding_window records it and
  * sequences longer than it are rejected. */
@@ -203,7 +209,7 @@ static bt_status_t cfg_sliding(const hf_cfg_t *c, model_arch_t arch, int64_t lay
     *out = 0;
     if (arch == MODEL_ARCH_LLAMA) return BT_OK;
     if ((st = cfg_int(c, c->root, "sliding_window", 0, &w)) != BT_OK) return st;
-    if (arch == MODEL_ARCH_QWEN2) {
+    if (arch == MODEL_ARCH_QWEN2 || arch == MODEL_ARCH_QWEN2_MOE) {
         bool use = false;
         if ((st = cfg_bool(c, c->root, "use_sliding_window", false, &use)) != BT_OK) return st;
         bool any = false;
@@ -231,6 +237,100 @@ static bt_status_t cfg_sliding(const hf_cfg_t *c, model_arch_t arch, int64_t lay
         return BT_ERR_INVALID;
     }
     *out = w;
+    return BT_OK;
+}
+
+/* An optional string field that, when present, must be one of the values
+ * baton implements (the router variants other MoE families name). */
+static bt_status_t cfg_only(const hf_cfg_t *c, const char *key, const char *only)
+{
+    json_t *v = json_object_get(c->root, key);
+    if (!v || json_is_null(v)) return BT_OK;
+    if (json_is_string(v) && !strcmp(json_string_value(v), only)) return BT_OK;
+    log_error("%s: %s=%s%s%s is not supported (only '%s': a softmax router taking the top "
+              "num_experts_per_tok experts)", c->what, key, json_is_string(v) ? "'" : "",
+              json_is_string(v) ? json_string_value(v) : "(not a string)",
+              json_is_string(v) ? "'" : "", only);
+    return BT_ERR_UNSUPPORTED;
+}
+
+/* Routed experts: Mixtral's every layer; Qwen2-MoE's layer l when l is not
+ * in mlp_only_layers and (l + 1) % decoder_sparse_step == 0 (the others are
+ * dense MLPs of intermediate_size), as transformers builds them. Defaults
+ * are transformers'. capacity_factor is baton's own key (0: dropless, what
+ * transformers computes). */
+static bt_status_t cfg_moe(const hf_cfg_t *c, model_config_t *m)
+{
+    json_t *root = c->root;
+    model_moe_config_t *e = &m->moe;
+    bt_status_t st;
+    bool mixtral = m->arch == MODEL_ARCH_MIXTRAL, output_router_logits = false;
+    double coef = 0;
+    e->router = MODEL_ROUTER_SOFTMAX_TOPK;
+    if ((st = cfg_int(c, root, mixtral ? "num_local_experts" : "num_experts", mixtral ? 8 : 60,
+                      &e->n_experts)) != BT_OK ||
+        (st = cfg_int(c, root, "num_experts_per_tok", mixtral ? 2 : 4, &e->top_k)) != BT_OK ||
+        (st = cfg_num(c, root, "router_aux_loss_coef", 0.001, false, &coef)) != BT_OK ||
+        (st = cfg_bool(c, root, "output_router_logits", false, &output_router_logits)) != BT_OK ||
+        (st = cfg_num(c, root, "capacity_factor", 0, false, &e->capacity_factor)) != BT_OK ||
+        (st = cfg_only(c, "scoring_func", "softmax")) != BT_OK ||
+        (st = cfg_only(c, "topk_method", "greedy")) != BT_OK)
+        return st;
+    /* transformers adds the loss only when the model outputs router logits */
+    e->aux_loss_coef = output_router_logits ? coef : 0;
+    if (mixtral) {
+        e->expert_ffn = m->mlp.intermediate_size;
+        e->shared_ffn = 0;
+        e->norm_topk = true;
+        double jitter = 0;
+        if ((st = cfg_num(c, root, "router_jitter_noise", 0, false, &jitter)) != BT_OK) return st;
+        if (jitter != 0)
+            log_warn("%s: router_jitter_noise=%g is ignored (baton's router adds no noise; "
+                     "transformers adds it only while training)", c->what, jitter);
+        model_config_blocks_uniform(m, MODEL_MIXER_ATTENTION, MODEL_FFN_MOE);
+        return BT_OK;
+    }
+    int64_t step = 1;
+    if ((st = cfg_int(c, root, "moe_intermediate_size", 1408, &e->expert_ffn)) != BT_OK ||
+        (st = cfg_int(c, root, "shared_expert_intermediate_size", 5632, &e->shared_ffn)) !=
+            BT_OK ||
+        (st = cfg_bool(c, root, "norm_topk_prob", false, &e->norm_topk)) != BT_OK ||
+        (st = cfg_int(c, root, "decoder_sparse_step", 1, &step)) != BT_OK)
+        return st;
+    if (e->shared_ffn <= 0) {
+        log_error("%s: shared_expert_intermediate_size=%lld is not supported (a Qwen2-MoE shared "
+                  "expert of width 0 still has a gate tensor; baton needs width >= 1)", c->what,
+                  (long long)e->shared_ffn);
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (step < 1) {
+        log_error("%s: decoder_sparse_step=%lld must be >= 1", c->what, (long long)step);
+        return BT_ERR_INVALID;
+    }
+    bool dense[MODEL_MAX_LAYERS] = {0};
+    json_t *only = json_object_get(root, "mlp_only_layers");
+    if (only && !json_is_null(only)) {
+        if (!json_is_array(only)) {
+            log_error("%s: mlp_only_layers must be a list of layer indices", c->what);
+            return BT_ERR_INVALID;
+        }
+        size_t i;
+        json_t *v;
+        json_array_foreach(only, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) >= m->num_layers) {
+                log_error("%s: mlp_only_layers[%zu] is not a layer index in [0, "
+                          "num_hidden_layers=%lld)", c->what, i, (long long)m->num_layers);
+                return BT_ERR_INVALID;
+            }
+            if (json_integer_value(v) < MODEL_MAX_LAYERS) dense[json_integer_value(v)] = true;
+        }
+    }
+    for (int64_t l = 0; l < m->num_layers && l < MODEL_MAX_LAYERS; l++) {
+        bool sparse = !dense[l] && (l + 1) % step == 0;
+        m->blocks[l] = (model_block_t){.mixer = MODEL_MIXER_ATTENTION,
+                                       .ffn = sparse ? MODEL_FFN_MOE : MODEL_FFN_DENSE};
+    }
     return BT_OK;
 }
 
@@ -293,9 +393,17 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
         m.attn.qkv_bias = m.attn.o_bias = attn_bias;
         m.mlp.bias = mlp_bias;
         break;
-    case MODEL_ARCH_MISTRAL: /* transformers' Mistral has no biases at all */
+    case MODEL_ARCH_MISTRAL: /* transformers' Mistral and Mixtral have no biases at all */
+    case MODEL_ARCH_MIXTRAL:
     case MODEL_ARCH_QWEN2:   /* q/k/v biases always, no o/MLP bias */
         m.attn.qkv_bias = m.arch == MODEL_ARCH_QWEN2;
+        if (attn_bias || mlp_bias)
+            log_warn("%s: attention_bias/mlp_bias are ignored by %s (as transformers does)",
+                     what, model_arch_name(m.arch));
+        break;
+    case MODEL_ARCH_QWEN2_MOE: /* q/k/v biases unless qkv_bias is false; no o/MLP bias */
+        if ((st = cfg_bool(&c, root, "qkv_bias", true, &m.attn.qkv_bias)) != BT_OK)
+            goto free_root;
         if (attn_bias || mlp_bias)
             log_warn("%s: attention_bias/mlp_bias are ignored by %s (as transformers does)",
                      what, model_arch_name(m.arch));
@@ -303,6 +411,9 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
     default:
         BT_PANIC("unhandled arch %d", (int)m.arch);
     }
+    if ((m.arch == MODEL_ARCH_MIXTRAL || m.arch == MODEL_ARCH_QWEN2_MOE) &&
+        (st = cfg_moe(&c, &m)) != BT_OK)
+        goto free_root;
     if ((st = cfg_rope(&c, m.max_position_embeddings, &m.attn.rope)) != BT_OK) goto free_root;
     if ((st = cfg_sliding(&c, m.arch, m.num_layers, &m.attn.sliding_window)) != BT_OK)
         goto free_root;
@@ -560,7 +671,11 @@ static bt_status_t hf_check_extra(const model_t *m, const hf_weights_t *w)
                 continue;
             }
             bool known = hf_name_ignorable(name);
-            for (int j = 0; j < n && !known; j++) known = !strcmp(all[j].name, name);
+            for (int j = 0; j < n && !known; j++) {
+                int64_t e;
+                known = !strcmp(all[j].name, name) ||
+                        (model_name_stack_index(all[j].name, name, &e) && e < all[j].spec.global[0]);
+            }
             if (!known) {
                 log_error("%s: unexpected tensor '%s' (not a parameter of this %s config)",
                           w->files[f]->path, name, model_arch_name(m->cfg.arch));
@@ -580,24 +695,78 @@ static void hf_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
     if (o < cap) snprintf(buf + o, cap - o, "]");
 }
 
-/* Reads parameter i's piece of the HF tensor t (its shard spec against the
- * whole tensor: one range per contiguous run): straight into the parameter
- * when it is host f32, else into *host (allocated on first need, the size
- * of the largest parameter) and from there to the model's device. */
-static bt_status_t hf_param_read(model_t *m, int i, const ckpt_st_file_t *f,
-                                 const ckpt_st_tensor_t *t, float **host)
+/* The HF tensor `name` of the file(s), checked against the shape the config
+ * needs (ndim, shape); NULL after logging what is wrong. */
+static const ckpt_st_tensor_t *hf_tensor_get(const hf_weights_t *w, const char *dir,
+                                             const char *name, int ndim, const int64_t *shape,
+                                             const ckpt_st_file_t **f, bt_status_t *st)
+{
+    const ckpt_st_tensor_t *t = hf_weights_find(w, name, f);
+    if (!t) {
+        log_error("%s: tensor '%s' is missing from %s", dir, name,
+                  w->n_map ? "model.safetensors.index.json" : "model.safetensors");
+        *st = BT_ERR_NOT_FOUND;
+        return NULL;
+    }
+    bool same = t->ndim == ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == shape[d];
+    if (!same) {
+        char got[128], want[128];
+        hf_shape_str(got, sizeof got, t->ndim, t->shape);
+        hf_shape_str(want, sizeof want, ndim, shape);
+        log_error("%s: tensor '%s' has shape %s, the config needs %s", (*f)->path, name, got,
+                  want);
+        *st = BT_ERR_INVALID;
+        return NULL;
+    }
+    return t;
+}
+
+/* Reads parameter i's piece (its shard spec against the whole tensor: one
+ * range per contiguous run) from its HF tensor, or, for a stacked parameter
+ * (model.h, MODEL_STACK_MARK), each index's slab from that index's tensor:
+ * straight into the parameter when it is host f32, else into *host
+ * (allocated on first need, the size of the largest parameter) and from
+ * there to the model's device. */
+static bt_status_t hf_param_read(model_t *m, int i, const hf_weights_t *w, const char *dir,
+                                 float **host)
 {
     const model_param_t *p = &m->params[i];
-    float *direct = model_param_host_f32(m, i);
-    if (direct) return ckpt_st_read_piece(f, t, &p->spec, direct);
-    if (!*host) {
-        int64_t most = 1;
-        for (int j = 0; j < m->n_params; j++)
-            if (tensor_numel(&m->params[j].t) > most) most = tensor_numel(&m->params[j].t);
-        if (!(*host = malloc((size_t)most * sizeof **host))) return BT_ERR_NOMEM;
+    float *dst = model_param_host_f32(m, i);
+    if (!dst) {
+        if (!*host) {
+            int64_t most = 1;
+            for (int j = 0; j < m->n_params; j++)
+                if (tensor_numel(&m->params[j].t) > most) most = tensor_numel(&m->params[j].t);
+            if (!(*host = malloc((size_t)most * sizeof **host))) return BT_ERR_NOMEM;
+        }
+        dst = *host;
     }
-    bt_status_t st = ckpt_st_read_piece(f, t, &p->spec, *host);
-    return st != BT_OK ? st : model_param_write(m, i, *host);
+    const ckpt_st_file_t *f = NULL;
+    const ckpt_st_tensor_t *t;
+    bt_status_t st = BT_OK;
+    if (!model_name_is_stacked(p->name)) {
+        if (!(t = hf_tensor_get(w, dir, p->name, p->spec.ndim, p->spec.global, &f, &st))) return st;
+        st = ckpt_st_read_piece(f, t, &p->spec, dst);
+    } else {
+        /* index e's slab: the piece's box without its first dimension */
+        shard_spec_t slab = shard_whole(p->spec.ndim - 1, p->spec.global + 1);
+        int64_t per = 1;
+        for (int d = 1; d < p->spec.ndim; d++) {
+            slab.offset[d - 1] = p->spec.offset[d];
+            slab.extent[d - 1] = p->spec.extent[d];
+            per *= p->spec.extent[d];
+        }
+        for (int64_t k = 0; k < p->spec.extent[0] && st == BT_OK; k++) {
+            char name[MODEL_NAME_MAX + 24];
+            if (!model_name_unstack(p->name, p->spec.offset[0] + k, name, sizeof name))
+                BT_PANIC("hf_param_read: %s does not unstack", p->name);
+            if (!(t = hf_tensor_get(w, dir, name, slab.ndim, slab.global, &f, &st))) return st;
+            st = ckpt_st_read_piece(f, t, &slab, dst + k * per);
+        }
+    }
+    if (st != BT_OK || dst != *host) return st;
+    return model_param_write(m, i, *host);
 }
 
 bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
@@ -607,29 +776,7 @@ bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
     if (st != BT_OK) return st;
     float *host = NULL;
     if ((st = hf_check_extra(m, &w)) != BT_OK) goto close_weights;
-    for (int i = 0; i < m->n_params; i++) {
-        model_param_t *p = &m->params[i];
-        const ckpt_st_file_t *f = NULL;
-        const ckpt_st_tensor_t *t = hf_weights_find(&w, p->name, &f);
-        if (!t) {
-            log_error("%s: tensor '%s' is missing from %s", dir, p->name,
-                      w.n_map ? "model.safetensors.index.json" : "model.safetensors");
-            st = BT_ERR_NOT_FOUND;
-            goto close_weights;
-        }
-        bool same = t->ndim == p->spec.ndim;
-        for (int d = 0; same && d < t->ndim; d++) same = t->shape[d] == p->spec.global[d];
-        if (!same) {
-            char got[128], want[128];
-            hf_shape_str(got, sizeof got, t->ndim, t->shape);
-            hf_shape_str(want, sizeof want, p->spec.ndim, p->spec.global);
-            log_error("%s: tensor '%s' has shape %s, the config needs %s", f->path, p->name, got,
-                      want);
-            st = BT_ERR_INVALID;
-            goto close_weights;
-        }
-        if ((st = hf_param_read(m, i, f, t, &host)) != BT_OK) goto close_weights;
-    }
+    for (int i = 0; i < m->n_params && st == BT_OK; i++) st = hf_param_read(m, i, &w, dir, &host);
 close_weights:
     free(host);
     hf_weights_close(&w);
@@ -667,15 +814,42 @@ bt_status_t ckpt_hf_load_part(const char *dir, const model_stage_t *stage,
 
 /* ---- export ------------------------------------------------------------------ */
 
+/* The routed experts' fields, as transformers' configs spell them (the
+ * dense layers of Qwen2-MoE as mlp_only_layers, decoder_sparse_step 1). */
+static void hf_moe_json(json_t *j, const model_config_t *c)
+{
+    const model_moe_config_t *e = &c->moe;
+    bool mixtral = c->arch == MODEL_ARCH_MIXTRAL;
+    json_object_set_new(j, mixtral ? "num_local_experts" : "num_experts",
+                        json_integer(e->n_experts));
+    json_object_set_new(j, "num_experts_per_tok", json_integer(e->top_k));
+    if (mixtral) {
+        json_object_set_new(j, "intermediate_size", json_integer(e->expert_ffn));
+        json_object_set_new(j, "router_jitter_noise", json_real(0.0));
+    } else {
+        json_object_set_new(j, "moe_intermediate_size", json_integer(e->expert_ffn));
+        json_object_set_new(j, "shared_expert_intermediate_size", json_integer(e->shared_ffn));
+        json_object_set_new(j, "norm_topk_prob", json_boolean(e->norm_topk));
+        json_object_set_new(j, "qkv_bias", json_boolean(c->attn.qkv_bias));
+        json_object_set_new(j, "decoder_sparse_step", json_integer(1));
+        json_t *dense = json_array();
+        for (int64_t l = 0; l < c->num_layers; l++)
+            if (c->blocks[l].ffn != MODEL_FFN_MOE) json_array_append_new(dense, json_integer(l));
+        json_object_set_new(j, "mlp_only_layers", dense);
+        json_object_set_new(j, "use_sliding_window", json_false());
+    }
+    /* the coefficient baton trained with: 0 when the loss was off */
+    json_object_set_new(j, "router_aux_loss_coef", json_real(e->aux_loss_coef));
+    json_object_set_new(j, "output_router_logits", json_boolean(e->aux_loss_coef > 0));
+    if (e->capacity_factor > 0)
+        json_object_set_new(j, "capacity_factor", json_real(e->capacity_factor));
+}
+
 static json_t *hf_config_json(const model_config_t *c)
 {
-    static const char *const types[] = {
-        [MODEL_ARCH_LLAMA] = "llama", [MODEL_ARCH_MISTRAL] = "mistral", [MODEL_ARCH_QWEN2] = "qwen2",
-    };
-    _Static_assert(sizeof types / sizeof types[0] == MODEL_ARCH_COUNT, "model_type per arch");
     json_t *j = json_object();
     json_object_set_new(j, "architectures", json_pack("[s]", model_arch_name(c->arch)));
-    json_object_set_new(j, "model_type", json_string(types[c->arch]));
+    json_object_set_new(j, "model_type", json_string(hf_model_types[c->arch]));
     json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
     json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
     json_object_set_new(j, "intermediate_size", json_integer(c->mlp.intermediate_size));
@@ -692,10 +866,11 @@ static json_t *hf_config_json(const model_config_t *c)
         json_object_set_new(j, "attention_bias", json_boolean(c->attn.qkv_bias));
         json_object_set_new(j, "mlp_bias", json_boolean(c->mlp.bias));
     }
-    if (c->arch == MODEL_ARCH_MISTRAL)
+    if (c->arch == MODEL_ARCH_MISTRAL || c->arch == MODEL_ARCH_MIXTRAL)
         json_object_set_new(j, "sliding_window",
                             c->attn.sliding_window ? json_integer(c->attn.sliding_window)
                                                    : json_null());
+    if (c->arch == MODEL_ARCH_MIXTRAL || c->arch == MODEL_ARCH_QWEN2_MOE) hf_moe_json(j, c);
     json_object_set_new(j, "rope_theta", json_real(c->attn.rope.theta));
     json_t *rp = json_object();
     json_object_set_new(rp, "rope_theta", json_real(c->attn.rope.theta));
@@ -754,10 +929,16 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
                   "tp_size-1 model with model_tp_gather first)", m->par.tp_rank, m->par.tp_size);
         return BT_ERR_INVALID;
     }
-    ckpt_st_entry_t *e = calloc((size_t)m->n_params, sizeof *e);
+    /* one entry per HF tensor: a stacked parameter (model.h) is one per index */
+    int n_entries = 0;
+    for (int i = 0; i < m->n_params; i++)
+        n_entries += model_name_is_stacked(m->params[i].name) ? (int)m->params[i].spec.global[0] : 1;
+    ckpt_st_entry_t *e = calloc((size_t)n_entries + 1, sizeof *e);
+    char (*names)[MODEL_NAME_MAX + 24] = calloc((size_t)n_entries + 1, sizeof *names);
     float **host = calloc((size_t)m->n_params + 1, sizeof *host);
-    if (!e || !host) {
+    if (!e || !names || !host) {
         free(e);
+        free(names);
         free(host);
         return BT_ERR_NOMEM;
     }
@@ -765,15 +946,30 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
      * downloaded first */
     bool direct = device_is_host(m->place.dev) && m->place.param_dtype == DT_F32;
     bt_status_t st = BT_OK;
+    int n = 0;
     for (int i = 0; i < m->n_params && st == BT_OK; i++) {
-        e[i].name = m->params[i].name;
-        e[i].t = tensor_on(m->params[i].t, DEVICE_CPU);
-        if (direct) continue;
-        host[i] = malloc((size_t)tensor_numel(&e[i].t) * sizeof(float) + 1);
-        if (!host[i]) st = BT_ERR_NOMEM;
-        else st = model_param_read(m, i, false, host[i]);
-        e[i].t.dtype = DT_F32;
-        e[i].t.data = host[i];
+        tensor_t t = tensor_on(m->params[i].t, DEVICE_CPU);
+        if (!direct) {
+            host[i] = malloc((size_t)tensor_numel(&t) * sizeof(float) + 1);
+            if (!host[i]) st = BT_ERR_NOMEM;
+            else st = model_param_read(m, i, false, host[i]);
+            t.dtype = DT_F32;
+            t.data = host[i];
+        }
+        const char *name = m->params[i].name;
+        if (!model_name_is_stacked(name)) {
+            e[n].name = name;
+            e[n++].t = t;
+            continue;
+        }
+        size_t per = (size_t)(tensor_numel(&t) / t.shape[0]) * dtype_size(t.dtype);
+        for (int64_t k = 0; k < t.shape[0]; k++, n++) {
+            if (!model_name_unstack(name, k, names[n], sizeof names[n]))
+                BT_PANIC("ckpt_hf_save: %s does not unstack", name);
+            e[n].name = names[n];
+            e[n].t = tensor_make((char *)t.data + (size_t)k * per, t.dtype, DEVICE_CPU,
+                                 t.ndim - 1, t.shape + 1);
+        }
     }
     if (st != BT_OK) goto free_host;
     json_t *j = hf_config_json(&m->cfg);
@@ -797,7 +993,7 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
     if (st) goto free_all;
     base_save_dir_path(&sd, "model.safetensors", wpath, sizeof wpath);
     base_save_dir_path(&sd, "config.json", cpath, sizeof cpath);
-    if ((st = ckpt_st_write(wpath, e, m->n_params, meta, 1)) ||
+    if ((st = ckpt_st_write(wpath, e, n_entries, meta, 1)) ||
         (st = base_save_file(cpath, config, tlen + 1, 0644))) {
         base_save_dir_abort(&sd);
         goto free_all;
@@ -808,6 +1004,7 @@ free_all:
 free_host:
     for (int i = 0; i < m->n_params; i++) free(host[i]);
     free(host);
+    free(names);
     free(e);
     return st;
 }

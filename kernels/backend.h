@@ -180,6 +180,9 @@ struct kern_backend {
     void (*moe_combine_fwd)(kern_stream_t *s, tensor_t *y, ct_t *yp, ct_t *slot, ct_t *weights);
     void (*moe_combine_bwd)(kern_stream_t *s, tensor_t *dyp, tensor_t *dweights, ct_t *dy, ct_t *yp,
                             ct_t *slot, ct_t *weights);
+    void (*sigmoid_gate_fwd)(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *x);
+    void (*sigmoid_gate_bwd)(kern_stream_t *s, tensor_t *dx, tensor_t *dgate, ct_t *dout,
+                             ct_t *gate, ct_t *x);
     void (*grouped_linear_fwd)(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w, ct_t *sizes);
     void (*grouped_linear_bwd)(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout, ct_t *x,
                                ct_t *w, ct_t *sizes);

@@ -52,7 +52,7 @@ typedef enum {
     KERN_OP_ADAMW,
     KERN_OP_MOE_ROUTE,      /* moe_route_fwd, moe_route_bwd, moe_route_stats */
     KERN_OP_MOE_PERMUTE,    /* moe_permute_fwd, moe_permute_bwd */
-    KERN_OP_MOE_COMBINE,    /* moe_combine_fwd, moe_combine_bwd */
+    KERN_OP_MOE_COMBINE,    /* moe_combine_fwd/bwd, sigmoid_gate_fwd/bwd */
     KERN_OP_GROUPED_LINEAR, /* grouped_linear_fwd, grouped_linear_bwd */
     KERN_OP_COUNT,
 } kern_op_t;

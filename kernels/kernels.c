@@ -794,6 +794,50 @@ void kern_moe_combine_bwd(kern_stream_t *s, tensor_t *dyp, tensor_t *dweights, c
         ->moe_combine_bwd(s, dyp, dweights, dy, yp, slot, weights);
 }
 
+/* gate [N] or [N,1] for x's N rows */
+static void kern_gate_check(kern_stream_t *s, const char *op, const tensor_t *gate,
+                            const tensor_t *x)
+{
+    kern_req(s, op, "gate", gate);
+    kern_req(s, op, "x", x);
+    kern_req_dtype(op, "gate", gate, x->dtype);
+    kern_req_numel(op, "gate", gate, tensor_rows(x));
+    if (gate->ndim > 2 || (gate->ndim == 2 && gate->shape[1] != 1))
+        BT_PANIC("%s: gate %s is not [N] or [N,1]", op, kern_shape_str(gate).s);
+}
+
+void kern_sigmoid_gate_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *gate,
+                           const tensor_t *x)
+{
+    const char *op = "kern_sigmoid_gate_fwd";
+    kern_req(s, op, "out", out);
+    kern_gate_check(s, op, gate, x);
+    kern_req_dtype(op, "out", out, x->dtype);
+    kern_req_same_shape(op, "out", out, "x", x);
+    kern_compute(s, op, KERN_OP_MOE_COMBINE, x->dtype)->sigmoid_gate_fwd(s, out, gate, x);
+}
+
+void kern_sigmoid_gate_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dgate, const tensor_t *dout,
+                           const tensor_t *gate, const tensor_t *x)
+{
+    const char *op = "kern_sigmoid_gate_bwd";
+    kern_req(s, op, "dout", dout);
+    kern_gate_check(s, op, gate, x);
+    kern_req_dtype(op, "dout", dout, x->dtype);
+    kern_req_same_shape(op, "dout", dout, "x", x);
+    if (dx) {
+        kern_req(s, op, "dx", dx);
+        kern_req_dtype(op, "dx", dx, x->dtype);
+        kern_req_same_shape(op, "dx", dx, "x", x);
+    }
+    if (dgate) {
+        kern_req(s, op, "dgate", dgate);
+        kern_req_dtype(op, "dgate", dgate, x->dtype);
+        kern_req_same_shape(op, "dgate", dgate, "gate", gate);
+    }
+    kern_compute(s, op, KERN_OP_MOE_COMBINE, x->dtype)->sigmoid_gate_bwd(s, dx, dgate, dout, gate, x);
+}
+
 /* w[G,OC,IC], x[M,IC], sizes[G] i32. */
 static void kern_grouped_check(kern_stream_t *s, const char *op, const tensor_t *x,
                                const tensor_t *w, const tensor_t *sizes)

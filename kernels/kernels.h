@@ -176,6 +176,15 @@ void kern_moe_combine_fwd(kern_stream_t *s, tensor_t *y, const tensor_t *yp, con
 void kern_moe_combine_bwd(kern_stream_t *s, tensor_t *dyp, tensor_t *dweights, const tensor_t *dy,
                           const tensor_t *yp, const tensor_t *slot, const tensor_t *weights);
 
+/* A shared expert's gate (Qwen2-MoE): out[N,C] = sigmoid(gate[n]) * x[N,C],
+ * gate [N] or [N,1] (overwritten; all in the compute dtype). */
+void kern_sigmoid_gate_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *gate,
+                           const tensor_t *x);
+/* dx[N,C] += sigmoid(gate[n]) * dout; dgate[N] += sigmoid'(gate[n]) * (dout[n] . x[n]).
+ * Either output may be NULL. */
+void kern_sigmoid_gate_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dgate, const tensor_t *dout,
+                           const tensor_t *gate, const tensor_t *x);
+
 /* Grouped products (the experts): the rows of x[M,IC] form G consecutive
  * groups of sizes[g] rows (sizes[G] i32 on the stream's device, summing to
  * at most M), and group g is multiplied by its own matrix: the rows of out

@@ -4,17 +4,27 @@
 #include <stddef.h>
 
 /* Llama, Mistral and Qwen2 share every name; they differ in their configs
- * (biases, sliding windows), which ckpt/hf.c reads. */
-#define LLAMA_NAMES                                                                                \
+ * (biases, sliding windows), which ckpt/hf.c reads. Mixtral and Qwen2-MoE
+ * name their routed experts as transformers' checkpoints do (one tensor per
+ * expert; transformers 5 fuses them in memory and cuts them again on save). */
+#define LLAMA_NAMES /* all but ffn_prefix */                                                       \
     .embed = "model.embed_tokens.weight", .final_norm = "model.norm.weight",                       \
     .lm_head = "lm_head.weight", .layer_prefix = "model.layers.%d",                                \
     .mixer_norm = "input_layernorm", .mixer_prefix = "self_attn",                                  \
-    .ffn_norm = "post_attention_layernorm", .ffn_prefix = "mlp"
+    .ffn_norm = "post_attention_layernorm"
 
 static const model_arch_info_t model_archs[] = {
-    [MODEL_ARCH_LLAMA] = {.hf_class = "LlamaForCausalLM", LLAMA_NAMES},
-    [MODEL_ARCH_MISTRAL] = {.hf_class = "MistralForCausalLM", LLAMA_NAMES},
-    [MODEL_ARCH_QWEN2] = {.hf_class = "Qwen2ForCausalLM", LLAMA_NAMES},
+    [MODEL_ARCH_LLAMA] = {.hf_class = "LlamaForCausalLM", LLAMA_NAMES, .ffn_prefix = "mlp"},
+    [MODEL_ARCH_MISTRAL] = {.hf_class = "MistralForCausalLM", LLAMA_NAMES, .ffn_prefix = "mlp"},
+    [MODEL_ARCH_QWEN2] = {.hf_class = "Qwen2ForCausalLM", LLAMA_NAMES, .ffn_prefix = "mlp"},
+    [MODEL_ARCH_MIXTRAL] = {.hf_class = "MixtralForCausalLM", LLAMA_NAMES,
+                            .ffn_prefix = "block_sparse_moe", .moe_router = "gate",
+                            .expert_proj = {"w1", "w3", "w2"}},
+    [MODEL_ARCH_QWEN2_MOE] = {.hf_class = "Qwen2MoeForCausalLM", LLAMA_NAMES, .ffn_prefix = "mlp",
+                              .moe_router = "gate",
+                              .expert_proj = {"gate_proj", "up_proj", "down_proj"},
+                              .shared_expert = "shared_expert",
+                              .shared_expert_gate = "shared_expert_gate"},
 };
 _Static_assert(sizeof model_archs / sizeof model_archs[0] == MODEL_ARCH_COUNT,
                "one entry per architecture");

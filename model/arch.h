@@ -16,7 +16,16 @@ typedef struct {
     const char *mixer_norm;   /* "input_layernorm" */
     const char *mixer_prefix; /* "self_attn" */
     const char *ffn_norm;     /* "post_attention_layernorm" */
-    const char *ffn_prefix;   /* "mlp" */
+    const char *ffn_prefix;   /* "mlp" ("block_sparse_moe": Mixtral's routed experts) */
+    /* Routed experts (model/moe.c), under ffn_prefix: the router's linear map
+     * "<router>.weight", expert e's projections "experts.<e>.<proj>.weight"
+     * (gate, up, down), and, where the architecture has one, the shared
+     * expert "<shared>.{gate,up,down}_proj.weight" and its gate
+     * "<shared_gate>.weight"; NULL where the architecture has none. */
+    const char *moe_router;        /* "gate" */
+    const char *expert_proj[3];    /* {"w1", "w3", "w2"} or {"gate_proj", "up_proj", "down_proj"} */
+    const char *shared_expert;     /* "shared_expert" */
+    const char *shared_expert_gate; /* "shared_expert_gate" */
 } model_arch_info_t;
 
 const model_arch_info_t *model_arch_info(model_arch_t arch);

@@ -18,6 +18,7 @@ _Static_assert(sizeof mixer_kinds / sizeof mixer_kinds[0] == MODEL_MIXER_COUNT,
 static const model_kind_t *const ffn_kinds[] = {
     [MODEL_FFN_NONE] = NULL,
     [MODEL_FFN_DENSE] = &model_kind_mlp,
+    [MODEL_FFN_MOE] = &model_kind_moe,
 };
 _Static_assert(sizeof ffn_kinds / sizeof ffn_kinds[0] == MODEL_FFN_COUNT,
                "one entry per feed-forward kind");

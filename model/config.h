@@ -3,7 +3,7 @@
  * kind of every layer's two sublayers.
  *
  * A layer is a mixer (attention today; MLA and Mamba2 join as kinds) and a
- * feed-forward (dense gated MLP today; routed experts join as a kind), each
+ * feed-forward (a dense gated MLP, or routed experts), each
  * a pre-norm residual sublayer; either may be absent, so that a hybrid stack
  * where every layer is a single mixer or a single feed-forward (NemotronH's
  * per-layer pattern) is a list of blocks like any other. The architecture
@@ -23,11 +23,14 @@
 #define MODEL_MAX_FFN      (1 << 22)
 #define MODEL_MAX_HEADS    (1 << 16)
 #define MODEL_MAX_HEAD_DIM (1 << 16)
+#define MODEL_MAX_EXPERTS  (1 << 12)
 
 typedef enum {
     MODEL_ARCH_LLAMA = 0,
     MODEL_ARCH_MISTRAL,
     MODEL_ARCH_QWEN2,
+    MODEL_ARCH_MIXTRAL,   /* attention + routed experts in every layer */
+    MODEL_ARCH_QWEN2_MOE, /* attention + routed experts with a shared expert, or a dense MLP */
     MODEL_ARCH_COUNT,
 } model_arch_t;
 
@@ -40,6 +43,7 @@ typedef enum {
 typedef enum {
     MODEL_FFN_NONE = 0,
     MODEL_FFN_DENSE, /* gated MLP: down(act(gate(x)) * up(x)) (model/mlp.c) */
+    MODEL_FFN_MOE,   /* routed experts, each a gated MLP, + optional shared expert (model/moe.c) */
     MODEL_FFN_COUNT,
 } model_ffn_kind_t;
 
@@ -81,6 +85,37 @@ typedef struct {
     bool    bias;              /* gate/up/down_proj have a bias (Llama mlp_bias) */
 } model_mlp_config_t;
 
+/* How a router picks a token's experts. */
+typedef enum {
+    MODEL_ROUTER_SOFTMAX_TOPK = 0, /* softmax over every expert, the K most probable (Mixtral,
+                                    * Qwen2-MoE); their weights renormalised when norm_topk */
+    MODEL_ROUTER_COUNT,
+} model_router_kind_t;
+
+/* Routed experts (MODEL_FFN_MOE): a router (a linear map to n_experts
+ * logits), n_experts gated SiLU MLPs of width expert_ffn of which each token
+ * runs top_k, their outputs weighted by the router and summed; optionally a
+ * shared expert every token runs, scaled by sigmoid(a linear gate). */
+typedef struct {
+    int64_t             n_experts;  /* E: num_local_experts (Mixtral), num_experts (Qwen2-MoE) */
+    int64_t             top_k;      /* K: num_experts_per_tok, 1 <= K <= E */
+    int64_t             expert_ffn; /* F of an expert: intermediate_size (Mixtral),
+                                     * moe_intermediate_size (Qwen2-MoE) */
+    int64_t             shared_ffn; /* the shared expert's F (shared_expert_intermediate_size);
+                                     * 0: no shared expert */
+    model_router_kind_t router;
+    bool                norm_topk;  /* the K weights divided by their sum (norm_topk_prob) */
+    /* The router's load-balancing loss (Switch Transformer, as transformers
+     * computes it) enters the loss with this coefficient: router_aux_loss_coef
+     * when output_router_logits is set, else 0 (off). */
+    double              aux_loss_coef;
+    /* 0: dropless (every token reaches its K experts). > 0: in each forward an
+     * expert keeps at most ceil(capacity_factor * N * K / E) of the N tokens'
+     * choices, the first in token order; the others are dropped (the token
+     * gets the rest of its experts, its residual unchanged) and counted. */
+    double              capacity_factor;
+} model_moe_config_t;
+
 typedef struct {
     model_arch_t        arch;
     int64_t             vocab_size;
@@ -90,7 +125,8 @@ typedef struct {
     double              rms_norm_eps;
     bool                tie_word_embeddings;
     model_attn_config_t attn;
-    model_mlp_config_t  mlp;
+    model_mlp_config_t  mlp; /* dense layers (Qwen2-MoE: mlp_only_layers, decoder_sparse_step) */
+    model_moe_config_t  moe; /* layers of routed experts */
     model_block_t       blocks[MODEL_MAX_LAYERS]; /* [num_layers] */
 } model_config_t;
 

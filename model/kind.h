@@ -38,6 +38,10 @@ typedef struct {
  * (split_dim -1: replicated, whole on every rank); returns its index. */
 int model_layout_add(model_layout_t *lb, const char *name, int ndim, int64_t d0, int64_t d1,
                      int split_dim, int64_t unit);
+/* The same for any shape[ndim] (ndim <= SHARD_MAX_DIMS): a stacked tensor
+ * (model.h, MODEL_STACK_MARK) of routed experts is [E, rows, cols]. */
+int model_layout_add_nd(model_layout_t *lb, const char *name, int ndim, const int64_t *shape,
+                        int split_dim, int64_t unit);
 
 /* What a kind's forward and backward run with. */
 typedef struct {
@@ -96,10 +100,24 @@ struct model_kind {
     void (*flops)(const model_config_t *c, int64_t T, model_flops_t *f);
     const kern_op_t *ops; /* kernel ops it calls, checked with kern_supports */
     int              n_ops;
+    /* A term the kind adds to the stage's loss, over all its sublayers of one
+     * forward (the router's load-balancing loss), or NULL (most kinds; a kind
+     * with one has shared state, which r->shared points to in both calls).
+     * loss_begin runs before the stage's first sublayer (it resets what the
+     * sublayers accumulate there); loss_end after the last: *value = the
+     * term for this forward, its coefficient applied, and the backward that
+     * follows adds the gradient of grad_weight * value (0: none follows).
+     * The caller adds value times the forward's scored positions to the loss
+     * sum (model_loss_t.aux_sum), so that a mean over positions gets the
+     * term once per forward, weighted by its positions, as transformers'
+     * per-sequence loss = cross-entropy + coefficient * term pools. */
+    bt_status_t (*loss_begin)(model_run_t *r);
+    bt_status_t (*loss_end)(model_run_t *r, double grad_weight, double *value);
 };
 
 extern const model_kind_t model_kind_attention;
 extern const model_kind_t model_kind_mlp;
+extern const model_kind_t model_kind_moe;
 
 /* The kind of a mixer / feed-forward enum value (NULL for NONE). */
 const model_kind_t *model_mixer_kind(unsigned k);

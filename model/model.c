@@ -33,11 +33,17 @@ model_stage_t model_stage_full(const model_config_t *cfg)
 int model_layout_add(model_layout_t *lb, const char *name, int ndim, int64_t d0, int64_t d1,
                      int split_dim, int64_t unit)
 {
+    return model_layout_add_nd(lb, name, ndim, (int64_t[]){d0, d1}, split_dim, unit);
+}
+
+int model_layout_add_nd(model_layout_t *lb, const char *name, int ndim, const int64_t *shape,
+                        int split_dim, int64_t unit)
+{
+    if (ndim < 1 || ndim > SHARD_MAX_DIMS) BT_PANIC("model_layout_add_nd: %s has ndim %d", name, ndim);
     if (lb->out) {
         model_param_t *p = &lb->out[lb->n];
         memset(p, 0, sizeof *p);
         snprintf(p->name, sizeof p->name, "%s", name);
-        int64_t shape[2] = {d0, d1};
         p->spec = shard_whole(ndim, shape);
         if (split_dim >= 0)
             p->spec = shard_split(&p->spec, split_dim, SHARD_GROUP_TP, lb->tp_rank, lb->tp_size,
@@ -339,6 +345,37 @@ void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, i
 out:
     free(m.subs);
     free(m.params);
+}
+
+bool model_name_is_stacked(const char *name)
+{
+    const char *p = strchr(name, MODEL_STACK_MARK);
+    return p && !strchr(p + 1, MODEL_STACK_MARK);
+}
+
+bool model_name_unstack(const char *name, int64_t i, char *out, size_t cap)
+{
+    if (!model_name_is_stacked(name) || i < 0) return false;
+    const char *p = strchr(name, MODEL_STACK_MARK);
+    int n = snprintf(out, cap, "%.*s%lld%s", (int)(p - name), name, (long long)i, p + 1);
+    return n >= 0 && (size_t)n < cap;
+}
+
+bool model_name_stack_index(const char *stacked, const char *hf, int64_t *i)
+{
+    if (!model_name_is_stacked(stacked)) return false;
+    const char *p = strchr(stacked, MODEL_STACK_MARK);
+    size_t pre = (size_t)(p - stacked), post = strlen(p + 1), n = strlen(hf);
+    if (n < pre + post + 1 || strncmp(hf, stacked, pre) || strcmp(hf + n - post, p + 1)) return false;
+    const char *d = hf + pre, *end = hf + n - post;
+    if (end - d > 1 && *d == '0') return false; /* "07": not a name the index gives */
+    int64_t v = 0;
+    for (; d < end; d++) {
+        if (*d < '0' || *d > '9' || v > (INT64_MAX - 9) / 10) return false;
+        v = v * 10 + (*d - '0');
+    }
+    *i = v;
+    return true;
 }
 
 int model_param_find(const model_t *m, const char *name)

@@ -146,6 +146,10 @@ typedef struct model {
     /* Host staging for collectives that take host memory only. */
     void            *host_buf;
     size_t           host_buf_bytes;
+    /* Routed choices (token, expert) dropped by an expert's capacity
+     * (model_moe_config_t.capacity_factor) in this instance's forwards since
+     * it was created; 0 when dropless. */
+    int64_t          moe_dropped;
 } model_t;
 
 /* Per-microbatch activations and scratch, sized for B x T (opaque). */
@@ -163,8 +167,11 @@ typedef struct {
 } model_batch_t;
 
 typedef struct {
-    double  loss_sum; /* sum of per-position NLL (nats) over scored positions */
+    double  loss_sum; /* sum of per-position NLL (nats) over scored positions, plus aux_sum */
     int64_t n_scored; /* number of scored positions (targets != -100) */
+    /* of loss_sum: the kinds' auxiliary terms (the router's load-balancing
+     * loss, model/kind.h loss_end) times n_scored; 0 without any */
+    double  aux_sum;
 } model_loss_t;
 
 /* ---- lifetime ------------------------------------------------------------ */
@@ -200,6 +207,23 @@ int model_layout(const model_config_t *cfg, const model_stage_t *stage, model_pa
 /* The same for one TP rank (par NULL: no TP). */
 int model_layout_tp(const model_config_t *cfg, const model_stage_t *stage,
                     const model_parallel_t *par, model_param_t *out);
+
+/* Stacked parameters. A parameter whose name holds one MODEL_STACK_MARK
+ * stacks, along its first dimension, the Hugging Face tensors named with
+ * 0, 1, ... in the mark's place: "model.layers.0.block_sparse_moe.experts.*.w1.weight"
+ * [E, F, C] is experts.0.w1.weight ... experts.<E-1>.w1.weight, each [F, C]
+ * (routed experts: the index is the global expert index, so an expert-
+ * parallel split is a box along dimension 0). The HF import and export
+ * (ckpt/hf.c) read and write the per-index tensors; everything else
+ * (initialisation, the optimizer, checkpoints) sees one tensor. */
+#define MODEL_STACK_MARK '*'
+bool model_name_is_stacked(const char *name);
+/* out[cap] = stacked name with index i in the mark's place; false if it
+ * does not fit (or name is not stacked). */
+bool model_name_unstack(const char *name, int64_t i, char *out, size_t cap);
+/* Whether hf is stacked name with a decimal index (no leading zeros) in the
+ * mark's place; the index in *i. */
+bool model_name_stack_index(const char *stacked, const char *hf, int64_t *i);
 
 /* Index of the parameter named `name`, or -1. */
 int model_param_find(const model_t *m, const char *name);

@@ -626,6 +626,11 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
     }
     tensor_t tmp = stack_view(m, a->tmp, 0, N, C);
     float eps = (float)c->rms_norm_eps;
+    for (int i = 0; i < a->n_shared; i++) /* the kinds' loss terms start over */
+        if (a->shared_kind[i]->loss_begin) {
+            r.shared = a->shared[i];
+            if ((st = a->shared_kind[i]->loss_begin(&r)) != BT_OK) return st;
+        }
     for (int k = 0; k < m->n_subs; k++) {
         const model_sub_t *sub = &m->subs[k];
         tensor_t x = stack_view(m, a->x, x_slot(a, k), N, C);
@@ -639,7 +644,23 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
             return st;
         kern_add(s, &xn, &x, &tmp);
     }
+    /* each loss term enters once per forward, weighted by its scored
+     * positions (model/kind.h, loss_end) */
+    int64_t scored = st_->has_head ? model_count_scored(b->targets, N) : 0;
+    double aux = 0;
+    for (int i = 0; i < a->n_shared; i++)
+        if (a->shared_kind[i]->loss_end) {
+            double v = 0;
+            r.shared = a->shared[i];
+            if ((st = a->shared_kind[i]->loss_end(&r, (double)dloss * (double)scored, &v)))
+                return st;
+            aux += v;
+        }
     if (st_->has_head && (st = head_forward(m, a, b, dloss, loss)) != BT_OK) return st;
+    if (st_->has_head) {
+        loss->aux_sum = aux * (double)loss->n_scored;
+        loss->loss_sum += loss->aux_sum;
+    }
     if ((st = kern_stream_sync(s)) != BT_OK) return st;
     if (a->decode) a->cached = pos0 + b->T;
     a->grad_ready = dloss > 0;

@@ -1,5 +1,6 @@
 /* Routed-expert kernels (kernels.h, "mixture of experts"): routing, its
- * load-balancing statistics, dispatch, combine and the grouped products.
+ * load-balancing statistics, dispatch, combine, the grouped products and
+ * the shared expert's sigmoid gate.
  * Forwards against float64 references computed here; backwards against
  * central differences of a float64 scalar loss sum(out * R) (plus, for the
  * router, a term linear in the probabilities' column sums, as the
@@ -332,6 +333,48 @@ static void test_moe_combine(void)
     free(dyp0), free(dw0), free(dyp), free(dw), free(dw2);
 }
 
+/* ---- the shared expert's sigmoid gate ------------------------------------------- */
+
+typedef struct {
+    double *g, *x, *R; /* gate [N], x [N,C], R [N,C] */
+    int64_t N, C;
+} gate_ctx_t;
+
+static double gate_loss(void *arg)
+{
+    const gate_ctx_t *c = arg;
+    double loss = 0;
+    for (int64_t n = 0; n < c->N; n++)
+        for (int64_t j = 0; j < c->C; j++)
+            loss += c->R[n * c->C + j] * c->x[n * c->C + j] / (1 + exp(-c->g[n]));
+    return loss;
+}
+
+static void test_moe_sigmoid_gate(void)
+{
+    kt_rng_t rng = {27};
+    const int64_t N = 17, C = 9;
+    float *g = kt_rand(&rng, N, -6, 6), *x = kt_rand(&rng, N * C, -1, 1);
+    float *out = kt_rand(&rng, N * C, 5, 6);
+    tensor_t G = tensor_2d(g, DT_F32, N, 1), X = tensor_2d(x, DT_F32, N, C);
+    tensor_t O = tensor_2d(out, DT_F32, N, C);
+    kern_sigmoid_gate_fwd(kern_stream_host(), &O, &G, &X);
+    gate_ctx_t c = {kt_to_d(g, N), kt_to_d(x, N * C), NULL, N, C};
+    double *ref = kt_alloc_d(N * C);
+    for (int64_t i = 0; i < N * C; i++) ref[i] = c.x[i] / (1 + exp(-c.g[i / C]));
+    kt_close("sigmoid gate fwd", out, ref, N * C, 1e-6);
+    float *dout = kt_rand(&rng, N * C, -1, 1), *dx0 = kt_rand(&rng, N * C, -1, 1);
+    float *dg0 = kt_rand(&rng, N, -1, 1), *dx = kt_dup(dx0, N * C), *dg = kt_dup(dg0, N);
+    tensor_t dO = tensor_2d(dout, DT_F32, N, C), dX = tensor_2d(dx, DT_F32, N, C);
+    tensor_t dG = tensor_2d(dg, DT_F32, N, 1);
+    kern_sigmoid_gate_bwd(kern_stream_host(), &dX, &dG, &dO, &G, &X);
+    c.R = kt_to_d(dout, N * C);
+    kt_fd_check("sigmoid gate dx", c.x, N * C, dx, dx0, gate_loss, &c, 300, 1e-6, &rng);
+    kt_fd_check("sigmoid gate dgate", c.g, N, dg, dg0, gate_loss, &c, 300, 1e-5, &rng);
+    free(g), free(x), free(out), free(c.g), free(c.x), free(c.R), free(ref), free(dout);
+    free(dx0), free(dg0), free(dx), free(dg);
+}
+
 /* ---- grouped products ----------------------------------------------------------- */
 
 typedef struct {
@@ -468,6 +511,6 @@ static void test_moe_misuse_panics(void)
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_moe_route_fwd_bwd, test_moe_route_ties, test_moe_route_stats,
-             test_moe_permute, test_moe_combine, test_grouped_linear, test_grouped_linear_threads,
+             test_moe_permute, test_moe_combine, test_moe_sigmoid_gate, test_grouped_linear, test_grouped_linear_threads,
              test_moe_misuse_panics);
 }

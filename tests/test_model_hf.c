@@ -65,26 +65,36 @@ static double rel_err(const float *a, const float *b, int64_t n)
     return mb > 0 ? md / mb : md;
 }
 
-/* Compares every gradient of m (whole or a stage) with the reference;
+/* Compares every gradient of m (whole or a stage) with the reference, a
+ * stacked parameter (model.h) slab by slab against each index's tensor;
  * returns the worst relative error. */
 static double grads_check(const model_t *m, const ref_t *r, const char *fixture)
 {
     double worst = 0;
     for (int i = 0; i < m->n_params; i++) {
-        char key[160];
-        snprintf(key, sizeof key, "grad.%s", m->params[i].name);
-        const ckpt_st_tensor_t *g = ckpt_st_find(r->ref, key);
-        CHECK_MSG(g != NULL, "%s: no reference for %s", fixture, key);
-        if (!g) continue;
-        int64_t n = tensor_numel(&m->grads[i].t);
-        CHECK(g->numel == n);
-        if (g->numel != n) continue;
-        float *want = malloc((size_t)n * 4);
-        memcpy(want, g->data, (size_t)n * 4);
-        double e = rel_err(m->grads[i].t.data, want, n);
-        CHECK_MSG(e <= TENSOR_RTOL, "%s: gradient %s rel err %.3g", fixture, m->params[i].name, e);
-        if (e > worst) worst = e;
-        free(want);
+        const char *name = m->params[i].name;
+        bool stacked = model_name_is_stacked(name);
+        int64_t slabs = stacked ? m->params[i].spec.global[0] : 1;
+        int64_t n = tensor_numel(&m->grads[i].t) / slabs;
+        for (int64_t k = 0; k < slabs; k++) {
+            char key[160], hf[128];
+            if (stacked && !model_name_unstack(name, k, hf, sizeof hf)) {
+                CHECK_MSG(0, "%s: %s does not unstack", fixture, name);
+                continue;
+            }
+            snprintf(key, sizeof key, "grad.%s", stacked ? hf : name);
+            const ckpt_st_tensor_t *g = ckpt_st_find(r->ref, key);
+            CHECK_MSG(g != NULL, "%s: no reference for %s", fixture, key);
+            if (!g) continue;
+            CHECK(g->numel == n);
+            if (g->numel != n) continue;
+            float *want = malloc((size_t)n * 4);
+            memcpy(want, g->data, (size_t)n * 4);
+            double e = rel_err((const float *)m->grads[i].t.data + k * n, want, n);
+            CHECK_MSG(e <= TENSOR_RTOL, "%s: gradient %s rel err %.3g", fixture, key + 5, e);
+            if (e > worst) worst = e;
+            free(want);
+        }
     }
     return worst;
 }
@@ -108,7 +118,7 @@ static void fixture_check(const char *name)
     float *logits = malloc((size_t)lg->numel * 4);
     int32_t *targets = malloc((size_t)r.Tmax * 4);
 
-    double sum = 0;
+    double sum = 0, aux = 0;
     int64_t scored = 0, row = 0;
     float dloss = 1.0f / (float)r.n_scored;
     for (int64_t s = 0; s < r.S; s++) {
@@ -120,6 +130,7 @@ static void fixture_check(const char *name)
         model_loss_t l;
         REQUIRE(model_forward_backward(m, a, &b, dloss, &l) == BT_OK);
         sum += l.loss_sum;
+        aux += l.aux_sum;
         scored += l.n_scored;
         row += T;
     }
@@ -127,6 +138,19 @@ static void fixture_check(const char *name)
     double loss = sum / (double)scored;
     double lerr = fabs(loss - r.loss) / fabs(r.loss);
     CHECK_MSG(lerr <= LOSS_RTOL, "%s: loss %.9g vs %.9g", name, loss, r.loss);
+    /* the router's load-balancing term alone (MoE fixtures), pooled as the loss */
+    const ckpt_st_tensor_t *ra = ckpt_st_find(r.ref, "aux");
+    if (ra) {
+        double want_aux;
+        memcpy(&want_aux, ra->data, 8);
+        want_aux *= m->cfg.moe.aux_loss_coef;
+        double aerr = want_aux != 0 ? fabs(aux / (double)scored - want_aux) / want_aux
+                                    : fabs(aux);
+        CHECK_MSG(aerr <= LOSS_RTOL, "%s: aux term %.9g vs %.9g", name, aux / (double)scored,
+                  want_aux);
+        printf("  %-18s router aux term %.7f (ref %.7f, rel %.2e)\n", name,
+               aux / (double)scored, want_aux, aerr);
+    }
     double logit_err = rel_err(logits, want_logits, lg->numel);
     CHECK_MSG(logit_err <= TENSOR_RTOL, "%s: logits rel err %.3g", name, logit_err);
     double gerr = grads_check(m, &r, name);
@@ -148,6 +172,9 @@ static void test_hf_qwen2(void) { fixture_check("qwen2"); }
 static void test_hf_llama_f16(void) { fixture_check("llama_f16"); }
 static void test_hf_qwen2_bf16(void) { fixture_check("qwen2_bf16"); }
 static void test_hf_llama_sharded(void) { fixture_check("llama_sharded"); }
+static void test_hf_mixtral(void) { fixture_check("mixtral"); }
+static void test_hf_qwen2_moe(void) { fixture_check("qwen2_moe"); }
+static void test_hf_qwen2_moe_norm(void) { fixture_check("qwen2_moe_norm"); }
 
 /* All sequences in one right-padded batch give the same loss and grads. */
 static void test_hf_padded_batch(void)
@@ -299,6 +326,7 @@ static void test_hf_stages_tied(void)
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_hf_llama, test_hf_llama_tied_llama3, test_hf_mistral, test_hf_qwen2,
-             test_hf_llama_f16, test_hf_qwen2_bf16, test_hf_llama_sharded, test_hf_padded_batch,
+             test_hf_llama_f16, test_hf_qwen2_bf16, test_hf_llama_sharded, test_hf_mixtral,
+             test_hf_qwen2_moe, test_hf_qwen2_moe_norm, test_hf_padded_batch,
              test_hf_stages, test_hf_stages_tied);
 }

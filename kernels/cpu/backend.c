@@ -422,6 +422,18 @@ static void cpu_op_moe_combine_bwd(kern_stream_t *s, tensor_t *dyp, tensor_t *dw
                         slot->shape[1]);
 }
 
+static void cpu_op_sigmoid_gate_fwd(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *x)
+{
+    cpu_sigmoid_gate_fwd(out->data, gate->data, x->data, tensor_rows(x), tensor_cols(x));
+}
+
+static void cpu_op_sigmoid_gate_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dgate, ct_t *dout,
+                                    ct_t *gate, ct_t *x)
+{
+    cpu_sigmoid_gate_bwd(dx ? dx->data : NULL, dgate ? dgate->data : NULL, dout->data, gate->data,
+                         x->data, tensor_rows(x), tensor_cols(x));
+}
+
 static void cpu_op_grouped_linear_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w,
                                       ct_t *sizes)
 {
@@ -494,6 +506,8 @@ const kern_backend_t kern_cpu_backend = {
     .moe_permute_bwd = cpu_op_moe_permute_bwd,
     .moe_combine_fwd = cpu_op_moe_combine_fwd,
     .moe_combine_bwd = cpu_op_moe_combine_bwd,
+    .sigmoid_gate_fwd = cpu_op_sigmoid_gate_fwd,
+    .sigmoid_gate_bwd = cpu_op_sigmoid_gate_bwd,
     .grouped_linear_fwd = cpu_op_grouped_linear_fwd,
     .grouped_linear_bwd = cpu_op_grouped_linear_bwd,
 };

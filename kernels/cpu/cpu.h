@@ -210,6 +210,16 @@ void cpu_moe_combine_bwd(float *dyp,            /* [N*K,C] or NULL, += */
                          const int32_t *slot,   /* [N,K] */
                          const float *weights,  /* [N,K] */
                          int64_t N, int64_t C, int64_t K);
+void cpu_sigmoid_gate_fwd(float *out,        /* [N,C] */
+                          const float *gate,  /* [N] */
+                          const float *x,     /* [N,C] */
+                          int64_t N, int64_t C);
+void cpu_sigmoid_gate_bwd(float *dx,          /* [N,C] or NULL, += */
+                          float *dgate,       /* [N] or NULL, += */
+                          const float *dout,  /* [N,C] */
+                          const float *gate,  /* [N] */
+                          const float *x,     /* [N,C] */
+                          int64_t N, int64_t C);
 
 /* adamw.c */
 void cpu_adamw(float *param,      /* [n] */

@@ -1,7 +1,7 @@
 /* Routed experts on the CPU: routing (softmax, top-K, renormalisation and
  * the load-balancing statistics), dispatch (each row copied once per chosen
- * expert, the copies grouped by expert) and combine (the weighted sum back),
- * each beside its backward. The experts' products are matmul.c's grouped
+ * expert, the copies grouped by expert) and combine (the weighted sum back,
+ * and a shared expert's sigmoid gate), each beside its backward. The experts' products are matmul.c's grouped
  * products. Semantics and shapes: kernels/kernels.h.
  *
  * Numerics follow transformers' Mixtral / Qwen2-MoE routers: the softmax in
@@ -191,4 +191,30 @@ void cpu_moe_combine_bwd(float *dyp, float *dweights, const float *dy, const flo
                 dweights[n * K + k] += (float)dot;
             }
         }
+}
+
+/* sigmoid as torch computes it, 1 / (1 + exp(-g)) (here in double, rounded once) */
+static double sigmoid(float g) { return 1.0 / (1.0 + exp(-(double)g)); }
+
+void cpu_sigmoid_gate_fwd(float *out, const float *gate, const float *x, int64_t N, int64_t C)
+{
+    for (int64_t n = 0; n < N; n++) {
+        float sg = (float)sigmoid(gate[n]);
+        for (int64_t c = 0; c < C; c++) out[n * C + c] = sg * x[n * C + c];
+    }
+}
+
+void cpu_sigmoid_gate_bwd(float *dx, float *dgate, const float *dout, const float *gate,
+                          const float *x, int64_t N, int64_t C)
+{
+    for (int64_t n = 0; n < N; n++) {
+        double sg = sigmoid(gate[n]);
+        if (dx)
+            for (int64_t c = 0; c < C; c++) dx[n * C + c] += (float)sg * dout[n * C + c];
+        if (dgate) {
+            double dot = 0;
+            for (int64_t c = 0; c < C; c++) dot += (double)dout[n * C + c] * (double)x[n * C + c];
+            dgate[n] += (float)(sg * (1.0 - sg) * dot);
+        }
+    }
 }

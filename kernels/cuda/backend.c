@@ -956,6 +956,28 @@ static void cuda_op_moe_combine_bwd(kern_stream_t *s, tensor_t *dyp, tensor_t *d
                                       tensor_cols(dy), slot->shape[1]));
 }
 
+static void cuda_op_sigmoid_gate_fwd(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *x)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_sigmoid_gate_fwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_sigmoid_gate_fwd(cs->st, out->data, gate->data, x->data, x->dtype,
+                                       tensor_rows(x), tensor_cols(x)));
+}
+
+static void cuda_op_sigmoid_gate_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dgate, ct_t *dout,
+                                     ct_t *gate, ct_t *x)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_sigmoid_gate_bwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_sigmoid_gate_bwd(cs->st, dx ? dx->data : NULL, dgate ? dgate->data : NULL,
+                                       dout->data, gate->data, x->data, x->dtype, tensor_rows(x),
+                                       tensor_cols(x)));
+}
+
 /* The group sizes on the host: the products are one cuBLASLt call per group
  * for now, so the call waits for the stream to read them (a grouped GEMM
  * kernel reading sizes on the device is the later step). NULL (the stream
@@ -1120,6 +1142,8 @@ const kern_backend_t kern_cuda_backend = {
     .moe_permute_bwd = cuda_op_moe_permute_bwd,
     .moe_combine_fwd = cuda_op_moe_combine_fwd,
     .moe_combine_bwd = cuda_op_moe_combine_bwd,
+    .sigmoid_gate_fwd = cuda_op_sigmoid_gate_fwd,
+    .sigmoid_gate_bwd = cuda_op_sigmoid_gate_bwd,
     .grouped_linear_fwd = cuda_op_grouped_linear_fwd,
     .grouped_linear_bwd = cuda_op_grouped_linear_bwd,
 };

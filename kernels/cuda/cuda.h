@@ -161,6 +161,12 @@ cudaError_t cuda_moe_combine_fwd(cudaStream_t st, void *y, const void *yp, const
 cudaError_t cuda_moe_combine_bwd(cudaStream_t st, void *dyp, float *dweights, const void *dy,
                                  const void *yp, const int32_t *slot, const float *weights,
                                  dtype_t dt, int64_t N, int64_t C, int64_t K);
+/* out = sigmoid(gate[n]) x; backward dx += sigmoid(g) dout, dgate += sigmoid'(g) dout . x */
+cudaError_t cuda_sigmoid_gate_fwd(cudaStream_t st, void *out, const void *gate, const void *x,
+                                  dtype_t dt, int64_t N, int64_t C);
+cudaError_t cuda_sigmoid_gate_bwd(cudaStream_t st, void *dx, void *dgate, const void *dout,
+                                  const void *gate, const void *x, dtype_t dt, int64_t N,
+                                  int64_t C);
 
 /* ---- attention (attention.cu) --------------------------------------------- */
 

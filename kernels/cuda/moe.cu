@@ -1,4 +1,5 @@
-/* Routed experts on CUDA: routing, dispatch and combine (kernels/kernels.h),
+/* Routed experts on CUDA: routing, dispatch, combine and the shared
+ * expert's sigmoid gate (kernels/kernels.h),
  * the CPU twins' semantics (kernels/cpu/moe.c). Written to be simple and
  * deterministic, not fast: one thread per row for routing, one thread per
  * expert walking every choice in row order for the dispatch's counts and
@@ -298,5 +299,59 @@ extern "C" cudaError_t cuda_moe_combine_bwd(cudaStream_t st, void *dyp, float *d
         CU_DISPATCH_FT(dt, T,
                        k_combine_bwd_dw<T><<<cu_blocks(NK, 128), 128, 0, st>>>(
                            dweights, (const T *)dy, (const T *)yp, slot, NK, K, C));
+    return cudaGetLastError();
+}
+
+/* ---- a shared expert's sigmoid gate ------------------------------------------------ */
+
+__device__ __forceinline__ double cu_sigmoid(float g) { return 1.0 / (1.0 + exp(-(double)g)); }
+
+template <class T>
+__global__ void k_sigmoid_gate_fwd(T *out, const T *gate, const T *x, int64_t N, int64_t C)
+{
+    GS_LOOP(i, N * C) cu_st(out, i, (float)cu_sigmoid(cu_ld(gate, i / C)) * cu_ld(x, i));
+}
+
+template <class T>
+__global__ void k_sigmoid_gate_dx(T *dx, const T *dout, const T *gate, int64_t N, int64_t C)
+{
+    GS_LOOP(i, N * C)
+    cu_st(dx, i, cu_ld(dx, i) + (float)cu_sigmoid(cu_ld(gate, i / C)) * cu_ld(dout, i));
+}
+
+template <class T>
+__global__ void k_sigmoid_gate_dgate(T *dgate, const T *dout, const T *gate, const T *x,
+                                     int64_t N, int64_t C)
+{
+    GS_LOOP(n, N)
+    {
+        double dot = 0, sg = cu_sigmoid(cu_ld(gate, n));
+        for (int64_t c = 0; c < C; c++) dot += (double)cu_ld(dout, n * C + c) * (double)cu_ld(x, n * C + c);
+        cu_st(dgate, n, cu_ld(dgate, n) + (float)(sg * (1.0 - sg) * dot));
+    }
+}
+
+extern "C" cudaError_t cuda_sigmoid_gate_fwd(cudaStream_t st, void *out, const void *gate,
+                                             const void *x, dtype_t dt, int64_t N, int64_t C)
+{
+    if (N * C > 0)
+        CU_DISPATCH_FT(dt, T,
+                       k_sigmoid_gate_fwd<T><<<cu_blocks(N * C, 256), 256, 0, st>>>(
+                           (T *)out, (const T *)gate, (const T *)x, N, C));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_sigmoid_gate_bwd(cudaStream_t st, void *dx, void *dgate,
+                                             const void *dout, const void *gate, const void *x,
+                                             dtype_t dt, int64_t N, int64_t C)
+{
+    if (dx && N * C > 0)
+        CU_DISPATCH_FT(dt, T,
+                       k_sigmoid_gate_dx<T><<<cu_blocks(N * C, 256), 256, 0, st>>>(
+                           (T *)dx, (const T *)dout, (const T *)gate, N, C));
+    if (dgate && N > 0)
+        CU_DISPATCH_FT(dt, T,
+                       k_sigmoid_gate_dgate<T><<<cu_blocks(N, 128), 128, 0, st>>>(
+                           (T *)dgate, (const T *)dout, (const T *)gate, (const T *)x, N, C));
     return cudaGetLastError();
 }

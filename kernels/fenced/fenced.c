@@ -305,6 +305,15 @@ static void f_moe_combine_bwd(kern_stream_t *s, tensor_t *dyp, tensor_t *dweight
 {
     FENCED(cpu->moe_combine_bwd(s, dyp, dweights, dy, yp, slot, weights));
 }
+static void f_sigmoid_gate_fwd(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *x)
+{
+    FENCED(cpu->sigmoid_gate_fwd(s, out, gate, x));
+}
+static void f_sigmoid_gate_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dgate, ct_t *dout,
+                               ct_t *gate, ct_t *x)
+{
+    FENCED(cpu->sigmoid_gate_bwd(s, dx, dgate, dout, gate, x));
+}
 static void f_grouped_linear_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w, ct_t *sizes)
 {
     FENCED(cpu->grouped_linear_fwd(s, out, x, w, sizes));
@@ -373,6 +382,8 @@ const kern_backend_t kern_fenced_backend = {
     .moe_permute_bwd = f_moe_permute_bwd,
     .moe_combine_fwd = f_moe_combine_fwd,
     .moe_combine_bwd = f_moe_combine_bwd,
+    .sigmoid_gate_fwd = f_sigmoid_gate_fwd,
+    .sigmoid_gate_bwd = f_sigmoid_gate_bwd,
     .grouped_linear_fwd = f_grouped_linear_fwd,
     .grouped_linear_bwd = f_grouped_linear_bwd,
 };

@@ -1,0 +1,491 @@
+/* Routed experts (MODEL_FFN_MOE): Mixtral, Qwen2-MoE.
+ *
+ *   logits = ln Wr^T                               [N, E]    the router
+ *   probs, experts, weights = route(logits)                  softmax, top-K (renormalised)
+ *   xp = permute(ln, experts)                      [N*K, C]  each token once per chosen
+ *                                                            expert, grouped by expert
+ *   yp = grouped(silu(grouped(xp, Wg)) * grouped(xp, Wu), Wd)  one product per expert
+ *   y  = combine(yp, weights)                      [N, C]    the weighted sum back
+ *      (+ sigmoid(ln Wsg^T) * mlp_shared(ln)                 Qwen2-MoE's shared expert)
+ *
+ * The steps are separate kernel ops with their buffers in the saved region,
+ * so that expert parallelism can put its all-to-all between permute and the
+ * experts and between the experts and combine: xp's rows are expert-major,
+ * so a rank that owns a contiguous range of experts owns a contiguous range
+ * of rows (and the counts per expert, `sizes`, are what it exchanges first).
+ *
+ * Parameters: the router [E, C], the experts' projections stacked [E, F, C]
+ * (gate, up) and [E, C, F] (down) under the per-expert HF names with the
+ * expert index as MODEL_STACK_MARK (model/model.h), the shared expert's
+ * three projections and its gate [1, C].
+ *
+ * Dropless by default: every choice reaches its expert. With
+ * capacity_factor > 0 an expert keeps at most ceil(factor * N * K / E) of
+ * one forward's choices (the first in token order); the dropped ones add
+ * nothing (the token keeps its other experts and its residual) and are
+ * counted in m->moe_dropped.
+ *
+ * The router's load-balancing loss (aux_loss_coef > 0) is transformers'
+ * load_balancing_loss_func over the router logits of every sparse layer of
+ * the forward, concatenated: with R = sparse layers x N rows, c_e the rows
+ * whose top-K holds expert e and P_e the sum of its probabilities over all
+ * of them, aux = E * sum_e (c_e / R) (P_e / R). The counts carry no gradient
+ * (a top-K mask), so d aux / d probs[row, e] = E c_e / R^2 on every row of
+ * every sparse layer: loss_end computes that vector once the forward has
+ * seen all layers and each router's backward adds it (kern_moe_route_bwd's
+ * dprobs). Because c_e spans the sparse layers of the whole model, the term
+ * needs them all in one stage with the head (pipeline parallelism is
+ * refused while it is on).
+ *
+ * Not yet: tensor parallelism of an MoE layer (refused; experts split over
+ * an expert-parallel group, issue 16 part 3). */
+#include "model/kind.h"
+
+#include "base/log.h"
+#include "model/arch.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { X_ROUTER = 0, X_GATE, X_UP, X_DOWN, X_SGATE, X_SUP, X_SDOWN, X_SHGATE, X_SLOTS };
+_Static_assert(X_SLOTS <= MODEL_SUB_SLOTS, "moe slots fit a sublayer");
+
+/* ---- config ------------------------------------------------------------------------ */
+
+/* The config.json field of each sub-config value, by architecture. */
+static const char *moe_field(const model_config_t *c, int which)
+{
+    bool mixtral = c->arch == MODEL_ARCH_MIXTRAL;
+    switch (which) {
+    case 0: return mixtral ? "num_local_experts" : "num_experts";
+    case 1: return mixtral ? "intermediate_size" : "moe_intermediate_size";
+    default: return "?";
+    }
+}
+
+static bt_status_t moe_validate(const model_config_t *c, int tp)
+{
+    const model_moe_config_t *e = &c->moe;
+#define X_REQUIRE(cond, ...)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            log_error(__VA_ARGS__);                                                                \
+            return BT_ERR_INVALID;                                                                 \
+        }                                                                                          \
+    } while (0)
+    X_REQUIRE(e->n_experts >= 1 && e->n_experts <= MODEL_MAX_EXPERTS,
+              "model config: %s=%lld must be in [1, %d]", moe_field(c, 0),
+              (long long)e->n_experts, MODEL_MAX_EXPERTS);
+    X_REQUIRE(e->top_k >= 1 && e->top_k <= e->n_experts,
+              "model config: num_experts_per_tok=%lld must be in [1, %s=%lld]",
+              (long long)e->top_k, moe_field(c, 0), (long long)e->n_experts);
+    X_REQUIRE(e->expert_ffn >= 1 && e->expert_ffn <= MODEL_MAX_FFN,
+              "model config: %s=%lld (the experts' width) must be in [1, %d]", moe_field(c, 1),
+              (long long)e->expert_ffn, MODEL_MAX_FFN);
+    X_REQUIRE(e->shared_ffn >= 0 && e->shared_ffn <= MODEL_MAX_FFN,
+              "model config: shared_expert_intermediate_size=%lld must be in [0, %d]",
+              (long long)e->shared_ffn, MODEL_MAX_FFN);
+    X_REQUIRE((unsigned)e->router < MODEL_ROUTER_COUNT,
+              "model config: unknown router type %d (known: softmax top-k)", (int)e->router);
+    X_REQUIRE(isfinite(e->aux_loss_coef) && e->aux_loss_coef >= 0,
+              "model config: router_aux_loss_coef=%g must be a finite number >= 0",
+              e->aux_loss_coef);
+    X_REQUIRE(isfinite(e->capacity_factor) && e->capacity_factor >= 0,
+              "model config: capacity_factor=%g must be a finite number >= 0 (0: dropless)",
+              e->capacity_factor);
+    X_REQUIRE(tp == 1,
+              "model: tp_size=%d, but %s's routed experts are not split over tensor "
+              "parallelism: parallel.tp must be 1 (expert parallelism is not built yet)",
+              tp, model_arch_name(c->arch));
+#undef X_REQUIRE
+    return BT_OK;
+}
+
+static void moe_layout(model_layout_t *lb, const model_config_t *c, const char *prefix,
+                       model_sub_t *sub)
+{
+    const model_arch_info_t *a = model_arch_info(c->arch);
+    const model_moe_config_t *e = &c->moe;
+    int64_t C = c->hidden_size, E = e->n_experts, F = e->expert_ffn, Fs = e->shared_ffn;
+    if (!a->moe_router) BT_PANIC("moe_layout: %s has no routed experts", a->hf_class);
+    char n[MODEL_NAME_MAX];
+#define ADD(slot, ndim, shape, ...)                                                                \
+    do {                                                                                           \
+        snprintf(n, sizeof n, __VA_ARGS__);                                                        \
+        sub->ix[slot] = model_layout_add_nd(lb, n, ndim, shape, -1, 1);                            \
+    } while (0)
+    ADD(X_ROUTER, 2, ((int64_t[]){E, C}), "%s.%s.weight", prefix, a->moe_router);
+    ADD(X_GATE, 3, ((int64_t[]){E, F, C}), "%s.experts.%c.%s.weight", prefix, MODEL_STACK_MARK,
+        a->expert_proj[0]);
+    ADD(X_UP, 3, ((int64_t[]){E, F, C}), "%s.experts.%c.%s.weight", prefix, MODEL_STACK_MARK,
+        a->expert_proj[1]);
+    ADD(X_DOWN, 3, ((int64_t[]){E, C, F}), "%s.experts.%c.%s.weight", prefix, MODEL_STACK_MARK,
+        a->expert_proj[2]);
+    if (Fs > 0) {
+        if (!a->shared_expert) BT_PANIC("moe_layout: %s has no shared expert", a->hf_class);
+        ADD(X_SGATE, 2, ((int64_t[]){Fs, C}), "%s.%s.gate_proj.weight", prefix, a->shared_expert);
+        ADD(X_SUP, 2, ((int64_t[]){Fs, C}), "%s.%s.up_proj.weight", prefix, a->shared_expert);
+        ADD(X_SDOWN, 2, ((int64_t[]){C, Fs}), "%s.%s.down_proj.weight", prefix, a->shared_expert);
+        ADD(X_SHGATE, 2, ((int64_t[]){1, C}), "%s.%s.weight", prefix, a->shared_expert_gate);
+    }
+#undef ADD
+}
+
+/* ---- regions ------------------------------------------------------------------------- */
+
+/* saved: what the backward reads */
+enum { R_PROBS = 0, R_WEIGHTS, R_EXPERTS, R_SLOT, R_SIZES, R_ROUTED, R_XP, R_G, R_U, R_H, R_YP,
+       R_SG, R_SU, R_SH, R_SO, R_SGL, R_COUNT };
+/* scratch: the forward's logits and shared-expert product, the backward's gradients */
+enum { S_LOGITS = 0, S_TMP, S_DYP, S_DH, S_DG, S_DU, S_DXP, S_DW, S_DLOGITS, S_DSO, S_DSH, S_DSG,
+       S_DSU, S_DSGL, S_COUNT };
+
+typedef struct {
+    dtype_t dt;         /* DT_COUNT: the activation dtype */
+    double  rows, cols; /* doubles: an absurd config's sizes never wrap */
+} region_t;
+
+static void moe_regions(const model_t *m, double N, region_t *saved, region_t *scratch)
+{
+    const model_moe_config_t *e = &m->cfg.moe;
+    double C = (double)m->cfg.hidden_size, E = (double)e->n_experts, K = (double)e->top_k;
+    double F = (double)e->expert_ffn, Fs = (double)e->shared_ffn, M = N * K;
+    double Ns = Fs > 0 ? N : 0; /* the shared expert's rows: none without it */
+    const dtype_t A = DT_COUNT;
+    if (saved) {
+        saved[R_PROBS] = (region_t){DT_F32, N, E};
+        saved[R_WEIGHTS] = (region_t){DT_F32, N, K};
+        saved[R_EXPERTS] = (region_t){DT_I32, N, K};
+        saved[R_SLOT] = (region_t){DT_I32, N, K};
+        saved[R_SIZES] = (region_t){DT_I32, 1, E};
+        saved[R_ROUTED] = (region_t){DT_I32, 1, E};
+        saved[R_XP] = (region_t){A, M, C};
+        saved[R_G] = (region_t){A, M, F};
+        saved[R_U] = (region_t){A, M, F};
+        saved[R_H] = (region_t){A, M, F};
+        saved[R_YP] = (region_t){A, M, C};
+        saved[R_SG] = (region_t){A, Ns, Fs};
+        saved[R_SU] = (region_t){A, Ns, Fs};
+        saved[R_SH] = (region_t){A, Ns, Fs};
+        saved[R_SO] = (region_t){A, Ns, C};
+        saved[R_SGL] = (region_t){A, Ns, 1};
+    }
+    if (scratch) {
+        scratch[S_LOGITS] = (region_t){A, N, E};
+        scratch[S_TMP] = (region_t){A, Ns, C};
+        scratch[S_DYP] = (region_t){A, M, C};
+        scratch[S_DH] = (region_t){A, M, F};
+        scratch[S_DG] = (region_t){A, M, F};
+        scratch[S_DU] = (region_t){A, M, F};
+        scratch[S_DXP] = (region_t){A, M, C};
+        scratch[S_DW] = (region_t){DT_F32, N, K};
+        scratch[S_DLOGITS] = (region_t){A, N, E};
+        scratch[S_DSO] = (region_t){A, Ns, C};
+        scratch[S_DSH] = (region_t){A, Ns, Fs};
+        scratch[S_DSG] = (region_t){A, Ns, Fs};
+        scratch[S_DSU] = (region_t){A, Ns, Fs};
+        scratch[S_DSGL] = (region_t){A, Ns, 1};
+    }
+}
+
+static size_t region_es(const model_t *m, const region_t *r)
+{
+    return dtype_size(r->dt == DT_COUNT ? m->place.act_dtype : r->dt);
+}
+
+/* Bytes of the regions carved in order, each 64-byte aligned. */
+static double regions_bytes(const model_t *m, double N, bool saved)
+{
+    region_t reg[(int)R_COUNT > (int)S_COUNT ? (int)R_COUNT : (int)S_COUNT];
+    int n = saved ? R_COUNT : S_COUNT;
+    moe_regions(m, N, saved ? reg : NULL, saved ? NULL : reg);
+    double total = 0;
+    for (int i = 0; i < n; i++)
+        total += model_align_d(reg[i].rows * reg[i].cols * (double)region_es(m, &reg[i]));
+    return total;
+}
+
+static double moe_saved_bytes(const model_t *m, int64_t B, int64_t T)
+{
+    return regions_bytes(m, (double)B * (double)T, true);
+}
+
+static double moe_scratch_bytes(const model_t *m, int64_t B, int64_t T)
+{
+    return regions_bytes(m, (double)B * (double)T, false);
+}
+
+/* Views of n regions carved from base in order (as regions_bytes counts
+ * them), for the batch at hand (the arena was sized for at least as many
+ * rows). */
+static void regions_view(const model_t *m, void *base, const region_t *r, int n, tensor_t *out)
+{
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        dtype_t dt = r[i].dt == DT_COUNT ? m->place.act_dtype : r[i].dt;
+        int64_t rows = (int64_t)r[i].rows, cols = (int64_t)r[i].cols;
+        out[i] = tensor_make((char *)base + off, dt, m->place.dev, 2, (int64_t[]){rows, cols});
+        off += model_align((size_t)(rows * cols) * dtype_size(dt));
+    }
+}
+
+static void saved_views(const model_run_t *r, void *saved, tensor_t *v)
+{
+    region_t reg[R_COUNT];
+    moe_regions(r->m, (double)r->N, reg, NULL);
+    regions_view(r->m, saved, reg, R_COUNT, v);
+}
+
+static void scratch_views(const model_run_t *r, tensor_t *v)
+{
+    region_t reg[S_COUNT];
+    moe_regions(r->m, (double)r->N, NULL, reg);
+    regions_view(r->m, r->scratch, reg, S_COUNT, v);
+}
+
+/* shared per arena: the load-balancing statistics of one forward, counts[E]
+ * and psum[E] (f32, summed over the sparse layers), and aux_grad[E], the
+ * gradient the routers' backward adds to every row's probabilities */
+enum { SH_COUNTS = 0, SH_PSUM, SH_GRAD, SH_COUNT };
+
+static double moe_shared_bytes(const model_t *m, int64_t T)
+{
+    (void)T;
+    return SH_COUNT * model_align_d((double)m->cfg.moe.n_experts * 4);
+}
+
+static void shared_views(const model_t *m, void *shared, tensor_t *v)
+{
+    int64_t E = m->cfg.moe.n_experts;
+    size_t one = model_align((size_t)E * 4);
+    for (int i = 0; i < SH_COUNT; i++)
+        v[i] = tensor_make((char *)shared + (size_t)i * one, DT_F32, m->place.dev, 1, &E);
+}
+
+static int moe_sparse_layers(const model_config_t *c)
+{
+    int n = 0;
+    for (int64_t l = 0; l < c->num_layers; l++) n += c->blocks[l].ffn == MODEL_FFN_MOE;
+    return n;
+}
+
+static int moe_stage_subs(const model_t *m)
+{
+    int n = 0;
+    for (int s = 0; s < m->n_subs; s++) n += m->subs[s].kind == &model_kind_moe;
+    return n;
+}
+
+static bt_status_t moe_shared_init(const model_t *m, int64_t T, void *shared)
+{
+    (void)T;
+    const model_moe_config_t *e = &m->cfg.moe;
+    if (e->aux_loss_coef > 0 &&
+        (!m->stage.has_head || moe_stage_subs(m) != moe_sparse_layers(&m->cfg))) {
+        log_error("model: router_aux_loss_coef=%g with output_router_logits: the load-balancing "
+                  "loss counts the experts' tokens over every sparse layer of the model, so it "
+                  "needs all of them in the stage with the head, but stage [%d,%d) holds %d of "
+                  "%d%s; use parallel.pp: 1, or set output_router_logits to false",
+                  e->aux_loss_coef, m->stage.first_layer, m->stage.last_layer,
+                  moe_stage_subs(m), moe_sparse_layers(&m->cfg),
+                  m->stage.has_head ? "" : " and not the head");
+        return BT_ERR_UNSUPPORTED;
+    }
+    tensor_t v[SH_COUNT];
+    shared_views(m, shared, v);
+    for (int i = 0; i < SH_COUNT; i++) kern_zero(m->stream, &v[i]);
+    return kern_stream_sync(m->stream);
+}
+
+/* ---- forward and backward ------------------------------------------------------------- */
+
+static bt_status_t moe_loss_begin(model_run_t *r)
+{
+    if (r->m->cfg.moe.aux_loss_coef <= 0) return BT_OK;
+    tensor_t v[SH_COUNT];
+    shared_views(r->m, r->shared, v);
+    for (int i = 0; i < SH_COUNT; i++) kern_zero(r->s, &v[i]);
+    return BT_OK;
+}
+
+/* aux = E sum_e (c_e / R)(P_e / R) over the R = sparse layers x N rows of
+ * this forward; aux_grad[e] = grad_weight * coef * E c_e / R^2 */
+static bt_status_t moe_loss_end(model_run_t *r, double grad_weight, double *value)
+{
+    const model_t *m = r->m;
+    const model_moe_config_t *e = &m->cfg.moe;
+    *value = 0;
+    if (e->aux_loss_coef <= 0) return BT_OK;
+    int64_t E = e->n_experts;
+    tensor_t v[SH_COUNT];
+    shared_views(m, r->shared, v);
+    float *h = malloc((size_t)(3 * E) * sizeof *h);
+    if (!h) return BT_ERR_NOMEM;
+    kern_download(r->s, h, &v[SH_COUNTS]);
+    kern_download(r->s, h + E, &v[SH_PSUM]);
+    bt_status_t st = kern_stream_sync(r->s);
+    if (st == BT_OK) {
+        double R = (double)moe_stage_subs(m) * (double)r->N, aux = 0;
+        for (int64_t i = 0; i < E; i++) aux += ((double)h[i] / R) * ((double)h[E + i] / R);
+        *value = e->aux_loss_coef * (double)E * aux;
+        for (int64_t i = 0; i < E; i++)
+            h[2 * E + i] = (float)(grad_weight * e->aux_loss_coef * (double)E * (double)h[i] / (R * R));
+        kern_upload(r->s, &v[SH_GRAD], h + 2 * E);
+        st = kern_stream_sync(r->s);
+    }
+    free(h);
+    return st;
+}
+
+static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *saved,
+                               const tensor_t *ln, tensor_t *y)
+{
+    model_t *m = r->m;
+    kern_stream_t *s = r->s;
+    const model_moe_config_t *e = &m->cfg.moe;
+    int64_t N = r->N, K = e->top_k, E = e->n_experts;
+    if ((double)N * (double)K > (double)INT32_MAX) {
+        log_error("model: layer %d routes %lld tokens x %lld experts, more choices than an i32 "
+                  "slot holds; use smaller microbatches", sub->layer, (long long)N, (long long)K);
+        return BT_ERR_UNSUPPORTED;
+    }
+    tensor_t v[R_COUNT], sc[S_COUNT];
+    saved_views(r, saved, v);
+    scratch_views(r, sc);
+    /* route */
+    kern_linear_fwd(s, &sc[S_LOGITS], ln, model_sub_param(m, sub, X_ROUTER), NULL);
+    kern_moe_route_fwd(s, &v[R_WEIGHTS], &v[R_EXPERTS], &v[R_PROBS], &sc[S_LOGITS], e->norm_topk);
+    if (e->aux_loss_coef > 0) {
+        tensor_t sh[SH_COUNT];
+        shared_views(m, r->shared, sh);
+        kern_moe_route_stats(s, &sh[SH_COUNTS], &sh[SH_PSUM], &v[R_PROBS], &v[R_EXPERTS]);
+    }
+    /* dispatch */
+    int64_t cap = -1;
+    if (e->capacity_factor > 0) {
+        double c = ceil(e->capacity_factor * (double)N * (double)K / (double)E);
+        cap = c < (double)(N * K) ? (int64_t)c : N * K;
+    }
+    tensor_t sizes = tensor_make(v[R_SIZES].data, DT_I32, m->place.dev, 1, &E);
+    tensor_t routed = tensor_make(v[R_ROUTED].data, DT_I32, m->place.dev, 1, &E);
+    kern_moe_permute_fwd(s, &v[R_XP], &v[R_SLOT], &sizes, &routed, ln, &v[R_EXPERTS], cap);
+    if (cap >= 0) { /* count what the capacity dropped */
+        int32_t *h = malloc((size_t)(2 * E) * sizeof *h);
+        if (!h) return BT_ERR_NOMEM;
+        kern_download(s, h, &sizes);
+        kern_download(s, h + E, &routed);
+        bt_status_t st = kern_stream_sync(s);
+        for (int64_t i = 0; st == BT_OK && i < E; i++) m->moe_dropped += h[E + i] - h[i];
+        free(h);
+        if (st != BT_OK) return st;
+    }
+    /* the experts */
+    kern_grouped_linear_fwd(s, &v[R_G], &v[R_XP], model_sub_param(m, sub, X_GATE), &sizes);
+    kern_grouped_linear_fwd(s, &v[R_U], &v[R_XP], model_sub_param(m, sub, X_UP), &sizes);
+    kern_swiglu_fwd(s, &v[R_H], &v[R_G], &v[R_U]);
+    kern_grouped_linear_fwd(s, &v[R_YP], &v[R_H], model_sub_param(m, sub, X_DOWN), &sizes);
+    /* combine */
+    kern_moe_combine_fwd(s, y, &v[R_YP], &v[R_SLOT], &v[R_WEIGHTS]);
+    if (e->shared_ffn > 0) {
+        kern_linear_fwd(s, &v[R_SG], ln, model_sub_param(m, sub, X_SGATE), NULL);
+        kern_linear_fwd(s, &v[R_SU], ln, model_sub_param(m, sub, X_SUP), NULL);
+        kern_swiglu_fwd(s, &v[R_SH], &v[R_SG], &v[R_SU]);
+        kern_linear_fwd(s, &v[R_SO], &v[R_SH], model_sub_param(m, sub, X_SDOWN), NULL);
+        kern_linear_fwd(s, &v[R_SGL], ln, model_sub_param(m, sub, X_SHGATE), NULL);
+        kern_sigmoid_gate_fwd(s, &sc[S_TMP], &v[R_SGL], &v[R_SO]);
+        kern_add(s, y, y, &sc[S_TMP]);
+    }
+    return BT_OK;
+}
+
+static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *saved,
+                                const tensor_t *ln, const tensor_t *dy, tensor_t *dln)
+{
+    model_t *m = r->m;
+    kern_stream_t *s = r->s;
+    const model_moe_config_t *e = &m->cfg.moe;
+    int64_t E = e->n_experts;
+    tensor_t v[R_COUNT], d[S_COUNT];
+    saved_views(r, saved, v);
+    scratch_views(r, d);
+    tensor_t sizes = tensor_make(v[R_SIZES].data, DT_I32, m->place.dev, 1, &E);
+    kern_zero(s, dln);
+    if (e->shared_ffn > 0) {
+        kern_zero(s, &d[S_DSO]);
+        kern_zero(s, &d[S_DSGL]);
+        kern_sigmoid_gate_bwd(s, &d[S_DSO], &d[S_DSGL], dy, &v[R_SGL], &v[R_SO]);
+        kern_zero(s, &d[S_DSH]);
+        kern_linear_bwd(s, &d[S_DSH], model_sub_grad(m, sub, X_SDOWN), NULL, &d[S_DSO], &v[R_SH],
+                        model_sub_param(m, sub, X_SDOWN));
+        kern_zero(s, &d[S_DSG]);
+        kern_zero(s, &d[S_DSU]);
+        kern_swiglu_bwd(s, &d[S_DSG], &d[S_DSU], &d[S_DSH], &v[R_SG], &v[R_SU]);
+        kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_SGATE), NULL, &d[S_DSG], ln,
+                        model_sub_param(m, sub, X_SGATE));
+        kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_SUP), NULL, &d[S_DSU], ln,
+                        model_sub_param(m, sub, X_SUP));
+        kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_SHGATE), NULL, &d[S_DSGL], ln,
+                        model_sub_param(m, sub, X_SHGATE));
+    }
+    /* combine, the experts, dispatch */
+    kern_zero(s, &d[S_DYP]);
+    kern_zero(s, &d[S_DW]);
+    kern_moe_combine_bwd(s, &d[S_DYP], &d[S_DW], dy, &v[R_YP], &v[R_SLOT], &v[R_WEIGHTS]);
+    kern_zero(s, &d[S_DH]);
+    kern_grouped_linear_bwd(s, &d[S_DH], model_sub_grad(m, sub, X_DOWN), &d[S_DYP], &v[R_H],
+                            model_sub_param(m, sub, X_DOWN), &sizes);
+    kern_zero(s, &d[S_DG]);
+    kern_zero(s, &d[S_DU]);
+    kern_swiglu_bwd(s, &d[S_DG], &d[S_DU], &d[S_DH], &v[R_G], &v[R_U]);
+    kern_zero(s, &d[S_DXP]);
+    kern_grouped_linear_bwd(s, &d[S_DXP], model_sub_grad(m, sub, X_GATE), &d[S_DG], &v[R_XP],
+                            model_sub_param(m, sub, X_GATE), &sizes);
+    kern_grouped_linear_bwd(s, &d[S_DXP], model_sub_grad(m, sub, X_UP), &d[S_DU], &v[R_XP],
+                            model_sub_param(m, sub, X_UP), &sizes);
+    kern_moe_permute_bwd(s, dln, &d[S_DXP], &v[R_SLOT]);
+    /* the router: its weights' gradient and the load-balancing loss's */
+    tensor_t sh[SH_COUNT];
+    if (e->aux_loss_coef > 0) shared_views(m, r->shared, sh);
+    kern_zero(s, &d[S_DLOGITS]);
+    kern_moe_route_bwd(s, &d[S_DLOGITS], &d[S_DW], e->aux_loss_coef > 0 ? &sh[SH_GRAD] : NULL,
+                       &v[R_PROBS], &v[R_EXPERTS], e->norm_topk);
+    kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_ROUTER), NULL, &d[S_DLOGITS], ln,
+                    model_sub_param(m, sub, X_ROUTER));
+    return BT_OK;
+}
+
+/* the active parameters only: the router's, top_k experts', the shared
+ * expert's and its gate's */
+static void moe_flops(const model_config_t *c, int64_t T, model_flops_t *f)
+{
+    (void)T;
+    const model_moe_config_t *e = &c->moe;
+    double C = (double)c->hidden_size;
+    f->matmul_params += C * (double)e->n_experts + (double)e->top_k * 3.0 * C * (double)e->expert_ffn;
+    if (e->shared_ffn > 0) f->matmul_params += 3.0 * C * (double)e->shared_ffn + C;
+}
+
+static const kern_op_t moe_ops[] = {KERN_OP_LINEAR,      KERN_OP_SWIGLU,         KERN_OP_MATMUL,
+                                    KERN_OP_ELEMENTWISE, KERN_OP_MOE_ROUTE,      KERN_OP_MOE_PERMUTE,
+                                    KERN_OP_MOE_COMBINE, KERN_OP_GROUPED_LINEAR};
+
+const model_kind_t model_kind_moe = {
+    .name = "moe",
+    .validate = moe_validate,
+    .layout = moe_layout,
+    .saved_bytes = moe_saved_bytes,
+    .scratch_bytes = moe_scratch_bytes,
+    .shared_bytes = moe_shared_bytes,
+    .shared_init = moe_shared_init,
+    .cache_bytes = NULL,
+    .forward = moe_forward,
+    .backward = moe_backward,
+    .flops = moe_flops,
+    .ops = moe_ops,
+    .n_ops = (int)(sizeof moe_ops / sizeof moe_ops[0]),
+    .loss_begin = moe_loss_begin,
+    .loss_end = moe_loss_end,
+};
