@@ -199,6 +199,13 @@ static uint64_t shard_offset(const shard_map_t *m, const ckpt_st_tensor_t *t)
 bt_status_t ckpt_shard_write(ckpt_index_t *idx, const char *dir, const char *file,
                              const ckpt_put_t *puts, int n, char *err, size_t errlen)
 {
+    return ckpt_shard_write_fill(idx, dir, file, puts, n, NULL, NULL, err, errlen);
+}
+
+bt_status_t ckpt_shard_write_fill(ckpt_index_t *idx, const char *dir, const char *file,
+                                  const ckpt_put_t *puts, int n, ckpt_st_fill_fn fill, void *arg,
+                                  char *err, size_t errlen)
+{
     if (!plain_file_name(file)) return errf(err, errlen, BT_ERR_INVALID, "shard file name '%s'", file);
     if (file_find(idx, file) >= 0) return errf(err, errlen, BT_ERR_INVALID, "shard file %s twice", file);
     /* refused puts are refused before anything is written */
@@ -232,7 +239,7 @@ bt_status_t ckpt_shard_write(ckpt_index_t *idx, const char *dir, const char *fil
     char path[BASE_SAVE_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     const char *meta[] = {"format", CKPT_MAGIC};
-    if (!st && (st = ckpt_st_write(path, ents, n, meta, 1)))
+    if (!st && (st = ckpt_st_write_fill(path, ents, n, meta, 1, fill, arg)))
         errf(err, errlen, st, "%s: cannot write the shard file (%s)", path, bt_status_str(st));
     /* read it back: the offsets of the pieces, the hash of what is on disk */
     ckpt_file_t info = {0};

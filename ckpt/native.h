@@ -34,6 +34,7 @@
 #include "base/shard_spec.h"
 #include "base/status.h"
 #include "base/tensor.h"
+#include "ckpt/safetensors.h"
 
 #define CKPT_MAGIC        "baton-checkpoint"
 #define CKPT_VERSION      1
@@ -90,6 +91,12 @@ typedef struct {
  * A tensor met before must have the same dtype and global shape. */
 bt_status_t ckpt_shard_write(ckpt_index_t *idx, const char *dir, const char *file,
                              const ckpt_put_t *puts, int n, char *err, size_t errlen);
+/* The same, streaming: puts[i].data is unused and fill(arg, i, buf, bytes)
+ * produces piece i's bytes when its turn comes (ckpt_st_write_fill), so
+ * that a converter holds one tensor at a time. */
+bt_status_t ckpt_shard_write_fill(ckpt_index_t *idx, const char *dir, const char *file,
+                                  const ckpt_put_t *puts, int n, ckpt_st_fill_fn fill, void *arg,
+                                  char *err, size_t errlen);
 /* Adds a shard file written elsewhere (another rank) with its pieces: what
  * its writer reported (ckpt_index_t fragments merge). */
 bt_status_t ckpt_index_merge(ckpt_index_t *into, const ckpt_index_t *from, char *err, size_t errlen);

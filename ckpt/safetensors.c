@@ -410,9 +410,10 @@ static char *st_header_build(const ckpt_st_entry_t *entries, int n, const char *
     return text;
 }
 
-bt_status_t ckpt_st_write(const char *path, const ckpt_st_entry_t *entries, int n,
-                          const char *const *meta, int n_meta)
+bt_status_t ckpt_st_write_fill(const char *path, const ckpt_st_entry_t *entries, int n,
+                               const char *const *meta, int n_meta, ckpt_st_fill_fn fill, void *arg)
 {
+    size_t largest = 0;
     for (int i = 0; i < n; i++) {
         const tensor_t *t = &entries[i].t;
         if (!tensor_is_contiguous(t) || t->device.kind != DEV_CPU || !ckpt_st_dtype_name(t->dtype))
@@ -421,6 +422,8 @@ bt_status_t ckpt_st_write(const char *path, const ckpt_st_entry_t *entries, int 
         for (int j = 0; j < i; j++)
             if (!strcmp(entries[j].name, entries[i].name))
                 BT_PANIC("safetensors write: duplicate tensor '%s'", entries[i].name);
+        size_t b = (size_t)tensor_numel(t) * st_dtype_size(t->dtype);
+        if (b > largest) largest = b;
     }
     size_t hlen;
     char *header = st_header_build(entries, n, meta, n_meta, &hlen);
@@ -429,8 +432,11 @@ bt_status_t ckpt_st_write(const char *path, const ckpt_st_entry_t *entries, int 
      * length, header and padding go out in one write. */
     size_t padded = (hlen + 7) & ~(size_t)7;
     uint8_t *head = malloc(8 + padded);
-    if (!head) {
+    uint8_t *buf = fill ? malloc(largest + 1) : NULL;
+    if (!head || (fill && !buf)) {
         free(header);
+        free(head);
+        free(buf);
         return BT_ERR_NOMEM;
     }
     for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)padded >> (8 * i));
@@ -443,10 +449,23 @@ bt_status_t ckpt_st_write(const char *path, const ckpt_st_entry_t *entries, int 
     if (st == BT_OK) st = base_save_file_write(&f, head, 8 + padded);
     for (int i = 0; i < n && st == BT_OK; i++) {
         const tensor_t *t = &entries[i].t;
-        st = base_save_file_write(&f, t->data, (size_t)tensor_numel(t) * st_dtype_size(t->dtype));
+        size_t bytes = (size_t)tensor_numel(t) * st_dtype_size(t->dtype);
+        const void *data = t->data;
+        if (fill) {
+            st = fill(arg, i, buf, bytes);
+            data = buf;
+        }
+        if (st == BT_OK) st = base_save_file_write(&f, data, bytes);
     }
     free(head);
+    free(buf);
     if (st == BT_OK) return base_save_file_commit(&f);
     base_save_file_abort(&f);
     return st;
+}
+
+bt_status_t ckpt_st_write(const char *path, const ckpt_st_entry_t *entries, int n,
+                          const char *const *meta, int n_meta)
+{
+    return ckpt_st_write_fill(path, entries, n, meta, n_meta, NULL, NULL);
 }

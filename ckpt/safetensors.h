@@ -87,5 +87,12 @@ typedef struct {
  * temporaries of path are removed first). */
 bt_status_t ckpt_st_write(const char *path, const ckpt_st_entry_t *entries, int n,
                           const char *const *meta, int n_meta);
+/* The same, streaming: entries give names, dtypes and shapes (data unused);
+ * fill(arg, i, buf, bytes) writes tensor i's bytes into buf (one buffer of
+ * the largest tensor's size, reused), so that a file of any size is written
+ * holding one tensor at a time. A fill error aborts the file. */
+typedef bt_status_t (*ckpt_st_fill_fn)(void *arg, int i, void *buf, size_t bytes);
+bt_status_t ckpt_st_write_fill(const char *path, const ckpt_st_entry_t *entries, int n,
+                               const char *const *meta, int n_meta, ckpt_st_fill_fn fill, void *arg);
 
 #endif

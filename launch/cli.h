@@ -5,7 +5,8 @@
 
 int cmd_run(int argc, char **argv);      /* launch/cmd_run.c: train from a job file */
 int cmd_graph(int argc, char **argv);    /* launch/cmd_graph.c: print the actor graph */
-int cmd_flops(int argc, char **argv);    /* launch/cmd_flops.c: FLOPs per token, MFU */
+int cmd_flops(int argc, char **argv);
+int cmd_convert(int argc, char **argv);  /* launch/cmd_convert.c: checkpoint <-> HF */    /* launch/cmd_flops.c: FLOPs per token, MFU */
 int cmd_eval(int argc, char **argv);     /* launch/cmd_eval.c: loss/perplexity */
 int cmd_generate(int argc, char **argv); /* launch/cmd_generate.c */
 int cmd_data(int argc, char **argv);     /* launch/cmd_data.c: data prepare */

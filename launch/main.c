@@ -20,6 +20,7 @@ static const cli_cmd_t commands[] = {
     {"run", cmd_run, "JOB.yaml [--set key=value ...]   train as described by a job file"},
     {"graph", cmd_graph, "JOB.yaml                          print the actor graph without running"},
     {"flops", cmd_flops, "JOB.yaml [--json]                 training FLOPs per token (MFU's numerator)"},
+    {"convert", cmd_convert, "--from SRC --to DIR [--format hf|native]   checkpoint <-> Hugging Face"},
     {"eval", cmd_eval, "--model DIR (--ids F | --text F) [--json]  loss and perplexity"},
     {"generate", cmd_generate, "--model DIR --prompt TEXT --max-new N   generate text"},
     {"data", cmd_data, "prepare --tokenizer DIR --input F... --output DIR   tokenize a corpus"},

@@ -1,0 +1,356 @@
+/* baton convert --from SRC --to DIR [--format hf|native] [--tokenizer PATH]
+ *
+ *   native -> hf      a checkpoint (step directory or root) becomes a Hugging Face
+ *                     directory: config.json (the checkpoint's model), model.safetensors
+ *                     (every parameter, whole, in the checkpoint's dtype, assembled
+ *                     from whatever layout saved it) and, with --tokenizer, the
+ *                     tokenizer files; transformers and `baton eval/generate` load it
+ *   hf -> native      a Hugging Face directory becomes a checkpoint directory: one
+ *                     shard file per safetensors file, each tensor in its own dtype
+ *                     (importing and exporting again gives the same tensor bytes)
+ * Both stream: one tensor is in memory at a time (plus the file being mapped).
+ * Nothing is overwritten: the HF output replaces DIR atomically as a whole
+ * (base/save.h), the native output must not exist and appears by a rename. */
+#include "launch/cli.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/file.h"
+#include "base/log.h"
+#include "base/save.h"
+#include "ckpt/hf.h"
+#include "ckpt/native.h"
+#include "ckpt/safetensors.h"
+#include "ckpt/store.h"
+#include "model/model.h"
+
+static void convert_usage(FILE *f)
+{
+    fprintf(f, "usage: baton convert --from SRC --to DIR [--format hf|native] [--tokenizer PATH]\n"
+               "  native checkpoint (step directory or root) -> Hugging Face directory (--format hf,\n"
+               "  the default for a checkpoint), or Hugging Face directory -> native checkpoint\n"
+               "  directory (--format native, the default for an HF source); docs/CHECKPOINTS.md\n");
+}
+
+static bool is_file(const char *dir, const char *name)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* ---- native -> hf ------------------------------------------------------------- */
+
+typedef struct {
+    ckpt_reader_t       *r;
+    const ckpt_st_entry_t *ents;
+    char                 err[1024];
+} export_ctx_t;
+
+static bt_status_t export_fill(void *arg, int i, void *buf, size_t bytes)
+{
+    export_ctx_t *x = arg;
+    const tensor_t *t = &x->ents[i].t;
+    shard_spec_t whole = shard_whole(t->ndim, t->shape);
+    (void)bytes;
+    return ckpt_read(x->r, x->ents[i].name, &whole, buf, x->err, sizeof x->err);
+}
+
+/* The tokenizer files of PATH (a tokenizer.json, or a directory holding one)
+ * into the new version of the export. */
+static bt_status_t tokenizer_copy(const char *path, const base_save_dir_t *d)
+{
+    static const char *const names[] = {"tokenizer.json", "tokenizer_config.json",
+                                        "special_tokens_map.json", NULL};
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        fprintf(stderr, "baton convert: --tokenizer %s: %s\n", path, strerror(errno));
+        return BT_ERR_NOT_FOUND;
+    }
+    char dir[4096];
+    if (S_ISDIR(sb.st_mode)) snprintf(dir, sizeof dir, "%s", path);
+    else {
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        else snprintf(dir, sizeof dir, ".");
+    }
+    if (!is_file(dir, "tokenizer.json")) {
+        fprintf(stderr, "baton convert: --tokenizer %s: no tokenizer.json there\n", path);
+        return BT_ERR_NOT_FOUND;
+    }
+    for (int i = 0; names[i]; i++) {
+        if (!is_file(dir, names[i])) continue;
+        char src[4200], dst[4200];
+        snprintf(src, sizeof src, "%s/%s", dir, names[i]);
+        base_save_dir_path(d, names[i], dst, sizeof dst);
+        char *text = NULL;
+        size_t len = 0;
+        bt_status_t st = base_file_read(src, 1u << 30, &text, &len);
+        if (!st) st = base_save_file(dst, text, len, 0644);
+        free(text);
+        if (st) return st;
+    }
+    return BT_OK;
+}
+
+static int export_hf(const char *src, const char *to, const char *tokenizer)
+{
+    char dir[CKPT_PATH_MAX], err[1024];
+    if (ckpt_resolve(src, dir, sizeof dir, err, sizeof err)) {
+        fprintf(stderr, "baton convert: %s\n", err);
+        return 1;
+    }
+    const char *dirs[1] = {dir};
+    ckpt_reader_t *r = NULL;
+    if (ckpt_reader_open(dirs, 1, &r, err, sizeof err)) {
+        fprintf(stderr, "baton convert: %s\n", err);
+        return 1;
+    }
+    int rc = 1;
+    const ckpt_index_t *idx = ckpt_reader_index(r);
+    json_t *meta = json_loads(idx->meta ? idx->meta : "{}", 0, NULL);
+    char *cfg_text = meta ? json_dumps(json_object_get(meta, "model"), JSON_COMPACT) : NULL;
+    json_decref(meta);
+    model_config_t cfg;
+    model_param_t *ps = NULL;
+    ckpt_st_entry_t *ents = NULL;
+    char (*names)[MODEL_NAME_MAX] = NULL;
+    base_save_dir_t d = {0};
+    bool begun = false;
+    if (!cfg_text || ckpt_hf_config_parse(cfg_text, strlen(cfg_text), dir, &cfg)) {
+        fprintf(stderr, "baton convert: %s: the index names no model config (meta.model)\n", dir);
+        goto out;
+    }
+    model_stage_t whole = model_stage_full(&cfg);
+    int n = model_layout(&cfg, &whole, NULL);
+    ps = calloc((size_t)n + 1, sizeof *ps);
+    ents = calloc((size_t)n + 1, sizeof *ents);
+    names = calloc((size_t)n + 1, sizeof *names);
+    if (!ps || !ents || !names) goto out;
+    model_layout(&cfg, &whole, ps);
+    for (int i = 0; i < n; i++) {
+        const ckpt_tensor_t *t = ckpt_index_find(idx, ps[i].name);
+        if (!t) {
+            fprintf(stderr, "baton convert: %s: parameter %s is not in the checkpoint\n", dir, ps[i].name);
+            goto out;
+        }
+        snprintf(names[i], sizeof names[i], "%s", ps[i].name);
+        ents[i] = (ckpt_st_entry_t){.name = names[i],
+                                    .t = tensor_make(NULL, t->dtype, DEVICE_CPU, t->ndim, t->shape)};
+    }
+    if (base_save_dir_begin(&d, to)) goto out;
+    begun = true;
+    char path[4200];
+    char *conf = ckpt_hf_config_text(&cfg);
+    base_save_dir_path(&d, "config.json", path, sizeof path);
+    bt_status_t st = conf ? base_save_file(path, conf, strlen(conf), 0644) : BT_ERR_NOMEM;
+    free(conf);
+    if (st) goto out;
+    export_ctx_t x = {.r = r, .ents = ents};
+    base_save_dir_path(&d, "model.safetensors", path, sizeof path);
+    const char *st_meta[] = {"format", "pt"};
+    if ((st = ckpt_st_write_fill(path, ents, n, st_meta, 1, export_fill, &x))) {
+        fprintf(stderr, "baton convert: %s%s\n", x.err[0] ? x.err : "cannot write ", x.err[0] ? "" : path);
+        goto out;
+    }
+    if (tokenizer && tokenizer_copy(tokenizer, &d)) goto out;
+    static const char *const owned[] = {"config.json", "model.safetensors", "tokenizer.json",
+                                        "tokenizer_config.json", "special_tokens_map.json", NULL};
+    if (base_save_dir_commit(&d, owned)) goto out;
+    begun = false;
+    printf("%s: %d tensors of %s written as a Hugging Face directory%s\n", to, n, dir,
+           tokenizer ? " with its tokenizer" : " (no tokenizer: give --tokenizer for generate/eval --text)");
+    rc = 0;
+out:
+    if (begun) base_save_dir_abort(&d);
+    free(cfg_text);
+    free(ps);
+    free(ents);
+    free(names);
+    ckpt_reader_close(r);
+    return rc;
+}
+
+/* ---- hf -> native ------------------------------------------------------------- */
+
+typedef struct {
+    const ckpt_st_file_t *f;
+    const ckpt_st_tensor_t **ts;
+} import_ctx_t;
+
+/* The tensor's bytes as they are in the file (no conversion: an import
+ * keeps every dtype). */
+static bt_status_t import_fill(void *arg, int i, void *buf, size_t bytes)
+{
+    import_ctx_t *x = arg;
+    if (x->ts[i]->end - x->ts[i]->begin != bytes) return BT_ERR_CORRUPT;
+    memcpy(buf, x->ts[i]->data, bytes);
+    return BT_OK;
+}
+
+/* The safetensors files of an HF directory: model.safetensors, or those its
+ * index names (each once, in order of first mention). */
+static int hf_files(const char *dir, char ***out)
+{
+    *out = NULL;
+    if (is_file(dir, "model.safetensors")) {
+        char **v = calloc(2, sizeof *v);
+        if (!v || !(v[0] = strdup("model.safetensors"))) { free(v); return -1; }
+        *out = v;
+        return 1;
+    }
+    char p[4200];
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    json_t *j = json_load_file(p, 0, NULL);
+    json_t *map = j ? json_object_get(j, "weight_map") : NULL;
+    if (!json_is_object(map)) {
+        json_decref(j);
+        fprintf(stderr, "baton convert: %s: no model.safetensors, no readable model.safetensors.index.json\n", dir);
+        return -1;
+    }
+    size_t cap = json_object_size(map) + 1;
+    char **v = calloc(cap, sizeof *v);
+    int n = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(map, key, val) {
+        const char *f = json_string_value(val);
+        bool seen = !f || strchr(f, '/') != NULL;
+        for (int i = 0; i < n && !seen; i++) seen = !strcmp(v[i], f);
+        if (!seen) v[n++] = strdup(f);
+    }
+    json_decref(j);
+    *out = v;
+    return n;
+}
+
+static int import_hf(const char *src, const char *to)
+{
+    struct stat sb;
+    if (lstat(to, &sb) == 0) {
+        fprintf(stderr, "baton convert: %s exists: nothing is overwritten\n", to);
+        return 1;
+    }
+    model_config_t cfg;
+    if (ckpt_hf_config_load(src, &cfg)) return 1;
+    char **files = NULL;
+    int nf = hf_files(src, &files);
+    if (nf <= 0) return 1;
+    char tmp[CKPT_PATH_MAX], err[1024];
+    snprintf(tmp, sizeof tmp, "%s.baton-tmp", to);
+    base_dir_clear(tmp);
+    int rc = 1;
+    ckpt_index_t idx = {0};
+    if (mkdir(tmp, 0755) != 0) {
+        fprintf(stderr, "baton convert: cannot create %s: %s\n", tmp, strerror(errno));
+        goto out;
+    }
+    int tensors = 0;
+    for (int k = 0; k < nf; k++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", src, files[k]);
+        ckpt_st_file_t *f = NULL;
+        if (ckpt_st_open(path, &f)) goto out;
+        int n = f->n;
+        ckpt_put_t *puts = calloc((size_t)n + 1, sizeof *puts);
+        const ckpt_st_tensor_t **ts = calloc((size_t)n + 1, sizeof *ts);
+        bt_status_t st = puts && ts ? BT_OK : BT_ERR_NOMEM;
+        for (int i = 0; i < n && !st; i++) {
+            ts[i] = &f->tensors[i];
+            if (ts[i]->ndim < 1 || ts[i]->ndim > SHARD_MAX_DIMS) {
+                fprintf(stderr, "baton convert: %s: tensor %s has %d dims (1..%d here)\n", path,
+                        ts[i]->name, ts[i]->ndim, SHARD_MAX_DIMS);
+                st = BT_ERR_UNSUPPORTED;
+                break;
+            }
+            puts[i] = (ckpt_put_t){.tensor = ts[i]->name, .dtype = ts[i]->dtype,
+                                   .spec = shard_whole(ts[i]->ndim, ts[i]->shape)};
+        }
+        char file[64];
+        snprintf(file, sizeof file, "shard-r%05d.safetensors", k);
+        import_ctx_t x = {.f = f, .ts = ts};
+        if (!st) st = ckpt_shard_write_fill(&idx, tmp, file, puts, n, import_fill, &x, err, sizeof err);
+        if (st) fprintf(stderr, "baton convert: %s: %s\n", path, err);
+        tensors += n;
+        free(puts);
+        free(ts);
+        ckpt_st_close(f);
+        if (st) goto out;
+    }
+    char *conf = ckpt_hf_config_text(&cfg);
+    json_t *meta = json_pack("{s:o, s:s, s:I}", "model", conf ? json_loads(conf, 0, NULL) : json_null(),
+                             "imported_from", src, "step", (json_int_t)0);
+    free(conf);
+    char *mt = meta ? json_dumps(meta, JSON_COMPACT) : NULL;
+    json_decref(meta);
+    bt_status_t st = mt ? ckpt_index_set_meta(&idx, mt) : BT_ERR_NOMEM;
+    free(mt);
+    if (!st && (st = ckpt_index_check(&idx, err, sizeof err))) fprintf(stderr, "baton convert: %s\n", err);
+    if (!st) st = ckpt_index_write(&idx, tmp);
+    if (!st) st = base_save_dir_fsync(tmp);
+    if (!st && rename(tmp, to) != 0) {
+        fprintf(stderr, "baton convert: cannot rename %s to %s: %s\n", tmp, to, strerror(errno));
+        st = BT_ERR_IO;
+    }
+    if (st) goto out;
+    printf("%s: %d tensors of %s written as a checkpoint directory (%d shard files)\n", to, tensors,
+           src, nf);
+    rc = 0;
+out:
+    if (rc) base_dir_clear(tmp);
+    ckpt_index_free(&idx);
+    for (int k = 0; k < nf; k++) free(files[k]);
+    free(files);
+    return rc;
+}
+
+int cmd_convert(int argc, char **argv)
+{
+    const char *from = NULL, *to = NULL, *format = NULL, *tokenizer = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char **slot = !strcmp(argv[i], "--from") ? &from : !strcmp(argv[i], "--to") ? &to
+                          : !strcmp(argv[i], "--format") ? &format
+                          : !strcmp(argv[i], "--tokenizer") ? &tokenizer : NULL;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            convert_usage(stdout);
+            return 0;
+        }
+        if (!slot || i + 1 >= argc) {
+            fprintf(stderr, "baton convert: unexpected argument '%s'\n", argv[i]);
+            convert_usage(stderr);
+            return 2;
+        }
+        *slot = argv[++i];
+    }
+    if (!from || !to) {
+        convert_usage(stderr);
+        return 2;
+    }
+    bool hf_src = is_file(from, "config.json");
+    if (!format) format = hf_src ? "native" : "hf";
+    if (!strcmp(format, "hf")) {
+        if (hf_src) {
+            fprintf(stderr, "baton convert: %s is a Hugging Face directory already\n", from);
+            return 2;
+        }
+        return export_hf(from, to, tokenizer);
+    }
+    if (!strcmp(format, "native")) {
+        if (!hf_src) {
+            fprintf(stderr, "baton convert: --format native: %s is no Hugging Face directory "
+                    "(config.json); a checkpoint loads under any layout as it is (--resume)\n", from);
+            return 2;
+        }
+        return import_hf(from, to);
+    }
+    fprintf(stderr, "baton convert: --format %s: expected hf or native\n", format);
+    return 2;
+}
