@@ -7,6 +7,9 @@
 #include "base/status.h"
 #include "transport/xport.h"
 
+/* `baton bench ckpt ...` (bench/bench_ckpt.c): one checkpoint save and load. */
+int bench_ckpt_main(int argc, char **argv);
+
 /* `baton bench transport ...` (bench/bench_transport.c). */
 int bench_transport_main(int argc, char **argv);
 

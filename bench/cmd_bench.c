@@ -26,6 +26,7 @@ static const bench_cmd_t benches[] = {
      "[--transport inproc|tcp|ucx] [--json] [--iters N] [--sizes ...]  actor-path ping-pong"},
     {"train", bench_train_main, "[--json]  CPU training tokens/s vs PyTorch eager"},
     {"kernels", bench_kernels_cmd, "[FILTER]  CPU kernel timings"},
+    {"ckpt", bench_ckpt_main, "--dir DIR [--mb N] [--tensors K] [--json]  one checkpoint save + load"},
 };
 
 int cmd_bench(int argc, char **argv)
@@ -39,7 +40,7 @@ int cmd_bench(int argc, char **argv)
     }
     for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
         if (!strcmp(argv[1], benches[i].name)) return benches[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "baton bench: unknown benchmark '%s' (known: transport, train, kernels)\n",
+    fprintf(stderr, "baton bench: unknown benchmark '%s' (known: transport, train, kernels, ckpt)\n",
             argv[1]);
     return 2;
 }
