@@ -54,8 +54,21 @@ bt_status_t gguf_llama_config(const gguf_t *g, gguf_llama_config_t *cfg)
         return BT_ERR_INVALID;
     }
     if (!gguf_str_eq(arch, "llama")) {
-        log_error("gguf: %s: architecture '%.*s' is not supported (only llama)", g->path,
+        log_error("gguf: %s: architecture '%.*s' is not supported (only llama; a qwen2moe or "
+                  "mixtral model loads from its Hugging Face directory)", g->path,
                   (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+        return BT_ERR_UNSUPPORTED;
+    }
+    /* Mixtral is a llama GGUF with experts: blk.N.ffn_gate_inp (the router) and
+     * the stacked blk.N.ffn_{gate,up,down}_exps. Not read yet: refused by name
+     * rather than loaded as a dense model whose MLP tensors are missing. */
+    int64_t experts = 0;
+    if ((st = opt_i64(g, "llama.expert_count", 0, &experts)) != BT_OK) return st;
+    if (experts > 0 || gguf_tensor_find(g, "blk.0.ffn_gate_inp.weight")) {
+        log_error("gguf: %s: llama.expert_count=%" PRId64 " (tensor blk.0.ffn_gate_inp.weight %s): "
+                  "mixture-of-experts GGUF files (Mixtral) are not supported yet; load the model "
+                  "from its Hugging Face directory", g->path, experts,
+                  gguf_tensor_find(g, "blk.0.ffn_gate_inp.weight") ? "present" : "absent");
         return BT_ERR_UNSUPPORTED;
     }
     if ((st = need_i64(g, "llama.block_count", 1, &c.num_hidden_layers)) != BT_OK) return st;

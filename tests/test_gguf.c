@@ -972,6 +972,39 @@ static void test_gguf_handmade(void)
     free(msg);
 }
 
+/* A mixture-of-experts llama GGUF (Mixtral: llama.expert_count, the router
+ * blk.N.ffn_gate_inp) is refused by name, not read as a dense llama. */
+static void test_gguf_llama_moe_refused(void)
+{
+    builder_t b;
+    for (int with_count = 0; with_count < 2; with_count++) {
+        b_header(&b, with_count ? 0 : 1, with_count ? 2 : 1);
+        b_str(&b, "general.architecture"); b_u32(&b, GGUF_TYPE_STRING); b_str(&b, "llama");
+        if (with_count) {
+            b_str(&b, "llama.expert_count"); b_u32(&b, GGUF_TYPE_U32); b_u32(&b, 8);
+        } else { /* no count, but the router's tensor */
+            b_str(&b, "blk.0.ffn_gate_inp.weight"); b_u32(&b, 2); b_u64(&b, 4); b_u64(&b, 2);
+            b_u32(&b, DEQUANT_F32); b_u64(&b, 0);
+            b_pad(&b, 32);
+            b.n += 32;
+        }
+        gguf_t *g;
+        REQUIRE(gguf_open_mem(b.b, b.n, "moe.gguf", &g) == BT_OK);
+        test_capture_t cap;
+        test_capture_begin(&cap);
+        gguf_llama_config_t cfg;
+        bt_status_t st = gguf_llama_config(g, &cfg);
+        char *msg = test_capture_end(&cap);
+        CHECK(st == BT_ERR_UNSUPPORTED);
+        CHECK_MSG(strstr(msg, "moe.gguf") && strstr(msg, with_count ? "llama.expert_count=8"
+                                                                    : "ffn_gate_inp.weight present") &&
+                      strstr(msg, "mixture-of-experts"),
+                  "message '%s'", msg);
+        free(msg);
+        gguf_close(g);
+    }
+}
+
 /* Random byte corruption of the metadata and tensor infos: never a crash or
  * a sanitizer report, and a file that still opens has sane tensors. */
 static void test_gguf_corruption(void)
@@ -1014,6 +1047,7 @@ int main(int argc, char **argv)
     TEST_RUN(argc, argv, test_gguf_metadata_all_types, test_gguf_tiny_tensors, test_gguf_version2,
              test_gguf_dequant_types, test_gguf_dequant_real, test_gguf_f16_all_patterns,
              test_gguf_dequant_errors, test_gguf_llama_config, test_gguf_llama_config_errors,
+             test_gguf_llama_moe_refused,
              test_gguf_llama_names,
              test_gguf_unpermute_tiny, test_gguf_smollm2_excerpt,
              test_gguf_tokenizer_matches_transformers, test_gguf_tokenizer_smollm_pre,

@@ -22,6 +22,8 @@ tests/fixtures/<name>/:
         (k+1)-th routing probability of any token of any sparse layer (the
         script refuses a fixture whose routing sits on a near-tie, where
         float rounding could pick other experts than transformers did)
+  generate.json    {"prompt_ids", "ids"}: transformers' greedy generate() of 20
+                   tokens after a fixed prompt, EOS ignored
 
 Fixtures:
   mixtral          MixtralForCausalLM, 4 experts, top-2, router aux loss on
@@ -52,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_fixtures import LENS, make_sequences  # noqa: E402
 
 MIN_GAP = 1e-4  # routing probabilities closer than this are a near-tie
+PROMPT = [64, 65, 66, 220, 67]
 
 
 def fixture_specs():
@@ -211,6 +214,15 @@ def build(outdir, idx, name, cls, cfg):
                    "grad_norm": math.sqrt(sumsq), "aux": aux, "min_gap": gap, "seed": seed,
                    "transformers": transformers.__version__, "torch": torch.__version__},
                   f, indent=1)
+        f.write("\n")
+    # greedy decoding of a fixed prompt ("abc d" in the llama fixture's byte
+    # tokenizer), EOS ignored: what `baton generate --ignore-eos` must give
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        gen = model.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=20,
+                             do_sample=False, pad_token_id=0)
+    with open(os.path.join(d, "generate.json"), "w") as f:
+        json.dump({"prompt_ids": PROMPT, "ids": gen[0, len(PROMPT):].tolist()}, f)
         f.write("\n")
     for fn in os.listdir(d):
         os.chmod(os.path.join(d, fn), 0o644)

@@ -10,6 +10,10 @@ do, so that a fixture run of both can be compared step by step:
   * accumulation: every microbatch's loss is sum(NLL) / (scored positions of
     the whole global batch), so the accumulated gradient is the gradient of
     the mean over the global batch;
+  * a mixture-of-experts model with output_router_logits adds its router's
+    load-balancing loss (out.aux_loss, over the microbatch's tokens) times
+    router_aux_loss_coef, weighted by the microbatch's share of the scored
+    positions (model/kind.h, loss_end);
   * clipping: torch.nn.utils.clip_grad_norm_(max_norm);
   * optimizer: torch.optim.AdamW(foreach=False), weight decay on tensors with
     p.dim() >= 2 ("matrices"), or all / none;
@@ -112,6 +116,8 @@ def train(model, tokens, hp, on_step=None):
     opt = torch.optim.AdamW(param_groups(model, hp["weight_decay"], hp.get("decay", "matrices")),
                             lr=hp["lr"], betas=tuple(hp["betas"]), eps=hp["eps"], foreach=False)
     params = [p for p in model.parameters()]
+    cfg = model.config
+    aux_coef = cfg.router_aux_loss_coef if getattr(cfg, "output_router_logits", False) else 0.0
     out = []
     for s in range(hp["steps"]):
         rows = []
@@ -125,10 +131,16 @@ def train(model, tokens, hp, on_step=None):
         loss_sum = 0.0
         for k in range(K):
             ids, tgt = batch[k, :, :T], batch[k, :, 1:]
-            logits = model(input_ids=ids).logits
+            res = model(input_ids=ids, **({"output_router_logits": True} if aux_coef else {}))
+            logits = res.logits
             nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt.reshape(-1),
                                   reduction="sum")
-            (nll / scored).backward()
+            term = nll / scored
+            if aux_coef:
+                aux = aux_coef * res.aux_loss * (B * T)
+                term = term + aux / scored
+                loss_sum += aux.item()
+            term.backward()
             loss_sum += nll.item()
         if hp["clip"] > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, hp["clip"]).item()

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Mixture-of-experts models through the CLI (tests/fixtures/mixtral, qwen2_moe,
+# qwen2_moe_norm, train_qwen2_moe; tools/gen_moe_fixtures.py and
+# gen_moe_train_fixture.py): `baton run` reproduces the PyTorch reference
+# training loop step by step (1e-5) and exports a model that loads back;
+# pipeline and data parallelism give the single-process losses; tensor
+# parallelism, and pipeline stages under the router's load-balancing loss,
+# are refused naming the field; `baton generate` gives transformers' greedy
+# ids, with and without the KV cache. (`baton eval` on the fixtures:
+# tests/sh/test_eval_cli.sh.)
+set -u
+. "$(dirname "$0")/lib.bash"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+losses() { sed -n 's/.*"loss": \([0-9.e+-]*\),.*/\1/p' "$1"; }
+
+# 1. training against the torch reference, then the export reloads
+fx=tests/fixtures/train_qwen2_moe
+cat > "$tmp/fixture.yaml" <<YAML
+model: {hf: $fx}
+data: {dir: $fx, seq_len: 16, split: 0}
+train: {steps: 10, micro_batch: 2, grad_accum: 2, seed: 1234, log_every: 100}
+optim: {lr: 0.01, min_lr: 0.001, warmup: 3, warmup_from: zero, betas: [0.9, 0.95], eps: 1e-8,
+        weight_decay: 0.1, clip: 3.0, decay: matrices}
+export: {dir: $tmp/ck, every: 10}
+metrics: {file: $tmp/fx.jsonl}
+YAML
+"$BATON" run "$tmp/fixture.yaml" --quiet > "$tmp/fx.txt" 2>&1 || fail moe_run "rc $?: $(tail -3 "$tmp/fx.txt")"
+losses "$tmp/fx.jsonl" > "$tmp/fx_baton"
+sed -n 's/^ *"loss": \([0-9.e+-]*\),*$/\1/p' "$fx/expected.json" > "$tmp/fx_torch"
+if [ "$(wc -l < "$tmp/fx_torch")" -eq 10 ] && paste "$tmp/fx_baton" "$tmp/fx_torch" |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad++; n++ } END { exit !(n == 10 && !bad) }'; then
+    pass moe_run_matches_torch; else fail moe_run_matches_torch "$(paste "$tmp/fx_baton" "$tmp/fx_torch" | tr '\n' ' ')"; fi
+if grep -q '"architectures": \[\s*"Qwen2MoeForCausalLM"' <(tr -d '\n' < "$tmp/ck/config.json") &&
+   out=$("$BATON" eval --model "$tmp/ck" --ids tests/fixtures/qwen2_moe/ids.txt --json 2>&1) &&
+   [ -n "$(field loss "$out")" ]; then pass moe_export_reloads; else fail moe_export_reloads "$out"; fi
+
+# 2. layouts: pp=2 and dp=2 against one process (qwen2_moe: no load-balancing loss)
+cat > "$tmp/q.yaml" <<YAML
+model: {hf: tests/fixtures/qwen2_moe}
+data: {dir: tests/fixtures/train_llama, seq_len: 16, split: 0}
+train: {steps: 4, micro_batch: 2, grad_accum: 2, seed: 1234, log_every: 100}
+optim: {lr: 0.01, min_lr: 0.001, warmup: 2}
+metrics: {file: $tmp/one.jsonl}
+YAML
+"$BATON" run "$tmp/q.yaml" --quiet >/dev/null 2>&1 || fail moe_single "rc $?"
+"$BATON" run "$tmp/q.yaml" --quiet --set parallel.pp=2 --set metrics.file="$tmp/pp2.jsonl" \
+    >"$tmp/pp2.txt" 2>&1
+if [ -s "$tmp/pp2.jsonl" ] && cmp -s <(losses "$tmp/one.jsonl") <(losses "$tmp/pp2.jsonl"); then
+    pass moe_pp2_equals_single; else fail moe_pp2_equals_single "$(losses "$tmp/pp2.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/pp2.txt")"; fi
+"$BATON" run "$tmp/q.yaml" --quiet --set parallel.dp=2 --set train.grad_accum=1 \
+    --set metrics.file="$tmp/dp2.jsonl" >"$tmp/dp2.txt" 2>&1
+if [ "$(losses "$tmp/dp2.jsonl" | wc -l)" -eq 4 ] && paste <(losses "$tmp/one.jsonl") <(losses "$tmp/dp2.jsonl") |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad++ } END { exit bad }'; then
+    pass moe_dp2_equals_single; else fail moe_dp2_equals_single "$(losses "$tmp/dp2.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/dp2.txt")"; fi
+
+# 3. refusals, naming the field
+out=$("$BATON" run "$tmp/q.yaml" --quiet --set parallel.tp=2 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "routed experts are not split over tensor parallelism: parallel.tp must be 1" <<<"$out" \
+    && pass moe_tp_refused || fail moe_tp_refused "rc $rc: $out"
+out=$("$BATON" run "$tmp/q.yaml" --quiet --set model.hf=tests/fixtures/mixtral --set parallel.pp=2 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "router_aux_loss_coef=0.05 with output_router_logits: the load-balancing loss" <<<"$out" \
+    && grep -q "use parallel.pp: 1, or set output_router_logits to false" <<<"$out" \
+    && pass moe_pp_aux_refused || fail moe_pp_aux_refused "rc $rc: $out"
+
+# 4. generation: transformers' greedy ids (EOS ignored), the KV cache against
+# recomputing the prefix (greedy and sampled); the fixtures borrow the llama
+# fixture's byte-level tokenizer (the same 256-id vocabulary)
+for name in mixtral qwen2_moe qwen2_moe_norm; do
+    d=$tmp/gen_$name; mkdir -p "$d"
+    ln -s "$PWD"/tests/fixtures/$name/config.json "$PWD"/tests/fixtures/$name/model.safetensors "$d"/
+    ln -s "$PWD"/tests/fixtures/llama/tokenizer.json "$d"/
+    want=$(tr -d '\n' < tests/fixtures/$name/generate.json | sed 's/.*"ids": \[\([^]]*\)\].*/\1/')
+    got=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 20 --ignore-eos --json 2>&1)
+    ids=$(sed 's/.*"ids": \[\([^]]*\)\].*/\1/' <<<"$got")
+    [ -n "$want" ] && [ "$ids" = "$want" ] && grep -q '"prompt_ids": \[64, 65, 66, 220, 67\]' <<<"$got" \
+        && pass "moe_generate_greedy_$name" || fail "moe_generate_greedy_$name" "got [$ids] want [$want]"
+    for mode in "" "--temperature 2 --seed 5"; do
+        # shellcheck disable=SC2086
+        c1=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 12 --ignore-eos --json $mode 2>&1)
+        # shellcheck disable=SC2086
+        c0=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 12 --ignore-eos --json --no-cache $mode 2>&1)
+        tag=${name}${mode:+_sampled}
+        [[ "$c1" == *'"ids": ['[0-9]* ]] && [ "$c1" = "$c0" ] && pass "moe_generate_cache_$tag" \
+            || fail "moe_generate_cache_$tag" "cache: $c1 | recompute: $c0"
+    done
+done
