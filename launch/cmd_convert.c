@@ -48,19 +48,21 @@ static bool is_file(const char *dir, const char *name)
 
 /* ---- native -> hf ------------------------------------------------------------- */
 
+/* HF tensor i comes from checkpoint tensor src[i], piece want[i]: the whole
+ * tensor, or one index's slab of a stacked parameter (model.h,
+ * MODEL_STACK_MARK; routed experts), which is the HF tensor's bytes. */
 typedef struct {
-    ckpt_reader_t       *r;
-    const ckpt_st_entry_t *ents;
-    char                 err[1024];
+    ckpt_reader_t *r;
+    const char   (*src)[CKPT_NAME_MAX];
+    const shard_spec_t *want;
+    char           err[1024];
 } export_ctx_t;
 
 static bt_status_t export_fill(void *arg, int i, void *buf, size_t bytes)
 {
     export_ctx_t *x = arg;
-    const tensor_t *t = &x->ents[i].t;
-    shard_spec_t whole = shard_whole(t->ndim, t->shape);
     (void)bytes;
-    return ckpt_read(x->r, x->ents[i].name, &whole, buf, x->err, sizeof x->err);
+    return ckpt_read(x->r, x->src[i], &x->want[i], buf, x->err, sizeof x->err);
 }
 
 /* The tokenizer files of PATH (a tokenizer.json, or a directory holding one)
@@ -123,6 +125,8 @@ static int export_hf(const char *src, const char *to, const char *tokenizer)
     model_param_t *ps = NULL;
     ckpt_st_entry_t *ents = NULL;
     char (*names)[MODEL_NAME_MAX] = NULL;
+    char (*srcs)[CKPT_NAME_MAX] = NULL;
+    shard_spec_t *want = NULL;
     base_save_dir_t d = {0};
     bool begun = false;
     if (!cfg_text || ckpt_hf_config_parse(cfg_text, strlen(cfg_text), dir, &cfg)) {
@@ -130,21 +134,49 @@ static int export_hf(const char *src, const char *to, const char *tokenizer)
         goto out;
     }
     model_stage_t whole = model_stage_full(&cfg);
-    int n = model_layout(&cfg, &whole, NULL);
-    ps = calloc((size_t)n + 1, sizeof *ps);
+    int np = model_layout(&cfg, &whole, NULL);
+    ps = calloc((size_t)np + 1, sizeof *ps);
+    if (!ps) goto out;
+    model_layout(&cfg, &whole, ps);
+    int n = 0;
+    for (int i = 0; i < np; i++)
+        n += model_name_is_stacked(ps[i].name) ? (int)ps[i].spec.global[0] : 1;
     ents = calloc((size_t)n + 1, sizeof *ents);
     names = calloc((size_t)n + 1, sizeof *names);
-    if (!ps || !ents || !names) goto out;
-    model_layout(&cfg, &whole, ps);
-    for (int i = 0; i < n; i++) {
-        const ckpt_tensor_t *t = ckpt_index_find(idx, ps[i].name);
-        if (!t) {
-            fprintf(stderr, "baton convert: %s: parameter %s is not in the checkpoint\n", dir, ps[i].name);
-            goto out;
+    srcs = calloc((size_t)n + 1, sizeof *srcs);
+    want = calloc((size_t)n + 1, sizeof *want);
+    if (!ents || !names || !srcs || !want) goto out;
+    int e = 0;
+    for (int i = 0; i < np; i++) {
+        bool stacked = model_name_is_stacked(ps[i].name);
+        int64_t count = stacked ? ps[i].spec.global[0] : 1;
+        const ckpt_tensor_t *whole_t = ckpt_index_find(idx, ps[i].name);
+        for (int64_t k = 0; k < count; k++, e++) {
+            if (stacked && !model_name_unstack(ps[i].name, k, names[e], sizeof names[e])) goto out;
+            if (!stacked) snprintf(names[e], sizeof names[e], "%s", ps[i].name);
+            const ckpt_tensor_t *t = whole_t;
+            if (stacked && whole_t) { /* the slab of index k */
+                shard_spec_t sp = shard_whole(whole_t->ndim, whole_t->shape);
+                sp.offset[0] = k;
+                sp.extent[0] = 1;
+                want[e] = sp;
+                snprintf(srcs[e], sizeof srcs[e], "%s", ps[i].name);
+                ents[e] = (ckpt_st_entry_t){.name = names[e],
+                                            .t = tensor_make(NULL, whole_t->dtype, DEVICE_CPU,
+                                                             whole_t->ndim - 1, whole_t->shape + 1)};
+                continue;
+            }
+            if (stacked) t = ckpt_index_find(idx, names[e]); /* an import keeps HF's own names */
+            if (!t) {
+                fprintf(stderr, "baton convert: %s: parameter %s is not in the checkpoint\n", dir,
+                        stacked ? names[e] : ps[i].name);
+                goto out;
+            }
+            want[e] = shard_whole(t->ndim, t->shape);
+            snprintf(srcs[e], sizeof srcs[e], "%s", names[e]);
+            ents[e] = (ckpt_st_entry_t){.name = names[e],
+                                        .t = tensor_make(NULL, t->dtype, DEVICE_CPU, t->ndim, t->shape)};
         }
-        snprintf(names[i], sizeof names[i], "%s", ps[i].name);
-        ents[i] = (ckpt_st_entry_t){.name = names[i],
-                                    .t = tensor_make(NULL, t->dtype, DEVICE_CPU, t->ndim, t->shape)};
     }
     if (base_save_dir_begin(&d, to)) goto out;
     begun = true;
@@ -154,7 +186,7 @@ static int export_hf(const char *src, const char *to, const char *tokenizer)
     bt_status_t st = conf ? base_save_file(path, conf, strlen(conf), 0644) : BT_ERR_NOMEM;
     free(conf);
     if (st) goto out;
-    export_ctx_t x = {.r = r, .ents = ents};
+    export_ctx_t x = {.r = r, .src = (const char (*)[CKPT_NAME_MAX])srcs, .want = want};
     base_save_dir_path(&d, "model.safetensors", path, sizeof path);
     const char *st_meta[] = {"format", "pt"};
     if ((st = ckpt_st_write_fill(path, ents, n, st_meta, 1, export_fill, &x))) {
@@ -175,6 +207,8 @@ out:
     free(ps);
     free(ents);
     free(names);
+    free(srcs);
+    free(want);
     ckpt_reader_close(r);
     return rc;
 }

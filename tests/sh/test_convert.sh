@@ -36,7 +36,7 @@ bad = [k for k in a if a[k] != b[k]]
 assert not bad, bad[:3]
 PY
 }
-for m in llama qwen2_bf16; do
+for m in llama qwen2_bf16 qwen2_moe; do
     src=tests/fixtures/$m
     if "$BATON" convert --from "$src" --to "$tmp/$m.ck" > "$tmp/out" 2>&1 &&
        "$BATON" convert --from "$tmp/$m.ck" --to "$tmp/$m.hf" >> "$tmp/out" 2>&1 &&
@@ -47,6 +47,23 @@ done
 "$BATON" convert --from tests/fixtures/llama_sharded --to "$tmp/sh.ck" > "$tmp/out" 2>&1 &&
     [ "$(ls "$tmp/sh.ck"/shard-*.safetensors | wc -l)" -ge 2 ] && pass convert_import_sharded \
     || fail convert_import_sharded "$(tail -2 "$tmp/out")"
+
+# a run's checkpoint of an MoE model (experts stacked in one parameter) exports
+# the same tensors as the run's own HF export of the same step
+mkdir -p "$tmp/moedata"
+lcg_tokens 3 2000 30 7 32 > "$tmp/moedata/tokens.txt"
+cat > "$tmp/moe.yaml" <<YAML
+model: {hf: tests/fixtures/qwen2_moe}
+data: {dir: $tmp/moedata, seq_len: 8, split: 0}
+train: {steps: 2, micro_batch: 2, grad_accum: 1, log_every: 100}
+optim: {lr: 0.01, min_lr: 0.001, warmup: 0}
+checkpoint: {dir: $tmp/moe.ck}
+export: {dir: $tmp/moe.export}
+YAML
+if "$BATON" run "$tmp/moe.yaml" --quiet > "$tmp/out" 2>&1 &&
+   "$BATON" convert --from "$tmp/moe.ck" --to "$tmp/moe.hf" >> "$tmp/out" 2>&1 &&
+   tensors_same "$tmp/moe.export/model.safetensors" "$tmp/moe.hf/model.safetensors"; then pass convert_moe_like_export
+else fail convert_moe_like_export "$(tail -3 "$tmp/out")"; fi
 
 # nothing is overwritten; bad sources
 "$BATON" convert --from tests/fixtures/llama --to "$tmp/llama.ck" > "$tmp/out" 2>&1 &&
