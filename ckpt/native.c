@@ -147,6 +147,18 @@ static void shard_unmap(shard_map_t *m)
 
 /* Maps path; with want (a reader), its size and hash must be the index's
  * before the header is parsed; without (the writer), info gets them. */
+#define SHARD_RELEASE_BYTES ((size_t)8 << 20)
+
+/* The whole pages of [p, p + n) of a file mapping given back to the kernel
+ * (MADV_DONTNEED: clean file pages stay in the page cache and come back on
+ * the next touch). */
+static void pages_release(const void *p, size_t n)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + n) / page * page;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 static bt_status_t shard_map(const char *path, const ckpt_file_t *want, ckpt_file_t *info, shard_map_t *m,
                              char *err, size_t cap)
 {
@@ -170,7 +182,22 @@ static bt_status_t shard_map(const char *path, const ckpt_file_t *want, ckpt_fil
         m->map = NULL;
         return errf(err, cap, BT_ERR_CORRUPT, "%s: cannot map %zu bytes (empty?)", path, m->size);
     }
-    uint64_t hash = XXH3_64bits(m->map, m->size);
+    /* hashed in 8 MB steps, each given back to the kernel once hashed (the
+     * pages stay in the page cache): checking a file of any size keeps a few
+     * MB of it resident, not the whole file */
+    XXH3_state_t *xs = XXH3_createState();
+    if (!xs) {
+        shard_unmap(m);
+        return errf(err, cap, BT_ERR_NOMEM, "%s: out of memory", path);
+    }
+    XXH3_64bits_reset(xs);
+    for (size_t at = 0; at < m->size; at += SHARD_RELEASE_BYTES) {
+        size_t n = m->size - at < SHARD_RELEASE_BYTES ? m->size - at : SHARD_RELEASE_BYTES;
+        XXH3_64bits_update(xs, (const uint8_t *)m->map + at, n);
+        pages_release((const uint8_t *)m->map + at, n);
+    }
+    uint64_t hash = XXH3_64bits_digest(xs);
+    XXH3_freeState(xs);
     if (want && hash != want->xxh3) {
         shard_unmap(m);
         return errf(err, cap, BT_ERR_CORRUPT, "%s: checksum %016llx, the index says %016llx (the file is damaged)", path,
@@ -714,6 +741,9 @@ bt_status_t ckpt_read(ckpt_reader_t *r, const char *tensor, const shard_spec_t *
             return errf(err, cap, BT_ERR_CORRUPT, "%s: %s does not match the index (missing, or another dtype, size or place)",
                         f->st->path, p->key);
         shard_copy(want, dst, &p->spec, st_t->data, elem);
+        /* pages of a piece read are not kept resident (a resharding read
+         * may touch only part of a piece: the rest was never faulted in) */
+        pages_release(st_t->data, (size_t)st_t->numel * elem);
     }
     return BT_OK;
 }
