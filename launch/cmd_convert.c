@@ -34,6 +34,7 @@
 static void convert_usage(FILE *f)
 {
     fprintf(f, "usage: baton convert --from SRC --to DIR [--format hf|native] [--tokenizer PATH]\n"
+               "       baton convert --from CKPT --to DIR --layout tp=N,pp=N[,split=A+B...]\n"
                "  native checkpoint (step directory or root) -> Hugging Face directory (--format hf,\n"
                "  the default for a checkpoint), or Hugging Face directory -> native checkpoint\n"
                "  directory (--format native, the default for an HF source); docs/CHECKPOINTS.md\n");
@@ -351,13 +352,189 @@ out:
     return rc;
 }
 
+/* ---- native -> native under a layout ------------------------------------------ */
+
+/* "tp=2,pp=2" or "tp=2,pp=2,split=4+3": the pieces one replica of that
+ * layout holds. */
+typedef struct {
+    int     tp, pp;
+    int64_t split[256];
+    int     n_split;
+} layout_t;
+
+static bool layout_parse(const char *text, layout_t *l)
+{
+    *l = (layout_t){.tp = 1, .pp = 1};
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", text);
+    for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        long long v;
+        if (sscanf(kv, "tp=%lld", &v) == 1 && v >= 1 && v <= 1024) l->tp = (int)v;
+        else if (sscanf(kv, "pp=%lld", &v) == 1 && v >= 1 && v <= 256) l->pp = (int)v;
+        else if (sscanf(kv, "dp=%lld", &v) == 1 && v >= 1) { /* replicas hold the same pieces */ }
+        else if (!strncmp(kv, "split=", 6)) {
+            for (char *s2 = NULL, *x = strtok_r(kv + 6, "+", &s2); x; x = strtok_r(NULL, "+", &s2)) {
+                if (l->n_split == 256 || atoll(x) < 1) return false;
+                l->split[l->n_split++] = atoll(x);
+            }
+        } else return false;
+    }
+    return true;
+}
+
+typedef struct {
+    ckpt_reader_t *r;
+    const ckpt_put_t *puts;
+    char           err[1024];
+} reshard_ctx_t;
+
+static bt_status_t reshard_fill(void *arg, int i, void *buf, size_t bytes)
+{
+    reshard_ctx_t *x = arg;
+    (void)bytes;
+    return ckpt_read(x->r, x->puts[i].tensor, &x->puts[i].spec, buf, x->err, sizeof x->err);
+}
+
+/* Each (pipeline stage, TP rank) of the layout gets a shard file with its
+ * parameters and, when the checkpoint has them, their AdamW moments (TP
+ * boxes; a ZeRO-1 run reads its flat ranges from them), read from whatever
+ * layout wrote them, one tensor at a time. The metadata is kept, with the
+ * new layout noted: the output resumes like the input. */
+static int reshard(const char *src, const char *to, const char *layout_text)
+{
+    layout_t L;
+    if (!layout_parse(layout_text, &L)) {
+        fprintf(stderr, "baton convert: --layout %s: expected tp=N,pp=N[,split=A+B+...]\n", layout_text);
+        return 2;
+    }
+    struct stat sb;
+    if (lstat(to, &sb) == 0) {
+        fprintf(stderr, "baton convert: %s exists: nothing is overwritten\n", to);
+        return 1;
+    }
+    char dir[CKPT_PATH_MAX], err[1024], tmp[CKPT_PATH_MAX];
+    if (ckpt_resolve(src, dir, sizeof dir, err, sizeof err)) {
+        fprintf(stderr, "baton convert: %s\n", err);
+        return 1;
+    }
+    const char *dirs[1] = {dir};
+    ckpt_reader_t *r = NULL;
+    if (ckpt_reader_open(dirs, 1, &r, err, sizeof err)) {
+        fprintf(stderr, "baton convert: %s\n", err);
+        return 1;
+    }
+    const ckpt_index_t *src_idx = ckpt_reader_index(r);
+    json_t *meta = json_loads(src_idx->meta ? src_idx->meta : "{}", 0, NULL);
+    char *cfg_text = meta ? json_dumps(json_object_get(meta, "model"), JSON_COMPACT) : NULL;
+    model_config_t cfg;
+    int rc = 1;
+    ckpt_index_t idx = {0};
+    model_param_t *ps = NULL;
+    ckpt_put_t *puts = NULL;
+    char (*names)[CKPT_NAME_MAX] = NULL;
+    snprintf(tmp, sizeof tmp, "%s.baton-tmp", to);
+    base_dir_clear(tmp);
+    if (!cfg_text || ckpt_hf_config_parse(cfg_text, strlen(cfg_text), dir, &cfg)) {
+        fprintf(stderr, "baton convert: %s: the index names no model config (meta.model)\n", dir);
+        goto out;
+    }
+    int64_t L_layers = cfg.num_layers, sum = 0;
+    if (L.n_split && L.n_split != L.pp) {
+        fprintf(stderr, "baton convert: --layout: %d split entries for pp=%d\n", L.n_split, L.pp);
+        goto out;
+    }
+    for (int k = 0; k < L.pp; k++) {
+        if (!L.n_split) L.split[k] = L_layers / L.pp + (k < L_layers % L.pp);
+        sum += L.split[k];
+    }
+    if (sum != L_layers || L.pp > L_layers) {
+        fprintf(stderr, "baton convert: --layout: the split covers %lld layers, the model has %lld\n",
+                (long long)sum, (long long)L_layers);
+        goto out;
+    }
+    if (mkdir(tmp, 0755) != 0) {
+        fprintf(stderr, "baton convert: cannot create %s: %s\n", tmp, strerror(errno));
+        goto out;
+    }
+    int64_t first = 0, files = 0;
+    for (int k = 0; k < L.pp; k++) {
+        model_stage_t stage = {.first_layer = (int)first, .last_layer = (int)(first + L.split[k]),
+                               .has_embedding = k == 0, .has_head = k == L.pp - 1};
+        first += L.split[k];
+        for (int t = 0; t < L.tp; t++) {
+            model_parallel_t par = {.tp_rank = t, .tp_size = L.tp};
+            int n = model_layout_tp(&cfg, &stage, &par, NULL);
+            free(ps);
+            free(puts);
+            free(names);
+            ps = calloc((size_t)n + 1, sizeof *ps);
+            puts = calloc((size_t)n * 3 + 1, sizeof *puts);
+            names = calloc((size_t)n * 3 + 1, sizeof *names);
+            if (!ps || !puts || !names) goto out;
+            model_layout_tp(&cfg, &stage, &par, ps);
+            int np = 0;
+            for (int i = 0; i < n; i++) {
+                /* stored once: a TP-replicated tensor by TP rank 0; the tied
+                 * head copy (a head stage without the embedding) never */
+                if (ps[i].spec.group == SHARD_GROUP_NONE && t != 0) continue;
+                if (!stage.has_embedding && !strcmp(ps[i].name, "model.embed_tokens.weight")) continue;
+                static const char *const prefix[3] = {"", "optim.exp_avg/", "optim.exp_avg_sq/"};
+                for (int m = 0; m < 3; m++) {
+                    snprintf(names[np], sizeof names[np], "%s%s", prefix[m], ps[i].name);
+                    const ckpt_tensor_t *ct = ckpt_index_find(src_idx, names[np]);
+                    if (!ct) {
+                        if (m) continue; /* no optimizer state (an import) */
+                        fprintf(stderr, "baton convert: %s: tensor %s is not in the checkpoint\n", dir, names[np]);
+                        goto out;
+                    }
+                    puts[np] = (ckpt_put_t){.tensor = names[np], .dtype = ct->dtype, .spec = ps[i].spec};
+                    np++;
+                }
+            }
+            char file[64];
+            snprintf(file, sizeof file, "shard-pp%03d-tp%03d.safetensors", k, t);
+            reshard_ctx_t x = {.r = r, .puts = puts};
+            if (ckpt_shard_write_fill(&idx, tmp, file, puts, np, reshard_fill, &x, err, sizeof err)) {
+                fprintf(stderr, "baton convert: %s\n", x.err[0] ? x.err : err);
+                goto out;
+            }
+            files++;
+        }
+    }
+    json_object_set_new(meta, "converted_to", json_pack("{s:s, s:s}", "layout", layout_text, "from", dir));
+    char *mt = json_dumps(meta, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    bt_status_t st = mt ? ckpt_index_set_meta(&idx, mt) : BT_ERR_NOMEM;
+    free(mt);
+    if (!st && (st = ckpt_index_check(&idx, err, sizeof err))) fprintf(stderr, "baton convert: %s\n", err);
+    if (!st) st = ckpt_index_write(&idx, tmp);
+    if (!st) st = base_save_dir_fsync(tmp);
+    if (!st && rename(tmp, to) != 0) {
+        fprintf(stderr, "baton convert: cannot rename %s to %s: %s\n", tmp, to, strerror(errno));
+        st = BT_ERR_IO;
+    }
+    if (st) goto out;
+    printf("%s: the checkpoint %s in %lld files for tp=%d pp=%d\n", to, dir, (long long)files, L.tp, L.pp);
+    rc = 0;
+out:
+    if (rc) base_dir_clear(tmp);
+    json_decref(meta);
+    free(cfg_text);
+    free(ps);
+    free(puts);
+    free(names);
+    ckpt_index_free(&idx);
+    ckpt_reader_close(r);
+    return rc;
+}
+
 int cmd_convert(int argc, char **argv)
 {
-    const char *from = NULL, *to = NULL, *format = NULL, *tokenizer = NULL;
+    const char *from = NULL, *to = NULL, *format = NULL, *tokenizer = NULL, *layout = NULL;
     for (int i = 1; i < argc; i++) {
         const char **slot = !strcmp(argv[i], "--from") ? &from : !strcmp(argv[i], "--to") ? &to
                           : !strcmp(argv[i], "--format") ? &format
-                          : !strcmp(argv[i], "--tokenizer") ? &tokenizer : NULL;
+                          : !strcmp(argv[i], "--tokenizer") ? &tokenizer
+                          : !strcmp(argv[i], "--layout") ? &layout : NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             convert_usage(stdout);
             return 0;
@@ -374,7 +551,14 @@ int cmd_convert(int argc, char **argv)
         return 2;
     }
     bool hf_src = is_file(from, "config.json");
-    if (!format) format = hf_src ? "native" : "hf";
+    if (!format) format = hf_src || layout ? "native" : "hf";
+    if (layout) {
+        if (hf_src || strcmp(format, "native")) {
+            fprintf(stderr, "baton convert: --layout reshards a checkpoint into a checkpoint (--format native)\n");
+            return 2;
+        }
+        return reshard(from, to, layout);
+    }
     if (!strcmp(format, "hf")) {
         if (hf_src) {
             fprintf(stderr, "baton convert: %s is a Hugging Face directory already\n", from);
@@ -385,7 +569,8 @@ int cmd_convert(int argc, char **argv)
     if (!strcmp(format, "native")) {
         if (!hf_src) {
             fprintf(stderr, "baton convert: --format native: %s is no Hugging Face directory "
-                    "(config.json); a checkpoint loads under any layout as it is (--resume)\n", from);
+                    "(config.json); to reshard a checkpoint give --layout (it loads under any "
+                    "layout as it is, too)\n", from);
             return 2;
         }
         return import_hf(from, to);

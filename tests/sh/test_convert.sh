@@ -65,6 +65,19 @@ if "$BATON" run "$tmp/moe.yaml" --quiet > "$tmp/out" 2>&1 &&
    tensors_same "$tmp/moe.export/model.safetensors" "$tmp/moe.hf/model.safetensors"; then pass convert_moe_like_export
 else fail convert_moe_like_export "$(tail -3 "$tmp/out")"; fi
 
+# offline resharding: the tp=2 x pp=2 x dp=2 checkpoint as tp=1, pp=2 (1+1)
+# and tp=2, pp=1: one file per (stage, TP rank), the same tensors whole
+for lay in "tp=1,pp=2,split=1+1" "tp=2,pp=1"; do
+    rm -rf "$tmp/rs" "$tmp/rs.hf" "$tmp/orig.hf"
+    if "$BATON" convert --from "$fx/ckpt" --to "$tmp/rs" --layout "$lay" > "$tmp/out" 2>&1 &&
+       "$BATON" convert --from "$tmp/rs" --to "$tmp/rs.hf" >> "$tmp/out" 2>&1 &&
+       "$BATON" convert --from "$fx/ckpt" --to "$tmp/orig.hf" >> "$tmp/out" 2>&1 &&
+       tensors_same "$tmp/orig.hf/model.safetensors" "$tmp/rs.hf/model.safetensors" &&
+       grep -q '"optim.exp_avg_sq/model.norm.weight"' "$tmp/rs/index.json"; then pass "convert_layout_${lay%%,split*}"
+    else fail "convert_layout_${lay%%,split*}" "$(tail -2 "$tmp/out")"; fi
+done
+[ "$(ls "$tmp/rs"/shard-*.safetensors | wc -l)" = 2 ] || fail convert_layout_files "$(ls "$tmp/rs")"
+
 # nothing is overwritten; bad sources
 "$BATON" convert --from tests/fixtures/llama --to "$tmp/llama.ck" > "$tmp/out" 2>&1 &&
     fail convert_no_overwrite "imported over an existing directory" ||

@@ -126,6 +126,12 @@ for to in "1 1 4 true 1 []" "2 1 2 false 2 []" "1 2 2 true 2 [4,2]" "1 4 1 false
         pass "reshard_to_tp${tp}_pp${pp}_dp${dp}"
     else fail "reshard_to_tp${tp}_pp${pp}_dp${dp}" "$(grep -v ' info ' "$tmp/re$i.out" | tail -3)"; fi
 done
+# resharded offline first (baton convert --layout), then resumed under it
+"$BATON" convert --from "$tmp/big_6" --to "$tmp/conv6" --layout tp=1,pp=2,split=4+2 > "$tmp/conv.out" 2>&1 &&
+    cp "$tmp/big_6.jsonl" "$tmp/cv.jsonl" &&
+    run cv --resume "$tmp/conv6" --set parallel.pp=2 --set parallel.dp=2 --set parallel.split=[4,2] \
+        --set parallel.microbatches=2 && close big cv \
+    && pass reshard_offline_convert || fail reshard_offline_convert "$(cat "$tmp/conv.out"; grep -v ' info ' "$tmp/cv.out" | tail -3)"
 # and back: stopped under pp=4 (uneven), resumed under the saving layout
 run p4 --set parallel.pp=4 --set parallel.split=[1,2,2,1] --set parallel.microbatches=4 --set train.stop_after=6 &&
     cp "$tmp/p4.jsonl" "$tmp/back.jsonl" && run back --resume "$tmp/p4" "${S[@]}" && close big back \
