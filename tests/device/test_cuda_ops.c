@@ -782,6 +782,291 @@ static void test_swiglu(dtype_t dt)
     }
 }
 
+/* ---- routed experts --------------------------------------------------------------------- */
+
+/* i32 device tensors against the host's (0 when equal, else infinite) */
+static double i32_diff(const tensor_t *t, const int32_t *want)
+{
+    int64_t n = tensor_numel(t);
+    int32_t *got = malloc((size_t)(n > 0 ? n : 1) * sizeof *got);
+    kern_download(GS, got, t);
+    sync_or_die("download");
+    bool same = !memcmp(got, want, (size_t)n * sizeof *got);
+    free(got);
+    return same ? 0 : INFINITY;
+}
+
+static tensor_t dnew_i32(int64_t d0, int64_t d1)
+{
+    return d1 ? dnew(DT_I32, 2, d0, d1, 0, 0) : dnew(DT_I32, 1, d0, 0, 0, 0);
+}
+
+/* Routing, its statistics, dispatch (dropless and with a capacity), the
+ * experts' grouped products, combine and the shared expert's sigmoid gate,
+ * in the order a routed layer runs them. The CPU twin's top-K choice is the
+ * reference selection (a float64 one could break a near-tie otherwise); the
+ * CUDA choice must equal it. */
+static void test_moe(dtype_t dt)
+{
+    static const int64_t shapes[][6] = {/* N, C, E, K, F, capacity */
+                                        {1, 8, 4, 1, 8, -1},       {37, 32, 8, 2, 24, -1},
+                                        {37, 32, 8, 2, 24, 6},     {300, 64, 16, 4, 48, -1},
+                                        {300, 64, 16, 4, 48, 40}, {2048, 128, 64, 8, 96, -1}};
+    kt_rng_t r = {29};
+    int nshapes = quick ? 3 : 6;
+    for (int si = 0; si < nshapes; si++) {
+        int64_t N = shapes[si][0], C = shapes[si][1], E = shapes[si][2], K = shapes[si][3];
+        int64_t F = shapes[si][4], cap = shapes[si][5], M = N * K;
+        char sh[64];
+        snprintf(sh, sizeof sh, "N=%lld C=%lld E=%lld K=%lld F=%lld cap=%lld", (long long)N,
+                 (long long)C, (long long)E, (long long)K, (long long)F, (long long)cap);
+        double ms = 0;
+        /* route */
+        float *lg = rnd(&r, N * E, -3, 3, dt), *hp = kt_alloc(N * E), *hw = kt_alloc(N * K);
+        int32_t *hx = calloc((size_t)M, sizeof *hx);
+        tensor_t L = dnew(dt, 2, N, E, 0, 0), P = dnew(DT_F32, 2, N, E, 0, 0);
+        tensor_t W = dnew(DT_F32, 2, N, K, 0, 0), X = dnew_i32(N, K);
+        dput(&L, lg), dpoison(&P), dpoison(&W);
+        tensor_t hL = hview(lg, 2, N, E, 0, 0), hP = hview(hp, 2, N, E, 0, 0);
+        tensor_t hW = hview(hw, 2, N, K, 0, 0), hX = tensor_make(hx, DT_I32, DEVICE_CPU, 2, (int64_t[]){N, K});
+        kern_moe_route_fwd(HS, &hW, &hX, &hP, &hL, true);
+        double *rp = kt_alloc_d(N * E), *rw = kt_alloc_d(N * K);
+        for (int64_t n = 0; n < N; n++) {
+            double mx = -INFINITY, sum = 0, top = 0;
+            for (int64_t e = 0; e < E; e++) mx = fmax(mx, (double)lg[n * E + e]);
+            for (int64_t e = 0; e < E; e++) sum += exp((double)lg[n * E + e] - mx);
+            for (int64_t e = 0; e < E; e++) rp[n * E + e] = exp((double)lg[n * E + e] - mx) / sum;
+            for (int64_t k = 0; k < K; k++) top += rp[n * E + hx[n * K + k]];
+            for (int64_t k = 0; k < K; k++) rw[n * K + k] = rp[n * E + hx[n * K + k]] / top;
+        }
+        float *got = kt_alloc(M * (C > F ? C : F) + N * E + E * F * C);
+        kern_moe_route_fwd(GS, &W, &X, &P, &L, true);
+        dget(got, &P);
+        double ep = relerr(got, rp, N * E);
+        dget(got, &W);
+        double ew = relerr(got, rw, N * K);
+        double ex = i32_diff(&X, hx);
+        TIMED(ms, kern_moe_route_fwd(GS, &W, &X, &P, &L, true));
+        row("moe_route_fwd probs", dtn(dt), sh, ep, relerr(hp, rp, N * E), 1e-6, ms);
+        row("moe_route_fwd weights", dtn(dt), sh, maxd(ew, ex), relerr(hw, rw, N * K), 1e-6, ms);
+        /* route backward: dlogits += softmax' (renormalised top-K' dweights + dprobs) */
+        float *dw = rnd(&r, M, -1, 1, DT_F32), *dp = rnd(&r, E, -1, 1, DT_F32);
+        float *dl0 = rnd(&r, N * E, -1, 1, dt), *hdl = kt_dup(dl0, N * E);
+        double *rdl = kt_to_d(dl0, N * E), *g = kt_alloc_d(E);
+        for (int64_t n = 0; n < N; n++) {
+            double S = 0, dot = 0, pdp = 0;
+            for (int64_t k = 0; k < K; k++) S += rp[n * E + hx[n * K + k]];
+            for (int64_t k = 0; k < K; k++) dot += dw[n * K + k] * rp[n * E + hx[n * K + k]] / S;
+            for (int64_t e = 0; e < E; e++) g[e] = dp[e];
+            for (int64_t k = 0; k < K; k++) g[hx[n * K + k]] += (dw[n * K + k] - dot) / S;
+            for (int64_t e = 0; e < E; e++) pdp += rp[n * E + e] * g[e];
+            for (int64_t e = 0; e < E; e++) rdl[n * E + e] += rp[n * E + e] * (g[e] - pdp);
+        }
+        tensor_t dW = dnew(DT_F32, 2, N, K, 0, 0), dP = dnew(DT_F32, 1, E, 0, 0, 0);
+        tensor_t dL = dnew(dt, 2, N, E, 0, 0);
+        dput(&dW, dw), dput(&dP, dp), dput(&dL, dl0);
+        tensor_t hdW = hview(dw, 2, N, K, 0, 0), hdP = hview(dp, 1, E, 0, 0, 0);
+        tensor_t hdL = hview(hdl, 2, N, E, 0, 0);
+        kern_moe_route_bwd(HS, &hdL, &hdW, &hdP, &hP, &hX, true);
+        kern_moe_route_bwd(GS, &dL, &dW, &dP, &P, &X, true);
+        dget(got, &dL);
+        double edl = relerr(got, rdl, N * E);
+        TIMED(ms, kern_moe_route_bwd(GS, &dL, &dW, &dP, &P, &X, true));
+        row("moe_route_bwd", dtn(dt), sh, edl, relerr(hdl, rdl, N * E), tol_of(dt, 1e-5, 1e-2), ms);
+        /* statistics */
+        float *st0 = rnd(&r, 2 * E, 0, 3, DT_F32), *hst = kt_dup(st0, 2 * E);
+        double *rst = kt_to_d(st0, 2 * E);
+        for (int64_t i = 0; i < M; i++) rst[hx[i]] += 1;
+        for (int64_t i = 0; i < N * E; i++) rst[E + i % E] += rp[i];
+        tensor_t Cn = dnew(DT_F32, 1, E, 0, 0, 0), Ps = dnew(DT_F32, 1, E, 0, 0, 0);
+        dput(&Cn, st0), dput(&Ps, st0 + E);
+        tensor_t hCn = hview(hst, 1, E, 0, 0, 0), hPs = hview(hst + E, 1, E, 0, 0, 0);
+        kern_moe_route_stats(HS, &hCn, &hPs, &hP, &hX);
+        kern_moe_route_stats(GS, &Cn, &Ps, &P, &X);
+        dget(got, &Cn);
+        dget(got + E, &Ps);
+        row("moe_route_stats", dtn(dt), sh, relerr(got, rst, 2 * E), relerr(hst, rst, 2 * E), 1e-6, 0);
+        /* dispatch, on the CPU twin's choices */
+        dput(&X, hx);
+        float *x = rnd(&r, N * C, -1, 1, dt), *hxp = kt_alloc(M * C);
+        int32_t *hslot = calloc((size_t)M, sizeof *hslot), *hsz = calloc((size_t)E, sizeof *hsz);
+        int32_t *hrt = calloc((size_t)E, sizeof *hrt);
+        tensor_t Xin = dnew(dt, 2, N, C, 0, 0), XP = dnew(dt, 2, M, C, 0, 0), S = dnew_i32(N, K);
+        tensor_t Sz = dnew_i32(E, 0), Rt = dnew_i32(E, 0);
+        dput(&Xin, x), dpoison(&XP);
+        tensor_t hXin = hview(x, 2, N, C, 0, 0), hXP = hview(hxp, 2, M, C, 0, 0);
+        tensor_t hS = tensor_make(hslot, DT_I32, DEVICE_CPU, 2, (int64_t[]){N, K});
+        tensor_t hSz = tensor_make(hsz, DT_I32, DEVICE_CPU, 1, &E);
+        tensor_t hRt = tensor_make(hrt, DT_I32, DEVICE_CPU, 1, &E);
+        kern_moe_permute_fwd(HS, &hXP, &hS, &hSz, &hRt, &hXin, &hX, cap);
+        /* the reference: experts in order, each expert's choices in row order */
+        double *rxp = kt_alloc_d(M * C);
+        int32_t *rslot = calloc((size_t)M, sizeof *rslot);
+        int64_t rowi = 0;
+        for (int64_t e = 0; e < E; e++) {
+            int64_t seen = 0;
+            for (int64_t i = 0; i < M; i++) {
+                if (hx[i] != e) continue;
+                if (cap >= 0 && seen++ >= cap) {
+                    rslot[i] = -1;
+                    continue;
+                }
+                if (cap < 0) seen++;
+                rslot[i] = (int32_t)rowi;
+                for (int64_t c = 0; c < C; c++) rxp[rowi * C + c] = x[(i / K) * C + c];
+                rowi++;
+            }
+        }
+        kern_moe_permute_fwd(GS, &XP, &S, &Sz, &Rt, &Xin, &X, cap);
+        dget(got, &XP);
+        double exp_ = maxd(relerr(got, rxp, M * C), maxd(i32_diff(&S, rslot), i32_diff(&Sz, hsz)));
+        exp_ = maxd(exp_, i32_diff(&Rt, hrt));
+        double cpu_slot = memcmp(hslot, rslot, (size_t)M * sizeof *rslot) ? INFINITY : 0;
+        TIMED(ms, kern_moe_permute_fwd(GS, &XP, &S, &Sz, &Rt, &Xin, &X, cap));
+        row("moe_permute_fwd", dtn(dt), sh, exp_, maxd(relerr(hxp, rxp, M * C), cpu_slot), 0, ms);
+        float *dxp = rnd(&r, M * C, -1, 1, dt), *dx0 = rnd(&r, N * C, -1, 1, dt), *hdx = kt_dup(dx0, N * C);
+        double *rdx = kt_to_d(dx0, N * C);
+        for (int64_t i = 0; i < M; i++)
+            if (rslot[i] >= 0)
+                for (int64_t c = 0; c < C; c++) rdx[(i / K) * C + c] += dxp[(int64_t)rslot[i] * C + c];
+        tensor_t dXP = dnew(dt, 2, M, C, 0, 0), dX = dnew(dt, 2, N, C, 0, 0);
+        dput(&dXP, dxp), dput(&dX, dx0);
+        tensor_t hdXP = hview(dxp, 2, M, C, 0, 0), hdX = hview(hdx, 2, N, C, 0, 0);
+        kern_moe_permute_bwd(HS, &hdX, &hdXP, &hS);
+        kern_moe_permute_bwd(GS, &dX, &dXP, &S);
+        dget(got, &dX);
+        double edx = relerr(got, rdx, N * C);
+        TIMED(ms, kern_moe_permute_bwd(GS, &dX, &dXP, &S));
+        row("moe_permute_bwd", dtn(dt), sh, edx, relerr(hdx, rdx, N * C), tol_of(dt, 2e-6, 1e-2), ms);
+        /* the experts: out = xp @ w[e]^T per expert group, and the backward */
+        float *w = rnd(&r, E * F * C, -0.5, 0.5, dt), *hout = kt_alloc(M * F);
+        double *rout = kt_alloc_d(M * F);
+        tensor_t Wt = dnew(dt, 3, E, F, C, 0), O = dnew(dt, 2, M, F, 0, 0);
+        dput(&Wt, w), dpoison(&O);
+        tensor_t hWt = hview(w, 3, E, F, C, 0), hO = hview(hout, 2, M, F, 0, 0);
+        kern_grouped_linear_fwd(HS, &hO, &hXP, &hWt, &hSz);
+        int64_t r0 = 0;
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t i = 0; i < hsz[e]; i++, r0++)
+                for (int64_t f = 0; f < F; f++) {
+                    double acc = 0;
+                    for (int64_t c = 0; c < C; c++) acc += (double)hxp[r0 * C + c] * w[(e * F + f) * C + c];
+                    rout[r0 * F + f] = acc;
+                }
+        kern_grouped_linear_fwd(GS, &O, &XP, &Wt, &Sz);
+        dget(got, &O);
+        double eo = relerr(got, rout, M * F);
+        TIMED(ms, kern_grouped_linear_fwd(GS, &O, &XP, &Wt, &Sz));
+        row("grouped_linear_fwd", dtn(dt), sh, eo, relerr(hout, rout, M * F), tol_of(dt, 2e-5, 1e-2), ms);
+        float *dO = rnd(&r, M * F, -1, 1, dt), *gx0 = rnd(&r, M * C, -1, 1, dt), *gw0 = rnd(&r, E * F * C, -1, 1, dt);
+        float *hgx = kt_dup(gx0, M * C), *hgw = kt_dup(gw0, E * F * C);
+        double *rgx = kt_to_d(gx0, M * C), *rgw = kt_to_d(gw0, E * F * C);
+        r0 = 0;
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t i = 0; i < hsz[e]; i++, r0++)
+                for (int64_t f = 0; f < F; f++) {
+                    double d = dO[r0 * F + f];
+                    for (int64_t c = 0; c < C; c++) {
+                        rgx[r0 * C + c] += d * w[(e * F + f) * C + c];
+                        rgw[(e * F + f) * C + c] += d * hxp[r0 * C + c];
+                    }
+                }
+        tensor_t tdO = dnew(dt, 2, M, F, 0, 0), GX = dnew(dt, 2, M, C, 0, 0), GW = dnew(dt, 3, E, F, C, 0);
+        dput(&tdO, dO), dput(&GX, gx0), dput(&GW, gw0);
+        tensor_t hdO = hview(dO, 2, M, F, 0, 0), hGX = hview(hgx, 2, M, C, 0, 0), hGW = hview(hgw, 3, E, F, C, 0);
+        kern_grouped_linear_bwd(HS, &hGX, &hGW, &hdO, &hXP, &hWt, &hSz);
+        kern_grouped_linear_bwd(GS, &GX, &GW, &tdO, &XP, &Wt, &Sz);
+        dget(got, &GX);
+        double egx = relerr(got, rgx, M * C);
+        dget(got, &GW);
+        double egw = relerr(got, rgw, E * F * C);
+        TIMED(ms, kern_grouped_linear_bwd(GS, &GX, &GW, &tdO, &XP, &Wt, &Sz));
+        row("grouped_linear_bwd dx", dtn(dt), sh, egx, relerr(hgx, rgx, M * C), tol_of(dt, 2e-5, 1e-2), ms);
+        row("grouped_linear_bwd dw", dtn(dt), sh, egw, relerr(hgw, rgw, E * F * C), tol_of(dt, 2e-5, 1e-2), ms);
+        /* combine: y = sum_k w y[slot]; the backward into dyp and dweights */
+        float *yp = rnd(&r, M * C, -1, 1, dt), *hy = kt_alloc(N * C);
+        double *ry = kt_alloc_d(N * C);
+        for (int64_t i = 0; i < M; i++)
+            if (rslot[i] >= 0)
+                for (int64_t c = 0; c < C; c++)
+                    ry[(i / K) * C + c] += (double)hw[i] * yp[(int64_t)rslot[i] * C + c];
+        tensor_t YP = dnew(dt, 2, M, C, 0, 0), Y = dnew(dt, 2, N, C, 0, 0);
+        dput(&YP, yp), dput(&W, hw), dpoison(&Y);
+        tensor_t hYP = hview(yp, 2, M, C, 0, 0), hY = hview(hy, 2, N, C, 0, 0);
+        kern_moe_combine_fwd(HS, &hY, &hYP, &hS, &hW);
+        kern_moe_combine_fwd(GS, &Y, &YP, &S, &W);
+        dget(got, &Y);
+        double ey = relerr(got, ry, N * C);
+        TIMED(ms, kern_moe_combine_fwd(GS, &Y, &YP, &S, &W));
+        row("moe_combine_fwd", dtn(dt), sh, ey, relerr(hy, ry, N * C), tol_of(dt, 1e-5, 1e-2), ms);
+        float *dy = rnd(&r, N * C, -1, 1, dt), *dyp0 = rnd(&r, M * C, -1, 1, dt), *dw0 = rnd(&r, M, -1, 1, DT_F32);
+        float *hdyp = kt_dup(dyp0, M * C), *hdw = kt_dup(dw0, M);
+        double *rdyp = kt_to_d(dyp0, M * C), *rdw = kt_to_d(dw0, M);
+        for (int64_t i = 0; i < M; i++) {
+            if (rslot[i] < 0) continue;
+            for (int64_t c = 0; c < C; c++) {
+                rdyp[(int64_t)rslot[i] * C + c] += (double)hw[i] * dy[(i / K) * C + c];
+                rdw[i] += (double)dy[(i / K) * C + c] * yp[(int64_t)rslot[i] * C + c];
+            }
+        }
+        tensor_t dY = dnew(dt, 2, N, C, 0, 0), dYP = dnew(dt, 2, M, C, 0, 0);
+        dput(&dY, dy), dput(&dYP, dyp0), dput(&dW, dw0);
+        tensor_t hdY = hview(dy, 2, N, C, 0, 0), hdYP = hview(hdyp, 2, M, C, 0, 0);
+        tensor_t hdW2 = hview(hdw, 2, N, K, 0, 0);
+        kern_moe_combine_bwd(HS, &hdYP, &hdW2, &hdY, &hYP, &hS, &hW);
+        kern_moe_combine_bwd(GS, &dYP, &dW, &dY, &YP, &S, &W);
+        dget(got, &dYP);
+        double edyp = relerr(got, rdyp, M * C);
+        dget(got, &dW);
+        double edw = relerr(got, rdw, M);
+        TIMED(ms, kern_moe_combine_bwd(GS, &dYP, &dW, &dY, &YP, &S, &W));
+        row("moe_combine_bwd dyp", dtn(dt), sh, edyp, relerr(hdyp, rdyp, M * C), tol_of(dt, 1e-5, 1e-2), ms);
+        row("moe_combine_bwd dweights", dtn(dt), sh, edw, relerr(hdw, rdw, M), tol_of(dt, 1e-5, 1e-2), ms);
+        /* the shared expert's sigmoid gate */
+        float *gt = rnd(&r, N, -5, 5, dt), *hg = kt_alloc(N * C);
+        double *rg = kt_alloc_d(N * C), *rgdx = kt_to_d(dx0, N * C), *rgg = kt_alloc_d(N);
+        for (int64_t n = 0; n < N; n++) {
+            double sg = 1.0 / (1.0 + exp(-(double)gt[n])), dot = 0;
+            for (int64_t c = 0; c < C; c++) {
+                rg[n * C + c] = sg * x[n * C + c];
+                rgdx[n * C + c] += sg * dy[n * C + c];
+                dot += (double)dy[n * C + c] * x[n * C + c];
+            }
+            rgg[n] = sg * (1 - sg) * dot; /* dgate starts at 0 */
+        }
+        tensor_t G = dnew(dt, 2, N, 1, 0, 0), GO = dnew(dt, 2, N, C, 0, 0), GdX = dnew(dt, 2, N, C, 0, 0);
+        tensor_t GdG = dnew(dt, 2, N, 1, 0, 0);
+        float *zero = kt_alloc(N), *hgdx = kt_dup(dx0, N * C), *hgdg = kt_alloc(N);
+        dput(&G, gt), dpoison(&GO), dput(&GdX, dx0), dput(&GdG, zero);
+        tensor_t hG = hview(gt, 2, N, 1, 0, 0), hGO = hview(hg, 2, N, C, 0, 0);
+        tensor_t hGdX = hview(hgdx, 2, N, C, 0, 0), hGdG = hview(hgdg, 2, N, 1, 0, 0);
+        kern_sigmoid_gate_fwd(HS, &hGO, &hG, &hXin);
+        kern_sigmoid_gate_bwd(HS, &hGdX, &hGdG, &hdY, &hG, &hXin);
+        kern_sigmoid_gate_fwd(GS, &GO, &G, &Xin);
+        kern_sigmoid_gate_bwd(GS, &GdX, &GdG, &dY, &G, &Xin);
+        dget(got, &GO);
+        row("sigmoid_gate_fwd", dtn(dt), sh, relerr(got, rg, N * C), relerr(hg, rg, N * C),
+            tol_of(dt, 1e-6, 1e-2), 0);
+        dget(got, &GdX);
+        double egdx = relerr(got, rgdx, N * C);
+        dget(got, &GdG);
+        row("sigmoid_gate_bwd", dtn(dt), sh, maxd(egdx, relerr(got, rgg, N)),
+            maxd(relerr(hgdx, rgdx, N * C), relerr(hgdg, rgg, N)), tol_of(dt, 1e-5, 1e-2), 0);
+        dfree(&L), dfree(&P), dfree(&W), dfree(&X), dfree(&dW), dfree(&dP), dfree(&dL);
+        dfree(&Cn), dfree(&Ps), dfree(&Xin), dfree(&XP), dfree(&S), dfree(&Sz), dfree(&Rt);
+        dfree(&dXP), dfree(&dX), dfree(&Wt), dfree(&O), dfree(&tdO), dfree(&GX), dfree(&GW);
+        dfree(&YP), dfree(&Y), dfree(&dY), dfree(&dYP), dfree(&G), dfree(&GO), dfree(&GdX);
+        dfree(&GdG);
+        free(lg), free(hp), free(hw), free(hx), free(rp), free(rw), free(got), free(dw), free(dp);
+        free(dl0), free(hdl), free(rdl), free(g), free(st0), free(hst), free(rst), free(x), free(hxp);
+        free(hslot), free(hsz), free(hrt), free(rxp), free(rslot), free(dxp), free(dx0), free(hdx);
+        free(rdx), free(w), free(hout), free(rout), free(dO), free(gx0), free(gw0), free(hgx);
+        free(hgw), free(rgx), free(rgw), free(yp), free(hy), free(ry), free(dy), free(dyp0);
+        free(dw0), free(hdyp), free(hdw), free(rdyp), free(rdw), free(gt), free(hg), free(rg);
+        free(rgdx), free(rgg), free(zero), free(hgdx), free(hgdg);
+    }
+}
+
 /* ---- attention ------------------------------------------------------------------------- */
 
 static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint64_t seed)
@@ -1274,6 +1559,7 @@ int main(int argc, char **argv)
         if (want("swiglu")) test_swiglu(dt);
         if (want("attention")) test_attention(dt);
         if (want("xent")) test_xent(dt);
+        if (want("moe") || want("grouped") || want("sigmoid")) test_moe(dt);
     }
     if (want("copy")) test_copy();
     if (want("reduce")) test_reductions();
