@@ -26,8 +26,18 @@
 #include "model/kind.h"
 #include "model/model_int.h"
 
-/* Rows per head chunk: bounds the logits scratch to about 4M elements. */
+/* Rows per head chunk on the CPU and the fenced test device: the logits
+ * scratch holds at most about 4M elements. Each chunk's lm_head weight
+ * gradient product adds into the f32 gradient, so the chunking fixes the
+ * order of that sum: changing it changes the bits that the tests pin (and
+ * that fenced must share with cpu). */
 #define MODEL_HEAD_CHUNK_ELEMS (4u << 20)
+/* On a GPU the logits chunk (and, training, the dlogits chunk beside it) may
+ * take up to this many bytes each. 4M-element chunks there made every one of
+ * 251 chunks a step read and write the whole f32 [V, C] gradient (Llama-style
+ * 134M, vocab 32000, 32 x 1024 tokens: 49 GB a step) and ran the products on
+ * 131 rows, half a tile past 128 (bench/GPU_NOTES.md, item 4). */
+#define MODEL_HEAD_CHUNK_GPU_BYTES (256.0 * 1024 * 1024)
 #define MODEL_MAX_KINDS 8
 
 struct model_acts {
@@ -130,6 +140,28 @@ typedef struct {
     int     n_shared;
 } acts_plan_t;
 
+/* Rows per head chunk for an arena of N rows: on the CPU and fenced at most
+ * MODEL_HEAD_CHUNK_ELEMS logits; on a GPU the fewest chunks whose logits fit
+ * MODEL_HEAD_CHUNK_GPU_BYTES, of equal size rounded up to 64 rows (32 x 1024
+ * rows at vocab 32000 in bf16: 8 chunks of 4096). */
+static double head_chunk_rows(const model_t *m, double N)
+{
+    double V = (double)m->vocab, es = (double)dtype_size(m->place.act_dtype), chunk;
+    if (m->vocab <= 0) return 1;
+    if (m->place.dev.kind == DEV_CUDA) {
+        double most = floor(MODEL_HEAD_CHUNK_GPU_BYTES / (V * es));
+        if (most < 64) most = 64;
+        double n = ceil(N / most);
+        chunk = ceil(ceil(N / n) / 64) * 64;
+        if (chunk > most) chunk = floor(most / 64) * 64;
+    } else {
+        chunk = floor((double)MODEL_HEAD_CHUNK_ELEMS / V);
+    }
+    if (chunk < 1) chunk = 1;
+    if (chunk > N) chunk = N;
+    return chunk;
+}
+
 static double take(double *off, double bytes)
 {
     double at = *off;
@@ -156,9 +188,7 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, int mode, acts_pla
     int S = m->n_subs;
     double N = (double)B * (double)T, C = (double)m->cfg.hidden_size, V = (double)m->vocab;
     double es = (double)dtype_size(m->place.act_dtype), NC = N * C * es;
-    double chunk = m->vocab > 0 ? floor((double)MODEL_HEAD_CHUNK_ELEMS / V) : 1;
-    if (chunk < 1) chunk = 1;
-    if (chunk > N) chunk = N;
+    double chunk = head_chunk_rows(m, N);
     p->head_chunk = (int64_t)chunk;
     double off = 0, scratch = 0;
     p->x = take(&off, (fwd_only ? 2 : S + 1) * NC);
