@@ -23,7 +23,7 @@
 #define MODEL_MAX_FFN      (1 << 22)
 #define MODEL_MAX_HEADS    (1 << 16)
 #define MODEL_MAX_HEAD_DIM (1 << 16)
-#define MODEL_MAX_EXPERTS  (1 << 12)
+#define MODEL_MAX_EXPERTS  (1 << 12) /* and experts x their width <= 4 * MODEL_MAX_FFN */
 
 typedef enum {
     MODEL_ARCH_LLAMA = 0,

@@ -85,6 +85,12 @@ static bt_status_t moe_validate(const model_config_t *c, int tp)
     X_REQUIRE(e->expert_ffn >= 1 && e->expert_ffn <= MODEL_MAX_FFN,
               "model config: %s=%lld (the experts' width) must be in [1, %d]", moe_field(c, 1),
               (long long)e->expert_ffn, MODEL_MAX_FFN);
+    /* every expert's matrices together: [E * F, C] stays far inside int64
+     * (2^44 elements) as the dense bounds keep [F, C] */
+    X_REQUIRE((double)e->n_experts * (double)e->expert_ffn <= (double)MODEL_MAX_FFN * 4,
+              "model config: %s=%lld x %s=%lld experts' rows exceed %d", moe_field(c, 0),
+              (long long)e->n_experts, moe_field(c, 1), (long long)e->expert_ffn,
+              MODEL_MAX_FFN * 4);
     X_REQUIRE(e->shared_ffn >= 0 && e->shared_ffn <= MODEL_MAX_FFN,
               "model config: shared_expert_intermediate_size=%lld must be in [0, %d]",
               (long long)e->shared_ffn, MODEL_MAX_FFN);

@@ -177,6 +177,8 @@ static void test_moe_config_errors(void)
     config_refused(mixtral_base, "\"num_local_experts\": 5000", BT_ERR_INVALID,
                    "num_local_experts=5000");
     config_refused(qwen_base, "\"num_experts\": 0", BT_ERR_INVALID, "num_experts=0");
+    config_refused(qwen_base, "\"num_experts\": 4096, \"moe_intermediate_size\": 8192", BT_ERR_INVALID,
+                   "num_experts=4096 x moe_intermediate_size=8192 experts' rows exceed 16777216");
     config_refused(qwen_base, "\"num_experts_per_tok\": 0", BT_ERR_INVALID,
                    "num_experts_per_tok=0 must be in [1, num_experts=4]");
     config_refused(qwen_base, "\"moe_intermediate_size\": 0", BT_ERR_INVALID,
