@@ -17,7 +17,10 @@
  * the device lacks has a zero op_dtypes entry (and its function may panic).
  *
  * Layouts and conventions are those of kernels.h: row-major contiguous,
- * backward entries accumulate (+=) and skip NULL gradient outputs.
+ * backward entries accumulate (+=) and skip NULL gradient outputs. The four
+ * with a `set` argument write the outputs kernels.h names for their _set
+ * twins (=) when it is true; a backend that does not overwrite zeroes them
+ * first and accumulates (cpu, fenced: the bits of kern_zero + the op).
  */
 #ifndef BT_KERNELS_BACKEND_H
 #define BT_KERNELS_BACKEND_H
@@ -121,7 +124,7 @@ struct kern_backend {
                    float alpha, float beta);
     void (*linear_fwd)(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w, ct_t *bias);
     void (*linear_bwd)(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias, ct_t *dout,
-                       ct_t *x, ct_t *w);
+                       ct_t *x, ct_t *w, bool set); /* set: dx overwritten */
 
     void (*zero)(kern_stream_t *s, tensor_t *t);
     void (*copy)(kern_stream_t *s, tensor_t *dst, ct_t *src); /* dtype conversion */
@@ -143,17 +146,18 @@ struct kern_backend {
 
     /* x, out as [BT, H, D]; tables [P, D/2] */
     void (*rope_fwd)(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *cos, ct_t *sin, ct_t *pos);
-    void (*rope_bwd)(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *cos, ct_t *sin, ct_t *pos);
+    void (*rope_bwd)(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *cos, ct_t *sin, ct_t *pos,
+                     bool set);
 
     void (*attention_fwd)(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *q, ct_t *k, ct_t *v,
                           const kern_attn_shape_t *sh);
     void (*attention_bwd)(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv, ct_t *dout,
                           ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
-                          const kern_attn_shape_t *sh);
+                          const kern_attn_shape_t *sh, bool set);
 
     void (*swiglu_fwd)(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *up);
     void (*swiglu_bwd)(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, ct_t *dout, ct_t *gate,
-                       ct_t *up);
+                       ct_t *up, bool set);
 
     void (*xent_fwd_bwd)(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits, ct_t *logits,
                          ct_t *targets, float dloss, int32_t ignore_index);

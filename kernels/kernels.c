@@ -156,10 +156,18 @@ void kern_linear_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *x, const t
     kern_compute(s, op, KERN_OP_LINEAR, out->dtype)->linear_fwd(s, out, x, w, bias);
 }
 
-void kern_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
-                     const tensor_t *dout, const tensor_t *x, const tensor_t *w)
+/* An overwritten output (a _set op's) that aliases an input would be
+ * destroyed before it is read where the backend zeroes first. */
+static void kern_req_no_alias(const char *op, const char *name, const tensor_t *t,
+                              const tensor_t *in)
 {
-    const char *op = "kern_linear_bwd";
+    if (t && in && t->data && t->data == in->data)
+        BT_PANIC("%s: %s aliases an input (an overwritten output may not)", op, name);
+}
+
+static void linear_bwd(kern_stream_t *s, const char *op, bool set, tensor_t *dx, tensor_t *dw,
+                       tensor_t *dbias, const tensor_t *dout, const tensor_t *x, const tensor_t *w)
+{
     kern_req(s, op, "dout", dout);
     kern_req(s, op, "x", x);
     kern_req(s, op, "w", w);
@@ -184,7 +192,25 @@ void kern_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbi
         kern_req_grad_dtype(op, "dbias", dbias, dout->dtype);
         kern_req_numel(op, "dbias", dbias, OC);
     }
-    kern_compute(s, op, KERN_OP_LINEAR, dout->dtype)->linear_bwd(s, dx, dw, dbias, dout, x, w);
+    if (set) {
+        kern_req_no_alias(op, "dx", dx, dout);
+        kern_req_no_alias(op, "dx", dx, x);
+        kern_req_no_alias(op, "dx", dx, w);
+    }
+    kern_compute(s, op, KERN_OP_LINEAR, dout->dtype)
+        ->linear_bwd(s, dx, dw, dbias, dout, x, w, set);
+}
+
+void kern_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+                     const tensor_t *dout, const tensor_t *x, const tensor_t *w)
+{
+    linear_bwd(s, "kern_linear_bwd", false, dx, dw, dbias, dout, x, w);
+}
+
+void kern_linear_bwd_set(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+                         const tensor_t *dout, const tensor_t *x, const tensor_t *w)
+{
+    linear_bwd(s, "kern_linear_bwd_set", true, dx, dw, dbias, dout, x, w);
 }
 
 /* ---- elementwise ---------------------------------------------------------- */
@@ -368,17 +394,30 @@ void kern_rope_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *x, const ten
     kern_compute(s, op, KERN_OP_ROPE, x->dtype)->rope_fwd(s, out, x, cos, sin, pos);
 }
 
-void kern_rope_bwd(kern_stream_t *s, tensor_t *dx, const tensor_t *dout, const tensor_t *cos,
-                   const tensor_t *sin, const tensor_t *pos)
+static void rope_bwd(kern_stream_t *s, const char *op, bool set, tensor_t *dx,
+                     const tensor_t *dout, const tensor_t *cos, const tensor_t *sin,
+                     const tensor_t *pos)
 {
-    const char *op = "kern_rope_bwd";
     kern_req(s, op, "dout", dout);
     kern_req(s, op, "dx", dx);
     kern_req_same_shape(op, "dx", dx, "dout", dout);
     kern_req_dtype(op, "dx", dx, dout->dtype);
     int64_t BT, H, D, P;
     kern_rope_check(s, op, dout, cos, sin, pos, &BT, &H, &D, &P);
-    kern_compute(s, op, KERN_OP_ROPE, dout->dtype)->rope_bwd(s, dx, dout, cos, sin, pos);
+    if (set) kern_req_no_alias(op, "dx", dx, dout);
+    kern_compute(s, op, KERN_OP_ROPE, dout->dtype)->rope_bwd(s, dx, dout, cos, sin, pos, set);
+}
+
+void kern_rope_bwd(kern_stream_t *s, tensor_t *dx, const tensor_t *dout, const tensor_t *cos,
+                   const tensor_t *sin, const tensor_t *pos)
+{
+    rope_bwd(s, "kern_rope_bwd", false, dx, dout, cos, sin, pos);
+}
+
+void kern_rope_bwd_set(kern_stream_t *s, tensor_t *dx, const tensor_t *dout, const tensor_t *cos,
+                       const tensor_t *sin, const tensor_t *pos)
+{
+    rope_bwd(s, "kern_rope_bwd_set", true, dx, dout, cos, sin, pos);
 }
 
 /* ---- attention ------------------------------------------------------------ */
@@ -446,12 +485,11 @@ void kern_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, const te
     kern_compute(s, op, KERN_OP_ATTENTION, q->dtype)->attention_fwd(s, out, lse, q, k, v, &sh);
 }
 
-void kern_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
-                        const tensor_t *dout, const tensor_t *q, const tensor_t *k,
-                        const tensor_t *v, const tensor_t *out, const tensor_t *lse, float scale,
-                        bool causal, int64_t q_offset)
+static void attention_bwd(kern_stream_t *s, const char *op, bool set, tensor_t *dq, tensor_t *dk,
+                          tensor_t *dv, const tensor_t *dout, const tensor_t *q, const tensor_t *k,
+                          const tensor_t *v, const tensor_t *out, const tensor_t *lse, float scale,
+                          bool causal, int64_t q_offset)
 {
-    const char *op = "kern_attention_bwd";
     kern_attn_shape_t sh = kern_attn_check(s, op, q, k, v, out, lse, scale, causal, q_offset);
     kern_req(s, op, "dout", dout);
     kern_req_same_shape(op, "dout", dout, "out", out);
@@ -471,8 +509,34 @@ void kern_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *
         kern_req_same_shape(op, "dv", dv, "v", v);
         kern_req_dtype(op, "dv", dv, q->dtype);
     }
+    if (set) {
+        const tensor_t *in[] = {dout, q, k, v, out};
+        for (int i = 0; i < 5; i++) {
+            kern_req_no_alias(op, "dq", dq, in[i]);
+            kern_req_no_alias(op, "dk", dk, in[i]);
+            kern_req_no_alias(op, "dv", dv, in[i]);
+        }
+    }
     kern_compute(s, op, KERN_OP_ATTENTION, q->dtype)
-        ->attention_bwd(s, dq, dk, dv, dout, q, k, v, out, lse, &sh);
+        ->attention_bwd(s, dq, dk, dv, dout, q, k, v, out, lse, &sh, set);
+}
+
+void kern_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
+                        const tensor_t *dout, const tensor_t *q, const tensor_t *k,
+                        const tensor_t *v, const tensor_t *out, const tensor_t *lse, float scale,
+                        bool causal, int64_t q_offset)
+{
+    attention_bwd(s, "kern_attention_bwd", false, dq, dk, dv, dout, q, k, v, out, lse, scale,
+                  causal, q_offset);
+}
+
+void kern_attention_bwd_set(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
+                            const tensor_t *dout, const tensor_t *q, const tensor_t *k,
+                            const tensor_t *v, const tensor_t *out, const tensor_t *lse,
+                            float scale, bool causal, int64_t q_offset)
+{
+    attention_bwd(s, "kern_attention_bwd_set", true, dq, dk, dv, dout, q, k, v, out, lse, scale,
+                  causal, q_offset);
 }
 
 /* ---- MLP ------------------------------------------------------------------ */
@@ -490,10 +554,9 @@ void kern_swiglu_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *gate, cons
     kern_compute(s, op, KERN_OP_SWIGLU, out->dtype)->swiglu_fwd(s, out, gate, up);
 }
 
-void kern_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, const tensor_t *dout,
-                     const tensor_t *gate, const tensor_t *up)
+static void swiglu_bwd(kern_stream_t *s, const char *op, bool set, tensor_t *dgate, tensor_t *dup,
+                       const tensor_t *dout, const tensor_t *gate, const tensor_t *up)
 {
-    const char *op = "kern_swiglu_bwd";
     kern_req(s, op, "dout", dout);
     kern_req(s, op, "gate", gate);
     kern_req(s, op, "up", up);
@@ -512,7 +575,27 @@ void kern_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, const ten
         kern_req_dtype(op, "dup", dup, dout->dtype);
         kern_req_numel(op, "dup", dup, n);
     }
-    kern_compute(s, op, KERN_OP_SWIGLU, dout->dtype)->swiglu_bwd(s, dgate, dup, dout, gate, up);
+    if (set) {
+        const tensor_t *in[] = {dout, gate, up};
+        for (int i = 0; i < 3; i++) {
+            kern_req_no_alias(op, "dgate", dgate, in[i]);
+            kern_req_no_alias(op, "dup", dup, in[i]);
+        }
+    }
+    kern_compute(s, op, KERN_OP_SWIGLU, dout->dtype)
+        ->swiglu_bwd(s, dgate, dup, dout, gate, up, set);
+}
+
+void kern_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, const tensor_t *dout,
+                     const tensor_t *gate, const tensor_t *up)
+{
+    swiglu_bwd(s, "kern_swiglu_bwd", false, dgate, dup, dout, gate, up);
+}
+
+void kern_swiglu_bwd_set(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, const tensor_t *dout,
+                         const tensor_t *gate, const tensor_t *up)
+{
+    swiglu_bwd(s, "kern_swiglu_bwd_set", true, dgate, dup, dout, gate, up);
 }
 
 /* ---- loss ----------------------------------------------------------------- */

@@ -48,6 +48,18 @@ void kern_linear_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *x, const t
 void kern_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
                      const tensor_t *dout, const tensor_t *x, const tensor_t *w);
 
+/* Overwriting twins (_set) of four backward ops, for activation gradients
+ * that have one producer: the outputs named are written (=) instead of
+ * accumulated (+=), so the caller needs no kern_zero before and the op
+ * reads no old values. Parameter gradients (dw, dbias) still accumulate.
+ * cpu and fenced zero the outputs and accumulate: the bits of kern_zero
+ * followed by the accumulating op. cuda writes them outright (products with
+ * beta = 0, kernels that store), which equals zero + accumulate except that
+ * a -0 result stays -0. An overwritten output may not alias an input. */
+/* dx[N,IC] = dout @ w; dw, dbias as kern_linear_bwd. */
+void kern_linear_bwd_set(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+                         const tensor_t *dout, const tensor_t *x, const tensor_t *w);
+
 /* ---- elementwise -------------------------------------------------------- */
 
 void kern_zero(kern_stream_t *s, tensor_t *t);
@@ -94,6 +106,9 @@ void kern_rope_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *x, const ten
 /* dx += R^T dout (dx may alias dout only when dx was zero: use a copy). */
 void kern_rope_bwd(kern_stream_t *s, tensor_t *dx, const tensor_t *dout, const tensor_t *cos,
                    const tensor_t *sin, const tensor_t *pos);
+/* dx = R^T dout (kern_linear_bwd_set above; dx may not alias dout). */
+void kern_rope_bwd_set(kern_stream_t *s, tensor_t *dx, const tensor_t *dout, const tensor_t *cos,
+                       const tensor_t *sin, const tensor_t *pos);
 
 /* ---- attention ---------------------------------------------------------- */
 
@@ -112,6 +127,11 @@ void kern_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *
                         const tensor_t *dout, const tensor_t *q, const tensor_t *k,
                         const tensor_t *v, const tensor_t *out, const tensor_t *lse, float scale,
                         bool causal, int64_t q_offset);
+/* dq, dk, dv overwritten (kern_linear_bwd_set above). */
+void kern_attention_bwd_set(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
+                            const tensor_t *dout, const tensor_t *q, const tensor_t *k,
+                            const tensor_t *v, const tensor_t *out, const tensor_t *lse,
+                            float scale, bool causal, int64_t q_offset);
 
 /* ---- MLP ---------------------------------------------------------------- */
 
@@ -119,6 +139,9 @@ void kern_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *
 void kern_swiglu_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *gate, const tensor_t *up);
 void kern_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, const tensor_t *dout,
                      const tensor_t *gate, const tensor_t *up);
+/* dgate, dup overwritten (kern_linear_bwd_set above). */
+void kern_swiglu_bwd_set(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, const tensor_t *dout,
+                         const tensor_t *gate, const tensor_t *up);
 
 /* ---- mixture of experts -------------------------------------------------
  *

@@ -318,21 +318,16 @@ static bt_status_t attn_backward(model_run_t *r, const model_sub_t *sub, void *s
     tensor_t dv = model_act_view(m, sc, 3 * bq + 2 * bkv, 2, (int64_t[]){N, d.Ckv});
     tensor_t dv4 = model_act_view(m, sc, 3 * bq + 2 * bkv, 4, (int64_t[]){B, T, d.Hkv, d.D});
 
-    kern_zero(s, &datt);
-    kern_linear_bwd(s, &datt, model_sub_grad(m, sub, A_O), model_sub_grad(m, sub, A_OB), dy,
-                    &v.att, model_sub_param(m, sub, A_O));
-    kern_zero(s, &dq4);
-    kern_zero(s, &dk4);
-    kern_zero(s, &dv4);
-    kern_attention_bwd(s, &dq4, &dk4, &dv4, &datt4, &v.q4, &v.k4, &v.v4, &v.att4, &v.lse, scale,
-                       true, 0);
-    kern_zero(s, &dqr4);
-    kern_zero(s, &dkr4);
-    kern_rope_bwd(s, &dqr4, &dq4, &cos, &sin, r->pos);
-    kern_rope_bwd(s, &dkr4, &dk4, &cos, &sin, r->pos);
-    kern_zero(s, dln);
-    kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_Q), model_sub_grad(m, sub, A_QB), &dqr, ln,
-                    model_sub_param(m, sub, A_Q));
+    /* every gradient buffer here has one producer, or a first one: the _set
+     * ops write it instead of zero + accumulate (on the CPU the same bits) */
+    kern_linear_bwd_set(s, &datt, model_sub_grad(m, sub, A_O), model_sub_grad(m, sub, A_OB), dy,
+                        &v.att, model_sub_param(m, sub, A_O));
+    kern_attention_bwd_set(s, &dq4, &dk4, &dv4, &datt4, &v.q4, &v.k4, &v.v4, &v.att4, &v.lse,
+                           scale, true, 0);
+    kern_rope_bwd_set(s, &dqr4, &dq4, &cos, &sin, r->pos);
+    kern_rope_bwd_set(s, &dkr4, &dk4, &cos, &sin, r->pos);
+    kern_linear_bwd_set(s, dln, model_sub_grad(m, sub, A_Q), model_sub_grad(m, sub, A_QB), &dqr,
+                        ln, model_sub_param(m, sub, A_Q));
     kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_K), model_sub_grad(m, sub, A_KB), &dkr, ln,
                     model_sub_param(m, sub, A_K));
     kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_V), model_sub_grad(m, sub, A_VB), &dv, ln,

@@ -88,15 +88,13 @@ static bt_status_t mlp_backward(model_run_t *r, const model_sub_t *sub, void *sa
     tensor_t v[3], d[3]; /* gate, up, h; dh, dgate, dup */
     mlp_views(r, saved, v);
     mlp_views(r, r->scratch, d);
-    kern_zero(s, &d[0]);
-    kern_linear_bwd(s, &d[0], model_sub_grad(m, sub, M_DOWN), model_sub_grad(m, sub, M_DB), dy,
-                    &v[2], model_sub_param(m, sub, M_DOWN));
-    kern_zero(s, &d[1]);
-    kern_zero(s, &d[2]);
-    kern_swiglu_bwd(s, &d[1], &d[2], &d[0], &v[0], &v[1]);
-    kern_zero(s, dln);
-    kern_linear_bwd(s, dln, model_sub_grad(m, sub, M_GATE), model_sub_grad(m, sub, M_GB), &d[1], ln,
-                    model_sub_param(m, sub, M_GATE));
+    /* dh, dgate, dup and dln are written by their first producer (_set:
+     * on the CPU the bits of zero + accumulate) */
+    kern_linear_bwd_set(s, &d[0], model_sub_grad(m, sub, M_DOWN), model_sub_grad(m, sub, M_DB), dy,
+                        &v[2], model_sub_param(m, sub, M_DOWN));
+    kern_swiglu_bwd_set(s, &d[1], &d[2], &d[0], &v[0], &v[1]);
+    kern_linear_bwd_set(s, dln, model_sub_grad(m, sub, M_GATE), model_sub_grad(m, sub, M_GB), &d[1],
+                        ln, model_sub_param(m, sub, M_GATE));
     kern_linear_bwd(s, dln, model_sub_grad(m, sub, M_UP), model_sub_grad(m, sub, M_UB), &d[2], ln,
                     model_sub_param(m, sub, M_UP));
     return model_tp_sum(m, dln, "the MLP input gradient", sub->layer);

@@ -516,7 +516,6 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
     tensor_t lnf = stack_view(m, a->lnf, 0, N, C), rstdf = f32_view(m, a->rstdf, 1, &N);
     kern_rmsnorm_fwd(s, &lnf, &rstdf, &x, P(m, m->final_norm), (float)c->rms_norm_eps);
     tensor_t dlnf = stack_view(m, a->dlnf, 0, N, C);
-    if (dloss > 0) kern_zero(s, &dlnf);
     tensor_t all_losses = f32_view(m, a->losses, 1, &N);
     kern_zero(s, &all_losses);
     int64_t scored = 0;
@@ -525,7 +524,13 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
         int64_t rows = N - r0 < a->head_chunk ? N - r0 : a->head_chunk;
         int64_t k = model_count_scored(b->targets + r0, rows);
         bool want = b->logits_out && r0 + rows > b->logits_from;
-        if (!want && k == 0) continue;
+        /* each chunk writes its rows of dlnf (kern_linear_bwd_set below); a
+         * skipped one zeroes them */
+        tensor_t dx = model_act_view(m, a->dlnf, (size_t)(r0 * C) * es, 2, (int64_t[]){rows, C});
+        if (!want && k == 0) {
+            if (dloss > 0) kern_zero(s, &dx);
+            continue;
+        }
         tensor_t xin = model_act_view(m, a->lnf, (size_t)(r0 * C) * es, 2, (int64_t[]){rows, C});
         tensor_t logits = model_act_view(m, a->logits, 0, 2, (int64_t[]){rows, V});
         tensor_t dlogits = model_act_view(m, a->dlogits, 0, 2, (int64_t[]){rows, V});
@@ -543,10 +548,8 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
         if ((st = head_xent(m, a, &losses, dloss > 0 ? &dlogits : NULL, &logits, &tg, dloss)))
             return st;
         scored += k;
-        if (dloss > 0) {
-            tensor_t dx = model_act_view(m, a->dlnf, (size_t)(r0 * C) * es, 2, (int64_t[]){rows, C});
-            kern_linear_bwd(s, &dx, G(m, m->lm_head), NULL, &dlogits, &xin, P(m, m->lm_head));
-        }
+        if (dloss > 0)
+            kern_linear_bwd_set(s, &dx, G(m, m->lm_head), NULL, &dlogits, &xin, P(m, m->lm_head));
     }
     if (dloss > 0 && (st = model_tp_reduce(m, &dlnf, COLL_SUM, "d model.norm", -1)) != BT_OK)
         return st;

@@ -216,9 +216,17 @@ static void cpu_op_linear_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w,
                    tensor_cols(x), w->shape[0]);
 }
 
-static void cpu_op_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
-                              ct_t *dout, ct_t *x, ct_t *w)
+/* The _set ops (kernels.h) on the CPU: zero, then the accumulating kernel,
+ * so their bits are those of kern_zero followed by the op. */
+static void set_zero(tensor_t *t, bool set)
 {
+    if (set && t) cpu_zero(t->data, tensor_nbytes(t));
+}
+
+static void cpu_op_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+                              ct_t *dout, ct_t *x, ct_t *w, bool set)
+{
+    set_zero(dx, set);
     cpu_linear_bwd(dx ? dx->data : NULL, dw ? dw->data : NULL, dbias ? dbias->data : NULL,
                    dout->data, x->data, w->data, tensor_rows(x), tensor_cols(x), w->shape[0]);
 }
@@ -300,10 +308,11 @@ static void cpu_op_rope_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *cos,
 }
 
 static void cpu_op_rope_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *cos, ct_t *sin,
-                            ct_t *pos)
+                            ct_t *pos, bool set)
 {
     int64_t BT, H, D, P;
     rope_dims(dout, cos, &BT, &H, &D, &P);
+    set_zero(dx, set);
     cpu_rope_bwd(dx->data, dout->data, cos->data, sin->data, pos->data, BT, H, D, P);
 }
 
@@ -315,8 +324,11 @@ static void cpu_op_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse,
 
 static void cpu_op_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
                                  ct_t *dout, ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
-                                 const kern_attn_shape_t *sh)
+                                 const kern_attn_shape_t *sh, bool set)
 {
+    set_zero(dq, set);
+    set_zero(dk, set);
+    set_zero(dv, set);
     cpu_attention_bwd(dq ? dq->data : NULL, dk ? dk->data : NULL, dv ? dv->data : NULL, dout->data,
                       q->data, k->data, v->data, out->data, lse->data, sh);
 }
@@ -327,8 +339,10 @@ static void cpu_op_swiglu_fwd(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t 
 }
 
 static void cpu_op_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, ct_t *dout,
-                              ct_t *gate, ct_t *up)
+                              ct_t *gate, ct_t *up, bool set)
 {
+    set_zero(dgate, set);
+    set_zero(dup, set);
     cpu_swiglu_bwd(dgate ? dgate->data : NULL, dup ? dup->data : NULL, dout->data, gate->data,
                    up->data, tensor_numel(dout));
 }

@@ -208,7 +208,7 @@ static size_t at_bwd_kv_smem(const kern_attn_shape_t *s)
 template <class T>
 __global__ void __launch_bounds__(AT_THREADS)
     k_attn_bwd_kv_simt(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
-                       const float *lse, const float *delta, kern_attn_shape_t s)
+                       const float *lse, const float *delta, kern_attn_shape_t s, bool set)
 {
     extern __shared__ float sm[];
     const int D = (int)s.D, Dv = (int)s.Dv;
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(AT_THREADS)
         int64_t t = k0 + jj;
         if (dk && t < s.Tk) {
             int64_t o = at_row(b, t, s.Tk, hk, s.Hkv, s.D) + e;
-            cu_st(dk, o, cu_ld(dk, o) + dKs[idx]);
+            cu_st(dk, o, set ? dKs[idx] : cu_ld(dk, o) + dKs[idx]);
         }
     }
     for (int idx = threadIdx.x; idx < AT_BK * Dv; idx += blockDim.x) {
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(AT_THREADS)
         int64_t t = k0 + jj;
         if (dv && t < s.Tk) {
             int64_t o = at_row(b, t, s.Tk, hk, s.Hkv, s.Dv) + c;
-            cu_st(dv, o, cu_ld(dv, o) + dVs[idx]);
+            cu_st(dv, o, set ? dVs[idx] : cu_ld(dv, o) + dVs[idx]);
         }
     }
 }
@@ -291,7 +291,7 @@ static size_t at_bwd_q_smem(const kern_attn_shape_t *s)
 template <class T>
 __global__ void __launch_bounds__(AT_THREADS)
     k_attn_bwd_q_simt(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
-                      const float *delta, kern_attn_shape_t s)
+                      const float *delta, kern_attn_shape_t s, bool set)
 {
     extern __shared__ float sm[];
     const int D = (int)s.D, Dv = (int)s.Dv;
@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(AT_THREADS)
         int64_t t = q0 + i;
         if (t < s.Tq) {
             int64_t o = at_row(b, t, s.Tq, h, s.Hq, s.D) + e;
-            cu_st(dq, o, cu_ld(dq, o) + dQs[idx]);
+            cu_st(dq, o, set ? dQs[idx] : cu_ld(dq, o) + dQs[idx]);
         }
     }
 }
@@ -649,9 +649,13 @@ __device__ __forceinline__ void tc_mma_ab(float c[NT][4], const uint16_t *sa, in
     }
 }
 
-/* g[row][col..col+1] += (x0, x1) on bf16 pairs */
-__device__ __forceinline__ void tc_add2(uint16_t *g, float x0, float x1)
+/* g[row][col..col+1] += (x0, x1) on bf16 pairs; = when set (g not read) */
+__device__ __forceinline__ void tc_add2(uint16_t *g, float x0, float x1, bool set)
 {
+    if (set) {
+        *(uint32_t *)g = tc_pack(x0, x1);
+        return;
+    }
     uint32_t w = *(uint32_t *)g;
     *(uint32_t *)g = tc_pack(cu_bf16_to_f32((uint16_t)(w & 0xffffu)) + x0,
                              cu_bf16_to_f32((uint16_t)(w >> 16)) + x1);
@@ -661,7 +665,7 @@ template <int D, int DV>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_attn_bwd_kv_tc(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q,
                      const uint16_t *k, const uint16_t *v, const float *lse, const float *delta,
-                     kern_attn_shape_t s)
+                     kern_attn_shape_t s, bool set)
 {
     constexpr int LDK = D + TC_PAD, LDV = DV + TC_PAD, NQ = TC_BQ2 / 8;
     extern __shared__ __align__(16) uint16_t tc_sm[];
@@ -717,22 +721,23 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     for (int t = 0; t < D / 8; t++) {
         int col = t * 8 + 2 * c;
         if (dk && j0 < s.Tk)
-            tc_add2(dk + ((b * s.Tk + j0) * s.Hkv + hk) * D + col, s.scale * dka[t][0], s.scale * dka[t][1]);
+            tc_add2(dk + ((b * s.Tk + j0) * s.Hkv + hk) * D + col, s.scale * dka[t][0], s.scale * dka[t][1], set);
         if (dk && j1 < s.Tk)
-            tc_add2(dk + ((b * s.Tk + j1) * s.Hkv + hk) * D + col, s.scale * dka[t][2], s.scale * dka[t][3]);
+            tc_add2(dk + ((b * s.Tk + j1) * s.Hkv + hk) * D + col, s.scale * dka[t][2], s.scale * dka[t][3], set);
     }
 #pragma unroll
     for (int t = 0; t < DV / 8; t++) {
         int col = t * 8 + 2 * c;
-        if (dv && j0 < s.Tk) tc_add2(dv + ((b * s.Tk + j0) * s.Hkv + hk) * DV + col, dva[t][0], dva[t][1]);
-        if (dv && j1 < s.Tk) tc_add2(dv + ((b * s.Tk + j1) * s.Hkv + hk) * DV + col, dva[t][2], dva[t][3]);
+        if (dv && j0 < s.Tk) tc_add2(dv + ((b * s.Tk + j0) * s.Hkv + hk) * DV + col, dva[t][0], dva[t][1], set);
+        if (dv && j1 < s.Tk) tc_add2(dv + ((b * s.Tk + j1) * s.Hkv + hk) * DV + col, dva[t][2], dva[t][3], set);
     }
 }
 
 template <int D, int DV>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_attn_bwd_q_tc(uint16_t *dq, const uint16_t *dout, const uint16_t *q, const uint16_t *k,
-                    const uint16_t *v, const float *lse, const float *delta, kern_attn_shape_t s)
+                    const uint16_t *v, const float *lse, const float *delta, kern_attn_shape_t s,
+                    bool set)
 {
     constexpr int LDK = D + TC_PAD, LDV = DV + TC_PAD, NT = TC_BK / 8;
     extern __shared__ __align__(16) uint16_t tc_sm[];
@@ -779,9 +784,9 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     for (int t = 0; t < D / 8; t++) {
         int col = t * 8 + 2 * c;
         if (i0 < s.Tq)
-            tc_add2(dq + ((b * s.Tq + i0) * s.Hq + h) * D + col, s.scale * dqa[t][0], s.scale * dqa[t][1]);
+            tc_add2(dq + ((b * s.Tq + i0) * s.Hq + h) * D + col, s.scale * dqa[t][0], s.scale * dqa[t][1], set);
         if (i1 < s.Tq)
-            tc_add2(dq + ((b * s.Tq + i1) * s.Hq + h) * D + col, s.scale * dqa[t][2], s.scale * dqa[t][3]);
+            tc_add2(dq + ((b * s.Tq + i1) * s.Hq + h) * D + col, s.scale * dqa[t][2], s.scale * dqa[t][3], set);
     }
 }
 
@@ -845,7 +850,7 @@ static bool tc_bwd_takes(const kern_attn_shape_t *sh, dtype_t dt)
 template <int D, int DV>
 static cudaError_t tc_bwd_launch(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout,
                                  const void *q, const void *k, const void *v, const float *lse,
-                                 const float *delta, const kern_attn_shape_t *sh)
+                                 const float *delta, const kern_attn_shape_t *sh, bool set)
 {
     const size_t LDK = D + TC_PAD, LDV = DV + TC_PAD;
     cudaError_t e = cudaSuccess;
@@ -856,7 +861,7 @@ static cudaError_t tc_bwd_launch(cudaStream_t st, void *dq, void *dk, void *dv, 
         dim3 grid((unsigned)((sh->Tk + TC_BK - 1) / TC_BK), (unsigned)sh->Hkv, (unsigned)sh->B);
         k_attn_bwd_kv_tc<D, DV><<<grid, TC_WARPS * 32, smem, st>>>(
             (uint16_t *)dk, (uint16_t *)dv, (const uint16_t *)dout, (const uint16_t *)q,
-            (const uint16_t *)k, (const uint16_t *)v, lse, delta, *sh);
+            (const uint16_t *)k, (const uint16_t *)v, lse, delta, *sh, set);
     }
     if (dq) {
         size_t smem = 2 * (TC_BQ * LDK + TC_BQ * LDV + TC_BK * LDK + TC_BK * LDV);
@@ -865,18 +870,18 @@ static cudaError_t tc_bwd_launch(cudaStream_t st, void *dq, void *dk, void *dv, 
         dim3 grid((unsigned)((sh->Tq + TC_BQ - 1) / TC_BQ), (unsigned)sh->Hq, (unsigned)sh->B);
         k_attn_bwd_q_tc<D, DV><<<grid, TC_WARPS * 32, smem, st>>>(
             (uint16_t *)dq, (const uint16_t *)dout, (const uint16_t *)q, (const uint16_t *)k,
-            (const uint16_t *)v, lse, delta, *sh);
+            (const uint16_t *)v, lse, delta, *sh, set);
     }
     return cudaGetLastError();
 }
 
 static cudaError_t tc_bwd(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout,
                           const void *q, const void *k, const void *v, const float *lse,
-                          const float *delta, const kern_attn_shape_t *sh)
+                          const float *delta, const kern_attn_shape_t *sh, bool set)
 {
 #define TC_GO(d, dv_)                                                                              \
     if (sh->D == d && sh->Dv == dv_)                                                               \
-        return tc_bwd_launch<d, dv_>(st, dq, dk, dv, dout, q, k, v, lse, delta, sh);
+        return tc_bwd_launch<d, dv_>(st, dq, dk, dv, dout, q, k, v, lse, delta, sh, set);
     TC_BWD_PAIRS(TC_GO)
 #undef TC_GO
     return cudaErrorNotSupported;
@@ -910,7 +915,8 @@ extern "C" size_t cuda_attn_bwd_scratch(const kern_attn_shape_t *sh)
 extern "C" cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *dv,
                                      const void *dout, const void *q, const void *k,
                                      const void *v, const void *out, const float *lse,
-                                     dtype_t dt, const kern_attn_shape_t *sh, void *scratch)
+                                     dtype_t dt, const kern_attn_shape_t *sh, void *scratch,
+                                     bool set)
 {
     if ((!dq && !dk && !dv) || sh->B * sh->Hq * sh->Tq == 0) return cudaGetLastError();
     if (sh->B > 65535 || sh->Hq > 65535) return cudaErrorInvalidValue;
@@ -923,7 +929,7 @@ extern "C" cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *
                                                             (const T *)out, *sh);
         if (tc_bwd_takes(sh, dt) && tc_aligned(q, k, v, dout) &&
             !(((uintptr_t)dq | (uintptr_t)dk | (uintptr_t)dv) & 3)) {
-            e = tc_bwd(st, dq, dk, dv, dout, q, k, v, lse, delta, sh);
+            e = tc_bwd(st, dq, dk, dv, dout, q, k, v, lse, delta, sh, set);
             return e != cudaSuccess ? e : cudaGetLastError();
         }
         if (dk || dv) {
@@ -932,7 +938,7 @@ extern "C" cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *
                 k_attn_bwd_kv_simt<T>
                     <<<at_grid((sh->Tk + AT_BK - 1) / AT_BK, sh->Hkv, sh->B), AT_THREADS, kv_smem,
                        st>>>((T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k,
-                             (const T *)v, lse, delta, *sh);
+                             (const T *)v, lse, delta, *sh, set);
         }
         if (dq && e == cudaSuccess) {
             e = at_smem_optin(k_attn_bwd_q_simt<T>, q_smem);
@@ -940,7 +946,7 @@ extern "C" cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *
                 k_attn_bwd_q_simt<T>
                     <<<at_grid((sh->Tq + AT_BQ - 1) / AT_BQ, sh->Hq, sh->B), AT_THREADS, q_smem,
                        st>>>((T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v,
-                             lse, delta, *sh);
+                             lse, delta, *sh, set);
         }
     });
     return e != cudaSuccess ? e : cudaGetLastError();

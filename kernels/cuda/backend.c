@@ -544,17 +544,17 @@ static void cuda_op_linear_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w
 }
 
 static void cuda_op_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
-                               ct_t *dout, ct_t *x, ct_t *w)
+                               ct_t *dout, ct_t *x, ct_t *w, bool set)
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_linear_bwd";
     if (!cs_enter(cs, op)) return;
     int64_t N = tensor_rows(x), IC = tensor_cols(x), OC = w->shape[0];
-    /* dx[N,IC] += dout[N,OC] w[OC,IC] */
+    /* dx[N,IC] += dout[N,OC] w[OC,IC] (=, beta 0, when set: C is not read) */
     if (dx && !cs_gemm(cs, op,
                        (cuda_gemm_t){.c = dx->data, .a = dout->data, .b = w->data,
                                      .ab_dt = dout->dtype, .c_dt = dx->dtype, .M = N, .N = IC,
-                                     .K = OC, .alpha = 1.0f, .beta = 1.0f}))
+                                     .K = OC, .alpha = 1.0f, .beta = set ? 0.0f : 1.0f}))
         return;
     /* dw[OC,IC] += dout^T x, in f32 when dw is f32 under bf16 data */
     if (dw && !cs_gemm(cs, op,
@@ -707,8 +707,9 @@ static void cuda_op_rmsnorm_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct
                               x->dtype, N, C, scr));
 }
 
+/* bwd: 0 forward, 1 backward accumulating, 2 backward overwriting */
 static void cuda_rope_run(kern_stream_t *s, const char *op, tensor_t *out, ct_t *x, ct_t *cos,
-                          ct_t *sin, ct_t *pos, bool bwd)
+                          ct_t *sin, ct_t *pos, int bwd)
 {
     cuda_stream_t *cs = cs_of(s);
     int64_t D = x->shape[x->ndim - 1], H = x->shape[x->ndim - 2];
@@ -722,13 +723,14 @@ static void cuda_rope_run(kern_stream_t *s, const char *op, tensor_t *out, ct_t 
 static void cuda_op_rope_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *cos, ct_t *sin,
                              ct_t *pos)
 {
-    cuda_rope_run(s, "kern_rope_fwd", out, x, cos, sin, pos, false);
+    cuda_rope_run(s, "kern_rope_fwd", out, x, cos, sin, pos, 0);
 }
 
 static void cuda_op_rope_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *cos, ct_t *sin,
-                             ct_t *pos)
+                             ct_t *pos, bool set)
 {
-    cuda_rope_run(s, "kern_rope_bwd", dx, dout, cos, sin, pos, true);
+    cuda_rope_run(s, set ? "kern_rope_bwd_set" : "kern_rope_bwd", dx, dout, cos, sin, pos,
+                  set ? 2 : 1);
 }
 
 static void cuda_op_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *q, ct_t *k,
@@ -744,7 +746,7 @@ static void cuda_op_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse
 
 static void cuda_op_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
                                   ct_t *dout, ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
-                                  const kern_attn_shape_t *sh)
+                                  const kern_attn_shape_t *sh, bool set)
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_attention_bwd";
@@ -754,7 +756,7 @@ static void cuda_op_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, 
         cs_check(cs, op,
                  cuda_attn_bwd(cs->st, dq ? dq->data : NULL, dk ? dk->data : NULL,
                                dv ? dv->data : NULL, dout->data, q->data, k->data, v->data,
-                               out->data, lse->data, q->dtype, sh, scr));
+                               out->data, lse->data, q->dtype, sh, scr, set));
 }
 
 static void cuda_op_swiglu_fwd(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *up)
@@ -767,14 +769,14 @@ static void cuda_op_swiglu_fwd(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t
 }
 
 static void cuda_op_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, ct_t *dout,
-                               ct_t *gate, ct_t *up)
+                               ct_t *gate, ct_t *up, bool set)
 {
     cuda_stream_t *cs = cs_of(s);
     if (cs_enter(cs, "kern_swiglu_bwd"))
         cs_check(cs, "kern_swiglu_bwd",
                  cuda_swiglu_bwd(cs->st, dgate ? dgate->data : NULL, dup ? dup->data : NULL,
                                  dout->data, gate->data, up->data, dout->dtype,
-                                 tensor_numel(dout)));
+                                 tensor_numel(dout), set));
 }
 
 static void cuda_op_xent_fwd_bwd(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits,

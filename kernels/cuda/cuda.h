@@ -69,17 +69,17 @@ size_t cuda_colsum_scratch(int64_t N, int64_t C);
 cudaError_t cuda_colsum(cudaStream_t st, void *dst, dtype_t dst_dt, const void *src,
                         dtype_t src_dt, int64_t N, int64_t C, void *scratch);
 
-/* SwiGLU: out = silu(gate) * up; dgate/dup += (NULL skipped) */
+/* SwiGLU: out = silu(gate) * up; dgate/dup += (=, when set; NULL skipped) */
 cudaError_t cuda_swiglu_fwd(cudaStream_t st, void *out, const void *gate, const void *up,
                             dtype_t dt, int64_t n);
 cudaError_t cuda_swiglu_bwd(cudaStream_t st, void *dgate, void *dup, const void *dout,
-                            const void *gate, const void *up, dtype_t dt, int64_t n);
+                            const void *gate, const void *up, dtype_t dt, int64_t n, bool set);
 
-/* RoPE over x[BT,H,D] with tables [P,D/2] f32 and pos[BT] i32: forward
- * (out may alias x) or, when bwd, dx += R^T dout. */
+/* RoPE over x[BT,H,D] with tables [P,D/2] f32 and pos[BT] i32: bwd 0 the
+ * forward (out may alias x), 1 dx += R^T dout, 2 dx = R^T dout. */
 cudaError_t cuda_rope(cudaStream_t st, void *out, const void *x, const float *cos,
                       const float *sin, const int32_t *pos, dtype_t dt, int64_t BT, int64_t H,
-                      int64_t D, int64_t P, bool bwd, unsigned *flags);
+                      int64_t D, int64_t P, int bwd, unsigned *flags);
 
 /* Embedding: out[N,C] = table rows (zero outside the shard). The backward
  * sorts (id, row) pairs with a stable radix sort and lets one thread per
@@ -185,14 +185,14 @@ bool cuda_attn_uses_tc(const kern_attn_shape_t *sh, dtype_t dt);
  * the kernels' shared memory holds (see attention.cu). */
 cudaError_t cuda_attn_fwd(cudaStream_t st, void *out, float *lse, const void *q, const void *k,
                           const void *v, dtype_t dt, const kern_attn_shape_t *sh);
-/* Backward: dq, dk, dv += (NULL skipped). Deterministic: dk, dv by one block
+/* Backward: dq, dk, dv += (=, when set; NULL skipped). Deterministic: dk, dv by one block
  * per (batch, kv head, key tile), dq by one block per (batch, head, query
  * tile), no atomics. Scratch holds rowsum(dout * out) [B,Hq,Tq] f32. */
 size_t cuda_attn_bwd_scratch(const kern_attn_shape_t *sh);
 cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout,
                           const void *q, const void *k, const void *v, const void *out,
                           const float *lse, dtype_t dt, const kern_attn_shape_t *sh,
-                          void *scratch);
+                          void *scratch, bool set);
 
 /* ---- cuBLASLt (blas.c) ---------------------------------------------------- */
 

@@ -202,8 +202,9 @@ template <class T> __global__ void k_swiglu_fwd(T *out, const T *gate, const T *
     }
 }
 
-/* dgate += dout * u * s (1 + g (1 - s)), dup += dout * g s, s = sigmoid(g) */
-template <class T>
+/* dgate += dout * u * s (1 + g (1 - s)), dup += dout * g s, s = sigmoid(g);
+ * SET: = instead of += (the old values are not read) */
+template <class T, bool SET>
 __global__ void k_swiglu_bwd(T *dgate, T *dup, const T *dout, const T *gate, const T *up,
                              int64_t n)
 {
@@ -211,8 +212,14 @@ __global__ void k_swiglu_bwd(T *dgate, T *dup, const T *dout, const T *gate, con
     {
         float g = cu_ld(gate, i), d = cu_ld(dout, i);
         float s = 1.0f / (1.0f + expf(-g));
-        if (dgate) cu_st(dgate, i, cu_ld(dgate, i) + d * cu_ld(up, i) * (s * (1.0f + g * (1.0f - s))));
-        if (dup) cu_st(dup, i, cu_ld(dup, i) + d * (g * s));
+        if (dgate) {
+            float x = d * cu_ld(up, i) * (s * (1.0f + g * (1.0f - s)));
+            cu_st(dgate, i, SET ? x : cu_ld(dgate, i) + x);
+        }
+        if (dup) {
+            float x = d * (g * s);
+            cu_st(dup, i, SET ? x : cu_ld(dup, i) + x);
+        }
     }
 }
 
@@ -227,11 +234,18 @@ extern "C" cudaError_t cuda_swiglu_fwd(cudaStream_t st, void *out, const void *g
 }
 
 extern "C" cudaError_t cuda_swiglu_bwd(cudaStream_t st, void *dgate, void *dup, const void *dout,
-                                       const void *gate, const void *up, dtype_t dt, int64_t n)
+                                       const void *gate, const void *up, dtype_t dt, int64_t n,
+                                       bool set)
 {
-    if (n > 0 && (dgate || dup))
+    if (n <= 0 || (!dgate && !dup)) return cudaGetLastError();
+    if (set)
         CU_DISPATCH_FT(dt, T,
-                       k_swiglu_bwd<T><<<cu_blocks(n, 256), 256, 0, st>>>(
+                       k_swiglu_bwd<T, true><<<cu_blocks(n, 256), 256, 0, st>>>(
+                           (T *)dgate, (T *)dup, (const T *)dout, (const T *)gate,
+                           (const T *)up, n));
+    else
+        CU_DISPATCH_FT(dt, T,
+                       k_swiglu_bwd<T, false><<<cu_blocks(n, 256), 256, 0, st>>>(
                            (T *)dgate, (T *)dup, (const T *)dout, (const T *)gate,
                            (const T *)up, n));
     return cudaGetLastError();
@@ -240,8 +254,8 @@ extern "C" cudaError_t cuda_swiglu_bwd(cudaStream_t st, void *dgate, void *dup, 
 /* ---- RoPE ------------------------------------------------------------------------ */
 
 /* One thread per rotated pair (t, h, i < D/2): reads both halves before
- * writing, so out may alias x. */
-template <class T, bool BWD>
+ * writing, so out may alias x. BWD 1: out += R^T x, 2: out = R^T x. */
+template <class T, int BWD>
 __global__ void k_rope(T *out, const T *x, const float *cos, const float *sin,
                        const int32_t *pos, int64_t BT, int64_t H, int64_t D, int64_t P,
                        unsigned *flags)
@@ -260,7 +274,10 @@ __global__ void k_rope(T *out, const T *x, const float *cos, const float *sin,
         }
         float c = cos[(int64_t)p * half + i], s = sin[(int64_t)p * half + i];
         float x1 = cu_ld(x, base + i), x2 = cu_ld(x, base + i + half);
-        if (BWD) {
+        if (BWD == 2) {
+            cu_st(out, base + i, x1 * c + x2 * s);
+            cu_st(out, base + i + half, x2 * c - x1 * s);
+        } else if (BWD == 1) {
             cu_st(out, base + i, cu_ld(out, base + i) + (x1 * c + x2 * s));
             cu_st(out, base + i + half, cu_ld(out, base + i + half) + (x2 * c - x1 * s));
         } else {
@@ -272,19 +289,23 @@ __global__ void k_rope(T *out, const T *x, const float *cos, const float *sin,
 
 extern "C" cudaError_t cuda_rope(cudaStream_t st, void *out, const void *x, const float *cos,
                                  const float *sin, const int32_t *pos, dtype_t dt, int64_t BT,
-                                 int64_t H, int64_t D, int64_t P, bool bwd, unsigned *flags)
+                                 int64_t H, int64_t D, int64_t P, int bwd, unsigned *flags)
 {
     int64_t n = BT * H * (D / 2);
     if (n <= 0) return cudaGetLastError();
     unsigned nb = cu_blocks(n, 256);
-    if (bwd)
+    if (bwd == 2)
         CU_DISPATCH_FT(dt, T,
-                       k_rope<T, true><<<nb, 256, 0, st>>>((T *)out, (const T *)x, cos, sin, pos,
-                                                           BT, H, D, P, flags));
+                       k_rope<T, 2><<<nb, 256, 0, st>>>((T *)out, (const T *)x, cos, sin, pos,
+                                                        BT, H, D, P, flags));
+    else if (bwd == 1)
+        CU_DISPATCH_FT(dt, T,
+                       k_rope<T, 1><<<nb, 256, 0, st>>>((T *)out, (const T *)x, cos, sin, pos,
+                                                        BT, H, D, P, flags));
     else
         CU_DISPATCH_FT(dt, T,
-                       k_rope<T, false><<<nb, 256, 0, st>>>((T *)out, (const T *)x, cos, sin,
-                                                            pos, BT, H, D, P, flags));
+                       k_rope<T, 0><<<nb, 256, 0, st>>>((T *)out, (const T *)x, cos, sin,
+                                                        pos, BT, H, D, P, flags));
     return cudaGetLastError();
 }
 

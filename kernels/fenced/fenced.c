@@ -172,9 +172,9 @@ static void f_linear_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w, ct_t
     FENCED(cpu->linear_fwd(s, out, x, w, bias));
 }
 static void f_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias, ct_t *dout,
-                         ct_t *x, ct_t *w)
+                         ct_t *x, ct_t *w, bool set)
 {
-    FENCED(cpu->linear_bwd(s, dx, dw, dbias, dout, x, w));
+    FENCED(cpu->linear_bwd(s, dx, dw, dbias, dout, x, w, set));
 }
 static void f_zero(kern_stream_t *s, tensor_t *t) { FENCED(cpu->zero(s, t)); }
 static void f_copy(kern_stream_t *s, tensor_t *dst, ct_t *src) { FENCED(cpu->copy(s, dst, src)); }
@@ -221,9 +221,10 @@ static void f_rope_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *cos, ct_t
 {
     FENCED(cpu->rope_fwd(s, out, x, cos, sin, pos));
 }
-static void f_rope_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *cos, ct_t *sin, ct_t *pos)
+static void f_rope_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *cos, ct_t *sin, ct_t *pos,
+                       bool set)
 {
-    FENCED(cpu->rope_bwd(s, dx, dout, cos, sin, pos));
+    FENCED(cpu->rope_bwd(s, dx, dout, cos, sin, pos, set));
 }
 static void f_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *q, ct_t *k,
                             ct_t *v, const kern_attn_shape_t *sh)
@@ -232,18 +233,18 @@ static void f_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t
 }
 static void f_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv, ct_t *dout,
                             ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
-                            const kern_attn_shape_t *sh)
+                            const kern_attn_shape_t *sh, bool set)
 {
-    FENCED(cpu->attention_bwd(s, dq, dk, dv, dout, q, k, v, out, lse, sh));
+    FENCED(cpu->attention_bwd(s, dq, dk, dv, dout, q, k, v, out, lse, sh, set));
 }
 static void f_swiglu_fwd(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *up)
 {
     FENCED(cpu->swiglu_fwd(s, out, gate, up));
 }
 static void f_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, ct_t *dout, ct_t *gate,
-                         ct_t *up)
+                         ct_t *up, bool set)
 {
-    FENCED(cpu->swiglu_bwd(s, dgate, dup, dout, gate, up));
+    FENCED(cpu->swiglu_bwd(s, dgate, dup, dout, gate, up, set));
 }
 static void f_xent_fwd_bwd(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits, ct_t *logits,
                            ct_t *targets, float dloss, int32_t ii)
