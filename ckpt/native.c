@@ -649,7 +649,19 @@ struct ckpt_reader {
     char           **dirs;
     int              n_dirs;
     shard_map_t     *open;   /* [n_files], mapped and checked on first use */
+    bool            *remote; /* [n_files] in none of the directories: fetched */
+    ckpt_fetch_fn    fetch;
+    void            *fetch_arg;
+    uint64_t         fetched; /* bytes fetched so far */
 };
+
+void ckpt_reader_set_fetch(ckpt_reader_t *r, ckpt_fetch_fn fn, void *arg)
+{
+    r->fetch = fn;
+    r->fetch_arg = arg;
+}
+
+uint64_t ckpt_reader_fetched(const ckpt_reader_t *r) { return r->fetched; }
 
 const ckpt_index_t *ckpt_reader_index(const ckpt_reader_t *r) { return &r->idx; }
 
@@ -660,6 +672,7 @@ void ckpt_reader_close(ckpt_reader_t *r)
     for (int i = 0; i < r->n_dirs; i++) free(r->dirs[i]);
     free(r->dirs);
     free(r->open);
+    free(r->remote);
     ckpt_index_free(&r->idx);
     free(r);
 }
@@ -689,7 +702,9 @@ bt_status_t ckpt_reader_open(const char *const *dirs, int n, ckpt_reader_t **out
     if (st == BT_ERR_NOT_FOUND) errf(err, cap, st, "no %s in %s%s", CKPT_INDEX_FILE, n ? dirs[0] : "(no directory)",
                                      n > 1 ? " or the other directories" : "");
     if (!st) st = ckpt_index_check(&r->idx, err, cap);
-    if (!st && !(r->open = calloc((size_t)r->idx.n_files + 1, sizeof *r->open))) st = BT_ERR_NOMEM;
+    if (!st && (!(r->open = calloc((size_t)r->idx.n_files + 1, sizeof *r->open)) ||
+                !(r->remote = calloc((size_t)r->idx.n_files + 1, sizeof *r->remote))))
+        st = BT_ERR_NOMEM;
     if (st) {
         ckpt_reader_close(r);
         return st;
@@ -720,6 +735,49 @@ static bt_status_t reader_file(ckpt_reader_t *r, uint32_t i, const shard_map_t *
     return BT_OK;
 }
 
+/* A piece of a file no directory has: its bytes from whoever has it (the
+ * fetch hook), in requests of at most CKPT_FETCH_CHUNK, then copied where
+ * they go. The server checked the file's size and hash before serving. */
+#define CKPT_FETCH_CHUNK ((uint64_t)8 << 20)
+static bt_status_t read_remote(ckpt_reader_t *r, const ckpt_piece_t *p, const shard_spec_t *want,
+                               void *dst, size_t elem, char *err, size_t cap)
+{
+    uint64_t bytes = (uint64_t)shard_numel(&p->spec) * elem;
+    const ckpt_file_t *f = &r->idx.files[p->file];
+    if (p->offset > f->bytes || bytes > f->bytes - p->offset)
+        return errf(err, cap, BT_ERR_CORRUPT, "%s: piece %s lies past the file's %llu bytes", f->name,
+                    p->key, (unsigned long long)f->bytes);
+    uint8_t *buf = malloc(bytes ? bytes : 1);
+    if (!buf) return BT_ERR_NOMEM;
+    bt_status_t st = BT_OK;
+    for (uint64_t at = 0; at < bytes && !st; at += CKPT_FETCH_CHUNK) {
+        uint64_t n = bytes - at < CKPT_FETCH_CHUNK ? bytes - at : CKPT_FETCH_CHUNK;
+        st = r->fetch(r->fetch_arg, f->name, p->offset + at, n, buf + at, err, cap);
+    }
+    if (!st) {
+        shard_copy(want, dst, &p->spec, buf, elem);
+        r->fetched += bytes;
+    }
+    free(buf);
+    return st;
+}
+
+bt_status_t ckpt_file_bytes(ckpt_reader_t *r, const char *file, uint64_t offset, uint64_t len,
+                            void *dst, char *err, size_t cap)
+{
+    int i = file_find(&r->idx, file);
+    if (i < 0) return errf(err, cap, BT_ERR_NOT_FOUND, "%s is not a file of this checkpoint", file);
+    const shard_map_t *f;
+    bt_status_t st = reader_file(r, (uint32_t)i, &f, err, cap);
+    if (st) return st;
+    if (offset > f->size || len > f->size - offset)
+        return errf(err, cap, BT_ERR_INVALID, "%s: bytes [%llu, +%llu) past its %zu bytes", file,
+                    (unsigned long long)offset, (unsigned long long)len, f->size);
+    memcpy(dst, (const uint8_t *)f->map + offset, len);
+    pages_release((const uint8_t *)f->map + offset, len);
+    return BT_OK;
+}
+
 bt_status_t ckpt_read(ckpt_reader_t *r, const char *tensor, const shard_spec_t *want, void *dst,
                       char *err, size_t cap)
 {
@@ -732,6 +790,20 @@ bt_status_t ckpt_read(ckpt_reader_t *r, const char *tensor, const shard_spec_t *
     for (int k = 0; k < t->n_pieces; k++) {
         const ckpt_piece_t *p = &t->pieces[k];
         if (!shard_overlap(want, &p->spec, NULL)) continue;
+        if (r->fetch && !r->open[p->file].st && !r->remote[p->file]) { /* where is it? */
+            bool here = false;
+            for (int d = 0; d < r->n_dirs && !here; d++) {
+                char path[BASE_SAVE_PATH_MAX + CKPT_FILE_MAX + 2];
+                snprintf(path, sizeof path, "%s/%s", r->dirs[d], r->idx.files[p->file].name);
+                here = access(path, F_OK) == 0;
+            }
+            r->remote[p->file] = !here;
+        }
+        if (r->remote[p->file]) {
+            bt_status_t st = read_remote(r, p, want, dst, elem, err, cap);
+            if (st) return st;
+            continue;
+        }
         const shard_map_t *f;
         bt_status_t st = reader_file(r, p->file, &f, err, cap);
         if (st) return st;

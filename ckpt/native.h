@@ -134,5 +134,16 @@ const ckpt_index_t *ckpt_reader_index(const ckpt_reader_t *r);
 bt_status_t ckpt_read(ckpt_reader_t *r, const char *tensor, const shard_spec_t *want, void *dst,
                       char *err, size_t errlen);
 void        ckpt_reader_close(ckpt_reader_t *r);
+/* Files in none of the reader's directories are fetched through fn
+ * (bytes [offset, offset + len) of file into dst; err says why not), piece
+ * by piece, from whoever holds them (the resume's peer fetch). */
+typedef bt_status_t (*ckpt_fetch_fn)(void *arg, const char *file, uint64_t offset, uint64_t len,
+                                     void *dst, char *err, size_t errlen);
+void        ckpt_reader_set_fetch(ckpt_reader_t *r, ckpt_fetch_fn fn, void *arg);
+uint64_t    ckpt_reader_fetched(const ckpt_reader_t *r); /* bytes fetched so far */
+/* Raw bytes of one of the checkpoint's files (found in the directories,
+ * size- and hash-checked on first use): what a server of fetches sends. */
+bt_status_t ckpt_file_bytes(ckpt_reader_t *r, const char *file, uint64_t offset, uint64_t len,
+                            void *dst, char *err, size_t errlen);
 
 #endif

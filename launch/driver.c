@@ -90,6 +90,8 @@ typedef struct {
     char          **ck_root;     /* [world] the root each writer reported */
     ckpt_index_t    ck_idx;
     uint64_t        ck_t0;
+    ckpt_reader_t  *serve;       /* --resume: the checkpoint, for the fetches it serves */
+    int64_t         fetch_served, fetch_forwarded; /* requests */
     actor_timer_t   watch, diag;
     bt_status_t     fail_status;
     int             fail_rank;
@@ -695,6 +697,74 @@ static actor_ret_t drv_on_ckpt(actor_t *self, actor_msg_t *m)
     return ACTOR_DONE;
 }
 
+/* The rank that wrote `file` ("shard-r00003.safetensors": 3), or -1. */
+static int file_writer_rank(const char *file)
+{
+    int r = -1, n = 0;
+    if (sscanf(file, "shard-r%5d.safetensors%n", &r, &n) != 1 || file[n]) return -1;
+    return r;
+}
+
+/* CKPT_FETCH (resume): a request goes to the rank that wrote the file when
+ * that rank runs in this job and its root holds it; else the driver serves
+ * it from the checkpoint's directories. Answers go back to the requester. */
+static actor_ret_t drv_on_fetch(actor_t *self, actor_msg_t *m)
+{
+    driver_t *d = (driver_t *)self;
+    int r = msg_rank(d, m);
+    if (r < 0 || d->phase == DRV_FAILING || d->phase == DRV_DONE) return ACTOR_DONE;
+    msg_ckpt_fetch_t f = m->body.ckpt_fetch;
+    actor_msg_t *out = actor_msg_new(MSG_CKPT_FETCH);
+    if (!out) return ACTOR_DONE;
+    uint32_t to;
+    if (f.phase == CKPT_FETCH_REPLY) { /* from the rank that served it */
+        if (f.from >= (uint32_t)d->world) { actor_msg_free(out); return ACTOR_DONE; }
+        to = f.from;
+        tensor_t *t = actor_msg_tensor(m, "data");
+        if (!f.status && t) {
+            tensor_t *c = actor_msg_tensor_new(out, "data", DT_U8, 1, t->shape);
+            if (!c) { actor_msg_free(out); return ACTOR_DONE; }
+            memcpy(c->data, t->data, (size_t)t->shape[0]);
+        }
+    } else {
+        f.from = (uint32_t)r;
+        int q = file_writer_rank(f.file);
+        char root[JOB_PATH_MAX], path[CKPT_PATH_MAX + MSG_NAME_MAX + 2], sd[CKPT_PATH_MAX];
+        bool owner = q >= 0 && q < d->world && q != r && !d->procs->procs[q].exited &&
+                     d->job->checkpoint.dir[0] && run_ckpt_root(d->job, q, root, sizeof root) == BT_OK;
+        if (owner) {
+            ckpt_step_dir(root, f.step, sd, sizeof sd);
+            snprintf(path, sizeof path, "%s/%s", sd, f.file);
+            owner = access(path, F_OK) == 0;
+        }
+        if (owner) {
+            to = (uint32_t)q;
+            d->fetch_forwarded++;
+        } else { /* served here */
+            to = (uint32_t)r;
+            d->fetch_served++;
+            f.phase = CKPT_FETCH_REPLY;
+            char err[1024] = "";
+            bt_status_t st = d->serve ? BT_OK : BT_ERR_NOT_FOUND;
+            tensor_t *c = NULL;
+            int64_t n = (int64_t)f.length;
+            if (!st && !(c = actor_msg_tensor_new(out, "data", DT_U8, 1, &n))) st = BT_ERR_NOMEM;
+            if (!st) st = ckpt_file_bytes(d->serve, f.file, f.offset, f.length, c->data, err, sizeof err);
+            if (st) { /* no data then: a fresh message with the reason */
+                actor_msg_free(out);
+                if (!(out = actor_msg_new(MSG_CKPT_FETCH))) return ACTOR_DONE;
+                f.status = st;
+                snprintf(f.text, sizeof f.text, "driver: %s", d->serve ? err : "no checkpoint to serve");
+            }
+        }
+    }
+    out->body.ckpt_fetch = f;
+    out->env.step = f.step;
+    bt_status_t st = actor_send(&d->a, ACTOR_ADDR(to, GRAPH_SLOT_CKPT), out);
+    if (st && st != BT_ERR_BUSY) log_warn("driver: CKPT_FETCH to rank %u not sent (%s)", to, bt_status_str(st));
+    return ACTOR_DONE;
+}
+
 static actor_ret_t drv_on_error(actor_t *self, actor_msg_t *m)
 {
     driver_t *d = (driver_t *)self;
@@ -723,6 +793,7 @@ static const actor_class_t driver_class = {
         [MSG_METRICS] = drv_on_metrics,
         [MSG_CKPT_SHARD] = drv_on_shard,
         [MSG_CKPT_CTL] = drv_on_ckpt,
+        [MSG_CKPT_FETCH] = drv_on_fetch,
         [MSG_ERROR_REPORT] = drv_on_error,
         [ACTOR_SYS_WORK_DONE] = drv_on_work_done,
     },
@@ -897,7 +968,7 @@ typedef struct {
  * all exist in the roots; a file in none of them is an error naming it,
  * before any process starts. */
 static bt_status_t resume_prepare(const job_t *job, const graph_t *g, const char *what,
-                                  const char *run_dir, run_ckpt_meta_t *meta)
+                                  const char *run_dir, run_ckpt_meta_t *meta, ckpt_reader_t **serve)
 {
     static char roots[GRAPH_MAX_WORLD][JOB_PATH_MAX];
     int n_roots = 0;
@@ -1028,8 +1099,9 @@ static bt_status_t resume_prepare(const job_t *job, const graph_t *g, const char
     }
     ckpt_index_free(&idx);
     if (st) return st;
-    char *text = NULL;
-    size_t len = 0;
+    char *text = malloc(64);
+    if (!text) return BT_ERR_NOMEM;
+    size_t len = (size_t)sprintf(text, "step %lld\n", (long long)meta->pos.step);
     for (int k = 0; k < n_dirs; k++) {
         char *nt = realloc(text, len + strlen(dirs[k]) + 8);
         if (!nt) { free(text); return BT_ERR_NOMEM; }
@@ -1038,6 +1110,21 @@ static bt_status_t resume_prepare(const job_t *job, const graph_t *g, const char
     }
     st = file_write(run_dir, RUN_FILE_RESUME, text, len, 0600);
     free(text);
+    /* the index, for ranks whose disks hold no copy of it */
+    char ip[CKPT_PATH_MAX + 16], idir[1200];
+    char *itext = NULL;
+    size_t ilen = 0;
+    snprintf(ip, sizeof ip, "%s/%s", dirs[0], CKPT_INDEX_FILE);
+    snprintf(idir, sizeof idir, "%s/%s", run_dir, RUN_DIR_RESUME_INDEX);
+    if (!st && (mkdir(idir, 0700) != 0 || base_file_read(ip, CKPT_INDEX_MAX_BYTES, &itext, &ilen) ||
+                file_write(idir, CKPT_INDEX_FILE, itext, ilen, 0600)))
+        st = BT_ERR_IO;
+    free(itext);
+    /* the driver serves the files of the checkpoint that no live rank wrote */
+    const char *dp[GRAPH_MAX_WORLD + 1];
+    for (int k = 0; k < n_dirs; k++) dp[k] = dirs[k];
+    if (!st && (st = ckpt_reader_open(dp, n_dirs, serve, err, sizeof err)))
+        fprintf(stderr, "baton run: --resume: %s\n", err);
     if (!st)
         printf("resuming from %s: step %lld, %lld samples consumed (%d director%s)\n", dirs[0],
                (long long)meta->pos.step, (long long)meta->pos.samples, n_dirs, n_dirs == 1 ? "y" : "ies");
@@ -1137,7 +1224,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
 
     run_ckpt_meta_t rmeta = {0};
     int64_t tokens_before = 0;
-    if (resume && (resume_prepare(job, &g, resume, run_dir, &rmeta) ||
+    if (resume && (resume_prepare(job, &g, resume, run_dir, &rmeta, &d.serve) ||
                    run_metrics_trim(job->metrics.file, rmeta.pos.step, &tokens_before)))
         goto remove_dir;
     if (ev) {
@@ -1253,6 +1340,10 @@ destroy_router:
     free(d.ck_wrote);
     free(d.rank_loss);
     ckpt_index_free(&d.ck_idx);
+    if (d.fetch_served || d.fetch_forwarded)
+        log_info("driver: resume fetches: %lld forwarded to the ranks that wrote them, %lld served "
+                 "here", (long long)d.fetch_forwarded, (long long)d.fetch_served);
+    ckpt_reader_close(d.serve);
     plot_curve_free(&d.curve);
     plot_curve_free(&d.val_curve);
     model_destroy(d.full);

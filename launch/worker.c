@@ -445,34 +445,96 @@ static bt_status_t items_build(worker_t *w, int dp_rank, int head_copy_chunk)
 
 /* --resume (the driver wrote the step directories to read): every item,
  * resharded from whatever layout saved it, and the optimizer's count. */
+/* --resume (the driver wrote what to read into the run directory): every
+ * item, resharded from whatever layout saved it, and the optimizer's count.
+ * The reader looks in this rank's own root first, then in the step
+ * directories the driver named that exist on this node, then at the copy of
+ * the index in the run directory; a shard file in none of them is fetched
+ * from the rank that wrote it, by message through the driver
+ * (ckpt_writer_fetch). BATON_TEST_CKPT_LOCAL_ONLY=1 makes a rank see only
+ * its own root (the tests' node-local disks). */
 static bt_status_t resume_load(worker_t *w, const char *path)
 {
     char *text = NULL, err[1400];
     size_t len = 0;
     bt_status_t st = base_file_read(path, 1u << 20, &text, &len);
     if (st) return st;
-    const char *dirs[GRAPH_MAX_WORLD + 1];
+    static char dirs_buf[GRAPH_MAX_WORLD + 3][CKPT_PATH_MAX];
+    const char *dirs[GRAPH_MAX_WORLD + 3];
     int n = 0;
-    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line && n < GRAPH_MAX_WORLD + 1;
-         line = strtok_r(NULL, "\n", &save))
-        if (!strncmp(line, "dir ", 4)) dirs[n++] = line + 4;
+    long long step = -1;
+    const char *local_only = getenv("BATON_TEST_CKPT_LOCAL_ONLY");
+    bool only_own = local_only && !strcmp(local_only, "1");
+    char root[CKPT_WRITER_ROOT_MAX] = "";
+    if (w->job.checkpoint.dir[0] && run_ckpt_root(&w->job, w->rank, root, sizeof root)) {
+        free(text);
+        return BT_ERR_INVALID;
+    }
+    const char *listed[GRAPH_MAX_WORLD + 1];
+    int n_listed = 0;
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        if (!strncmp(line, "step ", 5)) step = atoll(line + 5);
+        else if (!strncmp(line, "dir ", 4) && n_listed < GRAPH_MAX_WORLD + 1) listed[n_listed++] = line + 4;
+    }
+    if (step < 0) {
+        log_error("rank %d: --resume: %s names no step", w->rank, path);
+        free(text);
+        return BT_ERR_CORRUPT;
+    }
+    if (root[0]) { /* our own root first */
+        ckpt_step_dir(root, step, dirs_buf[n], CKPT_PATH_MAX);
+        if (access(dirs_buf[n], F_OK) == 0) { dirs[n] = dirs_buf[n]; n++; }
+    }
+    for (int k = 0; k < n_listed && !only_own; k++) { /* the others this node can see */
+        bool dup = access(listed[k], F_OK) != 0;
+        for (int i = 0; i < n && !dup; i++) dup = !strcmp(dirs[i], listed[k]);
+        if (!dup) dirs[n++] = listed[k];
+    }
+    snprintf(dirs_buf[GRAPH_MAX_WORLD + 2], CKPT_PATH_MAX, "%s/%s", w->run_dir, RUN_DIR_RESUME_INDEX);
+    dirs[n++] = dirs_buf[GRAPH_MAX_WORLD + 2];
     ckpt_reader_t *r = NULL;
-    st = n ? ckpt_reader_open(dirs, n, &r, err, sizeof err) : BT_ERR_CORRUPT;
-    if (!n) snprintf(err, sizeof err, "%s names no directory", path);
+    st = ckpt_reader_open(dirs, n, &r, err, sizeof err);
+    ckpt_writer_fetch_ctx_t fx = {.w = &w->writer, .step = step, .timeout_s = 60};
+    if (!st && w->writer_inited) ckpt_reader_set_fetch(r, ckpt_writer_fetch, &fx);
     model_config_t mc = w->chunks[0]->cfg;
     if (!st) st = run_ckpt_meta_check(ckpt_reader_index(r), dirs[0], &w->job, &mc, &w->resumed, err,
                                       sizeof err);
     uint64_t t0 = clock_now_ns();
     if (!st) st = ckpt_items_restore(&w->items, r, err, sizeof err);
+    uint64_t fetched = r ? ckpt_reader_fetched(r) : 0;
     ckpt_reader_close(r);
     if (st) log_error("rank %d: --resume: %s", w->rank, err);
     else {
         dist_optim_set_steps(w->opt, w->resumed.pos.optim_steps);
-        log_debug("rank %d: state of step %lld restored in %.2f s", w->rank,
-                  (long long)w->resumed.pos.step, (double)(clock_now_ns() - t0) * 1e-9);
+        if (fetched)
+            log_info("rank %d: state of step %lld restored in %.2f s, %.2f MB of it fetched from "
+                     "other ranks", w->rank, (long long)w->resumed.pos.step,
+                     (double)(clock_now_ns() - t0) * 1e-9, (double)fetched / 1e6);
     }
     free(text);
     return st;
+}
+
+/* The checkpoint writer: a loop and an I/O thread of its own. */
+static bt_status_t writer_start(worker_t *w)
+{
+    const graph_t *g = &w->g;
+    actor_loop_t *ck_loop;
+    actor_worker_t *io;
+    ckpt_writer_config_t wc = {.rank = w->rank, .keep = w->job.checkpoint.keep,
+                               .driver = ACTOR_ADDR(g->world, GRAPH_SLOT_DRIVER)};
+    bt_status_t st;
+    if (w->job.checkpoint.dir[0] && (st = run_ckpt_root(&w->job, w->rank, wc.root, sizeof wc.root)))
+        return st;
+    run_ckpt_shard_name(w->rank, wc.file, sizeof wc.file);
+    if ((st = actor_router_loop_new(w->rt, "ckpt", &ck_loop)) ||
+        (st = actor_router_worker_new(w->rt, "ckpt-io", &io)))
+        return st;
+    wc.io = io;
+    if ((st = ckpt_writer_init(&w->writer, &wc))) return st;
+    w->writer_inited = true;
+    return actor_register(w->rt, &w->writer.a, &ckpt_writer_class, ck_loop, "ckpt", GRAPH_SLOT_CKPT);
 }
 
 static bt_status_t actors_start(worker_t *w)
@@ -503,6 +565,7 @@ static bt_status_t actors_start(worker_t *w)
     bool resume = !w->eval_only && access(resume_path, F_OK) == 0;
     bool saves = !w->eval_only && w->job.checkpoint.dir[0];
     if ((resume || saves) && (st = items_build(w, c.dp, oc.head_copy_chunk))) return st;
+    if ((resume || saves) && (st = writer_start(w))) return st;
     if (resume && (st = resume_load(w, resume_path))) return st;
 
     bool data = graph_rank_needs_data(g, w->rank);
@@ -549,22 +612,6 @@ static bt_status_t actors_start(worker_t *w)
         if ((st = data_actor_init(&w->data, &dc))) return st;
         w->data_inited = true;
         if ((st = actor_register(w->rt, &w->data.a, &data_actor_class, loop, "data", GRAPH_SLOT_DATA)))
-            return st;
-    }
-    if (saves) { /* the writer: a loop and an I/O thread of its own */
-        actor_loop_t *ck_loop;
-        actor_worker_t *io;
-        ckpt_writer_config_t wc = {.rank = w->rank, .keep = w->job.checkpoint.keep,
-                                   .driver = ACTOR_ADDR(g->world, GRAPH_SLOT_DRIVER)};
-        if ((st = run_ckpt_root(&w->job, w->rank, wc.root, sizeof wc.root))) return st;
-        run_ckpt_shard_name(w->rank, wc.file, sizeof wc.file);
-        if ((st = actor_router_loop_new(w->rt, "ckpt", &ck_loop)) ||
-            (st = actor_router_worker_new(w->rt, "ckpt-io", &io)))
-            return st;
-        wc.io = io;
-        if ((st = ckpt_writer_init(&w->writer, &wc))) return st;
-        w->writer_inited = true;
-        if ((st = actor_register(w->rt, &w->writer.a, &ckpt_writer_class, ck_loop, "ckpt", GRAPH_SLOT_CKPT)))
             return st;
     }
     actor_router_supervisor_set(w->rt, ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE));

@@ -20,8 +20,9 @@
 #define RUN_FILE_BOOK   "book"
 #define RUN_FILE_EVAL   "eval.bin"
 #define RUN_FILE_MODE   "mode"     /* "eval": one evaluation pass, no training data */
-#define RUN_FILE_RESUME "resume"   /* --resume: lines "dir PATH", the step directories
-                                    * (one per root holding it) the ranks read from */
+#define RUN_FILE_RESUME "resume"   /* --resume: "step N", then lines "dir PATH", the step
+                                    * directories (one per root holding it) */
+#define RUN_DIR_RESUME_INDEX "resume-index" /* --resume: a copy of the checkpoint's index.json */
 #define RUN_SECRET_LEN  32 /* bytes of the job secret (launch/spawn.h passes it) */
 
 /* Evaluation rows file (driver -> workers): magic "BTEV", version 1, then

@@ -467,6 +467,11 @@ static void bodies_fill(msg_body_t *b, msg_type_t t)
                                        .count = 12};
         strcpy(b->ckpt_ctl.text, "shard-r00003.safetensors");
         break;
+    case MSG_CKPT_FETCH:
+        b->ckpt_fetch = (msg_ckpt_fetch_t){.req = 77, .from = 2, .phase = CKPT_FETCH_REQUEST, .step = 6,
+                                           .offset = 1u << 20, .length = 65536};
+        strcpy(b->ckpt_fetch.file, "shard-r00005.safetensors");
+        break;
     default: BT_PANIC("type %d", (int)t);
     }
 }

@@ -181,6 +181,24 @@ static void rnd_body(uint32_t type, msg_body_t *b, bool valid)
         }
         break;
     }
+    case MSG_CKPT_FETCH:
+        b->ckpt_fetch.req = rnd_u64();
+        b->ckpt_fetch.from = (uint32_t)rnd_u64();
+        b->ckpt_fetch.phase = (uint32_t)rnd_u64();
+        b->ckpt_fetch.step = rnd_i64();
+        b->ckpt_fetch.offset = rnd_u64();
+        b->ckpt_fetch.length = rnd_u64();
+        b->ckpt_fetch.status = (int32_t)rnd_i64();
+        rnd_str(b->ckpt_fetch.file, sizeof b->ckpt_fetch.file);
+        rnd_str(b->ckpt_fetch.text, sizeof b->ckpt_fetch.text);
+        if (valid) {
+            if (!b->ckpt_fetch.file[0]) strcpy(b->ckpt_fetch.file, "f");
+            b->ckpt_fetch.phase = 1 + (uint32_t)rnd_below(2);
+            b->ckpt_fetch.offset >>= 2;
+            b->ckpt_fetch.length = rnd_below(CKPT_FETCH_MAX_BYTES + 1);
+            if (b->ckpt_fetch.step < 0) b->ckpt_fetch.step = -(b->ckpt_fetch.step + 1);
+        }
+        break;
     case MSG_CKPT_CTL:
         b->ckpt_ctl.step = rnd_i64();
         b->ckpt_ctl.phase = (uint32_t)rnd_u64();

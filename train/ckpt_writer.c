@@ -1,6 +1,9 @@
 #include "train/ckpt_writer.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +11,32 @@
 #include "base/log.h"
 #include "ckpt/store.h"
 
-enum { JOB_WRITE = 1, JOB_COMMIT = 2 };
+enum { JOB_WRITE = 1, JOB_COMMIT = 2, JOB_SERVE = 3, TAG_FETCH = 4 };
+
+/* One fetch of this rank's restore: the restore thread waits on it; the
+ * loop sends it, matches the reply and signals. Freed by the last of the
+ * two to let go (a restore that timed out abandons it). */
+struct ckpt_fetch_req {
+    ckpt_fetch_req_t *next;     /* w->pending (loop thread) */
+    uint64_t          id;
+    int64_t           step;
+    char              file[MSG_NAME_MAX];
+    uint64_t          offset, len;
+    void             *dst;
+    pthread_mutex_t   mu;
+    pthread_cond_t    cv;
+    bool              done, abandoned;
+    bt_status_t       status;
+    char              text[MSG_TEXT_MAX];
+};
+
+/* A served request (io thread): the request and, once read, the bytes. */
+typedef struct {
+    ckpt_writer_t   *w;
+    msg_ckpt_fetch_t q;
+    uint8_t         *data;
+    char             err[MSG_TEXT_MAX];
+} serve_job_t;
 
 struct ckpt_writer_job {
     ckpt_writer_t *w;
@@ -41,9 +69,22 @@ static void pieces_free(ckpt_writer_t *w)
     w->count = w->got = 0;
 }
 
+static void req_release(ckpt_fetch_req_t *q)
+{
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q);
+}
+
 void ckpt_writer_fini(ckpt_writer_t *w)
 {
     pieces_free(w);
+    while (w->pending) { /* only abandoned ones can be left: their waiters are gone */
+        ckpt_fetch_req_t *q = w->pending;
+        w->pending = q->next;
+        req_release(q);
+    }
+    ckpt_reader_close(w->serve);
     if (w->job) {
         free(w->job->puts);
         free(w->job->fragment);
@@ -187,6 +228,165 @@ static void write_start(ckpt_writer_t *w)
 
 /* ---- handlers --------------------------------------------------------------- */
 
+/* ---- resume: fetches ------------------------------------------------------------ */
+
+static bt_status_t serve_run(void *arg)
+{
+    serve_job_t *j = arg;
+    ckpt_writer_t *w = j->w;
+    char err[1024] = "";
+    bt_status_t st = BT_OK;
+    if (!w->serve || w->serve_step != j->q.step) {
+        ckpt_reader_close(w->serve);
+        w->serve = NULL;
+        char dir[CKPT_PATH_MAX];
+        ckpt_step_dir(w->cfg.root, j->q.step, dir, sizeof dir);
+        const char *dirs[1] = {dir};
+        st = ckpt_reader_open(dirs, 1, &w->serve, err, sizeof err);
+        w->serve_step = j->q.step;
+    }
+    if (!st && !(j->data = malloc(j->q.length ? j->q.length : 1))) st = BT_ERR_NOMEM;
+    if (!st) st = ckpt_file_bytes(w->serve, j->q.file, j->q.offset, j->q.length, j->data, err, sizeof err);
+    if (st) snprintf(j->err, sizeof j->err, "rank %d: %s", w->cfg.rank, err);
+    return st;
+}
+
+/* The answer to a served request goes back through the driver. */
+static void serve_reply(ckpt_writer_t *w, serve_job_t *j, bt_status_t st)
+{
+    actor_msg_t *m = actor_msg_new(MSG_CKPT_FETCH);
+    if (!m) goto out;
+    m->body.ckpt_fetch = j->q;
+    m->body.ckpt_fetch.phase = CKPT_FETCH_REPLY;
+    m->body.ckpt_fetch.status = st;
+    snprintf(m->body.ckpt_fetch.text, sizeof m->body.ckpt_fetch.text, "%s", st ? j->err : "");
+    if (!st) {
+        int64_t n = (int64_t)j->q.length;
+        tensor_t *t = actor_msg_tensor_new(m, "data", DT_U8, 1, &n);
+        if (!t) {
+            actor_msg_free(m);
+            goto out;
+        }
+        memcpy(t->data, j->data, (size_t)n);
+    }
+    bt_status_t ss = actor_send(&w->a, w->cfg.driver, m);
+    if (ss && ss != BT_ERR_BUSY) log_error("rank %d: fetch reply not sent (%s)", w->cfg.rank, bt_status_str(ss));
+out:
+    free(j->data);
+    free(j);
+}
+
+static actor_ret_t on_fetch(actor_t *self, actor_msg_t *m)
+{
+    ckpt_writer_t *w = (ckpt_writer_t *)self;
+    const msg_ckpt_fetch_t *f = &m->body.ckpt_fetch;
+    if (actor_addr_rank(m->env.src) != actor_addr_rank(w->cfg.driver)) {
+        log_warn("rank %d: CKPT_FETCH from rank %u, not the driver; ignored", w->cfg.rank,
+                 actor_addr_rank(m->env.src));
+        return ACTOR_DONE;
+    }
+    if (f->phase == CKPT_FETCH_REQUEST) { /* another rank's: read it on io */
+        serve_job_t *j = calloc(1, sizeof *j);
+        if (!j) return ACTOR_DONE;
+        j->w = w;
+        j->q = *f;
+        if (actor_worker_submit(w->cfg.io, &w->a, serve_run, j, free, JOB_SERVE)) free(j);
+        return ACTOR_DONE;
+    }
+    ckpt_fetch_req_t **at = &w->pending; /* the answer to one of ours */
+    while (*at && (*at)->id != f->req) at = &(*at)->next;
+    ckpt_fetch_req_t *q = *at;
+    if (!q) {
+        log_warn("rank %d: an answer to fetch %llu, which is not pending; ignored", w->cfg.rank,
+                 (unsigned long long)f->req);
+        return ACTOR_DONE;
+    }
+    *at = q->next;
+    tensor_t *t = actor_msg_tensor(m, "data");
+    pthread_mutex_lock(&q->mu);
+    if (q->abandoned) {
+        pthread_mutex_unlock(&q->mu);
+        req_release(q);
+        return ACTOR_DONE;
+    }
+    q->status = (bt_status_t)f->status;
+    snprintf(q->text, sizeof q->text, "%s", f->text);
+    if (!q->status && (!t || t->dtype != DT_U8 || t->ndim != 1 || (uint64_t)t->shape[0] != q->len ||
+                       f->offset != q->offset || strcmp(f->file, q->file))) {
+        q->status = BT_ERR_PEER_PROTO;
+        snprintf(q->text, sizeof q->text, "the answer does not match the request");
+    }
+    if (!q->status) memcpy(q->dst, t->data, (size_t)q->len);
+    q->done = true;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    return ACTOR_DONE;
+}
+
+/* On the loop: a request of this rank's restore goes out. */
+static void fetch_send(ckpt_writer_t *w, ckpt_fetch_req_t *q)
+{
+    q->id = ++w->next_req;
+    q->next = w->pending;
+    w->pending = q;
+    actor_msg_t *m = actor_msg_new(MSG_CKPT_FETCH);
+    bt_status_t st = BT_ERR_NOMEM;
+    if (m) {
+        m->body.ckpt_fetch = (msg_ckpt_fetch_t){.req = q->id, .from = (uint32_t)w->cfg.rank,
+                                                .phase = CKPT_FETCH_REQUEST, .step = q->step,
+                                                .offset = q->offset, .length = q->len};
+        snprintf(m->body.ckpt_fetch.file, sizeof m->body.ckpt_fetch.file, "%s", q->file);
+        st = actor_send(&w->a, w->cfg.driver, m);
+        if (st == BT_ERR_BUSY) st = BT_OK;
+    }
+    if (st) { /* answer it ourselves: it did not go out */
+        w->pending = q->next;
+        pthread_mutex_lock(&q->mu);
+        bool gone = q->abandoned;
+        q->status = st;
+        snprintf(q->text, sizeof q->text, "the request could not be sent (%s)", bt_status_str(st));
+        q->done = true;
+        pthread_cond_signal(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+        if (gone) req_release(q);
+    }
+}
+
+bt_status_t ckpt_writer_fetch(void *ctx, const char *file, uint64_t offset, uint64_t len,
+                              void *dst, char *err, size_t errlen)
+{
+    ckpt_writer_fetch_ctx_t *c = ctx;
+    ckpt_fetch_req_t *q = calloc(1, sizeof *q);
+    if (!q) return BT_ERR_NOMEM;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->step = c->step;
+    snprintf(q->file, sizeof q->file, "%s", file);
+    q->offset = offset;
+    q->len = len;
+    q->dst = dst;
+    actor_complete(&c->w->a, TAG_FETCH, q, BT_OK);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)c->timeout_s;
+    pthread_mutex_lock(&q->mu);
+    int rc = 0;
+    while (!q->done && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&q->cv, &q->mu, &until);
+    bool done = q->done;
+    bt_status_t st = done ? q->status : BT_ERR_TIMEOUT;
+    if (!done) {
+        q->abandoned = true; /* the loop frees it when (if) the answer comes */
+        snprintf(err, errlen, "%s: no answer to a fetch of %llu bytes at %llu within %.0f s", file,
+                 (unsigned long long)len, (unsigned long long)offset, c->timeout_s);
+    } else if (st) {
+        snprintf(err, errlen, "%s: fetch of %llu bytes at %llu: %s", file, (unsigned long long)len,
+                 (unsigned long long)offset, q->text);
+    }
+    pthread_mutex_unlock(&q->mu);
+    if (done) req_release(q);
+    return st;
+}
+
 static bool test_hang(const ckpt_writer_t *w)
 {
     const char *hang = getenv("BATON_TEST_CKPT_HANG"); /* tests: this rank never writes */
@@ -278,6 +478,14 @@ static actor_ret_t on_work_done(actor_t *self, actor_msg_t *m)
     ckpt_writer_t *w = (ckpt_writer_t *)self;
     ckpt_writer_job_t *j = w->job;
     bt_status_t st = m->sys.work.status;
+    if (m->sys.work.tag == TAG_FETCH) {
+        fetch_send(w, m->sys.work.arg);
+        return ACTOR_DONE;
+    }
+    if (m->sys.work.tag == JOB_SERVE) {
+        serve_reply(w, m->sys.work.arg, st);
+        return ACTOR_DONE;
+    }
     w->busy = false;
     if (m->sys.work.tag == JOB_WRITE) {
         pieces_free(w); /* the stage's snapshot goes with them */
@@ -298,6 +506,7 @@ const actor_class_t ckpt_writer_class = {
     .handlers = {
         [MSG_CKPT_CTL] = on_ctl,
         [MSG_CKPT_PIECE] = on_piece,
+        [MSG_CKPT_FETCH] = on_fetch,
         [ACTOR_SYS_WORK_DONE] = on_work_done,
     },
     .stop = writer_stop,

@@ -359,6 +359,13 @@ static const msg_field_t ckpt_ctl_fields[] = {
     MF(msg_ckpt_ctl_t, status, MF_I32), MF(msg_ckpt_ctl_t, rank, MF_U32),
     MF(msg_ckpt_ctl_t, count, MF_U32), MF(msg_ckpt_ctl_t, text, MF_STR),
 };
+static const msg_field_t ckpt_fetch_fields[] = {
+    MF(msg_ckpt_fetch_t, req, MF_U64), MF(msg_ckpt_fetch_t, from, MF_U32),
+    MF(msg_ckpt_fetch_t, phase, MF_U32), MF(msg_ckpt_fetch_t, step, MF_I64),
+    MF(msg_ckpt_fetch_t, offset, MF_U64), MF(msg_ckpt_fetch_t, length, MF_U64),
+    MF(msg_ckpt_fetch_t, status, MF_I32), MF(msg_ckpt_fetch_t, file, MF_STR),
+    MF(msg_ckpt_fetch_t, text, MF_STR),
+};
 /* global_shape and start are arrays of ndim entries, handled by hand below */
 static const msg_field_t ckpt_shard_fields[] = {
     MF(msg_ckpt_shard_t, name, MF_STR), MF(msg_ckpt_shard_t, ckpt_step, MF_I64),
@@ -388,6 +395,7 @@ MSG_SIMPLE_CODEC(metrics, metrics_fields, 0)
 MSG_SIMPLE_CODEC(release, release_fields, 0)
 MSG_SIMPLE_CODEC(ckpt_piece, ckpt_piece_fields, 0)
 MSG_SIMPLE_CODEC(ckpt_ctl, ckpt_ctl_fields, 0)
+MSG_SIMPLE_CODEC(ckpt_fetch, ckpt_fetch_fields, 0)
 
 /* The checks beyond the field table, shared by the tree decoders and the
  * raw ones (err may be NULL). */
@@ -462,6 +470,20 @@ static bt_status_t msg_ckpt_ctl_check(const void *body, wire_err_t *err)
     return BT_OK;
 }
 
+static bt_status_t msg_ckpt_fetch_check(const void *body, wire_err_t *err)
+{
+    const msg_ckpt_fetch_t *f = body;
+    if (f->phase != CKPT_FETCH_REQUEST && f->phase != CKPT_FETCH_REPLY)
+        return wire_err_set(err, "CKPT_FETCH: unknown phase %u", f->phase);
+    if (f->file[0] == 0) return wire_err_set(err, "CKPT_FETCH: empty file name");
+    if (f->length > CKPT_FETCH_MAX_BYTES || f->offset > (UINT64_MAX >> 1))
+        return wire_err_set(err, "CKPT_FETCH: %llu bytes at %llu (at most %u per request)",
+                            (unsigned long long)f->length, (unsigned long long)f->offset,
+                            CKPT_FETCH_MAX_BYTES);
+    if (f->step < 0) return wire_err_set(err, "CKPT_FETCH: step %lld", (long long)f->step);
+    return BT_OK;
+}
+
 /* Types whose body is exactly their field table (+ an optional check). */
 #define MSG_TABLE_DECODE(name, fields, NAME, check)                                            \
     static bt_status_t msg_##name##_decode(const msgpack_object *meta, void *body, wire_err_t *err) \
@@ -486,6 +508,7 @@ MSG_TABLE_DECODE(metrics, metrics_fields, "METRICS", NULL)
 MSG_TABLE_DECODE(release, release_fields, "RELEASE", NULL)
 MSG_TABLE_DECODE(ckpt_piece, ckpt_piece_fields, "CKPT_PIECE", msg_ckpt_piece_check)
 MSG_TABLE_DECODE(ckpt_ctl, ckpt_ctl_fields, "CKPT_CTL", msg_ckpt_ctl_check)
+MSG_TABLE_DECODE(ckpt_fetch, ckpt_fetch_fields, "CKPT_FETCH", msg_ckpt_fetch_check)
 
 static bt_status_t msg_ckpt_shard_encode(msgpack_packer *pk, const void *body)
 {
@@ -554,6 +577,7 @@ const msg_type_info_t msg_types[MSG_TYPE_COUNT] = {
     MSG_INFO(RELEASE, release, msg_release_t),
     MSG_INFO(CKPT_PIECE, ckpt_piece, msg_ckpt_piece_t),
     MSG_INFO(CKPT_CTL, ckpt_ctl, msg_ckpt_ctl_t),
+    MSG_INFO(CKPT_FETCH, ckpt_fetch, msg_ckpt_fetch_t),
 };
 _Static_assert(sizeof msg_types / sizeof msg_types[0] == MSG_TYPE_COUNT, "one msg_types entry per msg_type_t");
 
@@ -581,6 +605,7 @@ static const msg_field_table_t msg_field_tables[MSG_TYPE_COUNT] = {
     [MSG_RELEASE] = {release_fields, NF(release_fields), true, NULL},
     [MSG_CKPT_PIECE] = {ckpt_piece_fields, NF(ckpt_piece_fields), true, msg_ckpt_piece_check},
     [MSG_CKPT_CTL] = {ckpt_ctl_fields, NF(ckpt_ctl_fields), true, msg_ckpt_ctl_check},
+    [MSG_CKPT_FETCH] = {ckpt_fetch_fields, NF(ckpt_fetch_fields), true, msg_ckpt_fetch_check},
 };
 _Static_assert(sizeof msg_field_tables / sizeof msg_field_tables[0] == MSG_TYPE_COUNT, "field tables");
 

@@ -31,6 +31,7 @@ typedef enum {
     MSG_RELEASE,       /* the receiver is done with memory the sender handed off */
     MSG_CKPT_PIECE,    /* one piece of a checkpoint tensor for a writer, tensor "data" */
     MSG_CKPT_CTL,      /* checkpoint protocol between stage, writer and driver */
+    MSG_CKPT_FETCH,    /* resume: bytes of a shard file another rank holds */
     MSG_TYPE_COUNT,
 } msg_type_t;
 
@@ -146,6 +147,24 @@ typedef struct {
     char     text[MSG_TEXT_MAX];
 } msg_ckpt_ctl_t;
 
+/* CKPT_FETCH (docs/CHECKPOINTS.md, "No shared storage"): a resuming rank
+ * whose folders lack a shard file asks for [offset, offset + length) of it
+ * (request, phase 1) through the driver, which forwards it to the rank that
+ * wrote the file or serves it itself; the answer (phase 2) carries tensor
+ * "data" (u8 [length]) or a status and text saying why not. */
+enum { CKPT_FETCH_REQUEST = 1, CKPT_FETCH_REPLY = 2 };
+#define CKPT_FETCH_MAX_BYTES (8u << 20) /* one request asks for at most this */
+typedef struct {
+    uint64_t req;      /* the requester's id of the request */
+    uint32_t from;     /* the requesting rank */
+    uint32_t phase;
+    int64_t  step;     /* of the checkpoint */
+    uint64_t offset, length;
+    int32_t  status;   /* reply: BT_OK, or why not (text) */
+    char     file[MSG_NAME_MAX];
+    char     text[MSG_TEXT_MAX];
+} msg_ckpt_fetch_t;
+
 /* Storage for any body; decode into this when the type is not known yet. */
 typedef union {
     msg_ping_t         ping;
@@ -162,6 +181,7 @@ typedef union {
     msg_release_t      release;
     msg_ckpt_piece_t   ckpt_piece;
     msg_ckpt_ctl_t     ckpt_ctl;
+    msg_ckpt_fetch_t   ckpt_fetch;
 } msg_body_t;
 
 typedef bt_status_t (*msg_encode_fn)(msgpack_packer *pk, const void *body);

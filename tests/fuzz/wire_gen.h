@@ -156,6 +156,18 @@ static inline void wire_gen_message(const uint8_t *in, size_t n, wire_env_t *env
         }
         break;
     }
+    case MSG_CKPT_FETCH:
+        body->ckpt_fetch.req = wire_gen_u64(&s);
+        body->ckpt_fetch.from = (uint32_t)wire_gen_u64(&s);
+        body->ckpt_fetch.phase = 1 + (uint32_t)(wire_gen_u64(&s) % 2);
+        body->ckpt_fetch.step = (int64_t)(wire_gen_u64(&s) >> 1);
+        body->ckpt_fetch.offset = wire_gen_u64(&s) >> 2;
+        body->ckpt_fetch.length = wire_gen_u64(&s) % (CKPT_FETCH_MAX_BYTES + 1);
+        body->ckpt_fetch.status = (int32_t)wire_gen_u64(&s);
+        wire_gen_str(&s, body->ckpt_fetch.file, sizeof body->ckpt_fetch.file);
+        if (!body->ckpt_fetch.file[0]) strcpy(body->ckpt_fetch.file, "f");
+        wire_gen_str(&s, body->ckpt_fetch.text, sizeof body->ckpt_fetch.text);
+        break;
     case MSG_CKPT_CTL:
         body->ckpt_ctl.step = (int64_t)(wire_gen_u64(&s) >> 1);
         body->ckpt_ctl.phase = CKPT_CTL_BEGIN + (uint32_t)(wire_gen_u64(&s) % 5);

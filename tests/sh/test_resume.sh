@@ -142,9 +142,26 @@ run own "${L1[@]}" --set checkpoint.dir="$tmp/own/r{rank}" --set train.stop_afte
     [ -s "$tmp/own/r3/step-00000006/shard-r00003.safetensors" ] && [ ! -e "$tmp/own/r0/step-00000006/shard-r00003.safetensors" ] \
     && pass ckpt_dir_per_rank || fail ckpt_dir_per_rank "$(ls -R "$tmp/own" | head)"
 cp -r "$tmp/own" "$tmp/own_copy"
+cp -r "$tmp/own" "$tmp/own_p"
 cp "$tmp/own.jsonl" "$tmp/own_r.jsonl"
 run own_r "${L1[@]}" --set checkpoint.dir="$tmp/own/r{rank}" --resume && same_bits d1 own_r \
     && pass resume_from_rank_folders || fail resume_from_rank_folders "$(grep -v ' info ' "$tmp/own_r.out" | tail -3)"
+# node-local disks (BATON_TEST_CKPT_LOCAL_ONLY: a rank sees its own folder
+# only): what a rank lacks it fetches, by message through the driver, from the
+# rank that wrote it; resumed the same layout bit for bit, and another
+# layout (dp=4, ZeRO-1: every rank needs pieces of every file) to 1e-6
+cp "$tmp/own.jsonl" "$tmp/own_l.jsonl"
+BATON_TEST_CKPT_LOCAL_ONLY=1 run own_l "${L1[@]}" --set checkpoint.dir="$tmp/own_p/r{rank}" --resume \
+    && same_bits d1 own_l && grep -q 'fetched from other ranks' "$tmp/own_l.out" \
+    && grep -q 'resume fetches: [1-9][0-9]* forwarded' "$tmp/own_l.out" \
+    && pass resume_fetch_from_peers || fail resume_fetch_from_peers "$(grep -v ' info ' "$tmp/own_l.out" | tail -3)"
+cp "$tmp/own.jsonl" "$tmp/own_d4.jsonl"
+rm -rf "$tmp/own_p"
+cp -r "$tmp/own_copy" "$tmp/own_p"
+BATON_TEST_CKPT_LOCAL_ONLY=1 run own_d4 --set parallel.dp=4 --set parallel.zero1=true --set parallel.microbatches=1 \
+    --set checkpoint.dir="$tmp/own_p/r{rank}" --resume && close d1 own_d4 \
+    && grep -q 'fetched from other ranks' "$tmp/own_d4.out" \
+    && pass resume_fetch_reshard || fail resume_fetch_reshard "$(grep -v ' info ' "$tmp/own_d4.out" | tail -3)"
 # rank 3's folder gone: its file is in none of them, said before any rank starts
 rm -rf "$tmp/own_copy/r3"
 run own_copy "${L1[@]}" --set checkpoint.dir="$tmp/own_copy/r{rank}" --resume "$tmp/own_copy/r0/step-00000006"
