@@ -18,7 +18,9 @@
  * of 1024" is --max-tokens 65536 --window 1024 = 64 windows, 1023 scored
  * positions each.
  * --grad-norm: also the global L2 norm of d(mean loss)/d(parameters).
- * --json: one JSON object {"tokens", "loss", "ppl"[, "grad_norm"]} on stdout.
+ * --json: one JSON object {"tokens", "loss", "ppl"[, "grad_norm"][, "moe_dropped"]} on
+ * stdout ("moe_dropped": the routed choices an expert's capacity dropped, for a
+ * model with a capacity_factor).
  * --device D, --dtype P: where to run (cpu, cuda[:N], fenced, auto; default
  * cpu) and in which precision (fp32, bf16; default fp32).
  * --layout tp=N,pp=N,dp=N: evaluate as processes in that parallel layout
@@ -288,7 +290,7 @@ static int eval_window_check(const eval_seqs_t *s, const char *ids_path, int64_t
  * loss whose perplexity overflows a double (loss > 709.78 nats) prints ppl
  * as null in JSON. */
 static int eval_result_print(bool json, int64_t tokens, double loss, bool has_gn, double gn,
-                             int64_t n_seq, int64_t window, const char *layout)
+                             int64_t dropped, int64_t n_seq, int64_t window, const char *layout)
 {
     if (!isfinite(loss) || (has_gn && !isfinite(gn))) {
         const char *what = !isfinite(loss) ? "loss" : "gradient norm";
@@ -304,11 +306,13 @@ static int eval_result_print(bool json, int64_t tokens, double loss, bool has_gn
         printf("{\"tokens\": %lld, \"loss\": %.17g, \"ppl\": ", (long long)tokens, loss);
         run_json_num(stdout, "%.17g", ppl);
         if (has_gn) printf(", \"grad_norm\": %.17g", gn);
+        if (dropped >= 0) printf(", \"moe_dropped\": %lld", (long long)dropped);
         printf("}\n");
         return 0;
     }
     printf("tokens %lld  loss %.6f nats  ppl %.4f", (long long)tokens, loss, ppl);
     if (has_gn) printf("  grad_norm %.6g", gn);
+    if (dropped >= 0) printf("  moe_dropped %lld", (long long)dropped);
     if (layout)
         printf("  (%lld sequences, window %lld, layout %s)\n", (long long)n_seq, (long long)window,
                layout);
@@ -330,7 +334,8 @@ static void eval_usage(FILE *f)
             "                 (default: max_position_embeddings)\n"
             "  --max-tokens N only the first N token ids of the input\n"
             "  --grad-norm    also print the global L2 norm of the loss gradient\n"
-            "  --json         print one JSON object: {\"tokens\", \"loss\", \"ppl\"[, \"grad_norm\"]}\n"
+            "  --json         print one JSON object: {\"tokens\", \"loss\", \"ppl\"[, \"grad_norm\"]"
+            "[, \"moe_dropped\"]}\n"
             "  --layout L     evaluate as processes in parallel layout L, e.g. tp=2,pp=2,dp=1\n"
             "  --device D     cpu (default), cuda, cuda:N, fenced (the test device) or auto\n"
             "  --dtype P      fp32 (default) or bf16\n");
@@ -470,7 +475,7 @@ int cmd_eval(int argc, char **argv)
         }
         if (n_tok != total) BT_PANIC("eval: scored %lld of %lld positions", (long long)n_tok,
                                      (long long)total);
-        rc = eval_result_print(json, n_tok, lloss, false, 0, rows, window, layout);
+        rc = eval_result_print(json, n_tok, lloss, false, 0, -1, rows, window, layout);
         goto free_targets;
     }
     if (ckpt_source_load_part(dir, NULL, NULL, &place, &m) != BT_OK) goto free_seqs; /* it said why */
@@ -495,7 +500,10 @@ int cmd_eval(int argc, char **argv)
                                   (long long)total);
     double loss = sum / (double)scored;
     double gn = grad_norm ? sqrt(model_grads_sumsq(m)) : 0.0;
-    rc = eval_result_print(json, scored, loss, grad_norm, gn, seqs.n_seq, window, NULL);
+    /* routed choices an expert's capacity dropped (docs/MODELS.md): only
+     * with a capacity_factor, so a dropless model prints what it always did */
+    int64_t dropped = m->cfg.moe.capacity_factor > 0 ? m->moe_dropped : -1;
+    rc = eval_result_print(json, scored, loss, grad_norm, gn, dropped, seqs.n_seq, window, NULL);
 free_targets:
     free(targets);
 destroy_acts:

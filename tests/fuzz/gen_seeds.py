@@ -265,6 +265,11 @@ def gen_hf_config():
                                  "tie_word_embeddings": True, "hidden_act": "silu",
                                  "attention_dropout": 0.1},
         "reals.json": {"vocab_size": 256.0, "num_key_value_heads": None, "partial_rotary_factor": 1.0},
+        "qwen2_moe_model_type_capacity.json": {
+            "architectures": None, "model_type": "qwen2_moe", "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48, "decoder_sparse_step": 2,
+            "mlp_only_layers": [0], "capacity_factor": 1.25, "output_router_logits": True},
     }
     for name, change in variants.items():
         c = dict(base)

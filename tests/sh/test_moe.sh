@@ -99,3 +99,14 @@ if [ "$(losses "$tmp/c2.jsonl" | wc -l)" -eq 2 ] && cmp -s <(losses "$tmp/c1.jso
 a=$("$BATON" eval --model tests/fixtures/mixtral --ids tests/fixtures/mixtral/ids.txt --json 2>&1)
 b=$("$BATON" eval --model "$tmp/back" --ids tests/fixtures/mixtral/ids.txt --json 2>&1)
 [ -n "$(field loss "$a")" ] && [ "$a" = "$b" ] && pass moe_convert_roundtrip || fail moe_convert_roundtrip "$a | $b"
+
+# 6. a capacity factor (baton's config.json key): eval reports what it dropped;
+# a dropless model prints no such key
+mkdir -p "$tmp/cap"
+sed 's/"hidden_act"/"capacity_factor": 1.0,\n  "hidden_act"/' tests/fixtures/qwen2_moe/config.json > "$tmp/cap/config.json"
+ln -s "$PWD"/tests/fixtures/qwen2_moe/model.safetensors "$tmp/cap/"
+out=$("$BATON" eval --model "$tmp/cap" --ids tests/fixtures/qwen2_moe/ids.txt --json 2>&1)
+plain=$("$BATON" eval --model tests/fixtures/qwen2_moe --ids tests/fixtures/qwen2_moe/ids.txt --json 2>&1)
+d=$(field moe_dropped "$out")
+[ -n "$d" ] && [ "$d" -gt 0 ] && [ "$(field loss "$out")" != "$(field loss "$plain")" ] && ! grep -q moe_dropped <<<"$plain" \
+    && pass moe_eval_capacity_dropped || fail moe_eval_capacity_dropped "$out | $plain"
