@@ -46,7 +46,8 @@ static const char *good =
     "  zero1: false\n"
     "transport: {control: tcp, pipeline: inproc, data_parallel: auto}\n"
     "hosts: [local]\n"
-    "checkpoint: {dir: /tmp/ck, every: 10}\n"
+    "export: {dir: /tmp/ck, every: 10}\n"
+    "checkpoint: {dir: /tmp/ckn, every: 5, keep: 2}\n"
     "trace: {dir: /tmp/tr}\n"
     "metrics: {file: m.jsonl, plot: loss.png}\n";
 
@@ -74,6 +75,7 @@ static void test_job_parse_all_sections(void)
     CHECK(job.transport[JOB_EDGE_TENSOR_PARALLEL] == JOB_XPORT_AUTO);
     CHECK(job.n_hosts == 1 && !strcmp(job.hosts[0], "local"));
     CHECK(!strcmp(job.export.dir, "/tmp/ck") && job.export.every == 10);
+    CHECK(!strcmp(job.checkpoint.dir, "/tmp/ckn") && job.checkpoint.every == 5 && job.checkpoint.keep == 2);
     CHECK(!strcmp(job.trace_dir, "/tmp/tr") && !strcmp(job.metrics.plot, "loss.png"));
     int64_t layers[8];
     CHECK(job_stage_layers(&job, layers, 8) == 2 && layers[0] == 1 && layers[1] == 3);
@@ -144,8 +146,12 @@ static void test_job_out_of_range(void)
                  "larger than optim.lr");
     expect_error(BASE "train: {steps: 10}\noptim: {warmup: 11}\n", "bad.yaml:3:9:", "optim.warmup",
                  "exceed");
-    expect_error(BASE "checkpoint: {every: 5}\n", "bad.yaml:2:14:", "export.every",
+    expect_error(BASE "export: {every: 5}\n", "bad.yaml:2:10:", "export.every",
                  "export.dir names no directory");
+    expect_error(BASE "checkpoint: {every: 5}\n", "bad.yaml:2:14:", "checkpoint.every",
+                 "checkpoint.dir names no directory");
+    expect_error(BASE "train: {steps: 10, stop_after: 11}\n", "bad.yaml:2:20:", "train.stop_after",
+                 "past train.steps");
 }
 
 /* Out-of-range integers say the allowed range (in full, not as %g), in the
