@@ -18,6 +18,7 @@ struct optim {
     void          *state;   /* device: m, v for every parameter, then the f32 masters */
     tensor_t      *m, *v;   /* [n] views into state */
     tensor_t      *master;  /* [n] f32 master of a non-f32 parameter, else .data NULL */
+    tensor_t       grads;   /* on a GPU, the model's whole gradient block (1-D), else .data NULL */
     int64_t        step;
 };
 
@@ -109,6 +110,15 @@ bt_status_t optim_create_for_model(const optim_config_t *cfg, model_t *m, optim_
                                 .master = m->masters ? m->masters[i].t : (tensor_t){0}};
     bt_status_t st = optim_create(cfg, ps, m->n_params, m->stream, out);
     free(ps);
+    /* On a GPU the norm is one reduction over the gradient block (its padding
+     * between views is zero: model_grads_zero clears the block and no kernel
+     * writes outside a view): one wait for the stream instead of one per
+     * tensor (111 for a 12-layer Llama). On cpu and fenced the per-tensor sums
+     * stay, whose order the layouts' bit-identity tests pin. */
+    if (st == BT_OK && m->place.dev.kind == DEV_CUDA) {
+        int64_t n = (int64_t)(m->grad_bytes / dtype_size(m->place.grad_dtype));
+        (*out)->grads = tensor_make(m->grad_mem, m->place.grad_dtype, m->place.dev, 1, &n);
+    }
     return st;
 }
 
@@ -134,6 +144,7 @@ tensor_t optim_moment2(const optim_t *o, int i) { return o->v[i]; }
 
 double optim_grad_norm(const optim_t *o)
 {
+    if (o->grads.data) return sqrt(kern_sumsq(o->s, &o->grads));
     double sum = 0.0;
     for (int i = 0; i < o->n; i++) sum += kern_sumsq(o->s, &o->params[i].grad);
     return sqrt(sum);
