@@ -179,8 +179,12 @@ bool optim_test_poison(int64_t step, int rank)
 void optim_step(optim_t *o, double lr, double clip_coef)
 {
     o->step++;
+    /* on a GPU one scale of the whole block (the same products element by
+     * element) instead of one launch per tensor */
+    bool block = o->grads.data && clip_coef < 1.0;
+    if (block) kern_scale(o->s, &o->grads, (float)clip_coef);
     for (int i = 0; i < o->n; i++) {
-        if (clip_coef < 1.0) kern_scale(o->s, &o->params[i].grad, (float)clip_coef);
+        if (clip_coef < 1.0 && !block) kern_scale(o->s, &o->params[i].grad, (float)clip_coef);
         adamw_args_t args = {
             .lr = (float)lr,
             .beta1 = (float)o->cfg.beta1,
