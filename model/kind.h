@@ -94,9 +94,10 @@ struct model_kind {
     /* What a token costs this sublayer, for MFU (model/flops.h): adds to
      * f->matmul_params the weights that multiply every token and to
      * f->attn_fma its forward multiply-adds per token between activations
-     * (attention: the causal scores and values at sequence length T). A
-     * kind of routed experts (not written yet) adds its active parameters
-     * only: the router's and top_k experts' weights, not every expert's. */
+     * (attention: the causal scores and values at sequence length T). The
+     * routed experts (model/moe.c) add their active parameters only: the
+     * router's and top_k experts' weights (and a shared expert's), not
+     * every expert's. */
     void (*flops)(const model_config_t *c, int64_t T, model_flops_t *f);
     const kern_op_t *ops; /* kernel ops it calls, checked with kern_supports */
     int              n_ops;

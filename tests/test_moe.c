@@ -18,6 +18,7 @@
 #include "kernels/kernels.h"
 #include "launch/job.h"
 #include "launch/run_setup.h"
+#include "model/flops.h"
 #include "model/kind.h"
 #include "model/model.h"
 #include "tests/helpers/capture.h"
@@ -532,6 +533,28 @@ static void test_moe_mem_estimate(void)
     }
 }
 
+/* FLOPs count the active parameters (model/flops.h): mixtral's two layers
+ * of attention (q, o 32x32; k, v 32x16) and experts (the router 32x4, top-2
+ * of 3 matrices 32x48), and the head 256x32. */
+static void test_moe_flops(void)
+{
+    model_config_t c;
+    REQUIRE(ckpt_hf_config_load(FIX "mixtral", &c) == BT_OK);
+    model_flops_t f;
+    model_flops_count(&c, 16, &f);
+    double layer = 2 * 32 * 32 + 2 * 32 * 16 + 32 * 4 + 2 * 3 * 32 * 48;
+    CHECK_MSG(f.matmul_params == 2 * layer + 256 * 32, "matmul_params %.0f", f.matmul_params);
+    CHECK(f.attn_fma == 2 * 32 * 16);
+    REQUIRE(ckpt_hf_config_load(FIX "qwen2_moe", &c) == BT_OK);
+    model_flops_count(&c, 16, &f);
+    /* layers 0, 2 sparse (router 32x8, top-2 of 32x24 x3, shared 32x40 x3 and its
+     * gate 32), layer 1 dense (32x64 x3); attention q, o 32x32, k, v 32x16 */
+    double attn = 2 * 32 * 32 + 2 * 32 * 16;
+    double sparse = 32 * 8 + 2 * 3 * 32 * 24 + 3 * 32 * 40 + 32, dense = 3 * 32 * 64;
+    CHECK_MSG(f.matmul_params == 3 * attn + 2 * sparse + dense + 256 * 32, "matmul_params %.0f",
+              f.matmul_params);
+}
+
 /* ---- training -------------------------------------------------------------------------- */
 
 #define TRAIN FIX "train_qwen2_moe"
@@ -622,5 +645,5 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_moe_config_fields, test_moe_config_errors, test_moe_capacity,
              test_moe_export_roundtrip, test_moe_stages, test_moe_fenced, test_moe_decode,
-             test_moe_mem_estimate, test_moe_train_matches_torch);
+             test_moe_mem_estimate, test_moe_flops, test_moe_train_matches_torch);
 }
