@@ -96,6 +96,7 @@ static bt_status_t saver_join(saver_t *w)
     if (!w->running) return BT_OK;
     pthread_join(w->th, NULL);
     w->running = false;
+    double mb = (double)w->snap.bytes / 1e6;
     ckpt_snapshot_free(&w->snap);
     free(w->meta);
     w->meta = NULL;
@@ -104,7 +105,7 @@ static bt_status_t saver_join(saver_t *w)
         return w->st;
     }
     log_info("checkpoint of step %lld committed under %s (%.1f MB in %.2f s)", (long long)w->step,
-             w->root, (double)w->snap.bytes / 1e6, w->seconds);
+             w->root, mb, w->seconds);
     return BT_OK;
 }
 

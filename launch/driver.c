@@ -47,6 +47,11 @@ typedef enum {
     DRV_FAILING,
 } drv_phase_t;
 
+struct held_fetch {
+    actor_msg_t       *m;
+    struct held_fetch *next;
+};
+
 typedef struct {
     actor_t        a; /* first */
     actor_router_t *rt;
@@ -91,6 +96,9 @@ typedef struct {
     ckpt_index_t    ck_idx;
     uint64_t        ck_t0;
     ckpt_reader_t  *serve;       /* --resume: the checkpoint, for the fetches it serves */
+    bool           *ck_up;       /* [world] the rank's writer said CKPT_CTL UP */
+    bool           *ready;       /* [world] the rank said READY (heartbeats are due from then) */
+    struct held_fetch *fetch_held; /* fetches for writers not up yet (their messages kept) */
     int64_t         fetch_served, fetch_forwarded; /* requests */
     actor_timer_t   watch, diag;
     bt_status_t     fail_status;
@@ -272,7 +280,9 @@ static void watch_fire(actor_t *self, actor_timer_t *t)
     }
     if (d->phase >= DRV_READY_WAIT) {
         for (int k = 0; k < d->world; k++) {
-            if (!d->last_seen[k]) continue; /* not connected yet: start-up timeout covers it */
+            /* before READY a rank may be loading or restoring (its stage
+             * is not up to send heartbeats): the start-up timeout covers it */
+            if (!d->last_seen[k] || !d->ready[k]) continue;
             double silent = (double)(now - d->last_seen[k]) * 1e-9;
             if (silent > d->hb_timeout_s) {
                 fail(d, BT_ERR_PEER_TIMEOUT, k, "no heartbeat for %.1f s", silent);
@@ -460,6 +470,8 @@ static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
     int r = msg_rank(d, m);
     if (r < 0 || d->phase >= DRV_DONE) return ACTOR_DONE;
     uint32_t state = m->body.heartbeat.state;
+    if (state == STAGE_ST_READY && !d->ready[r]) d->ready[r] = true;
+    else if (state == STAGE_ST_READY) return ACTOR_DONE;
     if (state == STAGE_ST_READY && ++d->n_ready == d->world) {
         d->phase = DRV_RUNNING;
         d->t0 = clock_now_ns();
@@ -642,12 +654,26 @@ static void ckpt_commit_start(driver_t *d)
                  (long long)d->ck_step, bt_status_str(st));
 }
 
+static actor_ret_t drv_on_fetch(actor_t *self, actor_msg_t *m);
+
 static actor_ret_t drv_on_ckpt(actor_t *self, actor_msg_t *m)
 {
     driver_t *d = (driver_t *)self;
     int r = msg_rank(d, m);
     if (r < 0 || d->phase == DRV_FAILING || d->phase == DRV_DONE) return ACTOR_DONE;
     const msg_ckpt_ctl_t *c = &m->body.ckpt_ctl;
+    if (c->phase == CKPT_CTL_UP) { /* its held fetches can go now */
+        d->ck_up[r] = true;
+        struct held_fetch *held = d->fetch_held;
+        d->fetch_held = NULL;
+        while (held) {
+            struct held_fetch *next = held->next;
+            if (drv_on_fetch(self, held->m) == ACTOR_DONE) actor_msg_free(held->m);
+            free(held);
+            held = next;
+        }
+        return ACTOR_DONE;
+    }
     if (c->phase == CKPT_CTL_FAILED) {
         fail(d, c->status ? (bt_status_t)c->status : BT_ERR_IO, r, "checkpoint of step %lld: %s",
              (long long)c->step, c->text);
@@ -736,6 +762,13 @@ static actor_ret_t drv_on_fetch(actor_t *self, actor_msg_t *m)
             ckpt_step_dir(root, f.step, sd, sizeof sd);
             snprintf(path, sizeof path, "%s/%s", sd, f.file);
             owner = access(path, F_OK) == 0;
+        }
+        struct held_fetch *h = owner && !d->ck_up[q] ? malloc(sizeof *h) : NULL;
+        if (h) { /* held until its writer is up */
+            actor_msg_free(out);
+            *h = (struct held_fetch){.m = m, .next = d->fetch_held};
+            d->fetch_held = h;
+            return ACTOR_KEPT;
         }
         if (owner) {
             to = (uint32_t)q;
@@ -1262,8 +1295,11 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     d.last_seen = calloc((size_t)g.world, sizeof *d.last_seen);
     d.ck_wrote = calloc((size_t)g.world, sizeof *d.ck_wrote);
     d.rank_loss = calloc((size_t)g.world, sizeof *d.rank_loss);
+    d.ck_up = calloc((size_t)g.world, sizeof *d.ck_up);
+    d.ready = calloc((size_t)g.world, sizeof *d.ready);
     d.ck_root = calloc((size_t)g.world, sizeof *d.ck_root);
-    if (!d.last_seen || !d.ck_wrote || !d.ck_root || !d.rank_loss) goto close_metrics;
+    if (!d.last_seen || !d.ck_wrote || !d.ck_root || !d.rank_loss || !d.ck_up || !d.ready)
+        goto close_metrics;
     d.sets = sets;
     d.n_sets = n_sets;
     d.last_step = job->train.stop_after ? job->train.stop_after : job->train.steps;
@@ -1339,6 +1375,14 @@ destroy_router:
     free(d.ck_root);
     free(d.ck_wrote);
     free(d.rank_loss);
+    free(d.ck_up);
+    free(d.ready);
+    while (d.fetch_held) {
+        struct held_fetch *next = d.fetch_held->next;
+        actor_msg_free(d.fetch_held->m);
+        free(d.fetch_held);
+        d.fetch_held = next;
+    }
     ckpt_index_free(&d.ck_idx);
     if (d.fetch_served || d.fetch_forwarded)
         log_info("driver: resume fetches: %lld forwarded to the ranks that wrote them, %lld served "

@@ -207,7 +207,7 @@ static void rnd_body(uint32_t type, msg_body_t *b, bool valid)
         b->ckpt_ctl.count = (uint32_t)rnd_u64();
         rnd_str(b->ckpt_ctl.text, sizeof b->ckpt_ctl.text);
         if (valid) {
-            b->ckpt_ctl.phase = CKPT_CTL_BEGIN + (uint32_t)rnd_below(5);
+            b->ckpt_ctl.phase = CKPT_CTL_BEGIN + (uint32_t)rnd_below(6);
             if (b->ckpt_ctl.step < 0) b->ckpt_ctl.step = -(b->ckpt_ctl.step + 1);
         }
         break;

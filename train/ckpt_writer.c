@@ -501,6 +501,13 @@ static actor_ret_t on_work_done(actor_t *self, actor_msg_t *m)
 
 static void writer_stop(actor_t *self) { pieces_free((ckpt_writer_t *)self); }
 
+/* The driver forwards other ranks' fetches here only once it knows we are up. */
+static void writer_start(actor_t *self)
+{
+    ckpt_writer_t *w = (ckpt_writer_t *)self;
+    ctl_send(w, CKPT_CTL_UP, 0, BT_OK, NULL, NULL);
+}
+
 const actor_class_t ckpt_writer_class = {
     .name = "ckpt",
     .handlers = {
@@ -509,5 +516,6 @@ const actor_class_t ckpt_writer_class = {
         [MSG_CKPT_FETCH] = on_fetch,
         [ACTOR_SYS_WORK_DONE] = on_work_done,
     },
+    .start = writer_start,
     .stop = writer_stop,
 };

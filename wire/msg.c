@@ -464,7 +464,7 @@ static bt_status_t msg_ckpt_piece_check(const void *body, wire_err_t *err)
 static bt_status_t msg_ckpt_ctl_check(const void *body, wire_err_t *err)
 {
     const msg_ckpt_ctl_t *c = body;
-    if (c->phase < CKPT_CTL_BEGIN || c->phase > CKPT_CTL_FAILED)
+    if (c->phase < CKPT_CTL_BEGIN || c->phase > CKPT_CTL_UP)
         return wire_err_set(err, "CKPT_CTL: unknown phase %u", c->phase);
     if (c->step < 0) return wire_err_set(err, "CKPT_CTL: step %lld", (long long)c->step);
     return BT_OK;

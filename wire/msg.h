@@ -137,6 +137,7 @@ enum {
     CKPT_CTL_COMMIT = 3,    /* driver -> writer: commit with tensor "index" (the whole one) */
     CKPT_CTL_COMMITTED = 4, /* writer -> driver */
     CKPT_CTL_FAILED = 5,    /* writer -> driver: status, text */
+    CKPT_CTL_UP = 6,        /* writer -> driver: registered; fetches for it may come */
 };
 typedef struct {
     int64_t  step;

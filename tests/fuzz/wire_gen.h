@@ -170,7 +170,7 @@ static inline void wire_gen_message(const uint8_t *in, size_t n, wire_env_t *env
         break;
     case MSG_CKPT_CTL:
         body->ckpt_ctl.step = (int64_t)(wire_gen_u64(&s) >> 1);
-        body->ckpt_ctl.phase = CKPT_CTL_BEGIN + (uint32_t)(wire_gen_u64(&s) % 5);
+        body->ckpt_ctl.phase = CKPT_CTL_BEGIN + (uint32_t)(wire_gen_u64(&s) % 6);
         body->ckpt_ctl.status = (int32_t)wire_gen_u64(&s);
         body->ckpt_ctl.rank = (uint32_t)wire_gen_u64(&s);
         body->ckpt_ctl.count = (uint32_t)wire_gen_u64(&s);
