@@ -157,6 +157,19 @@ static float *hnans(int64_t n)
     return p;
 }
 
+/* The reference of an overwriting (_set) op from its accumulating twin's:
+ * ref - init. A _set row is measured against the op's result alone, not on
+ * the scale of result + pre-fill as the accumulating row beside it is (got
+ * + init against ref would add the pre-fill to a bf16 result rounded on its
+ * own: SwiGLU's dgate read 1.2e-2 that way where the kernel is exact to
+ * bf16 rounding; H200, 2 Dec 2026). */
+static double *minus_init(const double *ref, const float *init, int64_t n)
+{
+    double *d = kt_alloc_d(n);
+    for (int64_t i = 0; i < n; i++) d[i] = ref[i] - (double)init[i];
+    return d;
+}
+
 static tensor_t hview(float *p, int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3)
 {
     int64_t shape[4] = {d0, d1, d2, d3};
@@ -172,23 +185,6 @@ static double relerr(const float *got, const double *ref, int64_t n)
         if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
     }
     return worst;
-}
-
-/* An overwriting (_set) op's output against its accumulating twin's
- * reference: relerr of got + init against ref (= init + the op's result), so
- * that a _set row is measured on the scale of the accumulating row beside it
- * and the same tolerance means the same thing; an element left unwritten
- * stays NaN and fails. (Against the op's result alone, ref - init, a bf16
- * gradient with a small maximum reads larger: attention's dq at B1 T100
- * H8/2 D64 read 2.0e-2 there where the accumulating row reads 4.1e-3, the
- * same absolute error; H200, 2 Dec 2026.) */
-static double relerr_plus(const float *got, const float *init, const double *ref, int64_t n)
-{
-    float *sum = kt_alloc(n);
-    for (int64_t i = 0; i < n; i++) sum[i] = (float)((double)got[i] + (double)init[i]);
-    double e = relerr(sum, ref, n);
-    free(sum);
-    return e;
 }
 
 static double maxd(double a, double b) { return !(a <= b) ? a : b; }
@@ -367,16 +363,16 @@ static void test_linear(dtype_t dt, dtype_t gdt)
         row("linear_bwd dw", dts, sh, e_dw, relerr(cdw, rdw, OC * IC), tol_w, ms);
         row("linear_bwd dbias", dts, sh, e_db, relerr(cdb, rdb, OC), tol_w, ms);
         { /* overwriting dx into NaNs (dw, dbias accumulate as above) */
+            double *sdx = minus_init(rdx, dx0, N * IC);
             float *hn = hnans(N * IC);
             tensor_t hsx = hview(hn, 2, N, IC, 0, 0);
             dpoison(&tdx);
             kern_linear_bwd_set(GS, &tdx, NULL, NULL, &tdo, &tx, &tw);
             kern_linear_bwd_set(HS, &hsx, NULL, NULL, &hdo, &hx, &hw);
             dget(got, &tdx);
-            row("linear_bwd_set dx", dts, sh, relerr_plus(got, dx0, rdx, N * IC),
-                relerr_plus(hn, dx0, rdx, N * IC),
+            row("linear_bwd_set dx", dts, sh, relerr(got, sdx, N * IC), relerr(hn, sdx, N * IC),
                 tol_of(dt, 2e-5, 1e-2), 0);
-            free(hn);
+            free(sdx), free(hn);
         }
         dfree(&tx), dfree(&tw), dfree(&tb), dfree(&to), dfree(&tdo), dfree(&tdx), dfree(&tdw),
             dfree(&tdb);
@@ -769,15 +765,15 @@ static void test_rope(dtype_t dt)
         TIMED(ms, kern_rope_bwd(GS, &tdx, &tx, &tc, &ts, &tp));
         row("rope_bwd", dtn(dt), sh, e, relerr(cdx, rdx, n), tol, ms);
         {
+            double *sdx = minus_init(rdx, dx0, n);
             float *hn = hnans(n);
             tensor_t hsx = hview(hn, 3, BT, H, D, 0);
             dpoison(&tdx);
             kern_rope_bwd_set(GS, &tdx, &tx, &tc, &ts, &tp);
             kern_rope_bwd_set(HS, &hsx, &hx, &hc, &hs, &hp);
             dget(got, &tdx);
-            row("rope_bwd_set", dtn(dt), sh, relerr_plus(got, dx0, rdx, n),
-                relerr_plus(hn, dx0, rdx, n), tol, 0);
-            free(hn);
+            row("rope_bwd_set", dtn(dt), sh, relerr(got, sdx, n), relerr(hn, sdx, n), tol, 0);
+            free(sdx), free(hn);
         }
         dfree(&tx), dfree(&to), dfree(&tc), dfree(&ts), dfree(&tp), dfree(&tdx);
         free(x), free(cs), free(sn), free(pos), free(dx0), free(got), free(rout), free(rdx);
@@ -825,18 +821,17 @@ static void test_swiglu(dtype_t dt)
         row("swiglu_bwd dgate", dtn(dt), sh, eg, relerr(cdg, rdg, n), tol, ms);
         row("swiglu_bwd dup", dtn(dt), sh, eu, relerr(cdu, rdu, n), tol, ms);
         {
+            double *sdg = minus_init(rdg, dg0, n), *sdu = minus_init(rdu, du0, n);
             float *hng = hnans(n), *hnu = hnans(n);
             tensor_t hsg = hview(hng, 1, n, 0, 0, 0), hsu = hview(hnu, 1, n, 0, 0, 0);
             dpoison(&tdg), dpoison(&tdu);
             kern_swiglu_bwd_set(GS, &tdg, &tdu, &td, &tg, &tu);
             kern_swiglu_bwd_set(HS, &hsg, &hsu, &hd, &hg, &hu);
             dget(got, &tdg);
-            row("swiglu_bwd_set dgate", dtn(dt), sh, relerr_plus(got, dg0, rdg, n),
-                relerr_plus(hng, dg0, rdg, n), tol, 0);
+            row("swiglu_bwd_set dgate", dtn(dt), sh, relerr(got, sdg, n), relerr(hng, sdg, n), tol, 0);
             dget(got, &tdu);
-            row("swiglu_bwd_set dup", dtn(dt), sh, relerr_plus(got, du0, rdu, n),
-                relerr_plus(hnu, du0, rdu, n), tol, 0);
-            free(hng), free(hnu);
+            row("swiglu_bwd_set dup", dtn(dt), sh, relerr(got, sdu, n), relerr(hnu, sdu, n), tol, 0);
+            free(sdg), free(sdu), free(hng), free(hnu);
         }
         dfree(&tg), dfree(&tu), dfree(&to), dfree(&td), dfree(&tdg), dfree(&tdu);
         free(g), free(u), free(d), free(dg0), free(du0), free(got), free(rout), free(rdg);
@@ -1203,7 +1198,14 @@ static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint6
     row("attention_bwd dq", dts, sh, e_dq, relerr(cdq, rdq, nq), tb, ms);
     row("attention_bwd dk", dts, sh, e_dk, relerr(cdk, rdk, nk), tb, ms);
     row("attention_bwd dv", dts, sh, e_dv, relerr(cdv, rdv, nv), tb, ms);
-    { /* overwriting dq, dk, dv into NaNs */
+    { /* overwriting dq, dk, dv into NaNs. bf16 tolerance 3e-2 on the gradient's own
+       * scale: the backward reads the forward's bf16 out (rowsum(dO * O)), and dq
+       * of B1 T100 H8/2 D64 c read 2.01e-2 against its own maximum on the H200
+       * (2 Dec 2026), tc and SIMT alike (the CPU twin on fp32 out: 1.9e-6), where
+       * its accumulating row, diluted by the pre-fill in [-1, 1], reads 4.1e-3 */
+        double ts = tol_of(dt, 5e-5, 3e-2);
+        double *sq = minus_init(rdq, dq0, nq), *sk = minus_init(rdk, dk0, nk);
+        double *sv = minus_init(rdv, dv0, nv);
         float *nqh = hnans(nq), *nkh = hnans(nk), *nvh = hnans(nv);
         tensor_t sq4 = hview(nqh, 4, s->B, s->Tq, s->Hq, s->D);
         tensor_t sk4 = hview(nkh, 4, s->B, s->Tk, s->Hkv, s->D);
@@ -1214,15 +1216,12 @@ static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint6
         kern_attention_bwd_set(HS, &sq4, &sk4, &sv4, &hdo, &hq, &hk, &hv, &ho, &hl, scale,
                                s->causal, s->q_offset);
         dget(got, &tdq);
-        row("attention_bwd_set dq", dts, sh, relerr_plus(got, dq0, rdq, nq),
-            relerr_plus(nqh, dq0, rdq, nq), tb, 0);
+        row("attention_bwd_set dq", dts, sh, relerr(got, sq, nq), relerr(nqh, sq, nq), ts, 0);
         dget(got, &tdk);
-        row("attention_bwd_set dk", dts, sh, relerr_plus(got, dk0, rdk, nk),
-            relerr_plus(nkh, dk0, rdk, nk), tb, 0);
+        row("attention_bwd_set dk", dts, sh, relerr(got, sk, nk), relerr(nkh, sk, nk), ts, 0);
         dget(got, &tdv);
-        row("attention_bwd_set dv", dts, sh, relerr_plus(got, dv0, rdv, nv),
-            relerr_plus(nvh, dv0, rdv, nv), tb, 0);
-        free(nqh), free(nkh), free(nvh);
+        row("attention_bwd_set dv", dts, sh, relerr(got, sv, nv), relerr(nvh, sv, nv), ts, 0);
+        free(sq), free(sk), free(sv), free(nqh), free(nkh), free(nvh);
     }
 
     /* NULL gradients skipped: only dv, which must match the full call's dv increment */
