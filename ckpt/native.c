@@ -266,29 +266,26 @@ bt_status_t ckpt_shard_write_fill(ckpt_index_t *idx, const char *dir, const char
     char path[BASE_SAVE_PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     const char *meta[] = {"format", CKPT_MAGIC};
-    if (!st && (st = ckpt_st_write_fill(path, ents, n, meta, 1, fill, arg)))
+    /* the file's size, hash and the pieces' offsets come from the bytes as
+     * they are written: nothing is read back */
+    uint64_t *offs = calloc((size_t)n + 1, sizeof *offs);
+    ckpt_st_written_t wr = {.offsets = offs};
+    if (!st && !offs) st = BT_ERR_NOMEM;
+    if (!st && (st = ckpt_st_write_fill(path, ents, n, meta, 1, fill, arg, &wr)))
         errf(err, errlen, st, "%s: cannot write the shard file (%s)", path, bt_status_str(st));
-    /* read it back: the offsets of the pieces, the hash of what is on disk */
-    ckpt_file_t info = {0};
+    ckpt_file_t info = {.bytes = wr.bytes, .xxh3 = wr.xxh3};
     snprintf(info.name, sizeof info.name, "%s", file);
-    shard_map_t sm = {0};
-    if (!st) st = shard_map(path, NULL, &info, &sm, err, errlen);
     uint32_t fi = 0;
     if (!st) st = file_add(idx, &info, &fi, err, errlen);
     for (int i = 0; i < n && !st; i++) {
         const ckpt_put_t *p = &puts[i];
-        const ckpt_st_tensor_t *t = ckpt_st_find(sm.st, keys[i]);
-        if (!t) {
-            st = errf(err, errlen, BT_ERR_CORRUPT, "%s: %s missing after writing", path, keys[i]);
-            break;
-        }
         ckpt_tensor_t *ct;
         st = tensor_get(idx, p->tensor, p->dtype, p->spec.ndim, p->spec.global, &ct, err, errlen);
-        ckpt_piece_t pc = {.file = fi, .offset = shard_offset(&sm, t), .spec = p->spec};
+        ckpt_piece_t pc = {.file = fi, .offset = offs[i], .spec = p->spec};
         snprintf(pc.key, sizeof pc.key, "%s", keys[i]);
         if (!st) st = piece_add(ct, &pc);
     }
-    shard_unmap(&sm);
+    free(offs);
     free(ents);
     free(keys);
     return st;

@@ -86,8 +86,8 @@ typedef struct {
 } ckpt_put_t;
 
 /* Writes puts[n] as the shard file DIR/FILE (atomically, fsynced: base/save.h),
- * then adds the file and its pieces to idx (the file is read back for the
- * pieces' offsets and its hash, which also checks what reached the disk).
+ * then adds the file and its pieces to idx (its size, hash and the pieces'
+ * offsets taken from the bytes as they were written).
  * A tensor met before must have the same dtype and global shape. */
 bt_status_t ckpt_shard_write(ckpt_index_t *idx, const char *dir, const char *file,
                              const ckpt_put_t *puts, int n, char *err, size_t errlen);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -411,7 +412,8 @@ static char *st_header_build(const ckpt_st_entry_t *entries, int n, const char *
 }
 
 bt_status_t ckpt_st_write_fill(const char *path, const ckpt_st_entry_t *entries, int n,
-                               const char *const *meta, int n_meta, ckpt_st_fill_fn fill, void *arg)
+                               const char *const *meta, int n_meta, ckpt_st_fill_fn fill, void *arg,
+                               ckpt_st_written_t *out)
 {
     size_t largest = 0;
     for (int i = 0; i < n; i++) {
@@ -444,9 +446,18 @@ bt_status_t ckpt_st_write_fill(const char *path, const ckpt_st_entry_t *entries,
     memset(head + 8 + hlen, ' ', padded - hlen);
     free(header);
 
+    XXH3_state_t *xs = out ? XXH3_createState() : NULL;
+    if (out && !xs) {
+        free(head);
+        free(buf);
+        return BT_ERR_NOMEM;
+    }
+    if (xs) XXH3_64bits_reset(xs);
+    uint64_t at = 8 + padded;
     base_save_file_t f;
     bt_status_t st = base_save_file_begin(&f, path, 0644);
     if (st == BT_OK) st = base_save_file_write(&f, head, 8 + padded);
+    if (xs) XXH3_64bits_update(xs, head, 8 + padded);
     for (int i = 0; i < n && st == BT_OK; i++) {
         const tensor_t *t = &entries[i].t;
         size_t bytes = (size_t)tensor_numel(t) * st_dtype_size(t->dtype);
@@ -456,9 +467,17 @@ bt_status_t ckpt_st_write_fill(const char *path, const ckpt_st_entry_t *entries,
             data = buf;
         }
         if (st == BT_OK) st = base_save_file_write(&f, data, bytes);
+        if (xs) XXH3_64bits_update(xs, data, bytes);
+        if (out && out->offsets) out->offsets[i] = at;
+        at += bytes;
     }
     free(head);
     free(buf);
+    if (out) {
+        out->bytes = at;
+        out->xxh3 = XXH3_64bits_digest(xs);
+        XXH3_freeState(xs);
+    }
     if (st == BT_OK) return base_save_file_commit(&f);
     base_save_file_abort(&f);
     return st;
@@ -467,5 +486,5 @@ bt_status_t ckpt_st_write_fill(const char *path, const ckpt_st_entry_t *entries,
 bt_status_t ckpt_st_write(const char *path, const ckpt_st_entry_t *entries, int n,
                           const char *const *meta, int n_meta)
 {
-    return ckpt_st_write_fill(path, entries, n, meta, n_meta, NULL, NULL);
+    return ckpt_st_write_fill(path, entries, n, meta, n_meta, NULL, NULL, NULL);
 }

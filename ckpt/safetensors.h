@@ -92,7 +92,15 @@ bt_status_t ckpt_st_write(const char *path, const ckpt_st_entry_t *entries, int 
  * the largest tensor's size, reused), so that a file of any size is written
  * holding one tensor at a time. A fill error aborts the file. */
 typedef bt_status_t (*ckpt_st_fill_fn)(void *arg, int i, void *buf, size_t bytes);
+/* What was written (out, may be NULL): the file's size and XXH3-64 hash,
+ * computed from the bytes as they went out, and (offsets non-NULL, n of
+ * them) the byte offset of each entry's data in the file. */
+typedef struct {
+    uint64_t  bytes, xxh3;
+    uint64_t *offsets;
+} ckpt_st_written_t;
 bt_status_t ckpt_st_write_fill(const char *path, const ckpt_st_entry_t *entries, int n,
-                               const char *const *meta, int n_meta, ckpt_st_fill_fn fill, void *arg);
+                               const char *const *meta, int n_meta, ckpt_st_fill_fn fill, void *arg,
+                               ckpt_st_written_t *out);
 
 #endif

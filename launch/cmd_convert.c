@@ -191,7 +191,7 @@ static int export_hf(const char *src, const char *to, const char *tokenizer)
     export_ctx_t x = {.r = r, .src = (const char (*)[CKPT_NAME_MAX])srcs, .want = want};
     base_save_dir_path(&d, "model.safetensors", path, sizeof path);
     const char *st_meta[] = {"format", "pt"};
-    if ((st = ckpt_st_write_fill(path, ents, n, st_meta, 1, export_fill, &x))) {
+    if ((st = ckpt_st_write_fill(path, ents, n, st_meta, 1, export_fill, &x, NULL))) {
         fprintf(stderr, "baton convert: %s%s\n", x.err[0] ? x.err : "cannot write ", x.err[0] ? "" : path);
         goto out;
     }

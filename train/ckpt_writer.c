@@ -3,7 +3,10 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,11 +144,24 @@ static void failed(ckpt_writer_t *w, int64_t step, bt_status_t st, const char *f
 
 /* ---- io jobs --------------------------------------------------------------- */
 
+/* The writer's I/O thread runs below the compute threads: on a machine
+ * whose cores all train, a save then takes longer instead of slowing the
+ * steps (it needs little CPU: copies into the page cache, a hash, fsync). */
+static void io_thread_lower(void)
+{
+    static _Thread_local bool done;
+    if (done) return;
+    done = true;
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10) != 0)
+        log_debug("checkpoint writer: cannot lower its I/O thread's priority: %s", strerror(errno));
+}
+
 static bt_status_t job_run(void *arg)
 {
     ckpt_writer_job_t *j = arg;
     ckpt_writer_t *w = j->w;
     bt_status_t st;
+    io_thread_lower();
     if (j->kind == JOB_WRITE) {
         if ((st = ckpt_stage_begin(w->cfg.root, j->step, j->err, sizeof j->err))) return st;
         char tmp[CKPT_PATH_MAX];
@@ -235,6 +251,7 @@ static bt_status_t serve_run(void *arg)
     serve_job_t *j = arg;
     ckpt_writer_t *w = j->w;
     char err[1024] = "";
+    io_thread_lower();
     bt_status_t st = BT_OK;
     if (!w->serve || w->serve_step != j->q.step) {
         ckpt_reader_close(w->serve);
