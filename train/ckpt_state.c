@@ -116,6 +116,9 @@ void ckpt_items_free(ckpt_items_t *it)
 
 bt_status_t ckpt_snapshot_take(const ckpt_items_t *it, ckpt_snapshot_t *out)
 {
+    void *keep = out->block;
+    size_t keep_cap = out->cap;
+    free(out->puts);
     memset(out, 0, sizeof *out);
     size_t bytes = 0;
     int n = 0;
@@ -125,7 +128,14 @@ bt_status_t ckpt_snapshot_take(const ckpt_items_t *it, ckpt_snapshot_t *out)
             n++;
         }
     out->puts = calloc((size_t)n + 1, sizeof *out->puts);
-    out->block = malloc(bytes + 1);
+    if (keep && keep_cap >= bytes) {
+        out->block = keep;
+        out->cap = keep_cap;
+    } else {
+        free(keep);
+        out->block = malloc(bytes + 1);
+        out->cap = bytes + 1;
+    }
     if (!out->puts || !out->block) {
         ckpt_snapshot_free(out);
         return BT_ERR_NOMEM;

@@ -69,8 +69,11 @@ typedef struct {
     int         n;
     void       *block;
     size_t      bytes;
+    size_t      cap;   /* of block */
 } ckpt_snapshot_t;
 
+/* out->block (cap bytes) is reused when it is large enough (a run saving
+ * again: no fresh pages to fault in), else replaced. */
 bt_status_t ckpt_snapshot_take(const ckpt_items_t *it, ckpt_snapshot_t *out);
 void        ckpt_snapshot_free(ckpt_snapshot_t *s);
 

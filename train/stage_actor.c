@@ -160,8 +160,14 @@ static uint32_t name_fwd, name_bwd, name_opt;
 
 static void export_params(stage_actor_t *s);
 static void export_bufs_free(stage_actor_t *s);
-typedef struct stage_snap stage_snap_t;
+struct stage_snap {
+    stage_actor_t  *s;
+    int64_t         step;
+    ckpt_snapshot_t snap;
+    atomic_int      refs;
+};
 static void snap_send(stage_actor_t *s, stage_snap_t *sn);
+static void snap_drop(void *arg);
 
 static int ix(const stage_actor_t *s, int mb, int chunk) { return mb * s->cfg.pipe.vpp + chunk; }
 static int vstage_of(const stage_actor_t *s, int chunk)
@@ -273,6 +279,11 @@ void stage_actor_fini(stage_actor_t *s)
     pass_free(&s->train);
     pass_free(&s->eval);
     export_bufs_free(s);
+    stage_snap_t *spare = atomic_exchange(&s->snap_spare, NULL);
+    if (spare) {
+        ckpt_snapshot_free(&spare->snap);
+        free(spare);
+    }
     free(s->job);
     if (s->copy) { /* the last staged copies read the arenas: let them finish */
         kern_stream_sync(s->copy);
@@ -666,7 +677,7 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
     if (m->sys.work.tag == JOB_SNAP) {
         stage_snap_t *sn = m->sys.work.arg;
         if (st) {
-            free(sn);
+            snap_drop(sn);
             fail(s, st, "checkpoint copy");
             return ACTOR_DONE;
         }
@@ -848,25 +859,32 @@ static void export_params(stage_actor_t *s)
 
 /* The host copy of one save, shared by its pieces' messages: freed with
  * the last of them (the writer frees them once the file is written). */
-struct stage_snap {
-    stage_actor_t  *s;
-    int64_t         step;
-    ckpt_snapshot_t snap;
-    atomic_int      refs;
-};
 
+
+/* The last message of a save is freed (the writer wrote the file): its
+ * host block goes back to the stage for the next save (any thread). */
 static void snap_unref(void *arg)
 {
     stage_snap_t *sn = arg;
     if (atomic_fetch_sub(&sn->refs, 1) != 1) return;
-    ckpt_snapshot_free(&sn->snap);
-    free(sn);
+    free(sn->snap.puts);
+    sn->snap.puts = NULL;
+    stage_snap_t *old = atomic_exchange(&sn->s->snap_spare, sn);
+    if (old) {
+        ckpt_snapshot_free(&old->snap);
+        free(old);
+    }
 }
 
 static bt_status_t job_snap_run(void *arg)
 {
     stage_snap_t *sn = arg;
-    return ckpt_snapshot_take(sn->s->cfg.ckpt, &sn->snap);
+    uint64_t t0 = clock_now_ns();
+    bt_status_t st = ckpt_snapshot_take(sn->s->cfg.ckpt, &sn->snap);
+    log_debug("rank %d: checkpoint of step %lld: %.1f MB copied to the host in %.1f ms",
+              sn->s->cfg.rank, (long long)sn->step, (double)sn->snap.bytes / 1e6,
+              (double)(clock_now_ns() - t0) * 1e-6);
+    return st;
 }
 
 /* BEGIN and the pieces to the writer; the snapshot goes with them. */
@@ -923,6 +941,13 @@ static void snap_send(stage_actor_t *s, stage_snap_t *sn)
     if (st && st != BT_ERR_BUSY) fail(s, st, "checkpoint hand-over to the writer");
 }
 
+static void snap_drop(void *arg)
+{
+    stage_snap_t *sn = arg;
+    ckpt_snapshot_free(&sn->snap);
+    free(sn);
+}
+
 static void snap_start(stage_actor_t *s, int64_t step)
 {
     if (!s->cfg.ckpt || !s->cfg.writer) {
@@ -933,16 +958,16 @@ static void snap_start(stage_actor_t *s, int64_t step)
         fail(s, BT_ERR_INVALID, "checkpoint command out of order");
         return;
     }
-    stage_snap_t *sn = calloc(1, sizeof *sn);
-    if (!sn) {
+    stage_snap_t *sn = atomic_exchange(&s->snap_spare, NULL); /* the last save's block */
+    if (!sn && !(sn = calloc(1, sizeof *sn))) {
         fail(s, BT_ERR_NOMEM, "checkpoint");
         return;
     }
     sn->s = s;
     sn->step = step;
-    bt_status_t st = actor_worker_submit(s->cfg.worker, &s->a, job_snap_run, sn, free, JOB_SNAP);
+    bt_status_t st = actor_worker_submit(s->cfg.worker, &s->a, job_snap_run, sn, snap_drop, JOB_SNAP);
     if (st) {
-        free(sn);
+        snap_drop(sn);
         fail(s, st, "checkpoint submit");
         return;
     }

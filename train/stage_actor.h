@@ -105,6 +105,7 @@ typedef struct {
 } stage_actor_config_t;
 
 typedef struct stage_job stage_job_t;
+typedef struct stage_snap stage_snap_t;
 typedef struct stage_staging stage_staging_t;
 
 /* One kind of pass: its op list and the kept inputs of its microbatches. */
@@ -147,6 +148,7 @@ typedef struct {
     bool                 ho_on;         /* some edge hands off: ho_pool is set up */
     handoff_pool_t       ho_pool;       /* buffers this rank hands to its neighbours */
     handoff_map_t        ho_map;        /* the neighbours' buffers mapped here (compute thread) */
+    _Atomic(stage_snap_t *) snap_spare; /* the last checkpoint's host block, for the next */
 } stage_actor_t;
 
 /* Op lists, activation arenas; then actor_register with stage_actor_class. */
