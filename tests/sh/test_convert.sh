@@ -43,6 +43,13 @@ for m in llama qwen2_bf16 qwen2_moe; do
        tensors_same "$src/model.safetensors" "$tmp/$m.hf/model.safetensors"; then pass "convert_roundtrip_$m"
     else fail "convert_roundtrip_$m" "$(tail -2 "$tmp/out")"; fi
 done
+# an export with its tokenizer generates what the original does
+rm -rf "$tmp/llama.hf2"
+"$BATON" convert --from "$tmp/llama.ck" --to "$tmp/llama.hf2" --tokenizer tests/fixtures/llama > "$tmp/out" 2>&1
+a=$("$BATON" generate --model tests/fixtures/llama --prompt "abc d" --max-new 12 --ignore-eos --json 2>&1)
+b=$("$BATON" generate --model "$tmp/llama.hf2" --prompt "abc d" --max-new 12 --ignore-eos --json 2>&1)
+[ -n "$a" ] && [ "$a" = "$b" ] && [ -s "$tmp/llama.hf2/tokenizer.json" ] && pass convert_export_generates \
+    || fail convert_export_generates "original: $a; export: $b"
 # the sharded HF fixture (an index and several files) imports too
 "$BATON" convert --from tests/fixtures/llama_sharded --to "$tmp/sh.ck" > "$tmp/out" 2>&1 &&
     [ "$(ls "$tmp/sh.ck"/shard-*.safetensors | wc -l)" -ge 2 ] && pass convert_import_sharded \
