@@ -215,6 +215,24 @@ out:
     return rc;
 }
 
+/* A checkpoint directory written into tmp becomes `to`: its metadata set,
+ * the pieces' tiling checked, the index written last, fsynced, renamed. */
+static bt_status_t ckpt_dir_finish(ckpt_index_t *idx, json_t *meta, const char *tmp, const char *to)
+{
+    char err[1024];
+    char *mt = meta ? json_dumps(meta, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    bt_status_t st = mt ? ckpt_index_set_meta(idx, mt) : BT_ERR_NOMEM;
+    free(mt);
+    if (!st && (st = ckpt_index_check(idx, err, sizeof err))) fprintf(stderr, "baton convert: %s\n", err);
+    if (!st) st = ckpt_index_write(idx, tmp);
+    if (!st) st = base_save_dir_fsync(tmp);
+    if (!st && rename(tmp, to) != 0) {
+        fprintf(stderr, "baton convert: cannot rename %s to %s: %s\n", tmp, to, strerror(errno));
+        st = BT_ERR_IO;
+    }
+    return st;
+}
+
 /* ---- hf -> native ------------------------------------------------------------- */
 
 typedef struct {
@@ -329,17 +347,8 @@ static int import_hf(const char *src, const char *to)
     json_t *meta = json_pack("{s:o, s:s, s:I}", "model", conf ? json_loads(conf, 0, NULL) : json_null(),
                              "imported_from", src, "step", (json_int_t)0);
     free(conf);
-    char *mt = meta ? json_dumps(meta, JSON_COMPACT) : NULL;
+    bt_status_t st = ckpt_dir_finish(&idx, meta, tmp, to);
     json_decref(meta);
-    bt_status_t st = mt ? ckpt_index_set_meta(&idx, mt) : BT_ERR_NOMEM;
-    free(mt);
-    if (!st && (st = ckpt_index_check(&idx, err, sizeof err))) fprintf(stderr, "baton convert: %s\n", err);
-    if (!st) st = ckpt_index_write(&idx, tmp);
-    if (!st) st = base_save_dir_fsync(tmp);
-    if (!st && rename(tmp, to) != 0) {
-        fprintf(stderr, "baton convert: cannot rename %s to %s: %s\n", tmp, to, strerror(errno));
-        st = BT_ERR_IO;
-    }
     if (st) goto out;
     printf("%s: %d tensors of %s written as a checkpoint directory (%d shard files)\n", to, tensors,
            src, nf);
@@ -502,17 +511,7 @@ static int reshard(const char *src, const char *to, const char *layout_text)
         }
     }
     json_object_set_new(meta, "converted_to", json_pack("{s:s, s:s}", "layout", layout_text, "from", dir));
-    char *mt = json_dumps(meta, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    bt_status_t st = mt ? ckpt_index_set_meta(&idx, mt) : BT_ERR_NOMEM;
-    free(mt);
-    if (!st && (st = ckpt_index_check(&idx, err, sizeof err))) fprintf(stderr, "baton convert: %s\n", err);
-    if (!st) st = ckpt_index_write(&idx, tmp);
-    if (!st) st = base_save_dir_fsync(tmp);
-    if (!st && rename(tmp, to) != 0) {
-        fprintf(stderr, "baton convert: cannot rename %s to %s: %s\n", tmp, to, strerror(errno));
-        st = BT_ERR_IO;
-    }
-    if (st) goto out;
+    if (ckpt_dir_finish(&idx, meta, tmp, to)) goto out;
     printf("%s: the checkpoint %s in %lld files for tp=%d pp=%d\n", to, dir, (long long)files, L.tp, L.pp);
     rc = 0;
 out:
