@@ -50,6 +50,20 @@ static bool is_file(const char *dir, const char *name)
 
 /* ---- native -> hf ------------------------------------------------------------- */
 
+/* The checkpoint SRC names (a step directory or a root) opened, its
+ * directory in dir; NULL (said why) when it cannot be. */
+static ckpt_reader_t *source_open(const char *src, char *dir, size_t cap)
+{
+    char err[1024];
+    ckpt_reader_t *r = NULL;
+    const char *dirs[1] = {dir};
+    if (ckpt_resolve(src, dir, cap, err, sizeof err) || ckpt_reader_open(dirs, 1, &r, err, sizeof err)) {
+        fprintf(stderr, "baton convert: %s\n", err);
+        return NULL;
+    }
+    return r;
+}
+
 /* HF tensor i comes from checkpoint tensor src[i], piece want[i]: the whole
  * tensor, or one index's slab of a stacked parameter (model.h,
  * MODEL_STACK_MARK; routed experts), which is the HF tensor's bytes. */
@@ -107,17 +121,9 @@ static bt_status_t tokenizer_copy(const char *path, const base_save_dir_t *d)
 
 static int export_hf(const char *src, const char *to, const char *tokenizer)
 {
-    char dir[CKPT_PATH_MAX], err[1024];
-    if (ckpt_resolve(src, dir, sizeof dir, err, sizeof err)) {
-        fprintf(stderr, "baton convert: %s\n", err);
-        return 1;
-    }
-    const char *dirs[1] = {dir};
-    ckpt_reader_t *r = NULL;
-    if (ckpt_reader_open(dirs, 1, &r, err, sizeof err)) {
-        fprintf(stderr, "baton convert: %s\n", err);
-        return 1;
-    }
+    char dir[CKPT_PATH_MAX];
+    ckpt_reader_t *r = source_open(src, dir, sizeof dir);
+    if (!r) return 1;
     int rc = 1;
     const ckpt_index_t *idx = ckpt_reader_index(r);
     json_t *meta = json_loads(idx->meta ? idx->meta : "{}", 0, NULL);
@@ -422,16 +428,8 @@ static int reshard(const char *src, const char *to, const char *layout_text)
         return 1;
     }
     char dir[CKPT_PATH_MAX], err[1024], tmp[CKPT_PATH_MAX];
-    if (ckpt_resolve(src, dir, sizeof dir, err, sizeof err)) {
-        fprintf(stderr, "baton convert: %s\n", err);
-        return 1;
-    }
-    const char *dirs[1] = {dir};
-    ckpt_reader_t *r = NULL;
-    if (ckpt_reader_open(dirs, 1, &r, err, sizeof err)) {
-        fprintf(stderr, "baton convert: %s\n", err);
-        return 1;
-    }
+    ckpt_reader_t *r = source_open(src, dir, sizeof dir);
+    if (!r) return 1;
     const ckpt_index_t *src_idx = ckpt_reader_index(r);
     json_t *meta = json_loads(src_idx->meta ? src_idx->meta : "{}", 0, NULL);
     char *cfg_text = meta ? json_dumps(json_object_get(meta, "model"), JSON_COMPACT) : NULL;
