@@ -7,12 +7,17 @@
     gpu_bench_torch.py train --layers L --hidden C --heads H --kv-heads K --ffn F
                              --vocab V --seq T --batch B [--tie] [--rope-theta X]
                              [--warmup 5 --steps 20] [--no-compile] [--device cuda]
+                             [--profile N --profile-out DIR]
         training steps of transformers' LlamaForCausalLM built from that config
         (random init, nothing downloaded) in the common torch.compile setup:
         fp32 parameters, torch.autocast(bfloat16) around the forward, the loss
         from labels = input_ids (transformers shifts them), backward, gradient
         clipping at 1.0, AdamW(fused=True) with weight decay 0.1 on matrices;
-        warm-up steps excluded, every measured step timed with CUDA events
+        warm-up steps excluded, every measured step timed with CUDA events;
+        --profile N then runs one more step and N steps under torch.profiler
+        (CPU and CUDA activities): DIR/torch_profile.txt (key_averages sorted by
+        self device time, then by total device time) and DIR/torch_trace.json.gz
+        (the chrome trace, for bench/gpu_profile/summarize.py)
 
 Each command prints what it did on stderr and one line "RESULT {json}" on
 stdout for the shell script. MFU is not computed here: gpu_bench.sh takes the
@@ -195,6 +200,8 @@ def cmd_train(a):
             ms.append((time.time() - s) * 1e3)
         wall = time.time() - t0
     final_loss = float(loss)
+    if a.profile:
+        profile_steps(a, torch, step, batches, sync)
     med = statistics.median(ms)
     tokens = a.batch * a.seq
     d = {"what": "train", "impl": "torch", "tokens_per_step": tokens, "steps": a.steps,
@@ -218,6 +225,43 @@ def cmd_train(a):
     return 0
 
 
+def profile_steps(a, torch, step, batches, sync):
+    import gzip
+    import os
+    import shutil
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU]
+    if a.device == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    os.makedirs(a.profile_out, exist_ok=True)
+    t0 = time.time()
+    step(batches[0])
+    sync()
+    with profile(activities=acts) as prof:
+        for i in range(a.profile):
+            step(batches[(i + 1) % len(batches)])
+            sync()
+            prof.step()
+    log("profile: %d steps (+1 warm-up) under torch.profiler in %.1f s" % (a.profile, time.time() - t0))
+    ka = prof.key_averages()
+    with open(os.path.join(a.profile_out, "torch_profile.txt"), "w") as f:
+        for key in ("self_device_time_total", "device_time_total"):
+            for k2 in (key, key.replace("device", "cuda")):
+                try:
+                    tbl = ka.table(sort_by=k2, row_limit=60, max_name_column_width=90)
+                except Exception as e:  # noqa: BLE001 (the key's name changed across releases)
+                    log("profile: sort_by=%s: %s" % (k2, e))
+                    continue
+                f.write("==== key_averages, %d active steps, sort_by=%s\n%s\n" % (a.profile, k2, tbl))
+                break
+    trace = os.path.join(a.profile_out, "torch_trace.json")
+    prof.export_chrome_trace(trace)
+    with open(trace, "rb") as fi, gzip.open(trace + ".gz", "wb") as fo:
+        shutil.copyfileobj(fi, fo)
+    os.remove(trace)
+    log("profile: wrote %s and %s.gz" % (os.path.join(a.profile_out, "torch_profile.txt"), trace))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -236,6 +280,8 @@ def main():
     t.add_argument("--attn", default="sdpa", help="transformers attn_implementation")
     t.add_argument("--no-compile", dest="compile", action="store_false")
     t.add_argument("--device", default="cuda")
+    t.add_argument("--profile", type=int, default=0, help="steps under torch.profiler after the timed ones")
+    t.add_argument("--profile-out", default="/tmp/torch_profile")
     a = ap.parse_args()
     if a.cmd == "train" and (a.warmup < 1 or a.steps < 1):
         ap.error("--warmup and --steps must be at least 1")
