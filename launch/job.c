@@ -733,6 +733,18 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
         return vfail(job, "model.hf", err, errlen, "cannot use %s%s (the error above says why)",
                      job->model.hf, gguf ? "" : "/config.json");
     }
+    /* what the layout cannot split yet, refused here, before a process starts */
+    bool moe = false;
+    for (int64_t l = 0; l < cfg.num_layers && !moe; l++) moe = cfg.blocks[l].ffn == MODEL_FFN_MOE;
+    if (moe && job->parallel.tp > 1)
+        return vfail(job, "parallel.tp", err, errlen, "%s has routed experts, which are not split "
+                     "over tensor parallelism yet (expert parallelism is still to come): use tp=1",
+                     job->model.hf);
+    if (moe && job->parallel.pp > 1 && cfg.moe.aux_loss_coef > 0)
+        return vfail(job, "parallel.pp", err, errlen, "%s trains with the router's load-balancing "
+                     "loss (router_aux_loss_coef %g), which pools every sparse layer in one stage: "
+                     "use pp=1, or turn output_router_logits off", job->model.hf,
+                     cfg.moe.aux_loss_coef);
     job_model_t *m = &job->model;
     m->layers = cfg.num_layers;
     m->hidden = cfg.hidden_size;

@@ -56,11 +56,13 @@ if [ "$(losses "$tmp/dp2.jsonl" | wc -l)" -eq 4 ] && paste <(losses "$tmp/one.js
 
 # 3. refusals, naming the field
 out=$("$BATON" run "$tmp/q.yaml" --quiet --set parallel.tp=2 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "routed experts are not split over tensor parallelism: parallel.tp must be 1" <<<"$out" \
+# (by the job check, before any process starts: no rank says anything)
+[ $rc -eq 1 ] && grep -q "parallel.tp: .* has routed experts, which are not split over tensor parallelism" <<<"$out" \
+    && ! grep -q "rank[0-9]" <<<"$out" \
     && pass moe_tp_refused || fail moe_tp_refused "rc $rc: $out"
 out=$("$BATON" run "$tmp/q.yaml" --quiet --set model.hf=tests/fixtures/mixtral --set parallel.pp=2 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "router_aux_loss_coef=0.05 with output_router_logits: the load-balancing loss" <<<"$out" \
-    && grep -q "use parallel.pp: 1, or set output_router_logits to false" <<<"$out" \
+[ $rc -eq 1 ] && grep -q "parallel.pp: .* trains with the router's load-balancing loss (router_aux_loss_coef 0.05)" <<<"$out" \
+    && grep -q "use pp=1, or turn output_router_logits off" <<<"$out" && ! grep -q "rank[0-9]" <<<"$out" \
     && pass moe_pp_aux_refused || fail moe_pp_aux_refused "rc $rc: $out"
 
 # 4. generation: transformers' greedy ids (EOS ignored), the KV cache against
