@@ -1005,9 +1005,13 @@ static bt_status_t resume_prepare(const job_t *job, const graph_t *g, const char
 {
     static char roots[GRAPH_MAX_WORLD][JOB_PATH_MAX];
     int n_roots = 0;
-    for (int r = 0; r < g->world && job->checkpoint.dir[0]; r++) {
+    /* every rank's root, and those of ranks past this job's world that exist
+     * here: a run saved by more processes than resume it left folders that
+     * no rank of this one owns (the driver serves their files) */
+    for (int r = 0; r < GRAPH_MAX_WORLD && job->checkpoint.dir[0] && n_roots < GRAPH_MAX_WORLD; r++) {
         char root[JOB_PATH_MAX];
         if (run_ckpt_root(job, r, root, sizeof root)) return BT_ERR_INVALID;
+        if (r >= g->world && access(root, F_OK) != 0) continue;
         bool seen = false;
         for (int k = 0; k < n_roots && !seen; k++) seen = !strcmp(roots[k], root);
         if (!seen) snprintf(roots[n_roots++], JOB_PATH_MAX, "%s", root);

@@ -162,6 +162,16 @@ BATON_TEST_CKPT_LOCAL_ONLY=1 run own_d4 --set parallel.dp=4 --set parallel.zero1
     --set checkpoint.dir="$tmp/own_p/r{rank}" --resume && close d1 own_d4 \
     && grep -q 'fetched from other ranks' "$tmp/own_d4.out" \
     && pass resume_fetch_reshard || fail resume_fetch_reshard "$(grep -v ' info ' "$tmp/own_d4.out" | tail -3)"
+# fewer processes than saved it (dp=2 from pp=2 x dp=2): the folders of ranks 2
+# and 3 belong to no rank of the new job; the driver finds them and serves
+# their files itself
+rm -rf "$tmp/own_p"
+cp -r "$tmp/own_copy" "$tmp/own_p"
+cp "$tmp/own.jsonl" "$tmp/own_d2.jsonl"
+BATON_TEST_CKPT_LOCAL_ONLY=1 run own_d2 --set parallel.dp=2 --set parallel.zero1=true --set parallel.microbatches=2 \
+    --set checkpoint.dir="$tmp/own_p/r{rank}" --resume && close d1 own_d2 \
+    && grep -q 'resume fetches: [0-9]* forwarded to the ranks that wrote them, [1-9][0-9]* served here' "$tmp/own_d2.out" \
+    && pass resume_fewer_ranks || fail resume_fewer_ranks "$(grep -v ' info ' "$tmp/own_d2.out" | tail -3)"
 # rank 3's folder gone: its file is in none of them, said before any rank starts
 rm -rf "$tmp/own_copy/r3"
 run own_copy "${L1[@]}" --set checkpoint.dir="$tmp/own_copy/r{rank}" --resume "$tmp/own_copy/r0/step-00000006"
