@@ -4,9 +4,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -153,4 +155,37 @@ int base_fd_cloexec_all(int first)
     }
     free(now);
     return changed;
+}
+
+bt_status_t base_dir_make(const char *dir, char *err, size_t errlen)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf) {
+        snprintf(err, errlen, "%.200s...: path too long", dir);
+        return BT_ERR_IO;
+    }
+    for (char *p = buf + 1;; p++) {
+        if (*p != '/' && *p != '\0') continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+            snprintf(err, errlen, "cannot create directory %s: %s", buf, strerror(errno));
+            return BT_ERR_IO;
+        }
+        *p = c;
+        if (!c) break;
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        snprintf(err, errlen, "%s is not a directory", dir);
+        return BT_ERR_IO;
+    }
+    return BT_OK;
+}
+
+void base_pages_release(const void *p, size_t n)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + n) / page * page;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }

@@ -19,6 +19,15 @@ bt_status_t base_file_read(const char *path, size_t max, char **buf, size_t *len
  * so a child forked from a multithreaded process may call it, and it logs
  * nothing. Symbolic links are removed, never followed. */
 int base_dir_clear(const char *dir);
+/* mkdir -p: dir and every missing parent (0755). An error (a part that
+ * cannot be created, or dir existing as something else than a directory)
+ * is BT_ERR_IO with err[errlen] naming the path; nothing is logged. */
+bt_status_t base_dir_make(const char *dir, char *err, size_t errlen);
+/* The whole pages inside [p, p + n) of a file mapping given back to the
+ * kernel (MADV_DONTNEED: clean file pages stay in the page cache and come
+ * back on the next touch), so that a reader passing through a large mapping
+ * does not keep it resident. */
+void        base_pages_release(const void *p, size_t n);
 /* Close-on-exec for descriptors that a library opens without it (UCX does:
  * its sockets, shared-memory files, pipes and timer fds). base_fd_list()
  * before the library call, base_fd_cloexec_new() after it: every

@@ -149,16 +149,6 @@ static void shard_unmap(shard_map_t *m)
  * before the header is parsed; without (the writer), info gets them. */
 #define SHARD_RELEASE_BYTES ((size_t)8 << 20)
 
-/* The whole pages of [p, p + n) of a file mapping given back to the kernel
- * (MADV_DONTNEED: clean file pages stay in the page cache and come back on
- * the next touch). */
-static void pages_release(const void *p, size_t n)
-{
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + n) / page * page;
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
-}
-
 static bt_status_t shard_map(const char *path, const ckpt_file_t *want, ckpt_file_t *info, shard_map_t *m,
                              char *err, size_t cap)
 {
@@ -194,7 +184,7 @@ static bt_status_t shard_map(const char *path, const ckpt_file_t *want, ckpt_fil
     for (size_t at = 0; at < m->size; at += SHARD_RELEASE_BYTES) {
         size_t n = m->size - at < SHARD_RELEASE_BYTES ? m->size - at : SHARD_RELEASE_BYTES;
         XXH3_64bits_update(xs, (const uint8_t *)m->map + at, n);
-        pages_release((const uint8_t *)m->map + at, n);
+        base_pages_release((const uint8_t *)m->map + at, n);
     }
     uint64_t hash = XXH3_64bits_digest(xs);
     XXH3_freeState(xs);
@@ -771,7 +761,7 @@ bt_status_t ckpt_file_bytes(ckpt_reader_t *r, const char *file, uint64_t offset,
         return errf(err, cap, BT_ERR_INVALID, "%s: bytes [%llu, +%llu) past its %zu bytes", file,
                     (unsigned long long)offset, (unsigned long long)len, f->size);
     memcpy(dst, (const uint8_t *)f->map + offset, len);
-    pages_release((const uint8_t *)f->map + offset, len);
+    base_pages_release((const uint8_t *)f->map + offset, len);
     return BT_OK;
 }
 
@@ -812,7 +802,7 @@ bt_status_t ckpt_read(ckpt_reader_t *r, const char *tensor, const shard_spec_t *
         shard_copy(want, dst, &p->spec, st_t->data, elem);
         /* pages of a piece read are not kept resident (a resharding read
          * may touch only part of a piece: the rest was never faulted in) */
-        pages_release(st_t->data, (size_t)st_t->numel * elem);
+        base_pages_release(st_t->data, (size_t)st_t->numel * elem);
     }
     return BT_OK;
 }

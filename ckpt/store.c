@@ -67,31 +67,9 @@ static int64_t step_of(const char *name, bool tmp)
     return v;
 }
 
-static bt_status_t mkdir_p(const char *path, char *err, size_t errlen)
-{
-    char buf[CKPT_PATH_MAX];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return errf(err, errlen, BT_ERR_INVALID, "%s: path too long", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == 0) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return errf(err, errlen, BT_ERR_IO, "cannot create directory %s: %s", buf,
-                            strerror(errno));
-            *p = c;
-            if (!c) break;
-        }
-    }
-    struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return errf(err, errlen, BT_ERR_IO, "%s is not a directory", path);
-    return BT_OK;
-}
-
 bt_status_t ckpt_stage_begin(const char *root, int64_t step, char *err, size_t errlen)
 {
-    bt_status_t st = mkdir_p(root, err, errlen);
+    bt_status_t st = base_dir_make(root, err, errlen);
     if (st) return st;
     char tmp[CKPT_PATH_MAX];
     ckpt_step_tmp(root, step, tmp, sizeof tmp);

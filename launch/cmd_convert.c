@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -253,10 +252,7 @@ static bt_status_t import_fill(void *arg, int i, void *buf, size_t bytes)
     import_ctx_t *x = arg;
     if (x->ts[i]->end - x->ts[i]->begin != bytes) return BT_ERR_CORRUPT;
     memcpy(buf, x->ts[i]->data, bytes);
-    /* the source's pages are not kept resident once copied */
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), at = (uintptr_t)x->ts[i]->data;
-    uintptr_t lo = (at + page - 1) / page * page, hi = (at + bytes) / page * page;
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    base_pages_release(x->ts[i]->data, bytes); /* not kept resident once copied */
     return BT_OK;
 }
 

@@ -202,8 +202,8 @@ static void drv_stdout_check(driver_t *d)
 
 static bool file_exists(const char *dir, const char *name)
 {
-    char p[1024];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
+    char p[CKPT_PATH_MAX + 256];
+    snprintf(p, sizeof p, "%.4095s/%.255s", dir, name);
     return access(p, F_OK) == 0;
 }
 
@@ -755,13 +755,12 @@ static actor_ret_t drv_on_fetch(actor_t *self, actor_msg_t *m)
     } else {
         f.from = (uint32_t)r;
         int q = file_writer_rank(f.file);
-        char root[JOB_PATH_MAX], path[CKPT_PATH_MAX + MSG_NAME_MAX + 2], sd[CKPT_PATH_MAX];
+        char root[JOB_PATH_MAX], sd[CKPT_PATH_MAX];
         bool owner = q >= 0 && q < d->world && q != r && !d->procs->procs[q].exited &&
                      d->job->checkpoint.dir[0] && run_ckpt_root(d->job, q, root, sizeof root) == BT_OK;
         if (owner) {
             ckpt_step_dir(root, f.step, sd, sizeof sd);
-            snprintf(path, sizeof path, "%s/%s", sd, f.file);
-            owner = access(path, F_OK) == 0;
+            owner = file_exists(sd, f.file);
         }
         struct held_fetch *h = owner && !d->ck_up[q] ? malloc(sizeof *h) : NULL;
         if (h) { /* held until its writer is up */
@@ -1059,9 +1058,7 @@ static bt_status_t resume_prepare(const job_t *job, const graph_t *g, const char
             n_dirs = 0;
             for (int k = 0; k < n_roots; k++) {
                 ckpt_step_dir(roots[k], cand[c], dirs[n_dirs], CKPT_PATH_MAX);
-                char ip[CKPT_PATH_MAX + 16];
-                snprintf(ip, sizeof ip, "%s/%s", dirs[n_dirs], CKPT_INDEX_FILE);
-                if (access(ip, F_OK) == 0) n_dirs++;
+                if (file_exists(dirs[n_dirs], CKPT_INDEX_FILE)) n_dirs++;
             }
         }
         if (ckpt_index_read(dirs[0], &idx, err, sizeof err) ||
@@ -1092,11 +1089,7 @@ static bt_status_t resume_prepare(const job_t *job, const graph_t *g, const char
         const char *missing = NULL;
         for (int f = 0; f < idx.n_files && !missing; f++) {
             bool found = false;
-            for (int k = 0; k < n_dirs && !found; k++) {
-                char fp[CKPT_PATH_MAX + CKPT_FILE_MAX + 2];
-                snprintf(fp, sizeof fp, "%.4095s/%.95s", dirs[k], idx.files[f].name);
-                found = access(fp, F_OK) == 0;
-            }
+            for (int k = 0; k < n_dirs && !found; k++) found = file_exists(dirs[k], idx.files[f].name);
             if (!found) missing = idx.files[f].name;
         }
         if (missing) {

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "base/log.h"
 #include "ckpt/model_source.h"
 #include "kernels/device.h"
@@ -213,20 +214,10 @@ void run_train_config(const job_t *job, train_config_t *out)
 /* mkdir -p dir */
 bt_status_t run_dir_make(const char *dir)
 {
-    char buf[JOB_PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", dir);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
-            log_error("cannot create directory %s: %s", buf, strerror(errno));
-            return BT_ERR_IO;
-        }
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) == 0 || errno == EEXIST) return BT_OK;
-    log_error("cannot create directory %s: %s", buf, strerror(errno));
-    return BT_ERR_IO;
+    char err[4200];
+    bt_status_t st = base_dir_make(dir, err, sizeof err);
+    if (st) log_error("%s", err);
+    return st;
 }
 
 /* The directory part of an output path (a file, or a directory written as
