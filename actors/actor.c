@@ -196,6 +196,22 @@ tensor_t *actor_msg_tensor(actor_msg_t *m, const char *name)
     return NULL;
 }
 
+bool actor_msg_text_add(actor_msg_t *m, const char *name, const char *text)
+{
+    int64_t n = (int64_t)strlen(text);
+    tensor_t *t = actor_msg_tensor_new(m, name, DT_U8, 1, &n);
+    if (t) memcpy(t->data, text, (size_t)n);
+    return t != NULL;
+}
+
+const char *actor_msg_text(actor_msg_t *m, const char *name, size_t *len)
+{
+    tensor_t *t = actor_msg_tensor(m, name);
+    if (!t || t->dtype != DT_U8 || t->ndim != 1) return NULL;
+    *len = (size_t)t->shape[0];
+    return t->data;
+}
+
 size_t actor_msg_payload_bytes(const actor_msg_t *m)
 {
     size_t n = 0;

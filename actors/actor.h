@@ -146,6 +146,12 @@ bt_status_t  actor_msg_tensor_add(actor_msg_t *m, const char *name, const tensor
 void         actor_msg_on_free(actor_msg_t *m, actor_free_fn fn, void *arg);
 /* The view of the tensor called `name`, or NULL. */
 tensor_t    *actor_msg_tensor(actor_msg_t *m, const char *name);
+/* Text (a JSON document, a path) carried as the u8 tensor `name`: added as
+ * a copy (false: out of memory, too many tensors, bad name), and read back
+ * as a view of its bytes, *len of them, not NUL-terminated (NULL when the
+ * message has no 1-D u8 tensor of that name). */
+bool         actor_msg_text_add(actor_msg_t *m, const char *name, const char *text);
+const char  *actor_msg_text(actor_msg_t *m, const char *name, size_t *len);
 /* Bytes of payload (sum of tensor sizes). */
 size_t       actor_msg_payload_bytes(const actor_msg_t *m);
 

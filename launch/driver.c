@@ -598,13 +598,9 @@ static actor_ret_t drv_on_shard(actor_t *self, actor_msg_t *m)
 /* The text of a CKPT_CTL's u8 tensor `name` (NUL-terminated copy), or NULL. */
 static char *ctl_text(actor_msg_t *m, const char *name)
 {
-    tensor_t *t = actor_msg_tensor(m, name);
-    if (!t || t->dtype != DT_U8 || t->ndim != 1) return NULL;
-    char *s = malloc((size_t)t->shape[0] + 1);
-    if (!s) return NULL;
-    memcpy(s, t->data, (size_t)t->shape[0]);
-    s[t->shape[0]] = 0;
-    return s;
+    size_t len;
+    const char *text = actor_msg_text(m, name, &len);
+    return text ? strndup(text, len) : NULL;
 }
 
 /* Every writer wrote: the whole index (with the run's metadata), checked,
@@ -634,14 +630,11 @@ static void ckpt_commit_start(driver_t *d)
         for (int q = 0; q < r && first; q++) first = strcmp(d->ck_root[q], d->ck_root[r]) != 0;
         if (!first) continue;
         actor_msg_t *m = actor_msg_new(MSG_CKPT_CTL);
-        int64_t n = (int64_t)strlen(text);
-        tensor_t *t = m ? actor_msg_tensor_new(m, "index", DT_U8, 1, &n) : NULL;
-        if (!t) {
+        if (!m || !actor_msg_text_add(m, "index", text)) {
             if (m) actor_msg_free(m);
             st = BT_ERR_NOMEM;
             break;
         }
-        memcpy(t->data, text, (size_t)n);
         m->body.ckpt_ctl = (msg_ckpt_ctl_t){.step = d->ck_step, .phase = CKPT_CTL_COMMIT,
                                             .rank = (uint32_t)r};
         m->env.step = d->ck_step;

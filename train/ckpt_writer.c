@@ -112,16 +112,12 @@ static void ctl_send(ckpt_writer_t *w, uint32_t phase, int64_t step, bt_status_t
     const char *names[2] = {"index", "root"};
     const char *vals[2] = {index, phase == CKPT_CTL_WRITTEN ? w->cfg.root : NULL};
     for (int i = 0; i < 2; i++) {
-        if (!vals[i]) continue;
-        int64_t n = (int64_t)strlen(vals[i]);
-        tensor_t *t = actor_msg_tensor_new(m, names[i], DT_U8, 1, &n);
-        if (!t) {
+        if (vals[i] && !actor_msg_text_add(m, names[i], vals[i])) {
             actor_msg_free(m);
             log_error("rank %d: checkpoint of step %lld: out of memory for the report", w->cfg.rank,
                       (long long)step);
             return;
         }
-        memcpy(t->data, vals[i], (size_t)n);
     }
     bt_status_t st = actor_send(&w->a, w->cfg.driver, m);
     if (st && st != BT_ERR_BUSY)
@@ -172,13 +168,13 @@ static bt_status_t job_run(void *arg)
         j->fragment = ckpt_index_dump(&j->idx);
         return j->fragment ? BT_OK : BT_ERR_NOMEM;
     }
-    tensor_t *t = actor_msg_tensor(j->commit, "index");
-    if (!t || t->dtype != DT_U8 || t->ndim != 1) {
+    size_t len;
+    const char *text = actor_msg_text(j->commit, "index", &len);
+    if (!text) {
         snprintf(j->err, sizeof j->err, "COMMIT without its index");
         return BT_ERR_PEER_PROTO;
     }
-    if ((st = ckpt_index_parse(t->data, (size_t)t->shape[0], "the driver's index", &j->idx, j->err,
-                               sizeof j->err)))
+    if ((st = ckpt_index_parse(text, len, "the driver's index", &j->idx, j->err, sizeof j->err)))
         return st;
     return ckpt_commit(w->cfg.root, j->step, &j->idx, w->cfg.keep, j->err, sizeof j->err);
 }
