@@ -139,14 +139,10 @@ static bt_status_t resume_load(const job_t *job, const char *what, model_t *m, t
     char root[JOB_PATH_MAX] = "", dir[CKPT_PATH_MAX], err[1024];
     if (job->checkpoint.dir[0] && run_ckpt_root(job, 0, root, sizeof root)) return BT_ERR_INVALID;
     bt_status_t st = run_ckpt_find(what, root, dir, sizeof dir, err, sizeof err);
-    ckpt_reader_t *r = NULL;
     const char *dirs[1] = {dir};
-    if (!st) st = ckpt_reader_open(dirs, 1, &r, err, sizeof err);
     run_ckpt_meta_t meta;
-    if (!st) st = run_ckpt_meta_check(ckpt_reader_index(r), dir, job, &m->cfg, &meta, err, sizeof err);
-    if (!st && job->checkpoint.dir[0]) st = run_ckpt_newer_check(root, meta.pos.step, err, sizeof err);
-    if (!st) st = ckpt_items_restore(items, r, err, sizeof err);
-    ckpt_reader_close(r);
+    if (!st) st = run_ckpt_restore(dirs, 1, NULL, NULL, job, &m->cfg, root, items, &meta, NULL, err,
+                                   sizeof err);
     if (st) {
         fprintf(stderr, "baton run: --resume: %s\n", err);
         return st;

@@ -12,6 +12,7 @@
 #include "base/save.h"
 #include "ckpt/hf.h"
 #include "ckpt/store.h"
+#include "train/ckpt_state.h"
 
 char *run_ckpt_meta_json(const job_t *job, const char *const *sets, int n_sets,
                          const model_config_t *cfg, const train_position_t *pos,
@@ -227,4 +228,21 @@ bt_status_t run_ckpt_newer_check(const char *root, int64_t step, char *err, size
              "resumed from: the run would save over it; give it another checkpoint.dir, or move "
              "the newer steps away", root, (long long)newest, (long long)step);
     return BT_ERR_INVALID;
+}
+
+bt_status_t run_ckpt_restore(const char *const *dirs, int n, ckpt_fetch_fn fetch, void *fetch_arg,
+                             const job_t *job, const model_config_t *cfg, const char *save_root,
+                             const struct ckpt_items *items, run_ckpt_meta_t *meta,
+                             uint64_t *fetched, char *err, size_t errlen)
+{
+    ckpt_reader_t *r = NULL;
+    bt_status_t st = ckpt_reader_open(dirs, n, &r, err, errlen);
+    if (!st && fetch) ckpt_reader_set_fetch(r, fetch, fetch_arg);
+    if (!st) st = run_ckpt_meta_check(ckpt_reader_index(r), dirs[0], job, cfg, meta, err, errlen);
+    if (!st && save_root && save_root[0])
+        st = run_ckpt_newer_check(save_root, meta->pos.step, err, errlen);
+    if (!st) st = ckpt_items_restore(items, r, err, errlen);
+    if (fetched) *fetched = r ? ckpt_reader_fetched(r) : 0;
+    ckpt_reader_close(r);
+    return st;
 }

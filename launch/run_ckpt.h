@@ -63,6 +63,18 @@ bt_status_t run_ckpt_save_one(const char *root, int64_t step, const char *file,
                               const ckpt_put_t *puts, int n, const char *meta, int64_t keep,
                               char *err, size_t errlen);
 
+/* A resume's reading, the same for one process and for each rank: the
+ * checkpoint over dirs[n] (files in none of them through fetch when it is
+ * non-NULL), its metadata checked against the job (run_ckpt_meta_check),
+ * save_root (when non-empty) refused when it holds a newer step
+ * (run_ckpt_newer_check), then every item restored. *fetched: bytes that
+ * came through fetch. err names what failed. */
+struct ckpt_items;
+bt_status_t run_ckpt_restore(const char *const *dirs, int n, ckpt_fetch_fn fetch, void *fetch_arg,
+                             const job_t *job, const model_config_t *cfg, const char *save_root,
+                             const struct ckpt_items *items, run_ckpt_meta_t *meta,
+                             uint64_t *fetched, char *err, size_t errlen);
+
 /* A resumed run saves into root: refused up front when root holds a
  * committed step newer than `step` (nothing is overwritten). */
 bt_status_t run_ckpt_newer_check(const char *root, int64_t step, char *err, size_t errlen);

@@ -493,17 +493,10 @@ static bt_status_t resume_load(worker_t *w, const char *path)
     }
     snprintf(dirs_buf[GRAPH_MAX_WORLD + 2], CKPT_PATH_MAX, "%s/%s", w->run_dir, RUN_DIR_RESUME_INDEX);
     dirs[n++] = dirs_buf[GRAPH_MAX_WORLD + 2];
-    ckpt_reader_t *r = NULL;
-    st = ckpt_reader_open(dirs, n, &r, err, sizeof err);
     ckpt_writer_fetch_ctx_t fx = {.w = &w->writer, .step = step, .timeout_s = 60};
-    if (!st && w->writer_inited) ckpt_reader_set_fetch(r, ckpt_writer_fetch, &fx);
-    model_config_t mc = w->chunks[0]->cfg;
-    if (!st) st = run_ckpt_meta_check(ckpt_reader_index(r), dirs[0], &w->job, &mc, &w->resumed, err,
-                                      sizeof err);
-    uint64_t t0 = clock_now_ns();
-    if (!st) st = ckpt_items_restore(&w->items, r, err, sizeof err);
-    uint64_t fetched = r ? ckpt_reader_fetched(r) : 0;
-    ckpt_reader_close(r);
+    uint64_t t0 = clock_now_ns(), fetched = 0;
+    st = run_ckpt_restore(dirs, n, w->writer_inited ? ckpt_writer_fetch : NULL, &fx, &w->job,
+                          &w->chunks[0]->cfg, NULL, &w->items, &w->resumed, &fetched, err, sizeof err);
     if (st) log_error("rank %d: --resume: %s", w->rank, err);
     else {
         dist_optim_set_steps(w->opt, w->resumed.pos.optim_steps);
