@@ -9,6 +9,8 @@
 #include "launch/graph.h"
 #include "launch/job.h"
 
+static const char usage[] = "usage: baton graph JOB.yaml [--set section.key=value ...]\n";
+
 int cmd_graph(int argc, char **argv)
 {
     const char *path = NULL;
@@ -16,16 +18,22 @@ int cmd_graph(int argc, char **argv)
     const char *sets[256];
     int n_sets = 0;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("%s  validates the job and prints its actor graph (ranks, actors, edges and their\n"
+                   "  transports, collective groups), its parameters and the memory each process\n"
+                   "  will hold, without starting anything\n", usage);
+            return 0;
+        }
         if (!strcmp(argv[i], "--set") && i + 1 < argc && n_sets < 256) sets[n_sets++] = argv[++i];
         else if (!strncmp(argv[i], "--set=", 6) && n_sets < 256) sets[n_sets++] = argv[i] + 6;
         else if (argv[i][0] != '-' && !path) path = argv[i];
         else {
-            fprintf(stderr, "usage: baton graph JOB.yaml [--set section.key=value ...]\n");
+            fprintf(stderr, "%s", usage);
             return 2;
         }
     }
     if (!path) {
-        fprintf(stderr, "usage: baton graph JOB.yaml [--set section.key=value ...]\n");
+        fprintf(stderr, "%s", usage);
         return 2;
     }
     char err[JOB_ERR_MAX];

@@ -129,12 +129,17 @@ static const field_t fields[] = {
 
     STR("export.dir", export.dir),
     INT("export.every", export.every, 0, BIG),
+    STR("export.tokenizer", export.tokenizer),
     STR("checkpoint.dir", checkpoint.dir),
     INT("checkpoint.every", checkpoint.every, 0, BIG),
     INT("checkpoint.keep", checkpoint.keep, 0, 1 << 20),
     STR("trace.dir", trace_dir),
     STR("metrics.file", metrics.file),
     STR("metrics.plot", metrics.plot),
+    STR("metrics.throughput_plot", metrics.throughput_plot),
+    STR("metrics.tensorboard", metrics.tensorboard),
+    BOOL("metrics.log_scale", metrics.log_scale),
+    STR("runs", runs),
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 _Static_assert(sizeof fields / sizeof fields[0] <= JOB_MAX_FIELDS, "raise JOB_MAX_FIELDS");
@@ -149,6 +154,49 @@ static int field_find(const char *name)
     for (int i = 0; i < N_FIELDS; i++)
         if (!strcmp(fields[i].name, name)) return i;
     return -1;
+}
+
+/* Levenshtein distance of a and b (short names: a row on the stack). */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t n = strlen(b);
+    if (n > 127) return 1 << 20;
+    int row[128];
+    for (size_t j = 0; j <= n; j++) row[j] = (int)j;
+    for (size_t i = 1; a[i - 1]; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= n; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[n];
+}
+
+/* "unknown key" with the nearest known field when one is close (a third of
+ * the name's length, at least 2 edits; the key alone counts too, so that
+ * `train.stpes` and `optim.steps` both find train.steps). */
+static void unknown_key_text(const char *name, char *out, size_t cap)
+{
+    int best = -1, best_d = 1 << 20;
+    const char *dot = strchr(name, '.');
+    for (int i = 0; i < N_FIELDS; i++) {
+        int d = edit_distance(name, fields[i].name);
+        const char *fdot = strchr(fields[i].name, '.');
+        if (dot && fdot && !strcmp(dot, fdot) && d > 1) d = 2; /* right key, wrong section */
+        if (d < best_d) best_d = d, best = i;
+    }
+    int limit = (int)strlen(name) / 3;
+    if (limit < 2) limit = 2;
+    if (best >= 0 && best_d <= limit)
+        snprintf(out, cap, "unknown key (did you mean %s?)", fields[best].name);
+    else
+        snprintf(out, cap, "unknown key (docs/JOBS.md lists every field)");
 }
 
 /* A top-level key that names a section ("optim") rather than a field. */
@@ -185,6 +233,12 @@ void job_defaults(job_t *job)
     snprintf(job->device, sizeof job->device, "cpu");
     job->dtype = JOB_DTYPE_FP32;
     job->checkpoint.keep = 3;
+    /* every run writes into a directory of its own (launch/rundir.h) */
+    snprintf(job->metrics.file, sizeof job->metrics.file, "{run}/metrics.jsonl");
+    snprintf(job->metrics.plot, sizeof job->metrics.plot, "{run}/loss.png");
+    snprintf(job->metrics.throughput_plot, sizeof job->metrics.throughput_plot, "{run}/throughput.png");
+    snprintf(job->metrics.tensorboard, sizeof job->metrics.tensorboard, "{run}/tensorboard");
+    snprintf(job->runs, sizeof job->runs, "runs");
 }
 
 /* ---- errors ------------------------------------------------------------- */
@@ -365,8 +419,10 @@ static bt_status_t field_set(job_t *job, int fi, yaml_document_t *doc, yaml_node
         break;
     case F_STR:
         if (n->type != YAML_SCALAR_NODE)
-            return fail_at(err, errlen, w, f->name, "expected a string, got a %s",
-                           n->type == YAML_MAPPING_NODE ? "mapping" : "list");
+            return fail_at(err, errlen, w, f->name, "expected a string, got a %s%s",
+                           n->type == YAML_MAPPING_NODE ? "mapping" : "list",
+                           n->type == YAML_MAPPING_NODE ? " (a path starting with {run} needs quotes: "
+                                                          "\"{run}/...\")" : "");
         if (n->data.scalar.length >= f->cap)
             return fail_at(err, errlen, w, f->name, "string longer than %zu bytes", f->cap - 1);
         memcpy(base, n->data.scalar.value, n->data.scalar.length);
@@ -438,7 +494,11 @@ static bt_status_t node_field(job_t *job, const char *file, const char *name, ya
 {
     where_t wk = where_node(file, key);
     int fi = field_find(name);
-    if (fi < 0) return fail_at(err, errlen, &wk, name, "unknown key");
+    char unk[160];
+    if (fi < 0) {
+        unknown_key_text(name, unk, sizeof unk);
+        return fail_at(err, errlen, &wk, name, "%s", unk);
+    }
     if (job->origin[fi].set && !job->origin[fi].from_override)
         return fail_at(err, errlen, &wk, name, "duplicate key (first set on line %d)",
                        job->origin[fi].line);
@@ -476,9 +536,24 @@ static bt_status_t doc_apply(job_t *job, const char *file, yaml_document_t *doc,
             if ((st = node_field(job, file, k, doc, key, val, err, errlen))) return st;
             continue;
         }
-        if (!section_exists(k))
+        if (!section_exists(k)) {
+            /* the nearest section or top-level field */
+            int best_d = 1 << 20;
+            char best[64] = "";
+            for (int i = 0; i < N_FIELDS; i++) {
+                const char *dot = strchr(fields[i].name, '.');
+                char cand[64];
+                snprintf(cand, sizeof cand, "%.*s", dot ? (int)(dot - fields[i].name) : 63, fields[i].name);
+                int d = edit_distance(k, cand);
+                if (d < best_d) best_d = d, snprintf(best, sizeof best, "%s", cand);
+            }
+            int limit = (int)strlen(k) / 3 < 2 ? 2 : (int)strlen(k) / 3;
+            if (best_d <= limit || (strlen(best) >= 3 && !strncmp(k, best, strlen(best))))
+                return fail_at(err, errlen, &wk, k, "unknown section (did you mean %s?)", best);
             return fail_at(err, errlen, &wk, k, "unknown section (known: model, data, train, "
-                           "optim, parallel, transport, hosts, export, checkpoint, trace, metrics)");
+                           "optim, parallel, transport, hosts, device, dtype, export, checkpoint, "
+                           "trace, metrics, runs)");
+        }
         if (val->type == YAML_SCALAR_NODE && val->data.scalar.length == 0) continue; /* "trace:" */
         if (val->type != YAML_MAPPING_NODE) {
             where_t wv = where_node(file, val);
@@ -623,7 +698,11 @@ bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t e
     memcpy(name, assignment, (size_t)(eq - assignment));
     name[eq - assignment] = '\0';
     int fi = field_find(name);
-    if (fi < 0) return fail_at(err, errlen, &w, name, "unknown key");
+    char unk[160];
+    if (fi < 0) {
+        unknown_key_text(name, unk, sizeof unk);
+        return fail_at(err, errlen, &w, name, "%s", unk);
+    }
     const char *value = eq + 1;
     size_t vlen = strlen(value);
     if (vlen > JOB_FILE_MAX_BYTES)
@@ -631,6 +710,16 @@ bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t e
                        (unsigned)JOB_FILE_MAX_BYTES);
     bt_status_t st = yaml_depth_check(value, vlen, &w, name, err, errlen);
     if (st) return st;
+    /* A path with "{run}" (launch/rundir.h) would read as a YAML mapping:
+     * an unquoted string value is taken as it is written. */
+    if (fields[fi].type == F_STR && !strncmp(value, "{run}", 5)) {
+        if (vlen >= fields[fi].cap)
+            return fail_at(err, errlen, &w, name, "string longer than %zu bytes", fields[fi].cap - 1);
+        memcpy((char *)job + fields[fi].off, value, vlen + 1);
+        job->origin[fi] = (job_origin_t){.set = true, .from_override = true};
+        snprintf(job->origin[fi].value, sizeof job->origin[fi].value, "%s", value);
+        return BT_OK;
+    }
 
     yaml_parser_t parser;
     yaml_document_t doc;
@@ -881,4 +970,75 @@ int job_stage_layers(const job_t *job, int64_t *out, int max)
         out[s] = p->n_split ? p->split[s]
                             : job->model.layers / stages + (s < job->model.layers % stages);
     return stages;
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+static void yaml_str_write(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\x%02x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+bool job_field_set(const job_t *job, const char *name)
+{
+    int fi = field_find(name);
+    return fi >= 0 && job->origin[fi].set;
+}
+
+void job_write_yaml(const job_t *job, FILE *f)
+{
+    char section[64] = "";
+    for (int i = 0; i < N_FIELDS; i++) {
+        const field_t *fd = &fields[i];
+        const char *dot = strchr(fd->name, '.');
+        const char *key = fd->name;
+        if (dot) {
+            size_t n = (size_t)(dot - fd->name);
+            if (strlen(section) != n || strncmp(section, fd->name, n)) {
+                snprintf(section, sizeof section, "%.*s", (int)n, fd->name);
+                fprintf(f, "%s:\n", section);
+            }
+            key = dot + 1;
+            fprintf(f, "  ");
+        } else {
+            section[0] = '\0';
+        }
+        fprintf(f, "%s: ", key);
+        const char *base = (const char *)job + fd->off;
+        int count = fd->count_off ? *(const int *)((const char *)job + fd->count_off) : 0;
+        switch (fd->type) {
+        case F_INT: fprintf(f, "%lld", (long long)*(const int64_t *)base); break;
+        case F_FLOAT: fprintf(f, "%.17g", *(const double *)base); break;
+        case F_BOOL: fprintf(f, "%s", *(const bool *)base ? "true" : "false"); break;
+        case F_STR: yaml_str_write(f, base); break;
+        case F_ENUM: fprintf(f, "%s", fd->enums[*(const int *)base]); break;
+        case F_INT_LIST:
+            fputc('[', f);
+            for (int k = 0; k < count; k++)
+                fprintf(f, "%s%lld", k ? ", " : "", (long long)((const int64_t *)base)[k]);
+            fputc(']', f);
+            break;
+        case F_FLOAT_PAIR:
+            fprintf(f, "[%.17g, %.17g]", ((const double *)base)[0], ((const double *)base)[1]);
+            break;
+        case F_STR_LIST:
+            fputc('[', f);
+            for (int k = 0; k < count; k++) {
+                if (k) fputs(", ", f);
+                yaml_str_write(f, base + (size_t)k * JOB_HOST_MAX);
+            }
+            fputc(']', f);
+            break;
+        default:
+            BT_PANIC("field type %d", (int)fd->type);
+        }
+        fputc('\n', f);
+    }
 }

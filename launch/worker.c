@@ -672,7 +672,15 @@ int worker_main(const char *run_dir, int rank)
         long per = cores > 0 ? cores / w->g.world : 1;
         kern_cpu_set_threads(per >= 1 ? (int)per : 1);
     }
-    if (w->job.trace_dir[0] && trace_start(w->job.trace_dir, (uint32_t)rank, NULL))
+    char run_id[64] = "";
+    snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_RUN_ID);
+    FILE *rf = fopen(path, "re");
+    if (rf) {
+        if (!fgets(run_id, sizeof run_id, rf)) run_id[0] = '\0';
+        fclose(rf);
+    }
+    trace_config_t tcfg = {.run_id = run_id};
+    if (w->job.trace_dir[0] && trace_start(w->job.trace_dir, (uint32_t)rank, &tcfg))
         log_warn("rank %d: tracing into %s failed; running untraced", rank, w->job.trace_dir);
     snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_MODE);
     bool eval_only = w->eval_only = access(path, F_OK) == 0;

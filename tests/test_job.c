@@ -116,7 +116,11 @@ static void expect_error(const char *yaml, const char *frag1, const char *frag2,
 static void test_job_unknown_key(void)
 {
     expect_error(BASE "optim:\n  lr: 0.1\n  lrr: 0.2\n", "bad.yaml:4:3:", "optim.lrr", "unknown key");
-    expect_error(BASE "optimizer:\n  lr: 0.1\n", "bad.yaml:2:1:", "optimizer", "unknown section");
+    expect_error(BASE "optimizer:\n  lr: 0.1\n", "bad.yaml:2:1:", "optimizer", "unknown section (did you mean optim?)");
+    /* the nearest known key, a typo or the right key in the wrong section */
+    expect_error(BASE "train:\n  stpes: 3\n", "bad.yaml:3:3:", "train.stpes", "did you mean train.steps?");
+    expect_error(BASE "optim:\n  steps: 3\n", "bad.yaml:3:3:", "optim.steps", "did you mean train.steps?");
+    expect_error(BASE "train:\n  zzzzzzzz: 3\n", "bad.yaml:3:3:", "train.zzzzzzzz", "docs/JOBS.md lists every field");
     expect_error(BASE "optim:\n  lr: 1\n  lr: 2\n", "bad.yaml:4:3:", "optim.lr", "duplicate");
 }
 
@@ -416,9 +420,43 @@ static void test_job_examples_valid(void)
     CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID && strstr(err, "sum to 7"));
 }
 
+/* The resolved job a run directory records (job_write_yaml) loads back to
+ * the same job: every field, overrides included, lists and quoted paths. */
+static char *yaml_of(const job_t *job)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return NULL;
+    job_write_yaml(job, f);
+    fclose(f);
+    return text;
+}
+
+static void test_job_write_roundtrip(void)
+{
+    static job_t a, b;
+    REQUIRE(job_load_string("a.yaml", "data: {dir: \"my data\"}\nparallel: {pp: 2, split: [3, 1]}\n"
+                            "model: {layers: 4}\nhosts: [local]\noptim: {betas: [0.8, 0.99]}\n", &a,
+                            err, sizeof err) == BT_OK);
+    REQUIRE(job_override(&a, "train.steps=7", err, sizeof err) == BT_OK);
+    REQUIRE(job_override(&a, "optim.lr=0.1", err, sizeof err) == BT_OK);
+    REQUIRE(job_override(&a, "trace.dir={run}/trace", err, sizeof err) == BT_OK);
+    char *ya = yaml_of(&a);
+    REQUIRE(ya);
+    CHECK(strstr(ya, "  steps: 7\n") && strstr(ya, "  split: [3, 1]\n") && strstr(ya, "  dir: \"{run}/trace\"\n"));
+    CHECK_MSG(job_load_string("b.yaml", ya, &b, err, sizeof err) == BT_OK, "%s", err);
+    char *yb = yaml_of(&b);
+    CHECK(yb && !strcmp(ya, yb));
+    CHECK(b.train.steps == 7 && b.optim.lr == 0.1 && b.parallel.n_split == 2 && b.optim.betas[0] == 0.8 &&
+          !strcmp(b.data.dir, "my data"));
+    free(ya);
+    free(yb);
+}
+
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_job_parse_all_sections, test_job_defaults_and_derived,
+    TEST_RUN(argc, argv, test_job_write_roundtrip, test_job_parse_all_sections, test_job_defaults_and_derived,
              test_job_unknown_key, test_job_wrong_type, test_job_out_of_range,
              test_job_integer_range, test_job_input_limits,
              test_job_model_shape_rules, test_job_parallel_rules, test_job_overrides,
