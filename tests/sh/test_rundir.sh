@@ -57,14 +57,16 @@ done
 
 # the record: the resolved job (the override applied, {run} resolved) loads
 # again; run.json has the command line, overrides, revision, hosts, layout
-python3 - "$A" "$first" "$(git -C "$OLDPWD" rev-parse --short=12 HEAD 2>/dev/null)" <<'PY' && pass rundir_record || fail rundir_record "see above"
-import json, sys
-d, rid, head = sys.argv[1], sys.argv[2], sys.argv[3]
+python3 - "$A" "$first" "$("$BATON" --version)" <<'PY' && pass rundir_record || fail rundir_record "see above"
+import json, re, sys
+d, rid, version = sys.argv[1], sys.argv[2], sys.argv[3]
 r = json.load(open(d + "/run.json"))
 assert r["run_id"] == rid, r
 assert r["command"] == ["baton", "run", "tiny.yaml", "--set", "train.steps=4"], r["command"]
 assert r["sets"] == ["train.steps=4"], r["sets"]
-assert r["revision"] and (not head or r["revision"].startswith(head)), (r["revision"], head)
+# the binary's own: "baton 0.1.0 (source revision 0123456789ab[-dirty])"
+assert version == "baton %s (source revision %s)" % (r["release"], r["revision"]), (version, r)
+assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?|unknown", r["revision"]), r["revision"]
 assert r["hosts"] == ["local"], r["hosts"]
 L = r["layout"]
 assert (L["tp"], L["pp"], L["dp"], L["processes"], L["microbatches"]) == (1, 2, 2, 4, 2), L
