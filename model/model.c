@@ -55,6 +55,20 @@ int model_layout_add_nd(model_layout_t *lb, const char *name, int ndim, const in
     return lb->n++;
 }
 
+int model_layout_add_experts(model_layout_t *lb, const char *name, int ndim,
+                             const int64_t *shape)
+{
+    int i = model_layout_add_nd(lb, name, ndim, shape, -1, 1);
+    if (lb->out) {
+        model_param_t *p = &lb->out[i];
+        p->spec = shard_split(&p->spec, 0, SHARD_GROUP_EP, lb->ep_rank, lb->ep_size, 1);
+        int64_t local[SHARD_MAX_DIMS];
+        int nd = shard_local_shape(&p->spec, local);
+        p->t = tensor_make(NULL, DT_F32, DEVICE_CPU, nd, local);
+    }
+    return i;
+}
+
 /* The layout of stage st for one TP rank: embedding, each layer's
  * sublayers (pre-norm weight, then the kind's tensors), final norm, head.
  * subs (when non-NULL) receives the sublayers; returns the tensor count. */
@@ -64,7 +78,8 @@ static int layout_build(const model_config_t *c, const model_stage_t *st,
 {
     const model_arch_info_t *arch = model_arch_info(c->arch);
     model_layout_t lb = {.out = out, .tp_rank = par ? par->tp_rank : 0,
-                         .tp_size = par ? par->tp_size : 1};
+                         .tp_size = par ? par->tp_size : 1, .ep_rank = par ? par->ep_rank : 0,
+                         .ep_size = par && par->ep_size > 1 ? par->ep_size : 1};
     int64_t C = c->hidden_size, V = c->vocab_size;
     int e = -1, fn = -1, lh = -1, ns = 0;
     if (st->has_embedding || (st->has_head && c->tie_word_embeddings))
@@ -232,6 +247,7 @@ bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stag
     m->cfg = *cfg;
     m->stage = *s;
     m->par = *par;
+    if (m->par.ep_size < 1) m->par.ep_size = 1;
     m->place = *place;
     model_vocab_split(cfg->vocab_size, par->tp_size, par->tp_rank, &m->vocab_start, &m->vocab);
     int ns = 0;
