@@ -228,6 +228,7 @@ int cmd_run(int argc, char **argv)
     const int32_t *val = NULL;
     int64_t n_train = 0, n_val = 0;
     model_t *m = NULL;
+    double *load = NULL; /* a step's routed-expert load (metrics) */
     train_t *t = NULL;
     FILE *metrics = NULL;
     plot_curve_t curve = {0}, val_curve = {0};
@@ -310,6 +311,12 @@ int cmd_run(int argc, char **argv)
                                  .loss = info.loss, .lr = info.lr, .grad_norm = info.grad_norm,
                                  .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta,
                                  .skipped = info.skipped, .skipped_total = info.skipped_total};
+        if (m->n_moe && (load || (load = malloc((size_t)m->n_moe * (size_t)(m->cfg.moe.n_experts + 1) *
+                                                 sizeof *load)))) {
+            rep.load = load;
+            rep.load_rows = model_moe_load_take(m, load);
+            rep.load_cols = (int)m->cfg.moe.n_experts + 1;
+        }
         run_metrics_write(metrics, &rep);
         if (!quiet && (info.step == 1 || info.step % job.train.log_every == 0 ||
                        info.step == tc.steps || info.skipped))
@@ -354,6 +361,7 @@ out:
     if (metrics) fclose(metrics);
     plot_curve_free(&curve);
     plot_curve_free(&val_curve);
+    free(load);
     train_destroy(t);
     model_destroy(m);
     free(tokens);

@@ -289,8 +289,22 @@ void run_metrics_write(FILE *f, const run_step_report_t *r)
     run_json_num(f, "%.1f", r->tokens_per_s);
     fputs(", \"elapsed_s\": ", f);
     run_json_num(f, "%.3f", r->elapsed_s);
-    fprintf(f, ", \"skipped\": %s, \"skipped_steps\": %lld}\n", r->skipped ? "true" : "false",
+    fprintf(f, ", \"skipped\": %s, \"skipped_steps\": %lld", r->skipped ? "true" : "false",
             (long long)r->skipped_total);
+    if (r->load && r->load_rows) {
+        fputs(", \"expert_tokens\": {", f);
+        for (int i = 0; i < r->load_rows; i++) {
+            const double *row = r->load + (size_t)i * (size_t)r->load_cols;
+            fprintf(f, "%s\"%d\": [", i ? ", " : "", (int)row[0]);
+            for (int e = 1; e < r->load_cols; e++) {
+                if (e > 1) fputs(", ", f);
+                run_json_num(f, "%.0f", row[e]);
+            }
+            fputc(']', f);
+        }
+        fputc('}', f);
+    }
+    fputs("}\n", f);
     fflush(f);
 }
 

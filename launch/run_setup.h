@@ -47,6 +47,11 @@ typedef struct {
     double  loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s;
     bool    skipped;             /* a non-finite step: no update */
     int64_t skipped_total;       /* such steps so far */
+    /* routed experts: the step's tokens per expert, load_rows rows of
+     * load_cols doubles [layer, expert 0, ..., expert E-1] in layer order
+     * (NULL: none), written as "expert_tokens": {"LAYER": [...], ...} */
+    const double *load;
+    int     load_rows, load_cols;
 } run_step_report_t;
 
 void run_metrics_write(FILE *f, const run_step_report_t *r);

@@ -66,6 +66,7 @@ typedef struct {
      * pos0 + T - 1). NULL / 0 otherwise. */
     void          *cache;
     int64_t        pos0;
+    bool           training;    /* a forward with a backward to follow (dloss > 0) */
 } model_run_t;
 
 struct model_kind {

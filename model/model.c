@@ -295,6 +295,13 @@ bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stag
         m->grads[i].t = tensor_make(NULL, place->grad_dtype, place->dev, m->params[i].t.ndim,
                                     m->params[i].t.shape);
     }
+    for (int i = 0; i < m->n_subs; i++) m->n_moe += m->subs[i].kind == &model_kind_moe;
+    if (m->n_moe) {
+        size_t bytes = (size_t)m->n_moe * 2 * model_align((size_t)cfg->moe.n_experts * 4);
+        if ((st = kern_mem_alloc(place->dev, bytes, &m->moe_load_mem)) != BT_OK) goto fail;
+        tensor_t lall = bytes_view(m->moe_load_mem, bytes, place->dev);
+        kern_zero(m->stream, &lall);
+    }
     if ((st = kern_stream_sync(m->stream)) != BT_OK) goto fail;
     *out = m;
     return BT_OK;
@@ -304,10 +311,39 @@ fail:
     return st;
 }
 
+tensor_t model_moe_load_view(const model_t *m, int k, int which)
+{
+    int64_t E = m->cfg.moe.n_experts;
+    size_t one = model_align((size_t)E * 4);
+    return tensor_make((char *)m->moe_load_mem + ((size_t)k * 2 + (size_t)which) * one, DT_F32,
+                       m->place.dev, 1, &E);
+}
+
+int model_moe_load_take(model_t *m, double *out)
+{
+    int64_t E = m->cfg.moe.n_experts;
+    float *h = m->n_moe ? malloc((size_t)E * sizeof *h) : NULL;
+    int k = 0;
+    for (int i = 0; i < m->n_subs && (!m->n_moe || h); i++) {
+        if (m->subs[i].kind != &model_kind_moe) continue;
+        tensor_t t = model_moe_load_view(m, k, 0);
+        kern_download(m->stream, h, &t);
+        kern_zero(m->stream, &t);
+        bool ok = kern_stream_sync(m->stream) == BT_OK;
+        double *row = out ? out + (size_t)k * (size_t)(E + 1) : NULL;
+        if (row) row[0] = m->subs[i].layer;
+        for (int64_t e = 0; row && e < E; e++) row[1 + e] = ok ? (double)h[e] : NAN;
+        k++;
+    }
+    free(h);
+    return k;
+}
+
 void model_destroy(model_t *m)
 {
     if (!m) return;
     if (m->stream) kern_stream_sync(m->stream);
+    kern_mem_free(m->place.dev, m->moe_load_mem);
     kern_mem_free(m->place.dev, m->grad_mem);
     kern_mem_free(m->place.dev, m->master_mem);
     kern_mem_free(m->place.dev, m->param_mem);

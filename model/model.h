@@ -175,6 +175,13 @@ typedef struct model {
      * from the EP group in its forwards since it was created (0 is normal:
      * no member chose them). */
     int64_t          moe_rows_in;
+    /* Routed experts' load: per sparse layer of this stage, in stage order,
+     * [n_moe][2][E] f32 on the device: the choices routed to each expert
+     * (before any capacity) in the training forwards (dloss > 0) since the
+     * last model_moe_load_take, then scratch for the probability sums the
+     * same kernel adds. NULL / 0 without routed experts. */
+    void            *moe_load_mem;
+    int              n_moe;
 } model_t;
 
 /* Per-microbatch activations and scratch, sized for B x T (opaque). */
@@ -282,6 +289,13 @@ double      model_grads_sumsq_unique(const model_t *m);
  * model: a TP-replicated one on tp_rank 0, an expert's on edp_rank 0, any
  * other (a TP shard) always. Data-parallel replicas are the caller's. */
 bool        model_param_counted(const model_t *m, int i);
+
+/* The routed experts' load since the last call, then reset: out (host, or
+ * NULL) gets one row of E + 1 doubles per sparse layer of the stage, in
+ * order: its global layer index, then each expert's routed choices;
+ * returns n_moe (0: no routed experts). Under TP every TP rank counts every
+ * row (the router is replicated); data-parallel ranks count their own. */
+int model_moe_load_take(model_t *m, double *out);
 
 /* ---- tensor-parallel gathering (collective over m->par.tp_comm) --------- */
 

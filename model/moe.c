@@ -641,6 +641,14 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         shared_views(m, r->shared, sh);
         kern_moe_route_stats(s, &sh[SH_COUNTS], &sh[SH_PSUM], &v[R_PROBS], &v[R_EXPERTS]);
     }
+    int k = 0; /* this layer's place among the stage's sparse layers: its load */
+    while (k < m->n_subs && &m->subs[k] != sub) k++;
+    int li = 0;
+    for (int i = 0; i < k; i++) li += m->subs[i].kind == &model_kind_moe;
+    if (r->training && k < m->n_subs && li < m->n_moe) {
+        tensor_t load = model_moe_load_view(m, li, 0), scratch = model_moe_load_view(m, li, 1);
+        kern_moe_route_stats(s, &load, &scratch, &v[R_PROBS], &v[R_EXPERTS]);
+    }
     /* dispatch this rank's rows */
     int64_t n0, n;
     my_rows(m, N, &n0, &n);
