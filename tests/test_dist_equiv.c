@@ -77,7 +77,7 @@ typedef test_equiv_diff_t diff_t;
  * 2, 4 and 5): -1 when something is missing. */
 static int compare(const char *name, const char *ref, diff_t *d)
 {
-    return test_equiv_compare(dir, name, ref, 5, 3, d);
+    return test_equiv_compare(dir, name, ref, 5, 3, 0, d);
 }
 
 /* Tensor-parallel layouts run at lr 1e-3: TP sums matrix products in

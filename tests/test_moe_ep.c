@@ -27,6 +27,7 @@
 #include "coll/coll.h"
 #include "model/model.h"
 #include "tests/helpers/group.h"
+#include "tests/helpers/moe.h"
 #include "tests/test.h"
 
 #define FIX "tests/fixtures/"
@@ -59,32 +60,10 @@ static double rel_err(const float *a, const float *b, int64_t n)
     return nb > 0 ? sqrt(d / nb) : sqrt(d);
 }
 
-/* Every expert's router row copied from expert 0's for the experts of EP
- * rank 1 (and expert 1's too): they tie with experts 0 and 1, and ties go
- * to the lower index, so none of EP rank 1's experts is ever in a top-K. */
-static bt_status_t routers_tie(model_t *m, int ep)
-{
-    int64_t E = m->cfg.moe.n_experts, El = E / ep;
-    for (int i = 0; i < m->n_params; i++) {
-        if (!strstr(m->params[i].name, ".gate.weight") || strstr(m->params[i].name, "shared"))
-            continue;
-        int64_t C = m->params[i].t.shape[1];
-        float *w = malloc((size_t)(E * C) * sizeof *w);
-        if (!w) return BT_ERR_NOMEM;
-        bt_status_t st = model_param_read(m, i, false, w);
-        for (int64_t e = 1; e < E; e++)
-            if (e == 1 || (e >= El && e < 2 * El)) memcpy(w + e * C, w, (size_t)C * sizeof *w);
-        if (st == BT_OK) st = model_param_write(m, i, w);
-        free(w);
-        if (st) return st;
-    }
-    return BT_OK;
-}
-
 static int reference(ep_case_t *c)
 {
     if (ckpt_hf_load(c->dir, NULL, &c->ref) != BT_OK || model_grads_alloc(c->ref)) return 1;
-    if (c->zero_rank1 && routers_tie(c->ref, c->ep)) return 1;
+    if (c->zero_rank1 && test_moe_routers_tie(c->ref, c->ep)) return 1;
     uint64_t x = 12345;
     int64_t scored = 0;
     for (int k = 0; k < c->n_mb; k++) {
@@ -122,7 +101,7 @@ static int ep_body(coll_comm_t *comm, void *arg)
     model_acts_t *a = NULL;
     float *g = NULL, *want = NULL;
     if (ckpt_hf_load_tp(c->dir, NULL, &par, &m) != BT_OK || model_grads_alloc(m) ||
-        (c->zero_rank1 && routers_tie(m, c->ep)) || model_acts_create(m, MB_ROWS, MB_T, &a))
+        (c->zero_rank1 && test_moe_routers_tie(m, c->ep)) || model_acts_create(m, MB_ROWS, MB_T, &a))
         return 1;
     int k = c->n_mb > 1 ? r : 0; /* this rank's microbatch */
     model_batch_t mb = {.B = MB_ROWS, .T = MB_T, .ids = c->ids[k], .targets = c->tg[k]};

@@ -16,9 +16,10 @@ typedef struct {
 int test_equiv_run(const char *dir, const char *job, const char *name, const char *sets,
                    int threads);
 /* Run NAME against run REF (both under DIR): n_loss per-step losses and
- * n_val validation losses each must be there (else -1), and the exports
- * hold the same tensors. */
+ * n_val validation losses each must be there (else -1; REF's first
+ * ref_val_skip validation lines are not compared: a single-process run of
+ * an HF model adds one of step 0), and the exports hold the same tensors. */
 int test_equiv_compare(const char *dir, const char *name, const char *ref, int n_loss, int n_val,
-                       test_equiv_diff_t *d);
+                       int ref_val_skip, test_equiv_diff_t *d);
 
 #endif
