@@ -233,6 +233,7 @@ int cmd_run(int argc, char **argv)
     const int32_t *val = NULL;
     int64_t n_train = 0, n_val = 0;
     model_t *m = NULL;
+    double *load = NULL; /* a step's routed-expert load (metrics) */
     train_t *t = NULL;
     bool rep_open = false;
     uint32_t data_vocab = 0, val_vocab = 0;
@@ -299,10 +300,16 @@ int cmd_run(int argc, char **argv)
         if (train_step(t, &info)) goto out;
         long long rss = base_mem_peak_rss();
         uint64_t mem = rss > 0 ? (uint64_t)rss : 0;
-        report_step(&rep, &(report_step_t){.step = info.step, .tokens = info.tokens, .loss = info.loss,
-                                           .lr = info.lr, .grad_norm = info.grad_norm,
-                                           .step_s = info.seconds, .skipped = info.skipped,
-                                           .skipped_total = info.skipped_total, .mem = &mem});
+        report_step_t rs = {.step = info.step, .tokens = info.tokens, .loss = info.loss, .lr = info.lr,
+                            .grad_norm = info.grad_norm, .step_s = info.seconds, .skipped = info.skipped,
+                            .skipped_total = info.skipped_total, .mem = &mem};
+        if (m->n_moe && (load || (load = malloc((size_t)m->n_moe * (size_t)(m->cfg.moe.n_experts + 1) *
+                                                 sizeof *load)))) {
+            rs.load = load;
+            rs.load_rows = model_moe_load_take(m, load);
+            rs.load_cols = (int)m->cfg.moe.n_experts + 1;
+        }
+        report_step(&rep, &rs);
         if (n_val > tc.seq_len && job.train.eval_every && info.step % job.train.eval_every == 0 &&
             info.step != tc.steps)
             if (eval_report(t, &rep, info.step, &vloss)) goto out;
@@ -338,6 +345,7 @@ out:
     if (saver_join(&saver)) rc = 1;
     if (rep_open) report_close(&rep);
     ckpt_items_free(&items);
+    free(load);
     train_destroy(t);
     model_destroy(m);
     free(tokens);

@@ -64,6 +64,11 @@ typedef struct {
     int             world;
     uint64_t       *last_seen;  /* [world] ns of the last message of each rank */
     int             n_ready, n_metrics, n_exported, n_quiesced;
+    /* routed experts: this step's tokens per expert, rows [layer, expert 0..E-1]
+     * per layer of the model (load_seen: some rank reported the layer) */
+    double         *load;
+    bool           *load_seen;
+    double         *load_rows;  /* the seen rows, in layer order, for the report */
     uint64_t        t_quiesce0;
     int64_t         step;       /* step running (1-based) */
     double          loss_sum, scored, grad_norm, lr;
@@ -320,6 +325,11 @@ static void step_start(driver_t *d, int64_t step)
 {
     d->step = step;
     d->n_metrics = 0;
+    if (d->load) {
+        int64_t L = d->job->model.layers, E = d->job->model.n_experts;
+        memset(d->load, 0, (size_t)(L * (E + 1)) * sizeof *d->load);
+        memset(d->load_seen, 0, (size_t)L * sizeof *d->load_seen);
+    }
     d->loss_sum = 0;
     d->scored = 0;
     d->t_step0 = clock_now_ns();
@@ -489,6 +499,37 @@ static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
     return ACTOR_DONE;
 }
 
+/* A rank's routed-expert load (rows [layer, tokens per expert], f64) added
+ * to the step's; -1 when it is not one. */
+static int load_add(driver_t *d, const tensor_t *t)
+{
+    int64_t L = d->job->model.layers, E = d->job->model.n_experts;
+    if (!d->load || t->dtype != DT_F64 || t->ndim != 2 || t->shape[1] != E + 1) return -1;
+    const double *v = t->data;
+    for (int64_t i = 0; i < t->shape[0]; i++) {
+        double l = v[i * (E + 1)];
+        if (!(l >= 0 && l < (double)L) || l != (double)(int64_t)l) return -1;
+        int64_t li = (int64_t)l;
+        d->load_seen[li] = true;
+        d->load[li * (E + 1)] = l;
+        for (int64_t e = 1; e <= E; e++) d->load[li * (E + 1) + e] += v[i * (E + 1) + e];
+    }
+    return 0;
+}
+
+/* The step's load rows of the layers some rank reported, in layer order. */
+static int load_report(driver_t *d)
+{
+    if (!d->load) return 0;
+    int64_t L = d->job->model.layers, E = d->job->model.n_experts;
+    int n = 0;
+    for (int64_t l = 0; l < L; l++)
+        if (d->load_seen[l])
+            memcpy(d->load_rows + (size_t)(n++) * (size_t)(E + 1), d->load + l * (E + 1),
+                   (size_t)(E + 1) * sizeof *d->load);
+    return n;
+}
+
 static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
 {
     driver_t *d = (driver_t *)self;
@@ -502,6 +543,12 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
     }
     d->rank_loss[r] = ((double *)l->data)[0];
     d->scored += ((double *)l->data)[1];
+    tensor_t *ld = d->phase == DRV_RUNNING ? actor_msg_tensor(m, "expert_tokens") : NULL;
+    if (ld && load_add(d, ld)) {
+        fail(d, BT_ERR_PEER_PROTO, r, "bad expert_tokens in the METRICS of step %lld",
+             (long long)m->env.step);
+        return ACTOR_DONE;
+    }
     if (r == 0) {
         d->grad_norm = m->body.metrics.grad_norm;
         d->lr = m->body.metrics.lr;
@@ -558,7 +605,9 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
                                           .lr = d->lr, .grad_norm = d->grad_norm,
                                           .step_s = (double)(clock_now_ns() - d->t_step0) * 1e-9,
                                           .skipped = skipped, .skipped_total = d->skipped,
-                                          .mem = d->mem});
+                                          .mem = d->mem, .load = d->load_rows,
+                                          .load_rows = load_report(d),
+                                          .load_cols = (int)d->job->model.n_experts + 1});
     drv_stdout_check(d);
     next_after(d, false);
     return ACTOR_DONE;
@@ -1291,6 +1340,13 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     d.mem = calloc((size_t)g.world, sizeof *d.mem);
     if (!d.last_seen || !d.ck_wrote || !d.ck_root || !d.rank_loss || !d.ck_up || !d.ready || !d.mem)
         goto close_metrics;
+    if (job_has_experts(job)) {
+        size_t cells = (size_t)job->model.layers * (size_t)(job->model.n_experts + 1);
+        d.load = calloc(cells, sizeof *d.load);
+        d.load_rows = calloc(cells, sizeof *d.load_rows);
+        d.load_seen = calloc((size_t)job->model.layers, sizeof *d.load_seen);
+        if (!d.load || !d.load_rows || !d.load_seen) goto close_metrics;
+    }
     d.sets = sets;
     d.n_sets = n_sets;
     d.last_step = job->train.stop_after ? job->train.stop_after : job->train.steps;
@@ -1374,6 +1430,9 @@ destroy_router:
     free(d.ck_root);
     free(d.ck_wrote);
     free(d.rank_loss);
+    free(d.load);
+    free(d.load_rows);
+    free(d.load_seen);
     free(d.ck_up);
     free(d.ready);
     while (d.fetch_held) {

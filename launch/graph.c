@@ -4,7 +4,7 @@
 
 #include "base/log.h"
 
-static const char *const group_names[] = {"world", "tp", "dp", "emb"};
+static const char *const group_names[] = {"world", "tp", "dp", "emb", "ep", "edp"};
 _Static_assert(sizeof group_names / sizeof group_names[0] == GRAPH_GROUP_COUNT, "group names");
 
 const char *graph_group_name(graph_group_t kind) { return group_names[kind]; }
@@ -23,6 +23,14 @@ bt_status_t graph_build(const job_t *job, graph_t *g, char *err, size_t errlen)
     g->seq_len = job->data.seq_len;
     g->tied = job->model.tie_embeddings;
     g->zero1 = p->zero1;
+    g->ep = (int)p->ep;
+    g->moe = job_has_experts(job);
+    if (g->ep < 1 || (p->tp * p->dp) % g->ep) {
+        snprintf(err, errlen, "parallel.ep: %d must divide tp x dp = %lld", g->ep,
+                 (long long)(p->tp * p->dp));
+        return BT_ERR_INVALID;
+    }
+    g->edp = (int)(p->tp * p->dp) / g->ep;
     if (p->tp * p->pp * p->dp > GRAPH_MAX_WORLD) {
         snprintf(err, errlen, "parallel: tp x pp x dp = %lld ranks; this runtime supports up to %d",
                  (long long)(p->tp * p->pp * p->dp), GRAPH_MAX_WORLD);
@@ -69,8 +77,22 @@ bt_status_t graph_build(const job_t *job, graph_t *g, char *err, size_t errlen)
 
 graph_coord_t graph_coord(const graph_t *g, int rank)
 {
-    return (graph_coord_t){.tp = rank % g->tp, .dp = rank / g->tp % g->dp,
-                           .pp = rank / (g->tp * g->dp)};
+    graph_coord_t c = {.tp = rank % g->tp, .dp = rank / g->tp % g->dp, .pp = rank / (g->tp * g->dp)};
+    int i = c.tp + g->tp * c.dp, ep = g->ep > 0 ? g->ep : 1;
+    c.ep = i % ep;
+    c.edp = i / ep;
+    return c;
+}
+
+/* The rank of stage-local index i (tp fastest) of pipeline stage pp. */
+static int stage_local_rank(const graph_t *g, int i, int pp)
+{
+    return graph_rank(g, i % g->tp, i / g->tp, pp);
+}
+
+graph_group_t graph_expert_dp_group(const graph_t *g)
+{
+    return g->ep == 1 && g->tp == 1 ? GRAPH_GROUP_DP : GRAPH_GROUP_EDP;
 }
 
 int graph_vstage_rank(const graph_t *g, int v, int rank)
@@ -115,6 +137,14 @@ int graph_group_members(const graph_t *g, graph_group_t kind, int rank, int *mem
         members[n++] = graph_rank(g, c.tp, c.dp, last_pp);
         break;
     }
+    case GRAPH_GROUP_EP:
+        if (!g->moe) return 0;
+        for (int j = 0; j < g->ep; j++) members[n++] = stage_local_rank(g, c.edp * g->ep + j, c.pp);
+        break;
+    case GRAPH_GROUP_EDP:
+        if (!g->moe || graph_expert_dp_group(g) != GRAPH_GROUP_EDP) return 0;
+        for (int k = 0; k < g->edp; k++) members[n++] = stage_local_rank(g, c.ep + g->ep * k, c.pp);
+        break;
     default: BT_PANIC("group kind %d", (int)kind);
     }
     if (n < 2) return 0;
@@ -144,6 +174,13 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
     fprintf(f, "global batch: dp %d x microbatches %d x micro_batch %lld = %lld rows of %lld tokens\n",
             g->dp, g->microbatches, (long long)g->micro_batch,
             (long long)(g->dp * g->microbatches * g->micro_batch), (long long)g->seq_len);
+    if (g->moe)
+        fprintf(f, "dense grid: tp=%d cp=1 dp=%d pp=%d; expert grid: etp=1 ep=%d edp=%d pp=%d "
+                   "(folded over tp x dp = %d ranks per stage; %lld experts, %lld per EP rank; "
+                   "expert gradients reduce over %s, dense over dp)\n",
+                g->tp, g->dp, g->pp, g->ep, g->edp, g->pp, g->tp * g->dp,
+                (long long)job->model.n_experts, (long long)(job->model.n_experts / g->ep),
+                graph_group_name(graph_expert_dp_group(g)));
     fprintf(f, "virtual stages:\n");
     for (int v = 0; v < g->n_vstages; v++)
         fprintf(f, "  v%d: layers [%d, %d)%s%s -> stage %d chunk %d\n", v, g->first_layer[v],
@@ -154,8 +191,13 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
             graph_edge_xport(job, JOB_EDGE_CONTROL));
     for (int r = 0; r < g->world; r++) {
         graph_coord_t c = graph_coord(g, r);
-        fprintf(f, "  rank %d host %s (tp=%d dp=%d pp=%d): stage slot %u [", r, host, c.tp, c.dp,
-                c.pp, GRAPH_SLOT_STAGE);
+        char experts[96] = "";
+        if (g->moe)
+            snprintf(experts, sizeof experts, " ep=%d edp=%d experts [%lld, %lld)", c.ep, c.edp,
+                     (long long)(c.ep * (job->model.n_experts / g->ep)),
+                     (long long)((c.ep + 1) * (job->model.n_experts / g->ep)));
+        fprintf(f, "  rank %d host %s (tp=%d dp=%d pp=%d%s): stage slot %u [", r, host, c.tp, c.dp,
+                c.pp, experts, GRAPH_SLOT_STAGE);
         for (int k = 0; k < g->vpp; k++)
             fprintf(f, "%sv%d", k ? " " : "", graph_chunk_vstage(g, c.pp, k));
         fprintf(f, "]");
@@ -183,9 +225,12 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
             int mem[GRAPH_MAX_WORLD], me;
             int n = graph_group_members(g, (graph_group_t)k, r, mem, &me);
             if (n == 0 || me != 0) continue; /* print each group once, from its first member */
-            fprintf(f, "  %s (%s): ranks", graph_group_name((graph_group_t)k),
+            fprintf(f, "  %s (%s)%s: ranks", graph_group_name((graph_group_t)k),
                     graph_edge_xport(job, k == GRAPH_GROUP_TP ? JOB_EDGE_TENSOR_PARALLEL
-                                                              : JOB_EDGE_DATA_PARALLEL));
+                                                              : JOB_EDGE_DATA_PARALLEL),
+                    k == GRAPH_GROUP_EP    ? " token all-to-all"
+                    : k == GRAPH_GROUP_EDP ? " expert gradients"
+                                           : "");
             for (int i = 0; i < n; i++) fprintf(f, " %d", mem[i]);
             fprintf(f, "\n");
         }

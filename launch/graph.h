@@ -3,9 +3,17 @@
  * The driver, every worker and `baton graph` derive it from the same
  * validated job, so they agree on every address without exchanging it.
  *
- * Rank order tp-cp-ep-dp-pp with tp fastest (cp = ep = 1 for now):
+ * Rank order tp-cp-dp-pp with tp fastest (cp = 1 for now):
  *   rank = tp_rank + tp * (dp_rank + dp * pp_rank)
  * The driver is rank `world` (one past the last worker).
+ *
+ * The expert grid (etp, ep, edp, pp) folds over the dense grid (tp, cp, dp,
+ * pp): the same pipeline stages, and within a stage the same tp x dp ranks
+ * renumbered i = tp_rank + tp * dp_rank, with ep_rank = i % ep and edp_rank
+ * = i / ep (etp = 1: an expert is never split). An EP group is ep
+ * consecutive i (it may span TP ranks: EP may exceed DP), an edp group the
+ * ranks of one stage with the same ep_rank (they hold the same experts and
+ * sum those gradients; the dense ones sum over dp).
  *
  * Virtual stages: the model is cut into pp * vpp pieces; virtual stage v runs
  * on pipeline stage v % pp as its chunk v / pp (train/pipe_schedule.h).
@@ -41,11 +49,15 @@ typedef enum {
     GRAPH_GROUP_TP,        /* same (dp, pp) */
     GRAPH_GROUP_DP,        /* same (tp, pp): gradient reduction / ZeRO-1 */
     GRAPH_GROUP_EMB,       /* first and last pipeline stage of one (tp, dp): tied embedding */
+    GRAPH_GROUP_EP,        /* routed experts: one stage's ranks with the same edp_rank */
+    GRAPH_GROUP_EDP,       /* routed experts: one stage's ranks with the same ep_rank */
     GRAPH_GROUP_COUNT,
 } graph_group_t;
 
 typedef struct {
     int tp, pp, dp, vpp;
+    int ep, edp;                           /* the expert grid: ep x edp = tp x dp */
+    bool moe;                              /* the model has routed experts (EP/EDP groups) */
     int world;
     int n_vstages;                         /* pp * vpp */
     int first_layer[GRAPH_MAX_VSTAGES + 1]; /* virtual stage v: [first[v], first[v+1]) */
@@ -58,6 +70,7 @@ typedef struct {
 
 typedef struct {
     int tp, dp, pp;
+    int ep, edp; /* the rank's place in the expert grid of its stage */
 } graph_coord_t;
 
 /* From a validated job. BT_ERR_INVALID with a message in err for a layout
@@ -92,6 +105,11 @@ const char *graph_group_name(graph_group_t kind);
 /* The transport an edge class of the job really uses between processes
  * ("tcp" or "ucx"; auto resolved as the runtime resolves it). */
 const char *graph_edge_xport(const job_t *job, job_edge_t e);
+
+/* The group that reduces the routed experts' gradients of `rank`: EDP,
+ * or DP where the two are the same ranks (ep = tp = 1), so that no second
+ * communicator doubles the dp one. */
+graph_group_t graph_expert_dp_group(const graph_t *g);
 
 /* Human-readable graph (actors, placement, edges, groups) of the job. */
 void graph_print(const graph_t *g, const job_t *job, FILE *f);

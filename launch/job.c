@@ -109,6 +109,7 @@ static const field_t fields[] = {
     INT("parallel.tp", parallel.tp, 1, 4096),
     INT("parallel.pp", parallel.pp, 1, 4096),
     INT("parallel.dp", parallel.dp, 1, 1 << 20),
+    INT("parallel.ep", parallel.ep, 1, 256),
     {"parallel.split", F_INT_LIST, OFF(parallel.split), 1, 4096, NULL, 0, JOB_MAX_STAGES,
      OFF(parallel.n_split)},
     INT("parallel.virtual_stages", parallel.virtual_stages, 1, 64),
@@ -224,7 +225,7 @@ void job_defaults(job_t *job)
                                .warmup_from = JOB_WARMUP_FROM_ZERO, .betas = {0.9, 0.95},
                                .eps = 1e-8, .weight_decay = 0.1, .clip = 1.0,
                                .decay = JOB_DECAY_MATRICES};
-    job->parallel = (job_parallel_t){.tp = 1, .pp = 1, .dp = 1, .n_split = 0,
+    job->parallel = (job_parallel_t){.tp = 1, .pp = 1, .dp = 1, .ep = 1, .n_split = 0,
                                      .virtual_stages = 1, .schedule = JOB_SCHED_1F1B,
                                      .microbatches = 0, .zero1 = false};
     for (int e = 0; e < JOB_EDGE_COUNT; e++) job->transport[e] = JOB_XPORT_AUTO;
@@ -825,10 +826,26 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
     /* what the layout cannot split yet, refused here, before a process starts */
     bool moe = false;
     for (int64_t l = 0; l < cfg.num_layers && !moe; l++) moe = cfg.blocks[l].ffn == MODEL_FFN_MOE;
-    if (moe && job->parallel.tp > 1)
-        return vfail(job, "parallel.tp", err, errlen, "%s has routed experts, which are not split "
-                     "over tensor parallelism yet (expert parallelism is still to come): use tp=1",
-                     job->model.hf);
+    const job_parallel_t *p = &job->parallel;
+    if (!moe && p->ep > 1)
+        return vfail(job, "parallel.ep", err, errlen, "%s has no routed experts to split over "
+                     "expert parallelism: use ep=1", job->model.hf);
+    if (moe && cfg.moe.n_experts % p->ep)
+        return vfail(job, "parallel.ep", err, errlen, "ep %lld does not divide the %lld routed "
+                     "experts of %s", (long long)p->ep, (long long)cfg.moe.n_experts, job->model.hf);
+    if (moe && (p->tp * p->dp) % p->ep)
+        return vfail(job, "parallel.ep", err, errlen, "ep %lld must divide tp x dp = %lld: the "
+                     "expert grid (ep x edp) folds over the dense one (tp x dp) in every pipeline "
+                     "stage", (long long)p->ep, (long long)(p->tp * p->dp));
+    if (moe && p->tp > 1 && cfg.moe.capacity_factor > 0)
+        return vfail(job, "parallel.tp", err, errlen, "%s has capacity_factor %g, which keeps each "
+                     "expert's first choices over all rows, but each TP rank dispatches only its "
+                     "share: use tp=1 or capacity_factor 0", job->model.hf,
+                     cfg.moe.capacity_factor);
+    if (moe && p->zero1 && (p->ep > 1 || p->tp > 1))
+        return vfail(job, "parallel.zero1", err, errlen, "ZeRO-1 shards one flat block over dp, "
+                     "but with ep > 1 or tp > 1 the experts of %s reduce over their own "
+                     "expert-data-parallel group: use zero1=false", job->model.hf);
     if (moe && job->parallel.pp > 1 && cfg.moe.aux_loss_coef > 0)
         return vfail(job, "parallel.pp", err, errlen, "%s trains with the router's load-balancing "
                      "loss (router_aux_loss_coef %g), which pools every sparse layer in one stage: "
@@ -845,6 +862,8 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
     m->rope_theta = cfg.attn.rope.theta;
     m->norm_eps = cfg.rms_norm_eps;
     m->tie_embeddings = cfg.tie_word_embeddings;
+    m->has_experts = moe;
+    m->n_experts = moe ? cfg.moe.n_experts : 0;
     return BT_OK;
 }
 
@@ -943,6 +962,9 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
         return vfail(job, p->microbatches ? "parallel.microbatches" : "train.grad_accum", err, errlen,
                      "interleaved schedule needs microbatches (%lld) divisible by pp %lld",
                      (long long)mbs, (long long)p->pp);
+    if (!m->hf[0] && p->ep > 1)
+        return vfail(job, "parallel.ep", err, errlen, "a model without model.hf has no routed "
+                     "experts to split: use ep=1");
     if (p->zero1 && p->dp < 2)
         return vfail(job, "parallel.zero1", err, errlen, "ZeRO-1 shards over data parallelism: needs dp >= 2");
 #ifndef BT_HAVE_UCX

@@ -63,6 +63,9 @@ typedef struct {
     double  rope_theta, norm_eps, init_std;
     int64_t init_seed;            /* -1: use train.seed */
     bool    tie_embeddings;
+    /* from model.hf's config (not a job field): routed experts, and how many */
+    bool    has_experts;
+    int64_t n_experts;
 } job_model_t;
 
 typedef struct {
@@ -90,6 +93,7 @@ typedef struct {
 
 typedef struct {
     int64_t tp, pp, dp;
+    int64_t ep;                       /* expert parallelism: folded over tp x dp (1: none) */
     int64_t split[JOB_MAX_STAGES];    /* layers per pipeline stage (virtual stages included) */
     int     n_split;                  /* 0: even split */
     int64_t virtual_stages;
@@ -192,5 +196,8 @@ bool        job_field_set(const job_t *job, const char *name);
 /* Number of schema fields and their dotted names (documentation, tests). */
 int         job_field_count(void);
 const char *job_field_name(int i);
+
+/* Whether the job's model has routed experts (a validated job). */
+static inline bool job_has_experts(const job_t *job) { return job->model.has_experts; }
 
 #endif

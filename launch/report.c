@@ -124,8 +124,22 @@ static void metrics_line(const report_t *r, const report_step_t *s, double tps, 
     run_json_num(f, "%.6f", mfu);
     fputs(", \"mem_peak_bytes\": [", f);
     for (int k = 0; k < r->n_ranks; k++) fprintf(f, "%s%llu", k ? ", " : "", (unsigned long long)r->mem[k]);
-    fprintf(f, "], \"skipped\": %s, \"skipped_steps\": %lld}\n", s->skipped ? "true" : "false",
+    fprintf(f, "], \"skipped\": %s, \"skipped_steps\": %lld", s->skipped ? "true" : "false",
             (long long)s->skipped_total);
+    if (s->load && s->load_rows) {
+        fputs(", \"expert_tokens\": {", f);
+        for (int i = 0; i < s->load_rows; i++) {
+            const double *row = s->load + (size_t)i * (size_t)s->load_cols;
+            fprintf(f, "%s\"%d\": [", i ? ", " : "", (int)row[0]);
+            for (int e = 1; e < s->load_cols; e++) {
+                if (e > 1) fputs(", ", f);
+                run_json_num(f, "%.0f", row[e]);
+            }
+            fputc(']', f);
+        }
+        fputc('}', f);
+    }
+    fputs("}\n", f);
     fflush(f);
 }
 

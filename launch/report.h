@@ -79,6 +79,11 @@ typedef struct {
     bool     skipped;
     int64_t  skipped_total;
     const uint64_t *mem;             /* [n_ranks] peak resident bytes (0: unknown); NULL: none */
+    /* routed experts: the step's tokens per expert, load_rows rows of
+     * load_cols doubles [layer, expert 0, ..., expert E-1] in layer order
+     * (NULL: none), written as "expert_tokens": {"LAYER": [...], ...} */
+    const double *load;
+    int      load_rows, load_cols;
 } report_step_t;
 
 void        report_step(report_t *r, const report_step_t *s);

@@ -216,12 +216,14 @@ static bt_status_t chunks_create(worker_t *w)
     if ((st = run_model_config(&w->job, &cfg)) || (st = run_model_place(&w->job, &place)))
         return st;
     graph_coord_t c = graph_coord(&w->g, w->rank);
-    model_parallel_t par = {.tp_rank = c.tp, .tp_size = w->g.tp, .tp_comm = w->comm[GRAPH_GROUP_TP]};
+    model_parallel_t par = {.tp_rank = c.tp, .tp_size = w->g.tp, .tp_comm = w->comm[GRAPH_GROUP_TP],
+                            .ep_rank = c.ep, .ep_size = w->g.ep, .ep_comm = w->comm[GRAPH_GROUP_EP],
+                            .edp_rank = c.edp};
     w->n_chunks = w->g.vpp;
     for (int k = 0; k < w->n_chunks; k++) {
         int v = graph_chunk_vstage(&w->g, c.pp, k);
         model_stage_t stage = graph_vstage_stage(&w->g, v, (int)cfg.num_layers);
-        if ((st = run_model_create_part(&w->job, &stage, w->g.tp > 1 ? &par : NULL, &place,
+        if ((st = run_model_create_part(&w->job, &stage, w->g.tp > 1 || w->g.moe ? &par : NULL, &place,
                                         &w->chunks[k])))
             return st;
         if (!w->eval_only && (st = model_grads_alloc(w->chunks[k]))) return st;
@@ -544,7 +546,8 @@ static bt_status_t actors_start(worker_t *w)
     run_train_config(&w->job, &tc);
     dist_optim_config_t oc = {.n_chunks = w->n_chunks, .embed_chunk = -1, .head_copy_chunk = -1,
                               .world = w->comm[GRAPH_GROUP_WORLD], .dp = w->comm[GRAPH_GROUP_DP],
-                              .emb = w->comm[GRAPH_GROUP_EMB], .zero1 = g->zero1,
+                              .emb = w->comm[GRAPH_GROUP_EMB],
+                              .edp = w->comm[graph_expert_dp_group(g)], .zero1 = g->zero1,
                               .optim = tc.optim, .lr = tc.lr, .clip = tc.clip, .rank = w->rank};
     for (int k = 0; k < w->n_chunks; k++) {
         oc.chunks[k] = w->chunks[k];
@@ -568,7 +571,7 @@ static bt_status_t actors_start(worker_t *w)
         .driver = ACTOR_ADDR(g->world, GRAPH_SLOT_DRIVER),
         .data = data ? ACTOR_ADDR(w->rank, GRAPH_SLOT_DATA) : 0,
         .tp_rank = c.tp, .tp_size = g->tp, .dp_rank = c.dp, .dp_size = g->dp,
-        .eval_rows = w->eval_rows,
+        .eval_rows = w->eval_rows, .eval_pad = g->moe && g->ep > 1,
         .exporter = c.dp == 0 && c.tp == 0, .B = g->micro_batch, .T = g->seq_len,
         .eval_only = w->eval_only,
         /* every window scores all T positions (train/train.h) */
@@ -599,7 +602,7 @@ static bt_status_t actors_start(worker_t *w)
                                   .T = g->seq_len, .M = g->microbatches, .dp = g->dp,
                                   .dp_rank = c.dp, .stage = ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE),
                                   .eval_ids = w->eval_ids, .eval_targets = w->eval_targets,
-                                  .eval_rows = w->eval_rows,
+                                  .eval_rows = w->eval_rows, .eval_pad = g->moe && g->ep > 1,
                                   .base_step = w->resumed.pos.step,
                                   .base_samples = w->resumed.pos.samples};
         if ((st = data_actor_init(&w->data, &dc))) return st;

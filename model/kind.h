@@ -31,6 +31,7 @@ typedef struct {
     model_param_t *out; /* NULL: count only */
     int            n;
     int            tp_rank, tp_size;
+    int            ep_rank, ep_size; /* the expert split (model_layout_add_experts) */
 } model_layout_t;
 
 /* Appends the HF tensor `name` of global shape [d0] (ndim 1) or [d0, d1],
@@ -42,6 +43,12 @@ int model_layout_add(model_layout_t *lb, const char *name, int ndim, int64_t d0,
  * (model.h, MODEL_STACK_MARK) of routed experts is [E, rows, cols]. */
 int model_layout_add_nd(model_layout_t *lb, const char *name, int ndim, const int64_t *shape,
                         int split_dim, int64_t unit);
+
+/* A stacked expert tensor (MODEL_STACK_MARK) of global shape[ndim], split
+ * along dimension 0 over the EP group (group SHARD_GROUP_EP even at
+ * ep_size 1, which marks it as an expert's: MODEL_PARAM_IS_EXPERT). */
+int model_layout_add_experts(model_layout_t *lb, const char *name, int ndim,
+                             const int64_t *shape);
 
 /* What a kind's forward and backward run with. */
 typedef struct {
@@ -59,6 +66,7 @@ typedef struct {
      * pos0 + T - 1). NULL / 0 otherwise. */
     void          *cache;
     int64_t        pos0;
+    bool           training;    /* a forward with a backward to follow (dloss > 0) */
 } model_run_t;
 
 struct model_kind {

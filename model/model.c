@@ -55,6 +55,20 @@ int model_layout_add_nd(model_layout_t *lb, const char *name, int ndim, const in
     return lb->n++;
 }
 
+int model_layout_add_experts(model_layout_t *lb, const char *name, int ndim,
+                             const int64_t *shape)
+{
+    int i = model_layout_add_nd(lb, name, ndim, shape, -1, 1);
+    if (lb->out) {
+        model_param_t *p = &lb->out[i];
+        p->spec = shard_split(&p->spec, 0, SHARD_GROUP_EP, lb->ep_rank, lb->ep_size, 1);
+        int64_t local[SHARD_MAX_DIMS];
+        int nd = shard_local_shape(&p->spec, local);
+        p->t = tensor_make(NULL, DT_F32, DEVICE_CPU, nd, local);
+    }
+    return i;
+}
+
 /* The layout of stage st for one TP rank: embedding, each layer's
  * sublayers (pre-norm weight, then the kind's tensors), final norm, head.
  * subs (when non-NULL) receives the sublayers; returns the tensor count. */
@@ -64,7 +78,8 @@ static int layout_build(const model_config_t *c, const model_stage_t *st,
 {
     const model_arch_info_t *arch = model_arch_info(c->arch);
     model_layout_t lb = {.out = out, .tp_rank = par ? par->tp_rank : 0,
-                         .tp_size = par ? par->tp_size : 1};
+                         .tp_size = par ? par->tp_size : 1, .ep_rank = par ? par->ep_rank : 0,
+                         .ep_size = par && par->ep_size > 1 ? par->ep_size : 1};
     int64_t C = c->hidden_size, V = c->vocab_size;
     int e = -1, fn = -1, lh = -1, ns = 0;
     if (st->has_embedding || (st->has_head && c->tie_word_embeddings))
@@ -232,6 +247,7 @@ bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stag
     m->cfg = *cfg;
     m->stage = *s;
     m->par = *par;
+    if (m->par.ep_size < 1) m->par.ep_size = 1;
     m->place = *place;
     model_vocab_split(cfg->vocab_size, par->tp_size, par->tp_rank, &m->vocab_start, &m->vocab);
     int ns = 0;
@@ -279,6 +295,13 @@ bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stag
         m->grads[i].t = tensor_make(NULL, place->grad_dtype, place->dev, m->params[i].t.ndim,
                                     m->params[i].t.shape);
     }
+    for (int i = 0; i < m->n_subs; i++) m->n_moe += m->subs[i].kind == &model_kind_moe;
+    if (m->n_moe) {
+        size_t bytes = (size_t)m->n_moe * 2 * model_align((size_t)cfg->moe.n_experts * 4);
+        if ((st = kern_mem_alloc(place->dev, bytes, &m->moe_load_mem)) != BT_OK) goto fail;
+        tensor_t lall = bytes_view(m->moe_load_mem, bytes, place->dev);
+        kern_zero(m->stream, &lall);
+    }
     if ((st = kern_stream_sync(m->stream)) != BT_OK) goto fail;
     *out = m;
     return BT_OK;
@@ -288,10 +311,39 @@ fail:
     return st;
 }
 
+tensor_t model_moe_load_view(const model_t *m, int k, int which)
+{
+    int64_t E = m->cfg.moe.n_experts;
+    size_t one = model_align((size_t)E * 4);
+    return tensor_make((char *)m->moe_load_mem + ((size_t)k * 2 + (size_t)which) * one, DT_F32,
+                       m->place.dev, 1, &E);
+}
+
+int model_moe_load_take(model_t *m, double *out)
+{
+    int64_t E = m->cfg.moe.n_experts;
+    float *h = m->n_moe ? malloc((size_t)E * sizeof *h) : NULL;
+    int k = 0;
+    for (int i = 0; i < m->n_subs && (!m->n_moe || h); i++) {
+        if (m->subs[i].kind != &model_kind_moe) continue;
+        tensor_t t = model_moe_load_view(m, k, 0);
+        kern_download(m->stream, h, &t);
+        kern_zero(m->stream, &t);
+        bool ok = kern_stream_sync(m->stream) == BT_OK;
+        double *row = out ? out + (size_t)k * (size_t)(E + 1) : NULL;
+        if (row) row[0] = m->subs[i].layer;
+        for (int64_t e = 0; row && e < E; e++) row[1 + e] = ok ? (double)h[e] : NAN;
+        k++;
+    }
+    free(h);
+    return k;
+}
+
 void model_destroy(model_t *m)
 {
     if (!m) return;
     if (m->stream) kern_stream_sync(m->stream);
+    kern_mem_free(m->place.dev, m->moe_load_mem);
     kern_mem_free(m->place.dev, m->grad_mem);
     kern_mem_free(m->place.dev, m->master_mem);
     kern_mem_free(m->place.dev, m->param_mem);

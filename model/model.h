@@ -73,6 +73,7 @@
 #define MODEL_IGNORE_INDEX (-100)
 #define MODEL_NAME_MAX 96
 #define MODEL_SUB_SLOTS 16 /* tensors one sublayer kind may own */
+#define MODEL_MAX_EP 256    /* ranks of an expert-parallel group */
 
 typedef struct model_kind model_kind_t; /* model/kind.h */
 typedef struct coll_comm coll_comm_t;   /* coll/coll.h */
@@ -84,11 +85,31 @@ typedef struct {
     bool has_head;                /* final norm + lm_head + loss (else output hidden) */
 } model_stage_t;
 
-/* Where a model instance sits in a tensor-parallel group. */
+/* Where a model instance sits in a tensor-parallel group and, for routed
+ * experts, in the expert grid (docs/PARALLEL.md "Expert parallelism").
+ *
+ * Expert parallelism: the stacked expert tensors ([E, ...], see "Stacked
+ * parameters" below) are split along dimension 0 over an EP group of
+ * ep_size ranks (rank ep_rank holds experts [ep_rank * E/ep, (ep_rank + 1)
+ * * E/ep)); each MoE forward sends every routed token to the rank of its
+ * expert and gets the result back (all-to-all on ep_comm, counts first).
+ * The members of an EP group hold different tokens: under TP each TP rank
+ * routes its own near-even share of the rows (the rest come back by an
+ * all-gather over tp_comm). An expert's replicas over the expert-data-
+ * parallel group (edp) sum their gradients there (train/dist_optim.c);
+ * edp_rank 0 counts and stores them once. All zero (or ep_size 1, ep_comm
+ * NULL): every expert here. */
 typedef struct {
     int          tp_rank, tp_size; /* {0, 1}: no tensor parallelism */
     coll_comm_t *tp_comm;          /* the TP group (rank tp_rank of tp_size); NULL at tp_size 1 */
+    int          ep_rank, ep_size; /* {0, 0 or 1}: no expert parallelism */
+    coll_comm_t *ep_comm;          /* the EP group (rank ep_rank of ep_size); NULL at ep_size <= 1 */
+    int          edp_rank;         /* place in the expert-data-parallel group (0: stores experts) */
 } model_parallel_t;
+
+/* Whether a parameter's spec belongs to the routed experts (split over EP,
+ * reduced over edp), whatever ep_size is. */
+#define MODEL_PARAM_IS_EXPERT(spec) ((spec)->group == SHARD_GROUP_EP)
 
 /* Where, and in which precisions, a model instance runs. */
 typedef struct {
@@ -150,6 +171,17 @@ typedef struct model {
      * (model_moe_config_t.capacity_factor) in this instance's forwards since
      * it was created; 0 when dropless. */
     int64_t          moe_dropped;
+    /* With expert parallelism: the routed rows this rank's experts received
+     * from the EP group in its forwards since it was created (0 is normal:
+     * no member chose them). */
+    int64_t          moe_rows_in;
+    /* Routed experts' load: per sparse layer of this stage, in stage order,
+     * [n_moe][2][E] f32 on the device: the choices routed to each expert
+     * (before any capacity) in the training forwards (dloss > 0) since the
+     * last model_moe_load_take, then scratch for the probability sums the
+     * same kernel adds. NULL / 0 without routed experts. */
+    void            *moe_load_mem;
+    int              n_moe;
 } model_t;
 
 /* Per-microbatch activations and scratch, sized for B x T (opaque). */
@@ -253,12 +285,24 @@ double      model_grads_sumsq(const model_t *m);
  * over pipeline stages) it is the global squared norm, each element counted
  * once. Equals model_grads_sumsq at tp_size 1. */
 double      model_grads_sumsq_unique(const model_t *m);
+/* Whether this rank counts (and stores) parameter i's piece for the whole
+ * model: a TP-replicated one on tp_rank 0, an expert's on edp_rank 0, any
+ * other (a TP shard) always. Data-parallel replicas are the caller's. */
+bool        model_param_counted(const model_t *m, int i);
+
+/* The routed experts' load since the last call, then reset: out (host, or
+ * NULL) gets one row of E + 1 doubles per sparse layer of the stage, in
+ * order: its global layer index, then each expert's routed choices;
+ * returns n_moe (0: no routed experts). Under TP every TP rank counts every
+ * row (the router is replicated); data-parallel ranks count their own. */
+int model_moe_load_take(model_t *m, double *out);
 
 /* ---- tensor-parallel gathering (collective over m->par.tp_comm) --------- */
 
 /* full[global numel] (host f32) = the HF-shaped tensor of parameter i (grad:
- * its gradient) assembled from every TP rank. Every TP rank must call it
- * with the same i, in the same order; each gets the whole tensor. */
+ * its gradient) assembled from every TP rank (an expert tensor: from every
+ * EP rank, over ep_comm). Every rank of that group must call it with the
+ * same i, in the same order; each gets the whole tensor. */
 bt_status_t model_param_gather(const model_t *m, int i, bool grad, float *full);
 /* Every parameter (grads: gradients, which `full` must have allocated) into
  * `full`, a tp_size-1 model of the same config and stage, matched by name.

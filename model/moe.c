@@ -37,12 +37,29 @@
  * needs them all in one stage with the head (pipeline parallelism is
  * refused while it is on).
  *
- * Not yet: tensor parallelism of an MoE layer (refused; experts split over
- * an expert-parallel group, issue 16 part 3). */
+ * Expert parallelism (model.h model_parallel_t, docs/PARALLEL.md): this
+ * rank holds experts [ep_rank * El, (ep_rank + 1) * El), El = E / ep. After
+ * the permute its rows are grouped by global expert, so the rows for EP
+ * rank j are one contiguous run; the forward sends the per-expert counts
+ * first (an all-to-all of El counts to each rank), then the rows
+ * (all-to-all(v)), runs its experts over what arrived (one grouped product
+ * per source rank's block, whose sizes are that rank's counts) and sends
+ * the results back the same way; the backward sends the output gradients
+ * there and the input gradients back. A rank may receive no rows at all:
+ * it still takes part in every exchange, with zero counts, and computes
+ * nothing. Under TP the router runs on every row on every TP rank (its
+ * weights and their gradients stay replicated), each TP rank dispatches
+ * only its near-even share of the rows (so the EP group's members all hold
+ * different tokens), and the combined rows, the input gradients of the
+ * routed path and the routing-weight gradients are all-gathered over the
+ * TP group; the shared expert runs replicated on every row. A capacity
+ * factor keeps the first choices in token order over all rows, which no
+ * TP rank sees alone: it is refused under TP. */
 #include "model/kind.h"
 
 #include "base/log.h"
 #include "model/arch.h"
+#include "model/model_int.h"
 
 #include <limits.h>
 #include <math.h>
@@ -102,10 +119,11 @@ static bt_status_t moe_validate(const model_config_t *c, int tp)
     X_REQUIRE(isfinite(e->capacity_factor) && e->capacity_factor >= 0,
               "model config: capacity_factor=%g must be a finite number >= 0 (0: dropless)",
               e->capacity_factor);
-    X_REQUIRE(tp == 1,
-              "model: tp_size=%d, but %s's routed experts are not split over tensor "
-              "parallelism: parallel.tp must be 1 (expert parallelism is not built yet)",
-              tp, model_arch_name(c->arch));
+    X_REQUIRE(tp == 1 || e->capacity_factor == 0,
+              "model: capacity_factor=%g under tp_size=%d: a capacity keeps each expert's first "
+              "choices in token order over all rows, but under tensor parallelism each TP rank "
+              "dispatches only its share of them; use parallel.tp: 1 or capacity_factor 0",
+              e->capacity_factor, tp);
 #undef X_REQUIRE
     return BT_OK;
 }
@@ -124,12 +142,15 @@ static void moe_layout(model_layout_t *lb, const model_config_t *c, const char *
         sub->ix[slot] = model_layout_add_nd(lb, n, ndim, shape, -1, 1);                            \
     } while (0)
     ADD(X_ROUTER, 2, ((int64_t[]){E, C}), "%s.%s.weight", prefix, a->moe_router);
-    ADD(X_GATE, 3, ((int64_t[]){E, F, C}), "%s.experts.%c.%s.weight", prefix, MODEL_STACK_MARK,
-        a->expert_proj[0]);
-    ADD(X_UP, 3, ((int64_t[]){E, F, C}), "%s.experts.%c.%s.weight", prefix, MODEL_STACK_MARK,
-        a->expert_proj[1]);
-    ADD(X_DOWN, 3, ((int64_t[]){E, C, F}), "%s.experts.%c.%s.weight", prefix, MODEL_STACK_MARK,
-        a->expert_proj[2]);
+#define ADD_EXPERTS(slot, shape, proj)                                                             \
+    do {                                                                                           \
+        snprintf(n, sizeof n, "%s.experts.%c.%s.weight", prefix, MODEL_STACK_MARK, proj);         \
+        sub->ix[slot] = model_layout_add_experts(lb, n, 3, shape);                                 \
+    } while (0)
+    ADD_EXPERTS(X_GATE, ((int64_t[]){E, F, C}), a->expert_proj[0]);
+    ADD_EXPERTS(X_UP, ((int64_t[]){E, F, C}), a->expert_proj[1]);
+    ADD_EXPERTS(X_DOWN, ((int64_t[]){E, C, F}), a->expert_proj[2]);
+#undef ADD_EXPERTS
     if (Fs > 0) {
         if (!a->shared_expert) BT_PANIC("moe_layout: %s has no shared expert", a->hf_class);
         ADD(X_SGATE, 2, ((int64_t[]){Fs, C}), "%s.%s.gate_proj.weight", prefix, a->shared_expert);
@@ -142,12 +163,15 @@ static void moe_layout(model_layout_t *lb, const model_config_t *c, const char *
 
 /* ---- regions ------------------------------------------------------------------------- */
 
-/* saved: what the backward reads */
-enum { R_PROBS = 0, R_WEIGHTS, R_EXPERTS, R_SLOT, R_SIZES, R_ROUTED, R_XP, R_G, R_U, R_H, R_YP,
-       R_SG, R_SU, R_SH, R_SO, R_SGL, R_COUNT };
-/* scratch: the forward's logits and shared-expert product, the backward's gradients */
-enum { S_LOGITS = 0, S_TMP, S_DYP, S_DH, S_DG, S_DU, S_DXP, S_DW, S_DLOGITS, S_DSO, S_DSH, S_DSG,
-       S_DSU, S_DSGL, S_COUNT };
+/* saved: what the backward reads (R_XP: the dispatched rows without EP;
+ * R_RSIZES, R_XR: with EP, the counts and rows that arrived) */
+enum { R_PROBS = 0, R_WEIGHTS, R_EXPERTS, R_SLOT, R_SIZES, R_ROUTED, R_RSIZES, R_XP, R_XR, R_G,
+       R_U, R_H, R_YP, R_SG, R_SU, R_SH, R_SO, R_SGL, R_COUNT };
+/* scratch: the forward's logits and shared-expert product, the backward's
+ * gradients (S_XP, S_YR, S_DYR, S_DXR: the EP exchanges' other ends;
+ * S_DEXP: under TP, the routed path's input gradient before its gather) */
+enum { S_LOGITS = 0, S_TMP, S_XP, S_YR, S_DYP, S_DYR, S_DH, S_DG, S_DU, S_DXR, S_DXP, S_DW,
+       S_DLOGITS, S_DEXP, S_DSO, S_DSH, S_DSG, S_DSU, S_DSGL, S_COUNT };
 
 typedef struct {
     dtype_t dt;         /* DT_COUNT: the activation dtype */
@@ -158,8 +182,16 @@ static void moe_regions(const model_t *m, double N, region_t *saved, region_t *s
 {
     const model_moe_config_t *e = &m->cfg.moe;
     double C = (double)m->cfg.hidden_size, E = (double)e->n_experts, K = (double)e->top_k;
-    double F = (double)e->expert_ffn, Fs = (double)e->shared_ffn, M = N * K;
+    double F = (double)e->expert_ffn, Fs = (double)e->shared_ffn;
     double Ns = Fs > 0 ? N : 0; /* the shared expert's rows: none without it */
+    double tp = m->par.tp_size > 1 ? m->par.tp_size : 1, ep = m->par.ep_size > 1 ? m->par.ep_size : 1;
+    double El = E / ep;
+    /* this rank's rows (its TP share, rounded up) and their choices; with EP
+     * the most rows that can arrive: every member's choices of this rank's
+     * experts, at most min(K, El) per token */
+    double n = ceil(N / tp), M = n * K;
+    double X = ep > 1 ? ep * n * (K < El ? K : El) : 0, Rx = ep > 1 ? X : M;
+    double Np = tp > 1 ? N : 0;
     const dtype_t A = DT_COUNT;
     if (saved) {
         saved[R_PROBS] = (region_t){DT_F32, N, E};
@@ -168,10 +200,12 @@ static void moe_regions(const model_t *m, double N, region_t *saved, region_t *s
         saved[R_SLOT] = (region_t){DT_I32, N, K};
         saved[R_SIZES] = (region_t){DT_I32, 1, E};
         saved[R_ROUTED] = (region_t){DT_I32, 1, E};
-        saved[R_XP] = (region_t){A, M, C};
-        saved[R_G] = (region_t){A, M, F};
-        saved[R_U] = (region_t){A, M, F};
-        saved[R_H] = (region_t){A, M, F};
+        saved[R_RSIZES] = (region_t){DT_I32, ep > 1 ? ep : 0, El};
+        saved[R_XP] = (region_t){A, ep > 1 ? 0 : M, C};
+        saved[R_XR] = (region_t){A, X, C};
+        saved[R_G] = (region_t){A, Rx, F};
+        saved[R_U] = (region_t){A, Rx, F};
+        saved[R_H] = (region_t){A, Rx, F};
         saved[R_YP] = (region_t){A, M, C};
         saved[R_SG] = (region_t){A, Ns, Fs};
         saved[R_SU] = (region_t){A, Ns, Fs};
@@ -182,13 +216,18 @@ static void moe_regions(const model_t *m, double N, region_t *saved, region_t *s
     if (scratch) {
         scratch[S_LOGITS] = (region_t){A, N, E};
         scratch[S_TMP] = (region_t){A, Ns, C};
+        scratch[S_XP] = (region_t){A, ep > 1 ? M : 0, C};
+        scratch[S_YR] = (region_t){A, X, C};
         scratch[S_DYP] = (region_t){A, M, C};
-        scratch[S_DH] = (region_t){A, M, F};
-        scratch[S_DG] = (region_t){A, M, F};
-        scratch[S_DU] = (region_t){A, M, F};
+        scratch[S_DYR] = (region_t){A, X, C};
+        scratch[S_DH] = (region_t){A, Rx, F};
+        scratch[S_DG] = (region_t){A, Rx, F};
+        scratch[S_DU] = (region_t){A, Rx, F};
+        scratch[S_DXR] = (region_t){A, X, C};
         scratch[S_DXP] = (region_t){A, M, C};
         scratch[S_DW] = (region_t){DT_F32, N, K};
         scratch[S_DLOGITS] = (region_t){A, N, E};
+        scratch[S_DEXP] = (region_t){A, Np, C};
         scratch[S_DSO] = (region_t){A, Ns, C};
         scratch[S_DSH] = (region_t){A, Ns, Fs};
         scratch[S_DSG] = (region_t){A, Ns, Fs};
@@ -346,6 +385,237 @@ static bt_status_t moe_loss_end(model_run_t *r, double grad_weight, double *valu
     return st;
 }
 
+/* rows [r0, r0 + n) of the 2-D tensor t */
+static tensor_t rows_of(const tensor_t *t, int64_t r0, int64_t n)
+{
+    size_t row = (size_t)t->shape[1] * dtype_size(t->dtype);
+    return tensor_make((char *)t->data + (size_t)r0 * row, t->dtype, t->device, 2,
+                       (int64_t[]){n, t->shape[1]});
+}
+
+/* This TP rank's rows [*n0, *n0 + *n) of the N (all of them without TP). */
+static void my_rows(const model_t *m, int64_t N, int64_t *n0, int64_t *n)
+{
+    *n0 = 0;
+    *n = N;
+    if (m->par.tp_size > 1) model_vocab_split(N, m->par.tp_size, m->par.tp_rank, n0, n);
+}
+
+static void layer_fail(const model_t *m, const char *coll, const char *what, int layer,
+                       bt_status_t st)
+{
+    bool ep = !strcmp(coll, "EP all-to-all");
+    log_error("model: %s of %s in layer %d failed (%s rank %d of %d): %s", coll, what, layer,
+              ep ? "EP" : "TP", ep ? m->par.ep_rank : m->par.tp_rank,
+              ep ? m->par.ep_size : m->par.tp_size, bt_status_str(st));
+}
+
+/* t[N, cols]: every TP rank's rows (my_rows) gathered into place over the
+ * TP group, staged through host memory when the collective cannot take
+ * the device's. */
+static bt_status_t tp_gather_rows(model_t *m, tensor_t *t, const char *what, int layer)
+{
+    int tp = m->par.tp_size;
+    int64_t N = t->shape[0], cols = t->shape[1], n0, n;
+    size_t es = dtype_size(t->dtype), *counts = malloc((size_t)tp * sizeof *counts);
+    if (!counts) return BT_ERR_NOMEM;
+    for (int r = 0; r < tp; r++) {
+        int64_t a, c;
+        model_vocab_split(N, tp, r, &a, &c);
+        counts[r] = (size_t)(c * cols);
+    }
+    my_rows(m, N, &n0, &n);
+    coll_comm_t *comm = m->par.tp_comm;
+    bt_status_t st = kern_stream_sync(m->stream);
+    if (st == BT_OK && model_coll_direct(m, comm)) {
+        st = coll_all_gather(comm, t->data, (char *)t->data + (size_t)(n0 * cols) * es, counts,
+                             t->dtype);
+    } else if (st == BT_OK) {
+        char *h;
+        if ((st = model_host_buf(m, tensor_nbytes(t), (void **)&h)) == BT_OK) {
+            tensor_t mine = rows_of(t, n0, n);
+            if (n > 0) kern_download(m->stream, h + (size_t)(n0 * cols) * es, &mine);
+            if ((st = kern_stream_sync(m->stream)) == BT_OK &&
+                (st = coll_all_gather(comm, h, h + (size_t)(n0 * cols) * es, counts, t->dtype)) ==
+                    BT_OK) {
+                kern_upload(m->stream, t, h);
+                st = kern_stream_sync(m->stream);
+            }
+        }
+    }
+    free(counts);
+    if (st != BT_OK) layer_fail(m, "TP all-gather", what, layer, st);
+    return st;
+}
+
+/* With EP: the per-expert counts of the dispatch (sizes[E], this rank's
+ * rows for every global expert) and what the other members send this
+ * rank's experts (rsizes[ep, El]); in rows, send[j] for EP rank j and
+ * recv[j] from it. exchange: the forward's count all-to-all, which writes
+ * rsizes; else (the backward) both are read back as the forward left them. */
+static bt_status_t ep_counts(model_t *m, const tensor_t *sizes, tensor_t *rsizes, bool exchange,
+                             int64_t *send, int64_t *recv, int layer)
+{
+    int ep = m->par.ep_size;
+    int64_t E = m->cfg.moe.n_experts, El = E / ep;
+    int32_t *h = malloc((size_t)(2 * E) * sizeof *h);
+    size_t *cnt = malloc((size_t)ep * sizeof *cnt);
+    bt_status_t st = BT_ERR_NOMEM;
+    if (!h || !cnt) goto out;
+    kern_download(m->stream, h, sizes);
+    if (!exchange) kern_download(m->stream, h + E, rsizes);
+    if ((st = kern_stream_sync(m->stream)) != BT_OK) goto out;
+    if (exchange) {
+        for (int j = 0; j < ep; j++) cnt[j] = (size_t)El;
+        if ((st = coll_all_to_all(m->par.ep_comm, h + E, cnt, h, cnt, DT_I32)) != BT_OK) {
+            layer_fail(m, "EP all-to-all", "the token counts", layer, st);
+            goto out;
+        }
+        kern_upload(m->stream, rsizes, h + E);
+        if ((st = kern_stream_sync(m->stream)) != BT_OK) goto out;
+    }
+    for (int j = 0; j < ep; j++) {
+        send[j] = recv[j] = 0;
+        for (int64_t k = 0; k < El; k++) {
+            send[j] += h[j * El + k];
+            recv[j] += h[E + j * El + k];
+        }
+    }
+out:
+    free(cnt);
+    free(h);
+    return st;
+}
+
+/* dst's rows from every EP rank (recv[j] rows from rank j, in rank order)
+ * = what each sends of its src (send[j] of its rows to rank j, in rank
+ * order): one all-to-all(v), staged through host memory when the
+ * collective cannot take the device's. */
+static bt_status_t ep_exchange(model_t *m, const tensor_t *src, const int64_t *send,
+                               tensor_t *dst, const int64_t *recv, const char *what, int layer)
+{
+    int ep = m->par.ep_size;
+    int64_t C = src->shape[1], ns = 0, nr = 0;
+    size_t es = dtype_size(src->dtype), *sc = malloc((size_t)(2 * ep) * sizeof *sc), *rc = sc + ep;
+    if (!sc) return BT_ERR_NOMEM;
+    for (int j = 0; j < ep; j++) {
+        sc[j] = (size_t)(send[j] * C);
+        rc[j] = (size_t)(recv[j] * C);
+        ns += send[j];
+        nr += recv[j];
+    }
+    coll_comm_t *comm = m->par.ep_comm;
+    bt_status_t st = kern_stream_sync(m->stream);
+    if (st == BT_OK && model_coll_direct(m, comm)) {
+        st = coll_all_to_all(comm, dst->data, rc, src->data, sc, src->dtype);
+    } else if (st == BT_OK) {
+        size_t sb = model_align((size_t)(ns * C) * es);
+        char *h;
+        if ((st = model_host_buf(m, sb + (size_t)(nr * C) * es + 1, (void **)&h)) == BT_OK) {
+            tensor_t a = rows_of(src, 0, ns), b = rows_of(dst, 0, nr);
+            if (ns > 0) kern_download(m->stream, h, &a);
+            if ((st = kern_stream_sync(m->stream)) == BT_OK &&
+                (st = coll_all_to_all(comm, h + sb, rc, h, sc, src->dtype)) == BT_OK && nr > 0) {
+                kern_upload(m->stream, &b, h + sb);
+                st = kern_stream_sync(m->stream);
+            }
+        }
+    }
+    free(sc);
+    if (st != BT_OK) layer_fail(m, "EP all-to-all", what, layer, st);
+    return st;
+}
+
+/* The rows the experts run on, in blocks that each hold whole groups: one
+ * block of this rank's dispatch (sizes[E]) without EP; with EP one block
+ * per source rank, its rows grouped by this rank's El experts with that
+ * rank's counts (a row of rsizes). */
+#define MOE_MAX_BLOCKS MODEL_MAX_EP
+typedef struct {
+    int      n;
+    int64_t  rows[MOE_MAX_BLOCKS];
+    tensor_t sizes[MOE_MAX_BLOCKS];
+} blocks_t;
+
+static int64_t blocks_make(const model_t *m, const tensor_t *sizes, const tensor_t *rsizes,
+                           const int64_t *recv, int64_t own, blocks_t *b)
+{
+    int ep = m->par.ep_size;
+    if (ep <= 1) {
+        b->n = 1;
+        b->rows[0] = own;
+        b->sizes[0] = *sizes;
+        return own;
+    }
+    int64_t El = m->cfg.moe.n_experts / ep, total = 0;
+    b->n = ep;
+    for (int j = 0; j < ep; j++) {
+        b->rows[j] = recv[j];
+        b->sizes[j] = tensor_make((int32_t *)rsizes->data + j * El, DT_I32, rsizes->device, 1, &El);
+        total += recv[j];
+    }
+    return total;
+}
+
+static void experts_fwd(model_run_t *r, const model_sub_t *sub, const blocks_t *b,
+                        const tensor_t *x, tensor_t *g, tensor_t *u, tensor_t *h, tensor_t *y)
+{
+    model_t *m = r->m;
+    const tensor_t *wg = model_sub_param(m, sub, X_GATE), *wu = model_sub_param(m, sub, X_UP),
+                   *wd = model_sub_param(m, sub, X_DOWN);
+    int64_t at = 0;
+    for (int j = 0; j < b->n; at += b->rows[j], j++) {
+        if (!b->rows[j]) continue;
+        tensor_t xj = rows_of(x, at, b->rows[j]), gj = rows_of(g, at, b->rows[j]),
+                 uj = rows_of(u, at, b->rows[j]);
+        kern_grouped_linear_fwd(r->s, &gj, &xj, wg, &b->sizes[j]);
+        kern_grouped_linear_fwd(r->s, &uj, &xj, wu, &b->sizes[j]);
+    }
+    if (at == 0) return;
+    kern_swiglu_fwd(r->s, h, g, u);
+    at = 0;
+    for (int j = 0; j < b->n; at += b->rows[j], j++) {
+        if (!b->rows[j]) continue;
+        tensor_t hj = rows_of(h, at, b->rows[j]), yj = rows_of(y, at, b->rows[j]);
+        kern_grouped_linear_fwd(r->s, &yj, &hj, wd, &b->sizes[j]);
+    }
+}
+
+/* dx (overwritten) from dy through the experts; their weights' gradients accumulate. */
+static void experts_bwd(model_run_t *r, const model_sub_t *sub, const blocks_t *b,
+                        const tensor_t *x, const tensor_t *g, const tensor_t *u, const tensor_t *h,
+                        const tensor_t *dy, tensor_t *dh, tensor_t *dg, tensor_t *du, tensor_t *dx)
+{
+    model_t *m = r->m;
+    kern_stream_t *s = r->s;
+    int64_t total = 0;
+    for (int j = 0; j < b->n; j++) total += b->rows[j];
+    if (total == 0) return;
+    kern_zero(s, dh);
+    int64_t at = 0;
+    for (int j = 0; j < b->n; at += b->rows[j], j++) {
+        if (!b->rows[j]) continue;
+        tensor_t dyj = rows_of(dy, at, b->rows[j]), hj = rows_of(h, at, b->rows[j]),
+                 dhj = rows_of(dh, at, b->rows[j]);
+        kern_grouped_linear_bwd(s, &dhj, model_sub_grad(m, sub, X_DOWN), &dyj, &hj,
+                                model_sub_param(m, sub, X_DOWN), &b->sizes[j]);
+    }
+    kern_zero(s, dg);
+    kern_zero(s, du);
+    kern_swiglu_bwd(s, dg, du, dh, g, u);
+    kern_zero(s, dx);
+    at = 0;
+    for (int j = 0; j < b->n; at += b->rows[j], j++) {
+        if (!b->rows[j]) continue;
+        tensor_t dgj = rows_of(dg, at, b->rows[j]), duj = rows_of(du, at, b->rows[j]),
+                 xj = rows_of(x, at, b->rows[j]), dxj = rows_of(dx, at, b->rows[j]);
+        kern_grouped_linear_bwd(s, &dxj, model_sub_grad(m, sub, X_GATE), &dgj, &xj,
+                                model_sub_param(m, sub, X_GATE), &b->sizes[j]);
+        kern_grouped_linear_bwd(s, &dxj, model_sub_grad(m, sub, X_UP), &duj, &xj,
+                                model_sub_param(m, sub, X_UP), &b->sizes[j]);
+    }
+}
+
 static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *saved,
                                const tensor_t *ln, tensor_t *y)
 {
@@ -353,6 +623,8 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
     kern_stream_t *s = r->s;
     const model_moe_config_t *e = &m->cfg.moe;
     int64_t N = r->N, K = e->top_k, E = e->n_experts;
+    int ep = m->par.ep_size;
+    bt_status_t st;
     if ((double)N * (double)K > (double)INT32_MAX) {
         log_error("model: layer %d routes %lld tokens x %lld experts, more choices than an i32 "
                   "slot holds; use smaller microbatches", sub->layer, (long long)N, (long long)K);
@@ -361,7 +633,7 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
     tensor_t v[R_COUNT], sc[S_COUNT];
     saved_views(r, saved, v);
     scratch_views(r, sc);
-    /* route */
+    /* route: every row, on every TP rank alike */
     kern_linear_fwd(s, &sc[S_LOGITS], ln, model_sub_param(m, sub, X_ROUTER), NULL);
     kern_moe_route_fwd(s, &v[R_WEIGHTS], &v[R_EXPERTS], &v[R_PROBS], &sc[S_LOGITS], e->norm_topk);
     if (e->aux_loss_coef > 0) {
@@ -369,7 +641,17 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         shared_views(m, r->shared, sh);
         kern_moe_route_stats(s, &sh[SH_COUNTS], &sh[SH_PSUM], &v[R_PROBS], &v[R_EXPERTS]);
     }
-    /* dispatch */
+    int k = 0; /* this layer's place among the stage's sparse layers: its load */
+    while (k < m->n_subs && &m->subs[k] != sub) k++;
+    int li = 0;
+    for (int i = 0; i < k; i++) li += m->subs[i].kind == &model_kind_moe;
+    if (r->training && k < m->n_subs && li < m->n_moe) {
+        tensor_t load = model_moe_load_view(m, li, 0), scratch = model_moe_load_view(m, li, 1);
+        kern_moe_route_stats(s, &load, &scratch, &v[R_PROBS], &v[R_EXPERTS]);
+    }
+    /* dispatch this rank's rows */
+    int64_t n0, n;
+    my_rows(m, N, &n0, &n);
     int64_t cap = -1;
     if (e->capacity_factor > 0) {
         double c = ceil(e->capacity_factor * (double)N * (double)K / (double)E);
@@ -377,24 +659,54 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
     }
     tensor_t sizes = tensor_make(v[R_SIZES].data, DT_I32, m->place.dev, 1, &E);
     tensor_t routed = tensor_make(v[R_ROUTED].data, DT_I32, m->place.dev, 1, &E);
-    kern_moe_permute_fwd(s, &v[R_XP], &v[R_SLOT], &sizes, &routed, ln, &v[R_EXPERTS], cap);
+    tensor_t xp = rows_of(ep > 1 ? &sc[S_XP] : &v[R_XP], 0, n * K);
+    tensor_t slot = rows_of(&v[R_SLOT], n0, n);
+    if (n > 0) {
+        tensor_t lnr = rows_of(ln, n0, n), ex = rows_of(&v[R_EXPERTS], n0, n);
+        kern_moe_permute_fwd(s, &xp, &slot, &sizes, &routed, &lnr, &ex, cap);
+    } else {
+        kern_zero(s, &sizes);
+        kern_zero(s, &routed);
+    }
     if (cap >= 0) { /* count what the capacity dropped */
         int32_t *h = malloc((size_t)(2 * E) * sizeof *h);
         if (!h) return BT_ERR_NOMEM;
         kern_download(s, h, &sizes);
         kern_download(s, h + E, &routed);
-        bt_status_t st = kern_stream_sync(s);
+        st = kern_stream_sync(s);
         for (int64_t i = 0; st == BT_OK && i < E; i++) m->moe_dropped += h[E + i] - h[i];
         free(h);
         if (st != BT_OK) return st;
     }
-    /* the experts */
-    kern_grouped_linear_fwd(s, &v[R_G], &v[R_XP], model_sub_param(m, sub, X_GATE), &sizes);
-    kern_grouped_linear_fwd(s, &v[R_U], &v[R_XP], model_sub_param(m, sub, X_UP), &sizes);
-    kern_swiglu_fwd(s, &v[R_H], &v[R_G], &v[R_U]);
-    kern_grouped_linear_fwd(s, &v[R_YP], &v[R_H], model_sub_param(m, sub, X_DOWN), &sizes);
+    /* the experts: on this rank's rows, or (EP) on what the group sent here */
+    int64_t send[MODEL_MAX_EP] = {0}, recv[MODEL_MAX_EP] = {0};
+    tensor_t yp = rows_of(&v[R_YP], 0, n * K), xin = xp, yout = yp;
+    if (ep > 1) {
+        if ((st = ep_counts(m, &sizes, &v[R_RSIZES], true, send, recv, sub->layer))) return st;
+    }
+    blocks_t b;
+    int64_t R = blocks_make(m, &sizes, &v[R_RSIZES], recv, n * K, &b);
+    if (R > v[R_G].shape[0]) BT_PANIC("moe_forward: %lld rows arrived, room for %lld",
+                                      (long long)R, (long long)v[R_G].shape[0]);
+    if (ep > 1) {
+        m->moe_rows_in += R;
+        xin = rows_of(&v[R_XR], 0, R);
+        yout = rows_of(&sc[S_YR], 0, R);
+        if ((st = ep_exchange(m, &xp, send, &xin, recv, "the routed tokens", sub->layer))) return st;
+    }
+    tensor_t g = rows_of(&v[R_G], 0, R), u = rows_of(&v[R_U], 0, R), h = rows_of(&v[R_H], 0, R);
+    experts_fwd(r, sub, &b, &xin, &g, &u, &h, &yout);
+    if (ep > 1 &&
+        (st = ep_exchange(m, &yout, recv, &yp, send, "the experts' outputs", sub->layer)))
+        return st;
     /* combine */
-    kern_moe_combine_fwd(s, y, &v[R_YP], &v[R_SLOT], &v[R_WEIGHTS]);
+    if (m->par.tp_size <= 1) {
+        kern_moe_combine_fwd(s, y, &yp, &v[R_SLOT], &v[R_WEIGHTS]);
+    } else {
+        tensor_t yr = rows_of(y, n0, n), w = rows_of(&v[R_WEIGHTS], n0, n);
+        if (n > 0) kern_moe_combine_fwd(s, &yr, &yp, &slot, &w);
+        if ((st = tp_gather_rows(m, y, "the experts' output", sub->layer))) return st;
+    }
     if (e->shared_ffn > 0) {
         kern_linear_fwd(s, &v[R_SG], ln, model_sub_param(m, sub, X_SGATE), NULL);
         kern_linear_fwd(s, &v[R_SU], ln, model_sub_param(m, sub, X_SUP), NULL);
@@ -413,7 +725,10 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
     model_t *m = r->m;
     kern_stream_t *s = r->s;
     const model_moe_config_t *e = &m->cfg.moe;
-    int64_t E = e->n_experts;
+    int64_t E = e->n_experts, K = e->top_k;
+    int ep = m->par.ep_size;
+    bool tp = m->par.tp_size > 1;
+    bt_status_t st;
     tensor_t v[R_COUNT], d[S_COUNT];
     saved_views(r, saved, v);
     scratch_views(r, d);
@@ -436,22 +751,54 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
         kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_SHGATE), NULL, &d[S_DSGL], ln,
                         model_sub_param(m, sub, X_SHGATE));
     }
-    /* combine, the experts, dispatch */
-    kern_zero(s, &d[S_DYP]);
+    /* combine, on this rank's rows */
+    int64_t n0, n;
+    my_rows(m, r->N, &n0, &n);
+    tensor_t yp = rows_of(&v[R_YP], 0, n * K), dyp = rows_of(&d[S_DYP], 0, n * K),
+             dxp = rows_of(&d[S_DXP], 0, n * K), slot = rows_of(&v[R_SLOT], n0, n);
     kern_zero(s, &d[S_DW]);
-    kern_moe_combine_bwd(s, &d[S_DYP], &d[S_DW], dy, &v[R_YP], &v[R_SLOT], &v[R_WEIGHTS]);
-    kern_zero(s, &d[S_DH]);
-    kern_grouped_linear_bwd(s, &d[S_DH], model_sub_grad(m, sub, X_DOWN), &d[S_DYP], &v[R_H],
-                            model_sub_param(m, sub, X_DOWN), &sizes);
-    kern_zero(s, &d[S_DG]);
-    kern_zero(s, &d[S_DU]);
-    kern_swiglu_bwd(s, &d[S_DG], &d[S_DU], &d[S_DH], &v[R_G], &v[R_U]);
-    kern_zero(s, &d[S_DXP]);
-    kern_grouped_linear_bwd(s, &d[S_DXP], model_sub_grad(m, sub, X_GATE), &d[S_DG], &v[R_XP],
-                            model_sub_param(m, sub, X_GATE), &sizes);
-    kern_grouped_linear_bwd(s, &d[S_DXP], model_sub_grad(m, sub, X_UP), &d[S_DU], &v[R_XP],
-                            model_sub_param(m, sub, X_UP), &sizes);
-    kern_moe_permute_bwd(s, dln, &d[S_DXP], &v[R_SLOT]);
+    if (n > 0) {
+        tensor_t dyr = rows_of(dy, n0, n), w = rows_of(&v[R_WEIGHTS], n0, n),
+                 dw = rows_of(&d[S_DW], n0, n);
+        kern_zero(s, &dyp);
+        kern_moe_combine_bwd(s, &dyp, &dw, &dyr, &yp, &slot, &w);
+    }
+    /* the experts, where the forward ran them */
+    int64_t send[MODEL_MAX_EP] = {0}, recv[MODEL_MAX_EP] = {0};
+    if (ep > 1 && (st = ep_counts(m, &sizes, &v[R_RSIZES], false, send, recv, sub->layer)))
+        return st;
+    blocks_t b;
+    int64_t R = blocks_make(m, &sizes, &v[R_RSIZES], recv, n * K, &b);
+    tensor_t xin = rows_of(&v[R_XP], 0, R), dyin = dyp, dxin = dxp;
+    if (ep > 1) {
+        xin = rows_of(&v[R_XR], 0, R);
+        dyin = rows_of(&d[S_DYR], 0, R);
+        dxin = rows_of(&d[S_DXR], 0, R);
+        if ((st = ep_exchange(m, &dyp, send, &dyin, recv, "the experts' output gradients",
+                              sub->layer)))
+            return st;
+    }
+    tensor_t g = rows_of(&v[R_G], 0, R), u = rows_of(&v[R_U], 0, R), h = rows_of(&v[R_H], 0, R),
+             dh = rows_of(&d[S_DH], 0, R), dg = rows_of(&d[S_DG], 0, R),
+             du = rows_of(&d[S_DU], 0, R);
+    experts_bwd(r, sub, &b, &xin, &g, &u, &h, &dyin, &dh, &dg, &du, &dxin);
+    if (ep > 1 && (st = ep_exchange(m, &dxin, recv, &dxp, send, "the routed tokens' gradients",
+                                    sub->layer)))
+        return st;
+    /* dispatch: back to this rank's rows, then (TP) to every row */
+    if (!tp) {
+        if (n > 0) kern_moe_permute_bwd(s, dln, &dxp, &v[R_SLOT]);
+    } else {
+        tensor_t mine = rows_of(&d[S_DEXP], n0, n), dw = d[S_DW];
+        if (n > 0) {
+            kern_zero(s, &mine);
+            kern_moe_permute_bwd(s, &mine, &dxp, &slot);
+        }
+        if ((st = tp_gather_rows(m, &d[S_DEXP], "the routed input gradient", sub->layer)) ||
+            (st = tp_gather_rows(m, &dw, "the routing weights' gradient", sub->layer)))
+            return st;
+        kern_add(s, dln, dln, &d[S_DEXP]);
+    }
     /* the router: its weights' gradient and the load-balancing loss's */
     tensor_t sh[SH_COUNT];
     if (e->aux_loss_coef > 0) shared_views(m, r->shared, sh);

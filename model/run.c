@@ -644,6 +644,7 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
     tensor_t pos, ones;
     model_run_t r = run_ctx(m, a, b->B, b->T, &pos, &ones);
     r.pos0 = a->decode ? pos0 : 0;
+    r.training = dloss > 0;
     kern_upload(s, &pos, a->h_pos);
     a->cb = b->B;
     a->ct = b->T;

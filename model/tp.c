@@ -27,6 +27,30 @@ bt_status_t model_parallel_validate(const model_config_t *c, const model_paralle
         log_error("model: tensor-parallel tp_rank=%d outside tp_size=%d", par->tp_rank, tp);
         return BT_ERR_INVALID;
     }
+    int ep = par->ep_size > 1 ? par->ep_size : 1;
+    if (ep > 1) {
+        bool moe = false;
+        for (int64_t l = 0; l < c->num_layers && !moe; l++) moe = c->blocks[l].ffn == MODEL_FFN_MOE;
+        if (!moe) {
+            log_error("model: ep_size=%d, but the model has no routed experts to split", ep);
+            return BT_ERR_INVALID;
+        }
+        if (c->moe.n_experts % ep) {
+            log_error("model: ep_size=%d does not divide the %lld routed experts", ep,
+                      (long long)c->moe.n_experts);
+            return BT_ERR_INVALID;
+        }
+        if (ep > MODEL_MAX_EP) {
+            log_error("model: ep_size=%d; at most %d", ep, MODEL_MAX_EP);
+            return BT_ERR_INVALID;
+        }
+        if (par->ep_rank < 0 || par->ep_rank >= ep || !par->ep_comm ||
+            par->ep_comm->size != ep || par->ep_comm->rank != par->ep_rank) {
+            log_error("model: expert-parallel rank %d of ep_size=%d needs an ep_comm of that rank "
+                      "and size (%s)", par->ep_rank, ep, par->ep_comm ? "mismatched" : "NULL given");
+            return BT_ERR_INVALID;
+        }
+    }
     if (tp == 1) return BT_OK;
     if (!par->tp_comm) {
         log_error("model: tp_size=%d needs a tp_comm (NULL given)", tp);
@@ -107,15 +131,24 @@ double model_grads_sumsq_unique(const model_t *m)
     if (!m->grad_mem) return 0.0;
     double s = 0.0;
     for (int i = 0; i < m->n_params; i++)
-        if (m->params[i].spec.group != SHARD_GROUP_NONE || m->par.tp_rank == 0)
-            s += kern_sumsq(m->stream, &m->grads[i].t);
+        if (model_param_counted(m, i)) s += kern_sumsq(m->stream, &m->grads[i].t);
     return s;
+}
+
+bool model_param_counted(const model_t *m, int i)
+{
+    const shard_spec_t *sp = &m->params[i].spec;
+    if (MODEL_PARAM_IS_EXPERT(sp)) return m->par.edp_rank == 0;
+    return sp->group != SHARD_GROUP_NONE || m->par.tp_rank == 0;
 }
 
 bt_status_t model_param_gather(const model_t *m, int i, bool grad, float *full)
 {
     const model_param_t *p = &m->params[i];
-    int tp = m->par.tp_size;
+    bool expert = MODEL_PARAM_IS_EXPERT(&p->spec);
+    int tp = expert ? m->par.ep_size : m->par.tp_size;
+    coll_comm_t *comm = expert ? m->par.ep_comm : m->par.tp_comm;
+    shard_group_t group = expert ? SHARD_GROUP_EP : SHARD_GROUP_TP;
     int64_t n = tensor_numel(&p->t);
     if (tp == 1 || p->spec.group == SHARD_GROUP_NONE) return model_param_read(m, i, grad, full);
     float *mine = malloc((size_t)n * sizeof *mine);
@@ -127,13 +160,13 @@ bt_status_t model_param_gather(const model_t *m, int i, bool grad, float *full)
     shard_spec_t whole = shard_whole(p->spec.ndim, p->spec.global), piece[64];
     if (tp > 64) BT_PANIC("model_param_gather: tp_size %d > 64", tp);
     for (int r = 0; r < tp; r++) {
-        piece[r] = shard_split(&whole, p->spec.split_dim, SHARD_GROUP_TP, r, tp, p->spec.unit);
+        piece[r] = shard_split(&whole, p->spec.split_dim, group, r, tp, p->spec.unit);
         counts[r] = (size_t)shard_numel(&piece[r]);
     }
-    st = coll_all_gather(m->par.tp_comm, all, mine, counts, DT_F32);
+    st = coll_all_gather(comm, all, mine, counts, DT_F32);
     if (st != BT_OK) {
-        log_error("model: TP all-gather of %s%s failed: %s", grad ? "the gradient of " : "",
-                  p->name, bt_status_str(st));
+        log_error("model: %s all-gather of %s%s failed: %s", expert ? "EP" : "TP",
+                  grad ? "the gradient of " : "", p->name, bt_status_str(st));
         goto out;
     }
     const float *blk = all;

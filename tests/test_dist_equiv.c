@@ -19,21 +19,15 @@
  * Fixture: a random-init Llama (4 layers, hidden 64, vocab 256, 4 heads, 2
  * KV heads), seq 16, micro_batch 2, on a synthetic token stream. */
 #include <errno.h>
-#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt/hf.h"
-#include "model/model.h"
+#include "tests/helpers/equiv.h"
 #include "tests/test.h"
 
 static char dir[256];
-
-static const char *baton(void)
-{
-    const char *b = getenv("BATON");
-    return b && *b ? b : "build/baton";
-}
 
 static int fixture(void)
 {
@@ -70,95 +64,20 @@ static int fixture(void)
  * threads per process (0: baton's default share); returns the exit status. */
 static int run_threads(const char *name, const char *sets, int threads)
 {
-    char cmd[2048], env[64] = "";
-    if (threads > 0) snprintf(env, sizeof env, "BATON_CPU_THREADS=%d ", threads);
-    snprintf(cmd, sizeof cmd,
-             "mkdir -p %s/%s && %s%s run %s/job.yaml --quiet %s --set metrics.file=%s/%s/m.jsonl "
-             "--set export.dir=%s/%s/ck > %s/%s/log 2>&1",
-             dir, name, env, baton(), dir, sets, dir, name, dir, name, dir, name);
-    int rc = system(cmd);
-    if (rc != 0) {
-        fprintf(stderr, "%s failed (status %d); its log:\n", name, rc);
-        snprintf(cmd, sizeof cmd, "tail -20 %s/%s/log >&2", dir, name);
-        if (system(cmd)) {}
-    }
-    return rc;
+    char job[300];
+    snprintf(job, sizeof job, "%s/job.yaml", dir);
+    return test_equiv_run(dir, job, name, sets, threads);
 }
 
 static int run(const char *name, const char *sets) { return run_threads(name, sets, 0); }
 
-/* The values of `key` in the metrics lines of run `name`. */
-static int losses(const char *name, const char *key, double *out, int max)
-{
-    char p[512], line[4096];
-    snprintf(p, sizeof p, "%s/%s/m.jsonl", dir, name);
-    FILE *f = fopen(p, "r");
-    if (!f) return -1;
-    int n = 0;
-    while (n < max && fgets(line, sizeof line, f)) {
-        json_t *j = json_loads(line, 0, NULL);
-        json_t *l = j ? json_object_get(j, key) : NULL;
-        if (l && json_is_number(l)) out[n++] = json_number_value(l);
-        json_decref(j);
-    }
-    fclose(f);
-    return n;
-}
+typedef test_equiv_diff_t diff_t;
 
-typedef struct {
-    double loss_rel, val_rel, param_abs;
-} diff_t;
-
-/* The largest relative difference between the `key` values of runs name
- * and ref, of which there must be `want` each: -1 when there are not. */
-static int max_rel_diff(const char *name, const char *ref, const char *key, int want, double *out)
-{
-    double a[16], b[16];
-    int na = losses(name, key, a, 16), nb = losses(ref, key, b, 16);
-    if (na != want || nb != want) {
-        fprintf(stderr, "%s: %d %s values, reference %d (want %d)\n", name, na, key, nb, want);
-        return -1;
-    }
-    *out = 0;
-    for (int i = 0; i < want; i++) {
-        double r = fabs(a[i] - b[i]) / fabs(b[i]);
-        if (r > *out) *out = r;
-    }
-    return 0;
-}
-
-/* Compare run `name` against run `ref`: -1 when something is missing. */
+/* Compare run `name` against run `ref` (5 steps, validation after steps
+ * 2, 4 and 5): -1 when something is missing. */
 static int compare(const char *name, const char *ref, diff_t *d)
 {
-    if (max_rel_diff(name, ref, "loss", 5, &d->loss_rel) != 0) return -1;
-    /* validation after steps 2, 4 and 5 (eval_every 2, and the end) */
-    if (max_rel_diff(name, ref, "val_loss", 3, &d->val_rel) != 0) return -1;
-    char pa[512], pb[512];
-    snprintf(pa, sizeof pa, "%s/%s/ck", dir, name);
-    snprintf(pb, sizeof pb, "%s/%s/ck", dir, ref);
-    model_t *ma = NULL, *mb = NULL;
-    if (ckpt_hf_load(pa, NULL, &ma) || ckpt_hf_load(pb, NULL, &mb)) {
-        model_destroy(ma);
-        return -1;
-    }
-    int bad = ma->n_params != mb->n_params;
-    d->param_abs = 0;
-    for (int i = 0; i < ma->n_params && !bad; i++) {
-        int j = model_param_find(mb, ma->params[i].name);
-        if (j < 0 || tensor_numel(&ma->params[i].t) != tensor_numel(&mb->params[j].t)) {
-            bad = 1;
-            break;
-        }
-        const float *x = ma->params[i].t.data, *y = mb->params[j].t.data;
-        for (int64_t k = 0; k < tensor_numel(&ma->params[i].t); k++) {
-            double e = fabs((double)x[k] - (double)y[k]);
-            if (e > d->param_abs) d->param_abs = e;
-        }
-    }
-    /* the run really trained: parameters moved away from the init */
-    model_destroy(ma);
-    model_destroy(mb);
-    return bad ? -1 : 0;
+    return test_equiv_compare(dir, name, ref, 5, 3, 0, d);
 }
 
 /* Tensor-parallel layouts run at lr 1e-3: TP sums matrix products in

@@ -203,7 +203,8 @@ static void test_moe_config_errors(void)
                    "'num_experts_per_tok' must be an integer");
     config_refused(qwen_base, "\"norm_topk_prob\": 1", BT_ERR_INVALID,
                    "'norm_topk_prob' must be true or false");
-    /* a router type the kind does not know, and tensor parallelism */
+    /* a router type the kind does not know, and a capacity under tensor
+     * parallelism (without one, TP is fine: each TP rank dispatches its rows) */
     snprintf(text, sizeof text, "{%s}", mixtral_base);
     REQUIRE(ckpt_hf_config_parse(text, strlen(text), "moe.json", &c) == BT_OK);
     test_capture_t cap;
@@ -211,12 +212,14 @@ static void test_moe_config_errors(void)
     c.moe.router = MODEL_ROUTER_COUNT;
     bt_status_t st = model_config_validate(&c);
     c.moe.router = MODEL_ROUTER_SOFTMAX_TOPK;
-    c.attn.num_kv_heads = 2; /* attention splits over 2 ranks; the experts do not */
+    c.attn.num_kv_heads = 2; /* attention splits over 2 ranks */
+    bt_status_t st_tp_ok = model_config_kinds_validate(&c, 2);
+    c.moe.capacity_factor = 1.5;
     bt_status_t st_tp = model_config_kinds_validate(&c, 2);
     char *msg = test_capture_end(&cap);
-    CHECK(st == BT_ERR_INVALID && st_tp == BT_ERR_INVALID);
-    CHECK_MSG(strstr(msg, "unknown router type") && strstr(msg, "tp_size=2") &&
-                  strstr(msg, "parallel.tp must be 1"),
+    CHECK(st == BT_ERR_INVALID && st_tp == BT_ERR_INVALID && st_tp_ok == BT_OK);
+    CHECK_MSG(strstr(msg, "unknown router type") && strstr(msg, "capacity_factor=1.5 under tp_size=2") &&
+                  strstr(msg, "use parallel.tp: 1 or capacity_factor 0"),
               "%s", msg);
     free(msg);
 }

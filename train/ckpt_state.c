@@ -27,6 +27,15 @@ static bool tp_stores(const model_t *m, const shard_spec_t *spec)
     return spec->group != SHARD_GROUP_NONE || m->par.tp_rank == 0;
 }
 
+/* Whether this rank stores a whole piece of a replica: dense pieces on the
+ * data-parallel replica the caller names (dp0) as above, an expert's on
+ * edp rank 0 (its replicas are the edp group, which may span TP and dp). */
+static bool replica_stores(const model_t *m, const shard_spec_t *spec, bool dp0)
+{
+    if (MODEL_PARAM_IS_EXPERT(spec)) return m->par.edp_rank == 0;
+    return dp0 && tp_stores(m, spec);
+}
+
 static bt_status_t named(ckpt_item_t *e, const char *prefix, const char *name)
 {
     int n = snprintf(e->name, sizeof e->name, "%s%s", prefix, name);
@@ -55,7 +64,7 @@ bt_status_t ckpt_items_params(ckpt_items_t *it, model_t *m, bool store, int skip
         e->s = m->stream;
         e->m = m;
         e->param = i;
-        e->store = store && i != skip && tp_stores(m, &e->spec);
+        e->store = i != skip && replica_stores(m, &e->spec, store);
     }
     return BT_OK;
 }
@@ -76,7 +85,7 @@ bt_status_t ckpt_items_optim(ckpt_items_t *it, model_t *m, const optim_t *o, boo
             e->spec = m->params[i].spec;
             e->t = k ? optim_moment2(o, i) : optim_moment1(o, i);
             e->s = m->stream;
-            e->store = store && i != skip && tp_stores(m, &e->spec);
+            e->store = i != skip && replica_stores(m, &e->spec, store);
         }
     return BT_OK;
 }

@@ -19,9 +19,14 @@
  *   - a tensor replicated over the TP group (group "none", e.g. norm
  *     weights): TP rank 0;
  *   - the tied embedding's copy on the head stage: never (the embedding
- *     stage holds the same values; both are restored from it).
- * The caller says which by the `store` flags; ckpt_items_* apply the TP and
- * tied rules themselves. */
+ *     stage holds the same values; both are restored from it);
+ *   - routed experts (split along dimension 0 over EP, keyed by the global
+ *     expert index through their shard spec): edp rank 0 of the replicas
+ *     of each piece, whatever the caller's flag says (model.h
+ *     model_parallel_t; ZeRO-1 partitions, with experts only where edp is
+ *     dp, follow the partition rule).
+ * The caller says which by the `store` flags; ckpt_items_* apply the TP,
+ * expert and tied rules themselves. */
 #ifndef BT_TRAIN_CKPT_STATE_H
 #define BT_TRAIN_CKPT_STATE_H
 

@@ -23,9 +23,13 @@ static void eval_send(data_actor_t *d)
 {
     const data_actor_config_t *c = &d->cfg;
     int64_t K = (c->eval_rows + c->B - 1) / c->B;
+    /* padded (eval_pad): as many as dp rank 0 runs, the missing ones one
+     * row with nothing scored */
+    int64_t Kp = c->eval_pad && K > 0 ? (K + c->dp - 1) / c->dp * c->dp : K;
     int j = 0;
-    for (int64_t k = c->dp_rank; k < K; k += c->dp, j++) {
-        int64_t r0 = k * c->B, rows = c->eval_rows - r0 < c->B ? c->eval_rows - r0 : c->B;
+    for (int64_t k = c->dp_rank; k < Kp; k += c->dp, j++) {
+        bool pad = k >= K;
+        int64_t r0 = pad ? 0 : k * c->B, rows = pad ? 1 : c->eval_rows - r0 < c->B ? c->eval_rows - r0 : c->B;
         int64_t shape[2] = {rows, c->T};
         actor_msg_t *out = actor_msg_new(MSG_DATA_BATCH);
         tensor_t *ids = out ? actor_msg_tensor_new(out, "tokens", DT_I32, 2, shape) : NULL;
@@ -36,7 +40,10 @@ static void eval_send(data_actor_t *d)
             return;
         }
         memcpy(ids->data, c->eval_ids + r0 * c->T, (size_t)(rows * c->T) * sizeof(int32_t));
-        memcpy(tg->data, c->eval_targets + r0 * c->T, (size_t)(rows * c->T) * sizeof(int32_t));
+        if (pad)
+            for (int64_t i = 0; i < rows * c->T; i++) ((int32_t *)tg->data)[i] = -100;
+        else
+            memcpy(tg->data, c->eval_targets + r0 * c->T, (size_t)(rows * c->T) * sizeof(int32_t));
         out->env.step = -1;
         out->env.mb = j;
         out->body.data_batch = (msg_data_batch_t){.data_pos = (uint64_t)r0, .batch = (uint32_t)rows,

@@ -43,6 +43,7 @@ typedef struct {
     actor_addr_t   stage;    /* the stage actor fed */
     const int32_t *eval_ids, *eval_targets; /* [eval_rows * T] (borrowed), or NULL */
     int64_t        eval_rows;
+    bool           eval_pad;   /* as stage_actor_config_t's: pad to dp rank 0's count */
 } data_actor_config_t;
 
 typedef struct {

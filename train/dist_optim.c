@@ -20,6 +20,11 @@ typedef struct {
     size_t   counts[1024], offs[1024]; /* ZeRO-1 shard of every dp rank (elements) */
     size_t   lo, hi;                   /* this rank's shard [lo, hi) */
     size_t   n;                        /* elements in the gradient block */
+    /* runs of the block, each of dense or of expert parameters only:
+     * [run_lo[r], run_lo[r + 1]) with run_lo[n_runs] = n */
+    int      n_runs;
+    size_t  *run_lo;
+    bool    *run_expert;
 } chunk_opt_t;
 
 struct dist_optim {
@@ -97,6 +102,26 @@ free_lists:
     return st;
 }
 
+/* The block's runs of one kind (dense, expert), padding with the run before it. */
+static bt_status_t runs_build(const model_t *m, chunk_opt_t *co)
+{
+    co->run_lo = calloc((size_t)m->n_params + 1, sizeof *co->run_lo);
+    co->run_expert = calloc((size_t)m->n_params + 1, sizeof *co->run_expert);
+    if (!co->run_lo || !co->run_expert) return BT_ERR_NOMEM;
+    co->n_runs = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        bool ex = MODEL_PARAM_IS_EXPERT(&m->params[i].spec);
+        if (co->n_runs && co->run_expert[co->n_runs - 1] == ex) continue;
+        /* in elements of the gradient block (its dtype may not be f32) */
+        size_t at = (size_t)((const char *)m->grads[i].t.data - (const char *)m->grad_mem) /
+                    dtype_size(m->place.grad_dtype);
+        co->run_lo[co->n_runs] = co->n_runs ? at : 0;
+        co->run_expert[co->n_runs++] = ex;
+    }
+    co->run_lo[co->n_runs] = co->n;
+    return BT_OK;
+}
+
 bt_status_t dist_optim_create(const dist_optim_config_t *cfg, dist_optim_t **out)
 {
     dist_optim_t *d = calloc(1, sizeof *d);
@@ -111,6 +136,8 @@ bt_status_t dist_optim_create(const dist_optim_config_t *cfg, dist_optim_t **out
     for (int c = 0; c < cfg->n_chunks && !st; c++) {
         model_t *m = cfg->chunks[c];
         d->c[c].n = m->grad_bytes / dtype_size(m->place.grad_dtype);
+        st = runs_build(m, &d->c[c]);
+        if (st) break;
         if (cfg->zero1 && cfg->dp) st = shard_optims_create(d, m, &d->c[c]);
         else st = optim_create_for_model(&cfg->optim, m, &d->c[c].full);
     }
@@ -129,6 +156,8 @@ void dist_optim_destroy(dist_optim_t *d)
         optim_destroy(d->c[c].full);
         optim_destroy(d->c[c].decay);
         optim_destroy(d->c[c].no_decay);
+        free(d->c[c].run_lo);
+        free(d->c[c].run_expert);
     }
     if (d->host && d->cfg.n_chunks) kern_host_free(d->cfg.chunks[0]->place.dev, d->host);
     free(d);
@@ -182,16 +211,23 @@ static bt_status_t dev_coll(dist_optim_t *d, coll_comm_t *comm, dc_kind_t kind, 
 
 /* Sum of squares of m's gradient elements in [lo, hi) that this rank counts
  * (the tied head copy of the embedding is never counted: its twin on the
- * embedding stage is). */
-static double chunk_sumsq(const dist_optim_t *d, int c, size_t lo, size_t hi)
+ * embedding stage is). replicas: the block is a data-parallel replica's,
+ * whose dense elements count only when dense (dp rank 0) and whose
+ * experts' only on edp rank 0; else (ZeRO-1) it is this rank's shard. */
+static double chunk_sumsq(const dist_optim_t *d, int c, size_t lo, size_t hi, bool replicas,
+                          bool dense)
 {
     const model_t *m = d->cfg.chunks[c];
     double s = 0.0;
     for (int i = 0; i < m->n_params; i++) {
         if (c == d->cfg.head_copy_chunk && !strcmp(m->params[i].name, "model.embed_tokens.weight"))
             continue;
-        /* replicated over TP: identical on every TP rank, counted on rank 0 */
-        if (m->par.tp_rank != 0 && m->params[i].spec.group == SHARD_GROUP_NONE) continue;
+        if (replicas && !MODEL_PARAM_IS_EXPERT(&m->params[i].spec) && !dense) continue;
+        /* replicated over TP: identical on every TP rank, counted on rank 0;
+         * an expert's replicas on edp rank 0 */
+        if (replicas ? !model_param_counted(m, i)
+                     : m->par.tp_rank != 0 && m->params[i].spec.group == SHARD_GROUP_NONE)
+            continue;
         size_t p0 = param_offset(m, i), p1 = p0 + (size_t)tensor_numel(&m->params[i].t);
         size_t a = p0 > lo ? p0 : lo, b = p1 < hi ? p1 : hi;
         if (a >= b) continue;
@@ -269,6 +305,28 @@ static void skip_report(const dist_optim_t *d, int64_t step, const char *bad, in
     }
 }
 
+/* A replica's gradient block summed over its groups: whole over dp, or
+ * (experts reducing elsewhere) run by run, dense runs over dp and expert
+ * runs over edp. */
+static bt_status_t replica_reduce(dist_optim_t *d, model_t *m, const chunk_opt_t *co)
+{
+    const dist_optim_config_t *c = &d->cfg;
+    dtype_t dt = m->place.grad_dtype;
+    bool split = co->n_runs > 1 && c->edp != c->dp;
+    if (!split)
+        return c->dp ? dev_coll(d, c->dp, DC_ALL_REDUCE, m, m->grad_mem, dt, co->n, NULL, 0, co->n)
+                     : BT_OK;
+    for (int r = 0; r < co->n_runs; r++) {
+        coll_comm_t *comm = co->run_expert[r] ? c->edp : c->dp;
+        size_t lo = co->run_lo[r], n = co->run_lo[r + 1] - lo;
+        if (!comm || !n) continue;
+        bt_status_t st = dev_coll(d, comm, DC_ALL_REDUCE, m, (char *)m->grad_mem + lo * dtype_size(dt),
+                                  dt, n, NULL, 0, n);
+        if (st) return st;
+    }
+    return BT_OK;
+}
+
 bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, bool loss_bad, double *grad_norm,
                             double *lr_out, bool *skipped)
 {
@@ -290,12 +348,10 @@ bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, bool loss_bad, double
             st = dev_coll(d, c->dp, DC_REDUCE_SCATTER, m, m->grad_mem, DT_F32, co->n, co->counts,
                           co->lo, co->hi);
             if (st) return st;
-            sumsq += chunk_sumsq(d, k, co->lo, co->hi);
+            sumsq += chunk_sumsq(d, k, co->lo, co->hi, false, true);
         } else {
-            if (c->dp && (st = dev_coll(d, c->dp, DC_ALL_REDUCE, m, m->grad_mem,
-                                        m->place.grad_dtype, co->n, NULL, 0, co->n)))
-                return st;
-            if (!c->dp || c->dp->rank == 0) sumsq += chunk_sumsq(d, k, 0, co->n);
+            if ((st = replica_reduce(d, m, co))) return st;
+            sumsq += chunk_sumsq(d, k, 0, co->n, true, !c->dp || c->dp->rank == 0);
         }
     }
     if (c->world && (st = coll_all_reduce(c->world, &sumsq, 1, DT_F64, COLL_SUM))) return st;

@@ -15,6 +15,14 @@
  * is skipped, data-parallel replicas count on dp rank 0 only (ZeRO-1: each
  * rank counts its shard). Clipping and AdamW are element-wise, so applying
  * them to a shard (ZeRO-1) or to a replica gives the single-process values.
+ *
+ * Routed experts (model.h MODEL_PARAM_IS_EXPERT) reduce over their own
+ * expert-data-parallel group `edp` (launch/graph.h: the ranks of a stage
+ * holding the same experts), the other parameters over dp: the gradient
+ * block is cut into runs of consecutive parameters of one kind, each
+ * all-reduced over its group, in block order. Expert replicas count on
+ * edp rank 0 only. When edp is dp (the same ranks) the block is reduced
+ * whole, as without experts.
  */
 #ifndef BT_TRAIN_DIST_OPTIM_H
 #define BT_TRAIN_DIST_OPTIM_H
@@ -38,6 +46,8 @@ typedef struct {
     coll_comm_t   *world;          /* NULL when the job has one rank */
     coll_comm_t   *dp;             /* NULL when dp == 1 */
     coll_comm_t   *emb;            /* NULL unless tied and embedding/head on two ranks */
+    coll_comm_t   *edp;            /* the experts' gradient group: dp itself, another, or NULL
+                                    * (every replica of this rank's experts is here) */
     bool           zero1;
     optim_config_t optim;
     lr_schedule_t  lr;
@@ -62,7 +72,8 @@ bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, bool loss_bad, double
 
 /* This rank's optimizer state as checkpoint items (train/ckpt_state.h):
  * without ZeRO-1 the moments of every parameter, stored by data-parallel
- * rank 0 (dp0); with it this rank's partition, always stored. The tied
+ * rank 0 (dp0; an expert's by edp rank 0); with it this rank's partition,
+ * always stored. The tied
  * head copy is never stored (its values are the embedding stage's). */
 struct ckpt_items;
 bt_status_t dist_optim_ckpt_items(const dist_optim_t *d, struct ckpt_items *it, bool dp0);

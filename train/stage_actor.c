@@ -211,7 +211,8 @@ static void pass_free(stage_pass_t *p)
 static int eval_local_mbs(const stage_actor_config_t *c)
 {
     int64_t K = (c->eval_rows + c->B - 1) / c->B;
-    return K > c->dp_rank ? (int)((K - c->dp_rank + c->dp_size - 1) / c->dp_size) : 0;
+    int d = c->eval_pad ? 0 : c->dp_rank;
+    return K > d ? (int)((K - d + c->dp_size - 1) / c->dp_size) : 0;
 }
 
 bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
@@ -277,6 +278,7 @@ void stage_actor_fini(stage_actor_t *s)
         for (int k = 0; k < s->cfg.pipe.microbatches * s->cfg.pipe.vpp; k++)
             model_acts_destroy(s->acts[k]);
     free(s->acts);
+    free(s->load);
     pass_free(&s->train);
     pass_free(&s->eval);
     export_bufs_free(s);
@@ -408,10 +410,31 @@ static bt_status_t job_op_run(void *arg)
     return st;
 }
 
+/* This step's routed-expert load of every chunk into s->load (compute
+ * thread: the counts live on the device), reset for the next step. */
+static bt_status_t load_take(stage_actor_t *s)
+{
+    int rows = 0, cols = 0;
+    for (int k = 0; k < s->cfg.pipe.vpp; k++) {
+        rows += s->cfg.chunks[k]->n_moe;
+        cols = (int)s->cfg.chunks[k]->cfg.moe.n_experts + 1;
+    }
+    s->n_load = 0;
+    if (!rows) return BT_OK;
+    if (!s->load && !(s->load = malloc((size_t)rows * (size_t)cols * sizeof *s->load)))
+        return BT_ERR_NOMEM;
+    for (int k = 0; k < s->cfg.pipe.vpp; k++)
+        s->n_load += model_moe_load_take(s->cfg.chunks[k], s->load + (size_t)s->n_load * (size_t)cols);
+    s->load_cols = cols;
+    return BT_OK;
+}
+
 static bt_status_t job_end_run(void *arg)
 {
     stage_job_t *j = arg;
     uint64_t t0 = clock_now_ns();
+    bt_status_t lst = load_take(j->s);
+    if (lst) return lst;
     /* only the last stage's tp rank 0 sums the loss (stage_on_work_done) */
     bool loss_bad = !isfinite(j->s->loss_sum);
     bt_status_t st =
@@ -430,11 +453,32 @@ static void export_bufs_free(stage_actor_t *s)
     }
 }
 
+/* Whether this rank takes part in gathering parameter i of m for the
+ * export: the exporter always; a TP shard's TP group of data-parallel
+ * replica 0; an expert tensor's EP group of edp rank 0 (the exporter's). */
+static bool gather_joins(const stage_actor_t *s, const model_t *m, int i)
+{
+    const shard_spec_t *sp = &m->params[i].spec;
+    if (s->cfg.exporter) return true;
+    if (MODEL_PARAM_IS_EXPERT(sp)) return m->par.ep_size > 1 && m->par.edp_rank == 0;
+    return sp->group != SHARD_GROUP_NONE && m->par.tp_size > 1 && s->cfg.dp_rank == 0;
+}
+
+/* Whether this rank has any gathering of the export to join. */
+static bool gather_any(const stage_actor_t *s)
+{
+    for (int k = 0; k < s->cfg.pipe.vpp; k++)
+        for (int i = 0; i < s->cfg.chunks[k]->n_params; i++)
+            if (gather_joins(s, s->cfg.chunks[k], i)) return true;
+    return false;
+}
+
 /* The export's tensors, whole, in host memory: one f32 buffer per parameter
  * (read from the device; with TP gathered over the group, a collective
- * every TP rank of the replica takes part in). The exporter keeps them, each
- * to travel in its CKPT_SHARD message, which frees it; the other TP ranks
- * gather into one scratch buffer they reuse. */
+ * every TP rank of the replica takes part in; an expert tensor over the
+ * exporter's EP group). The exporter keeps them, each to travel in its
+ * CKPT_SHARD message, which frees it; the other ranks gather what they
+ * join (gather_joins) into one scratch buffer they reuse. */
 static bt_status_t job_gather_run(void *arg)
 {
     stage_job_t *j = arg;
@@ -451,6 +495,7 @@ static bt_status_t job_gather_run(void *arg)
             break;
         }
         for (int i = 0; i < m->n_params && st == BT_OK; i++) {
+            if (!gather_joins(s, m, i)) continue;
             int64_t n = shard_global_numel(&m->params[i].spec);
             float *buf;
             if (keep) {
@@ -651,6 +696,27 @@ static void metrics_send(stage_actor_t *s)
     int64_t one = 1;
     tensor_t *mt = rss > 0 ? actor_msg_tensor_new(m, "mem_peak", DT_I64, 1, &one) : NULL;
     if (mt) ((int64_t *)mt->data)[0] = rss;
+    /* the routed-expert load of a training step: TP ranks count the same
+     * rows (the router is replicated), so TP rank 0 reports it; the driver
+     * sums the data-parallel replicas */
+    if (!s->cur->eval && s->n_load && s->cfg.tp_rank == 0) {
+        int64_t shape[2] = {s->n_load, s->load_cols};
+        tensor_t *t = actor_msg_tensor_new(m, "expert_tokens", DT_F64, 2, shape);
+        if (!t) {
+            actor_msg_free(m);
+            fail(s, BT_ERR_NOMEM, "metrics");
+            return;
+        }
+        memcpy(t->data, s->load, (size_t)(s->n_load * s->load_cols) * sizeof(double));
+        uint64_t now = clock_now_ns();
+        for (int i = 0; trace_enabled() && i < s->n_load; i++)
+            for (int e = 1; e < s->load_cols; e++) {
+                char name[48];
+                snprintf(name, sizeof name, "tokens L%d e%d", (int)s->load[i * s->load_cols],
+                         e - 1);
+                trace_counter(s->a.addr, trace_intern(name), s->load[i * s->load_cols + e], now);
+            }
+    }
     m->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
     m->body.metrics = (msg_metrics_t){
         .loss = s->n_scored ? (float)(s->loss_sum / (double)s->n_scored) : NAN,
@@ -1000,7 +1066,7 @@ static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
         /* the parameters are device memory: the compute thread reads them
          * (and, with TP, gathers them over the exporter's TP group) into
          * host copies first */
-        if (!s->cfg.exporter && !(s->cfg.tp_size > 1 && s->cfg.dp_rank == 0)) {
+        if (!gather_any(s)) {
             heartbeat_send(s, STAGE_ST_EXPORTED);
             return ACTOR_DONE;
         }

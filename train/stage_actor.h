@@ -88,6 +88,10 @@ typedef struct {
     int             tp_rank, tp_size;
     int             dp_rank, dp_size;
     int64_t         eval_rows;                 /* rows of the evaluation set (0: none) */
+    bool            eval_pad;                  /* every dp rank runs as many evaluation
+                                                * microbatches as dp rank 0, the missing
+                                                * ones one row with nothing scored (the
+                                                * EP group exchanges in every forward) */
     bool            exporter;                  /* sends its parameters on STAGE_CMD_EXPORT
                                                 * (every TP rank of its replica takes part
                                                 * in gathering them) */
@@ -130,6 +134,11 @@ typedef struct {
     model_acts_t       **acts;          /* [M * vpp] */
     double               loss_sum;
     int64_t              n_scored;
+    /* the last training step's routed-expert load of this rank's chunks
+     * (model_moe_load_take), rows of [layer, tokens of expert 0..E-1]:
+     * n_load rows of load_cols doubles, sent with its METRICS */
+    double              *load;
+    int                  n_load, load_cols;
     stage_job_t         *job;
     actor_timer_t        hb;
     float              **export_buf[STAGE_MAX_CHUNKS]; /* per chunk, per parameter: the whole

@@ -3,9 +3,9 @@
 # qwen2_moe_norm, train_qwen2_moe; tools/gen_moe_fixtures.py and
 # gen_moe_train_fixture.py): `baton run` reproduces the PyTorch reference
 # training loop step by step (1e-5) and exports a model that loads back;
-# pipeline and data parallelism give the single-process losses; tensor
-# parallelism, and pipeline stages under the router's load-balancing loss,
-# are refused naming the field; `baton generate` gives transformers' greedy
+# pipeline and data parallelism give the single-process losses; expert
+# layouts that cannot fold, ZeRO-1 with experts, and pipeline stages under
+# the router's load-balancing loss are refused naming the field; `baton generate` gives transformers' greedy
 # ids, with and without the KV cache. (`baton eval` on the fixtures:
 # tests/sh/test_eval_cli.sh.)
 set -u
@@ -55,11 +55,21 @@ if [ "$(losses "$tmp/dp2.jsonl" | wc -l)" -eq 4 ] && paste <(losses "$tmp/one.js
     pass moe_dp2_equals_single; else fail moe_dp2_equals_single "$(losses "$tmp/dp2.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/dp2.txt")"; fi
 
 # 3. refusals, naming the field
-out=$("$BATON" run "$tmp/q.yaml" --quiet --set parallel.tp=2 2>&1); rc=$?
-# (by the job check, before any process starts: no rank says anything)
-[ $rc -eq 1 ] && grep -q "parallel.tp: .* has routed experts, which are not split over tensor parallelism" <<<"$out" \
+# (by the job check, before any process starts: no rank says anything;
+# the expert layouts themselves: tests/test_moe_equiv.c)
+out=$("$BATON" run "$tmp/q.yaml" --quiet --set parallel.dp=2 --set parallel.ep=3 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "parallel.ep: ep 3 does not divide the 8 routed experts" <<<"$out" \
     && ! grep -q "rank[0-9]" <<<"$out" \
-    && pass moe_tp_refused || fail moe_tp_refused "rc $rc: $out"
+    && pass moe_ep_refused || fail moe_ep_refused "rc $rc: $out"
+out=$("$BATON" run "$tmp/q.yaml" --quiet --set parallel.dp=2 --set parallel.ep=4 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "parallel.ep: ep 4 must divide tp x dp = 2" <<<"$out" \
+    && pass moe_ep_fold_refused || fail moe_ep_fold_refused "rc $rc: $out"
+out=$("$BATON" run "$tmp/q.yaml" --quiet --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero1=true 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "parallel.zero1: ZeRO-1 shards one flat block over dp, but with ep > 1" <<<"$out" \
+    && pass moe_ep_zero1_refused || fail moe_ep_zero1_refused "rc $rc: $out"
+out=$("$BATON" run "$tmp/q.yaml" --quiet --set model.hf=tests/fixtures/llama --set parallel.dp=2 --set parallel.ep=2 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "parallel.ep: .*llama has no routed experts" <<<"$out" \
+    && pass moe_ep_dense_refused || fail moe_ep_dense_refused "rc $rc: $out"
 out=$("$BATON" run "$tmp/q.yaml" --quiet --set model.hf=tests/fixtures/mixtral --set parallel.pp=2 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "parallel.pp: .* trains with the router's load-balancing loss (router_aux_loss_coef 0.05)" <<<"$out" \
     && grep -q "use pp=1, or turn output_router_logits off" <<<"$out" && ! grep -q "rank[0-9]" <<<"$out" \

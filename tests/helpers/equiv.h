@@ -1,0 +1,25 @@
+/* Layout equivalence for tests: `baton run` of a job under some --set
+ * overrides into a directory of its own (metrics JSONL, the final HF
+ * export, the log), and the comparison of two such runs: per-step losses,
+ * validation losses and every exported parameter. tests/test_dist_equiv.c
+ * (dense layouts) and tests/test_moe_equiv.c (expert layouts) use it. */
+#ifndef BT_TESTS_EQUIV_H
+#define BT_TESTS_EQUIV_H
+
+typedef struct {
+    double loss_rel, val_rel, param_abs; /* largest relative / absolute differences */
+} test_equiv_diff_t;
+
+/* $BATON (or build/baton) run JOB --quiet SETS, with metrics.file and
+ * export.dir under DIR/NAME, `threads` CPU threads per process (0: baton's
+ * default share); the exit status (its log's tail printed on failure). */
+int test_equiv_run(const char *dir, const char *job, const char *name, const char *sets,
+                   int threads);
+/* Run NAME against run REF (both under DIR): n_loss per-step losses and
+ * n_val validation losses each must be there (else -1; REF's first
+ * ref_val_skip validation lines are not compared: a single-process run of
+ * an HF model adds one of step 0), and the exports hold the same tensors. */
+int test_equiv_compare(const char *dir, const char *name, const char *ref, int n_loss, int n_val,
+                       int ref_val_skip, test_equiv_diff_t *d);
+
+#endif

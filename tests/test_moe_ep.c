@@ -1,0 +1,222 @@
+/* Expert parallelism and MoE under tensor parallelism at the model level
+ * (model/moe.c; the layouts as processes: tests/sh/test_moe_ep.sh). Ranks
+ * run as threads over the inproc collectives, each on one communicator that
+ * serves as its EP group and, where there is TP, as its TP group too (the
+ * same members). Against one process on the whole model (itself checked
+ * against transformers in test_moe), for the fixtures qwen2_moe (8 experts,
+ * a shared expert, a dense layer) and mixtral (4 experts, the router's
+ * load-balancing loss):
+ *   ep=2, ep=4      each rank a microbatch of its own (as data-parallel
+ *                   ranks hold): its loss is the single process's on that
+ *                   microbatch; its experts' gradients are the single
+ *                   process's gradients of those experts accumulated over
+ *                   every microbatch; the dense gradients summed over the
+ *                   ranks are the single process's;
+ *   tp=2 x ep=2     one microbatch, each TP rank dispatching half the rows
+ *                   to experts spread over the two TP ranks;
+ *   tp=2, ep=1      the experts replicated over TP, their gradients summed
+ *                   over the TP ranks (the edp group there);
+ *   zero tokens     ep=2 with router rows that no token picks on EP rank 1:
+ *                   it receives nothing, still takes part in every
+ *                   exchange, and every value still matches. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "ckpt/hf.h"
+#include "coll/coll.h"
+#include "model/model.h"
+#include "tests/helpers/group.h"
+#include "tests/helpers/moe.h"
+#include "tests/test.h"
+
+#define FIX "tests/fixtures/"
+#define LOSS_RTOL 1e-6
+#define GRAD_RTOL 1e-5
+#define MB_ROWS 2
+#define MB_T 8
+#define MAX_MB 4
+
+typedef struct {
+    const char *dir;
+    int         tp, ep;    /* the comm is both groups: tp is 1 or ep */
+    int         n_mb;      /* microbatches: one per token-owning rank */
+    bool        zero_rank1; /* make EP rank 1's experts unpicked */
+    /* the single-process reference */
+    int32_t     ids[MAX_MB][MB_ROWS * MB_T], tg[MAX_MB][MB_ROWS * MB_T];
+    double      loss[MAX_MB];
+    float       dloss;
+    model_t    *ref;
+    int64_t     rows_in[8];
+} ep_case_t;
+
+static double rel_err(const float *a, const float *b, int64_t n)
+{
+    double d = 0, nb = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        nb += (double)b[i] * b[i];
+    }
+    return nb > 0 ? sqrt(d / nb) : sqrt(d);
+}
+
+static int reference(ep_case_t *c)
+{
+    if (ckpt_hf_load(c->dir, NULL, &c->ref) != BT_OK || model_grads_alloc(c->ref)) return 1;
+    if (c->zero_rank1 && test_moe_routers_tie(c->ref, c->ep)) return 1;
+    uint64_t x = 12345;
+    int64_t scored = 0;
+    for (int k = 0; k < c->n_mb; k++) {
+        for (int i = 0; i < MB_ROWS * MB_T; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            c->ids[k][i] = (int32_t)((x >> 33) % (uint64_t)c->ref->cfg.vocab_size);
+        }
+        model_targets_from_ids(c->tg[k], c->ids[k], NULL, MB_ROWS, MB_T);
+        scored += model_count_scored(c->tg[k], MB_ROWS * MB_T);
+    }
+    c->dloss = 1.0f / (float)scored;
+    model_acts_t *a;
+    if (model_acts_create(c->ref, MB_ROWS, MB_T, &a)) return 1;
+    int bad = 0;
+    for (int k = 0; k < c->n_mb && !bad; k++) {
+        model_batch_t mb = {.B = MB_ROWS, .T = MB_T, .ids = c->ids[k], .targets = c->tg[k]};
+        model_loss_t l;
+        bad = model_forward_backward(c->ref, a, &mb, c->dloss, &l) != BT_OK;
+        c->loss[k] = l.loss_sum / (double)l.n_scored;
+    }
+    model_acts_destroy(a);
+    return bad;
+}
+
+static int ep_body(coll_comm_t *comm, void *arg)
+{
+    ep_case_t *c = arg;
+    int r = comm->rank, fails = 0;
+    model_parallel_t par = {.tp_rank = c->tp > 1 ? r : 0, .tp_size = c->tp,
+                            .tp_comm = c->tp > 1 ? comm : NULL,
+                            .ep_rank = c->ep > 1 ? r : 0, .ep_size = c->ep,
+                            .ep_comm = c->ep > 1 ? comm : NULL,
+                            .edp_rank = c->ep > 1 ? 0 : r};
+    model_t *m = NULL;
+    model_acts_t *a = NULL;
+    float *g = NULL, *want = NULL;
+    if (ckpt_hf_load_tp(c->dir, NULL, &par, &m) != BT_OK || model_grads_alloc(m) ||
+        (c->zero_rank1 && test_moe_routers_tie(m, c->ep)) || model_acts_create(m, MB_ROWS, MB_T, &a))
+        return 1;
+    int k = c->n_mb > 1 ? r : 0; /* this rank's microbatch */
+    model_batch_t mb = {.B = MB_ROWS, .T = MB_T, .ids = c->ids[k], .targets = c->tg[k]};
+    model_loss_t l;
+    if (model_forward_backward(m, a, &mb, c->dloss, &l) != BT_OK) {
+        fails++;
+        goto out;
+    }
+    double loss = l.loss_sum / (double)l.n_scored;
+    if (!(fabs(loss - c->loss[k]) <= LOSS_RTOL * fabs(c->loss[k]))) {
+        fprintf(stderr, "rank %d: loss %.9g, one process %.9g\n", r, loss, c->loss[k]);
+        fails++;
+    }
+    c->rows_in[r] = m->moe_rows_in;
+    int64_t most = 1;
+    for (int i = 0; i < c->ref->n_params; i++)
+        if (shard_global_numel(&c->ref->params[i].spec) > most)
+            most = shard_global_numel(&c->ref->params[i].spec);
+    g = malloc((size_t)most * sizeof *g);
+    want = malloc((size_t)most * sizeof *want);
+    if (!g || !want) {
+        fails++;
+        goto out;
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        const model_param_t *p = &m->params[i];
+        int j = model_param_find(c->ref, p->name);
+        if (j < 0 || model_param_read(c->ref, j, true, want)) {
+            fails++;
+            continue;
+        }
+        int64_t n = tensor_numel(&p->t);
+        bt_status_t st;
+        if (MODEL_PARAM_IS_EXPERT(&p->spec)) {
+            /* this rank's experts: rows of the whole gradient; replicated
+             * over TP (ep 1), the TP ranks' shares summed */
+            st = model_param_read(m, i, true, g);
+            if (!st && c->ep == 1 && c->tp > 1) st = coll_all_reduce(comm, g, (size_t)n, DT_F32, COLL_SUM);
+            memmove(want, want + p->spec.offset[0] * (n / p->spec.extent[0]), (size_t)n * sizeof *want);
+        } else if (c->tp > 1) {
+            n = shard_global_numel(&p->spec);
+            st = model_param_gather(m, i, true, g); /* collective: every rank, same order */
+        } else {
+            st = model_param_read(m, i, true, g); /* each rank's tokens: summed like dp */
+            if (!st) st = coll_all_reduce(comm, g, (size_t)n, DT_F32, COLL_SUM);
+        }
+        double e = st ? INFINITY : rel_err(g, want, n);
+        if (!(e <= GRAD_RTOL)) {
+            fprintf(stderr, "rank %d: gradient of %s: %.3g from one process's\n", r, p->name, e);
+            fails++;
+        }
+    }
+out:
+    free(g);
+    free(want);
+    model_acts_destroy(a);
+    model_destroy(m);
+    return fails;
+}
+
+static void ep_check(const char *name, int tp, int ep, bool zero)
+{
+    ep_case_t *c = calloc(1, sizeof *c);
+    REQUIRE(c);
+    c->dir = name;
+    c->tp = tp;
+    c->ep = ep;
+    c->zero_rank1 = zero;
+    int n = tp > ep ? tp : ep;
+    c->n_mb = tp > 1 ? 1 : ep;
+    REQUIRE(reference(c) == 0);
+    test_group_t g = {.job_id = "moe-ep-test", .comm_id = 7, .kind = XPORT_INPROC, .size = n,
+                      .timeout_ms = 20000, .kill_rank = -1};
+    int f = test_group_threads(&g, ep_body, c);
+    CHECK_MSG(f == 0, "%s tp=%d ep=%d%s: %d failures", name, tp, ep, zero ? " (zero tokens)" : "", f);
+    if (ep > 1) {
+        int64_t total = 0;
+        for (int r = 0; r < n; r++) total += c->rows_in[r];
+        CHECK(total > 0);
+        if (zero) CHECK_MSG(c->rows_in[1] == 0 && c->rows_in[0] > 0, "rows in: %lld %lld",
+                            (long long)c->rows_in[0], (long long)c->rows_in[1]);
+        else for (int r = 0; r < n; r++) CHECK_MSG(c->rows_in[r] > 0, "rank %d got no rows", r);
+    }
+    model_destroy(c->ref);
+    free(c);
+}
+
+static void test_moe_ep2_qwen(void) { ep_check(FIX "qwen2_moe", 1, 2, false); }
+static void test_moe_ep4_qwen(void) { ep_check(FIX "qwen2_moe", 1, 4, false); }
+static void test_moe_ep2_mixtral_aux(void) { ep_check(FIX "mixtral", 1, 2, false); }
+static void test_moe_ep4_mixtral_aux(void) { ep_check(FIX "mixtral", 1, 4, false); }
+static void test_moe_tp2_ep2_qwen(void) { ep_check(FIX "qwen2_moe", 2, 2, false); }
+static void test_moe_tp2_ep2_mixtral(void) { ep_check(FIX "mixtral", 2, 2, false); }
+static void test_moe_tp2_replicated_qwen(void) { ep_check(FIX "qwen2_moe", 2, 1, false); }
+static void test_moe_ep2_zero_tokens(void) { ep_check(FIX "qwen2_moe", 1, 2, true); }
+static void test_moe_tp2_ep2_zero_tokens(void) { ep_check(FIX "qwen2_moe", 2, 2, true); }
+
+/* Wrong placements are errors naming what is wrong, before anything runs. */
+static void test_moe_ep_errors(void)
+{
+    model_t *m = NULL;
+    coll_comm_t fake = {.rank = 0, .size = 3};
+    model_parallel_t p3 = {.tp_size = 1, .ep_rank = 0, .ep_size = 3, .ep_comm = &fake};
+    CHECK(ckpt_hf_load_tp(FIX "qwen2_moe", NULL, &p3, &m) == BT_ERR_INVALID && !m);
+    coll_comm_t two = {.rank = 1, .size = 2};
+    model_parallel_t bad = {.tp_size = 1, .ep_rank = 0, .ep_size = 2, .ep_comm = &two};
+    CHECK(ckpt_hf_load_tp(FIX "qwen2_moe", NULL, &bad, &m) == BT_ERR_INVALID && !m);
+    model_parallel_t dense = {.tp_size = 1, .ep_rank = 0, .ep_size = 2, .ep_comm = &(coll_comm_t){.rank = 0, .size = 2}};
+    CHECK(ckpt_hf_load_tp(FIX "llama", NULL, &dense, &m) == BT_ERR_INVALID && !m);
+}
+
+int main(int argc, char **argv)
+{
+    TEST_RUN(argc, argv, test_moe_ep2_qwen, test_moe_ep4_qwen, test_moe_ep2_mixtral_aux,
+             test_moe_ep4_mixtral_aux, test_moe_tp2_ep2_qwen, test_moe_tp2_ep2_mixtral,
+             test_moe_tp2_replicated_qwen, test_moe_ep2_zero_tokens, test_moe_tp2_ep2_zero_tokens,
+             test_moe_ep_errors);
+}

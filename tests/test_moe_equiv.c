@@ -1,0 +1,223 @@
+/* The equivalence matrix for routed experts: expert layouts trained 5 steps
+ * as real processes (`baton run` spawning `baton worker`s over tcp) against
+ * the single-process run of the same global batch, on the fixture MoE
+ * models (tests/fixtures/qwen2_moe: 8 experts, a shared expert and a dense
+ * layer; mixtral: 4 experts and the router's load-balancing loss, which
+ * refuses pp > 1). Per-step losses to 1e-5 relative, the final parameters
+ * (the HF export the driver gathers) to 1e-5 absolute, validation losses
+ * (evaluation passes after steps 2, 4, 5; with dp = 4 and two evaluation
+ * microbatches two ranks run padding ones) to 1e-5, and step 1's tokens per
+ * expert (metrics expert_tokens) exactly, the bounds of the dense matrix
+ * (tests/test_dist_equiv.c); TP layouts at lr 1e-3 as there.
+ *
+ * The cases cover EP in {1, 2, 4} x EDP in {1, 2} with TP and PP, from 2
+ * to 8 processes; the whole matrix takes about 1.5 s here (the models are
+ * tiny), so `make test` runs all of it. One case
+ * starts from routers that no token leaves for EP rank 1's experts (the
+ * fixture rewritten, tests/helpers/moe.h): in step 1 that rank receives no
+ * tokens at all, which its metrics show, and the run still matches.
+ *
+ * Reference for dp replicas of M microbatches: grad_accum = dp * M. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckpt/hf.h"
+#include "tests/helpers/equiv.h"
+#include "tests/helpers/moe.h"
+#include "tests/test.h"
+
+static char dir[256];
+
+/* TP layouts sum the attention products in another order, and AdamW turns
+ * the ~1e-7 relative differences of near-zero gradient elements into
+ * parameter differences proportional to lr (tests/test_dist_equiv.c): lr
+ * 1e-3 as the dense matrix, and 1e-4 for TP over four data-parallel
+ * replicas, where one element of layer 0's o_proj came out 2.0e-5 away at
+ * lr 1e-3 (every expert tensor within 1.3e-6; losses 1.1e-7). */
+static const char *lr_of[] = {"", "--set optim.lr=0.001 --set optim.min_lr=0.0001",
+                              "--set optim.lr=0.0001 --set optim.min_lr=0.00001"};
+
+static int fixture(void)
+{
+    if (dir[0]) return 0;
+    snprintf(dir, sizeof dir, "/tmp/test_moe_equiv.XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    char p[512];
+    snprintf(p, sizeof p, "%s/job.yaml", dir);
+    FILE *f = fopen(p, "w");
+    if (!f) return -1;
+    fprintf(f, "model: {hf: tests/fixtures/qwen2_moe}\n"
+               "data: {dir: tests/fixtures/train_llama, seq_len: 16, split: 0.2}\n"
+               "train: {steps: 5, micro_batch: 2, grad_accum: 2, seed: 7, log_every: 100,\n"
+               "        eval_every: 2, eval_batches: 2}\n"
+               "optim: {lr: 0.01, min_lr: 0.001, warmup: 2, weight_decay: 0.1, clip: 1.0}\n");
+    fclose(f);
+    /* the zero-token fixture: qwen2_moe with routers tied so that EP rank 1
+     * of 2 gets nothing in the first step */
+    model_t *m = NULL;
+    snprintf(p, sizeof p, "%s/tied", dir);
+    bt_status_t st = ckpt_hf_load("tests/fixtures/qwen2_moe", NULL, &m);
+    if (!st) st = test_moe_routers_tie(m, 2);
+    if (!st) st = ckpt_hf_save(m, p);
+    model_destroy(m);
+    return st ? -1 : 0;
+}
+
+/* Step 1's expert_tokens text of run `name` ({"0": [...], ...}), or "". */
+static void step1_load(const char *name, char *out, size_t cap)
+{
+    char p[512], line[8192];
+    snprintf(p, sizeof p, "%s/%s/m.jsonl", dir, name);
+    out[0] = 0;
+    FILE *f = fopen(p, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "{\"step\": 1,", 11)) continue;
+        char *a = strstr(line, "\"expert_tokens\": {");
+        char *b = a ? strchr(a, '}') : NULL;
+        if (a && b && (size_t)(b - a) < cap) snprintf(out, cap, "%.*s", (int)(b - a + 1), a);
+        break;
+    }
+    if (f) fclose(f);
+}
+
+static int run(const char *name, const char *model, const char *sets)
+{
+    char job[300], all[1500];
+    snprintf(job, sizeof job, "%s/job.yaml", dir);
+    snprintf(all, sizeof all, "--set model.hf=%s %s", model, sets);
+    return test_equiv_run(dir, job, name, all, 0);
+}
+
+/* The reference of (model, global microbatches, lr), run once. */
+static int reference(const char *model, const char *tag, int ga, int lr, char *name, size_t cap)
+{
+    snprintf(name, cap, "ref_%s_ga%d_lr%d", tag, ga, lr);
+    char p[512], sets[256];
+    snprintf(p, sizeof p, "%s/%s/ck/model.safetensors", dir, name);
+    if (access(p, F_OK) == 0) return 0;
+    snprintf(sets, sizeof sets, "--set train.grad_accum=%d %s", ga, lr_of[lr]);
+    return run(name, model, sets);
+}
+
+typedef struct {
+    const char *name, *model, *tag, *sets;
+    int         ga;   /* the reference's grad_accum: dp x microbatches */
+    bool        tiny_lr; /* lr 1e-4 (TP over four replicas) */
+} ep_layout_t;
+
+static void layout_check(const ep_layout_t *L)
+{
+    REQUIRE(fixture() == 0);
+    int lr = L->tiny_lr ? 2 : strstr(L->sets, "parallel.tp=") != NULL;
+    char ref[96], model[300];
+    if (!strcmp(L->model, "tied")) snprintf(model, sizeof model, "%s/tied", dir);
+    else snprintf(model, sizeof model, "tests/fixtures/%s", L->model);
+    REQUIRE(reference(model, L->tag, L->ga, lr, ref, sizeof ref) == 0);
+    char sets[1024];
+    snprintf(sets, sizeof sets, "%s %s", L->sets, lr_of[lr]);
+    REQUIRE(run(L->name, model, sets) == 0);
+    test_equiv_diff_t d;
+    REQUIRE(test_equiv_compare(dir, L->name, ref, 5, 3, 1, &d) == 0);
+    char la[4096], lb[4096];
+    step1_load(L->name, la, sizeof la);
+    step1_load(ref, lb, sizeof lb);
+    printf("  %-24s max rel loss diff %.3g, val loss %.3g, max param diff %.3g; step 1 %s\n",
+           L->name, d.loss_rel, d.val_rel, d.param_abs, la);
+    CHECK(d.loss_rel <= 1e-5);
+    CHECK(d.val_rel <= 1e-5);
+    CHECK(d.param_abs <= 1e-5);
+    CHECK_MSG(la[0] && !strcmp(la, lb), "step 1 tokens per expert: %s, one process %s", la, lb);
+}
+
+static const ep_layout_t layouts[] = {
+    {"qwen_dp2_ep2", "qwen2_moe", "qwen", "--set parallel.dp=2 --set parallel.ep=2 --set train.grad_accum=1", 2, false},
+    {"qwen_dp4_ep2_edp2", "qwen2_moe", "qwen", "--set parallel.dp=4 --set parallel.ep=2 --set train.grad_accum=1", 4, false},
+    {"qwen_tp2_dp2_ep4", "qwen2_moe", "qwen", "--set parallel.tp=2 --set parallel.dp=2 --set parallel.ep=4 --set train.grad_accum=1", 2, false},
+    {"qwen_pp2_dp2_ep2", "qwen2_moe", "qwen", "--set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2", 4, false},
+    {"qwen_tp2_ep1_edp2", "qwen2_moe", "qwen", "--set parallel.tp=2", 2, false},
+    {"mixtral_tp2_ep2", "mixtral", "mixtral", "--set parallel.tp=2 --set parallel.ep=2", 2, false},
+    {"zero_tokens_dp2_ep2", "tied", "tied", "--set parallel.dp=2 --set parallel.ep=2 --set train.grad_accum=1", 2, false},
+    {"qwen_dp2_ep1_edp2", "qwen2_moe", "qwen", "--set parallel.dp=2 --set train.grad_accum=1", 2, false},
+    {"qwen_dp4_ep4", "qwen2_moe", "qwen", "--set parallel.dp=4 --set parallel.ep=4 --set train.grad_accum=1", 4, false},
+    {"qwen_tp2_dp4_ep4_edp2", "qwen2_moe", "qwen", "--set parallel.tp=2 --set parallel.dp=4 --set parallel.ep=4 --set train.grad_accum=1", 4, true},
+    {"qwen_tp2_pp2_ep2", "qwen2_moe", "qwen", "--set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2", 2, false},
+    {"qwen_tp2_pp2_dp2_ep2_edp2", "qwen2_moe", "qwen", "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2", 4, true},
+    {"qwen_pp2_dp4_ep4", "qwen2_moe", "qwen", "--set parallel.pp=2 --set parallel.dp=4 --set parallel.ep=4", 8, false},
+    {"mixtral_dp4_ep4", "mixtral", "mixtral", "--set parallel.dp=4 --set parallel.ep=4 --set train.grad_accum=1", 4, false},
+    {"mixtral_tp2_dp2_ep2_edp2", "mixtral", "mixtral", "--set parallel.tp=2 --set parallel.dp=2 --set parallel.ep=2 --set train.grad_accum=1", 2, false},
+};
+
+/* Each case by name, so that `test_moe_equiv NAME` runs one. */
+#define CASE(i, fn) static void fn(void) { layout_check(&layouts[i]); }
+CASE(0, test_qwen_dp2_ep2)
+CASE(1, test_qwen_dp4_ep2_edp2)
+CASE(2, test_qwen_tp2_dp2_ep4)
+CASE(3, test_qwen_pp2_dp2_ep2)
+CASE(4, test_qwen_tp2_ep1_edp2)
+CASE(5, test_mixtral_tp2_ep2)
+CASE(6, test_zero_tokens_dp2_ep2)
+CASE(7, test_qwen_dp2_ep1_edp2)
+CASE(8, test_qwen_dp4_ep4)
+CASE(9, test_qwen_tp2_dp4_ep4_edp2)
+CASE(10, test_qwen_tp2_pp2_ep2)
+CASE(11, test_qwen_tp2_pp2_dp2_ep2_edp2)
+CASE(12, test_qwen_pp2_dp4_ep4)
+CASE(13, test_mixtral_dp4_ep4)
+CASE(14, test_mixtral_tp2_dp2_ep2_edp2)
+_Static_assert(sizeof layouts / sizeof layouts[0] == 15, "one CASE per layout");
+
+/* The zero-token case really had a rank with no tokens: in step 1 none of
+ * EP rank 1's experts (4..7) got a token in either sparse layer. */
+static void test_zero_tokens_seen(void)
+{
+    REQUIRE(fixture() == 0);
+    char la[4096];
+    step1_load("zero_tokens_dp2_ep2", la, sizeof la);
+    int a[8], b[8];
+    int n = sscanf(la, "\"expert_tokens\": {\"0\": [%d, %d, %d, %d, %d, %d, %d, %d], \"2\": [%d, %d, %d, %d, "
+                       "%d, %d, %d, %d]}", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7],
+                   &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7]);
+    REQUIRE(n == 16);
+    int rank0 = 0, rank1 = 0;
+    for (int e = 0; e < 8; e++) {
+        if (e < 4) rank0 += a[e] + b[e];
+        else rank1 += a[e] + b[e];
+    }
+    CHECK_MSG(rank1 == 0 && rank0 > 0, "%s", la);
+}
+
+/* The comparison can fail: another data seed gives other losses. */
+static void test_detects_difference(void)
+{
+    REQUIRE(fixture() == 0);
+    char ref[96];
+    REQUIRE(reference("tests/fixtures/qwen2_moe", "qwen", 2, 0, ref, sizeof ref) == 0);
+    REQUIRE(run("seed8", "tests/fixtures/qwen2_moe",
+                "--set parallel.dp=2 --set parallel.ep=2 --set train.grad_accum=1 --set train.seed=8") == 0);
+    test_equiv_diff_t d;
+    REQUIRE(test_equiv_compare(dir, "seed8", ref, 5, 3, 1, &d) == 0);
+    CHECK(d.loss_rel > 1e-3);
+    CHECK(d.param_abs > 1e-4);
+}
+
+static void test_cleanup(void)
+{
+    if (!dir[0]) return;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+}
+
+int main(int argc, char **argv)
+{
+    setenv("BATON_STEP_TIMEOUT", "30", 0); /* a hang fails in 30 s, not 300 */
+    TEST_RUN(argc, argv, test_qwen_dp2_ep2, test_qwen_dp4_ep2_edp2, test_qwen_tp2_dp2_ep4,
+             test_qwen_pp2_dp2_ep2, test_qwen_tp2_ep1_edp2, test_mixtral_tp2_ep2,
+             test_zero_tokens_dp2_ep2, test_zero_tokens_seen, test_qwen_dp2_ep1_edp2,
+             test_qwen_dp4_ep4, test_qwen_tp2_dp4_ep4_edp2, test_qwen_tp2_pp2_ep2,
+             test_qwen_tp2_pp2_dp2_ep2_edp2, test_qwen_pp2_dp4_ep4, test_mixtral_dp4_ep4,
+             test_mixtral_tp2_dp2_ep2_edp2, test_detects_difference, test_cleanup);
+}
