@@ -175,6 +175,14 @@ typedef struct model {
      * from the EP group in its forwards since it was created (0 is normal:
      * no member chose them). */
     int64_t          moe_rows_in;
+    /* With expert parallelism: wall time in the EP exchanges (counts and
+     * rows, forward and backward, staging included) and in the experts'
+     * products, since creation (bench/bench_moe.sh reads them through the
+     * stage's trace counters). The exchanges wait for the stream anyway; the
+     * experts' time is queueing time on an asynchronous device unless
+     * moe_time_sync makes each block wait for its stream. */
+    uint64_t         moe_exchange_ns, moe_expert_ns;
+    bool             moe_time_sync;
     /* Routed experts' load: per sparse layer of this stage, in stage order,
      * [n_moe][2][E] f32 on the device: the choices routed to each expert
      * (before any capacity) in the training forwards (dloss > 0) since the

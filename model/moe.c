@@ -57,6 +57,7 @@
  * TP rank sees alone: it is refused under TP. */
 #include "model/kind.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "model/arch.h"
 #include "model/model_int.h"
@@ -456,6 +457,7 @@ static bt_status_t tp_gather_rows(model_t *m, tensor_t *t, const char *what, int
 static bt_status_t ep_counts(model_t *m, const tensor_t *sizes, tensor_t *rsizes, bool exchange,
                              int64_t *send, int64_t *recv, int layer)
 {
+    uint64_t t0 = clock_now_ns();
     int ep = m->par.ep_size;
     int64_t E = m->cfg.moe.n_experts, El = E / ep;
     int32_t *h = malloc((size_t)(2 * E) * sizeof *h);
@@ -484,6 +486,7 @@ static bt_status_t ep_counts(model_t *m, const tensor_t *sizes, tensor_t *rsizes
 out:
     free(cnt);
     free(h);
+    m->moe_exchange_ns += clock_now_ns() - t0;
     return st;
 }
 
@@ -494,6 +497,7 @@ out:
 static bt_status_t ep_exchange(model_t *m, const tensor_t *src, const int64_t *send,
                                tensor_t *dst, const int64_t *recv, const char *what, int layer)
 {
+    uint64_t t0 = clock_now_ns();
     int ep = m->par.ep_size;
     int64_t C = src->shape[1], ns = 0, nr = 0;
     size_t es = dtype_size(src->dtype), *sc = malloc((size_t)(2 * ep) * sizeof *sc), *rc = sc + ep;
@@ -523,6 +527,7 @@ static bt_status_t ep_exchange(model_t *m, const tensor_t *src, const int64_t *s
     }
     free(sc);
     if (st != BT_OK) layer_fail(m, "EP all-to-all", what, layer, st);
+    m->moe_exchange_ns += clock_now_ns() - t0;
     return st;
 }
 
@@ -695,7 +700,10 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         if ((st = ep_exchange(m, &xp, send, &xin, recv, "the routed tokens", sub->layer))) return st;
     }
     tensor_t g = rows_of(&v[R_G], 0, R), u = rows_of(&v[R_U], 0, R), h = rows_of(&v[R_H], 0, R);
+    uint64_t t0 = clock_now_ns();
     experts_fwd(r, sub, &b, &xin, &g, &u, &h, &yout);
+    if (m->moe_time_sync && (st = kern_stream_sync(s))) return st;
+    m->moe_expert_ns += clock_now_ns() - t0;
     if (ep > 1 &&
         (st = ep_exchange(m, &yout, recv, &yp, send, "the experts' outputs", sub->layer)))
         return st;
@@ -781,7 +789,10 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
     tensor_t g = rows_of(&v[R_G], 0, R), u = rows_of(&v[R_U], 0, R), h = rows_of(&v[R_H], 0, R),
              dh = rows_of(&d[S_DH], 0, R), dg = rows_of(&d[S_DG], 0, R),
              du = rows_of(&d[S_DU], 0, R);
+    uint64_t t0 = clock_now_ns();
     experts_bwd(r, sub, &b, &xin, &g, &u, &h, &dyin, &dh, &dg, &du, &dxin);
+    if (m->moe_time_sync && (st = kern_stream_sync(s))) return st;
+    m->moe_expert_ns += clock_now_ns() - t0;
     if (ep > 1 && (st = ep_exchange(m, &dxin, recv, &dxp, send, "the routed tokens' gradients",
                                     sub->layer)))
         return st;

@@ -157,7 +157,7 @@ struct stage_job {
     bool           staged_queued;  /* the copy and its notification are queued */
 };
 
-static uint32_t name_fwd, name_bwd, name_opt;
+static uint32_t name_fwd, name_bwd, name_opt, name_moe_exchange, name_moe_experts;
 
 static void export_params(stage_actor_t *s);
 static void export_bufs_free(stage_actor_t *s);
@@ -261,6 +261,8 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
     s->cur = &s->train;
     s->step = s->done_step = cfg->first_step;
     name_fwd = trace_intern("fwd");
+    name_moe_exchange = trace_intern("moe exchange ms");
+    name_moe_experts = trace_intern("moe experts ms");
     name_bwd = trace_intern("bwd");
     name_opt = trace_intern("optim");
     return BT_OK;
@@ -709,6 +711,13 @@ static void metrics_send(stage_actor_t *s)
         }
         memcpy(t->data, s->load, (size_t)(s->n_load * s->load_cols) * sizeof(double));
         uint64_t now = clock_now_ns();
+        /* time in the EP exchanges and in the experts so far (ms) */
+        for (int k = 0; trace_enabled() && k < s->cfg.pipe.vpp; k++) {
+            const model_t *cm = s->cfg.chunks[k];
+            if (!cm->n_moe) continue;
+            trace_counter(s->a.addr, name_moe_exchange, (double)cm->moe_exchange_ns * 1e-6, now);
+            trace_counter(s->a.addr, name_moe_experts, (double)cm->moe_expert_ns * 1e-6, now);
+        }
         for (int i = 0; trace_enabled() && i < s->n_load; i++)
             for (int e = 1; e < s->load_cols; e++) {
                 char name[48];
