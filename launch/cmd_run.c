@@ -238,13 +238,19 @@ int cmd_run(int argc, char **argv)
     bool rep_open = false;
     uint32_t data_vocab = 0, val_vocab = 0;
     if (job.data.val_dir[0]) {
-        if (run_stream_load(job.data.dir, &tokens, &n_train, &data_vocab)) goto out;
-        if (run_stream_load(job.data.val_dir, &val_tokens, &n_val, &val_vocab)) goto out;
-        val = val_tokens;
-    } else {
-        if (run_tokens_load(job.data.dir, job.data.split, &tokens, &n_train, &val, &n_val,
-                            &data_vocab))
+        if (run_stream_load(job.data.dir, &tokens, &n_train, &data_vocab)) {
+            run_data_error("run", &job, "data.dir");
             goto out;
+        }
+        if (run_stream_load(job.data.val_dir, &val_tokens, &n_val, &val_vocab)) {
+            run_data_error("run", &job, "data.val_dir");
+            goto out;
+        }
+        val = val_tokens;
+    } else if (run_tokens_load(job.data.dir, job.data.split, &tokens, &n_train, &val, &n_val,
+                               &data_vocab)) {
+        run_data_error("run", &job, "data.dir");
+        goto out;
     }
     if (val_vocab > data_vocab) data_vocab = val_vocab;
     if (!job.model.hf[0] && job.model.vocab == 0) {

@@ -312,3 +312,12 @@ bt_status_t run_model_export(const model_t *m, const job_t *job)
         log_error("export.tokenizer: %s", err);
     return st;
 }
+
+void run_data_error(const char *cmd, const job_t *job, const char *field)
+{
+    char err[JOB_ERR_MAX];
+    job_error(job, field, err, sizeof err,
+              "cannot read a token stream from %s (the line above says why; `baton data prepare` "
+              "makes one)", !strcmp(field, "data.val_dir") ? job->data.val_dir : job->data.dir);
+    fprintf(stderr, "baton %s: %s\n", cmd, err);
+}

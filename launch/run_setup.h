@@ -37,6 +37,11 @@ bt_status_t run_stream_load(const char *dir, int32_t **tokens, int64_t *n, uint3
 bt_status_t run_tokens_load(const char *dir, double split, int32_t **tokens, int64_t *n_train,
                             const int32_t **val, int64_t *n_val, uint32_t *vocab);
 
+/* After run_stream_load of the job's `field` (data.dir or data.val_dir)
+ * failed: "baton CMD: FILE:LINE:COL: FIELD: cannot read ..." on stderr, so
+ * that the message names the line of the job file to change. */
+void run_data_error(const char *cmd, const job_t *job, const char *field);
+
 /* train_config_t of the job. */
 void run_train_config(const job_t *job, train_config_t *out);
 

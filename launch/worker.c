@@ -31,8 +31,12 @@ bt_status_t worker_train_stream(const job_t *job, int32_t **tokens, int64_t *n, 
         int64_t n_val = 0;
         uint32_t v2 = 0;
         bt_status_t st = run_stream_load(job->data.dir, tokens, n, vocab);
-        if (st) return st;
+        if (st) {
+            run_data_error("run", job, "data.dir");
+            return st;
+        }
         if ((st = run_stream_load(job->data.val_dir, &val, &n_val, &v2))) {
+            run_data_error("run", job, "data.val_dir");
             free(*tokens);
             return st;
         }
@@ -42,7 +46,9 @@ bt_status_t worker_train_stream(const job_t *job, int32_t **tokens, int64_t *n, 
     }
     const int32_t *val;
     int64_t n_val;
-    return run_tokens_load(job->data.dir, job->data.split, tokens, n, &val, &n_val, vocab);
+    bt_status_t st = run_tokens_load(job->data.dir, job->data.split, tokens, n, &val, &n_val, vocab);
+    if (st) run_data_error("run", job, "data.dir");
+    return st;
 }
 
 bt_status_t run_eval_write(const char *path, const int32_t *ids, const int32_t *targets,
