@@ -89,6 +89,7 @@ static const field_t fields[] = {
     INT("train.steps", train.steps, 1, BIG),
     INT("train.micro_batch", train.micro_batch, 1, 1 << 20),
     INT("train.grad_accum", train.grad_accum, 1, 1 << 20),
+    INT("train.global_batch", train.global_batch, 0, 1 << 30),
     INT("train.seed", train.seed, 0, BIG),
     INT("train.eval_every", train.eval_every, 0, BIG),
     INT("train.eval_batches", train.eval_batches, 0, 1 << 20),
@@ -867,6 +868,38 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
     return BT_OK;
 }
 
+/* train.global_batch: the microbatches of each data-parallel replica,
+ * global_batch / (dp x micro_batch), exact; an explicit grad_accum or
+ * parallel.microbatches must agree with it. */
+static bt_status_t global_batch_derive(job_t *job, char *err, size_t errlen)
+{
+    job_train_t *t = &job->train;
+    job_parallel_t *p = &job->parallel;
+    if (!t->global_batch) return BT_OK;
+    int64_t per = p->dp * t->micro_batch;
+    if (t->global_batch % per)
+        return vfail(job, "train.global_batch", err, errlen,
+                     "%lld sequences per step do not split into parallel.dp %lld x train.micro_batch "
+                     "%lld rows per microbatch: make it a multiple of %lld, or change micro_batch",
+                     (long long)t->global_batch, (long long)p->dp, (long long)t->micro_batch,
+                     (long long)per);
+    int64_t mbs = t->global_batch / per;
+    const char *clash = job_field_set(job, "parallel.microbatches") && p->microbatches != mbs
+                            ? "parallel.microbatches"
+                        : job_field_set(job, "train.grad_accum") && !p->microbatches && t->grad_accum != mbs
+                            ? "train.grad_accum" : NULL;
+    if (clash)
+        return vfail(job, clash, err, errlen,
+                     "%lld, but train.global_batch %lld = dp %lld x micro_batch %lld x %lld "
+                     "microbatches: drop %s (it is derived) or make them agree",
+                     (long long)(!strcmp(clash, "train.grad_accum") ? t->grad_accum : p->microbatches),
+                     (long long)t->global_batch, (long long)p->dp, (long long)t->micro_batch,
+                     (long long)mbs, clash);
+    t->grad_accum = mbs;
+    if (p->microbatches) p->microbatches = mbs;
+    return BT_OK;
+}
+
 bt_status_t job_validate(job_t *job, char *err, size_t errlen)
 {
     job_model_t *m = &job->model;
@@ -882,6 +915,7 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     if (m->ffn == 0) m->ffn = ((8 * m->hidden / 3) + 63) / 64 * 64;
     if (m->seq == 0) m->seq = job->data.seq_len;
     if (m->init_seed < 0) m->init_seed = job->train.seed;
+    if ((st = global_batch_derive(job, err, errlen))) return st;
 
     if (!m->hf[0] && m->hidden % m->heads)
         return vfail(job, "model.heads", err, errlen, "%lld heads do not divide hidden %lld",
@@ -956,8 +990,8 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     int64_t mbs = p->microbatches ? p->microbatches : job->train.grad_accum;
     if (p->pp > 1 && mbs < p->pp)
         return vfail(job, p->microbatches ? "parallel.microbatches" : "train.grad_accum", err, errlen,
-                     "%lld microbatches cannot fill %lld pipeline stages", (long long)mbs,
-                     (long long)p->pp);
+                     "%lld microbatches cannot fill %lld pipeline stages (at least %lld)",
+                     (long long)mbs, (long long)p->pp, (long long)p->pp);
     if (p->schedule == JOB_SCHED_INTERLEAVED && mbs % p->pp)
         return vfail(job, p->microbatches ? "parallel.microbatches" : "train.grad_accum", err, errlen,
                      "interleaved schedule needs microbatches (%lld) divisible by pp %lld",

@@ -78,6 +78,10 @@ typedef struct {
 typedef struct {
     int64_t steps, micro_batch, grad_accum, seed, eval_every, eval_batches, log_every;
     int64_t max_skipped_steps; /* consecutive non-finite steps skipped before the run stops */
+    int64_t global_batch;      /* sequences per step over all replicas (0: dp x microbatches x
+                                * micro_batch as given); when set, the microbatches of each
+                                * replica are derived from it, so that every layout trains the
+                                * same tokens per step */
     int64_t stop_after;        /* stop after this step, as if interrupted (the schedule still
                                 * spans `steps`; a checkpoint is saved there); 0: at `steps` */
 } job_train_t;

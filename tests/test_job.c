@@ -454,9 +454,37 @@ static void test_job_write_roundtrip(void)
     free(yb);
 }
 
+/* train.global_batch fixes the sequences per step; each layout's
+ * microbatches are derived, and what cannot split is an error naming it. */
+static void test_job_global_batch(void)
+{
+    static job_t job;
+    static const struct { int dp; int64_t mb; int64_t want; } ok[] = {{1, 2, 4}, {2, 2, 2}, {4, 2, 1}, {2, 1, 4}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char y[256];
+        snprintf(y, sizeof y, "data: {dir: x}\ntrain: {global_batch: 8, micro_batch: %lld}\n"
+                 "parallel: {dp: %d}\n", (long long)ok[i].mb, ok[i].dp);
+        REQUIRE(job_load_string("g.yaml", y, &job, err, sizeof err) == BT_OK);
+        CHECK_MSG(job_validate(&job, err, sizeof err) == BT_OK, "%s", err);
+        CHECK_MSG(job.train.grad_accum == ok[i].want, "dp %d: %lld", ok[i].dp, (long long)job.train.grad_accum);
+        CHECK(job.parallel.dp * job.train.grad_accum * job.train.micro_batch == 8);
+    }
+    REQUIRE(job_load_string("g.yaml", "data: {dir: x}\ntrain: {global_batch: 8, micro_batch: 2}\n"
+                            "parallel: {dp: 3}\n", &job, err, sizeof err) == BT_OK);
+    CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "g.yaml:2:") && strstr(err, "train.global_batch: 8 sequences per step do not split "
+                                                    "into parallel.dp 3 x train.micro_batch 2"), "%s", err);
+    /* an explicit grad_accum must agree */
+    REQUIRE(job_load_string("g.yaml", "data: {dir: x}\ntrain: {global_batch: 8, micro_batch: 2, grad_accum: 4}\n"
+                            "parallel: {dp: 2}\n", &job, err, sizeof err) == BT_OK);
+    CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "train.grad_accum: 4, but train.global_batch 8 = dp 2 x micro_batch 2 x 2 microbatches"),
+              "%s", err);
+}
+
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_job_write_roundtrip, test_job_parse_all_sections, test_job_defaults_and_derived,
+    TEST_RUN(argc, argv, test_job_global_batch, test_job_write_roundtrip, test_job_parse_all_sections, test_job_defaults_and_derived,
              test_job_unknown_key, test_job_wrong_type, test_job_out_of_range,
              test_job_integer_range, test_job_input_limits,
              test_job_model_shape_rules, test_job_parallel_rules, test_job_overrides,
