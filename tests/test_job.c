@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <stdbool.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -407,6 +408,16 @@ static void test_job_examples_valid(void)
         if (st == BT_OK) st = job_validate(&job, err, sizeof err);
         CHECK_MSG(st == BT_OK, "%s: %s", files[i], err);
     }
+    /* every job file of jobs/ reads (those naming a fetched model or
+     * data are validated where the model is: here they must parse) */
+    glob_t gl;
+    REQUIRE(glob("jobs/*.yaml", 0, NULL, &gl) == 0);
+    CHECK(gl.gl_pathc >= 8);
+    for (size_t i = 0; i < gl.gl_pathc; i++) {
+        static job_t any;
+        CHECK_MSG(job_load(gl.gl_pathv[i], &any, err, sizeof err) == BT_OK, "%s: %s", gl.gl_pathv[i], err);
+    }
+    globfree(&gl);
     job_t job;
     REQUIRE(job_load("jobs/layout_example.yaml", &job, err, sizeof err) == BT_OK);
     REQUIRE(job_validate(&job, err, sizeof err) == BT_OK);
