@@ -23,7 +23,7 @@ if [ "$what" = tour ] || [ "$what" = all ]; then
     build/baton run jobs/austen_main.yaml --set train.steps=20
     build/baton trace runs/austen_main/latest/trace
     build/baton trace runs/austen_main/latest/trace --summary
-    build/baton generate --model runs/austen_main/latest/export --prompt "It is a truth" --max-new 32
+    build/baton generate --model runs/austen_main/latest/export --prompt "It is a truth" --max-new 32 --temperature 0.8 --seed 3
     build/baton run jobs/austen_main.yaml --set parallel.dp=1 --set parallel.zero1=false \
         --set train.global_batch=4 --set train.steps=8 --set optim.warmup=1 --set train.eval_every=0 \
         --set data.val_dir= --set data.split=0 --set trace.dir=/tmp/t4

@@ -46,6 +46,6 @@ start=$(date +%s)
 echo "== wall time $(( $(date +%s) - start )) s"
 echo "== pipeline: $BATON trace $RUN/trace --summary (pipeline part)"
 "$BATON" trace "$RUN/trace" --summary | sed -n '/^pipeline stages/,$p'
-echo "== the model just trained: $BATON generate --model $RUN/export --prompt \"It is a truth\" --max-new 32"
-"$BATON" generate --model "$RUN/export" --prompt "It is a truth" --max-new 32
+echo "== the model just trained: $BATON generate --model $RUN/export --prompt \"It is a truth\" --max-new 32 --temperature 0.8 --seed 3"
+"$BATON" generate --model "$RUN/export" --prompt "It is a truth" --max-new 32 --temperature 0.8 --seed 3
 echo "== results in $(readlink -f "$RUN") (\`$BATON trace $RUN/trace\` writes a Perfetto JSON; tensorboard --logdir runs/)"

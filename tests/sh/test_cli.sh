@@ -73,3 +73,9 @@ done
 "$BATON" run "$tmp/job.yaml" --set parallel.dp=3 > /dev/null 2> "$tmp/e7"
 grep -q "job.yaml:3:[0-9]*: train.global_batch: 8 sequences per step do not split into parallel.dp 3 x train.micro_batch 2" "$tmp/e7" \
     && pass cli_global_batch_refused || fail cli_global_batch_refused "$(cat "$tmp/e7")"
+
+# a long evaluation says how far it is (BATON_PROGRESS_SECONDS: how often)
+BATON_PROGRESS_SECONDS=0 "$BATON" eval --model tests/fixtures/llama --ids tests/fixtures/llama/ids.txt \
+    --window 8 --json > "$tmp/ev.json" 2> "$tmp/ev.err"
+n=$(grep -c '^baton eval: window [0-9]*/[0-9]*, [0-9]* positions scored, loss so far [0-9.]*, [0-9]* tok/s, ETA [0-9]* s$' "$tmp/ev.err")
+[ "$n" -ge 2 ] && grep -q '"loss"' "$tmp/ev.json" && pass cli_eval_progress || fail cli_eval_progress "$n lines: $(head -3 "$tmp/ev.err")"
