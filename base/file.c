@@ -56,18 +56,14 @@ close_file:
 
 /* Unlinking entries while reading the directory may make getdents skip some
  * (the file system is free to reorder), so the scan repeats until a pass
- * finds nothing left to remove. */
-int base_dir_clear(const char *dir)
+ * finds nothing left to remove. A sub-directory that is not empty is
+ * cleared through its own descriptor first, a few levels deep at most. */
+static int dir_entries_clear(int fd, int depth)
 {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return errno;
     int err = 0;
     for (bool removed = true; removed && !err;) {
         removed = false;
-        if (lseek(fd, 0, SEEK_SET) < 0) {
-            err = errno;
-            break;
-        }
+        if (lseek(fd, 0, SEEK_SET) < 0) return errno;
         char buf[4096] __attribute__((aligned(8)));
         for (;;) {
             ssize_t n = getdents64(fd, buf, sizeof buf);
@@ -83,11 +79,27 @@ int base_dir_clear(const char *dir)
                 int flags = e->d_type == DT_DIR ? AT_REMOVEDIR : 0;
                 int rc = unlinkat(fd, name, flags);
                 if (rc && errno == EISDIR) rc = unlinkat(fd, name, AT_REMOVEDIR); /* d_type unknown */
+                if (rc && errno == ENOTEMPTY && depth < 4) {
+                    int sub = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                    if (sub >= 0) {
+                        dir_entries_clear(sub, depth + 1);
+                        close(sub);
+                        rc = unlinkat(fd, name, AT_REMOVEDIR);
+                    }
+                }
                 if (rc == 0) removed = true;
                 else if (errno != ENOENT && !err) err = errno;
             }
         }
     }
+    return err;
+}
+
+int base_dir_clear(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return errno;
+    int err = dir_entries_clear(fd, 0);
     close(fd);
     if (rmdir(dir) && !err) err = errno;
     return err;

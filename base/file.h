@@ -12,10 +12,10 @@
  * BT_ERR_NOMEM. Outputs are set only on success. */
 bt_status_t base_file_read(const char *path, size_t max, char **buf, size_t *len);
 
-/* Removes every entry of dir (files, links and empty sub-directories; it
- * never recurses) and then dir itself. Returns 0, or the errno of the first
- * step that failed (ENOENT: dir was gone already; ENOTEMPTY: a sub-directory
- * had entries). It makes system calls only (no allocation, stdio or locks),
+/* Removes every entry of dir (files, links, sub-directories and what they
+ * hold, four levels deep) and then dir itself. Returns 0, or the errno of
+ * the first step that failed (ENOENT: dir was gone already; ENOTEMPTY: a
+ * deeper tree, or entries created meanwhile). It makes system calls only (no allocation, stdio or locks),
  * so a child forked from a multithreaded process may call it, and it logs
  * nothing. Symbolic links are removed, never followed. */
 int base_dir_clear(const char *dir);

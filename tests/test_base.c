@@ -1,9 +1,15 @@
 #include "base/status.h"
 #include "base/clock.h"
+#include "base/file.h"
 #include "base/log.h"
 #include "tests/test.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static void test_status_ranges(void)
 {
@@ -52,7 +58,32 @@ static void test_log_level_first_use_threads(void)
     CHECK(after == 0 && log_enabled(LOG_WARN));
 }
 
+/* base_dir_clear removes a tree: files, a link, a sub-directory holding a
+ * file (a resumed job's run directory has one: it used to stay behind). */
+static void test_dir_clear_tree(void)
+{
+    char dir[] = "/tmp/test_base_XXXXXX", p[256];
+    REQUIRE(mkdtemp(dir));
+    snprintf(p, sizeof p, "%s/f", dir);
+    FILE *f = fopen(p, "we");
+    REQUIRE(f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/sub", dir);
+    REQUIRE(mkdir(p, 0700) == 0);
+    snprintf(p, sizeof p, "%s/sub/deeper", dir);
+    REQUIRE(mkdir(p, 0700) == 0);
+    snprintf(p, sizeof p, "%s/sub/deeper/g", dir);
+    REQUIRE((f = fopen(p, "we")));
+    fclose(f);
+    snprintf(p, sizeof p, "%s/link", dir);
+    REQUIRE(symlink("/", p) == 0);
+    CHECK(base_dir_clear(dir) == 0);
+    CHECK(access(dir, F_OK) != 0 && errno == ENOENT);
+    CHECK(base_dir_clear(dir) == ENOENT);
+}
+
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_log_level_first_use_threads, test_status_ranges, test_clock_monotonic);
+    TEST_RUN(argc, argv, test_log_level_first_use_threads, test_status_ranges, test_clock_monotonic,
+             test_dir_clear_tree);
 }
