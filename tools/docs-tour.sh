@@ -32,16 +32,17 @@ if [ "$what" = tour ] || [ "$what" = all ]; then
 fi
 if [ "$what" = checkpoints ] || [ "$what" = all ]; then
     rm -rf runs/ck runs/ck1 runs/ck2 runs/ck4 runs/model-hf runs/ck-tp2
-    build/baton run jobs/austen_main.yaml --set checkpoint.dir=runs/ck --set checkpoint.every=20
+    build/baton run jobs/austen_main.yaml --set checkpoint.dir=runs/ck --set checkpoint.every=20 \
+        --set train.stop_after=40
     build/baton run jobs/austen_main.yaml --set checkpoint.dir=runs/ck --resume
-    build/baton run jobs/austen_main.yaml --resume runs/ck --set checkpoint.dir=runs/ck1 \
-        --set parallel.pp=1 --set parallel.dp=4
+    build/baton run jobs/austen_main.yaml --resume runs/ck/step-00000040 --set checkpoint.dir=runs/ck1 \
+        --set parallel.pp=1 --set parallel.dp=4 --set 'parallel.split=[]'
     build/baton convert --from runs/ck --to runs/model-hf --tokenizer tests/fixtures/tok/gpt2
     rm -rf runs/ck runs/model-hf
-    baton run jobs/austen_pp2_dp2.yaml --set checkpoint.dir=runs/ck --set checkpoint.every=50
+    baton run jobs/austen_pp2_dp2.yaml --set checkpoint.dir=runs/ck --set checkpoint.every=50 --set train.stop_after=50
     baton run jobs/austen_pp2_dp2.yaml --set checkpoint.dir=runs/ck --resume
     baton run jobs/austen_pp2_dp2.yaml --set checkpoint.dir=runs/ck2 --resume runs/ck/step-00000050
-    baton run jobs/austen_pp2_dp2.yaml --resume runs/ck --set checkpoint.dir=runs/ck4 \
+    baton run jobs/austen_pp2_dp2.yaml --resume runs/ck/step-00000050 --set checkpoint.dir=runs/ck4 \
         --set parallel.pp=1 --set parallel.dp=4
     baton convert --from runs/ck --to runs/model-hf --tokenizer tests/fixtures/tok/gpt2
     baton convert --from runs/ck --to runs/ck-tp2 --layout tp=2,pp=1
