@@ -43,7 +43,7 @@ if [ "$what" = checkpoints ] || [ "$what" = all ]; then
     baton run jobs/austen_pp2_dp2.yaml --set checkpoint.dir=runs/ck --resume
     baton run jobs/austen_pp2_dp2.yaml --set checkpoint.dir=runs/ck2 --resume runs/ck/step-00000050
     baton run jobs/austen_pp2_dp2.yaml --resume runs/ck/step-00000050 --set checkpoint.dir=runs/ck4 \
-        --set parallel.pp=1 --set parallel.dp=4
+        --set parallel.pp=1 --set parallel.dp=4 --set 'parallel.split=[]'
     baton convert --from runs/ck --to runs/model-hf --tokenizer tests/fixtures/tok/gpt2
     baton convert --from runs/ck --to runs/ck-tp2 --layout tp=2,pp=1
     baton convert --from runs/model-hf --to runs/imported
