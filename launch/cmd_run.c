@@ -316,6 +316,7 @@ int cmd_run(int argc, char **argv)
             rep.load = load;
             rep.load_rows = model_moe_load_take(m, load);
             rep.load_cols = (int)m->cfg.moe.n_experts + 1;
+            if (model_moe_balance(m, load)) goto out;
         }
         run_metrics_write(metrics, &rep);
         if (!quiet && (info.step == 1 || info.step % job.train.log_every == 0 ||
