@@ -17,14 +17,18 @@ BUILD   ?= build/san-$(SAN)
 endif
 
 PKGS    := libev-dev libmsgpack-dev libucx-dev ucx-utils libyaml-dev libjansson-dev \
-           libopenblas-dev libxxhash-dev libssl-dev libpng-dev pkg-config clang \
-           libclang-rt-14-dev python3
+           libopenblas-dev libxxhash-dev libssl-dev libpng-dev libcairo2-dev pkg-config clang \
+           libclang-rt-14-dev python3 python3-venv
 HAVE_UCX  := $(shell pkg-config --exists ucx 2>/dev/null && echo 1)
 HAVE_NVCC := $(shell command -v nvcc >/dev/null 2>&1 && echo 1)
 
 WARN    := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wstrict-prototypes
 CFLAGS  += -std=c11 -D_GNU_SOURCE -O$(O) -g $(WARN) -I. -MMD -MP -pthread
 LDLIBS  := -lev -lmsgpackc -ljansson -lyaml -lopenblas -lxxhash -lcrypto -lpng -lm -lpthread -ldl
+# cairo draws the run's pictures (launch/plot.c); its flags from pkg-config
+# once the package is installed (make deps)
+CFLAGS  += $(shell pkg-config --cflags cairo 2>/dev/null)
+LDLIBS  += $(shell pkg-config --libs cairo 2>/dev/null || echo -lcairo)
 ifeq ($(HAVE_UCX),1)
 CFLAGS  += -DBT_HAVE_UCX=1 $(shell pkg-config --cflags ucx)
 LDLIBS  += $(shell pkg-config --libs ucx)
@@ -83,6 +87,19 @@ all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN) $(FUZZ_REPLAY_BIN) $(CUDA_LI
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+# The source revision `baton --version` prints and every run directory
+# records (launch/version.c): git's commit, "-dirty" with uncommitted
+# changes. The stamp file changes only when the revision does, so that only
+# version.o is rebuilt then.
+REVISION := $(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+$(BUILD)/revision: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(REVISION)' | cmp -s - $@ || echo '$(REVISION)' > $@
+$(BUILD)/obj/launch/version.o: $(BUILD)/revision
+$(BUILD)/obj/launch/version.o: CFLAGS += -DBATON_REVISION='"$(REVISION)"'
+.PHONY: FORCE
+FORCE:
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)

@@ -217,7 +217,7 @@ static void edge_fail(edge_t *e, bt_status_t why, const char *text, bool close_e
     pthread_mutex_unlock(&e->rt->mu);
     /* A peer that closes while we stop anyway is the normal end of a job. */
     if (stopping && why == BT_ERR_PEER_CLOSED)
-        log_info("rank %u: link to rank %u (%s) closed during stop", e->rt->cfg.rank, e->rank,
+        log_debug("rank %u: link to rank %u (%s) closed during stop", e->rt->cfg.rank, e->rank,
                  edge_where(e, where, sizeof where));
     else
         log_error("rank %u: link to rank %u (%s) failed: %s: %s", e->rt->cfg.rank, e->rank,

@@ -45,8 +45,13 @@ int log_enabled(log_level_t level) { return (int)level <= log_level_get(); }
 static void log_vwrite(const char *lvl, const char *file, int line, const char *fmt, va_list ap)
 {
     char buf[2048];
-    int n = g_tag[0] ? snprintf(buf, sizeof buf, "baton[%s] %s %s:%d: ", g_tag, lvl, file, line)
-                     : snprintf(buf, sizeof buf, "baton %s %s:%d: ", lvl, file, line);
+    /* The source location is for whoever debugs baton, not for whoever runs
+     * it: only at BATON_LOG=debug (and in a panic, a bug of baton's). */
+    int n;
+    if (file && g_tag[0]) n = snprintf(buf, sizeof buf, "baton[%s] %s %s:%d: ", g_tag, lvl, file, line);
+    else if (file) n = snprintf(buf, sizeof buf, "baton %s %s:%d: ", lvl, file, line);
+    else if (g_tag[0]) n = snprintf(buf, sizeof buf, "baton[%s] %s: ", g_tag, lvl);
+    else n = snprintf(buf, sizeof buf, "baton %s: ", lvl);
     if (n < 0) n = 0;
     if ((size_t)n < sizeof buf) vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
     size_t len = strnlen(buf, sizeof buf - 2);
@@ -63,7 +68,7 @@ void log_write(log_level_t level, const char *file, int line, const char *fmt, .
     if (!log_enabled(level)) return;
     va_list ap;
     va_start(ap, fmt);
-    log_vwrite(names[level], file, line, fmt, ap);
+    log_vwrite(names[level], log_enabled(LOG_DEBUG) ? file : NULL, line, fmt, ap);
     va_end(ap);
 }
 

@@ -4,7 +4,8 @@
  * and errors). Every line carries the process tag set by log_set_tag()
  * (e.g. "rank3") so that the merged output of a multi-process job says who
  * spoke.
- * Level from BATON_LOG=error|warn|info|debug (default info).
+ * Level from BATON_LOG=error|warn|info|debug (default info). A line names
+ * the C source file and line that wrote it only at debug (and in a panic).
  */
 #ifndef BT_BASE_LOG_H
 #define BT_BASE_LOG_H

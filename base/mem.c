@@ -114,3 +114,15 @@ bt_status_t base_mem_limit_get(base_mem_limit_t *out, char *err, size_t errlen)
     }
     return BT_OK;
 }
+
+long long base_mem_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/status", "re");
+    if (!f) return -1;
+    char line[256];
+    long long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kib = strtoll(line + 6, NULL, 10);
+    fclose(f);
+    return kib < 0 ? -1 : kib * 1024;
+}

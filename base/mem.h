@@ -28,6 +28,10 @@ bt_status_t base_mem_limit_get(base_mem_limit_t *out, char *err, size_t errlen);
  * with an optional K/M/G/T suffix (optionally followed by "B" or "iB"). */
 bt_status_t base_mem_size_parse(const char *s, double *bytes);
 
+/* This process's peak resident memory (VmHWM of /proc/self/status, which
+ * starts afresh at exec), in bytes; -1 when unreadable. */
+long long base_mem_peak_rss(void);
+
 /* "4.3 GiB", "512 MiB", "12 KiB", "100 B" (three significant digits). */
 void base_mem_size_fmt(double bytes, char *buf, size_t cap);
 

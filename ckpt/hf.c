@@ -1031,3 +1031,51 @@ bt_status_t ckpt_hf_save_tp(const model_t *m, const char *dir)
     model_destroy(full);
     return st;
 }
+
+const char *const ckpt_hf_tokenizer_files[] = {"tokenizer.json", "tokenizer_config.json",
+                                               "special_tokens_map.json", NULL};
+
+static bool file_is_regular(const char *dir, const char *name)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+bt_status_t ckpt_hf_tokenizer_copy(const char *src, const char *dst, char *err, size_t errlen)
+{
+    struct stat sb;
+    if (stat(src, &sb) != 0) {
+        snprintf(err, errlen, "%s: %s", src, strerror(errno));
+        return BT_ERR_NOT_FOUND;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", src);
+    if (!S_ISDIR(sb.st_mode)) {
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        else snprintf(dir, sizeof dir, ".");
+    }
+    if (!file_is_regular(dir, "tokenizer.json")) {
+        snprintf(err, errlen, "%s: no tokenizer.json there", src);
+        return BT_ERR_NOT_FOUND;
+    }
+    for (int i = 0; ckpt_hf_tokenizer_files[i]; i++) {
+        const char *name = ckpt_hf_tokenizer_files[i];
+        if (!file_is_regular(dir, name)) continue;
+        char from[4200], to[4200];
+        snprintf(from, sizeof from, "%s/%s", dir, name);
+        snprintf(to, sizeof to, "%s/%s", dst, name);
+        char *text = NULL;
+        size_t len = 0;
+        bt_status_t st = base_file_read(from, 1u << 30, &text, &len);
+        if (!st) st = base_save_file(to, text, len, 0644);
+        free(text);
+        if (st) {
+            snprintf(err, errlen, "%s: cannot copy it to %s", from, to);
+            return st;
+        }
+    }
+    return BT_OK;
+}

@@ -51,4 +51,13 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir);
  * take part in the gather). Same as ckpt_hf_save at tp_size 1. */
 bt_status_t ckpt_hf_save_tp(const model_t *m, const char *dir);
 
+/* The tokenizer files (tokenizer.json, and tokenizer_config.json and
+ * special_tokens_map.json when present) of src, a tokenizer.json or a
+ * directory holding one, copied into the directory dst, each file replaced
+ * atomically. BT_ERR_NOT_FOUND / BT_ERR_IO with err naming src (and what
+ * is missing) or the file. */
+bt_status_t ckpt_hf_tokenizer_copy(const char *src, const char *dst, char *err, size_t errlen);
+/* The names ckpt_hf_tokenizer_copy may write (NULL-terminated). */
+extern const char *const ckpt_hf_tokenizer_files[];
+
 #endif

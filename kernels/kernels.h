@@ -33,6 +33,10 @@
  * (cores / local ranks). Process-wide. Results are bit-identical for every
  * thread count. BATON_CPU_THREADS, when set, overrides every request. */
 void kern_cpu_set_threads(int n);
+/* The fp32 FLOP/s of this process's CPU products, measured now (about
+ * 0.12 s of 512-cubed products on the backend's threads): the peak that
+ * a CPU run's MFU is reported against. 0 when it cannot be measured. */
+double kern_cpu_peak_flops(void);
 
 /* ---- dense algebra ---------------------------------------------------- */
 

@@ -80,42 +80,13 @@ static bt_status_t export_fill(void *arg, int i, void *buf, size_t bytes)
     return ckpt_read(x->r, x->src[i], &x->want[i], buf, x->err, sizeof x->err);
 }
 
-/* The tokenizer files of PATH (a tokenizer.json, or a directory holding one)
- * into the new version of the export. */
+/* The tokenizer files of PATH into the new version of the export. */
 static bt_status_t tokenizer_copy(const char *path, const base_save_dir_t *d)
 {
-    static const char *const names[] = {"tokenizer.json", "tokenizer_config.json",
-                                        "special_tokens_map.json", NULL};
-    struct stat sb;
-    if (stat(path, &sb) != 0) {
-        fprintf(stderr, "baton convert: --tokenizer %s: %s\n", path, strerror(errno));
-        return BT_ERR_NOT_FOUND;
-    }
-    char dir[4096];
-    if (S_ISDIR(sb.st_mode)) snprintf(dir, sizeof dir, "%s", path);
-    else {
-        snprintf(dir, sizeof dir, "%s", path);
-        char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0;
-        else snprintf(dir, sizeof dir, ".");
-    }
-    if (!is_file(dir, "tokenizer.json")) {
-        fprintf(stderr, "baton convert: --tokenizer %s: no tokenizer.json there\n", path);
-        return BT_ERR_NOT_FOUND;
-    }
-    for (int i = 0; names[i]; i++) {
-        if (!is_file(dir, names[i])) continue;
-        char src[4200], dst[4200];
-        snprintf(src, sizeof src, "%s/%s", dir, names[i]);
-        base_save_dir_path(d, names[i], dst, sizeof dst);
-        char *text = NULL;
-        size_t len = 0;
-        bt_status_t st = base_file_read(src, 1u << 30, &text, &len);
-        if (!st) st = base_save_file(dst, text, len, 0644);
-        free(text);
-        if (st) return st;
-    }
-    return BT_OK;
+    char err[1024];
+    bt_status_t st = ckpt_hf_tokenizer_copy(path, d->tmp, err, sizeof err);
+    if (st) fprintf(stderr, "baton convert: --tokenizer %s\n", err);
+    return st;
 }
 
 static int export_hf(const char *src, const char *to, const char *tokenizer)

@@ -54,6 +54,10 @@ int cmd_flops(int argc, char **argv)
             sets[n_sets++] = a + 6;
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s  training FLOPs per token of the job's model (model/flops.h), MFU's numerator;\n"
+                   "  with a measured rate and a peak, the MFU\n", usage_line);
+            return 0;
         } else if (a[0] != '-' && !path) {
             path = a;
         } else {

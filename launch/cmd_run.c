@@ -1,6 +1,6 @@
-/* baton run JOB.yaml [--set section.key=value ...]: single-process training
- * from a job file (docs/JOBS.md). Layouts with tp/pp/dp > 1 are parsed and
- * validated but refused here until the distributed runtime lands. */
+/* baton run JOB.yaml [--set section.key=value ...]: training from a job file
+ * (docs/JOBS.md), in its own run directory (launch/rundir.h). tp = pp = dp =
+ * 1 trains in this process; a layout goes to the driver (launch/driver.h). */
 #include "launch/cli.h"
 
 #include <errno.h>
@@ -13,10 +13,12 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/mem.h"
 #include "ckpt/hf.h"
 #include "launch/driver.h"
 #include "launch/job.h"
-#include "launch/plot.h"
+#include "launch/report.h"
+#include "launch/rundir.h"
 #include "ckpt/store.h"
 #include "launch/run_ckpt.h"
 #include "launch/run_mem.h"
@@ -28,40 +30,29 @@ static void run_usage(FILE *f)
 {
     fprintf(f, "usage: baton run JOB.yaml [--set section.key=value ...] [--resume [latest|DIR]] "
                "[--quiet]\n"
-               "  trains as the job file says (docs/JOBS.md lists every field)\n"
+               "  trains as the job file says (docs/JOBS.md lists every field), in a directory of\n"
+               "  its own: runs/JOB/RUN_ID/ (runs/JOB/latest points at the newest)\n"
+               "  --set:    override a field of the job file (section.key=value)\n"
                "  --resume: continue from a checkpoint (docs/CHECKPOINTS.md): `latest` (the default)\n"
-               "            is the newest under checkpoint.dir; DIR a step directory or a root\n");
+               "            is the newest under checkpoint.dir; DIR a step directory or a root\n"
+               "  --quiet:  no progress lines and no log lines below warnings\n");
 }
 
-/* The distributed layouts this build cannot run yet: say so instead of
- * silently training something else. */
+/* What one process cannot be: virtual stages and ZeRO-1 shard over ranks,
+ * and processes on other hosts need a launcher this build lacks. */
 static bool layout_supported(const job_t *job)
 {
     const job_parallel_t *p = &job->parallel;
     bool local = job->n_hosts == 1 && (!strcmp(job->hosts[0], "local") ||
                                        !strcmp(job->hosts[0], "localhost") ||
                                        !strcmp(job->hosts[0], "127.0.0.1"));
-    if (p->tp == 1 && p->pp == 1 && p->dp == 1 && p->virtual_stages == 1 && !p->zero1 && local)
-        return true;
+    if (p->virtual_stages == 1 && !p->zero1 && local) return true;
     fprintf(stderr,
-            "baton run: %s: the layout tp=%lld pp=%lld dp=%lld virtual_stages=%lld zero1=%s "
-            "hosts=%d (%s...) is valid, but this build runs single-process training only "
-            "(tp=pp=dp=1 on host local); multi-process layouts are not supported yet\n",
-            job->path, (long long)p->tp, (long long)p->pp, (long long)p->dp,
-            (long long)p->virtual_stages, p->zero1 ? "true" : "false", job->n_hosts, job->hosts[0]);
+            "baton run: %s: tp = pp = dp = 1 is one process, which has no %s; set parallel.pp "
+            "or parallel.dp above 1, or drop it\n", job->path,
+            p->virtual_stages != 1 ? "virtual stages (parallel.virtual_stages)"
+            : p->zero1 ? "optimizer state to shard (parallel.zero1)" : "remote hosts (hosts)");
     return false;
-}
-
-/* Hugging Face directory (config.json + model.safetensors) that
- * `baton eval --model DIR` and transformers can load, replaced as a whole
- * (ckpt_hf_save). */
-static bt_status_t model_export(const model_t *m, const char *dir, int64_t step)
-{
-    bt_status_t st = run_parent_make(dir);
-    if (st) return st;
-    st = ckpt_hf_save(m, dir);
-    if (st == BT_OK) log_debug("model of step %lld written to %s", (long long)step, dir);
-    return st;
 }
 
 /* The single-process run's checkpoint writer: a thread per save, so that
@@ -156,16 +147,12 @@ static bt_status_t resume_load(const job_t *job, const char *what, model_t *m, t
     return BT_OK;
 }
 
-static bt_status_t eval_report(train_t *t, FILE *metrics, int64_t step,
-                               plot_curve_t *val_curve, double *loss, double *ppl)
+static bt_status_t eval_report(train_t *t, report_t *rep, int64_t step, double *loss)
 {
-    bt_status_t st = train_eval(t, loss, ppl);
-    if (st) return st;
-    printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)step, *loss, *ppl);
-    fflush(stdout);
-    plot_curve_push(val_curve, (double)step, *loss);
-    run_eval_metrics_write(metrics, step, *loss);
-    return BT_OK;
+    double ppl;
+    bt_status_t st = train_eval(t, loss, &ppl);
+    if (st == BT_OK) report_eval(rep, step, *loss);
+    return st;
 }
 
 int cmd_run(int argc, char **argv)
@@ -214,33 +201,56 @@ int cmd_run(int argc, char **argv)
     for (int i = 0; i < n_sets; i++)
         if (job_override(&job, sets[i], err, sizeof err)) goto bad_job;
     if (job_validate(&job, err, sizeof err)) goto bad_job;
+    /* --quiet: nothing but warnings and errors from here on, in this process
+     * and in the workers (unless BATON_LOG says otherwise) */
+    if (quiet && !getenv("BATON_LOG")) {
+        log_set_level(LOG_WARN);
+        setenv("BATON_LOG", "warn", 1);
+    }
+    if (job.parallel.tp * job.parallel.pp * job.parallel.dp == 1 && !layout_supported(&job)) return 1;
+    if (job.export.dir[0] && !run_export_tokenizer(&job)[0])
+        log_warn("export.tokenizer: not set and model.hf has no tokenizer.json: the export "
+                 "will hold no tokenizer (baton generate and eval --text need one)");
+    static rundir_t rd;
+    {
+        char *full[258];
+        int n = 0;
+        full[n++] = "baton";
+        for (int i = 0; i < argc && n < 258; i++) full[n++] = argv[i];
+        if (rundir_create(&job, n, full, sets, n_sets, &rd, err, sizeof err)) goto bad_job;
+    }
     if (job.parallel.tp * job.parallel.pp * job.parallel.dp > 1) /* multi-process: launch/driver.h */
-        return driver_run(&job, sets, n_sets, quiet, resume ? (resume_what ? resume_what : "latest") : NULL);
-    if (!layout_supported(&job)) return 1;
+        return driver_run(&job, sets, n_sets, quiet, resume ? (resume_what ? resume_what : "latest") : NULL,
+                          &rd);
     if (job.trace_dir[0]) log_warn("trace.dir: tracing of single-process runs is not built yet; ignored");
 
     int rc = 1;
     static saver_t saver;
+    static report_t rep;
     ckpt_items_t items = {0};
     train_position_t pos = {0};
-    int64_t tokens_done = 0;
     int32_t *tokens = NULL, *val_tokens = NULL;
     const int32_t *val = NULL;
     int64_t n_train = 0, n_val = 0;
     model_t *m = NULL;
     double *load = NULL; /* a step's routed-expert load (metrics) */
     train_t *t = NULL;
-    FILE *metrics = NULL;
-    plot_curve_t curve = {0}, val_curve = {0};
+    bool rep_open = false;
     uint32_t data_vocab = 0, val_vocab = 0;
     if (job.data.val_dir[0]) {
-        if (run_stream_load(job.data.dir, &tokens, &n_train, &data_vocab)) goto out;
-        if (run_stream_load(job.data.val_dir, &val_tokens, &n_val, &val_vocab)) goto out;
-        val = val_tokens;
-    } else {
-        if (run_tokens_load(job.data.dir, job.data.split, &tokens, &n_train, &val, &n_val,
-                            &data_vocab))
+        if (run_stream_load(job.data.dir, &tokens, &n_train, &data_vocab)) {
+            run_data_error("run", &job, "data.dir");
             goto out;
+        }
+        if (run_stream_load(job.data.val_dir, &val_tokens, &n_val, &val_vocab)) {
+            run_data_error("run", &job, "data.val_dir");
+            goto out;
+        }
+        val = val_tokens;
+    } else if (run_tokens_load(job.data.dir, job.data.split, &tokens, &n_train, &val, &n_val,
+                               &data_vocab)) {
+        run_data_error("run", &job, "data.dir");
+        goto out;
     }
     if (val_vocab > data_vocab) data_vocab = val_vocab;
     if (!job.model.hf[0] && job.model.vocab == 0) {
@@ -267,67 +277,52 @@ int cmd_run(int argc, char **argv)
     train_config_t tc;
     run_train_config(&job, &tc);
     if (train_create(&tc, m, tokens, n_train, val, n_val, &t)) goto out;
-    if ((job.metrics.file[0] && run_parent_make(job.metrics.file)) ||
-        (job.metrics.plot[0] && run_parent_make(job.metrics.plot)))
-        goto out;
     if ((job.checkpoint.dir[0] || resume) &&
         (ckpt_items_params(&items, m, true, -1) ||
          ckpt_items_optim(&items, m, train_optimizer(t), true, -1)))
         goto out;
-    if (resume) {
-        if (resume_load(&job, resume_what, m, t, &items, &pos)) goto out;
-        if (run_metrics_trim(job.metrics.file, pos.step, &tokens_done)) goto out;
-    }
-    if (job.metrics.file[0] && !(metrics = fopen(job.metrics.file, resume ? "ae" : "we"))) {
-        log_error("metrics.file: cannot create %s: %s", job.metrics.file, strerror(errno));
+    int64_t tokens_before = 0;
+    if (resume && (resume_load(&job, resume_what, m, t, &items, &pos) ||
+                   run_metrics_trim(job.metrics.file, pos.step, &tokens_before)))
         goto out;
-    }
-    int64_t last = job.train.stop_after ? job.train.stop_after : tc.steps;
-    double vloss = NAN, vppl = NAN;
-    printf("baton run %s: %s model, %lld params, %lld layers, hidden %lld, vocab %lld | %lld train tokens, "
-           "%lld val tokens | %lld steps x %lld tokens\n",
-           job.path, job.model.hf[0] ? job.model.hf : "random-init",
-           (long long)model_num_params(&m->cfg), (long long)m->cfg.num_layers,
-           (long long)m->cfg.hidden_size, (long long)m->cfg.vocab_size, (long long)n_train, (long long)n_val,
-           (long long)tc.steps, (long long)(tc.micro_batch * tc.grad_accum * tc.seq_len));
-    fflush(stdout);
+    if (report_open(&rep, &job, &m->cfg, 1, resume, quiet, rd.id, rd.path)) goto out;
+    rep_open = true;
+    rep.base_step = pos.step;
+    rep.tokens_before = tokens_before;
+    double vloss = NAN;
+    int64_t last = rep.last_step;
+    char layout[128];
+    snprintf(layout, sizeof layout, "1 process (tp=1 pp=1 dp=1), %lld microbatch%s of %lld per step",
+             (long long)tc.grad_accum, tc.grad_accum == 1 ? "" : "es", (long long)tc.micro_batch);
+    report_header(&rep, &m->cfg, model_num_params(&m->cfg), layout,
+                  tc.micro_batch * tc.grad_accum * tc.seq_len, n_train, n_val);
 
     /* Fine-tuning a pretrained model: the starting validation loss, so that
      * the run shows how far it moved from it (step 0 in metrics). */
     if (job.model.hf[0] && n_val > tc.seq_len && job.train.eval_every && !resume)
-        if (eval_report(t, metrics, 0, &val_curve, &vloss, &vppl)) goto out;
-    uint64_t t0 = clock_now_ns();
-    double train_seconds = 0; /* step time only: evaluations and exports excluded */
+        if (eval_report(t, &rep, 0, &vloss)) goto out;
     for (int64_t s = pos.step; s < last; s++) {
         train_step_info_t info;
         if (train_step(t, &info)) goto out;
-        tokens_done += info.tokens;
-        train_seconds += info.seconds;
-        double elapsed = (double)(clock_now_ns() - t0) * 1e-9;
-        double tps = (double)tokens_done / train_seconds;
-        double eta = elapsed / (double)(info.step - pos.step) * (double)(last - info.step);
-        if (isfinite(info.loss)) plot_curve_push(&curve, (double)info.step, info.loss);
-        run_step_report_t rep = {.step = info.step, .steps = tc.steps, .tokens = tokens_done,
-                                 .loss = info.loss, .lr = info.lr, .grad_norm = info.grad_norm,
-                                 .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta,
-                                 .skipped = info.skipped, .skipped_total = info.skipped_total};
+        long long rss = base_mem_peak_rss();
+        uint64_t mem = rss > 0 ? (uint64_t)rss : 0;
+        report_step_t rs = {.step = info.step, .tokens = info.tokens, .loss = info.loss, .lr = info.lr,
+                            .grad_norm = info.grad_norm, .step_s = info.seconds, .skipped = info.skipped,
+                            .skipped_total = info.skipped_total, .mem = &mem};
         if (m->n_moe && (load || (load = malloc((size_t)m->n_moe * (size_t)(m->cfg.moe.n_experts + 1) *
                                                  sizeof *load)))) {
-            rep.load = load;
-            rep.load_rows = model_moe_load_take(m, load);
-            rep.load_cols = (int)m->cfg.moe.n_experts + 1;
+            rs.load = load;
+            rs.load_rows = model_moe_load_take(m, load);
+            rs.load_cols = (int)m->cfg.moe.n_experts + 1;
             if (model_moe_balance(m, load)) goto out;
         }
-        run_metrics_write(metrics, &rep);
-        if (!quiet && (info.step == 1 || info.step % job.train.log_every == 0 ||
-                       info.step == tc.steps || info.skipped))
-            run_progress_print(&rep);
+        report_step(&rep, &rs);
         if (n_val > tc.seq_len && job.train.eval_every && info.step % job.train.eval_every == 0 &&
             info.step != tc.steps)
-            if (eval_report(t, metrics, info.step, &val_curve, &vloss, &vppl)) goto out;
+            if (eval_report(t, &rep, info.step, &vloss)) goto out;
         if (job.export.dir[0] && job.export.every && info.step % job.export.every == 0 &&
             info.step != tc.steps)
-            if (model_export(m, job.export.dir, info.step)) goto out;
+            if (run_model_export(m, &job)) goto out;
         if (job.checkpoint.dir[0] &&
             (info.step == last || (job.checkpoint.every && info.step % job.checkpoint.every == 0)))
             if (saver_start(&saver, &job, sets, n_sets, m, t, &items)) goto out;
@@ -337,31 +332,26 @@ int cmd_run(int argc, char **argv)
     if (last < tc.steps) { /* stopped early, as asked: the checkpoint is what goes on */
         printf("stopped after step %lld of %lld (train.stop_after)\n", (long long)last,
                (long long)tc.steps);
-        rc = 0;
+        rc = report_finish(&rep, false) ? 1 : 0;
         goto out;
     }
     if (n_val > tc.seq_len) {
-        if (eval_report(t, metrics, tc.steps, &val_curve, &vloss, &vppl)) goto out;
-        printf("final validation loss %.4f, perplexity %.2f\n", vloss, vppl);
+        if (eval_report(t, &rep, tc.steps, &vloss)) goto out;
+        printf("final validation loss %.4f, perplexity %.2f\n", vloss, exp(vloss));
     } else {
         printf("no validation split (data.split = %g): no validation perplexity\n", job.data.split);
     }
     if (job.export.dir[0]) {
-        if (model_export(m, job.export.dir, tc.steps)) goto out;
-        printf("model written to %s (HF format)\n", job.export.dir);
+        if (run_model_export(m, &job)) goto out;
+        printf("model written to %s (HF format%s)\n", job.export.dir,
+               run_export_tokenizer(&job)[0] ? ", with its tokenizer" : ", no tokenizer");
     }
-    if (job.metrics.plot[0]) {
-        plot_series_t tr = plot_curve_view(&curve), va = plot_curve_view(&val_curve);
-        if (plot_loss_png(job.metrics.plot, &tr, &va, NULL)) goto out;
-        printf("loss curve written to %s\n", job.metrics.plot);
-    }
+    if (report_finish(&rep, true)) goto out;
     rc = 0;
 out:
     if (saver_join(&saver)) rc = 1;
+    if (rep_open) report_close(&rep);
     ckpt_items_free(&items);
-    if (metrics) fclose(metrics);
-    plot_curve_free(&curve);
-    plot_curve_free(&val_curve);
     free(load);
     train_destroy(t);
     model_destroy(m);

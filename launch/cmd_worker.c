@@ -13,6 +13,11 @@ int cmd_worker(int argc, char **argv)
     const char *run_dir = NULL;
     int rank = -1;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: baton worker --run-dir DIR --rank R (started by `baton run`)\n"
+                   "  one rank process of a multi-process job; not for use by hand\n");
+            return 0;
+        }
         if (!strcmp(argv[i], "--run-dir") && i + 1 < argc) run_dir = argv[++i];
         else if (!strcmp(argv[i], "--rank") && i + 1 < argc) rank = atoi(argv[++i]);
         else {

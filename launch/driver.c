@@ -27,7 +27,7 @@
 #include "launch/run_ckpt.h"
 #include "launch/graph.h"
 #include "launch/jobdir.h"
-#include "launch/plot.h"
+#include "launch/report.h"
 #include "launch/run_mem.h"
 #include "launch/run_setup.h"
 #include "launch/spawn.h"
@@ -77,13 +77,13 @@ typedef struct {
                                  * rank's METRICS came first */
     int64_t         skip_run, skipped; /* non-finite steps: in a row now, in all */
     uint64_t        t0, t_step0, t_phase0;
-    int64_t         tokens_done;
     bool            has_eval;   /* evaluation rows were written for the workers */
     bool            eval_only;  /* one evaluation, no training (baton eval --layout) */
     double          eval_loss;  /* result of the last evaluation */
     int64_t         eval_tokens;
-    FILE           *metrics;
-    plot_curve_t    curve, val_curve; /* for metrics.plot */
+    report_t        rep;        /* progress, metrics, pictures, summary (launch/report.h) */
+    bool            rep_open;
+    uint64_t       *mem;        /* [world] each rank's peak resident bytes, from METRICS */
     model_t        *full;       /* export target */
     bool           *received;   /* [full->n_params] */
     actor_worker_t *saver;      /* writes the exports, off the driver's loop */
@@ -409,13 +409,11 @@ static void next_after(driver_t *d, bool evaluated)
     else done(d);
 }
 
-/* The saver thread: export.dir replaced as a whole (ckpt_hf_save). */
+/* The saver thread: export.dir replaced as a whole, with the tokenizer. */
 static bt_status_t save_run(void *arg)
 {
     driver_t *d = arg;
-    bt_status_t st = run_parent_make(d->job->export.dir);
-    if (st == BT_OK) st = ckpt_hf_save(d->full, d->job->export.dir);
-    return st;
+    return run_model_export(d->full, d->job);
 }
 
 static void save_start(driver_t *d)
@@ -438,7 +436,8 @@ static actor_ret_t drv_on_work_done(actor_t *self, actor_msg_t *m)
     d->saved_step = d->step;
     if (d->step == d->job->train.steps) {
         errno = 0;
-        printf("model written to %s (HF format)\n", d->job->export.dir);
+        printf("model written to %s (HF format%s)\n", d->job->export.dir,
+               run_export_tokenizer(d->job)[0] ? ", with its tokenizer" : ", no tokenizer");
         drv_stdout_check(d);
     } else {
         log_debug("model of step %lld written to %s", (long long)d->step, d->job->export.dir);
@@ -555,6 +554,9 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
         d->grad_norm = m->body.metrics.grad_norm;
         d->lr = m->body.metrics.lr;
     }
+    tensor_t *mt = actor_msg_tensor(m, "mem_peak");
+    if (mt && mt->dtype == DT_I64 && tensor_numel(mt) == 1 && ((int64_t *)mt->data)[0] > (int64_t)d->mem[r])
+        d->mem[r] = (uint64_t)((int64_t *)mt->data)[0];
     if (++d->n_metrics < d->world) return ACTOR_DONE;
     d->loss_sum = 0;
     for (int k = 0; k < d->world; k++) d->loss_sum += d->rank_loss[k];
@@ -569,9 +571,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
             return ACTOR_DONE;
         }
         errno = 0;
-        printf("eval  step %lld | val loss %.4f | val ppl %.2f\n", (long long)d->step, vloss, exp(vloss));
-        plot_curve_push(&d->val_curve, (double)d->step, vloss);
-        run_eval_metrics_write(d->metrics, d->step, vloss);
+        report_eval(&d->rep, d->step, vloss);
         if (d->step == steps) printf("final validation loss %.4f, perplexity %.2f\n", vloss, exp(vloss));
         drv_stdout_check(d);
         next_after(d, true);
@@ -601,22 +601,14 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
     } else {
         d->skip_run = 0;
     }
-    d->tokens_done += (int64_t)d->scored;
-    if (isfinite(loss)) plot_curve_push(&d->curve, (double)d->step, loss);
-    double elapsed = (double)(clock_now_ns() - d->t0) * 1e-9;
-    double tps = (double)d->tokens_done / elapsed;
-    double eta = elapsed / (double)(d->step - d->base_step) * (double)(d->last_step - d->step);
-    run_step_report_t rep = {.step = d->step, .steps = steps, .tokens = d->tokens_done,
-                             .loss = loss, .lr = d->lr, .grad_norm = d->grad_norm,
-                             .tokens_per_s = tps, .elapsed_s = elapsed, .eta_s = eta,
-                             .skipped = skipped, .skipped_total = d->skipped,
-                             .load = d->load_rows, .load_rows = load_report(d),
-                             .load_cols = (int)d->job->model.n_experts + 1};
-    run_metrics_write(d->metrics, &rep);
     errno = 0;
-    if (!d->quiet && (d->step == 1 || d->step % d->job->train.log_every == 0 || d->step == steps ||
-                      skipped))
-        run_progress_print(&rep);
+    report_step(&d->rep, &(report_step_t){.step = d->step, .tokens = (int64_t)d->scored, .loss = loss,
+                                          .lr = d->lr, .grad_norm = d->grad_norm,
+                                          .step_s = (double)(clock_now_ns() - d->t_step0) * 1e-9,
+                                          .skipped = skipped, .skipped_total = d->skipped,
+                                          .mem = d->mem, .load = d->load_rows,
+                                          .load_rows = load_report(d),
+                                          .load_cols = (int)d->job->model.n_experts + 1});
     drv_stdout_check(d);
     next_after(d, false);
     return ACTOR_DONE;
@@ -1205,7 +1197,8 @@ static bt_status_t resume_prepare(const job_t *job, const graph_t *g, const char
 }
 
 static int driver_main(job_t *job, const char *job_text, size_t job_len, const char *const *sets,
-                       int n_sets, bool quiet, driver_eval_t *ev, const char *resume)
+                       int n_sets, bool quiet, driver_eval_t *ev, const char *resume,
+                       const rundir_t *rd)
 {
     static graph_t g;
     char err[JOB_ERR_MAX];
@@ -1281,8 +1274,11 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     if (file_write(run_dir, RUN_FILE_JOB, job_text, job_len, 0600)) goto remove_dir;
     size_t sets_len = 0;
     sets_text = calloc(1, 64 + 1);
-    for (int i = 0; i < n_sets + 1 && sets_text; i++) {
-        const char *s = i < n_sets ? sets[i] : vocab_set;
+    /* the workers' overrides: the user's, the vocabulary taken from the
+     * data, the paths in which {run} became the run's directory */
+    int n_rd = rd ? rd->n_sets : 0;
+    for (int i = 0; i < n_sets + 1 + n_rd && sets_text; i++) {
+        const char *s = i < n_sets ? sets[i] : i == n_sets ? vocab_set : rd->sets[i - n_sets - 1];
         if (!*s) continue;
         if (strchr(s, '\n')) {
             fprintf(stderr, "baton run: --set %s: a newline in an override\n", s);
@@ -1294,6 +1290,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         sets_len += (size_t)sprintf(sets_text + sets_len, "%s\n", s);
     }
     if (!sets_text || file_write(run_dir, RUN_FILE_SETS, sets_text, sets_len, 0600)) goto remove_dir;
+    if (rd && file_write(run_dir, RUN_FILE_RUN_ID, rd->id, strlen(rd->id), 0600)) goto remove_dir;
 
     run_ckpt_meta_t rmeta = {0};
     int64_t tokens_before = 0;
@@ -1319,12 +1316,15 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     if (file_write(run_dir, RUN_FILE_DRIVER, card, strlen(card), 0600)) goto destroy_router;
     if (actor_router_loop_new(rt, "driver", &loop)) goto destroy_router;
 
-    if ((job->metrics.file[0] && run_parent_make(job->metrics.file)) ||
-        (job->metrics.plot[0] && run_parent_make(job->metrics.plot)))
-        goto destroy_router;
-    if (job->metrics.file[0] && !(d.metrics = fopen(job->metrics.file, resume ? "ae" : "we"))) {
-        log_error("metrics.file: cannot create %s: %s", job->metrics.file, strerror(errno));
-        goto destroy_router;
+    if (!ev) {
+        model_config_t mc;
+        if (run_model_config(job, &mc)) goto destroy_router;
+        if (report_open(&d.rep, job, &mc, g.world, resume != NULL, quiet, rd ? rd->id : NULL,
+                        rd ? rd->path : NULL))
+            goto close_metrics;
+        d.rep_open = true;
+        d.rep.base_step = rmeta.pos.step;
+        d.rep.tokens_before = tokens_before;
     }
     if (job->export.dir[0]) {
         model_config_t mc;
@@ -1338,7 +1338,8 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     d.ck_up = calloc((size_t)g.world, sizeof *d.ck_up);
     d.ready = calloc((size_t)g.world, sizeof *d.ready);
     d.ck_root = calloc((size_t)g.world, sizeof *d.ck_root);
-    if (!d.last_seen || !d.ck_wrote || !d.ck_root || !d.rank_loss || !d.ck_up || !d.ready)
+    d.mem = calloc((size_t)g.world, sizeof *d.mem);
+    if (!d.last_seen || !d.ck_wrote || !d.ck_root || !d.rank_loss || !d.ck_up || !d.ready || !d.mem)
         goto close_metrics;
     if (job_has_experts(job)) {
         size_t cells = (size_t)job->model.layers * (size_t)(job->model.n_experts + 1);
@@ -1354,7 +1355,6 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     d.base_samples = rmeta.pos.samples;
     d.skipped = rmeta.pos.skipped;
     d.skip_run = rmeta.pos.skip_run;
-    d.tokens_done = tokens_before;
     d.rt = rt;
     d.job = job;
     d.g = &g;
@@ -1368,15 +1368,26 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     d.start_timeout_s = env_seconds("BATON_START_TIMEOUT", 120);
 
     if (!ev) {
-        printf("baton run %s: %d processes (tp=%d pp=%d dp=%d, %d virtual stages, %s, %d microbatches, "
-               "ZeRO-1 %s) | %lld steps x %lld tokens\n",
-               job->path, g.world, g.tp, g.pp, g.dp, g.n_vstages, pipe_sched_name(g.pipe.kind),
-               g.microbatches, g.zero1 ? "on" : "off", (long long)job->train.steps,
-               (long long)(g.dp * g.microbatches * g.micro_batch * g.seq_len));
-        fflush(stdout);
+        char layout[512], xp[256] = "";
+        int n = 0;
+        static const job_edge_t shown[] = {JOB_EDGE_CONTROL, JOB_EDGE_PIPELINE, JOB_EDGE_DATA_PARALLEL,
+                                           JOB_EDGE_TENSOR_PARALLEL};
+        for (size_t k = 0; k < sizeof shown / sizeof shown[0]; k++)
+            n += snprintf(xp + n, sizeof xp - (size_t)n, "%s%s %s", k ? ", " : "",
+                          job_edge_name(shown[k]), graph_edge_xport(job, shown[k]));
+        snprintf(layout, sizeof layout,
+                 "%d processes (tp=%d pp=%d dp=%d), %d virtual stage%s per rank, %s, %d microbatches "
+                 "of %lld per replica, ZeRO-1 %s | transports: %s",
+                 g.world, g.tp, g.pp, g.dp, g.vpp, g.vpp == 1 ? "" : "s", pipe_sched_name(g.pipe.kind),
+                 g.microbatches, (long long)g.micro_batch, g.zero1 ? "on" : "off", xp);
+        model_config_t mc;
+        if (run_model_config(job, &mc)) goto close_metrics;
+        report_header(&d.rep, &mc, model_num_params(&mc), layout,
+                      g.dp * g.microbatches * g.micro_batch * g.seq_len, n_tokens, -1);
     }
     if (job->trace_dir[0]) {
-        if (trace_start(job->trace_dir, (uint32_t)g.world, NULL))
+        trace_config_t tcfg = {.run_id = rd ? rd->id : NULL};
+        if (trace_start(job->trace_dir, (uint32_t)g.world, &tcfg))
             log_warn("trace.dir: cannot trace into %s; the driver runs untraced", job->trace_dir);
         trace_actor_name(ACTOR_ADDR(g.world, GRAPH_SLOT_DRIVER), "driver");
     }
@@ -1394,18 +1405,16 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         log_error("driver: rank %d did not exit cleanly after the job finished", failed);
         st = BT_ERR_PEER_CLOSED;
     }
-    if (st == BT_OK && !ev && job->metrics.plot[0] && d.curve.n > 0) {
-        plot_series_t tr = plot_curve_view(&d.curve), va = plot_curve_view(&d.val_curve);
-        if ((st = plot_loss_png(job->metrics.plot, &tr, &va, NULL)) == BT_OK)
-            printf("loss curve written to %s\n", job->metrics.plot);
+    if (st == BT_OK && !ev && d.rep_open) {
+        if (!d.has_eval)
+            printf("no validation split (data.split = %g): no validation perplexity\n", job->data.split);
+        st = report_finish(&d.rep, d.step >= job->train.steps);
     }
     if (st == BT_OK && ev) {
         ev->loss = d.eval_loss;
         ev->tokens = d.eval_tokens;
         rc = killed ? 1 : 0;
     } else if (st == BT_OK) {
-        if (!d.has_eval)
-            printf("no validation split (data.split = %g): no validation perplexity\n", job->data.split);
         rc = killed ? 1 : 0;
     }
 stop_procs:
@@ -1413,7 +1422,7 @@ stop_procs:
 stop_signals:
     drv_signals_stop(&sig);
 close_metrics:
-    if (d.metrics) fclose(d.metrics);
+    if (d.rep_open) report_close(&d.rep);
 destroy_router:
     actor_router_destroy(rt);
     free(d.last_seen);
@@ -1438,8 +1447,7 @@ destroy_router:
         log_info("driver: resume fetches: %lld forwarded to the ranks that wrote them, %lld served "
                  "here", (long long)d.fetch_forwarded, (long long)d.fetch_served);
     ckpt_reader_close(d.serve);
-    plot_curve_free(&d.curve);
-    plot_curve_free(&d.val_curve);
+    free(d.mem);
     model_destroy(d.full);
 remove_dir:
     trace_stop();
@@ -1450,12 +1458,13 @@ remove_dir:
     return rc;
 }
 
-int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet, const char *resume)
+int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet, const char *resume,
+               const rundir_t *rd)
 {
     char *text = NULL;
     size_t len = 0;
     if (base_file_read(job->path, 0, &text, &len)) return 1;
-    int rc = driver_main(job, text, len, sets, n_sets, quiet, NULL, resume);
+    int rc = driver_main(job, text, len, sets, n_sets, quiet, NULL, resume, rd);
     free(text);
     return rc;
 }
@@ -1512,7 +1521,7 @@ int driver_eval(const char *model_dir, const char *layout, const char *device, c
         return 1;
     }
     driver_eval_t ev = {.ids = ids, .targets = targets, .rows = rows};
-    int rc = driver_main(&job, text, (size_t)n, NULL, 0, true, &ev, NULL);
+    int rc = driver_main(&job, text, (size_t)n, NULL, 0, true, &ev, NULL, NULL);
     free(text);
     if (rc == 0) {
         *loss = ev.loss;

@@ -32,12 +32,14 @@
 #include <stdint.h>
 
 #include "launch/job.h"
+#include "launch/rundir.h"
 
 /* Run a validated job with tp*pp*dp > 1. sets: the --set overrides already
  * applied to job (forwarded to the workers). resume: NULL, or what
- * `--resume` names ("latest", a step directory or a root). Returns the
- * exit status. */
-int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet, const char *resume);
+ * `--resume` names ("latest", a step directory or a root). rd: the run's
+ * directory (its {run} paths already in job). Returns the exit status. */
+int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet, const char *resume,
+               const rundir_t *rd);
 
 /* One forward-only evaluation of the HF model in model_dir over `rows` rows
  * of T tokens (ids; targets -100 where not scored) in the layout

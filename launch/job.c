@@ -89,6 +89,7 @@ static const field_t fields[] = {
     INT("train.steps", train.steps, 1, BIG),
     INT("train.micro_batch", train.micro_batch, 1, 1 << 20),
     INT("train.grad_accum", train.grad_accum, 1, 1 << 20),
+    INT("train.global_batch", train.global_batch, 0, 1 << 30),
     INT("train.seed", train.seed, 0, BIG),
     INT("train.eval_every", train.eval_every, 0, BIG),
     INT("train.eval_batches", train.eval_batches, 0, 1 << 20),
@@ -130,12 +131,17 @@ static const field_t fields[] = {
 
     STR("export.dir", export.dir),
     INT("export.every", export.every, 0, BIG),
+    STR("export.tokenizer", export.tokenizer),
     STR("checkpoint.dir", checkpoint.dir),
     INT("checkpoint.every", checkpoint.every, 0, BIG),
     INT("checkpoint.keep", checkpoint.keep, 0, 1 << 20),
     STR("trace.dir", trace_dir),
     STR("metrics.file", metrics.file),
     STR("metrics.plot", metrics.plot),
+    STR("metrics.throughput_plot", metrics.throughput_plot),
+    STR("metrics.tensorboard", metrics.tensorboard),
+    BOOL("metrics.log_scale", metrics.log_scale),
+    STR("runs", runs),
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 _Static_assert(sizeof fields / sizeof fields[0] <= JOB_MAX_FIELDS, "raise JOB_MAX_FIELDS");
@@ -150,6 +156,49 @@ static int field_find(const char *name)
     for (int i = 0; i < N_FIELDS; i++)
         if (!strcmp(fields[i].name, name)) return i;
     return -1;
+}
+
+/* Levenshtein distance of a and b (short names: a row on the stack). */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t n = strlen(b);
+    if (n > 127) return 1 << 20;
+    int row[128];
+    for (size_t j = 0; j <= n; j++) row[j] = (int)j;
+    for (size_t i = 1; a[i - 1]; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= n; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[n];
+}
+
+/* "unknown key" with the nearest known field when one is close (a third of
+ * the name's length, at least 2 edits; the key alone counts too, so that
+ * `train.stpes` and `optim.steps` both find train.steps). */
+static void unknown_key_text(const char *name, char *out, size_t cap)
+{
+    int best = -1, best_d = 1 << 20;
+    const char *dot = strchr(name, '.');
+    for (int i = 0; i < N_FIELDS; i++) {
+        int d = edit_distance(name, fields[i].name);
+        const char *fdot = strchr(fields[i].name, '.');
+        if (dot && fdot && !strcmp(dot, fdot) && d > 1) d = 2; /* right key, wrong section */
+        if (d < best_d) best_d = d, best = i;
+    }
+    int limit = (int)strlen(name) / 3;
+    if (limit < 2) limit = 2;
+    if (best >= 0 && best_d <= limit)
+        snprintf(out, cap, "unknown key (did you mean %s?)", fields[best].name);
+    else
+        snprintf(out, cap, "unknown key (docs/JOBS.md lists every field)");
 }
 
 /* A top-level key that names a section ("optim") rather than a field. */
@@ -186,6 +235,12 @@ void job_defaults(job_t *job)
     snprintf(job->device, sizeof job->device, "cpu");
     job->dtype = JOB_DTYPE_FP32;
     job->checkpoint.keep = 3;
+    /* every run writes into a directory of its own (launch/rundir.h) */
+    snprintf(job->metrics.file, sizeof job->metrics.file, "{run}/metrics.jsonl");
+    snprintf(job->metrics.plot, sizeof job->metrics.plot, "{run}/loss.png");
+    snprintf(job->metrics.throughput_plot, sizeof job->metrics.throughput_plot, "{run}/throughput.png");
+    snprintf(job->metrics.tensorboard, sizeof job->metrics.tensorboard, "{run}/tensorboard");
+    snprintf(job->runs, sizeof job->runs, "runs");
 }
 
 /* ---- errors ------------------------------------------------------------- */
@@ -366,8 +421,10 @@ static bt_status_t field_set(job_t *job, int fi, yaml_document_t *doc, yaml_node
         break;
     case F_STR:
         if (n->type != YAML_SCALAR_NODE)
-            return fail_at(err, errlen, w, f->name, "expected a string, got a %s",
-                           n->type == YAML_MAPPING_NODE ? "mapping" : "list");
+            return fail_at(err, errlen, w, f->name, "expected a string, got a %s%s",
+                           n->type == YAML_MAPPING_NODE ? "mapping" : "list",
+                           n->type == YAML_MAPPING_NODE ? " (a path starting with {run} needs quotes: "
+                                                          "\"{run}/...\")" : "");
         if (n->data.scalar.length >= f->cap)
             return fail_at(err, errlen, w, f->name, "string longer than %zu bytes", f->cap - 1);
         memcpy(base, n->data.scalar.value, n->data.scalar.length);
@@ -439,7 +496,11 @@ static bt_status_t node_field(job_t *job, const char *file, const char *name, ya
 {
     where_t wk = where_node(file, key);
     int fi = field_find(name);
-    if (fi < 0) return fail_at(err, errlen, &wk, name, "unknown key");
+    char unk[160];
+    if (fi < 0) {
+        unknown_key_text(name, unk, sizeof unk);
+        return fail_at(err, errlen, &wk, name, "%s", unk);
+    }
     if (job->origin[fi].set && !job->origin[fi].from_override)
         return fail_at(err, errlen, &wk, name, "duplicate key (first set on line %d)",
                        job->origin[fi].line);
@@ -477,9 +538,24 @@ static bt_status_t doc_apply(job_t *job, const char *file, yaml_document_t *doc,
             if ((st = node_field(job, file, k, doc, key, val, err, errlen))) return st;
             continue;
         }
-        if (!section_exists(k))
+        if (!section_exists(k)) {
+            /* the nearest section or top-level field */
+            int best_d = 1 << 20;
+            char best[64] = "";
+            for (int i = 0; i < N_FIELDS; i++) {
+                const char *dot = strchr(fields[i].name, '.');
+                char cand[64];
+                snprintf(cand, sizeof cand, "%.*s", dot ? (int)(dot - fields[i].name) : 63, fields[i].name);
+                int d = edit_distance(k, cand);
+                if (d < best_d) best_d = d, snprintf(best, sizeof best, "%s", cand);
+            }
+            int limit = (int)strlen(k) / 3 < 2 ? 2 : (int)strlen(k) / 3;
+            if (best_d <= limit || (strlen(best) >= 3 && !strncmp(k, best, strlen(best))))
+                return fail_at(err, errlen, &wk, k, "unknown section (did you mean %s?)", best);
             return fail_at(err, errlen, &wk, k, "unknown section (known: model, data, train, "
-                           "optim, parallel, transport, hosts, export, checkpoint, trace, metrics)");
+                           "optim, parallel, transport, hosts, device, dtype, export, checkpoint, "
+                           "trace, metrics, runs)");
+        }
         if (val->type == YAML_SCALAR_NODE && val->data.scalar.length == 0) continue; /* "trace:" */
         if (val->type != YAML_MAPPING_NODE) {
             where_t wv = where_node(file, val);
@@ -624,7 +700,11 @@ bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t e
     memcpy(name, assignment, (size_t)(eq - assignment));
     name[eq - assignment] = '\0';
     int fi = field_find(name);
-    if (fi < 0) return fail_at(err, errlen, &w, name, "unknown key");
+    char unk[160];
+    if (fi < 0) {
+        unknown_key_text(name, unk, sizeof unk);
+        return fail_at(err, errlen, &w, name, "%s", unk);
+    }
     const char *value = eq + 1;
     size_t vlen = strlen(value);
     if (vlen > JOB_FILE_MAX_BYTES)
@@ -632,6 +712,16 @@ bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t e
                        (unsigned)JOB_FILE_MAX_BYTES);
     bt_status_t st = yaml_depth_check(value, vlen, &w, name, err, errlen);
     if (st) return st;
+    /* A path with "{run}" (launch/rundir.h) would read as a YAML mapping:
+     * an unquoted string value is taken as it is written. */
+    if (fields[fi].type == F_STR && !strncmp(value, "{run}", 5)) {
+        if (vlen >= fields[fi].cap)
+            return fail_at(err, errlen, &w, name, "string longer than %zu bytes", fields[fi].cap - 1);
+        memcpy((char *)job + fields[fi].off, value, vlen + 1);
+        job->origin[fi] = (job_origin_t){.set = true, .from_override = true};
+        snprintf(job->origin[fi].value, sizeof job->origin[fi].value, "%s", value);
+        return BT_OK;
+    }
 
     yaml_parser_t parser;
     yaml_document_t doc;
@@ -778,6 +868,38 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
     return BT_OK;
 }
 
+/* train.global_batch: the microbatches of each data-parallel replica,
+ * global_batch / (dp x micro_batch), exact; an explicit grad_accum or
+ * parallel.microbatches must agree with it. */
+static bt_status_t global_batch_derive(job_t *job, char *err, size_t errlen)
+{
+    job_train_t *t = &job->train;
+    job_parallel_t *p = &job->parallel;
+    if (!t->global_batch) return BT_OK;
+    int64_t per = p->dp * t->micro_batch;
+    if (t->global_batch % per)
+        return vfail(job, "train.global_batch", err, errlen,
+                     "%lld sequences per step do not split into parallel.dp %lld x train.micro_batch "
+                     "%lld rows per microbatch: make it a multiple of %lld, or change micro_batch",
+                     (long long)t->global_batch, (long long)p->dp, (long long)t->micro_batch,
+                     (long long)per);
+    int64_t mbs = t->global_batch / per;
+    const char *clash = job_field_set(job, "parallel.microbatches") && p->microbatches != mbs
+                            ? "parallel.microbatches"
+                        : job_field_set(job, "train.grad_accum") && !p->microbatches && t->grad_accum != mbs
+                            ? "train.grad_accum" : NULL;
+    if (clash)
+        return vfail(job, clash, err, errlen,
+                     "%lld, but train.global_batch %lld = dp %lld x micro_batch %lld x %lld "
+                     "microbatches: drop %s (it is derived) or make them agree",
+                     (long long)(!strcmp(clash, "train.grad_accum") ? t->grad_accum : p->microbatches),
+                     (long long)t->global_batch, (long long)p->dp, (long long)t->micro_batch,
+                     (long long)mbs, clash);
+    t->grad_accum = mbs;
+    if (p->microbatches) p->microbatches = mbs;
+    return BT_OK;
+}
+
 bt_status_t job_validate(job_t *job, char *err, size_t errlen)
 {
     job_model_t *m = &job->model;
@@ -793,6 +915,7 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     if (m->ffn == 0) m->ffn = ((8 * m->hidden / 3) + 63) / 64 * 64;
     if (m->seq == 0) m->seq = job->data.seq_len;
     if (m->init_seed < 0) m->init_seed = job->train.seed;
+    if ((st = global_batch_derive(job, err, errlen))) return st;
 
     if (!m->hf[0] && m->hidden % m->heads)
         return vfail(job, "model.heads", err, errlen, "%lld heads do not divide hidden %lld",
@@ -867,8 +990,8 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     int64_t mbs = p->microbatches ? p->microbatches : job->train.grad_accum;
     if (p->pp > 1 && mbs < p->pp)
         return vfail(job, p->microbatches ? "parallel.microbatches" : "train.grad_accum", err, errlen,
-                     "%lld microbatches cannot fill %lld pipeline stages", (long long)mbs,
-                     (long long)p->pp);
+                     "%lld microbatches cannot fill %lld pipeline stages (at least %lld)",
+                     (long long)mbs, (long long)p->pp, (long long)p->pp);
     if (p->schedule == JOB_SCHED_INTERLEAVED && mbs % p->pp)
         return vfail(job, p->microbatches ? "parallel.microbatches" : "train.grad_accum", err, errlen,
                      "interleaved schedule needs microbatches (%lld) divisible by pp %lld",
@@ -903,4 +1026,75 @@ int job_stage_layers(const job_t *job, int64_t *out, int max)
         out[s] = p->n_split ? p->split[s]
                             : job->model.layers / stages + (s < job->model.layers % stages);
     return stages;
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+static void yaml_str_write(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\x%02x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+bool job_field_set(const job_t *job, const char *name)
+{
+    int fi = field_find(name);
+    return fi >= 0 && job->origin[fi].set;
+}
+
+void job_write_yaml(const job_t *job, FILE *f)
+{
+    char section[64] = "";
+    for (int i = 0; i < N_FIELDS; i++) {
+        const field_t *fd = &fields[i];
+        const char *dot = strchr(fd->name, '.');
+        const char *key = fd->name;
+        if (dot) {
+            size_t n = (size_t)(dot - fd->name);
+            if (strlen(section) != n || strncmp(section, fd->name, n)) {
+                snprintf(section, sizeof section, "%.*s", (int)n, fd->name);
+                fprintf(f, "%s:\n", section);
+            }
+            key = dot + 1;
+            fprintf(f, "  ");
+        } else {
+            section[0] = '\0';
+        }
+        fprintf(f, "%s: ", key);
+        const char *base = (const char *)job + fd->off;
+        int count = fd->count_off ? *(const int *)((const char *)job + fd->count_off) : 0;
+        switch (fd->type) {
+        case F_INT: fprintf(f, "%lld", (long long)*(const int64_t *)base); break;
+        case F_FLOAT: fprintf(f, "%.17g", *(const double *)base); break;
+        case F_BOOL: fprintf(f, "%s", *(const bool *)base ? "true" : "false"); break;
+        case F_STR: yaml_str_write(f, base); break;
+        case F_ENUM: fprintf(f, "%s", fd->enums[*(const int *)base]); break;
+        case F_INT_LIST:
+            fputc('[', f);
+            for (int k = 0; k < count; k++)
+                fprintf(f, "%s%lld", k ? ", " : "", (long long)((const int64_t *)base)[k]);
+            fputc(']', f);
+            break;
+        case F_FLOAT_PAIR:
+            fprintf(f, "[%.17g, %.17g]", ((const double *)base)[0], ((const double *)base)[1]);
+            break;
+        case F_STR_LIST:
+            fputc('[', f);
+            for (int k = 0; k < count; k++) {
+                if (k) fputs(", ", f);
+                yaml_str_write(f, base + (size_t)k * JOB_HOST_MAX);
+            }
+            fputc(']', f);
+            break;
+        default:
+            BT_PANIC("field type %d", (int)fd->type);
+        }
+        fputc('\n', f);
+    }
 }

@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/status.h"
 
@@ -77,6 +78,10 @@ typedef struct {
 typedef struct {
     int64_t steps, micro_batch, grad_accum, seed, eval_every, eval_batches, log_every;
     int64_t max_skipped_steps; /* consecutive non-finite steps skipped before the run stops */
+    int64_t global_batch;      /* sequences per step over all replicas (0: dp x microbatches x
+                                * micro_batch as given); when set, the microbatches of each
+                                * replica are derived from it, so that every layout trains the
+                                * same tokens per step */
     int64_t stop_after;        /* stop after this step, as if interrupted (the schedule still
                                 * spans `steps`; a checkpoint is saved there); 0: at `steps` */
 } job_train_t;
@@ -102,10 +107,12 @@ typedef struct {
 } job_parallel_t;
 
 /* export: the weights as one Hugging Face directory (config.json +
- * model.safetensors), replaced as a whole. */
+ * model.safetensors, and the tokenizer files), replaced as a whole. */
 typedef struct {
     char    dir[JOB_PATH_MAX];
     int64_t every;                    /* steps; 0 = only at the end (when dir is set) */
+    char    tokenizer[JOB_PATH_MAX];  /* tokenizer.json (or its directory) copied into dir;
+                                       * "": model.hf's when it has one */
 } job_export_t;
 
 /* checkpoint: the native format (docs/CHECKPOINTS.md), the state a run
@@ -117,9 +124,14 @@ typedef struct {
     int64_t keep;                     /* newest checkpoints kept; 0 = all */
 } job_checkpoint_t;
 
+/* Paths may hold "{run}", the run's own directory (launch/rundir.h); the
+ * defaults are all under it. "" turns an output off. */
 typedef struct {
-    char file[JOB_PATH_MAX];          /* JSON lines, one per logged step / eval */
+    char file[JOB_PATH_MAX];          /* JSON lines, one per step / eval */
     char plot[JOB_PATH_MAX];          /* loss-curve PNG written at the end */
+    char throughput_plot[JOB_PATH_MAX]; /* tokens/s per step, PNG */
+    char tensorboard[JOB_PATH_MAX];   /* TensorBoard event files (launch/tb.h) */
+    bool log_scale;                   /* the loss plot's y axis logarithmic */
 } job_metrics_t;
 
 /* Where a field got its value: file and line/column (1-based), or "--set". */
@@ -147,6 +159,7 @@ typedef struct {
     job_checkpoint_t checkpoint;
     char             trace_dir[JOB_PATH_MAX];
     job_metrics_t    metrics;
+    char             runs[JOB_PATH_MAX];     /* run directories go under runs/<job name>/ */
     job_origin_t     origin[JOB_MAX_FIELDS];  /* indexed by schema field */
 } job_t;
 
@@ -179,6 +192,11 @@ int job_stage_layers(const job_t *job, int64_t *out, int max);
 
 const char *job_xport_name(job_xport_t x);
 const char *job_edge_name(job_edge_t e);
+/* The job as YAML, every field with its value (defaults, file and overrides
+ * applied): what a run directory records as job.yaml, loadable again. */
+void        job_write_yaml(const job_t *job, FILE *f);
+/* Whether field `name` was set by the job file or an override (not a default). */
+bool        job_field_set(const job_t *job, const char *name);
 /* Number of schema fields and their dotted names (documentation, tests). */
 int         job_field_count(void);
 const char *job_field_name(int i);

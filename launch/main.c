@@ -1,5 +1,6 @@
 /* baton: one binary, many subcommands. Only main() may exit. */
 #include "launch/cli.h"
+#include "launch/version.h"
 #include "transport/xport.h"
 
 #include <stdio.h>
@@ -9,6 +10,7 @@
 
 #include "base/file.h"
 #include "base/log.h"
+#include "base/mem.h"
 
 typedef struct {
     const char *name;
@@ -29,24 +31,13 @@ static const cli_cmd_t commands[] = {
     {"worker", cmd_worker, "(internal) one rank process of a job"},
 };
 
-/* VmHWM of /proc/self/status in KiB, or -1 */
-static long peak_rss_kib(void)
-{
-    FILE *f = fopen("/proc/self/status", "re");
-    if (!f) return -1;
-    char line[256];
-    long kib = -1;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmHWM:", 6)) kib = strtol(line + 6, NULL, 10);
-    fclose(f);
-    return kib;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: baton COMMAND [ARGS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`baton help COMMAND` (or `baton COMMAND --help`) tells more; `baton --version`.\n"
+               "BATON_LOG=error|warn|info|debug sets how much is logged (debug adds source lines).\n");
 }
 
 int main(int argc, char **argv)
@@ -60,6 +51,21 @@ int main(int argc, char **argv)
      * (UCX opens pipes and /dev/null without close-on-exec) goes on to
      * the programs it runs; what it opens itself is close-on-exec. */
     base_fd_cloexec_all(3);
+    if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version"))) {
+        printf("baton %s (source revision %s)\n", BATON_RELEASE, baton_revision());
+        return 0;
+    }
+    /* `baton help CMD` is `baton CMD --help`: one text, exit 0 */
+    if (argc == 3 && !strcmp(argv[1], "help")) {
+        for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+            if (!strcmp(argv[2], commands[i].name)) {
+                char *args[] = {argv[2], "--help", NULL};
+                return commands[i].fn(2, args);
+            }
+        fprintf(stderr, "baton: help: unknown command '%s'\n", argv[2]);
+        usage(stderr);
+        return 2;
+    }
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
         !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
@@ -72,8 +78,8 @@ int main(int argc, char **argv)
          * it): VmHWM, which starts afresh at exec (getrusage's ru_maxrss
          * would include what the forking driver held) */
         if (log_enabled(LOG_DEBUG)) {
-            long hwm = peak_rss_kib();
-            if (hwm >= 0) log_debug("%s: peak resident memory %ld KiB", argv[1], hwm);
+            long long hwm = base_mem_peak_rss();
+            if (hwm >= 0) log_debug("%s: peak resident memory %lld KiB", argv[1], hwm / 1024);
         }
         return rc;
     }

@@ -55,8 +55,10 @@ void run_mem_plan_single(const model_config_t *cfg, int64_t B, int64_t T, bool g
     plan_add(out, &a, -1);
 }
 
-bt_status_t run_mem_plan_job(const job_t *job, const model_config_t *cfg, run_mem_plan_t *out,
-                             char *err, size_t errlen)
+/* The plan, and each process's holdings into procs[cap] when given (rank
+ * order, the driver last). */
+static bt_status_t plan_build(const job_t *job, const model_config_t *cfg, run_mem_plan_t *out,
+                              run_mem_proc_t *procs, int cap, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     const job_parallel_t *par = &job->parallel;
@@ -70,6 +72,7 @@ bt_status_t run_mem_plan_job(const job_t *job, const model_config_t *cfg, run_me
         a.vocab_steady = 4 * mm.vocab_params;
         proc_finish(&a);
         plan_add(out, &a, -1);
+        if (procs && cap > 0) procs[0] = a.p;
         return BT_OK;
     }
     static graph_t g; /* large; callers are single-threaded */
@@ -107,13 +110,28 @@ bt_status_t run_mem_plan_job(const job_t *job, const model_config_t *cfg, run_me
         a.vocab_start = vocab_params * 2;
         proc_finish(&a);
         plan_add(out, &a, r);
+        if (procs && r < cap) procs[r] = a.p;
     }
     if (job->export.dir[0]) { /* the driver assembles the whole model */
         proc_acc_t d = {.p = {.copies = whole.params}, .vocab_steady = whole.vocab_params};
         proc_finish(&d);
         plan_add(out, &d, -1);
+        if (procs && g.world < cap) procs[g.world] = d.p;
     }
     return BT_OK;
+}
+
+bt_status_t run_mem_plan_job(const job_t *job, const model_config_t *cfg, run_mem_plan_t *out,
+                             char *err, size_t errlen)
+{
+    return plan_build(job, cfg, out, NULL, 0, err, errlen);
+}
+
+bt_status_t run_mem_plan_procs(const job_t *job, const model_config_t *cfg, run_mem_plan_t *out,
+                               run_mem_proc_t *procs, int cap, char *err, size_t errlen)
+{
+    for (int i = 0; i < cap; i++) procs[i] = (run_mem_proc_t){0};
+    return plan_build(job, cfg, out, procs, cap, err, errlen);
 }
 
 run_mem_part_t run_mem_plan_main_part(const run_mem_plan_t *p)

@@ -60,6 +60,11 @@ typedef struct {
  * (run_model_config; the vocabulary resolved). */
 bt_status_t run_mem_plan_job(const job_t *job, const model_config_t *cfg, run_mem_plan_t *out,
                              char *err, size_t errlen);
+/* The same, and every process's share into procs[cap] (zeroed first): rank
+ * order, procs[0] for a single process; the driver's (when it keeps a copy
+ * for export) at procs[world]. What `baton graph` prints. */
+bt_status_t run_mem_plan_procs(const job_t *job, const model_config_t *cfg, run_mem_plan_t *out,
+                               run_mem_proc_t *procs, int cap, char *err, size_t errlen);
 /* One process holding the whole model: a training arena of B x T and
  * gradients when `grads`, else a forward-only arena (a decode arena for
  * B = 1 when `decode`), and `extra` more bytes (generate's logits). */

@@ -10,6 +10,7 @@
 
 #include "base/file.h"
 #include "base/log.h"
+#include "ckpt/hf.h"
 #include "ckpt/model_source.h"
 #include "kernels/device.h"
 #include "data/shard.h"
@@ -276,38 +277,6 @@ void run_json_num(FILE *f, const char *fmt, double v)
     else fputs("null", f);
 }
 
-void run_metrics_write(FILE *f, const run_step_report_t *r)
-{
-    if (!f) return;
-    fprintf(f, "{\"step\": %lld, \"loss\": ", (long long)r->step);
-    run_json_num(f, "%.17g", r->loss); /* round-trips: runs compare bit for bit */
-    fputs(", \"lr\": ", f);
-    run_json_num(f, "%.7g", r->lr);
-    fputs(", \"grad_norm\": ", f);
-    run_json_num(f, "%.17g", r->grad_norm);
-    fprintf(f, ", \"tokens\": %lld, \"tokens_per_s\": ", (long long)r->tokens);
-    run_json_num(f, "%.1f", r->tokens_per_s);
-    fputs(", \"elapsed_s\": ", f);
-    run_json_num(f, "%.3f", r->elapsed_s);
-    fprintf(f, ", \"skipped\": %s, \"skipped_steps\": %lld", r->skipped ? "true" : "false",
-            (long long)r->skipped_total);
-    if (r->load && r->load_rows) {
-        fputs(", \"expert_tokens\": {", f);
-        for (int i = 0; i < r->load_rows; i++) {
-            const double *row = r->load + (size_t)i * (size_t)r->load_cols;
-            fprintf(f, "%s\"%d\": [", i ? ", " : "", (int)row[0]);
-            for (int e = 1; e < r->load_cols; e++) {
-                if (e > 1) fputs(", ", f);
-                run_json_num(f, "%.0f", row[e]);
-            }
-            fputc(']', f);
-        }
-        fputc('}', f);
-    }
-    fputs("}\n", f);
-    fflush(f);
-}
-
 void run_eval_metrics_write(FILE *f, int64_t step, double loss)
 {
     if (!f) return;
@@ -319,17 +288,36 @@ void run_eval_metrics_write(FILE *f, int64_t step, double loss)
     fflush(f);
 }
 
-void run_progress_print(const run_step_report_t *r)
+
+const char *run_export_tokenizer(const job_t *job)
 {
-    double s = r->eta_s;
-    if (!isfinite(s) || s < 0) s = 0;
-    long t = (long)(s + 0.5);
-    char eta[32];
-    if (t >= 3600) snprintf(eta, sizeof eta, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else if (t >= 60) snprintf(eta, sizeof eta, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(eta, sizeof eta, "%lds", t);
-    printf("step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %.0f tok/s | ETA %s%s\n",
-           (long long)r->step, (long long)r->steps, r->loss, r->lr, r->grad_norm, r->tokens_per_s, eta,
-           r->skipped ? " | SKIPPED: non-finite, no update" : "");
-    fflush(stdout);
+    if (job->export.tokenizer[0]) return job->export.tokenizer;
+    if (job->model.hf[0]) {
+        char p[JOB_PATH_MAX + 32];
+        snprintf(p, sizeof p, "%s/tokenizer.json", job->model.hf);
+        if (access(p, R_OK) == 0) return job->model.hf;
+    }
+    return "";
+}
+
+bt_status_t run_model_export(const model_t *m, const job_t *job)
+{
+    const char *dir = job->export.dir;
+    bt_status_t st = run_parent_make(dir);
+    if (st == BT_OK && (st = ckpt_hf_save(m, dir)))
+        log_error("export.dir: cannot write the model to %s", dir);
+    const char *tok = run_export_tokenizer(job);
+    char err[1024];
+    if (st == BT_OK && tok[0] && (st = ckpt_hf_tokenizer_copy(tok, dir, err, sizeof err)))
+        log_error("export.tokenizer: %s", err);
+    return st;
+}
+
+void run_data_error(const char *cmd, const job_t *job, const char *field)
+{
+    char err[JOB_ERR_MAX];
+    job_error(job, field, err, sizeof err,
+              "cannot read a token stream from %s (the line above says why; `baton data prepare` "
+              "makes one)", !strcmp(field, "data.val_dir") ? job->data.val_dir : job->data.dir);
+    fprintf(stderr, "baton %s: %s\n", cmd, err);
 }

@@ -37,24 +37,14 @@ bt_status_t run_stream_load(const char *dir, int32_t **tokens, int64_t *n, uint3
 bt_status_t run_tokens_load(const char *dir, double split, int32_t **tokens, int64_t *n_train,
                             const int32_t **val, int64_t *n_val, uint32_t *vocab);
 
+/* After run_stream_load of the job's `field` (data.dir or data.val_dir)
+ * failed: "baton CMD: FILE:LINE:COL: FIELD: cannot read ..." on stderr, so
+ * that the message names the line of the job file to change. */
+void run_data_error(const char *cmd, const job_t *job, const char *field);
+
 /* train_config_t of the job. */
 void run_train_config(const job_t *job, train_config_t *out);
 
-/* One training step's report, the same for single- and multi-process runs:
- * the metrics JSON line (when f is non-NULL) and the progress line. */
-typedef struct {
-    int64_t step, steps, tokens; /* tokens done so far */
-    double  loss, lr, grad_norm, tokens_per_s, elapsed_s, eta_s;
-    bool    skipped;             /* a non-finite step: no update */
-    int64_t skipped_total;       /* such steps so far */
-    /* routed experts: the step's tokens per expert, load_rows rows of
-     * load_cols doubles [layer, expert 0, ..., expert E-1] in layer order
-     * (NULL: none), written as "expert_tokens": {"LAYER": [...], ...} */
-    const double *load;
-    int     load_rows, load_cols;
-} run_step_report_t;
-
-void run_metrics_write(FILE *f, const run_step_report_t *r);
 /* The validation line {"step", "val_loss", "val_ppl"} (ppl = exp(loss)). */
 void run_eval_metrics_write(FILE *f, int64_t step, double loss);
 /* A JSON number printed with fmt ("%.7g"), or null when v is NaN or
@@ -65,7 +55,13 @@ void run_json_num(FILE *f, const char *fmt, double v);
  * escaped; bytes that are not valid UTF-8 (a token may hold part of a
  * character) become U+FFFD, as HF's decode() does. */
 void run_json_str(FILE *f, const char *text, size_t len);
-void run_progress_print(const run_step_report_t *r);
+
+/* export.dir: the model as a Hugging Face directory (ckpt_hf_save, replaced
+ * as a whole) with the tokenizer files of export.tokenizer, or of model.hf
+ * when that has a tokenizer.json. Errors are logged naming the field. */
+bt_status_t run_model_export(const model_t *m, const job_t *job);
+/* Where run_model_export takes the tokenizer from ("" when nowhere). */
+const char *run_export_tokenizer(const job_t *job);
 
 /* mkdir -p DIR; the directory part of an output PATH (trailing slashes do
  * not count), created when missing. BT_ERR_IO (logged) when a level cannot

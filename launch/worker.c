@@ -31,8 +31,12 @@ bt_status_t worker_train_stream(const job_t *job, int32_t **tokens, int64_t *n, 
         int64_t n_val = 0;
         uint32_t v2 = 0;
         bt_status_t st = run_stream_load(job->data.dir, tokens, n, vocab);
-        if (st) return st;
+        if (st) {
+            run_data_error("run", job, "data.dir");
+            return st;
+        }
         if ((st = run_stream_load(job->data.val_dir, &val, &n_val, &v2))) {
+            run_data_error("run", job, "data.val_dir");
             free(*tokens);
             return st;
         }
@@ -42,7 +46,9 @@ bt_status_t worker_train_stream(const job_t *job, int32_t **tokens, int64_t *n, 
     }
     const int32_t *val;
     int64_t n_val;
-    return run_tokens_load(job->data.dir, job->data.split, tokens, n, &val, &n_val, vocab);
+    bt_status_t st = run_tokens_load(job->data.dir, job->data.split, tokens, n, &val, &n_val, vocab);
+    if (st) run_data_error("run", job, "data.dir");
+    return st;
 }
 
 bt_status_t run_eval_write(const char *path, const int32_t *ids, const int32_t *targets,
@@ -675,7 +681,15 @@ int worker_main(const char *run_dir, int rank)
         long per = cores > 0 ? cores / w->g.world : 1;
         kern_cpu_set_threads(per >= 1 ? (int)per : 1);
     }
-    if (w->job.trace_dir[0] && trace_start(w->job.trace_dir, (uint32_t)rank, NULL))
+    char run_id[64] = "";
+    snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_RUN_ID);
+    FILE *rf = fopen(path, "re");
+    if (rf) {
+        if (!fgets(run_id, sizeof run_id, rf)) run_id[0] = '\0';
+        fclose(rf);
+    }
+    trace_config_t tcfg = {.run_id = run_id};
+    if (w->job.trace_dir[0] && trace_start(w->job.trace_dir, (uint32_t)rank, &tcfg))
         log_warn("rank %d: tracing into %s failed; running untraced", rank, w->job.trace_dir);
     snprintf(path, sizeof path, "%s/%s", run_dir, RUN_FILE_MODE);
     bool eval_only = w->eval_only = access(path, F_OK) == 0;

@@ -19,6 +19,7 @@
 #define RUN_FILE_DRIVER "driver.card"
 #define RUN_FILE_BOOK   "book"
 #define RUN_FILE_EVAL   "eval.bin"
+#define RUN_FILE_RUN_ID "run_id"   /* the run's id (launch/rundir.h), for the trace files */
 #define RUN_FILE_MODE   "mode"     /* "eval": one evaluation pass, no training data */
 #define RUN_FILE_RESUME "resume"   /* --resume: "step N", then lines "dir PATH", the step
                                     * directories (one per root holding it) */

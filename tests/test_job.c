@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <stdbool.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,7 +117,11 @@ static void expect_error(const char *yaml, const char *frag1, const char *frag2,
 static void test_job_unknown_key(void)
 {
     expect_error(BASE "optim:\n  lr: 0.1\n  lrr: 0.2\n", "bad.yaml:4:3:", "optim.lrr", "unknown key");
-    expect_error(BASE "optimizer:\n  lr: 0.1\n", "bad.yaml:2:1:", "optimizer", "unknown section");
+    expect_error(BASE "optimizer:\n  lr: 0.1\n", "bad.yaml:2:1:", "optimizer", "unknown section (did you mean optim?)");
+    /* the nearest known key, a typo or the right key in the wrong section */
+    expect_error(BASE "train:\n  stpes: 3\n", "bad.yaml:3:3:", "train.stpes", "did you mean train.steps?");
+    expect_error(BASE "optim:\n  steps: 3\n", "bad.yaml:3:3:", "optim.steps", "did you mean train.steps?");
+    expect_error(BASE "train:\n  zzzzzzzz: 3\n", "bad.yaml:3:3:", "train.zzzzzzzz", "docs/JOBS.md lists every field");
     expect_error(BASE "optim:\n  lr: 1\n  lr: 2\n", "bad.yaml:4:3:", "optim.lr", "duplicate");
 }
 
@@ -403,6 +408,16 @@ static void test_job_examples_valid(void)
         if (st == BT_OK) st = job_validate(&job, err, sizeof err);
         CHECK_MSG(st == BT_OK, "%s: %s", files[i], err);
     }
+    /* every job file of jobs/ reads (those naming a fetched model or
+     * data are validated where the model is: here they must parse) */
+    glob_t gl;
+    REQUIRE(glob("jobs/*.yaml", 0, NULL, &gl) == 0);
+    CHECK(gl.gl_pathc >= 8);
+    for (size_t i = 0; i < gl.gl_pathc; i++) {
+        static job_t any;
+        CHECK_MSG(job_load(gl.gl_pathv[i], &any, err, sizeof err) == BT_OK, "%s: %s", gl.gl_pathv[i], err);
+    }
+    globfree(&gl);
     job_t job;
     REQUIRE(job_load("jobs/layout_example.yaml", &job, err, sizeof err) == BT_OK);
     REQUIRE(job_validate(&job, err, sizeof err) == BT_OK);
@@ -416,9 +431,71 @@ static void test_job_examples_valid(void)
     CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID && strstr(err, "sum to 7"));
 }
 
+/* The resolved job a run directory records (job_write_yaml) loads back to
+ * the same job: every field, overrides included, lists and quoted paths. */
+static char *yaml_of(const job_t *job)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return NULL;
+    job_write_yaml(job, f);
+    fclose(f);
+    return text;
+}
+
+static void test_job_write_roundtrip(void)
+{
+    static job_t a, b;
+    REQUIRE(job_load_string("a.yaml", "data: {dir: \"my data\"}\nparallel: {pp: 2, split: [3, 1]}\n"
+                            "model: {layers: 4}\nhosts: [local]\noptim: {betas: [0.8, 0.99]}\n", &a,
+                            err, sizeof err) == BT_OK);
+    REQUIRE(job_override(&a, "train.steps=7", err, sizeof err) == BT_OK);
+    REQUIRE(job_override(&a, "optim.lr=0.1", err, sizeof err) == BT_OK);
+    REQUIRE(job_override(&a, "trace.dir={run}/trace", err, sizeof err) == BT_OK);
+    char *ya = yaml_of(&a);
+    REQUIRE(ya);
+    CHECK(strstr(ya, "  steps: 7\n") && strstr(ya, "  split: [3, 1]\n") && strstr(ya, "  dir: \"{run}/trace\"\n"));
+    CHECK_MSG(job_load_string("b.yaml", ya, &b, err, sizeof err) == BT_OK, "%s", err);
+    char *yb = yaml_of(&b);
+    CHECK(yb && !strcmp(ya, yb));
+    CHECK(b.train.steps == 7 && b.optim.lr == 0.1 && b.parallel.n_split == 2 && b.optim.betas[0] == 0.8 &&
+          !strcmp(b.data.dir, "my data"));
+    free(ya);
+    free(yb);
+}
+
+/* train.global_batch fixes the sequences per step; each layout's
+ * microbatches are derived, and what cannot split is an error naming it. */
+static void test_job_global_batch(void)
+{
+    static job_t job;
+    static const struct { int dp; int64_t mb; int64_t want; } ok[] = {{1, 2, 4}, {2, 2, 2}, {4, 2, 1}, {2, 1, 4}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char y[256];
+        snprintf(y, sizeof y, "data: {dir: x}\ntrain: {global_batch: 8, micro_batch: %lld}\n"
+                 "parallel: {dp: %d}\n", (long long)ok[i].mb, ok[i].dp);
+        REQUIRE(job_load_string("g.yaml", y, &job, err, sizeof err) == BT_OK);
+        CHECK_MSG(job_validate(&job, err, sizeof err) == BT_OK, "%s", err);
+        CHECK_MSG(job.train.grad_accum == ok[i].want, "dp %d: %lld", ok[i].dp, (long long)job.train.grad_accum);
+        CHECK(job.parallel.dp * job.train.grad_accum * job.train.micro_batch == 8);
+    }
+    REQUIRE(job_load_string("g.yaml", "data: {dir: x}\ntrain: {global_batch: 8, micro_batch: 2}\n"
+                            "parallel: {dp: 3}\n", &job, err, sizeof err) == BT_OK);
+    CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "g.yaml:2:") && strstr(err, "train.global_batch: 8 sequences per step do not split "
+                                                    "into parallel.dp 3 x train.micro_batch 2"), "%s", err);
+    /* an explicit grad_accum must agree */
+    REQUIRE(job_load_string("g.yaml", "data: {dir: x}\ntrain: {global_batch: 8, micro_batch: 2, grad_accum: 4}\n"
+                            "parallel: {dp: 2}\n", &job, err, sizeof err) == BT_OK);
+    CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "train.grad_accum: 4, but train.global_batch 8 = dp 2 x micro_batch 2 x 2 microbatches"),
+              "%s", err);
+}
+
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_job_parse_all_sections, test_job_defaults_and_derived,
+    TEST_RUN(argc, argv, test_job_global_batch, test_job_write_roundtrip, test_job_parse_all_sections, test_job_defaults_and_derived,
              test_job_unknown_key, test_job_wrong_type, test_job_out_of_range,
              test_job_integer_range, test_job_input_limits,
              test_job_model_shape_rules, test_job_parallel_rules, test_job_overrides,

@@ -2,11 +2,14 @@
 # The default job of `make run` (README "The default job"): the Austen
 # corpus, token shards, then jobs/austen_main.yaml, a 14.2 M-parameter Llama
 # trained as four local processes (PP=2 x DP=2, 1F1B, ZeRO-1) for a few
-# minutes, then the pipeline summary of its trace.
+# minutes (exporting the model with its tokenizer), then the pipeline summary
+# of its trace and a generation from the export.
 #
 #   tools/run-default-job.sh [BUILD]        (default: build)
 #
-# Leaves runs/austen_main/{metrics.jsonl, loss.png, trace/}. The corpus is
+# Leaves runs/austen_main/<run id>/ (runs/austen_main/latest points at it):
+# job.yaml, run.json, metrics.jsonl, loss.png, throughput.png, tensorboard/,
+# trace/, export/. The corpus is
 # fetched only when missing (tools/fetch_austen.sh); the shards are made from
 # it each time (under a second).
 set -euo pipefail
@@ -15,7 +18,7 @@ cd "$ROOT"
 BUILD=${1:-build}
 BATON=$BUILD/baton
 JOB=jobs/austen_main.yaml
-RUN=runs/austen_main
+RUN=runs/austen_main/latest
 TOK=tests/fixtures/tok/gpt2   # byte-level BPE, 4096 ids, trained on the Austen train split
 SHARDS=data/austen_shards
 
@@ -37,13 +40,12 @@ for split in train val; do
     mv "$SHARDS/$split.tmp" "$SHARDS/$split"
 done
 
-# quieter logs: the per-link "closed during stop" lines of a normal end are info
-export BATON_LOG=${BATON_LOG:-warn}
 echo "== training: $BATON run $JOB"
-rm -rf "$RUN/trace"
 start=$(date +%s)
 "$BATON" run "$JOB"
 echo "== wall time $(( $(date +%s) - start )) s"
 echo "== pipeline: $BATON trace $RUN/trace --summary (pipeline part)"
 "$BATON" trace "$RUN/trace" --summary | sed -n '/^pipeline stages/,$p'
-echo "== results: $RUN/metrics.jsonl, $RUN/loss.png, $RUN/trace/ (\`$BATON trace $RUN/trace\` writes a Perfetto JSON)"
+echo "== the model just trained: $BATON generate --model $RUN/export --prompt \"It is a truth\" --max-new 32 --temperature 0.8 --seed 3"
+"$BATON" generate --model "$RUN/export" --prompt "It is a truth" --max-new 32 --temperature 0.8 --seed 3
+echo "== results in $(readlink -f "$RUN") (\`$BATON trace $RUN/trace\` writes a Perfetto JSON; tensorboard --logdir runs/)"

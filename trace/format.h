@@ -5,8 +5,9 @@
  *   trace_blk_t kind END                  written by trace_stop (clean close)
  *
  * Block kinds: RECS (count records of thread arg), DROPPED (count events
- * thread arg dropped), NAME (id arg), ACTOR (actor arg), THREAD (thread arg):
- * string bodies of len bytes, no NUL. CLOCK (version 2): a trace_clock_blk_t,
+ * thread arg dropped), NAME (id arg), ACTOR (actor arg), THREAD (thread arg),
+ * RUN (the run id, launch/rundir.h: right after the header when the
+ * process belongs to a run): string bodies of len bytes, no NUL. CLOCK (version 2): a trace_clock_blk_t,
  * two (ticks, CLOCK_MONOTONIC ns) samples; records flagged TRACE_REC_TICKS
  * hold ticks, which the reader converts with the rate between the last CLOCK
  * block's samples (the writer's longest base, so the best rate). The kind's top 16 bits are a block
@@ -41,6 +42,7 @@ enum {
     TRACE_BLK_THREAD,
     TRACE_BLK_END,
     TRACE_BLK_CLOCK,
+    TRACE_BLK_RUN,
 };
 
 typedef struct {

@@ -15,6 +15,8 @@
 #include "wire/msg.h"
 #include "trace/read.h"
 #include "trace/format.h"
+
+_Static_assert(sizeof(((trace_file_t *)0)->run_id) == TRACE_STR_MAX, "run id size");
 #include "base/log.h"
 
 #define TRACE_MAX_ID (1u << 20) /* bounds name/thread tables of a hostile file */
@@ -387,6 +389,13 @@ static bt_status_t trace_file_parse_blocks(const uint8_t *buf, size_t size, trac
             if (!ok) return BT_ERR_NOMEM;
             break;
         }
+        case TRACE_BLK_RUN:
+            if (b.len == 0 || b.len >= TRACE_STR_MAX || f->run_id[0])
+                return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: bad run block at byte %zu (%u bytes)", path,
+                                  off, b.len);
+            memcpy(f->run_id, buf + body, b.len);
+            f->run_id[b.len] = '\0';
+            break;
         case TRACE_BLK_END:
             if (body + b.len != size)
                 return trace_errf(err, cap, BT_ERR_CORRUPT, "%s: %zu bytes after the end block at byte %zu", path,
@@ -451,6 +460,30 @@ static int trace_cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Every file of one run: the run ids and their file counts otherwise. */
+static bt_status_t trace_runs_check(const char *dir, const trace_set_t *set, char *err, size_t cap)
+{
+    bool mixed = false;
+    for (size_t i = 1; i < set->nfiles; i++)
+        mixed |= strcmp(set->files[i].run_id, set->files[0].run_id) != 0;
+    if (!mixed) return BT_OK;
+    int n = snprintf(err, cap, "%s holds the traces of more than one run:", dir);
+    for (size_t i = 0; i < set->nfiles && n >= 0 && (size_t)n < cap; i++) {
+        bool first = true;
+        for (size_t j = 0; j < i; j++) first &= strcmp(set->files[j].run_id, set->files[i].run_id) != 0;
+        if (!first) continue;
+        size_t count = 0;
+        for (size_t j = i; j < set->nfiles; j++) count += !strcmp(set->files[j].run_id, set->files[i].run_id);
+        n += snprintf(err + n, cap - (size_t)n, " %s (%zu file%s)",
+                      set->files[i].run_id[0] ? set->files[i].run_id : "(no run id)", count,
+                      count == 1 ? "" : "s");
+    }
+    if (n >= 0 && (size_t)n < cap)
+        snprintf(err + n, cap - (size_t)n, "; merging them would mix two jobs: trace each run into a folder of its own "
+                 "(trace.dir \"{run}/trace\" puts it in the run's directory) or remove the older files");
+    return BT_ERR_INVALID;
+}
+
 bt_status_t trace_dir_load(const char *dir, trace_set_t *set, char *err, size_t cap)
 {
     memset(set, 0, sizeof *set);
@@ -484,6 +517,7 @@ bt_status_t trace_dir_load(const char *dir, trace_set_t *set, char *err, size_t 
     }
     for (size_t i = 0; i < n; i++) free(names[i]);
     free(names);
+    if (st == BT_OK) st = trace_runs_check(dir, set, err, cap);
     if (st == BT_ERR_NOMEM) trace_errf(err, cap, st, "%s: out of memory", dir);
     if (st != BT_OK) trace_set_free(set);
     return st;

@@ -26,6 +26,7 @@ typedef struct {
     char       **actor_names;
     uint32_t     nactors;
     bool         complete;   /* the trailer was written (clean stop) */
+    char         run_id[48]; /* "" when the file names no run (TRACE_STR_MAX bytes) */
 } trace_file_t;
 
 typedef struct {
@@ -34,7 +35,9 @@ typedef struct {
 } trace_set_t;
 
 /* Load DIR/trace-*.bin. BT_ERR_NOT_FOUND when there is none; BT_ERR_CORRUPT
- * (reason in err, which names the file) for a bad magic/version/block.
+ * (reason in err, which names the file) for a bad magic/version/block;
+ * BT_ERR_INVALID when the files belong to different runs (err names each
+ * run id and how many files it has: merging them would mix two jobs).
  * A file that ends without its trailer (a crashed process) loads what it has
  * with complete = false and a warning. */
 bt_status_t trace_dir_load(const char *dir, trace_set_t *set, char *err, size_t err_cap);

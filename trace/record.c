@@ -398,6 +398,16 @@ bt_status_t trace_start(const char *dir, uint32_t rank, const trace_config_t *cf
         pthread_mutex_unlock(&g_mu);
         return BT_ERR_IO;
     }
+    if (c.run_id && c.run_id[0]) {
+        trace_blk_t b = {.kind = TRACE_BLK_MAGIC | TRACE_BLK_RUN,
+                         .len = (uint32_t)strnlen(c.run_id, TRACE_STR_MAX - 1)};
+        if (fwrite(&b, sizeof b, 1, f) != 1 || fwrite(c.run_id, b.len, 1, f) != 1) {
+            log_error("trace: cannot write %s: %s", g_path, strerror(errno));
+            fclose(f);
+            pthread_mutex_unlock(&g_mu);
+            return BT_ERR_IO;
+        }
+    }
     g_file = f;
     g_sessions++;
     /* the tick clock: decided while no event is being recorded */

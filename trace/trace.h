@@ -105,6 +105,8 @@ typedef struct {
     bool     no_flusher;    /* no background thread: rings drain only in
                              * trace_flush()/trace_stop() (deterministic tests) */
     uint32_t flush_ms;      /* periodic flush interval; 0 -> 100 */
+    const char *run_id;     /* the run the file belongs to (launch/rundir.h); NULL: none.
+                             * `baton trace` refuses to merge files of different runs */
 } trace_config_t;
 
 /* Start tracing into DIR/trace-<rank>-<pid>.bin (DIR is created if missing).

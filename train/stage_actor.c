@@ -12,6 +12,7 @@
 #include "trace/trace.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/mem.h"
 #include "train/ckpt_state.h"
 #include "train/data_actor.h"
 
@@ -697,6 +698,12 @@ static void metrics_send(stage_actor_t *s)
     }
     ((double *)l->data)[0] = s->loss_sum;
     ((double *)l->data)[1] = (double)s->n_scored;
+    /* the process's peak resident bytes so far, for the driver's progress
+     * line (a tensor: METRICS bodies of older builds stay readable) */
+    long long rss = s->cur->eval ? 0 : base_mem_peak_rss();
+    int64_t one = 1;
+    tensor_t *mt = rss > 0 ? actor_msg_tensor_new(m, "mem_peak", DT_I64, 1, &one) : NULL;
+    if (mt) ((int64_t *)mt->data)[0] = rss;
     /* the routed-expert load of a training step, summed over the
      * data-parallel replicas already (load_take): replica 0's TP rank 0
      * reports it */

@@ -238,7 +238,7 @@ static void tcp_ep_fail(tcp_ep_t *ep, bt_status_t status, const char *fmt, ...)
     if (was == EP_CLOSING)
         log_warn("tcp: closing %s: %s; frames not yet written are dropped", ep->base.peer_addr, why);
     else if (was == EP_OPEN && status == BT_ERR_PEER_CLOSED && !strcmp(why, "connection closed"))
-        log_info("tcp: peer %s (id %u) closed the connection", ep->base.peer_addr, ep->base.peer_id);
+        log_debug("tcp: peer %s (id %u) closed the connection", ep->base.peer_addr, ep->base.peer_id);
     else if (was == EP_OPEN && status == BT_ERR_PEER_CLOSED)
         log_warn("tcp: peer %s (id %u) closed: %s", ep->base.peer_addr, ep->base.peer_id, why);
     else

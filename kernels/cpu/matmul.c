@@ -7,6 +7,7 @@
  * threading does not give that). */
 #include "kernels/cpu/cpu.h"
 
+#include "base/clock.h"
 #include "base/log.h"
 
 #include <cblas.h>
@@ -147,4 +148,33 @@ void cpu_grouped_linear_bwd(float *dx, float *dw, const float *dout, const float
                            1.0f, 1.0f);
         r += n;
     }
+}
+
+double kern_cpu_peak_flops(void)
+{
+    /* fp32 products of 512 x 512 x 512 through the same tiles and pool as
+     * training's (all the threads kern_cpu_set_threads allows): the best
+     * of a few rounds of about 30 ms each */
+    enum { N = 512 };
+    float *a = malloc(sizeof(float) * N * N), *b = malloc(sizeof(float) * N * N),
+          *c = malloc(sizeof(float) * N * N);
+    double best = 0;
+    if (a && b && c) {
+        for (int i = 0; i < N * N; i++) a[i] = b[i] = (float)(i % 7) * 0.25f;
+        for (int round = 0; round < 4; round++) {
+            uint64_t t0 = clock_now_ns(), t = t0;
+            int calls = 0;
+            while (t - t0 < 30000000ull) {
+                cpu_matmul(c, a, b, N, N, N, false, false, 1.0f, 0.0f);
+                calls++;
+                t = clock_now_ns();
+            }
+            double rate = 2.0 * N * N * N * calls / ((double)(t - t0) * 1e-9);
+            if (rate > best) best = rate;
+        }
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
 }

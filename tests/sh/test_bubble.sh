@@ -57,9 +57,9 @@ for attempt in 1 2 3 4 5; do
 done
 # the multi-process driver's outputs: a metrics line per step (JSON lines)
 # and the loss-curve PNG in a directory it creates
-n=$(grep -c '^{"step": [1-6], "loss": [0-9.]*, .*"tokens_per_s": [0-9.]*, "elapsed_s": [0-9.]*, "skipped": false, "skipped_steps": 0}$' "$tmp/out/metrics.jsonl" 2>/dev/null)
+n=$(grep -c '^{"step": [1-6], "loss": [0-9.]*, .*"tokens_per_s": [0-9.]*, "elapsed_s": [0-9.]*, "step_s": [0-9.]*, "mfu": [0-9.]*, "mem_peak_bytes": \[[1-9][0-9]*, [1-9][0-9]*\], "skipped": false, "skipped_steps": 0}$' "$tmp/out/metrics.jsonl" 2>/dev/null)
 sig=$(head -c 8 "$tmp/out/loss.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')
-if [ "$n" = 6 ] && [ "$sig" = 89504e470d0a1a0a ] && grep -q "loss curve written to $tmp/out/loss.png" "$tmp/run.log"; then
+if [ "$n" = 6 ] && [ "$sig" = 89504e470d0a1a0a ] && grep -q "^  loss plot       $tmp/out/loss.png$" "$tmp/run.log"; then
     pass dist_metrics_and_png
 else
     fail dist_metrics_and_png "metrics lines $n (want 6), PNG signature '$sig'"

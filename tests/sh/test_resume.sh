@@ -151,14 +151,14 @@ run own_r "${L1[@]}" --set checkpoint.dir="$tmp/own/r{rank}" --resume && same_bi
 # rank that wrote it; resumed the same layout bit for bit, and another
 # layout (dp=4, ZeRO-1: every rank needs pieces of every file) to 1e-6
 cp "$tmp/own.jsonl" "$tmp/own_l.jsonl"
-BATON_TEST_CKPT_LOCAL_ONLY=1 run own_l "${L1[@]}" --set checkpoint.dir="$tmp/own_p/r{rank}" --resume \
+BATON_LOG=info BATON_TEST_CKPT_LOCAL_ONLY=1 run own_l "${L1[@]}" --set checkpoint.dir="$tmp/own_p/r{rank}" --resume \
     && same_bits d1 own_l && grep -q 'fetched from other ranks' "$tmp/own_l.out" \
     && grep -q 'resume fetches: [1-9][0-9]* forwarded' "$tmp/own_l.out" \
     && pass resume_fetch_from_peers || fail resume_fetch_from_peers "$(grep -v ' info ' "$tmp/own_l.out" | tail -3)"
 cp "$tmp/own.jsonl" "$tmp/own_d4.jsonl"
 rm -rf "$tmp/own_p"
 cp -r "$tmp/own_copy" "$tmp/own_p"
-BATON_TEST_CKPT_LOCAL_ONLY=1 run own_d4 --set parallel.dp=4 --set parallel.zero1=true --set parallel.microbatches=1 \
+BATON_LOG=info BATON_TEST_CKPT_LOCAL_ONLY=1 run own_d4 --set parallel.dp=4 --set parallel.zero1=true --set parallel.microbatches=1 \
     --set checkpoint.dir="$tmp/own_p/r{rank}" --resume && close d1 own_d4 \
     && grep -q 'fetched from other ranks' "$tmp/own_d4.out" \
     && pass resume_fetch_reshard || fail resume_fetch_reshard "$(grep -v ' info ' "$tmp/own_d4.out" | tail -3)"
@@ -168,7 +168,7 @@ BATON_TEST_CKPT_LOCAL_ONLY=1 run own_d4 --set parallel.dp=4 --set parallel.zero1
 rm -rf "$tmp/own_p"
 cp -r "$tmp/own_copy" "$tmp/own_p"
 cp "$tmp/own.jsonl" "$tmp/own_d2.jsonl"
-BATON_TEST_CKPT_LOCAL_ONLY=1 run own_d2 --set parallel.dp=2 --set parallel.zero1=true --set parallel.microbatches=2 \
+BATON_LOG=info BATON_TEST_CKPT_LOCAL_ONLY=1 run own_d2 --set parallel.dp=2 --set parallel.zero1=true --set parallel.microbatches=2 \
     --set checkpoint.dir="$tmp/own_p/r{rank}" --resume && close d1 own_d2 \
     && grep -q 'resume fetches: [0-9]* forwarded to the ranks that wrote them, [1-9][0-9]* served here' "$tmp/own_d2.out" \
     && pass resume_fewer_ranks || fail resume_fewer_ranks "$(grep -v ' info ' "$tmp/own_d2.out" | tail -3)"

@@ -37,7 +37,7 @@ if ! command -v python3 >/dev/null; then
 fi
 grep -q '^final validation loss [0-9.]*, perplexity [0-9.]*' "$tmp/out.txt" && pass run_val_ppl || fail run_val_ppl "no final perplexity line"
 [ "$(grep -c '"val_loss"' "$tmp/metrics.jsonl")" -eq 2 ] && pass run_eval_every || fail run_eval_every "expected 2 eval lines"
-grep -q '^step     40/40 | loss [0-9.]* | lr 1.000e-03 | gnorm [0-9.]* | [0-9]* tok/s | ETA 0s' "$tmp/out.txt" \
+grep -q '^step     40/40 | loss [0-9.]* | lr 1.000e-03 | gnorm [0-9.]* | [0-9.]* ms/step | [0-9]* tok/s | MFU [0-9.]*% | mem [0-9.]* [KMG]iB | skipped 0 | ETA 0s$' "$tmp/out.txt" \
     && pass run_progress_line || fail run_progress_line "$(grep 'step     40' "$tmp/out.txt")"
 head -c 8 "$tmp/loss.png" | od -An -tx1 | grep -q '89 50 4e 47 0d 0a 1a 0a' && pass run_png || fail run_png "not a PNG"
 

@@ -37,7 +37,7 @@ vppl=$(sed -n 's/^final validation loss [0-9.]*, perplexity \([0-9.]*\)$/\1/p' "
 # random init over 4096 ids starts near ppl 4096; trained it must be far lower
 awk -v p="$vppl" 'BEGIN { exit !(p != "" && p > 1 && p < 400) }' \
     && { echo "validation perplexity $vppl"; pass run_shards_val_ppl; } || fail run_shards_val_ppl "val ppl '$vppl'"
-grep -q 'hidden 64, vocab 4096 |' "$tmp/out.txt" \
+grep -q 'hidden 64, vocab 4096$' "$tmp/out.txt" \
     && pass run_shards_vocab || fail run_shards_vocab "vocab not taken from shards"
 
 # shards with more ids than the model's vocabulary: refused

@@ -1,0 +1,95 @@
+/* What a training run tells the person who started it, the same for the
+ * single-process run (launch/cmd_run.c) and the driver of a layout
+ * (launch/driver.c):
+ *   header    run id and directory; model (parameters, layers, hidden,
+ *             vocabulary); layout (processes, tp/pp/dp, virtual stages per
+ *             rank, schedule, microbatches, ZeRO-1); the transport of each
+ *             edge class as resolved; tokens per step; the MFU peak;
+ *   progress  every train.log_every steps (and the first, the last, a
+ *             skipped one): step, loss, lr, gradient norm, mean step time
+ *             and tokens/s over the interval since the last line, MFU over
+ *             that interval, the peak resident memory of the largest rank
+ *             (which rank), skipped steps so far, ETA;
+ *   eval      validation loss and perplexity (long evaluations print their
+ *             progress themselves);
+ *   summary   wall time, training time, tokens, mean tokens/s and MFU, best
+ *             validation loss, peak memory of every rank, and where the
+ *             metrics, pictures, TensorBoard events, trace, checkpoints
+ *             and export went.
+ * Every step also goes to metrics.file (JSON lines) and
+ * metrics.tensorboard (launch/tb.h); the pictures (launch/plot.h) are drawn
+ * at the end.
+ *
+ * MFU = model_flops_per_token (model/flops.h, the one documented formula)
+ * x tokens/s / peak. The peak: BATON_PEAK_TFLOPS when set; on a CPU run the
+ * fp32 product rate measured at the start (kern_cpu_peak_flops, the
+ * host's cores: every rank of a local job shares them); otherwise unknown,
+ * and MFU is shown as n/a. */
+#ifndef BT_LAUNCH_REPORT_H
+#define BT_LAUNCH_REPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/status.h"
+#include "launch/job.h"
+#include "launch/plot.h"
+#include "launch/tb.h"
+#include "model/config.h"
+
+#define REPORT_MAX_RANKS 1024
+
+typedef struct {
+    const job_t *job;
+    const char  *run_id, *run_dir;   /* NULL: none */
+    bool         quiet;
+    int64_t      base_step, last_step; /* resumed from; stop_after or steps */
+    int64_t      tokens_before;      /* tokens of the steps before base_step */
+    int          n_ranks;
+    double       flops_per_token;
+    double       peak_flops;         /* 0: unknown */
+    char         peak_what[96];
+    FILE        *metrics;
+    tb_writer_t  tb;
+    plot_curve_t loss, val, tput;
+    uint64_t     t_start, t_int;     /* ns: run start, interval start */
+    int64_t      tokens, tok_int;    /* tokens done; at the interval start */
+    int64_t      steps_int;          /* steps in the interval */
+    double       step_s_int, train_s;
+    double       best_val;
+    int64_t      best_val_step;
+    uint64_t     mem[REPORT_MAX_RANKS]; /* peak resident bytes of each rank */
+} report_t;
+
+/* Opens metrics.file (appended to on resume) and metrics.tensorboard,
+ * measures or reads the MFU peak. n_ranks: processes that report memory
+ * (1 for a single process). BT_ERR_IO (logged, naming the field). */
+bt_status_t report_open(report_t *r, const job_t *job, const model_config_t *cfg, int n_ranks,
+                        bool resume, bool quiet, const char *run_id, const char *run_dir);
+/* The header; what the layout part says comes from the caller (layout: a
+ * line without newline, NULL for none; val_tokens -1: not known here). */
+void        report_header(report_t *r, const model_config_t *cfg, int64_t n_params,
+                          const char *layout, int64_t tokens_per_step, int64_t train_tokens,
+                          int64_t val_tokens);
+
+typedef struct {
+    int64_t  step, tokens;           /* this step's scored tokens */
+    double   loss, lr, grad_norm, step_s;
+    bool     skipped;
+    int64_t  skipped_total;
+    const uint64_t *mem;             /* [n_ranks] peak resident bytes (0: unknown); NULL: none */
+    /* routed experts: the step's tokens per expert, load_rows rows of
+     * load_cols doubles [layer, expert 0, ..., expert E-1] in layer order
+     * (NULL: none), written as "expert_tokens": {"LAYER": [...], ...} */
+    const double *load;
+    int      load_rows, load_cols;
+} report_step_t;
+
+void        report_step(report_t *r, const report_step_t *s);
+void        report_eval(report_t *r, int64_t step, double loss);
+/* The pictures and the summary (completed: the run reached its last step). */
+bt_status_t report_finish(report_t *r, bool completed);
+void        report_close(report_t *r);
+
+#endif
