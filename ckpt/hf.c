@@ -258,7 +258,8 @@ static bt_status_t cfg_only(const hf_cfg_t *c, const char *key, const char *only
  * in mlp_only_layers and (l + 1) % decoder_sparse_step == 0 (the others are
  * dense MLPs of intermediate_size), as transformers builds them. Defaults
  * are transformers'. capacity_factor is baton's own key (0: dropless, what
- * transformers computes). */
+ * transformers computes), and so is router_bias_update_rate (0: no
+ * selection bias). */
 static bt_status_t cfg_moe(const hf_cfg_t *c, model_config_t *m)
 {
     json_t *root = c->root;
@@ -273,6 +274,7 @@ static bt_status_t cfg_moe(const hf_cfg_t *c, model_config_t *m)
         (st = cfg_num(c, root, "router_aux_loss_coef", 0.001, false, &coef)) != BT_OK ||
         (st = cfg_bool(c, root, "output_router_logits", false, &output_router_logits)) != BT_OK ||
         (st = cfg_num(c, root, "capacity_factor", 0, false, &e->capacity_factor)) != BT_OK ||
+        (st = cfg_num(c, root, "router_bias_update_rate", 0, false, &e->bias_rate)) != BT_OK ||
         (st = cfg_only(c, "scoring_func", "softmax")) != BT_OK ||
         (st = cfg_only(c, "topk_method", "greedy")) != BT_OK)
         return st;
@@ -843,6 +845,8 @@ static void hf_moe_json(json_t *j, const model_config_t *c)
     json_object_set_new(j, "output_router_logits", json_boolean(e->aux_loss_coef > 0));
     if (e->capacity_factor > 0)
         json_object_set_new(j, "capacity_factor", json_real(e->capacity_factor));
+    if (e->bias_rate > 0)
+        json_object_set_new(j, "router_bias_update_rate", json_real(e->bias_rate));
 }
 
 static json_t *hf_config_json(const model_config_t *c)

@@ -58,7 +58,7 @@ void kern_stream_fail(kern_stream_t *s, const char *op, const char *detail);
         [KERN_OP_SWIGLU] = 1u << DT_F32, [KERN_OP_XENT] = 1u << DT_F32,                           \
         [KERN_OP_ADAMW] = 1u << DT_F32, [KERN_OP_MOE_ROUTE] = 1u << DT_F32,                       \
         [KERN_OP_MOE_PERMUTE] = 1u << DT_F32, [KERN_OP_MOE_COMBINE] = 1u << DT_F32,               \
-        [KERN_OP_GROUPED_LINEAR] = 1u << DT_F32,                                                  \
+        [KERN_OP_GROUPED_LINEAR] = 1u << DT_F32, [KERN_OP_MOE_RESELECT] = 1u << DT_F32,           \
     }
 
 /* Streams and events of a backend whose work is done before each call
@@ -178,6 +178,8 @@ struct kern_backend {
                           ct_t *probs, ct_t *experts, bool norm);
     void (*moe_route_stats)(kern_stream_t *s, tensor_t *counts, tensor_t *psum, ct_t *probs,
                             ct_t *experts);
+    void (*moe_route_reselect)(kern_stream_t *s, tensor_t *weights, tensor_t *experts,
+                               ct_t *probs, ct_t *bias, bool norm);
     void (*moe_permute_fwd)(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
                             tensor_t *routed, ct_t *x, ct_t *experts, int64_t capacity);
     void (*moe_permute_bwd)(kern_stream_t *s, tensor_t *dx, ct_t *dxp, ct_t *slot);

@@ -101,6 +101,7 @@ static const char *const kern_op_names[] = {
     [KERN_OP_XENT] = "cross_entropy",
     [KERN_OP_ADAMW] = "adamw",
     [KERN_OP_MOE_ROUTE] = "moe_route",
+    [KERN_OP_MOE_RESELECT] = "moe_route_reselect",
     [KERN_OP_MOE_PERMUTE] = "moe_permute",
     [KERN_OP_MOE_COMBINE] = "moe_combine",
     [KERN_OP_GROUPED_LINEAR] = "grouped_linear",

@@ -785,6 +785,26 @@ void kern_moe_route_stats(kern_stream_t *s, tensor_t *counts, tensor_t *psum,
     kern_compute(s, op, KERN_OP_MOE_ROUTE, DT_F32)->moe_route_stats(s, counts, psum, probs, experts);
 }
 
+void kern_moe_route_reselect(kern_stream_t *s, tensor_t *weights, tensor_t *experts,
+                             const tensor_t *probs, const tensor_t *bias, bool norm)
+{
+    const char *op = "kern_moe_route_reselect";
+    kern_req(s, op, "weights", weights);
+    kern_req(s, op, "probs", probs);
+    kern_req(s, op, "bias", bias);
+    kern_req_ndim(op, "probs", probs, 2);
+    kern_req_dtype(op, "probs", probs, DT_F32);
+    int64_t N = probs->shape[0], E = probs->shape[1];
+    int64_t K = kern_moe_choices(s, op, experts, N);
+    if (K > E) BT_PANIC("%s: top-%lld of %lld experts", op, (long long)K, (long long)E);
+    kern_req_dtype(op, "weights", weights, DT_F32);
+    kern_req_rows_cols(op, "weights", weights, N, K);
+    kern_req_dtype(op, "bias", bias, DT_F32);
+    kern_req_numel(op, "bias", bias, E);
+    kern_compute(s, op, KERN_OP_MOE_RESELECT, DT_F32)
+        ->moe_route_reselect(s, weights, experts, probs, bias, norm);
+}
+
 void kern_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
                           tensor_t *routed, const tensor_t *x, const tensor_t *experts,
                           int64_t capacity)

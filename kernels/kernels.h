@@ -175,6 +175,14 @@ void kern_moe_route_fwd(kern_stream_t *s, tensor_t *weights, tensor_t *experts, 
 void kern_moe_route_bwd(kern_stream_t *s, tensor_t *dlogits, const tensor_t *dweights,
                         const tensor_t *dprobs, const tensor_t *probs, const tensor_t *experts,
                         bool norm);
+/* A selection bias (auxiliary-loss-free balancing): experts[N,K] i32 = the
+ * K experts of largest probs[n,e] + bias[e] (probs [N,E] f32 as
+ * kern_moe_route_fwd wrote them, bias [E] f32; ties: the lower index
+ * first), weights[N,K] f32 = their probabilities without the bias (divided
+ * by their sum when norm), both overwritten. kern_moe_route_bwd then takes
+ * these experts like any others. KERN_OP_MOE_RESELECT: cpu and fenced. */
+void kern_moe_route_reselect(kern_stream_t *s, tensor_t *weights, tensor_t *experts,
+                             const tensor_t *probs, const tensor_t *bias, bool norm);
 /* Load-balancing statistics, accumulated: counts[E] f32 += the number of
  * rows whose top-K holds each expert; psum[E] f32 += the column sums of
  * probs[N,E]. */

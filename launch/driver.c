@@ -499,8 +499,9 @@ static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
     return ACTOR_DONE;
 }
 
-/* A rank's routed-expert load (rows [layer, tokens per expert], f64) added
- * to the step's; -1 when it is not one. */
+/* A rank's routed-expert load (rows [layer, tokens per expert], f64, its
+ * replicas' sum: one rank of each pipeline stage sends it) added to the
+ * step's; -1 when it is not one. */
 static int load_add(driver_t *d, const tensor_t *t)
 {
     int64_t L = d->job->model.layers, E = d->job->model.n_experts;

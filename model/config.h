@@ -114,6 +114,13 @@ typedef struct {
      * choices, the first in token order; the others are dropped (the token
      * gets the rest of its experts, its residual unchanged) and counted. */
     double              capacity_factor;
+    /* Auxiliary-loss-free balancing (baton's own key router_bias_update_rate,
+     * 0: off): every sparse layer keeps a per-expert bias added to the
+     * probabilities for the top-K selection only (the weights stay the
+     * unbiased probabilities); after each training step every bias moves by
+     * this rate times sign(mean - tokens of its expert) over the step's
+     * global batch (model_moe_balance). */
+    double              bias_rate;
 } model_moe_config_t;
 
 typedef struct {

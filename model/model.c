@@ -297,7 +297,15 @@ bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stag
     }
     for (int i = 0; i < m->n_subs; i++) m->n_moe += m->subs[i].kind == &model_kind_moe;
     if (m->n_moe) {
-        size_t bytes = (size_t)m->n_moe * 2 * model_align((size_t)cfg->moe.n_experts * 4);
+        if (cfg->moe.bias_rate > 0 && !kern_supports(place->dev, KERN_OP_MOE_RESELECT, DT_F32)) {
+            char d[DEVICE_STR_MAX];
+            log_error("model: router_bias_update_rate=%g needs the moe_route_reselect kernel, "
+                      "which the %s backend does not have (cpu and fenced do)",
+                      cfg->moe.bias_rate, device_str(place->dev, d));
+            st = BT_ERR_UNSUPPORTED;
+            goto fail;
+        }
+        size_t bytes = (size_t)m->n_moe * 3 * model_align((size_t)cfg->moe.n_experts * 4);
         if ((st = kern_mem_alloc(place->dev, bytes, &m->moe_load_mem)) != BT_OK) goto fail;
         tensor_t lall = bytes_view(m->moe_load_mem, bytes, place->dev);
         kern_zero(m->stream, &lall);
@@ -315,8 +323,52 @@ tensor_t model_moe_load_view(const model_t *m, int k, int which)
 {
     int64_t E = m->cfg.moe.n_experts;
     size_t one = model_align((size_t)E * 4);
-    return tensor_make((char *)m->moe_load_mem + ((size_t)k * 2 + (size_t)which) * one, DT_F32,
+    return tensor_make((char *)m->moe_load_mem + ((size_t)k * 3 + (size_t)which) * one, DT_F32,
                        m->place.dev, 1, &E);
+}
+
+bt_status_t model_moe_balance(model_t *m, const double *load)
+{
+    double rate = m->cfg.moe.bias_rate;
+    int64_t E = m->cfg.moe.n_experts;
+    if (rate <= 0 || !m->n_moe) return BT_OK;
+    float *b = malloc((size_t)E * sizeof *b);
+    if (!b) return BT_ERR_NOMEM;
+    bt_status_t st = BT_OK;
+    for (int k = 0; k < m->n_moe && st == BT_OK; k++) {
+        const double *row = load + (size_t)k * (size_t)(E + 1) + 1;
+        double mean = 0;
+        for (int64_t e = 0; e < E; e++) mean += row[e];
+        mean /= (double)E;
+        tensor_t t = model_moe_load_view(m, k, 2);
+        kern_download(m->stream, b, &t);
+        if ((st = kern_stream_sync(m->stream)) != BT_OK) break;
+        for (int64_t e = 0; e < E; e++)
+            b[e] = (float)((double)b[e] + rate * (double)((mean > row[e]) - (mean < row[e])));
+        kern_upload(m->stream, &t, b);
+        st = kern_stream_sync(m->stream);
+    }
+    free(b);
+    return st;
+}
+
+int model_moe_bias_views(const model_t *m, tensor_t *views, char (*names)[MODEL_NAME_MAX])
+{
+    if (m->cfg.moe.bias_rate <= 0) return 0;
+    int k = 0;
+    for (int i = 0; i < m->n_subs; i++) {
+        if (m->subs[i].kind != &model_kind_moe) continue;
+        if (views) views[k] = model_moe_load_view(m, k, 2);
+        if (names) {
+            /* beside the router: "...mlp.gate.weight" -> "...mlp.gate.selection_bias" */
+            const char *rn = m->params[m->subs[i].ix[0]].name;
+            size_t n = strlen(rn);
+            if (n > 7 && !strcmp(rn + n - 7, ".weight")) n -= 7;
+            snprintf(names[k], MODEL_NAME_MAX, "%.*s.selection_bias", (int)n, rn);
+        }
+        k++;
+    }
+    return k;
 }
 
 int model_moe_load_take(model_t *m, double *out)

@@ -184,10 +184,11 @@ typedef struct model {
     uint64_t         moe_exchange_ns, moe_expert_ns;
     bool             moe_time_sync;
     /* Routed experts' load: per sparse layer of this stage, in stage order,
-     * [n_moe][2][E] f32 on the device: the choices routed to each expert
+     * [n_moe][3][E] f32 on the device: the choices routed to each expert
      * (before any capacity) in the training forwards (dloss > 0) since the
-     * last model_moe_load_take, then scratch for the probability sums the
-     * same kernel adds. NULL / 0 without routed experts. */
+     * last model_moe_load_take, scratch for the probability sums the same
+     * kernel adds, and the layer's selection bias (model_moe_balance; 0
+     * unless bias balancing is on). NULL / 0 without routed experts. */
     void            *moe_load_mem;
     int              n_moe;
 } model_t;
@@ -304,6 +305,17 @@ bool        model_param_counted(const model_t *m, int i);
  * returns n_moe (0: no routed experts). Under TP every TP rank counts every
  * row (the router is replicated); data-parallel ranks count their own. */
 int model_moe_load_take(model_t *m, double *out);
+
+/* Auxiliary-loss-free balancing (model_moe_config_t.bias_rate > 0; else
+ * nothing): every sparse layer's selection bias moves by rate * sign(mean -
+ * tokens) per expert, from load (rows as model_moe_load_take writes them,
+ * summed over every replica of the step: the same on every rank). */
+bt_status_t model_moe_balance(model_t *m, const double *load);
+/* The selection biases (f32 [E] on the device, one per sparse layer of the
+ * stage, in order) as views and names ("<router>.selection_bias") for
+ * checkpoints; returns how many (0 without bias balancing). Either array
+ * may be NULL. */
+int model_moe_bias_views(const model_t *m, tensor_t *views, char (*names)[MODEL_NAME_MAX]);
 
 /* ---- tensor-parallel gathering (collective over m->par.tp_comm) --------- */
 

@@ -22,7 +22,8 @@ bt_status_t model_tensor_read_f32(const model_t *m, const tensor_t *t, float *ho
  * wrapped). */
 enum { MODEL_ACTS_TRAIN = 0, MODEL_ACTS_FWD, MODEL_ACTS_DECODE };
 double      model_acts_plan_bytes(const model_t *m, int64_t B, int64_t T, int mode);
-/* Sparse layer k's (model_t.moe_load_mem) load [E] (which 0) or its scratch (1). */
+/* Sparse layer k's (model_t.moe_load_mem) load [E] (which 0), its scratch (1)
+ * or its selection bias (2). */
 tensor_t    model_moe_load_view(const model_t *m, int k, int which);
 /* Whether the collective can work on memory of m's device directly. */
 bool        model_coll_direct(const model_t *m, const coll_comm_t *c);

@@ -117,6 +117,9 @@ static bt_status_t moe_validate(const model_config_t *c, int tp)
     X_REQUIRE(isfinite(e->aux_loss_coef) && e->aux_loss_coef >= 0,
               "model config: router_aux_loss_coef=%g must be a finite number >= 0",
               e->aux_loss_coef);
+    X_REQUIRE(isfinite(e->bias_rate) && e->bias_rate >= 0,
+              "model config: router_bias_update_rate=%g must be a finite number >= 0 (0: off)",
+              e->bias_rate);
     X_REQUIRE(isfinite(e->capacity_factor) && e->capacity_factor >= 0,
               "model config: capacity_factor=%g must be a finite number >= 0 (0: dropless)",
               e->capacity_factor);
@@ -641,16 +644,21 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
     /* route: every row, on every TP rank alike */
     kern_linear_fwd(s, &sc[S_LOGITS], ln, model_sub_param(m, sub, X_ROUTER), NULL);
     kern_moe_route_fwd(s, &v[R_WEIGHTS], &v[R_EXPERTS], &v[R_PROBS], &sc[S_LOGITS], e->norm_topk);
+    int k = 0; /* this layer's place among the stage's sparse layers: its load and bias */
+    while (k < m->n_subs && &m->subs[k] != sub) k++;
+    int li = 0;
+    for (int i = 0; i < k; i++) li += m->subs[i].kind == &model_kind_moe;
+    if (k == m->n_subs || li >= m->n_moe) BT_PANIC("moe_forward: layer %d is no sparse layer of its stage", sub->layer);
+    if (e->bias_rate > 0) { /* the selection bias: other experts, the same weights' rule */
+        tensor_t bias = model_moe_load_view(m, li, 2);
+        kern_moe_route_reselect(s, &v[R_WEIGHTS], &v[R_EXPERTS], &v[R_PROBS], &bias, e->norm_topk);
+    }
     if (e->aux_loss_coef > 0) {
         tensor_t sh[SH_COUNT];
         shared_views(m, r->shared, sh);
         kern_moe_route_stats(s, &sh[SH_COUNTS], &sh[SH_PSUM], &v[R_PROBS], &v[R_EXPERTS]);
     }
-    int k = 0; /* this layer's place among the stage's sparse layers: its load */
-    while (k < m->n_subs && &m->subs[k] != sub) k++;
-    int li = 0;
-    for (int i = 0; i < k; i++) li += m->subs[i].kind == &model_kind_moe;
-    if (r->training && k < m->n_subs && li < m->n_moe) {
+    if (r->training) {
         tensor_t load = model_moe_load_view(m, li, 0), scratch = model_moe_load_view(m, li, 1);
         kern_moe_route_stats(s, &load, &scratch, &v[R_PROBS], &v[R_EXPERTS]);
     }

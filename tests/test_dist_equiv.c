@@ -211,13 +211,7 @@ static void test_detects_difference(void)
     CHECK(d.param_abs > 1e-4);
 }
 
-static void test_cleanup(void)
-{
-    if (!dir[0]) return;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0);
-}
+static void test_cleanup(void) { CHECK(test_equiv_remove(dir) == 0); }
 
 int main(int argc, char **argv)
 {

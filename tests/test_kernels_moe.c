@@ -136,6 +136,45 @@ static void test_moe_route_ties(void)
     CHECK(w[0] == 0.5f && w[1] == 0.5f && w[2] == 0.5f && w[3] == 0.5f);
 }
 
+/* A selection bias: the top-K of probs + bias, weighted by the unbiased
+ * probabilities (renormalised or not), against a float64 reference; a bias
+ * of zero selects what kern_moe_route_fwd did. */
+static void test_moe_route_reselect(void)
+{
+    kt_rng_t rng = {33};
+    enum { N = 11, E = 6, K = 2 };
+    float logits[N * E], probs[N * E], w[N * K], w0[N * K], bias[E] = {0};
+    int32_t ex[N * K], ex0[N * K];
+    for (int i = 0; i < N * E; i++) logits[i] = (float)kt_uniform(&rng, -2, 2);
+    tensor_t L = tensor_2d(logits, DT_F32, N, E), P = tensor_2d(probs, DT_F32, N, E);
+    tensor_t W = tensor_2d(w, DT_F32, N, K), X = tensor_2d(ex, DT_I32, N, K);
+    tensor_t W0 = tensor_2d(w0, DT_F32, N, K), X0 = tensor_2d(ex0, DT_I32, N, K);
+    tensor_t Bv = tensor_make(bias, DT_F32, DEVICE_CPU, 1, (int64_t[]){E});
+    for (int norm = 0; norm < 2; norm++) {
+        kern_moe_route_fwd(kern_stream_host(), &W0, &X0, &P, &L, norm);
+        for (int e = 0; e < E; e++) bias[e] = 0;
+        kern_moe_route_reselect(kern_stream_host(), &W, &X, &P, &Bv, norm);
+        CHECK(!memcmp(ex, ex0, sizeof ex) && !memcmp(w, w0, sizeof w));
+        for (int e = 0; e < E; e++) bias[e] = (float)kt_uniform(&rng, -0.3, 0.3);
+        bias[3] = 1.0f; /* expert 3 always first */
+        kern_moe_route_reselect(kern_stream_host(), &W, &X, &P, &Bv, norm);
+        for (int n = 0; n < N; n++) {
+            double sc[E];
+            for (int e = 0; e < E; e++) sc[e] = (double)probs[n * E + e] + (double)bias[e];
+            int32_t want[K];
+            ref_topk(want, sc, E, K);
+            double top = 0;
+            for (int k = 0; k < K; k++) top += probs[n * E + want[k]];
+            CHECK(want[0] == 3);
+            for (int k = 0; k < K; k++) {
+                CHECK(ex[n * K + k] == want[k]);
+                double ww = probs[n * E + want[k]] / (norm ? top : 1.0);
+                CHECK_NEAR(w[n * K + k], ww, 1e-6, 0);
+            }
+        }
+    }
+}
+
 static void test_moe_route_stats(void)
 {
     kt_rng_t rng = {22};
@@ -510,7 +549,8 @@ static void test_moe_misuse_panics(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_moe_route_fwd_bwd, test_moe_route_ties, test_moe_route_stats,
+    TEST_RUN(argc, argv, test_moe_route_fwd_bwd, test_moe_route_ties, test_moe_route_reselect,
+             test_moe_route_stats,
              test_moe_permute, test_moe_combine, test_moe_sigmoid_gate, test_grouped_linear, test_grouped_linear_threads,
              test_moe_misuse_panics);
 }

@@ -199,6 +199,45 @@ static void test_moe_tp2_replicated_qwen(void) { ep_check(FIX "qwen2_moe", 2, 1,
 static void test_moe_ep2_zero_tokens(void) { ep_check(FIX "qwen2_moe", 1, 2, true); }
 static void test_moe_tp2_ep2_zero_tokens(void) { ep_check(FIX "qwen2_moe", 2, 2, true); }
 
+/* Bias balancing at the model level: the update is rate * sign(mean -
+ * count) per expert, the biases are checkpoint views named beside their
+ * router, and a bias large enough on one expert puts every token there
+ * (its load is then every row), while the weights stay the probabilities. */
+static void test_moe_bias_balance(void)
+{
+    model_t *m = NULL;
+    REQUIRE(ckpt_hf_load(FIX "qwen2_moe", NULL, &m) == BT_OK);
+    m->cfg.moe.bias_rate = 0.25;
+    int64_t E = m->cfg.moe.n_experts;
+    REQUIRE(m->n_moe == 2 && E == 8);
+    double load[2 * 9] = {0, 1, 1, 1, 1, 1, 1, 1, 9, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    REQUIRE(model_moe_balance(m, load) == BT_OK); /* layer 0: mean 2; layer 2: even */
+    tensor_t v[2];
+    char names[2][MODEL_NAME_MAX];
+    REQUIRE(model_moe_bias_views(m, v, names) == 2);
+    CHECK_MSG(!strcmp(names[0], "model.layers.0.mlp.gate.selection_bias") &&
+                  !strcmp(names[1], "model.layers.2.mlp.gate.selection_bias"), "%s %s", names[0], names[1]);
+    const float *b0 = v[0].data, *b1 = v[1].data;
+    for (int e = 0; e < 7; e++) CHECK(b0[e] == 0.25f);
+    CHECK(b0[7] == -0.25f);
+    for (int e = 0; e < 8; e++) CHECK(b1[e] == 0.0f);
+    /* expert 5 of layer 0 far ahead: every token's first choice */
+    ((float *)v[0].data)[5] = 10.0f;
+    model_acts_t *a;
+    REQUIRE(model_grads_alloc(m) == BT_OK && model_acts_create(m, 1, 8, &a) == BT_OK);
+    int32_t ids[8] = {1, 5, 9, 30, 77, 100, 3, 4}, tg[8];
+    model_targets_from_ids(tg, ids, NULL, 1, 8);
+    model_batch_t mb = {.B = 1, .T = 8, .ids = ids, .targets = tg};
+    model_loss_t l;
+    double got[2 * 9];
+    model_moe_load_take(m, NULL);
+    CHECK(model_forward_backward(m, a, &mb, 1.0f / 7, &l) == BT_OK && isfinite(l.loss_sum));
+    CHECK(model_moe_load_take(m, got) == 2);
+    CHECK_MSG(got[0] == 0 && got[1 + 5] == 8, "layer %g expert 5: %g of 8 tokens", got[0], got[6]);
+    model_acts_destroy(a);
+    model_destroy(m);
+}
+
 /* Wrong placements are errors naming what is wrong, before anything runs. */
 static void test_moe_ep_errors(void)
 {
@@ -218,5 +257,5 @@ int main(int argc, char **argv)
     TEST_RUN(argc, argv, test_moe_ep2_qwen, test_moe_ep4_qwen, test_moe_ep2_mixtral_aux,
              test_moe_ep4_mixtral_aux, test_moe_tp2_ep2_qwen, test_moe_tp2_ep2_mixtral,
              test_moe_tp2_replicated_qwen, test_moe_ep2_zero_tokens, test_moe_tp2_ep2_zero_tokens,
-             test_moe_ep_errors);
+             test_moe_bias_balance, test_moe_ep_errors);
 }

@@ -63,6 +63,15 @@ static int fixture(void)
     if (!st) st = test_moe_routers_tie(m, 2);
     if (!st) st = ckpt_hf_save(m, p);
     model_destroy(m);
+    /* the bias-balancing fixture: qwen2_moe with router_bias_update_rate */
+    m = NULL;
+    snprintf(p, sizeof p, "%s/bias", dir);
+    if (!st) st = ckpt_hf_load("tests/fixtures/qwen2_moe", NULL, &m);
+    if (!st) {
+        m->cfg.moe.bias_rate = 0.01;
+        st = ckpt_hf_save(m, p);
+    }
+    model_destroy(m);
     return st ? -1 : 0;
 }
 
@@ -113,7 +122,8 @@ static void layout_check(const ep_layout_t *L)
     REQUIRE(fixture() == 0);
     int lr = L->tiny_lr ? 2 : strstr(L->sets, "parallel.tp=") != NULL;
     char ref[96], model[300];
-    if (!strcmp(L->model, "tied")) snprintf(model, sizeof model, "%s/tied", dir);
+    if (!strcmp(L->model, "tied") || !strcmp(L->model, "bias"))
+        snprintf(model, sizeof model, "%s/%s", dir, L->model);
     else snprintf(model, sizeof model, "tests/fixtures/%s", L->model);
     REQUIRE(reference(model, L->tag, L->ga, lr, ref, sizeof ref) == 0);
     char sets[1024];
@@ -148,6 +158,9 @@ static const ep_layout_t layouts[] = {
     {"qwen_pp2_dp4_ep4", "qwen2_moe", "qwen", "--set parallel.pp=2 --set parallel.dp=4 --set parallel.ep=4", 8, false},
     {"mixtral_dp4_ep4", "mixtral", "mixtral", "--set parallel.dp=4 --set parallel.ep=4 --set train.grad_accum=1", 4, false},
     {"mixtral_tp2_dp2_ep2_edp2", "mixtral", "mixtral", "--set parallel.tp=2 --set parallel.dp=2 --set parallel.ep=2 --set train.grad_accum=1", 2, false},
+    /* aux-loss-free bias balancing: the biases follow the global batch's counts */
+    {"bias_dp4_ep2_edp2", "bias", "bias", "--set parallel.dp=4 --set parallel.ep=2 --set train.grad_accum=1", 4, false},
+    {"bias_tp2_pp2_ep2", "bias", "bias", "--set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2", 2, false},
 };
 
 /* Each case by name, so that `test_moe_equiv NAME` runs one. */
@@ -167,7 +180,50 @@ CASE(11, test_qwen_tp2_pp2_dp2_ep2_edp2)
 CASE(12, test_qwen_pp2_dp4_ep4)
 CASE(13, test_mixtral_dp4_ep4)
 CASE(14, test_mixtral_tp2_dp2_ep2_edp2)
-_Static_assert(sizeof layouts / sizeof layouts[0] == 15, "one CASE per layout");
+CASE(15, test_bias_dp4_ep2_edp2)
+CASE(16, test_bias_tp2_pp2_ep2)
+_Static_assert(sizeof layouts / sizeof layouts[0] == 17, "one CASE per layout");
+
+/* The biases moved the routing: from step 2 on, the bias runs' tokens per
+ * expert differ from those of the same layout without balancing, and they
+ * are more even over the steps (the spread of the counts shrinks). */
+static int load_spread(const char *name, int step, double *spread)
+{
+    char p[512], line[8192], want[32];
+    snprintf(p, sizeof p, "%s/%s/m.jsonl", dir, name);
+    snprintf(want, sizeof want, "{\"step\": %d,", step);
+    FILE *f = fopen(p, "r");
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        if (strncmp(line, want, strlen(want))) continue;
+        const char *a = strstr(line, "\"expert_tokens\": {");
+        double lo = 1e300, hi = -1e300;
+        for (const char *q = a ? strchr(a, '[') : NULL; q; q = strchr(q + 1, '[')) {
+            const char *end = strchr(q, ']');
+            for (const char *c = q + 1; c && c < end; c = strchr(c, ',') ? strchr(c, ',') + 1 : NULL) {
+                double v = atof(c);
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+                if (!strchr(c, ',') || strchr(c, ',') > end) break;
+            }
+        }
+        *spread = hi - lo;
+        found = a != NULL;
+    }
+    if (f) fclose(f);
+    return found ? 0 : -1;
+}
+
+static void test_bias_moves_routing(void)
+{
+    REQUIRE(fixture() == 0);
+    double b1, b5, p1, p5;
+    REQUIRE(load_spread("bias_dp4_ep2_edp2", 1, &b1) == 0 && load_spread("bias_dp4_ep2_edp2", 5, &b5) == 0);
+    REQUIRE(load_spread("qwen_dp4_ep2_edp2", 1, &p1) == 0 && load_spread("qwen_dp4_ep2_edp2", 5, &p5) == 0);
+    printf("  max - min tokens per expert: balanced %g -> %g, plain %g -> %g\n", b1, b5, p1, p5);
+    CHECK(b1 == p1);  /* step 1: every bias still 0 */
+    CHECK(b5 < p5);
+}
 
 /* The zero-token case really had a rank with no tokens: in step 1 none of
  * EP rank 1's experts (4..7) got a token in either sparse layer. */
@@ -203,13 +259,7 @@ static void test_detects_difference(void)
     CHECK(d.param_abs > 1e-4);
 }
 
-static void test_cleanup(void)
-{
-    if (!dir[0]) return;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0);
-}
+static void test_cleanup(void) { CHECK(test_equiv_remove(dir) == 0); }
 
 int main(int argc, char **argv)
 {
@@ -219,5 +269,6 @@ int main(int argc, char **argv)
              test_zero_tokens_dp2_ep2, test_zero_tokens_seen, test_qwen_dp2_ep1_edp2,
              test_qwen_dp4_ep4, test_qwen_tp2_dp4_ep4_edp2, test_qwen_tp2_pp2_ep2,
              test_qwen_tp2_pp2_dp2_ep2_edp2, test_qwen_pp2_dp4_ep4, test_mixtral_dp4_ep4,
-             test_mixtral_tp2_dp2_ep2_edp2, test_detects_difference, test_cleanup);
+             test_mixtral_tp2_dp2_ep2_edp2, test_bias_dp4_ep2_edp2, test_bias_tp2_pp2_ep2,
+             test_bias_moves_routing, test_detects_difference, test_cleanup);
 }

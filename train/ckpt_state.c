@@ -66,7 +66,29 @@ bt_status_t ckpt_items_params(ckpt_items_t *it, model_t *m, bool store, int skip
         e->param = i;
         e->store = i != skip && replica_stores(m, &e->spec, store);
     }
-    return BT_OK;
+    /* the routed experts' selection biases (bias balancing): the same on
+     * every rank, stored by the dense rule's replica */
+    int nb = model_moe_bias_views(m, NULL, NULL);
+    if (!nb) return BT_OK;
+    tensor_t *views = calloc((size_t)nb, sizeof *views);
+    char (*names)[MODEL_NAME_MAX] = calloc((size_t)nb, sizeof *names);
+    bt_status_t st = views && names ? BT_OK : BT_ERR_NOMEM;
+    if (!st) model_moe_bias_views(m, views, names);
+    for (int k = 0; k < nb && !st; k++) {
+        ckpt_item_t *e = item_add(it);
+        if (!e) {
+            st = BT_ERR_NOMEM;
+            break;
+        }
+        if ((st = named(e, "", names[k]))) break;
+        e->spec = shard_whole(1, views[k].shape);
+        e->t = views[k];
+        e->s = m->stream;
+        e->store = store && m->par.tp_rank == 0;
+    }
+    free(views);
+    free(names);
+    return st;
 }
 
 bt_status_t ckpt_items_optim(ckpt_items_t *it, model_t *m, const optim_t *o, bool store, int skip)

@@ -391,6 +391,21 @@ bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, bool loss_bad, double
     return BT_OK;
 }
 
+bt_status_t dist_optim_load_sum(dist_optim_t *d, double *rows, int n_rows, int cols)
+{
+    if (!d->cfg.dp || n_rows == 0) return BT_OK;
+    size_t n = (size_t)n_rows * (size_t)cols;
+    double *label = malloc((size_t)n_rows * sizeof *label);
+    if (!label) return BT_ERR_NOMEM;
+    for (int i = 0; i < n_rows; i++) label[i] = rows[(size_t)i * (size_t)cols];
+    bt_status_t st = coll_all_reduce(d->cfg.dp, rows, n, DT_F64, COLL_SUM);
+    for (int i = 0; i < n_rows; i++) rows[(size_t)i * (size_t)cols] = label[i];
+    free(label);
+    if (st) log_error("rank %d: all-reduce of the routed experts' load failed: %s", d->cfg.rank,
+                      bt_status_str(st));
+    return st;
+}
+
 /* The tied head copy's index in chunk c, or -1. */
 static int head_copy_param(const dist_optim_t *d, int c)
 {

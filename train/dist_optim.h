@@ -70,6 +70,11 @@ void        dist_optim_destroy(dist_optim_t *d);
 bt_status_t dist_optim_step(dist_optim_t *d, int64_t step, bool loss_bad, double *grad_norm,
                             double *lr, bool *skipped);
 
+/* rows[n_rows][cols] (host f64; column 0 a label, the others counts)
+ * summed over the data-parallel group in place, labels kept (the routed
+ * experts' load of a step, train/stage_actor.c). Collective over dp. */
+bt_status_t dist_optim_load_sum(dist_optim_t *d, double *rows, int n_rows, int cols);
+
 /* This rank's optimizer state as checkpoint items (train/ckpt_state.h):
  * without ZeRO-1 the moments of every parameter, stored by data-parallel
  * rank 0 (dp0; an expert's by edp rank 0); with it this rank's partition,

@@ -428,7 +428,13 @@ static bt_status_t load_take(stage_actor_t *s)
     for (int k = 0; k < s->cfg.pipe.vpp; k++)
         s->n_load += model_moe_load_take(s->cfg.chunks[k], s->load + (size_t)s->n_load * (size_t)cols);
     s->load_cols = cols;
-    return BT_OK;
+    /* the step's load over the global batch: the data-parallel replicas'
+     * sum (TP ranks counted the same rows), then every rank moves its
+     * selection biases alike */
+    bt_status_t st = s->cfg.opt ? dist_optim_load_sum(s->cfg.opt, s->load, s->n_load, cols) : BT_OK;
+    for (int k = 0, at = 0; k < s->cfg.pipe.vpp && !st; at += s->cfg.chunks[k]->n_moe, k++)
+        st = model_moe_balance(s->cfg.chunks[k], s->load + (size_t)at * (size_t)cols);
+    return st;
 }
 
 static bt_status_t job_end_run(void *arg)
@@ -698,10 +704,10 @@ static void metrics_send(stage_actor_t *s)
     int64_t one = 1;
     tensor_t *mt = rss > 0 ? actor_msg_tensor_new(m, "mem_peak", DT_I64, 1, &one) : NULL;
     if (mt) ((int64_t *)mt->data)[0] = rss;
-    /* the routed-expert load of a training step: TP ranks count the same
-     * rows (the router is replicated), so TP rank 0 reports it; the driver
-     * sums the data-parallel replicas */
-    if (!s->cur->eval && s->n_load && s->cfg.tp_rank == 0) {
+    /* the routed-expert load of a training step, summed over the
+     * data-parallel replicas already (load_take): replica 0's TP rank 0
+     * reports it */
+    if (!s->cur->eval && s->n_load && s->cfg.tp_rank == 0 && s->cfg.dp_rank == 0) {
         int64_t shape[2] = {s->n_load, s->load_cols};
         tensor_t *t = actor_msg_tensor_new(m, "expert_tokens", DT_F64, 2, shape);
         if (!t) {

@@ -392,6 +392,13 @@ static void cpu_op_moe_route_fwd(kern_stream_t *s, tensor_t *weights, tensor_t *
                       logits->shape[1], experts->shape[1], norm);
 }
 
+static void cpu_op_moe_route_reselect(kern_stream_t *s, tensor_t *weights, tensor_t *experts,
+                                      ct_t *probs, ct_t *bias, bool norm)
+{
+    cpu_moe_route_reselect(weights->data, experts->data, probs->data, bias->data, probs->shape[0],
+                           probs->shape[1], experts->shape[1], norm);
+}
+
 static void cpu_op_moe_route_bwd(kern_stream_t *s, tensor_t *dlogits, ct_t *dweights, ct_t *dprobs,
                                  ct_t *probs, ct_t *experts, bool norm)
 {
@@ -514,6 +521,7 @@ const kern_backend_t kern_cpu_backend = {
     .xent_vp_finish = cpu_op_xent_vp_finish,
     .adamw = cpu_op_adamw,
     .moe_route_fwd = cpu_op_moe_route_fwd,
+    .moe_route_reselect = cpu_op_moe_route_reselect,
     .moe_route_bwd = cpu_op_moe_route_bwd,
     .moe_route_stats = cpu_op_moe_route_stats,
     .moe_permute_fwd = cpu_op_moe_permute_fwd,

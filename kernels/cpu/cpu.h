@@ -171,6 +171,8 @@ int64_t cpu_xent_vp_finish(float *losses,          /* [N] */
                            int32_t ignore_index);
 
 /* moe.c: routing, dispatch and combine of routed experts (kernels.h) */
+void cpu_moe_route_reselect(float *weights, int32_t *experts, const float *probs,
+                            const float *bias, int64_t N, int64_t E, int64_t K, bool norm);
 void cpu_moe_route_fwd(float *weights,      /* [N,K] */
                        int32_t *experts,    /* [N,K] */
                        float *probs,        /* [N,E] */

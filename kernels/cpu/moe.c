@@ -17,6 +17,33 @@
 
 /* ---- routing ---------------------------------------------------------------- */
 
+/* One row's top-K by selection on p[e] (+ bias[e] when bias): the largest
+ * remaining score, the lower index first on ties (strict >); the weights
+ * are the probabilities themselves (renormalised when norm). */
+static void topk_row(float *w, int32_t *ex, const float *p, const float *bias, int64_t E,
+                     int64_t K, bool norm)
+{
+    double top = 0;
+    for (int64_t k = 0; k < K; k++) {
+        int64_t best = -1;
+        float bs = 0;
+        for (int64_t e = 0; e < E; e++) {
+            bool taken = false;
+            for (int64_t j = 0; j < k && !taken; j++) taken = ex[j] == e;
+            float sc = bias ? p[e] + bias[e] : p[e];
+            if (!taken && (best < 0 || sc > bs)) {
+                best = e;
+                bs = sc;
+            }
+        }
+        ex[k] = (int32_t)best;
+        w[k] = p[best];
+        top += (double)p[best];
+    }
+    if (norm)
+        for (int64_t k = 0; k < K; k++) w[k] = (float)((double)w[k] / top);
+}
+
 void cpu_moe_route_fwd(float *weights, int32_t *experts, float *probs, const float *logits,
                        int64_t N, int64_t E, int64_t K, bool norm)
 {
@@ -28,25 +55,15 @@ void cpu_moe_route_fwd(float *weights, int32_t *experts, float *probs, const flo
         double sum = 0;
         for (int64_t e = 0; e < E; e++) sum += exp((double)l[e] - (double)mx);
         for (int64_t e = 0; e < E; e++) p[e] = (float)(exp((double)l[e] - (double)mx) / sum);
-        /* top-K by selection: the largest remaining probability, the lower
-         * index first on ties (strict >) */
-        int32_t *ex = experts + n * K;
-        float *w = weights + n * K;
-        double top = 0;
-        for (int64_t k = 0; k < K; k++) {
-            int64_t best = -1;
-            for (int64_t e = 0; e < E; e++) {
-                bool taken = false;
-                for (int64_t j = 0; j < k && !taken; j++) taken = ex[j] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            ex[k] = (int32_t)best;
-            w[k] = p[best];
-            top += (double)p[best];
-        }
-        if (norm)
-            for (int64_t k = 0; k < K; k++) w[k] = (float)((double)w[k] / top);
+        topk_row(weights + n * K, experts + n * K, p, NULL, E, K, norm);
     }
+}
+
+void cpu_moe_route_reselect(float *weights, int32_t *experts, const float *probs,
+                            const float *bias, int64_t N, int64_t E, int64_t K, bool norm)
+{
+    for (int64_t n = 0; n < N; n++)
+        topk_row(weights + n * K, experts + n * K, probs + n * E, bias, E, K, norm);
 }
 
 static void route_check_expert(int32_t e, int64_t E, const char *op)

@@ -278,6 +278,11 @@ static void f_moe_route_fwd(kern_stream_t *s, tensor_t *weights, tensor_t *exper
 {
     FENCED(cpu->moe_route_fwd(s, weights, experts, probs, logits, norm));
 }
+static void f_moe_route_reselect(kern_stream_t *s, tensor_t *weights, tensor_t *experts,
+                                 ct_t *probs, ct_t *bias, bool norm)
+{
+    FENCED(cpu->moe_route_reselect(s, weights, experts, probs, bias, norm));
+}
 static void f_moe_route_bwd(kern_stream_t *s, tensor_t *dlogits, ct_t *dweights, ct_t *dprobs,
                             ct_t *probs, ct_t *experts, bool norm)
 {
@@ -377,6 +382,7 @@ const kern_backend_t kern_fenced_backend = {
     .xent_vp_finish = f_xent_vp_finish,
     .adamw = f_adamw,
     .moe_route_fwd = f_moe_route_fwd,
+    .moe_route_reselect = f_moe_route_reselect,
     .moe_route_bwd = f_moe_route_bwd,
     .moe_route_stats = f_moe_route_stats,
     .moe_permute_fwd = f_moe_permute_fwd,

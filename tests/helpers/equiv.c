@@ -32,6 +32,14 @@ int test_equiv_run(const char *dir, const char *job, const char *name, const cha
     return rc;
 }
 
+int test_equiv_remove(const char *dir)
+{
+    if (!dir[0]) return 0;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd);
+}
+
 /* The values of `key` in the metrics lines of run `name`. */
 static int values(const char *dir, const char *name, const char *key, double *out, int max)
 {

@@ -22,4 +22,7 @@ int test_equiv_run(const char *dir, const char *job, const char *name, const cha
 int test_equiv_compare(const char *dir, const char *name, const char *ref, int n_loss, int n_val,
                        int ref_val_skip, test_equiv_diff_t *d);
 
+/* rm -rf DIR (nothing when DIR is ""): the exit status. */
+int test_equiv_remove(const char *dir);
+
 #endif

@@ -7,6 +7,8 @@
 # (EP=1), and continues within 1e-6 of the run that never stopped; EP=4
 # resumed at EP=4 continues bit for bit. The checkpoint of step 2 converts
 # to an HF directory that evaluates like the run's own export of step 2.
+# With aux-loss-free bias balancing the selection biases are checkpoint
+# items too: a resume at EP=4 is bit for bit and in one process within 1e-6.
 set -u
 . "$(dirname "$0")/lib.bash"
 tmp=$(mktemp -d /tmp/test_moe_ckpt.XXXXXX)
@@ -64,3 +66,26 @@ a=$("$BATON" eval --model "$tmp/export2" --ids tests/fixtures/qwen2_moe/ids.txt 
 b=$("$BATON" eval --model "$tmp/hf2" --ids tests/fixtures/qwen2_moe/ids.txt --json 2>&1)
 [ -n "$(field loss "$a")" ] && [ "$a" = "$b" ] && pass moe_ckpt_converts_like_export \
     || fail moe_ckpt_converts_like_export "$a | $b | $(tail -2 "$tmp/convert.out")"
+
+# bias balancing (router_bias_update_rate, baton's config key): the biases
+# travel in the checkpoint, so resumed steps route as the run that never stopped
+mkdir -p "$tmp/bias"
+sed 's/"hidden_act"/"router_bias_update_rate": 0.02,\n  "hidden_act"/' tests/fixtures/qwen2_moe/config.json > "$tmp/bias/config.json"
+ln -s "$PWD"/tests/fixtures/qwen2_moe/model.safetensors "$tmp/bias/"
+bias=(--set model.hf="$tmp/bias")
+run bfull "${bias[@]}" "${ep4[@]}" --set train.stop_after=2 || fail moe_bias_ckpt_save "rc $?: $(tail -3 "$tmp/bfull.out")"
+run bwhole "${bias[@]}" "${ep4[@]}" || fail moe_bias_whole "rc $?: $(tail -3 "$tmp/bwhole.out")"
+bck=$tmp/bfull/step-00000002
+run bsame "${bias[@]}" "${ep4[@]}" --resume "$bck"
+if [ "$(losses "$tmp/bsame.jsonl" | wc -l)" -eq 3 ] &&
+   cmp -s <(losses "$tmp/bwhole.jsonl" | tail -3) <(losses "$tmp/bsame.jsonl"); then
+    pass moe_bias_resume_bit_identical; else fail moe_bias_resume_bit_identical "$(losses "$tmp/bsame.jsonl" | tr '\n' ' ') | $(tail -2 "$tmp/bsame.out")"; fi
+run bone "${bias[@]}" --set train.grad_accum=4 --resume "$bck"
+close "$tmp/bwhole.jsonl" "$tmp/bone.jsonl" 1e-6 && [ "$(losses "$tmp/bone.jsonl" | wc -l)" -eq 3 ] \
+    && pass moe_bias_resume_as_one_process || fail moe_bias_resume_as_one_process "$(losses "$tmp/bone.jsonl" | tr '\n' ' ') | $(tail -2 "$tmp/bone.out")"
+# balancing changes the routing, so a resume that dropped the biases could
+# not have matched above: the run without balancing trains differently
+cmp -s <(losses "$tmp/bwhole.jsonl") <(losses "$tmp/whole.jsonl") \
+    && fail moe_bias_changes_training "balancing changed nothing" || pass moe_bias_changes_training
+grep -q '"model.layers.0.mlp.gate.selection_bias"' "$bck"/index.json && pass moe_bias_in_checkpoint \
+    || fail moe_bias_in_checkpoint "$(head -c 300 "$bck/index.json")"
