@@ -30,7 +30,13 @@
 # the GPU's used memory rose over its level before the run (nvidia-smi sampled
 # every ~0.1 s: the whole process, CUDA context included).
 #
-# Environment: ROWS (llama134m llama1b smollm2), WARMUP (5), STEPS (20), BUILD (build),
+# baton runs each row once per ATTN variant (default "precise fast"): precise is the
+# default attention (probabilities and score gradients as bf16 hi + lo parts, dQ in
+# its own kernel, bit-for-bit repeatable), fast is BATON_CUDA_ATTN=fast (both rounded
+# to bf16 once and dQ added by atomics inside the dK/dV kernel, as cuDNN's and
+# FlashAttention-2's kernels that torch calls do); the table has a line and ratios
+# for each (impl "baton" and "b-fast").
+# Environment: ROWS (llama134m llama1b smollm2), ATTN (precise fast), WARMUP (5), STEPS (20), BUILD (build),
 # OUT (the device tool's, else /tmp/gpu_bench), PYTHON (python3), RUN_TIMEOUT (240 s
 # a run), BUDGET (560 s for everything: a run that cannot start 20 s before it is
 # skipped, and said so), MB_LLAMA134M (32), MB_LLAMA1B (8), MB_SMOLLM2 (16).
@@ -41,6 +47,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 QUICK=${QUICK:-0}
 ROWS=${ROWS:-llama134m llama1b smollm2}
+ATTN=${ATTN:-precise fast}
 WARMUP=${WARMUP:-5}
 STEPS=${STEPS:-20}
 BUILD=${BUILD:-build}
@@ -196,37 +203,40 @@ fi
 
 # ---- the rows -----------------------------------------------------------------------
 declare -A RES
-measure_baton() { # NAME JOB
-    local name=$1 job=$2 lim log=$work/baton_$1.log met=$work/baton_$1.jsonl base=0 rc
-    lim=$(run_limit) || { say "$name baton: skipped, the budget of ${BUDGET} s is spent"; return; }
+impl_of() { [ "$1" = fast ] && echo b-fast || echo baton; }
+measure_baton() { # NAME JOB ATTN-VARIANT
+    local impl; impl=$(impl_of "$3")
+    local name=$1 job=$2 lim log=$work/${impl}_$1.log met=$work/${impl}_$1.jsonl base=0 rc
+    lim=$(run_limit) || { say "$name $impl: skipped, the budget of ${BUDGET} s is spent"; return; }
     [ $have_smi = 1 ] && base=$(smi_used)
-    start_smi "$work/smi_baton_$name"
-    local t0=$SECONDS
-    timeout -k 10 "$lim" "$BATON" run "$job" --quiet --set metrics.file="$met" > "$log" 2>&1
+    start_smi "$work/smi_${impl}_$name"
+    local t0=$SECONDS attn_env=BATON_CUDA_ATTN=
+    [ "$3" = fast ] && attn_env=BATON_CUDA_ATTN=fast
+    env "$attn_env" timeout -k 10 "$lim" "$BATON" run "$job" --quiet --set metrics.file="$met" > "$log" 2>&1
     rc=$?
     stop_smi
-    append_log "baton $name (exit $rc, $((SECONDS - t0)) s)" "$log"
-    [ -f "$met" ] && { echo "{\"row\": \"$name\"}"; cat "$met"; } >> "$OUT/metrics.jsonl"
-    if [ $rc -ne 0 ]; then say "$name baton: FAILED (exit $rc; logs.txt)"; tail -5 "$log"; return; fi
+    append_log "$impl $name (exit $rc, $((SECONDS - t0)) s)" "$log"
+    [ -f "$met" ] && { echo "{\"row\": \"$name\", \"impl\": \"$impl\"}"; cat "$met"; } >> "$OUT/metrics.jsonl"
+    if [ $rc -ne 0 ]; then say "$name $impl: FAILED (exit $rc; logs.txt)"; tail -5 "$log"; return; fi
     # per step: training seconds so far = tokens / tokens_per_s; a step is the difference
     awk -v w="$WARMUP" 'function num(s, k,   t) { t = s; if (!sub(".*\"" k "\": *", "", t)) return -1
                                                  sub(/[,}].*/, "", t); return t + 0 }
         /"loss"/ { st = num($0, "step"); tok = num($0, "tokens"); tps = num($0, "tokens_per_s")
                    ts = tps > 0 ? tok / tps : 0
                    if (st > w) printf "%.9f %d\n", ts - prev, tok - ptok
-                   prev = ts; ptok = tok }' "$met" > "$work/steps_$name"
-    local n med tps held skipped
-    n=$(wc -l < "$work/steps_$name")
-    med=$(awk '{ print $1 * 1000 }' "$work/steps_$name" | median)
-    tps=$(awk -v m="$med" 'NR == 1 { printf "%.1f", $2 / (m / 1000) }' "$work/steps_$name")
+                   prev = ts; ptok = tok }' "$met" > "$work/steps_${impl}_$name"
+    local n med tps held skipped st=$work/steps_${impl}_$name
+    n=$(wc -l < "$st")
+    med=$(awk '{ print $1 * 1000 }' "$st" | median)
+    tps=$(awk -v m="$med" 'NR == 1 { printf "%.1f", $2 / (m / 1000) }' "$st")
     held=$(sed -n 's/.*held at most \([0-9]*\) bytes.*/\1/p' "$log" | tail -1)
     skipped=$(grep '"loss"' "$met" | tail -1 | sed -n 's/.*"skipped_steps": *\([0-9]*\).*/\1/p')
-    RES[$name.baton.tps]=$tps; RES[$name.baton.ms]=$med; RES[$name.baton.n]=$n
-    RES[$name.baton.mem]=${held:-nan}; RES[$name.baton.smi]=$(smi_rise "$work/smi_baton_$name" "$base")
-    RES[$name.baton.loss]=$(grep '"loss"' "$met" | tail -1 | sed -n 's/.*"loss": *\([-0-9.eE+na]*\).*/\1/p')
+    RES[$name.$impl.tps]=$tps; RES[$name.$impl.ms]=$med; RES[$name.$impl.n]=$n
+    RES[$name.$impl.mem]=${held:-nan}; RES[$name.$impl.smi]=$(smi_rise "$work/smi_${impl}_$name" "$base")
+    RES[$name.$impl.loss]=$(grep '"loss"' "$met" | tail -1 | sed -n 's/.*"loss": *\([-0-9.eE+na]*\).*/\1/p')
     [ -z "${RES[$name.cudaver]:-}" ] && RES[$name.cudaver]=$(sed -n 's/.* cuda: \(driver .*\)/\1/p' "$log" | head -1)
-    echo "{\"what\": \"train\", \"impl\": \"baton\", \"row\": \"$name\", \"steps\": $n, \"step_ms_median\": $med, \"tokens_per_s\": $tps, \"held_bytes\": ${held:-null}, \"smi_rise_mib\": \"${RES[$name.baton.smi]}\", \"skipped_steps\": ${skipped:-null}, \"seconds\": $((SECONDS - t0))}" >> "$OUT/results.jsonl"
-    say "$name baton: median step $med ms over $n steps, $tps tokens/s, held ${held:-?} bytes, last loss ${RES[$name.baton.loss]}, skipped steps ${skipped:-?} ($((SECONDS - t0)) s)"
+    echo "{\"what\": \"train\", \"impl\": \"$impl\", \"row\": \"$name\", \"steps\": $n, \"step_ms_median\": $med, \"tokens_per_s\": $tps, \"held_bytes\": ${held:-null}, \"smi_rise_mib\": \"${RES[$name.$impl.smi]}\", \"skipped_steps\": ${skipped:-null}, \"seconds\": $((SECONDS - t0))}" >> "$OUT/results.jsonl"
+    say "$name $impl: median step $med ms over $n steps, $tps tokens/s, held ${held:-?} bytes, last loss ${RES[$name.$impl.loss]}, skipped steps ${skipped:-?} ($((SECONDS - t0)) s)"
 }
 measure_torch() { # NAME
     local name=$1 lim log=$work/torch_$1.log base=0 rc r
@@ -273,18 +283,26 @@ table() {
         for name in $ROWS; do
             row "$name" || continue
             local job=$work/$name.yaml d="$R_DESC, mb $R_B"
-            printf '%-46s %-6s %10s %9s %7s %11s %11s %11s\n' "$d" baton "$(fmt "${RES[$name.baton.tps]:-}" %.0f)" \
-                "$(fmt "${RES[$name.baton.ms]:-}" %.2f)" "$(mfu "$job" "${RES[$name.baton.tps]:-}")" \
-                "$(gib "${RES[$name.baton.mem]:-}")" "$(mib_gib "${RES[$name.baton.smi]:-}")" "-"
+            for a in $ATTN; do
+                local im; im=$(impl_of "$a")
+                printf '%-46s %-6s %10s %9s %7s %11s %11s %11s\n' "$d" "$im" "$(fmt "${RES[$name.$im.tps]:-}" %.0f)" \
+                    "$(fmt "${RES[$name.$im.ms]:-}" %.2f)" "$(mfu "$job" "${RES[$name.$im.tps]:-}")" \
+                    "$(gib "${RES[$name.$im.mem]:-}")" "$(mib_gib "${RES[$name.$im.smi]:-}")" "-"
+                d=""
+            done
             printf '%-46s %-6s %10s %9s %7s %11s %11s %11s\n' "" torch "$(fmt "${RES[$name.torch.tps]:-}" %.0f)" \
                 "$(fmt "${RES[$name.torch.ms]:-}" %.2f)" "$(mfu "$job" "${RES[$name.torch.tps]:-}")" \
                 "$(gib "${RES[$name.torch.mem]:-}")" "$(mib_gib "${RES[$name.torch.smi]:-}")" "$(gib "${RES[$name.torch.res]:-}")"
-            printf '%-46s %-6s %10s %9s %7s %11s %11s\n' "" ratio "$(ratio "${RES[$name.baton.tps]:-}" "${RES[$name.torch.tps]:-}")" \
-                "$(ratio "${RES[$name.baton.ms]:-}" "${RES[$name.torch.ms]:-}")" "" \
-                "$(ratio "${RES[$name.baton.mem]:-}" "${RES[$name.torch.mem]:-}")" \
-                "$(ratio "${RES[$name.baton.smi]:-}" "${RES[$name.torch.smi]:-}")"
+            for a in $ATTN; do
+                local im; im=$(impl_of "$a")
+                printf '%-46s %-6s %10s %9s %7s %11s %11s\n' "" "ratio${a:0:1}" "$(ratio "${RES[$name.$im.tps]:-}" "${RES[$name.torch.tps]:-}")" \
+                    "$(ratio "${RES[$name.$im.ms]:-}" "${RES[$name.torch.ms]:-}")" "" \
+                    "$(ratio "${RES[$name.$im.mem]:-}" "${RES[$name.torch.mem]:-}")" \
+                    "$(ratio "${RES[$name.$im.smi]:-}" "${RES[$name.torch.smi]:-}")"
+            done
         done
-        echo "ratio: baton / torch (tokens/s above 1: baton faster; step ms and memory below 1: baton better)"
+        echo "ratiop, ratiof: baton (precise attention) / torch and b-fast (BATON_CUDA_ATTN=fast) / torch"
+        echo "  (tokens/s above 1: baton faster; step ms and memory below 1: baton better)"
         echo "mem (own): baton's count of the device memory it held at most (kernels/cuda/held.c: cudaMalloc"
         echo "  blocks, stream scratch, cuBLASLt workspaces) / torch.cuda.max_memory_allocated; reserved:"
         echo "  torch.cuda.max_memory_reserved; mem (smi): the most nvidia-smi's used memory rose over its"
@@ -305,7 +323,7 @@ for name in $ROWS; do
     { echo "# ---- $name"; cat "$work/$name.yaml"; } >> "$OUT/jobs.txt"
     say "== $name: $R_DESC, microbatch $R_B ($(( R_B * R_T )) tokens a step); $(left) s of the budget left"
     "$BATON" flops "$work/$name.yaml" | tee -a "$OUT/logs.txt"
-    measure_baton "$name" "$work/$name.yaml"
+    for a in $ATTN; do measure_baton "$name" "$work/$name.yaml" "$a"; done
     [ -z "${RES[cudaver]:-}" ] && RES[cudaver]=${RES[$name.cudaver]:-}
     measure_torch "$name"
     table

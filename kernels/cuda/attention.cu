@@ -40,7 +40,7 @@
 enum { AT_BQ = 32, AT_BK = 32, AT_THREADS = 256 };
 
 static cuda_attn_path_t attn_path_forced = CUDA_ATTN_AUTO;
-static int attn_path_env = -1; /* -1 unread, else 0/1 from BATON_CUDA_ATTN */
+static int attn_path_env = -1; /* -1 unread, else 0 (auto), 1 (simt), 2 (fast) from BATON_CUDA_ATTN */
 
 extern "C" void cuda_attn_set_path(cuda_attn_path_t p) { attn_path_forced = p; }
 
@@ -48,9 +48,10 @@ extern "C" cuda_attn_path_t cuda_attn_get_path(void)
 {
     if (attn_path_env < 0) {
         const char *e = getenv("BATON_CUDA_ATTN");
-        attn_path_env = e && !strcmp(e, "simt") ? 1 : 0;
+        attn_path_env = !e ? 0 : !strcmp(e, "simt") ? 1 : !strcmp(e, "fast") ? 2 : 0;
     }
-    return attn_path_env ? CUDA_ATTN_SIMT : attn_path_forced;
+    return attn_path_env == 1 ? CUDA_ATTN_SIMT : attn_path_env == 2 ? CUDA_ATTN_FAST
+                                                                    : attn_path_forced;
 }
 
 /* the keys query row i sees */
@@ -170,6 +171,31 @@ __global__ void k_attn_delta(float *delta, const T *dout, const T *out, kern_att
         for (int64_t c = lane; c < s.Dv; c += 32) acc += cu_ld(dout, r * s.Dv + c) * cu_ld(out, r * s.Dv + c);
         acc = cu_warp_sum(acc);
         if (lane == 0) delta[(b * s.Hq + h) * s.Tq + i] = acc;
+    }
+}
+
+/* The same with 8 lanes a row and 16-byte loads (Dv a multiple of the
+ * width, rows aligned): each lane sums its vectors in order, then the 8
+ * lanes by xor shuffles, so the order is fixed by Dv. */
+template <class T>
+__global__ void k_attn_delta_v(float *delta, const T *dout, const T *out, kern_attn_shape_t s)
+{
+    constexpr int W = CU_VW(T);
+    const int64_t rows = s.B * s.Tq * s.Hq, nv = s.Dv / W;
+    const int sub = threadIdx.x & 7;
+    for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 8; r < rows;
+         r += (int64_t)gridDim.x * blockDim.x / 8) {
+        int64_t h = r % s.Hq, i = (r / s.Hq) % s.Tq, b = r / (s.Hq * s.Tq);
+        float acc = 0.0f;
+        for (int64_t v = sub; v < nv; v += 8) {
+            float d[W], o[W];
+            cu_ldv(dout, r * s.Dv + v * W, d);
+            cu_ldv(out, r * s.Dv + v * W, o);
+#pragma unroll
+            for (int k = 0; k < W; k++) acc += d[k] * o[k];
+        }
+        for (int off = 4; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (sub == 0) delta[(b * s.Hq + h) * s.Tq + i] = acc;
     }
 }
 
@@ -414,6 +440,23 @@ __device__ __forceinline__ void tc_split(float x0, float x1, uint32_t *hi, uint3
     *lo = tc_pack(x0 - cu_bf16_to_f32(h0), x1 - cu_bf16_to_f32(h1));
 }
 
+/* The A fragment of a 16 x 16 block from the C fragments x0, x1 of its two
+ * 8-column halves: as hi + lo parts (SPLIT), else hi only (rounded once) */
+template <bool SPLIT>
+__device__ __forceinline__ void tc_split_a(uint32_t hi[4], uint32_t lo[4], const float x0[4],
+                                           const float x1[4])
+{
+    if (SPLIT) {
+        tc_split(x0[0], x0[1], &hi[0], &lo[0]);
+        tc_split(x0[2], x0[3], &hi[1], &lo[1]);
+        tc_split(x1[0], x1[1], &hi[2], &lo[2]);
+        tc_split(x1[2], x1[3], &hi[3], &lo[3]);
+    } else {
+        hi[0] = tc_pack(x0[0], x0[1]), hi[1] = tc_pack(x0[2], x0[3]);
+        hi[2] = tc_pack(x1[0], x1[1]), hi[3] = tc_pack(x1[2], x1[3]);
+    }
+}
+
 enum { TC_BQ = 64, TC_BK = 64, TC_WARPS = 4, TC_PAD = 8 };
 
 /* rows [r0, r0 + TC_BK) of head h (dim DIM) into smem rows of LD elements,
@@ -443,7 +486,7 @@ __device__ __forceinline__ void tc_load(uint16_t *sm, const uint16_t *g, int64_t
  * about four times the error of the output's own rounding); max, sums, O
  * and lse stay fp32. The split doubles the P V products' tensor-core work,
  * not their shared-memory traffic. */
-template <int D, int DV>
+template <int D, int DV, bool SPLIT>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_attn_fwd_tc(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
                   const uint16_t *v, kern_attn_shape_t s)
@@ -526,20 +569,20 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         for (int t = 0; t < OT; t++) o[t][0] *= a0, o[t][1] *= a0, o[t][2] *= a1, o[t][3] *= a1;
         #pragma unroll
         for (int kt = 0; kt < TC_BK / 16; kt++) {
-            /* P as bf16 hi + lo parts: P V in two products keeps P to ~16 bits */
+            /* P as bf16 hi + lo parts: P V in two products keeps P to ~16 bits
+             * (SPLIT), else P rounded to bf16 once */
             uint32_t ph[4], pl[4];
-            tc_split(sc[2 * kt][0], sc[2 * kt][1], &ph[0], &pl[0]);
-            tc_split(sc[2 * kt][2], sc[2 * kt][3], &ph[1], &pl[1]);
-            tc_split(sc[2 * kt + 1][0], sc[2 * kt + 1][1], &ph[2], &pl[2]);
-            tc_split(sc[2 * kt + 1][2], sc[2 * kt + 1][3], &ph[3], &pl[3]);
+            tc_split_a<SPLIT>(ph, pl, sc[2 * kt], sc[2 * kt + 1]);
             #pragma unroll
             for (int np = 0; np < OT / 2; np++) {
                 uint32_t vb[4];
                 tc_ldsm4_t(vb, Vs + (kt * 16 + mr + (mi & 1) * 8) * LDV + np * 16 + (mi >> 1) * 8);
                 tc_mma(o[2 * np], ph, vb[0], vb[1]);
                 tc_mma(o[2 * np + 1], ph, vb[2], vb[3]);
-                tc_mma(o[2 * np], pl, vb[0], vb[1]);
-                tc_mma(o[2 * np + 1], pl, vb[2], vb[3]);
+                if (SPLIT) {
+                    tc_mma(o[2 * np], pl, vb[0], vb[1]);
+                    tc_mma(o[2 * np + 1], pl, vb[2], vb[3]);
+                }
             }
         }
     }
@@ -605,25 +648,24 @@ __device__ __forceinline__ void tc_ldbt(uint32_t b[4], const uint16_t *sm, int l
 
 /* acc[NO][4] += X[16][16*KT] B, X given as C fragments x[2*KT][4] (split in
  * hi + lo), B read by tc_ldbt from rows [0, 16*KT) of sm */
-template <int KT, int NO>
+template <int KT, int NO, bool SPLIT>
 __device__ __forceinline__ void tc_mma_cb(float acc[NO][4], float x[2 * KT][4], const uint16_t *sm,
                                           int ld, int mi, int mr)
 {
 #pragma unroll
     for (int kt = 0; kt < KT; kt++) {
         uint32_t xh[4], xl[4];
-        tc_split(x[2 * kt][0], x[2 * kt][1], &xh[0], &xl[0]);
-        tc_split(x[2 * kt][2], x[2 * kt][3], &xh[1], &xl[1]);
-        tc_split(x[2 * kt + 1][0], x[2 * kt + 1][1], &xh[2], &xl[2]);
-        tc_split(x[2 * kt + 1][2], x[2 * kt + 1][3], &xh[3], &xl[3]);
+        tc_split_a<SPLIT>(xh, xl, x[2 * kt], x[2 * kt + 1]);
 #pragma unroll
         for (int np = 0; np < NO / 2; np++) {
             uint32_t bb[4];
             tc_ldbt(bb, sm, ld, kt * 16, np * 16, mi, mr);
             tc_mma(acc[2 * np], xh, bb[0], bb[1]);
             tc_mma(acc[2 * np + 1], xh, bb[2], bb[3]);
-            tc_mma(acc[2 * np], xl, bb[0], bb[1]);
-            tc_mma(acc[2 * np + 1], xl, bb[2], bb[3]);
+            if (SPLIT) {
+                tc_mma(acc[2 * np], xl, bb[0], bb[1]);
+                tc_mma(acc[2 * np + 1], xl, bb[2], bb[3]);
+            }
         }
     }
 }
@@ -661,16 +703,25 @@ __device__ __forceinline__ void tc_add2(uint16_t *g, float x0, float x1, bool se
                              cu_bf16_to_f32((uint16_t)(w >> 16)) + x1);
 }
 
-template <int D, int DV>
+/* With DQ the dK/dV kernel also gives dQ (the fast path): each step's dS^T
+ * goes to shared memory as bf16, the block multiplies it by its 64 keys
+ * (dQ[32 q][D] += dS K, warp w taking query rows 16 (w & 1) and half the
+ * columns) and adds the products into the f32 dq_acc by float2 atomics, as
+ * FlashAttention-2 does; S and P are computed once. The atomics' order
+ * varies, so dQ's last bits vary from run to run on this path. */
+enum { TC_LDS = TC_BQ2 + TC_PAD };
+
+template <int D, int DV, bool SPLIT, bool DQ>
 __global__ void __launch_bounds__(TC_WARPS * 32)
-    k_attn_bwd_kv_tc(uint16_t *dk, uint16_t *dv, const uint16_t *dout, const uint16_t *q,
-                     const uint16_t *k, const uint16_t *v, const float *lse, const float *delta,
-                     kern_attn_shape_t s, bool set)
+    k_attn_bwd_kv_tc(uint16_t *dk, uint16_t *dv, float *dq_acc, const uint16_t *dout,
+                     const uint16_t *q, const uint16_t *k, const uint16_t *v, const float *lse,
+                     const float *delta, kern_attn_shape_t s, bool set)
 {
     constexpr int LDK = D + TC_PAD, LDV = DV + TC_PAD, NQ = TC_BQ2 / 8;
     extern __shared__ __align__(16) uint16_t tc_sm[];
     uint16_t *Ks = tc_sm, *Vs = Ks + TC_BK * LDK, *Qs = Vs + TC_BK * LDV, *dOs = Qs + TC_BQ2 * LDK;
-    float *lse_s = (float *)(dOs + TC_BQ2 * LDV), *delta_s = lse_s + TC_BQ2;
+    uint16_t *dSs = dOs + TC_BQ2 * LDV; /* [TC_BK][TC_LDS] when DQ */
+    float *lse_s = (float *)(dSs + (DQ ? TC_BK * TC_LDS : 0)), *delta_s = lse_s + TC_BQ2;
     const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = (int64_t)blockIdx.x * TC_BK;
     const int64_t group = s.Hq / s.Hkv;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -713,8 +764,44 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                     pt[t][e] = p;
                     dpt[t][e] = p * (dpt[t][e] - delta_s[col]);
                 }
-            tc_mma_cb<TC_BQ2 / 16, DV / 8>(dva, pt, dOs, LDV, mi, mr); /* dV += P^T dO */
-            tc_mma_cb<TC_BQ2 / 16, D / 8>(dka, dpt, Qs, LDK, mi, mr);  /* dK += dS^T Q */
+            tc_mma_cb<TC_BQ2 / 16, DV / 8, SPLIT>(dva, pt, dOs, LDV, mi, mr); /* dV += P^T dO */
+            tc_mma_cb<TC_BQ2 / 16, D / 8, SPLIT>(dka, dpt, Qs, LDK, mi, mr);  /* dK += dS^T Q */
+            if constexpr (DQ) {
+#pragma unroll
+                for (int t = 0; t < NQ; t++) {
+                    int col = t * 8 + 2 * c;
+                    *(uint32_t *)(dSs + (warp * 16 + g) * TC_LDS + col) = tc_pack(dpt[t][0], dpt[t][1]);
+                    *(uint32_t *)(dSs + (warp * 16 + g + 8) * TC_LDS + col) = tc_pack(dpt[t][2], dpt[t][3]);
+                }
+                __syncthreads();
+                const int mt = warp & 1, n0 = (warp >> 1) * (D / 2);
+                float acc[D / 16][4];
+#pragma unroll
+                for (int t = 0; t < D / 16; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < TC_BK / 16; kk++) {
+                    uint32_t a[4]; /* dS rows mt*16.., keys kk*16..: dS^T read transposed */
+                    tc_ldsm4_t(a, dSs + (kk * 16 + (mi >> 1) * 8 + mr) * TC_LDS + mt * 16 + (mi & 1) * 8);
+#pragma unroll
+                    for (int np = 0; np < D / 32; np++) {
+                        uint32_t bb[4];
+                        tc_ldbt(bb, Ks, LDK, kk * 16, n0 + np * 16, mi, mr);
+                        tc_mma(acc[2 * np], a, bb[0], bb[1]);
+                        tc_mma(acc[2 * np + 1], a, bb[2], bb[3]);
+                    }
+                }
+                const int64_t qi0 = q0 + mt * 16 + g, qi1 = qi0 + 8;
+#pragma unroll
+                for (int t = 0; t < D / 16; t++) {
+                    int col = n0 + t * 8 + 2 * c;
+                    if (qi0 < s.Tq)
+                        atomicAdd((float2 *)(dq_acc + ((b * s.Tq + qi0) * s.Hq + h) * D + col),
+                                  make_float2(s.scale * acc[t][0], s.scale * acc[t][1]));
+                    if (qi1 < s.Tq)
+                        atomicAdd((float2 *)(dq_acc + ((b * s.Tq + qi1) * s.Hq + h) * D + col),
+                                  make_float2(s.scale * acc[t][2], s.scale * acc[t][3]));
+                }
+            }
         }
     }
 #pragma unroll
@@ -733,7 +820,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     }
 }
 
-template <int D, int DV>
+template <int D, int DV, bool SPLIT>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     k_attn_bwd_q_tc(uint16_t *dq, const uint16_t *dout, const uint16_t *q, const uint16_t *k,
                     const uint16_t *v, const float *lse, const float *delta, kern_attn_shape_t s,
@@ -778,7 +865,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
                 float p = j < (hi ? lim1 : lim0) ? exp2f(ps[t][e] * sl2 - (hi ? l21 : l20)) : 0.0f;
                 ds[t][e] = p * (ds[t][e] - (hi ? de1 : de0));
             }
-        tc_mma_cb<TC_BK / 16, D / 8>(dqa, ds, Ks, LDK, mi, mr); /* dQ += dS K */
+        tc_mma_cb<TC_BK / 16, D / 8, SPLIT>(dqa, ds, Ks, LDK, mi, mr); /* dQ += dS K */
     }
 #pragma unroll
     for (int t = 0; t < D / 8; t++) {
@@ -803,20 +890,29 @@ static bool tc_pair_built(int64_t D, int64_t Dv)
 
 extern "C" bool cuda_attn_uses_tc(const kern_attn_shape_t *sh, dtype_t dt)
 {
-    return dt == DT_BF16 && cuda_attn_get_path() == CUDA_ATTN_AUTO && tc_pair_built(sh->D, sh->Dv);
+    return dt == DT_BF16 && cuda_attn_get_path() != CUDA_ATTN_SIMT && tc_pair_built(sh->D, sh->Dv);
+}
+
+template <int D, int DV, bool SPLIT>
+static cudaError_t tc_launch_s(cudaStream_t st, void *out, float *lse, const void *q,
+                               const void *k, const void *v, const kern_attn_shape_t *sh)
+{
+    size_t smem = sizeof(uint16_t) * (size_t)((TC_BQ + TC_BK) * (D + TC_PAD) + TC_BK * (DV + TC_PAD));
+    cudaError_t e = at_smem_optin(k_attn_fwd_tc<D, DV, SPLIT>, smem);
+    if (e != cudaSuccess) return e;
+    dim3 grid((unsigned)((sh->Tq + TC_BQ - 1) / TC_BQ), (unsigned)sh->Hq, (unsigned)sh->B);
+    k_attn_fwd_tc<D, DV, SPLIT><<<grid, TC_WARPS * 32, smem, st>>>(
+        (uint16_t *)out, lse, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, *sh);
+    return cudaGetLastError();
 }
 
 template <int D, int DV>
 static cudaError_t tc_launch(cudaStream_t st, void *out, float *lse, const void *q, const void *k,
                              const void *v, const kern_attn_shape_t *sh)
 {
-    size_t smem = sizeof(uint16_t) * (size_t)((TC_BQ + TC_BK) * (D + TC_PAD) + TC_BK * (DV + TC_PAD));
-    cudaError_t e = at_smem_optin(k_attn_fwd_tc<D, DV>, smem);
-    if (e != cudaSuccess) return e;
-    dim3 grid((unsigned)((sh->Tq + TC_BQ - 1) / TC_BQ), (unsigned)sh->Hq, (unsigned)sh->B);
-    k_attn_fwd_tc<D, DV><<<grid, TC_WARPS * 32, smem, st>>>(
-        (uint16_t *)out, lse, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, *sh);
-    return cudaGetLastError();
+    if (cuda_attn_get_path() == CUDA_ATTN_FAST)
+        return tc_launch_s<D, DV, false>(st, out, lse, q, k, v, sh);
+    return tc_launch_s<D, DV, true>(st, out, lse, q, k, v, sh);
 }
 
 static cudaError_t cuda_attn_fwd_tc(cudaStream_t st, void *out, float *lse, const void *q,
@@ -840,11 +936,82 @@ static bool tc_aligned(const void *q, const void *k, const void *v, const void *
 
 static bool tc_bwd_takes(const kern_attn_shape_t *sh, dtype_t dt)
 {
-    if (dt != DT_BF16 || cuda_attn_get_path() != CUDA_ATTN_AUTO) return false;
+    if (dt != DT_BF16 || cuda_attn_get_path() == CUDA_ATTN_SIMT) return false;
 #define TC_HAS(d, dv) if (sh->D == d && sh->Dv == dv) return true;
     TC_BWD_PAIRS(TC_HAS)
 #undef TC_HAS
     return false;
+}
+
+/* dq (+)= dq_acc, bf16 from f32, 8 at a time where aligned */
+__global__ void k_dq_finish(uint16_t *dq, const float *acc, int64_t n, bool set)
+{
+    const bool vec = !(((uintptr_t)dq | (uintptr_t)acc) & 15);
+    for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n;
+         i += (int64_t)gridDim.x * blockDim.x * 8) {
+        if (vec && i + 8 <= n) {
+            float a[8], o[8];
+            cu_ldv(acc, i, a);
+            cu_ldv(acc, i + 4, a + 4);
+            if (!set) cu_ldv((const cu_bf16_t *)dq, i, o);
+#pragma unroll
+            for (int j = 0; j < 8; j++) o[j] = set ? a[j] : o[j] + a[j];
+            cu_stv((cu_bf16_t *)dq, i, o);
+        } else {
+            for (int64_t j = i; j < n && j < i + 8; j++)
+                dq[j] = cu_f32_to_bf16(set ? acc[j] : cu_bf16_to_f32(dq[j]) + acc[j]);
+        }
+    }
+}
+
+/* the fast path's f32 dQ accumulator, after delta in the scratch */
+static size_t dq_acc_offset(const kern_attn_shape_t *sh)
+{
+    return cu_align256((size_t)(sh->B * sh->Hq * sh->Tq) * sizeof(float));
+}
+
+template <int D, int DV, bool SPLIT>
+static cudaError_t tc_bwd_launch_s(cudaStream_t st, void *dq, void *dk, void *dv,
+                                   const void *dout, const void *q, const void *k, const void *v,
+                                   const float *lse, const float *delta,
+                                   const kern_attn_shape_t *sh, bool set)
+{
+    const size_t LDK = D + TC_PAD, LDV = DV + TC_PAD;
+    cudaError_t e = cudaSuccess;
+    /* the fast path folds dQ into the dK/dV kernel when both are wanted */
+    const bool fused = !SPLIT && dq && (dk || dv);
+    if (dk || dv) {
+        size_t smem = 2 * (TC_BK * LDK + TC_BK * LDV + TC_BQ2 * LDK + TC_BQ2 * LDV) + 8 * TC_BQ2;
+        dim3 grid((unsigned)((sh->Tk + TC_BK - 1) / TC_BK), (unsigned)sh->Hkv, (unsigned)sh->B);
+        if (fused) {
+            float *acc = (float *)((char *)(void *)delta + dq_acc_offset(sh));
+            int64_t n = sh->B * sh->Tq * sh->Hq * D;
+            smem += 2 * TC_BK * TC_LDS;
+            e = at_smem_optin(k_attn_bwd_kv_tc<D, DV, false, true>, smem);
+            if (e == cudaSuccess) e = cudaMemsetAsync(acc, 0, (size_t)n * sizeof(float), st);
+            if (e != cudaSuccess) return e;
+            k_attn_bwd_kv_tc<D, DV, false, true><<<grid, TC_WARPS * 32, smem, st>>>(
+                (uint16_t *)dk, (uint16_t *)dv, acc, (const uint16_t *)dout, (const uint16_t *)q,
+                (const uint16_t *)k, (const uint16_t *)v, lse, delta, *sh, set);
+            k_dq_finish<<<cu_blocks((n + 7) / 8, 256), 256, 0, st>>>((uint16_t *)dq, acc, n, set);
+            return cudaGetLastError();
+        }
+        e = at_smem_optin(k_attn_bwd_kv_tc<D, DV, SPLIT, false>, smem);
+        if (e != cudaSuccess) return e;
+        k_attn_bwd_kv_tc<D, DV, SPLIT, false><<<grid, TC_WARPS * 32, smem, st>>>(
+            (uint16_t *)dk, (uint16_t *)dv, nullptr, (const uint16_t *)dout, (const uint16_t *)q,
+            (const uint16_t *)k, (const uint16_t *)v, lse, delta, *sh, set);
+    }
+    if (dq) {
+        size_t smem = 2 * (TC_BQ * LDK + TC_BQ * LDV + TC_BK * LDK + TC_BK * LDV);
+        e = at_smem_optin(k_attn_bwd_q_tc<D, DV, SPLIT>, smem);
+        if (e != cudaSuccess) return e;
+        dim3 grid((unsigned)((sh->Tq + TC_BQ - 1) / TC_BQ), (unsigned)sh->Hq, (unsigned)sh->B);
+        k_attn_bwd_q_tc<D, DV, SPLIT><<<grid, TC_WARPS * 32, smem, st>>>(
+            (uint16_t *)dq, (const uint16_t *)dout, (const uint16_t *)q, (const uint16_t *)k,
+            (const uint16_t *)v, lse, delta, *sh, set);
+    }
+    return cudaGetLastError();
 }
 
 template <int D, int DV>
@@ -852,27 +1019,9 @@ static cudaError_t tc_bwd_launch(cudaStream_t st, void *dq, void *dk, void *dv, 
                                  const void *q, const void *k, const void *v, const float *lse,
                                  const float *delta, const kern_attn_shape_t *sh, bool set)
 {
-    const size_t LDK = D + TC_PAD, LDV = DV + TC_PAD;
-    cudaError_t e = cudaSuccess;
-    if (dk || dv) {
-        size_t smem = 2 * (TC_BK * LDK + TC_BK * LDV + TC_BQ2 * LDK + TC_BQ2 * LDV) + 8 * TC_BQ2;
-        e = at_smem_optin(k_attn_bwd_kv_tc<D, DV>, smem);
-        if (e != cudaSuccess) return e;
-        dim3 grid((unsigned)((sh->Tk + TC_BK - 1) / TC_BK), (unsigned)sh->Hkv, (unsigned)sh->B);
-        k_attn_bwd_kv_tc<D, DV><<<grid, TC_WARPS * 32, smem, st>>>(
-            (uint16_t *)dk, (uint16_t *)dv, (const uint16_t *)dout, (const uint16_t *)q,
-            (const uint16_t *)k, (const uint16_t *)v, lse, delta, *sh, set);
-    }
-    if (dq) {
-        size_t smem = 2 * (TC_BQ * LDK + TC_BQ * LDV + TC_BK * LDK + TC_BK * LDV);
-        e = at_smem_optin(k_attn_bwd_q_tc<D, DV>, smem);
-        if (e != cudaSuccess) return e;
-        dim3 grid((unsigned)((sh->Tq + TC_BQ - 1) / TC_BQ), (unsigned)sh->Hq, (unsigned)sh->B);
-        k_attn_bwd_q_tc<D, DV><<<grid, TC_WARPS * 32, smem, st>>>(
-            (uint16_t *)dq, (const uint16_t *)dout, (const uint16_t *)q, (const uint16_t *)k,
-            (const uint16_t *)v, lse, delta, *sh, set);
-    }
-    return cudaGetLastError();
+    if (cuda_attn_get_path() == CUDA_ATTN_FAST)
+        return tc_bwd_launch_s<D, DV, false>(st, dq, dk, dv, dout, q, k, v, lse, delta, sh, set);
+    return tc_bwd_launch_s<D, DV, true>(st, dq, dk, dv, dout, q, k, v, lse, delta, sh, set);
 }
 
 static cudaError_t tc_bwd(cudaStream_t st, void *dq, void *dk, void *dv, const void *dout,
@@ -909,7 +1058,10 @@ extern "C" cudaError_t cuda_attn_fwd(cudaStream_t st, void *out, float *lse, con
 
 extern "C" size_t cuda_attn_bwd_scratch(const kern_attn_shape_t *sh)
 {
-    return (size_t)(sh->B * sh->Hq * sh->Tq) * sizeof(float);
+    size_t n = (size_t)(sh->B * sh->Hq * sh->Tq) * sizeof(float);
+    if (cuda_attn_get_path() == CUDA_ATTN_FAST) /* and the fused backward's dQ accumulator */
+        n = dq_acc_offset(sh) + (size_t)(sh->B * sh->Tq * sh->Hq * sh->D) * sizeof(float);
+    return n;
 }
 
 extern "C" cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *dv,
@@ -925,8 +1077,12 @@ extern "C" cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *
     cudaError_t e = cudaSuccess;
     CU_DISPATCH_FT(dt, T, {
         int64_t rows = sh->B * sh->Tq * sh->Hq;
-        k_attn_delta<T><<<cu_blocks(rows, 8), 256, 0, st>>>(delta, (const T *)dout,
-                                                            (const T *)out, *sh);
+        if (sh->Dv % CU_VW(T) == 0 && cu_aligned16(dout, out))
+            k_attn_delta_v<T><<<cu_blocks(rows, 32), 256, 0, st>>>(delta, (const T *)dout,
+                                                                   (const T *)out, *sh);
+        else
+            k_attn_delta<T><<<cu_blocks(rows, 8), 256, 0, st>>>(delta, (const T *)dout,
+                                                                (const T *)out, *sh);
         if (tc_bwd_takes(sh, dt) && tc_aligned(q, k, v, dout) &&
             !(((uintptr_t)dq | (uintptr_t)dk | (uintptr_t)dv) & 3)) {
             e = tc_bwd(st, dq, dk, dv, dout, q, k, v, lse, delta, sh, set);

@@ -66,6 +66,59 @@ __device__ __forceinline__ float cu_ld(const cu_bf16_t *p, int64_t i) { return c
 __device__ __forceinline__ void cu_st(float *p, int64_t i, float x) { p[i] = x; }
 __device__ __forceinline__ void cu_st(cu_bf16_t *p, int64_t i, float x) { p[i].bits = cu_f32_to_bf16(x); }
 
+/* ---- 16-byte vectors --------------------------------------------------------- */
+
+/* CU_VW<T> elements make 16 bytes: 4 f32 or 8 bf16. cu_ldv / cu_stv move one
+ * such vector at element offset i of p (p + i 16-byte aligned: the caller
+ * checks with cu_aligned16) and convert to and from f32 with the scalar
+ * rounding above, so a vector kernel gives the bits of its scalar twin. */
+template <class T> struct cu_vw;
+template <> struct cu_vw<float> {
+    static constexpr int N = 4;
+};
+template <> struct cu_vw<cu_bf16_t> {
+    static constexpr int N = 8;
+};
+#define CU_VW(T) (cu_vw<T>::N)
+
+__device__ __forceinline__ void cu_ldv(const float *p, int64_t i, float *x)
+{
+    float4 v = *(const float4 *)(p + i);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+}
+
+__device__ __forceinline__ void cu_stv(float *p, int64_t i, const float *x)
+{
+    *(float4 *)(p + i) = make_float4(x[0], x[1], x[2], x[3]);
+}
+
+__device__ __forceinline__ void cu_ldv(const cu_bf16_t *p, int64_t i, float *x)
+{
+    uint4 v = *(const uint4 *)(p + i);
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        x[2 * k] = __uint_as_float(w[k] << 16);
+        x[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ void cu_stv(cu_bf16_t *p, int64_t i, const float *x)
+{
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        w[k] = (uint32_t)cu_f32_to_bf16(x[2 * k]) | ((uint32_t)cu_f32_to_bf16(x[2 * k + 1]) << 16);
+    *(uint4 *)(p + i) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* Every non-NULL pointer 16-byte aligned. */
+static inline bool cu_aligned16(const void *a, const void *b = nullptr, const void *c = nullptr,
+                                const void *d = nullptr, const void *e = nullptr)
+{
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e) & 15u) == 0;
+}
+
 /* Any float dtype as a double / f32, by dtype tag (reductions, conversions). */
 __device__ __forceinline__ float cu_ld_dt(const void *p, dtype_t dt, int64_t i)
 {
@@ -130,6 +183,8 @@ static inline unsigned cu_blocks(int64_t n, int per_block, unsigned cap = 65535u
     if (b < 1) b = 1;
     return b > (int64_t)cap ? cap : (unsigned)b;
 }
+
+static inline size_t cu_align256(size_t n) { return (n + 255) / 256 * 256; }
 
 /* Dispatches a kernel template on the compute dtype (f32 or bf16). */
 #define CU_DISPATCH_FT(dt, T, ...)                                                                 \

@@ -171,9 +171,13 @@ cudaError_t cuda_sigmoid_gate_bwd(cudaStream_t st, void *dx, void *dgate, const 
 /* ---- attention (attention.cu) --------------------------------------------- */
 
 /* Which attention kernels run: tensor cores for bf16 when the head dims allow
- * (CUDA_ATTN_AUTO), or the fp32 SIMT kernels for everything
- * (CUDA_ATTN_SIMT; BATON_CUDA_ATTN=simt sets it for the process). */
-typedef enum { CUDA_ATTN_AUTO = 0, CUDA_ATTN_SIMT = 1 } cuda_attn_path_t;
+ * (CUDA_ATTN_AUTO: probabilities and score gradients enter their products as
+ * bf16 hi + lo parts), the same kernels with them rounded to bf16 once, as
+ * cuDNN and FlashAttention do (CUDA_ATTN_FAST: half the tensor-core work of
+ * those products, about four times the error), or the fp32 SIMT kernels for
+ * everything (CUDA_ATTN_SIMT). BATON_CUDA_ATTN=simt or =fast sets the path
+ * for the process. */
+typedef enum { CUDA_ATTN_AUTO = 0, CUDA_ATTN_SIMT = 1, CUDA_ATTN_FAST = 2 } cuda_attn_path_t;
 void cuda_attn_set_path(cuda_attn_path_t p);
 cuda_attn_path_t cuda_attn_get_path(void);
 /* Whether the tensor-core forward takes this shape and dtype (the

@@ -32,48 +32,113 @@ extern "C" cudaError_t cuda_convert(cudaStream_t st, void *dst, dtype_t dst_dt, 
     return cudaGetLastError();
 }
 
+/* ---- elementwise maps over 16-byte vectors ------------------------------------- */
+
+/* k_map runs F on every element i < n of NI inputs into NO outputs: each
+ * thread takes CU_VW(T) consecutive elements (one 16-byte load per input and
+ * one store per output when `vec`, the host's word that every pointer is
+ * 16-byte aligned), the tail and unaligned tensors go element by element.
+ * A NULL input reads as 0, a NULL output is not written. Each thread loads
+ * all its inputs before it stores, so an output may alias an input. F is a
+ * functor: y[NO] from x[NI], fp32, the same formula as the scalar CPU twin. */
+template <class T, int NI, int NO> struct map_ptrs {
+    const T *in[NI];
+    T *out[NO];
+};
+
+template <class T, int NI, int NO, class F>
+__global__ void k_map(map_ptrs<T, NI, NO> p, int64_t n, bool vec, F f)
+{
+    constexpr int W = CU_VW(T);
+    for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * W; i < n;
+         i += (int64_t)gridDim.x * blockDim.x * W) {
+        const int m = n - i < W ? (int)(n - i) : W;
+        const bool v = vec && m == W;
+        float x[NI][W], y[NO][W];
+#pragma unroll
+        for (int k = 0; k < NI; k++) {
+            if (!p.in[k]) {
+#pragma unroll
+                for (int j = 0; j < W; j++) x[k][j] = 0.0f;
+            } else if (v) {
+                cu_ldv(p.in[k], i, x[k]);
+            } else {
+                for (int j = 0; j < W; j++) x[k][j] = j < m ? cu_ld(p.in[k], i + j) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            float xs[NI], ys[NO];
+#pragma unroll
+            for (int k = 0; k < NI; k++) xs[k] = x[k][j];
+            f(ys, xs);
+#pragma unroll
+            for (int k = 0; k < NO; k++) y[k][j] = ys[k];
+        }
+#pragma unroll
+        for (int k = 0; k < NO; k++) {
+            if (!p.out[k]) continue;
+            if (v) cu_stv(p.out[k], i, y[k]);
+            else
+                for (int j = 0; j < m; j++) cu_st(p.out[k], i + j, y[k][j]);
+        }
+    }
+}
+
+template <class T, int NI, int NO, class F>
+static cudaError_t map_run(cudaStream_t st, map_ptrs<T, NI, NO> p, int64_t n, F f)
+{
+    if (n <= 0) return cudaGetLastError();
+    bool vec = true;
+    for (int k = 0; k < NI; k++) vec = vec && cu_aligned16(p.in[k]);
+    for (int k = 0; k < NO; k++) vec = vec && cu_aligned16(p.out[k]);
+    int64_t nv = (n + CU_VW(T) - 1) / CU_VW(T);
+    k_map<T, NI, NO, F><<<cu_blocks(nv, 256), 256, 0, st>>>(p, n, vec, f);
+    return cudaGetLastError();
+}
+
 /* ---- add, axpy, scale ---------------------------------------------------------- */
 
-template <class T> __global__ void k_add(T *out, const T *a, const T *b, int64_t n)
-{
-    GS_LOOP(i, n) cu_st(out, i, cu_ld(a, i) + cu_ld(b, i));
-}
+struct add_f {
+    __device__ void operator()(float *y, const float *x) const { y[0] = x[0] + x[1]; }
+};
 
-template <class T> __global__ void k_axpy(T *y, float alpha, const T *x, int64_t n)
-{
-    GS_LOOP(i, n) cu_st(y, i, cu_ld(y, i) + alpha * cu_ld(x, i));
-}
+struct axpy_f {
+    float alpha;
+    __device__ void operator()(float *y, const float *x) const { y[0] = x[0] + alpha * x[1]; }
+};
 
-template <class T> __global__ void k_scale(T *p, float f, int64_t n)
-{
-    GS_LOOP(i, n) cu_st(p, i, cu_ld(p, i) * f);
-}
+struct scale_f {
+    float f;
+    __device__ void operator()(float *y, const float *x) const { y[0] = x[0] * f; }
+};
 
 extern "C" cudaError_t cuda_add(cudaStream_t st, void *out, const void *a, const void *b,
                                 dtype_t dt, int64_t n)
 {
-    if (n > 0)
-        CU_DISPATCH_FT(dt, T,
-                       k_add<T><<<cu_blocks(n, 256), 256, 0, st>>>((T *)out, (const T *)a,
-                                                                   (const T *)b, n));
-    return cudaGetLastError();
+    cudaError_t e;
+    CU_DISPATCH_FT(dt, T,
+                   e = map_run(st, map_ptrs<T, 2, 1>{{(const T *)a, (const T *)b}, {(T *)out}}, n,
+                               add_f{}));
+    return e;
 }
 
 extern "C" cudaError_t cuda_axpy(cudaStream_t st, void *y, float alpha, const void *x, dtype_t dt,
                                  int64_t n)
 {
-    if (n > 0)
-        CU_DISPATCH_FT(dt, T,
-                       k_axpy<T><<<cu_blocks(n, 256), 256, 0, st>>>((T *)y, alpha, (const T *)x,
-                                                                    n));
-    return cudaGetLastError();
+    cudaError_t e;
+    CU_DISPATCH_FT(dt, T,
+                   e = map_run(st, map_ptrs<T, 2, 1>{{(const T *)y, (const T *)x}, {(T *)y}}, n,
+                               axpy_f{alpha}));
+    return e;
 }
 
 extern "C" cudaError_t cuda_scale(cudaStream_t st, void *p, float f, dtype_t dt, int64_t n)
 {
-    if (n > 0)
-        CU_DISPATCH_FT(dt, T, k_scale<T><<<cu_blocks(n, 256), 256, 0, st>>>((T *)p, f, n));
-    return cudaGetLastError();
+    cudaError_t e;
+    CU_DISPATCH_FT(dt, T,
+                   e = map_run(st, map_ptrs<T, 1, 1>{{(const T *)p}, {(T *)p}}, n, scale_f{f}));
+    return e;
 }
 
 /* ---- reductions ---------------------------------------------------------------- */
@@ -192,45 +257,40 @@ extern "C" cudaError_t cuda_colsum(cudaStream_t st, void *dst, dtype_t dst_dt, c
 
 /* ---- SwiGLU ---------------------------------------------------------------------- */
 
-/* silu(g) = g / (1 + exp(-g)) as torch computes it */
-template <class T> __global__ void k_swiglu_fwd(T *out, const T *gate, const T *up, int64_t n)
-{
-    GS_LOOP(i, n)
+/* silu(g) = g / (1 + exp(-g)) as torch computes it; x = {gate, up} */
+struct swiglu_fwd_f {
+    __device__ void operator()(float *y, const float *x) const
     {
-        float g = cu_ld(gate, i);
-        cu_st(out, i, g / (1.0f + expf(-g)) * cu_ld(up, i));
+        float g = x[0];
+        y[0] = g / (1.0f + expf(-g)) * x[1];
     }
-}
+};
 
-/* dgate += dout * u * s (1 + g (1 - s)), dup += dout * g s, s = sigmoid(g);
- * SET: = instead of += (the old values are not read) */
-template <class T, bool SET>
-__global__ void k_swiglu_bwd(T *dgate, T *dup, const T *dout, const T *gate, const T *up,
-                             int64_t n)
-{
-    GS_LOOP(i, n)
+/* dgate (+)= dout * u * s (1 + g (1 - s)), dup (+)= dout * g s, s = sigmoid(g);
+ * x = {dout, gate, up, old dgate, old dup} (the old values NULL, read as 0,
+ * under SET: they are not read and the terms are stored as they are) */
+template <bool SET> struct swiglu_bwd_f {
+    __device__ void operator()(float *y, const float *x) const
     {
-        float g = cu_ld(gate, i), d = cu_ld(dout, i);
+        float d = x[0], g = x[1], u = x[2];
         float s = 1.0f / (1.0f + expf(-g));
-        if (dgate) {
-            float x = d * cu_ld(up, i) * (s * (1.0f + g * (1.0f - s)));
-            cu_st(dgate, i, SET ? x : cu_ld(dgate, i) + x);
-        }
-        if (dup) {
-            float x = d * (g * s);
-            cu_st(dup, i, SET ? x : cu_ld(dup, i) + x);
+        float dg = d * u * (s * (1.0f + g * (1.0f - s))), du = d * (g * s);
+        if constexpr (SET) {
+            y[0] = dg, y[1] = du;
+        } else {
+            y[0] = x[3] + dg, y[1] = x[4] + du;
         }
     }
-}
+};
 
 extern "C" cudaError_t cuda_swiglu_fwd(cudaStream_t st, void *out, const void *gate,
                                        const void *up, dtype_t dt, int64_t n)
 {
-    if (n > 0)
-        CU_DISPATCH_FT(dt, T,
-                       k_swiglu_fwd<T><<<cu_blocks(n, 256), 256, 0, st>>>(
-                           (T *)out, (const T *)gate, (const T *)up, n));
-    return cudaGetLastError();
+    cudaError_t e;
+    CU_DISPATCH_FT(dt, T,
+                   e = map_run(st, map_ptrs<T, 2, 1>{{(const T *)gate, (const T *)up}, {(T *)out}},
+                               n, swiglu_fwd_f{}));
+    return e;
 }
 
 extern "C" cudaError_t cuda_swiglu_bwd(cudaStream_t st, void *dgate, void *dup, const void *dout,
@@ -238,17 +298,23 @@ extern "C" cudaError_t cuda_swiglu_bwd(cudaStream_t st, void *dgate, void *dup, 
                                        bool set)
 {
     if (n <= 0 || (!dgate && !dup)) return cudaGetLastError();
+    cudaError_t e;
     if (set)
         CU_DISPATCH_FT(dt, T,
-                       k_swiglu_bwd<T, true><<<cu_blocks(n, 256), 256, 0, st>>>(
-                           (T *)dgate, (T *)dup, (const T *)dout, (const T *)gate,
-                           (const T *)up, n));
+                       e = map_run(st,
+                                   map_ptrs<T, 3, 2>{{(const T *)dout, (const T *)gate,
+                                                      (const T *)up},
+                                                     {(T *)dgate, (T *)dup}},
+                                   n, swiglu_bwd_f<true>{}));
     else
         CU_DISPATCH_FT(dt, T,
-                       k_swiglu_bwd<T, false><<<cu_blocks(n, 256), 256, 0, st>>>(
-                           (T *)dgate, (T *)dup, (const T *)dout, (const T *)gate,
-                           (const T *)up, n));
-    return cudaGetLastError();
+                       e = map_run(st,
+                                   map_ptrs<T, 5, 2>{{(const T *)dout, (const T *)gate,
+                                                      (const T *)up, (const T *)dgate,
+                                                      (const T *)dup},
+                                                     {(T *)dgate, (T *)dup}},
+                                   n, swiglu_bwd_f<false>{}));
+    return e;
 }
 
 /* ---- RoPE ------------------------------------------------------------------------ */
@@ -287,25 +353,87 @@ __global__ void k_rope(T *out, const T *x, const float *cos, const float *sin,
     }
 }
 
+/* The same with CU_VW(T) consecutive pairs a thread, 16-byte loads of both
+ * halves, of cos and sin (half a multiple of the width, everything aligned:
+ * the launcher checks). Same arithmetic, so the same bits. */
+template <class T, int BWD>
+__global__ void k_rope_v(T *out, const T *x, const float *cos, const float *sin,
+                         const int32_t *pos, int64_t BT, int64_t H, int64_t D, int64_t P,
+                         unsigned *flags)
+{
+    constexpr int W = CU_VW(T);
+    const int64_t half = D / 2, hv = half / W;
+    GS_LOOP(idx, BT * H * hv)
+    {
+        int64_t i = (idx % hv) * W, th = idx / hv, t = th / H;
+        int64_t base = th * D;
+        int32_t p = pos[t];
+        float y1[W], y2[W];
+        if (p < 0 || p >= P) {
+            *(volatile unsigned *)&flags[CUDA_FLAG_ROPE_POS] = 1u;
+#pragma unroll
+            for (int k = 0; k < W; k++) y1[k] = y2[k] = NAN;
+        } else {
+            float x1[W], x2[W], c[W], s[W];
+            cu_ldv(x, base + i, x1);
+            cu_ldv(x, base + i + half, x2);
+#pragma unroll
+            for (int k = 0; k < W; k += 4) {
+                cu_ldv(cos, (int64_t)p * half + i + k, c + k);
+                cu_ldv(sin, (int64_t)p * half + i + k, s + k);
+            }
+            float o1[W], o2[W];
+            if (BWD == 1) {
+                cu_ldv(out, base + i, o1);
+                cu_ldv(out, base + i + half, o2);
+            }
+#pragma unroll
+            for (int k = 0; k < W; k++) {
+                if (BWD == 2) {
+                    y1[k] = x1[k] * c[k] + x2[k] * s[k];
+                    y2[k] = x2[k] * c[k] - x1[k] * s[k];
+                } else if (BWD == 1) {
+                    y1[k] = o1[k] + (x1[k] * c[k] + x2[k] * s[k]);
+                    y2[k] = o2[k] + (x2[k] * c[k] - x1[k] * s[k]);
+                } else {
+                    y1[k] = x1[k] * c[k] - x2[k] * s[k];
+                    y2[k] = x2[k] * c[k] + x1[k] * s[k];
+                }
+            }
+        }
+        cu_stv(out, base + i, y1);
+        cu_stv(out, base + i + half, y2);
+    }
+}
+
+template <int BWD>
+static void rope_launch(cudaStream_t st, void *out, const void *x, const float *cos,
+                        const float *sin, const int32_t *pos, dtype_t dt, int64_t BT, int64_t H,
+                        int64_t D, int64_t P, unsigned *flags)
+{
+    int64_t half = D / 2;
+    int w = dt == DT_BF16 ? 8 : 4;
+    if (half % w == 0 && cu_aligned16(out, x, cos, sin)) {
+        int64_t n = BT * H * (half / w);
+        CU_DISPATCH_FT(dt, T,
+                       k_rope_v<T, BWD><<<cu_blocks(n, 256), 256, 0, st>>>(
+                           (T *)out, (const T *)x, cos, sin, pos, BT, H, D, P, flags));
+    } else {
+        int64_t n = BT * H * half;
+        CU_DISPATCH_FT(dt, T,
+                       k_rope<T, BWD><<<cu_blocks(n, 256), 256, 0, st>>>(
+                           (T *)out, (const T *)x, cos, sin, pos, BT, H, D, P, flags));
+    }
+}
+
 extern "C" cudaError_t cuda_rope(cudaStream_t st, void *out, const void *x, const float *cos,
                                  const float *sin, const int32_t *pos, dtype_t dt, int64_t BT,
                                  int64_t H, int64_t D, int64_t P, int bwd, unsigned *flags)
 {
-    int64_t n = BT * H * (D / 2);
-    if (n <= 0) return cudaGetLastError();
-    unsigned nb = cu_blocks(n, 256);
-    if (bwd == 2)
-        CU_DISPATCH_FT(dt, T,
-                       k_rope<T, 2><<<nb, 256, 0, st>>>((T *)out, (const T *)x, cos, sin, pos,
-                                                        BT, H, D, P, flags));
-    else if (bwd == 1)
-        CU_DISPATCH_FT(dt, T,
-                       k_rope<T, 1><<<nb, 256, 0, st>>>((T *)out, (const T *)x, cos, sin, pos,
-                                                        BT, H, D, P, flags));
-    else
-        CU_DISPATCH_FT(dt, T,
-                       k_rope<T, 0><<<nb, 256, 0, st>>>((T *)out, (const T *)x, cos, sin,
-                                                        pos, BT, H, D, P, flags));
+    if (BT * H * (D / 2) <= 0) return cudaGetLastError();
+    if (bwd == 2) rope_launch<2>(st, out, x, cos, sin, pos, dt, BT, H, D, P, flags);
+    else if (bwd == 1) rope_launch<1>(st, out, x, cos, sin, pos, dt, BT, H, D, P, flags);
+    else rope_launch<0>(st, out, x, cos, sin, pos, dt, BT, H, D, P, flags);
     return cudaGetLastError();
 }
 
@@ -370,8 +498,6 @@ static int embedding_key_bits(int64_t V)
     return bits;
 }
 
-static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 static size_t embedding_sort_temp(int64_t N, int64_t V)
 {
     size_t temp = 0;
@@ -384,7 +510,7 @@ static size_t embedding_sort_temp(int64_t N, int64_t V)
 extern "C" size_t cuda_embedding_bwd_scratch(int64_t N, int64_t V)
 {
     if (N <= 0) return 0;
-    return 4 * align256((size_t)N * 4) + align256(embedding_sort_temp(N, V));
+    return 4 * cu_align256((size_t)N * 4) + cu_align256(embedding_sort_temp(N, V));
 }
 
 extern "C" cudaError_t cuda_embedding_bwd(cudaStream_t st, void *dtable, dtype_t dtable_dt,
@@ -395,7 +521,7 @@ extern "C" cudaError_t cuda_embedding_bwd(cudaStream_t st, void *dtable, dtype_t
     if (N <= 0 || C <= 0) return cudaGetLastError();
     if (N > INT32_MAX || V >= INT32_MAX) return cudaErrorInvalidValue;
     char *sp = (char *)scratch;
-    size_t arr = align256((size_t)N * 4);
+    size_t arr = cu_align256((size_t)N * 4);
     uint32_t *keys_in = (uint32_t *)sp, *keys_out = (uint32_t *)(sp + arr);
     int32_t *rows_in = (int32_t *)(sp + 2 * arr), *rows_out = (int32_t *)(sp + 3 * arr);
     void *temp = sp + 4 * arr;

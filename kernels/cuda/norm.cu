@@ -24,10 +24,60 @@ __global__ void k_rmsnorm_fwd(T *out, float *rstd, const T *x, const T *w, int64
     }
 }
 
+/* One warp a row, 16-byte vectors (C a multiple of the width, pointers
+ * aligned: the launchers check): lanes sum their vectors in order, then the
+ * warp's xor tree, so the order is fixed by C alone. Rows are read twice; the
+ * second read comes from L1/L2. */
+enum { ROW_WARPS = 8 };
+
+template <class T>
+__global__ void k_rmsnorm_fwd_v(T *out, float *rstd, const T *x, const T *w, int64_t N, int64_t C,
+                                float eps)
+{
+    constexpr int W = CU_VW(T);
+    const int lane = threadIdx.x & 31;
+    const int64_t CV = C / W;
+    for (int64_t n = (int64_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5); n < N;
+         n += (int64_t)gridDim.x * ROW_WARPS) {
+        const int64_t base = n * C;
+        float ss = 0.0f;
+        for (int64_t v = lane; v < CV; v += 32) {
+            float a[W];
+            cu_ldv(x, base + v * W, a);
+#pragma unroll
+            for (int k = 0; k < W; k++) ss += a[k] * a[k];
+        }
+        ss = cu_warp_sum(ss);
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        if (lane == 0) rstd[n] = r;
+        for (int64_t v = lane; v < CV; v += 32) {
+            float a[W], g[W], y[W];
+            cu_ldv(x, base + v * W, a);
+            cu_ldv(w, v * W, g);
+#pragma unroll
+            for (int k = 0; k < W; k++) y[k] = g[k] * (a[k] * r);
+            cu_stv(out, base + v * W, y);
+        }
+    }
+}
+
+static bool rows_vec(dtype_t dt, int64_t C, const void *a, const void *b, const void *c = nullptr,
+                     const void *d = nullptr)
+{
+    return C % (dt == DT_BF16 ? 8 : 4) == 0 && cu_aligned16(a, b, c, d);
+}
+
+static unsigned row_blocks(int64_t N) { return cu_blocks(N, ROW_WARPS); }
+
 extern "C" cudaError_t cuda_rmsnorm_fwd(cudaStream_t st, void *out, float *rstd, const void *x,
                                         const void *w, dtype_t dt, int64_t N, int64_t C, float eps)
 {
-    if (N > 0)
+    if (N <= 0) return cudaGetLastError();
+    if (rows_vec(dt, C, out, x, w))
+        CU_DISPATCH_FT(dt, T,
+                       k_rmsnorm_fwd_v<T><<<row_blocks(N), 32 * ROW_WARPS, 0, st>>>(
+                           (T *)out, rstd, (const T *)x, (const T *)w, N, C, eps));
+    else
         CU_DISPATCH_FT(dt, T,
                        k_rmsnorm_fwd<T><<<cu_blocks(N, 1), NORM_THREADS, 0, st>>>(
                            (T *)out, rstd, (const T *)x, (const T *)w, N, C, eps));
@@ -54,6 +104,73 @@ __global__ void k_rmsnorm_bwd_dx(T *dx, const T *dout, const T *x, const T *w, c
     }
 }
 
+template <class T>
+__global__ void k_rmsnorm_bwd_dx_v(T *dx, const T *dout, const T *x, const T *w,
+                                   const float *rstd, int64_t N, int64_t C)
+{
+    constexpr int W = CU_VW(T);
+    const int lane = threadIdx.x & 31;
+    const int64_t CV = C / W;
+    for (int64_t n = (int64_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5); n < N;
+         n += (int64_t)gridDim.x * ROW_WARPS) {
+        const int64_t base = n * C;
+        float r = rstd[n], dot = 0.0f;
+        for (int64_t v = lane; v < CV; v += 32) {
+            float g[W], d[W], a[W];
+            cu_ldv(w, v * W, g);
+            cu_ldv(dout, base + v * W, d);
+            cu_ldv(x, base + v * W, a);
+#pragma unroll
+            for (int k = 0; k < W; k++) dot += g[k] * d[k] * a[k];
+        }
+        dot = cu_warp_sum(dot);
+        float kk = dot * r * r * r / (float)C;
+        for (int64_t v = lane; v < CV; v += 32) {
+            float g[W], d[W], a[W], o[W];
+            cu_ldv(w, v * W, g);
+            cu_ldv(dout, base + v * W, d);
+            cu_ldv(x, base + v * W, a);
+            cu_ldv(dx, base + v * W, o);
+#pragma unroll
+            for (int k = 0; k < W; k++) o[k] = o[k] + (r * g[k] * d[k] - kk * a[k]);
+            cu_stv(dx, base + v * W, o);
+        }
+    }
+}
+
+/* dw partial sums with CU_VW(T) columns a thread: the layout of
+ * cu_colsum_partial (a 32 x 8 block, row group g = blockIdx.y, lanes added
+ * in order) on vectors, so the order is fixed by N and C alone */
+template <class T>
+__global__ void k_rms_dw_partial_v(float *partial, const T *dout, const T *x, const float *rstd,
+                                   int64_t N, int64_t C, int G)
+{
+    constexpr int W = CU_VW(T);
+    __shared__ float red[8][32 * W + 1];
+    int64_t c = ((int64_t)blockIdx.x * 32 + threadIdx.x) * W;
+    float acc[W];
+#pragma unroll
+    for (int k = 0; k < W; k++) acc[k] = 0.0f;
+    if (c < C)
+        for (int64_t n = (int64_t)blockIdx.y * 8 + threadIdx.y; n < N; n += 8 * (int64_t)G) {
+            float d[W], a[W], r = rstd[n];
+            cu_ldv(dout, n * C + c, d);
+            cu_ldv(x, n * C + c, a);
+#pragma unroll
+            for (int k = 0; k < W; k++) acc[k] += d[k] * a[k] * r;
+        }
+#pragma unroll
+    for (int k = 0; k < W; k++) red[threadIdx.y][threadIdx.x * W + k] = acc[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C)
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            float s = 0.0f;
+            for (int i = 0; i < 8; i++) s += red[i][threadIdx.x * W + k];
+            partial[(int64_t)blockIdx.y * C + c + k] = s;
+        }
+}
+
 /* dw_c += sum_n g_nc x_nc r_n */
 template <class T> struct rms_dw_f {
     const T *dout, *x;
@@ -74,14 +191,32 @@ extern "C" cudaError_t cuda_rmsnorm_bwd(cudaStream_t st, void *dx, void *dw, dty
 {
     if (N <= 0) return cudaGetLastError();
     cudaError_t e = cudaSuccess;
-    if (dx)
+    bool vec = rows_vec(dt, C, dout, x, w, dx);
+    if (dx && vec)
+        CU_DISPATCH_FT(dt, T,
+                       k_rmsnorm_bwd_dx_v<T><<<row_blocks(N), 32 * ROW_WARPS, 0, st>>>(
+                           (T *)dx, (const T *)dout, (const T *)x, (const T *)w, rstd, N, C));
+    else if (dx)
         CU_DISPATCH_FT(dt, T,
                        k_rmsnorm_bwd_dx<T><<<cu_blocks(N, 1), NORM_THREADS, 0, st>>>(
                            (T *)dx, (const T *)dout, (const T *)x, (const T *)w, rstd, N, C));
-    if (dw)
+    if (dw && vec && C > 0) {
+        int G = cu_colsum_groups(N), w_ = dt == DT_BF16 ? 8 : 4;
+        float *partial = (float *)scratch;
+        dim3 grid((unsigned)((C + 32 * w_ - 1) / (32 * w_)), (unsigned)G), block(32, 8);
+        CU_DISPATCH_FT(dt, T,
+                       k_rms_dw_partial_v<T><<<grid, block, 0, st>>>(
+                           partial, (const T *)dout, (const T *)x, rstd, N, C, G));
+        unsigned nb = cu_blocks(C, 256);
+        if (dw_dt == DT_BF16)
+            cu_colsum_finish<<<nb, 256, 0, st>>>((cu_bf16_t *)dw, partial, C, G);
+        else
+            cu_colsum_finish<<<nb, 256, 0, st>>>((float *)dw, partial, C, G);
+    } else if (dw) {
         CU_DISPATCH_FT(dt, T,
                        e = cu_colsum_run(st, dw, dw_dt,
                                          rms_dw_f<T>{(const T *)dout, (const T *)x, rstd, C}, N,
                                          C, scratch));
+    }
     return e != cudaSuccess ? e : cudaGetLastError();
 }

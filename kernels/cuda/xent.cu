@@ -8,6 +8,49 @@
 
 static int xent_threads(int64_t V) { return V >= 8192 ? 1024 : V >= 1024 ? 256 : 64; }
 
+/* f(j, x[j]) for the row's columns of this thread: with `vec` (V a multiple
+ * of the width, the row 16-byte aligned) CU_VW(T) consecutive columns from
+ * one load, else one column at a time. The order a thread sees its columns
+ * in is fixed by V and the block size. */
+template <class T, class F> __device__ __forceinline__ void row_each(const T *x, int64_t V, bool vec, F f)
+{
+    constexpr int W = CU_VW(T);
+    if (vec) {
+        for (int64_t v = threadIdx.x; v < V / W; v += blockDim.x) {
+            float a[W];
+            cu_ldv(x, v * W, a);
+#pragma unroll
+            for (int k = 0; k < W; k++) f(v * W + k, a[k]);
+        }
+    } else {
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) f(j, cu_ld(x, j));
+    }
+}
+
+/* d[j] = f(j, x[j]) (x may be NULL: f(j, 0)), vectorised as row_each */
+template <class T, class F>
+__device__ __forceinline__ void row_write(T *d, const T *x, int64_t V, bool vec, F f)
+{
+    constexpr int W = CU_VW(T);
+    if (vec) {
+        for (int64_t v = threadIdx.x; v < V / W; v += blockDim.x) {
+            float a[W], y[W];
+            if (x) cu_ldv(x, v * W, a);
+#pragma unroll
+            for (int k = 0; k < W; k++) y[k] = f(v * W + k, x ? a[k] : 0.0f);
+            cu_stv(d, v * W, y);
+        }
+    } else {
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) cu_st(d, j, f(j, x ? cu_ld(x, j) : 0.0f));
+    }
+}
+
+/* rows of V columns starting at 16-byte aligned pointers stay aligned */
+static bool xent_vec(dtype_t dt, int64_t V, const void *a, const void *b)
+{
+    return V % (dt == DT_BF16 ? 8 : 4) == 0 && cu_aligned16(a, b);
+}
+
 /* running (max, sum exp(x - max)) of one thread, merged over the block */
 struct ms_t {
     float m, s;
@@ -21,19 +64,18 @@ __device__ __forceinline__ ms_t ms_merge(ms_t a, ms_t b)
 }
 
 template <class T>
-__device__ ms_t row_max_sumexp(const T *x, int64_t V, float *red_m, float *red_s)
+__device__ ms_t row_max_sumexp(const T *x, int64_t V, bool vec, float *red_m, float *red_s)
 {
     ms_t a{-INFINITY, 0.0f};
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-        float v = cu_ld(x, j);
-        if (v == -INFINITY) continue; /* exp(-inf) adds nothing */
+    row_each(x, V, vec, [&](int64_t, float v) {
+        if (v == -INFINITY) return; /* exp(-inf) adds nothing */
         if (v > a.m) {
             a.s = a.s * expf(a.m - v) + 1.0f;
             a.m = v;
         } else {
             a.s += expf(v - a.m); /* NaN propagates through here */
         }
-    }
+    });
     for (int o = 16; o > 0; o >>= 1) {
         ms_t b{__shfl_xor_sync(0xffffffffu, a.m, o), __shfl_xor_sync(0xffffffffu, a.s, o)};
         a = ms_merge(a, b);
@@ -52,26 +94,25 @@ __device__ ms_t row_max_sumexp(const T *x, int64_t V, float *red_m, float *red_s
 
 /* d[j] = exp(x[j] - max) * (dloss / sumexp), minus dloss at column tcol */
 template <class T>
-__device__ void row_dlogits(T *d, const T *x, int64_t V, float max, float sumexp, int64_t tcol,
-                            float dloss)
+__device__ void row_dlogits(T *d, const T *x, int64_t V, bool vec, float max, float sumexp,
+                            int64_t tcol, float dloss)
 {
     float k = dloss / sumexp;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-        float g = expf(cu_ld(x, j) - max) * k;
-        if (j == tcol) g -= dloss;
-        cu_st(d, j, g);
-    }
+    row_write(d, x, V, vec, [&](int64_t j, float v) {
+        float g = expf(v - max) * k;
+        return j == tcol ? g - dloss : g;
+    });
 }
 
-template <class T> __device__ void row_fill(T *d, int64_t V, float v)
+template <class T> __device__ void row_fill(T *d, int64_t V, bool vec, float v)
 {
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) cu_st(d, j, v);
+    row_write(d, (const T *)nullptr, V, vec, [&](int64_t, float) { return v; });
 }
 
 template <class T>
 __global__ void k_xent_fwd_bwd(float *losses, T *dlogits, const T *logits, const int32_t *targets,
                                int64_t N, int64_t V, float dloss, int32_t ignore_index,
-                               unsigned *flags)
+                               bool vec, unsigned *flags)
 {
     __shared__ float red_m[32], red_s[32];
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
@@ -80,7 +121,7 @@ __global__ void k_xent_fwd_bwd(float *losses, T *dlogits, const T *logits, const
         int32_t t = targets[n];
         if (t == ignore_index) {
             if (threadIdx.x == 0) losses[n] = 0.0f;
-            if (d) row_fill(d, V, 0.0f);
+            if (d) row_fill(d, V, vec, 0.0f);
             continue;
         }
         if (t < 0 || t >= V) {
@@ -88,22 +129,23 @@ __global__ void k_xent_fwd_bwd(float *losses, T *dlogits, const T *logits, const
                 *(volatile unsigned *)&flags[CUDA_FLAG_XENT_TARGET] = 1u;
                 losses[n] = NAN;
             }
-            if (d) row_fill(d, V, NAN);
+            if (d) row_fill(d, V, vec, NAN);
             continue;
         }
-        ms_t a = row_max_sumexp(x, V, red_m, red_s);
+        ms_t a = row_max_sumexp(x, V, vec, red_m, red_s);
         if (threadIdx.x == 0) losses[n] = logf(a.s) + a.m - cu_ld(x, t);
-        if (d) row_dlogits(d, x, V, a.m, a.s, t, dloss);
+        if (d) row_dlogits(d, x, V, vec, a.m, a.s, t, dloss);
     }
 }
 
-template <class T> __global__ void k_xent_vp_max(float *row_max, const T *logits, int64_t N, int64_t V)
+template <class T>
+__global__ void k_xent_vp_max(float *row_max, const T *logits, int64_t N, int64_t V, bool vec)
 {
     __shared__ float red[32];
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const T *x = logits + n * V;
         float m = -INFINITY;
-        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, cu_ld(x, j));
+        row_each(x, V, vec, [&](int64_t, float v) { m = fmaxf(m, v); });
         m = cu_block_max(m, red);
         if (threadIdx.x == 0) row_max[n] = m;
     }
@@ -112,13 +154,13 @@ template <class T> __global__ void k_xent_vp_max(float *row_max, const T *logits
 template <class T>
 __global__ void k_xent_vp_sum(float *sumexp, float *tgt_logit, const T *logits, const float *gmax,
                               const int32_t *targets, int64_t N, int64_t V, int64_t vocab_start,
-                              int32_t ignore_index)
+                              int32_t ignore_index, bool vec)
 {
     __shared__ float red[32];
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         const T *x = logits + n * V;
         float m = gmax[n], s = 0.0f;
-        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += expf(cu_ld(x, j) - m);
+        row_each(x, V, vec, [&](int64_t, float v) { s += expf(v - m); });
         s = cu_block_sum(s, red);
         if (threadIdx.x == 0) {
             sumexp[n] = s;
@@ -133,14 +175,14 @@ template <class T>
 __global__ void k_xent_vp_finish(float *losses, T *dlogits, const T *logits, const float *gmax,
                                  const float *sumexp, const float *tgt_logit,
                                  const int32_t *targets, int64_t N, int64_t V, int64_t vocab_start,
-                                 float dloss, int32_t ignore_index, unsigned *flags)
+                                 float dloss, int32_t ignore_index, bool vec, unsigned *flags)
 {
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         T *d = dlogits ? dlogits + n * V : nullptr;
         int32_t t = targets[n];
         if (t == ignore_index) {
             if (losses && threadIdx.x == 0) losses[n] = 0.0f;
-            if (d) row_fill(d, V, 0.0f);
+            if (d) row_fill(d, V, vec, 0.0f);
             continue;
         }
         if (t < 0) {
@@ -148,11 +190,13 @@ __global__ void k_xent_vp_finish(float *losses, T *dlogits, const T *logits, con
                 *(volatile unsigned *)&flags[CUDA_FLAG_VP_TARGET] = 1u;
                 if (losses) losses[n] = NAN;
             }
-            if (d) row_fill(d, V, NAN);
+            if (d) row_fill(d, V, vec, NAN);
             continue;
         }
         if (losses && threadIdx.x == 0) losses[n] = logf(sumexp[n]) + gmax[n] - tgt_logit[n];
-        if (d) row_dlogits(d, logits + n * V, V, gmax[n], sumexp[n], (int64_t)t - vocab_start, dloss);
+        if (d)
+            row_dlogits(d, logits + n * V, V, vec, gmax[n], sumexp[n], (int64_t)t - vocab_start,
+                        dloss);
     }
 }
 
@@ -165,7 +209,7 @@ extern "C" cudaError_t cuda_xent_fwd_bwd(cudaStream_t st, float *losses, void *d
         CU_DISPATCH_FT(dt, T,
                        k_xent_fwd_bwd<T><<<cu_blocks(N, 1), xent_threads(V), 0, st>>>(
                            losses, (T *)dlogits, (const T *)logits, targets, N, V, dloss,
-                           ignore_index, flags));
+                           ignore_index, xent_vec(dt, V, logits, dlogits), flags));
     return cudaGetLastError();
 }
 
@@ -175,7 +219,7 @@ extern "C" cudaError_t cuda_xent_vp_max(cudaStream_t st, float *row_max, const v
     if (N > 0)
         CU_DISPATCH_FT(dt, T,
                        k_xent_vp_max<T><<<cu_blocks(N, 1), xent_threads(V), 0, st>>>(
-                           row_max, (const T *)logits, N, V));
+                           row_max, (const T *)logits, N, V, xent_vec(dt, V, logits, nullptr)));
     return cudaGetLastError();
 }
 
@@ -188,7 +232,7 @@ extern "C" cudaError_t cuda_xent_vp_sum(cudaStream_t st, float *sumexp, float *t
         CU_DISPATCH_FT(dt, T,
                        k_xent_vp_sum<T><<<cu_blocks(N, 1), xent_threads(V), 0, st>>>(
                            sumexp, tgt_logit, (const T *)logits, gmax, targets, N, V,
-                           vocab_start, ignore_index));
+                           vocab_start, ignore_index, xent_vec(dt, V, logits, nullptr)));
     return cudaGetLastError();
 }
 
@@ -203,6 +247,7 @@ extern "C" cudaError_t cuda_xent_vp_finish(cudaStream_t st, float *losses, void 
         CU_DISPATCH_FT(dt, T,
                        k_xent_vp_finish<T><<<cu_blocks(N, 1), xent_threads(V), 0, st>>>(
                            losses, (T *)dlogits, (const T *)logits, gmax, sumexp, tgt_logit,
-                           targets, N, V, vocab_start, dloss, ignore_index, flags));
+                           targets, N, V, vocab_start, dloss, ignore_index,
+                           xent_vec(dt, V, logits, dlogits), flags));
     return cudaGetLastError();
 }
