@@ -1077,7 +1077,7 @@ extern "C" cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *
     cudaError_t e = cudaSuccess;
     CU_DISPATCH_FT(dt, T, {
         int64_t rows = sh->B * sh->Tq * sh->Hq;
-        if (sh->Dv % CU_VW(T) == 0 && cu_aligned16(dout, out))
+        if (cu_rows_vec(dt, sh->Dv, dout, out))
             k_attn_delta_v<T><<<cu_blocks(rows, 32), 256, 0, st>>>(delta, (const T *)dout,
                                                                    (const T *)out, *sh);
         else

@@ -119,6 +119,24 @@ static inline bool cu_aligned16(const void *a, const void *b = nullptr, const vo
     return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e) & 15u) == 0;
 }
 
+/* CU_VW of a compute dtype, on the host */
+static inline int cu_vw_of(dtype_t dt) { return dt == DT_BF16 ? 8 : 4; }
+
+/* Rows of `width` elements of dtype dt starting at these pointers can go by
+ * 16-byte vectors: the width a multiple of the vector, every pointer aligned
+ * (then every row start is aligned too). */
+static inline bool cu_rows_vec(dtype_t dt, int64_t width, const void *a, const void *b = nullptr,
+                               const void *c = nullptr, const void *d = nullptr)
+{
+    return width % cu_vw_of(dt) == 0 && cu_aligned16(a, b, c, d);
+}
+
+/* for (n = this warp's first row; n < N; n += the grid's warps), ROW_WARPS
+ * warps a block: the row loop of the one-warp-a-row kernels */
+#define CU_WARP_ROWS(n, N, ROW_WARPS)                                                              \
+    for (int64_t n = (int64_t)blockIdx.x * (ROW_WARPS) + (threadIdx.x >> 5); n < (N);             \
+         n += (int64_t)gridDim.x * (ROW_WARPS))
+
 /* Any float dtype as a double / f32, by dtype tag (reductions, conversions). */
 __device__ __forceinline__ float cu_ld_dt(const void *p, dtype_t dt, int64_t i)
 {
@@ -241,6 +259,17 @@ __global__ void cu_colsum_finish(TD *dst, const float *partial, int64_t C, int G
     }
 }
 
+/* The second stage: dst (f32 or bf16) += the G partials of each column. */
+static inline void cu_colsum_finish_run(cudaStream_t st, void *dst, dtype_t dst_dt,
+                                        const float *partial, int64_t C, int G)
+{
+    unsigned nb = cu_blocks(C, 256);
+    if (dst_dt == DT_BF16)
+        cu_colsum_finish<<<nb, 256, 0, st>>>((cu_bf16_t *)dst, partial, C, G);
+    else
+        cu_colsum_finish<<<nb, 256, 0, st>>>((float *)dst, partial, C, G);
+}
+
 /* Both stages; scratch holds cu_colsum_groups(N) * C floats. */
 template <class F>
 static cudaError_t cu_colsum_run(cudaStream_t st, void *dst, dtype_t dst_dt, F f, int64_t N,
@@ -251,11 +280,7 @@ static cudaError_t cu_colsum_run(cudaStream_t st, void *dst, dtype_t dst_dt, F f
     float *partial = (float *)scratch;
     dim3 grid((unsigned)((C + 31) / 32), (unsigned)G), block(32, 8);
     cu_colsum_partial<<<grid, block, 0, st>>>(partial, f, N, C, G);
-    unsigned nb = cu_blocks(C, 256);
-    if (dst_dt == DT_BF16)
-        cu_colsum_finish<<<nb, 256, 0, st>>>((cu_bf16_t *)dst, partial, C, G);
-    else
-        cu_colsum_finish<<<nb, 256, 0, st>>>((float *)dst, partial, C, G);
+    cu_colsum_finish_run(st, dst, dst_dt, partial, C, G);
     return cudaGetLastError();
 }
 

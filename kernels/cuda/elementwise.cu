@@ -412,9 +412,8 @@ static void rope_launch(cudaStream_t st, void *out, const void *x, const float *
                         int64_t D, int64_t P, unsigned *flags)
 {
     int64_t half = D / 2;
-    int w = dt == DT_BF16 ? 8 : 4;
-    if (half % w == 0 && cu_aligned16(out, x, cos, sin)) {
-        int64_t n = BT * H * (half / w);
+    if (cu_rows_vec(dt, half, out, x, cos, sin)) { /* and cos/sin rows of half f32 */
+        int64_t n = BT * H * (half / cu_vw_of(dt));
         CU_DISPATCH_FT(dt, T,
                        k_rope_v<T, BWD><<<cu_blocks(n, 256), 256, 0, st>>>(
                            (T *)out, (const T *)x, cos, sin, pos, BT, H, D, P, flags));

@@ -37,8 +37,8 @@ __global__ void k_rmsnorm_fwd_v(T *out, float *rstd, const T *x, const T *w, int
     constexpr int W = CU_VW(T);
     const int lane = threadIdx.x & 31;
     const int64_t CV = C / W;
-    for (int64_t n = (int64_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5); n < N;
-         n += (int64_t)gridDim.x * ROW_WARPS) {
+    CU_WARP_ROWS(n, N, ROW_WARPS)
+    {
         const int64_t base = n * C;
         float ss = 0.0f;
         for (int64_t v = lane; v < CV; v += 32) {
@@ -61,19 +61,13 @@ __global__ void k_rmsnorm_fwd_v(T *out, float *rstd, const T *x, const T *w, int
     }
 }
 
-static bool rows_vec(dtype_t dt, int64_t C, const void *a, const void *b, const void *c = nullptr,
-                     const void *d = nullptr)
-{
-    return C % (dt == DT_BF16 ? 8 : 4) == 0 && cu_aligned16(a, b, c, d);
-}
-
 static unsigned row_blocks(int64_t N) { return cu_blocks(N, ROW_WARPS); }
 
 extern "C" cudaError_t cuda_rmsnorm_fwd(cudaStream_t st, void *out, float *rstd, const void *x,
                                         const void *w, dtype_t dt, int64_t N, int64_t C, float eps)
 {
     if (N <= 0) return cudaGetLastError();
-    if (rows_vec(dt, C, out, x, w))
+    if (cu_rows_vec(dt, C, out, x, w))
         CU_DISPATCH_FT(dt, T,
                        k_rmsnorm_fwd_v<T><<<row_blocks(N), 32 * ROW_WARPS, 0, st>>>(
                            (T *)out, rstd, (const T *)x, (const T *)w, N, C, eps));
@@ -111,8 +105,8 @@ __global__ void k_rmsnorm_bwd_dx_v(T *dx, const T *dout, const T *x, const T *w,
     constexpr int W = CU_VW(T);
     const int lane = threadIdx.x & 31;
     const int64_t CV = C / W;
-    for (int64_t n = (int64_t)blockIdx.x * ROW_WARPS + (threadIdx.x >> 5); n < N;
-         n += (int64_t)gridDim.x * ROW_WARPS) {
+    CU_WARP_ROWS(n, N, ROW_WARPS)
+    {
         const int64_t base = n * C;
         float r = rstd[n], dot = 0.0f;
         for (int64_t v = lane; v < CV; v += 32) {
@@ -191,7 +185,7 @@ extern "C" cudaError_t cuda_rmsnorm_bwd(cudaStream_t st, void *dx, void *dw, dty
 {
     if (N <= 0) return cudaGetLastError();
     cudaError_t e = cudaSuccess;
-    bool vec = rows_vec(dt, C, dout, x, w, dx);
+    bool vec = cu_rows_vec(dt, C, dout, x, w, dx);
     if (dx && vec)
         CU_DISPATCH_FT(dt, T,
                        k_rmsnorm_bwd_dx_v<T><<<row_blocks(N), 32 * ROW_WARPS, 0, st>>>(
@@ -201,17 +195,13 @@ extern "C" cudaError_t cuda_rmsnorm_bwd(cudaStream_t st, void *dx, void *dw, dty
                        k_rmsnorm_bwd_dx<T><<<cu_blocks(N, 1), NORM_THREADS, 0, st>>>(
                            (T *)dx, (const T *)dout, (const T *)x, (const T *)w, rstd, N, C));
     if (dw && vec && C > 0) {
-        int G = cu_colsum_groups(N), w_ = dt == DT_BF16 ? 8 : 4;
+        int G = cu_colsum_groups(N), cols = 32 * cu_vw_of(dt);
         float *partial = (float *)scratch;
-        dim3 grid((unsigned)((C + 32 * w_ - 1) / (32 * w_)), (unsigned)G), block(32, 8);
+        dim3 grid((unsigned)((C + cols - 1) / cols), (unsigned)G), block(32, 8);
         CU_DISPATCH_FT(dt, T,
                        k_rms_dw_partial_v<T><<<grid, block, 0, st>>>(
                            partial, (const T *)dout, (const T *)x, rstd, N, C, G));
-        unsigned nb = cu_blocks(C, 256);
-        if (dw_dt == DT_BF16)
-            cu_colsum_finish<<<nb, 256, 0, st>>>((cu_bf16_t *)dw, partial, C, G);
-        else
-            cu_colsum_finish<<<nb, 256, 0, st>>>((float *)dw, partial, C, G);
+        cu_colsum_finish_run(st, dw, dw_dt, partial, C, G);
     } else if (dw) {
         CU_DISPATCH_FT(dt, T,
                        e = cu_colsum_run(st, dw, dw_dt,

@@ -45,12 +45,6 @@ __device__ __forceinline__ void row_write(T *d, const T *x, int64_t V, bool vec,
     }
 }
 
-/* rows of V columns starting at 16-byte aligned pointers stay aligned */
-static bool xent_vec(dtype_t dt, int64_t V, const void *a, const void *b)
-{
-    return V % (dt == DT_BF16 ? 8 : 4) == 0 && cu_aligned16(a, b);
-}
-
 /* running (max, sum exp(x - max)) of one thread, merged over the block */
 struct ms_t {
     float m, s;
@@ -209,7 +203,7 @@ extern "C" cudaError_t cuda_xent_fwd_bwd(cudaStream_t st, float *losses, void *d
         CU_DISPATCH_FT(dt, T,
                        k_xent_fwd_bwd<T><<<cu_blocks(N, 1), xent_threads(V), 0, st>>>(
                            losses, (T *)dlogits, (const T *)logits, targets, N, V, dloss,
-                           ignore_index, xent_vec(dt, V, logits, dlogits), flags));
+                           ignore_index, cu_rows_vec(dt, V, logits, dlogits), flags));
     return cudaGetLastError();
 }
 
@@ -219,7 +213,7 @@ extern "C" cudaError_t cuda_xent_vp_max(cudaStream_t st, float *row_max, const v
     if (N > 0)
         CU_DISPATCH_FT(dt, T,
                        k_xent_vp_max<T><<<cu_blocks(N, 1), xent_threads(V), 0, st>>>(
-                           row_max, (const T *)logits, N, V, xent_vec(dt, V, logits, nullptr)));
+                           row_max, (const T *)logits, N, V, cu_rows_vec(dt, V, logits)));
     return cudaGetLastError();
 }
 
@@ -232,7 +226,7 @@ extern "C" cudaError_t cuda_xent_vp_sum(cudaStream_t st, float *sumexp, float *t
         CU_DISPATCH_FT(dt, T,
                        k_xent_vp_sum<T><<<cu_blocks(N, 1), xent_threads(V), 0, st>>>(
                            sumexp, tgt_logit, (const T *)logits, gmax, targets, N, V,
-                           vocab_start, ignore_index, xent_vec(dt, V, logits, nullptr)));
+                           vocab_start, ignore_index, cu_rows_vec(dt, V, logits)));
     return cudaGetLastError();
 }
 
@@ -248,6 +242,6 @@ extern "C" cudaError_t cuda_xent_vp_finish(cudaStream_t st, float *losses, void 
                        k_xent_vp_finish<T><<<cu_blocks(N, 1), xent_threads(V), 0, st>>>(
                            losses, (T *)dlogits, (const T *)logits, gmax, sumexp, tgt_logit,
                            targets, N, V, vocab_start, dloss, ignore_index,
-                           xent_vec(dt, V, logits, dlogits), flags));
+                           cu_rows_vec(dt, V, logits, dlogits), flags));
     return cudaGetLastError();
 }
