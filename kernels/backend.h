@@ -95,6 +95,10 @@ struct kern_backend {
     void (*mem_free)(int index, void *p);
     bt_status_t (*host_alloc)(int index, size_t nbytes, void **out);
     void (*host_free)(int index, void *p);
+    /* the most device memory this process held at once through mem_alloc,
+     * stream scratch and library workspaces (kern_mem_peak); NULL where
+     * device memory is host memory and the resident size says it */
+    size_t (*mem_peak)(int index);
     /* memory another process of this host can map (kernels/device.h,
      * kern_ipc_*): has_ipc false and functions that answer
      * BT_ERR_UNSUPPORTED where the device has none */

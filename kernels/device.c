@@ -174,6 +174,12 @@ void kern_host_free(device_t dev, void *p)
     if (p) kern_be(dev, "kern_host_free")->host_free(dev.index, p);
 }
 
+uint64_t kern_mem_peak(device_t dev)
+{
+    const kern_backend_t *be = backend_of(dev.kind);
+    return be && be->mem_peak ? (uint64_t)be->mem_peak(dev.index) : 0;
+}
+
 bool kern_ipc_supported(device_t dev)
 {
     const kern_backend_t *be = backend_of(dev.kind);

@@ -81,6 +81,11 @@ void kern_mem_free(device_t dev, void *p);
  * plain on cpu). The host may always touch it. */
 bt_status_t kern_host_alloc(device_t dev, size_t nbytes, void **out);
 void kern_host_free(device_t dev, void *p);
+/* The most device memory this process has held at once on dev's backend
+ * (allocations, stream scratch, library workspaces; not the driver's own
+ * context), in bytes; 0 where device memory is host memory (cpu, fenced:
+ * the resident size, base/mem.h, counts it). */
+uint64_t kern_mem_peak(device_t dev);
 
 /* ---- memory shared with other processes of this host ------------------- */
 

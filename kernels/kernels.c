@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "kernels/backend.h"
+#include "base/clock.h"
 #include "kernels/cpu/cpu.h"
 
 #include <stdio.h>
@@ -108,6 +109,52 @@ static const kern_backend_t *kern_compute(kern_stream_t *s, const char *op, kern
 void kern_cpu_set_threads(int n) { cpu_pool_set_threads(n); }
 
 /* ---- dense algebra -------------------------------------------------------- */
+
+double kern_peak_flops(device_t dev, dtype_t dt)
+{
+    if (dev.kind == DEV_CPU || dev.kind == DEV_FENCED) return kern_cpu_peak_flops();
+    if (dt != DT_F32 && dt != DT_BF16 && dt != DT_F16) return 0;
+    enum { N = 4096, ROUNDS = 5, CALLS = 10 };
+    int64_t shape[2] = {N, N};
+    size_t nbytes = (size_t)N * N * dtype_size(dt);
+    void *mem[3] = {0};
+    kern_stream_t *s = NULL;
+    double best = 0;
+    bool ok = kern_stream_create(dev, &s) == BT_OK;
+    for (int i = 0; i < 3 && ok; i++) ok = kern_mem_alloc(dev, nbytes, &mem[i]) == BT_OK;
+    if (ok) {
+        tensor_t a = tensor_make(mem[0], dt, dev, 2, shape), b = tensor_make(mem[1], dt, dev, 2, shape),
+                 c = tensor_make(mem[2], dt, dev, 2, shape);
+        /* operands of varied values (products of zeros draw less power
+         * and run faster than training's) */
+        void *host = NULL;
+        ok = kern_host_alloc(dev, nbytes, &host) == BT_OK;
+        for (size_t i = 0; ok && i < (size_t)N * N; i++) {
+            float v = (float)((uint32_t)(i * 2654435761u) >> 24) / 256.0f - 0.5f;
+            if (dt == DT_F32) ((float *)host)[i] = v;
+            else ((uint16_t *)host)[i] = dt == DT_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+        }
+        if (ok) {
+            kern_upload(s, &a, host);
+            kern_upload(s, &b, host);
+            ok = kern_stream_sync(s) == BT_OK;
+        }
+        kern_host_free(dev, host);
+        for (int i = 0; i < 3 && ok; i++) kern_matmul(s, &c, &a, &b, false, false, 1.0f, 0.0f);
+        if (ok) ok = kern_stream_sync(s) == BT_OK;
+        for (int round = 0; round < ROUNDS && ok; round++) {
+            uint64_t t0 = clock_now_ns();
+            for (int i = 0; i < CALLS; i++) kern_matmul(s, &c, &a, &b, false, false, 1.0f, 0.0f);
+            ok = kern_stream_sync(s) == BT_OK;
+            double sec = (double)(clock_now_ns() - t0) * 1e-9;
+            double rate = 2.0 * N * N * (double)N * CALLS / sec;
+            if (ok && rate > best) best = rate;
+        }
+    }
+    for (int i = 0; i < 3; i++) kern_mem_free(dev, mem[i]);
+    if (s) kern_stream_destroy(s);
+    return ok ? best : 0;
+}
 
 void kern_matmul(kern_stream_t *s, tensor_t *c, const tensor_t *a, const tensor_t *b, bool trans_a,
                  bool trans_b, float alpha, float beta)

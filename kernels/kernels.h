@@ -37,6 +37,13 @@ void kern_cpu_set_threads(int n);
  * 0.12 s of 512-cubed products on the backend's threads): the peak that
  * a CPU run's MFU is reported against. 0 when it cannot be measured. */
 double kern_cpu_peak_flops(void);
+/* The product rate of dev in dtype dt, measured now: on cpu and fenced
+ * kern_cpu_peak_flops; elsewhere the best of five rounds of ten
+ * 4096 x 4096 x 4096 kern_matmul calls on a stream of its own after three
+ * warm-up calls (about 20 ms on an H200; the three 4096-squared operands,
+ * 96 MiB in bf16, are held meanwhile and count in kern_mem_peak). 0 when it
+ * cannot be measured (no memory, a failing stream). */
+double kern_peak_flops(device_t dev, dtype_t dt);
 
 /* ---- dense algebra ---------------------------------------------------- */
 

@@ -489,18 +489,15 @@ int cmd_eval(int argc, char **argv)
     int64_t scored = 0;
     /* a long evaluation says how far it is, on stderr, every
      * BATON_PROGRESS_SECONDS (default 10) */
-    const char *pe = getenv("BATON_PROGRESS_SECONDS");
-    double every = pe ? strtod(pe, NULL) : 10.0;
-    uint64_t t_start = clock_now_ns(), t_last = t_start;
+    clock_every_t every;
+    clock_every_start(&every);
     for (int64_t i = 0; i < seqs.n_seq; i++) {
-        uint64_t now = clock_now_ns();
-        if (i > 0 && (double)(now - t_last) * 1e-9 >= every) {
-            double el = (double)(now - t_start) * 1e-9;
+        double el;
+        if (i > 0 && clock_every_due(&every, &el)) {
             fprintf(stderr, "baton eval: window %lld/%lld, %lld positions scored, loss so far %.4f, "
                             "%.0f tok/s, ETA %.0f s\n", (long long)i, (long long)seqs.n_seq,
                     (long long)scored, sum / (double)scored, (double)scored / el,
                     el / (double)i * (double)(seqs.n_seq - i));
-            t_last = now;
         }
         int64_t T = seqs.len[i];
         const int32_t *ids = seqs.ids + seqs.start[i];

@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "ckpt/hf.h"
+#include "kernels/device.h"
 #include "launch/driver.h"
 #include "launch/job.h"
 #include "launch/report.h"
@@ -287,6 +288,7 @@ int cmd_run(int argc, char **argv)
         goto out;
     if (report_open(&rep, &job, &m->cfg, 1, resume, quiet, rd.id, rd.path)) goto out;
     rep_open = true;
+    if (!device_is_host(place.dev)) report_peak_measure(&rep, place.dev, place.param_dtype);
     rep.base_step = pos.step;
     rep.tokens_before = tokens_before;
     double vloss = NAN;
@@ -305,10 +307,11 @@ int cmd_run(int argc, char **argv)
         train_step_info_t info;
         if (train_step(t, &info)) goto out;
         long long rss = base_mem_peak_rss();
-        uint64_t mem = rss > 0 ? (uint64_t)rss : 0;
+        uint64_t mem = rss > 0 ? (uint64_t)rss : 0, dev_mem = kern_mem_peak(place.dev);
         report_step_t rs = {.step = info.step, .tokens = info.tokens, .loss = info.loss, .lr = info.lr,
                             .grad_norm = info.grad_norm, .step_s = info.seconds, .skipped = info.skipped,
-                            .skipped_total = info.skipped_total, .mem = &mem};
+                            .skipped_total = info.skipped_total, .mem = &mem,
+                            .dev_mem = &dev_mem};
         if (m->n_moe && (load || (load = malloc((size_t)m->n_moe * (size_t)(m->cfg.moe.n_experts + 1) *
                                                  sizeof *load)))) {
             rs.load = load;

@@ -84,6 +84,8 @@ typedef struct {
     report_t        rep;        /* progress, metrics, pictures, summary (launch/report.h) */
     bool            rep_open;
     uint64_t       *mem;        /* [world] each rank's peak resident bytes, from METRICS */
+    clock_every_t   eval_every; /* progress lines of a long evaluation pass */
+    uint64_t       *dev_mem;    /* [world] each rank's peak device bytes (0: none), from METRICS */
     model_t        *full;       /* export target */
     bool           *received;   /* [full->n_params] */
     actor_worker_t *saver;      /* writes the exports, off the driver's loop */
@@ -314,6 +316,12 @@ static void watch_fire(actor_t *self, actor_timer_t *t)
                          "%s", missing);
         return;
     }
+    double el;
+    if (d->phase == DRV_EVAL && !d->rep.quiet && clock_every_due(&d->eval_every, &el)) {
+        printf("eval  after step %lld: %.0f s so far, %d of %d ranks done\n", (long long)d->step, el,
+               d->n_metrics, d->world);
+        fflush(stdout);
+    }
     if ((d->phase == DRV_RUNNING || d->phase == DRV_EVAL) &&
         (double)(now - d->t_step0) * 1e-9 > d->step_timeout_s)
         fail(d, BT_ERR_TIMEOUT, -1, "step %lld did not finish within %.0f s (step watchdog, "
@@ -343,6 +351,7 @@ static void eval_start(driver_t *d)
     d->loss_sum = 0;
     d->scored = 0;
     d->t_step0 = clock_now_ns();
+    clock_every_start(&d->eval_every);
     send_all(d, MSG_HEARTBEAT, STAGE_CMD_EVAL, d->step, BT_OK, NULL);
 }
 
@@ -557,6 +566,17 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
     tensor_t *mt = actor_msg_tensor(m, "mem_peak");
     if (mt && mt->dtype == DT_I64 && tensor_numel(mt) == 1 && ((int64_t *)mt->data)[0] > (int64_t)d->mem[r])
         d->mem[r] = (uint64_t)((int64_t *)mt->data)[0];
+    tensor_t *dm = actor_msg_tensor(m, "dev_mem_peak");
+    if (dm && dm->dtype == DT_I64 && tensor_numel(dm) == 1 &&
+        ((int64_t *)dm->data)[0] > (int64_t)d->dev_mem[r])
+        d->dev_mem[r] = (uint64_t)((int64_t *)dm->data)[0];
+    tensor_t *pf = r == 0 ? actor_msg_tensor(m, "peak_flops") : NULL;
+    if (pf && pf->dtype == DT_F64 && tensor_numel(pf) == 1) {
+        char what[96];
+        snprintf(what, sizeof what, "%s 4096-cubed products measured by rank 0 on %s",
+                 d->job->dtype == JOB_DTYPE_BF16 ? "bf16" : "f32", d->job->device);
+        report_set_peak(&d->rep, ((double *)pf->data)[0], what);
+    }
     if (++d->n_metrics < d->world) return ACTOR_DONE;
     d->loss_sum = 0;
     for (int k = 0; k < d->world; k++) d->loss_sum += d->rank_loss[k];
@@ -606,7 +626,7 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
                                           .lr = d->lr, .grad_norm = d->grad_norm,
                                           .step_s = (double)(clock_now_ns() - d->t_step0) * 1e-9,
                                           .skipped = skipped, .skipped_total = d->skipped,
-                                          .mem = d->mem, .load = d->load_rows,
+                                          .mem = d->mem, .dev_mem = d->dev_mem, .load = d->load_rows,
                                           .load_rows = load_report(d),
                                           .load_cols = (int)d->job->model.n_experts + 1});
     drv_stdout_check(d);
@@ -1339,7 +1359,9 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     d.ready = calloc((size_t)g.world, sizeof *d.ready);
     d.ck_root = calloc((size_t)g.world, sizeof *d.ck_root);
     d.mem = calloc((size_t)g.world, sizeof *d.mem);
-    if (!d.last_seen || !d.ck_wrote || !d.ck_root || !d.rank_loss || !d.ck_up || !d.ready || !d.mem)
+    d.dev_mem = calloc((size_t)g.world, sizeof *d.dev_mem);
+    if (!d.last_seen || !d.ck_wrote || !d.ck_root || !d.rank_loss || !d.ck_up || !d.ready || !d.mem ||
+        !d.dev_mem)
         goto close_metrics;
     if (job_has_experts(job)) {
         size_t cells = (size_t)job->model.layers * (size_t)(job->model.n_experts + 1);
@@ -1448,6 +1470,7 @@ destroy_router:
                  "here", (long long)d.fetch_forwarded, (long long)d.fetch_served);
     ckpt_reader_close(d.serve);
     free(d.mem);
+    free(d.dev_mem);
     model_destroy(d.full);
 remove_dir:
     trace_stop();

@@ -90,6 +90,7 @@ static const field_t fields[] = {
     INT("train.micro_batch", train.micro_batch, 1, 1 << 20),
     INT("train.grad_accum", train.grad_accum, 1, 1 << 20),
     INT("train.global_batch", train.global_batch, 0, 1 << 30),
+    INT("train.global_batch_tokens", train.global_batch_tokens, 0, BIG),
     INT("train.seed", train.seed, 0, BIG),
     INT("train.eval_every", train.eval_every, 0, BIG),
     INT("train.eval_batches", train.eval_batches, 0, 1 << 20),
@@ -870,11 +871,30 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
 
 /* train.global_batch: the microbatches of each data-parallel replica,
  * global_batch / (dp x micro_batch), exact; an explicit grad_accum or
- * parallel.microbatches must agree with it. */
+ * parallel.microbatches must agree with it. train.global_batch_tokens
+ * gives it in tokens: whole sequences of data.seq_len. */
 static bt_status_t global_batch_derive(job_t *job, char *err, size_t errlen)
 {
     job_train_t *t = &job->train;
     job_parallel_t *p = &job->parallel;
+    int64_t T = job->data.seq_len;
+    if (t->global_batch_tokens) {
+        if (t->global_batch_tokens % T)
+            return vfail(job, "train.global_batch_tokens", err, errlen,
+                         "%lld tokens per step are not whole sequences of data.seq_len %lld: make it "
+                         "a multiple of %lld (e.g. %lld)",
+                         (long long)t->global_batch_tokens, (long long)T, (long long)T,
+                         (long long)((t->global_batch_tokens + T / 2) / T > 0
+                                         ? (t->global_batch_tokens + T / 2) / T * T : T));
+        int64_t seqs = t->global_batch_tokens / T;
+        if (job_field_set(job, "train.global_batch") && t->global_batch != seqs)
+            return vfail(job, "train.global_batch", err, errlen,
+                         "%lld sequences, but train.global_batch_tokens %lld / data.seq_len %lld = "
+                         "%lld: give one of the two",
+                         (long long)t->global_batch, (long long)t->global_batch_tokens, (long long)T,
+                         (long long)seqs);
+        t->global_batch = seqs;
+    }
     if (!t->global_batch) return BT_OK;
     int64_t per = p->dp * t->micro_batch;
     if (t->global_batch % per)

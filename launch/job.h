@@ -82,6 +82,8 @@ typedef struct {
                                 * micro_batch as given); when set, the microbatches of each
                                 * replica are derived from it, so that every layout trains the
                                 * same tokens per step */
+    int64_t global_batch_tokens; /* the same in tokens (a multiple of data.seq_len; sets
+                                  * global_batch, which must agree when both are given) */
     int64_t stop_after;        /* stop after this step, as if interrupted (the schedule still
                                 * spans `steps`; a checkpoint is saved there); 0: at `steps` */
 } job_train_t;

@@ -9,6 +9,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "kernels/device.h"
 #include "kernels/kernels.h"
 #include "launch/run_setup.h"
 #include "model/flops.h"
@@ -35,7 +36,8 @@ bt_status_t report_open(report_t *r, const job_t *job, const model_config_t *cfg
         snprintf(r->peak_what, sizeof r->peak_what, "%.1f GFLOP/s fp32, measured on this host now",
                  r->peak_flops * 1e-9);
     } else {
-        snprintf(r->peak_what, sizeof r->peak_what, "n/a on %s (set BATON_PEAK_TFLOPS)", job->device);
+        snprintf(r->peak_what, sizeof r->peak_what,
+                 "the matrix rate of %s, measured before the first step", job->device);
     }
     if (job->metrics.file[0]) {
         if (run_parent_make(job->metrics.file)) return BT_ERR_IO;
@@ -82,6 +84,26 @@ void report_header(report_t *r, const model_config_t *cfg, int64_t n_params, con
     fflush(stdout);
 }
 
+void report_set_peak(report_t *r, double flops, const char *what)
+{
+    const char *env = getenv("BATON_PEAK_TFLOPS");
+    if (env && strtod(env, NULL) > 0) return;
+    r->peak_flops = flops > 0 ? flops : 0;
+    if (flops > 0)
+        snprintf(r->peak_what, sizeof r->peak_what, "%.1f TFLOP/s, %s", flops * 1e-12, what);
+    else
+        snprintf(r->peak_what, sizeof r->peak_what, "n/a: %s could not be measured (set BATON_PEAK_TFLOPS)",
+                 what);
+}
+
+void report_peak_measure(report_t *r, device_t dev, dtype_t dt)
+{
+    char d[DEVICE_STR_MAX], what[80];
+    snprintf(what, sizeof what, "%s 4096-cubed products on %s, measured now", dtype_name(dt),
+             device_str(dev, d));
+    report_set_peak(r, kern_peak_flops(dev, dt), what);
+}
+
 static double mfu_of(const report_t *r, double tokens_per_s)
 {
     return r->peak_flops > 0 ? model_mfu(r->flops_per_token, tokens_per_s, r->peak_flops) : NAN;
@@ -93,14 +115,30 @@ static void mfu_fmt(double mfu, char *buf, size_t cap)
     else snprintf(buf, cap, "n/a");
 }
 
-/* The rank holding the most, and how much. */
-static int mem_max(const report_t *r, uint64_t *bytes)
+/* The rank holding the most of mem[], and how much. */
+static int mem_max(const report_t *r, const uint64_t *mem, uint64_t *bytes)
 {
     int at = -1;
     *bytes = 0;
     for (int k = 0; k < r->n_ranks; k++)
-        if (r->mem[k] > *bytes) *bytes = r->mem[k], at = k;
+        if (mem[k] > *bytes) *bytes = mem[k], at = k;
     return at;
+}
+
+/* "1.2 GiB (rank 3)" for the rank holding the most; false when none. */
+static bool mem_max_fmt(const report_t *r, const uint64_t *mem, char *buf, size_t cap)
+{
+    uint64_t b;
+    int at = mem_max(r, mem, &b);
+    if (at < 0) return false;
+    base_mem_size_fmt((double)b, buf, cap);
+    if (r->n_ranks > 1) snprintf(buf + strlen(buf), cap - strlen(buf), " (rank %d)", at);
+    return true;
+}
+
+static void mem_list(FILE *f, const report_t *r, const uint64_t *mem)
+{
+    for (int k = 0; k < r->n_ranks; k++) fprintf(f, "%s%llu", k ? ", " : "", (unsigned long long)mem[k]);
 }
 
 static void metrics_line(const report_t *r, const report_step_t *s, double tps, double mfu,
@@ -123,7 +161,12 @@ static void metrics_line(const report_t *r, const report_step_t *s, double tps, 
     fputs(", \"mfu\": ", f);
     run_json_num(f, "%.6f", mfu);
     fputs(", \"mem_peak_bytes\": [", f);
-    for (int k = 0; k < r->n_ranks; k++) fprintf(f, "%s%llu", k ? ", " : "", (unsigned long long)r->mem[k]);
+    mem_list(f, r, r->mem);
+    uint64_t dev_b;
+    if (mem_max(r, r->dev_mem, &dev_b) >= 0) {
+        fputs("], \"device_mem_peak_bytes\": [", f);
+        mem_list(f, r, r->dev_mem);
+    }
     fprintf(f, "], \"skipped\": %s, \"skipped_steps\": %lld", s->skipped ? "true" : "false",
             (long long)s->skipped_total);
     if (s->load && s->load_rows) {
@@ -159,9 +202,10 @@ void report_step(report_t *r, const report_step_t *s)
     r->train_s += s->step_s;
     r->steps_int++;
     r->step_s_int += s->step_s;
-    if (s->mem)
-        for (int k = 0; k < r->n_ranks; k++)
-            if (s->mem[k] > r->mem[k]) r->mem[k] = s->mem[k];
+    for (int k = 0; k < r->n_ranks; k++) {
+        if (s->mem && s->mem[k] > r->mem[k]) r->mem[k] = s->mem[k];
+        if (s->dev_mem && s->dev_mem[k] > r->dev_mem[k]) r->dev_mem[k] = s->dev_mem[k];
+    }
     double elapsed = (double)(clock_now_ns() - r->t_start) * 1e-9;
     double tps = s->step_s > 0 ? (double)s->tokens / s->step_s : NAN;
     double mfu = mfu_of(r, tps);
@@ -175,21 +219,22 @@ void report_step(report_t *r, const report_step_t *s)
     tb_scalar(&r->tb, "train/step_time_s", s->step, s->step_s);
     if (isfinite(mfu)) tb_scalar(&r->tb, "train/mfu", s->step, mfu);
     uint64_t mb;
-    int at = mem_max(r, &mb);
-    if (at >= 0) tb_scalar(&r->tb, "memory/peak_rss_mib_max_rank", s->step, (double)mb / (1 << 20));
+    if (mem_max(r, r->mem, &mb) >= 0)
+        tb_scalar(&r->tb, "memory/peak_rss_mib_max_rank", s->step, (double)mb / (1 << 20));
+    if (mem_max(r, r->dev_mem, &mb) >= 0)
+        tb_scalar(&r->tb, "memory/peak_device_mib_max_rank", s->step, (double)mb / (1 << 20));
 
     bool show = s->step == 1 || s->step % job->train.log_every == 0 || s->step == job->train.steps ||
                 s->step == r->last_step || s->skipped;
     if (!show) return;
     /* the interval since the last line: its mean step time and rate */
     double int_s = r->step_s_int, int_tps = int_s > 0 ? (double)(r->tokens - r->tok_int) / int_s : NAN;
-    char eta[32], mfus[16], mem[64] = "n/a";
+    char eta[32], mfus[16], mem[96] = "n/a", dev[48];
     eta_fmt(elapsed / (double)(s->step - r->base_step) * (double)(r->last_step - s->step), eta, sizeof eta);
     mfu_fmt(mfu_of(r, int_tps), mfus, sizeof mfus);
-    if (at >= 0) {
-        base_mem_size_fmt((double)mb, mem, sizeof mem);
-        if (r->n_ranks > 1) snprintf(mem + strlen(mem), sizeof mem - strlen(mem), " (rank %d)", at);
-    }
+    mem_max_fmt(r, r->mem, mem, sizeof mem);
+    if (mem_max_fmt(r, r->dev_mem, dev, sizeof dev))
+        snprintf(mem + strlen(mem), sizeof mem - strlen(mem), " host, %s device", dev);
     if (!r->quiet) {
         printf("step %6lld/%lld | loss %.4f | lr %.3e | gnorm %.3f | %.1f ms/step | %.0f tok/s | "
                "MFU %s | mem %s | skipped %lld | ETA %s%s\n",
@@ -258,12 +303,15 @@ bt_status_t report_finish(report_t *r, bool completed)
         printf(" | best val loss %.4f (ppl %.2f) at step %lld", r->best_val, exp(r->best_val),
                (long long)r->best_val_step);
     printf("\n");
-    uint64_t mb;
-    if (mem_max(r, &mb) >= 0) {
-        printf("  peak memory (resident)%s:", r->n_ranks > 1 ? " per rank" : "");
+    const uint64_t *mems[2] = {r->mem, r->dev_mem};
+    const char *kinds[2] = {"resident", "device"};
+    for (int i = 0; i < 2; i++) {
+        uint64_t mb;
+        if (mem_max(r, mems[i], &mb) < 0) continue;
+        printf("  peak memory (%s)%s:", kinds[i], r->n_ranks > 1 ? " per rank" : "");
         for (int k = 0; k < r->n_ranks; k++) {
             char b[32];
-            base_mem_size_fmt((double)r->mem[k], b, sizeof b);
+            base_mem_size_fmt((double)mems[i][k], b, sizeof b);
             printf("%s %s", k ? "," : "", b);
         }
         printf("\n");

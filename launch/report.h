@@ -23,8 +23,15 @@
  * MFU = model_flops_per_token (model/flops.h, the one documented formula)
  * x tokens/s / peak. The peak: BATON_PEAK_TFLOPS when set; on a CPU run the
  * fp32 product rate measured at the start (kern_cpu_peak_flops, the
- * host's cores: every rank of a local job shares them); otherwise unknown,
- * and MFU is shown as n/a. */
+ * host's cores: every rank of a local job shares them); on a GPU the
+ * matrix rate in the parameters' dtype that the training process (rank 0
+ * of a multi-process run) measures on its device before the first step
+ * (kern_peak_flops, report_set_peak); until then, or where it cannot be
+ * measured, MFU is shown as n/a.
+ *
+ * Memory: the peak resident size of each rank (base/mem.h) and, on a GPU,
+ * the most device memory each rank held (kern_mem_peak: its allocations,
+ * stream scratch and library workspaces, not the CUDA context). */
 #ifndef BT_LAUNCH_REPORT_H
 #define BT_LAUNCH_REPORT_H
 
@@ -33,6 +40,7 @@
 #include <stdio.h>
 
 #include "base/status.h"
+#include "base/tensor.h"
 #include "launch/job.h"
 #include "launch/plot.h"
 #include "launch/tb.h"
@@ -60,6 +68,7 @@ typedef struct {
     double       best_val;
     int64_t      best_val_step;
     uint64_t     mem[REPORT_MAX_RANKS]; /* peak resident bytes of each rank */
+    uint64_t     dev_mem[REPORT_MAX_RANKS]; /* peak device bytes of each rank (0: none) */
 } report_t;
 
 /* Opens metrics.file (appended to on resume) and metrics.tensorboard,
@@ -79,6 +88,7 @@ typedef struct {
     bool     skipped;
     int64_t  skipped_total;
     const uint64_t *mem;             /* [n_ranks] peak resident bytes (0: unknown); NULL: none */
+    const uint64_t *dev_mem;         /* [n_ranks] peak device bytes (0: none); NULL: none */
     /* routed experts: the step's tokens per expert, load_rows rows of
      * load_cols doubles [layer, expert 0, ..., expert E-1] in layer order
      * (NULL: none), written as "expert_tokens": {"LAYER": [...], ...} */
@@ -86,6 +96,14 @@ typedef struct {
     int      load_rows, load_cols;
 } report_step_t;
 
+/* The MFU denominator, measured after report_open (a GPU's product rate,
+ * kern_peak_flops; what: how it was measured, for the header and the
+ * summary). flops <= 0 leaves MFU n/a and says why. BATON_PEAK_TFLOPS,
+ * when set, wins. */
+void        report_set_peak(report_t *r, double flops, const char *what);
+/* report_set_peak with kern_peak_flops(dev, dt), for a process that trains
+ * on dev itself. */
+void        report_peak_measure(report_t *r, device_t dev, dtype_t dt);
 void        report_step(report_t *r, const report_step_t *s);
 void        report_eval(report_t *r, int64_t step, double loss);
 /* The pictures and the summary (completed: the run reached its last step). */

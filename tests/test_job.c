@@ -491,6 +491,27 @@ static void test_job_global_batch(void)
     CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID);
     CHECK_MSG(strstr(err, "train.grad_accum: 4, but train.global_batch 8 = dp 2 x micro_batch 2 x 2 microbatches"),
               "%s", err);
+    /* in tokens: 8 sequences of 16 at any dp that splits them */
+    for (int dp = 1; dp <= 4; dp *= 2) {
+        char y[256];
+        snprintf(y, sizeof y, "data: {dir: x, seq_len: 16}\ntrain: {global_batch_tokens: 128, micro_batch: 1}\n"
+                 "parallel: {dp: %d}\n", dp);
+        REQUIRE(job_load_string("g.yaml", y, &job, err, sizeof err) == BT_OK);
+        CHECK_MSG(job_validate(&job, err, sizeof err) == BT_OK, "%s", err);
+        CHECK(job.train.global_batch == 8);
+        CHECK_MSG(job.train.grad_accum == 8 / dp, "dp %d: %lld", dp, (long long)job.train.grad_accum);
+    }
+    REQUIRE(job_load_string("g.yaml", "data: {dir: x, seq_len: 16}\ntrain: {global_batch_tokens: 100}\n", &job,
+                            err, sizeof err) == BT_OK);
+    CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "g.yaml:2:") && strstr(err, "train.global_batch_tokens: 100 tokens per step are not whole "
+                                                    "sequences of data.seq_len 16") && strstr(err, "e.g. 96"),
+              "%s", err);
+    REQUIRE(job_load_string("g.yaml", "data: {dir: x, seq_len: 16}\ntrain: {global_batch_tokens: 128, global_batch: 4}\n",
+                            &job, err, sizeof err) == BT_OK);
+    CHECK(job_validate(&job, err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "train.global_batch: 4 sequences, but train.global_batch_tokens 128 / data.seq_len 16 = 8"),
+              "%s", err);
 }
 
 int main(int argc, char **argv)

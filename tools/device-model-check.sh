@@ -84,6 +84,23 @@ for lay in "pp=2" "tp=2" "pp=2 dp=2 zero1"; do
     row "train 20 steps fp32 $lay on one GPU" "$worst" 0 1e-4
 done
 
+# what a practitioner watches on a GPU: every progress line and the
+# summary show MFU (the device's bf16 product rate measured before the first
+# step) and the device memory held, in one process and at pp=2 (rank 0
+# measures, every rank reports its memory); the metrics lines carry them
+for lay in "" "pp=2"; do
+    sets=(); name=prog_${lay:-1}; name=${name//=/}
+    [ -n "$lay" ] && sets+=(--set "parallel.${lay%%=*}=${lay#*=}")
+    "$BATON" run "$tmp/job.yaml" "${sets[@]}" --set device=cuda --set dtype=bf16 --set train.log_every=5 \
+        --set metrics.file="$tmp/$name.jsonl" > "$OUT/$name.log" 2>&1
+    lines=$(grep -c '^step .*| MFU [0-9.]*% | mem .* host, .* device' "$OUT/$name.log")
+    summ=$(grep -c 'peak memory (device)' "$OUT/$name.log")
+    jl=$(python3 -c 'import json,sys,math; l=[json.loads(x) for x in open(sys.argv[1]) if "mfu" in x]; print(int(len(l)==20 and all(math.isfinite(x["mfu"]) and x["mfu"]>0 and min(x["device_mem_peak_bytes"])>0 for x in l)))' "$tmp/$name.jsonl" 2>/dev/null)
+    if [ "$lines" -ge 4 ] && [ "$summ" = 1 ] && [ "$jl" = 1 ]; then ok=1; else ok=0; fi
+    row "progress on cuda bf16 ${lay:-1 process}: MFU, device memory" "$ok" 1 0
+    grep -E '^step +20/|MFU:|peak memory' "$OUT/$name.log" | sed 's/^/  /'
+done
+
 # pipeline activations by CUDA IPC (transport.handoff auto on a GPU) against
 # staging them through host memory (off): the same bits, fp32 and bf16, 1F1B
 # and interleaved; the log counts the handoffs, tokens/s of both are shown

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
+#include <time.h>
 #include <unistd.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -13,6 +14,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "kernels/kernels.h"
 #include "train/ckpt_state.h"
 #include "train/data_actor.h"
 
@@ -251,6 +253,8 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
         stage_actor_fini(s);
         return st;
     }
+    if (cfg->rank == 0 && !device_is_host(dev) && dev.kind != DEV_FENCED)
+        s->peak_flops = kern_peak_flops(dev, cfg->chunks[0]->place.param_dtype);
     handoff_map_init(&s->ho_map, dev);
     for (int k = 0; k < V; k++) s->ho_on |= cfg->handoff_next[k] || cfg->handoff_prev[k];
     if (s->ho_on && (st = handoff_pool_init(&s->ho_pool, dev))) {
@@ -370,6 +374,16 @@ static void staged_copied(void *arg, bt_status_t status)
     actor_complete_owned(&r->s->a, JOB_STAGED, r, status, stage_send_drop);
 }
 
+/* Test hook: BATON_TEST_SLOW_EVAL_MS=N makes every evaluation forward of
+ * this process take N ms longer (tests/sh/test_run.sh watches the driver's
+ * progress lines of a long evaluation with it). */
+static void test_slow_eval(void)
+{
+    const char *e = getenv("BATON_TEST_SLOW_EVAL_MS");
+    long ms = e ? strtol(e, NULL, 10) : 0;
+    if (ms > 0) nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
+}
+
 static bt_status_t job_op_run(void *arg)
 {
     stage_job_t *j = arg;
@@ -389,6 +403,7 @@ static bt_status_t job_op_run(void *arg)
     model_io_t out = j->ho_taken ? MODEL_IO_DEV(&out_v) : j->staged ? MODEL_IO_KEEP : (model_io_t){0};
     /* this arena's last output may still be on its way to the host */
     kern_stream_wait(m->stream, s->ev_copied[j->arena]);
+    if (fwd && s->cur->eval) test_slow_eval();
     if (st == BT_OK && fwd)
         st = model_stage_forward_at(m, a, &j->batch, in, j->dloss, out,
                                     m->stage.has_head ? &j->loss : NULL);
@@ -704,6 +719,15 @@ static void metrics_send(stage_actor_t *s)
     int64_t one = 1;
     tensor_t *mt = rss > 0 ? actor_msg_tensor_new(m, "mem_peak", DT_I64, 1, &one) : NULL;
     if (mt) ((int64_t *)mt->data)[0] = rss;
+    device_t dev = s->cfg.chunks[0]->place.dev;
+    uint64_t dev_peak = s->cur->eval ? 0 : kern_mem_peak(dev);
+    tensor_t *dt = dev_peak ? actor_msg_tensor_new(m, "dev_mem_peak", DT_I64, 1, &one) : NULL;
+    if (dt) ((int64_t *)dt->data)[0] = (int64_t)dev_peak;
+    tensor_t *pf = s->peak_flops > 0 ? actor_msg_tensor_new(m, "peak_flops", DT_F64, 1, &one) : NULL;
+    if (pf) {
+        ((double *)pf->data)[0] = s->peak_flops;
+        s->peak_flops = 0;
+    }
     /* the routed-expert load of a training step, summed over the
      * data-parallel replicas already (load_take): replica 0's TP rank 0
      * reports it */

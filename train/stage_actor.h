@@ -134,6 +134,10 @@ typedef struct {
     model_acts_t       **acts;          /* [M * vpp] */
     double               loss_sum;
     int64_t              n_scored;
+    /* rank 0 on a GPU: the device's matrix rate measured at init
+     * (kern_peak_flops, the driver's MFU denominator), sent with the first
+     * METRICS; 0: not measured or already sent */
+    double               peak_flops;
     /* the last training step's routed-expert load of this rank's chunks
      * (model_moe_load_take), rows of [layer, tokens of expert 0..E-1]:
      * n_load rows of load_cols doubles, sent with its METRICS */

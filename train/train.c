@@ -1,6 +1,7 @@
 #include "train/train.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -295,7 +296,18 @@ bt_status_t train_eval(train_t *t, double *loss, double *ppl)
     }
     double sum = 0.0;
     int64_t scored = 0, w = 0;
+    int64_t n_batches = (n_windows + B - 1) / B;
+    if (t->cfg.eval_batches && t->cfg.eval_batches < n_batches) n_batches = t->cfg.eval_batches;
+    clock_every_t every; /* a long evaluation says how far it is */
+    clock_every_start(&every);
     for (int64_t k = 0; (t->cfg.eval_batches == 0 || k < t->cfg.eval_batches) && w < n_windows; k++) {
+        double el;
+        if (k > 0 && clock_every_due(&every, &el)) {
+            printf("eval  batch %lld/%lld, %lld tokens scored, loss so far %.4f, ETA %.0f s\n",
+                   (long long)k, (long long)n_batches, (long long)scored, sum / (double)scored,
+                   el / (double)k * (double)(n_batches - k));
+            fflush(stdout);
+        }
         int64_t rows = 0;
         for (; rows < B && w < n_windows; rows++, w++)
             window_copy(t->ids + rows * T, t->targets + rows * T, t->val_tokens, w, T);

@@ -1094,6 +1094,7 @@ const kern_backend_t kern_cuda_backend = {
     .usable = cuda_usable,
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,
+    .mem_peak = cuda_held_peak,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .has_ipc = true,

@@ -246,6 +246,7 @@ size_t cuda_lt_version(void);
  * it beside torch's max_memory_allocated). Any thread. */
 void cuda_held_add(const void *p, size_t nbytes);
 void cuda_held_remove(const void *p);
+size_t cuda_held_peak(int index);
 
 /* ---- backend (backend.c) --------------------------------------------------- */
 

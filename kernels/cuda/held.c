@@ -47,6 +47,15 @@ static void held_init(void)
     atexit(held_report);
 }
 
+size_t cuda_held_peak(int index)
+{
+    (void)index; /* one count for the process: a rank drives one GPU */
+    pthread_mutex_lock(&held_mu);
+    size_t peak = held_peak;
+    pthread_mutex_unlock(&held_mu);
+    return peak;
+}
+
 void cuda_held_add(const void *p, size_t nbytes)
 {
     pthread_once(&held_once, held_init);

@@ -114,3 +114,18 @@ for layout in single pp2; do
        ! grep -q "^step" <<<"$out"
     then pass run_mem_refused_$layout; else fail run_mem_refused_$layout "rc $rc: $(tail -3 <<<"$out")"; fi
 done
+
+# a long evaluation shows progress: with BATON_PROGRESS_SECONDS tiny, every
+# batch after the first prints how far it is (one process) and the driver
+# says how long the pass has run and how many ranks are done (pp=2; each
+# evaluation forward made 400 ms slower, so that the pass lasts over a
+# second against lines due every 0.1 s)
+out=$(BATON_PROGRESS_SECONDS=1e-9 "$BATON" run "$tmp/job.yaml" --set train.steps=2 --set optim.warmup=1 \
+      --set train.eval_every=2 --set train.eval_batches=3 --set data.split=0.5 --set metrics.file= --set metrics.plot= 2>&1)
+grep -Eq '^eval  batch 1/3, [0-9]+ tokens scored, loss so far [0-9.]+, ETA [0-9]+ s$' <<<"$out" &&
+    grep -q '^eval  batch 2/3' <<<"$out" && pass run_eval_progress || fail run_eval_progress "$(tail -5 <<<"$out")"
+out=$(BATON_PROGRESS_SECONDS=0.1 BATON_TEST_SLOW_EVAL_MS=400 "$BATON" run "$tmp/job.yaml" --set parallel.pp=2 --set train.steps=2 --set optim.warmup=1 \
+      --set train.eval_every=2 --set train.eval_batches=3 --set data.split=0.5 --set metrics.file= \
+      --set metrics.plot= 2>&1)
+grep -Eq '^eval  after step 2: [0-9]+ s so far, [01] of 2 ranks done$' <<<"$out" &&
+    grep -q '^final validation loss' <<<"$out" && pass run_eval_progress_pp || fail run_eval_progress_pp "$(grep eval <<<"$out")"
