@@ -73,7 +73,7 @@ cp "$tmp/cpu.jsonl" "$OUT/"
 # off through CUDA IPC, collectives staged through host memory): each
 # against the same layout on the CPU
 for lay in "pp=2" "tp=2" "pp=2 dp=2 zero1"; do
-    sets=(); name=${lay// /_}
+    sets=(); name=${lay// /_}; name=${name//=/-}
     for kv in $lay; do case $kv in zero1) sets+=(--set parallel.zero1=true) ;;
                                  *) sets+=(--set "parallel.${kv%%=*}=${kv#*=}") ;; esac; done
     "$BATON" run "$tmp/job.yaml" --quiet "${sets[@]}" --set metrics.file="$tmp/l_cpu_$name.jsonl" \
@@ -105,11 +105,12 @@ done
 # staging them through host memory (off): the same bits, fp32 and bf16, 1F1B
 # and interleaved; the log counts the handoffs, tokens/s of both are shown
 for lay in "pp=2" "pp=2 virtual_stages=2 schedule=interleaved microbatches=4"; do
-    sets=(); name=ho_${lay// /_}
+    sets=(); name=ho_${lay// /_}; name=${name//=/-}
     for kv in $lay; do sets+=(--set "parallel.${kv%%=*}=${kv#*=}"); done
     for dt in fp32 bf16; do
         for h in off auto; do
-            "$BATON" run "$tmp/job.yaml" --quiet "${sets[@]}" --set device=cuda --set dtype=$dt \
+            # not --quiet: the workers' info line counts the handoffs
+            "$BATON" run "$tmp/job.yaml" "${sets[@]}" --set device=cuda --set dtype=$dt \
                 --set transport.handoff=$h --set export.dir="$tmp/${name}_${dt}_$h" \
                 --set metrics.file="$tmp/${name}_${dt}_$h.jsonl" > "$OUT/${name}_${dt}_$h.log" 2>&1
         done
