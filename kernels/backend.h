@@ -99,6 +99,9 @@ struct kern_backend {
      * stream scratch and library workspaces (kern_mem_peak); NULL where
      * device memory is host memory and the resident size says it */
     size_t (*mem_peak)(int index);
+    /* sets that peak back to max(peak, what is held now): a measurement's
+     * own buffers do not count (kern_peak_flops) */
+    void (*mem_peak_restore)(int index, size_t peak);
     /* memory another process of this host can map (kernels/device.h,
      * kern_ipc_*): has_ipc false and functions that answer
      * BT_ERR_UNSUPPORTED where the device has none */

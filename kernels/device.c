@@ -180,6 +180,12 @@ uint64_t kern_mem_peak(device_t dev)
     return be && be->mem_peak ? (uint64_t)be->mem_peak(dev.index) : 0;
 }
 
+void kern_mem_peak_restore(device_t dev, uint64_t peak)
+{
+    const kern_backend_t *be = backend_of(dev.kind);
+    if (be && be->mem_peak_restore) be->mem_peak_restore(dev.index, (size_t)peak);
+}
+
 bool kern_ipc_supported(device_t dev)
 {
     const kern_backend_t *be = backend_of(dev.kind);

@@ -86,6 +86,9 @@ void kern_host_free(device_t dev, void *p);
  * context), in bytes; 0 where device memory is host memory (cpu, fenced:
  * the resident size, base/mem.h, counts it). */
 uint64_t kern_mem_peak(device_t dev);
+/* Sets that peak back to max(peak, what is held now), so that a
+ * measurement's own buffers do not count (kern_peak_flops). */
+void kern_mem_peak_restore(device_t dev, uint64_t peak);
 
 /* ---- memory shared with other processes of this host ------------------- */
 

@@ -119,6 +119,7 @@ double kern_peak_flops(device_t dev, dtype_t dt)
     size_t nbytes = (size_t)N * N * dtype_size(dt);
     void *mem[3] = {0};
     kern_stream_t *s = NULL;
+    uint64_t peak_before = kern_mem_peak(dev);
     double best = 0;
     bool ok = kern_stream_create(dev, &s) == BT_OK;
     for (int i = 0; i < 3 && ok; i++) ok = kern_mem_alloc(dev, nbytes, &mem[i]) == BT_OK;
@@ -153,6 +154,7 @@ double kern_peak_flops(device_t dev, dtype_t dt)
     }
     for (int i = 0; i < 3; i++) kern_mem_free(dev, mem[i]);
     if (s) kern_stream_destroy(s);
+    kern_mem_peak_restore(dev, peak_before);
     return ok ? best : 0;
 }
 

@@ -41,7 +41,7 @@ double kern_cpu_peak_flops(void);
  * kern_cpu_peak_flops; elsewhere the best of five rounds of ten
  * 4096 x 4096 x 4096 kern_matmul calls on a stream of its own after three
  * warm-up calls (about 20 ms on an H200; the three 4096-squared operands,
- * 96 MiB in bf16, are held meanwhile and count in kern_mem_peak). 0 when it
+ * 96 MiB in bf16, are held meanwhile but do not count in kern_mem_peak). 0 when it
  * cannot be measured (no memory, a failing stream). */
 double kern_peak_flops(device_t dev, dtype_t dt);
 

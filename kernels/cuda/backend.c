@@ -1095,6 +1095,7 @@ const kern_backend_t kern_cuda_backend = {
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,
     .mem_peak = cuda_held_peak,
+    .mem_peak_restore = cuda_held_peak_restore,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .has_ipc = true,

@@ -247,6 +247,7 @@ size_t cuda_lt_version(void);
 void cuda_held_add(const void *p, size_t nbytes);
 void cuda_held_remove(const void *p);
 size_t cuda_held_peak(int index);
+void cuda_held_peak_restore(int index, size_t peak);
 
 /* ---- backend (backend.c) --------------------------------------------------- */
 

@@ -56,6 +56,14 @@ size_t cuda_held_peak(int index)
     return peak;
 }
 
+void cuda_held_peak_restore(int index, size_t peak)
+{
+    (void)index;
+    pthread_mutex_lock(&held_mu);
+    held_peak = peak > held_now ? peak : held_now;
+    pthread_mutex_unlock(&held_mu);
+}
+
 void cuda_held_add(const void *p, size_t nbytes)
 {
     pthread_once(&held_once, held_init);
