@@ -59,6 +59,7 @@ void kern_stream_fail(kern_stream_t *s, const char *op, const char *detail);
         [KERN_OP_ADAMW] = 1u << DT_F32, [KERN_OP_MOE_ROUTE] = 1u << DT_F32,                       \
         [KERN_OP_MOE_PERMUTE] = 1u << DT_F32, [KERN_OP_MOE_COMBINE] = 1u << DT_F32,               \
         [KERN_OP_GROUPED_LINEAR] = 1u << DT_F32, [KERN_OP_MOE_RESELECT] = 1u << DT_F32,           \
+        [KERN_OP_MAMBA] = 1u << DT_F32,                                                           \
     }
 
 /* Streams and events of a backend whose work is done before each call
@@ -199,6 +200,26 @@ struct kern_backend {
     void (*grouped_linear_fwd)(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *w, ct_t *sizes);
     void (*grouped_linear_bwd)(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout, ct_t *x,
                                ct_t *w, ct_t *sizes);
+
+    /* Mamba2 mixer (kernels.h); state, chunk_states, bias, D and every gradient may be NULL */
+    void (*conv1d_causal_fwd)(kern_stream_t *s, tensor_t *out, tensor_t *state, ct_t *x, ct_t *w,
+                              ct_t *bias, kern_act_t act);
+    void (*conv1d_causal_bwd)(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+                              ct_t *dout, ct_t *x, ct_t *w, ct_t *bias, kern_act_t act);
+    void (*ssm_dt_fwd)(kern_stream_t *s, tensor_t *dt, ct_t *raw, ct_t *bias, float lo, float hi);
+    void (*ssm_dt_bwd)(kern_stream_t *s, tensor_t *draw, tensor_t *dbias, ct_t *ddt, ct_t *raw,
+                       ct_t *bias, float lo, float hi);
+    void (*ssd_scan_fwd)(kern_stream_t *s, tensor_t *y, tensor_t *chunk_states, tensor_t *state,
+                         ct_t *x, ct_t *dt, ct_t *A_log, ct_t *Bm, ct_t *Cm, ct_t *D,
+                         int64_t chunk);
+    void (*ssd_scan_bwd)(kern_stream_t *s, tensor_t *dx, tensor_t *ddt, tensor_t *dA_log,
+                         tensor_t *dB, tensor_t *dC, tensor_t *dD, ct_t *dy, ct_t *x, ct_t *dt,
+                         ct_t *A_log, ct_t *Bm, ct_t *Cm, ct_t *D, ct_t *chunk_states,
+                         int64_t chunk);
+    void (*gated_rmsnorm_fwd)(kern_stream_t *s, tensor_t *out, tensor_t *rstd, ct_t *y, ct_t *z,
+                              ct_t *w, int64_t groups, float eps);
+    void (*gated_rmsnorm_bwd)(kern_stream_t *s, tensor_t *dy, tensor_t *dz, tensor_t *dw,
+                              ct_t *dout, ct_t *y, ct_t *z, ct_t *w, ct_t *rstd, int64_t groups);
 };
 
 extern const kern_backend_t kern_cpu_backend;

@@ -1038,3 +1038,258 @@ void kern_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, const
     kern_compute(s, op, KERN_OP_GROUPED_LINEAR, x->dtype)
         ->grouped_linear_bwd(s, dx, dw, dout, x, w, sizes);
 }
+
+/* ---- Mamba2 mixer --------------------------------------------------------- */
+
+static void kern_req_opt(kern_stream_t *s, const char *op, const char *name, const tensor_t *t,
+                         dtype_t dt, const tensor_t *like)
+{
+    if (!t) return;
+    kern_req(s, op, name, t);
+    kern_req_dtype(op, name, t, dt);
+    if (like) kern_req_numel(op, name, t, tensor_numel(like));
+}
+
+/* x [B,T,C] or [T,C] (one batch row); w [C,K]; bias [C] */
+static void kern_conv_check(kern_stream_t *s, const char *op, const tensor_t *x, const tensor_t *w,
+                            const tensor_t *bias)
+{
+    kern_req(s, op, "x", x);
+    kern_req(s, op, "w", w);
+    if (x->ndim != 2 && x->ndim != 3) BT_PANIC("%s: x %s must be [B,T,C] or [T,C]", op, kern_shape_str(x).s);
+    kern_req_ndim(op, "w", w, 2);
+    kern_req_dtype(op, "w", w, x->dtype);
+    if (w->shape[0] != tensor_cols(x) || w->shape[1] < 1)
+        BT_PANIC("%s: w %s is not [%lld channels, K >= 1]", op, kern_shape_str(w).s,
+                 (long long)tensor_cols(x));
+    if (bias) {
+        kern_req(s, op, "bias", bias);
+        kern_req_dtype(op, "bias", bias, x->dtype);
+        kern_req_numel(op, "bias", bias, tensor_cols(x));
+    }
+}
+
+void kern_conv1d_causal_fwd(kern_stream_t *s, tensor_t *out, tensor_t *state, const tensor_t *x,
+                            const tensor_t *w, const tensor_t *bias, kern_act_t act)
+{
+    const char *op = "kern_conv1d_causal_fwd";
+    kern_conv_check(s, op, x, w, bias);
+    kern_req(s, op, "out", out);
+    kern_req_dtype(op, "out", out, x->dtype);
+    kern_req_same_shape(op, "out", out, "x", x);
+    if (w->shape[1] > 65) BT_PANIC("%s: kernel width %lld > 65", op, (long long)w->shape[1]);
+    if (state) {
+        kern_req(s, op, "state", state);
+        kern_req_dtype(op, "state", state, x->dtype);
+        int64_t B = x->ndim == 3 ? x->shape[0] : 1;
+        kern_req_numel(op, "state", state, B * (w->shape[1] - 1) * tensor_cols(x));
+    }
+    kern_compute(s, op, KERN_OP_MAMBA, x->dtype)->conv1d_causal_fwd(s, out, state, x, w, bias, act);
+}
+
+void kern_conv1d_causal_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+                            const tensor_t *dout, const tensor_t *x, const tensor_t *w,
+                            const tensor_t *bias, kern_act_t act)
+{
+    const char *op = "kern_conv1d_causal_bwd";
+    kern_conv_check(s, op, x, w, bias);
+    kern_req(s, op, "dout", dout);
+    kern_req_dtype(op, "dout", dout, x->dtype);
+    kern_req_same_shape(op, "dout", dout, "x", x);
+    kern_req_opt(s, op, "dx", dx, x->dtype, x);
+    if (dw) {
+        kern_req(s, op, "dw", dw);
+        kern_req_grad_dtype(op, "dw", dw, x->dtype);
+        kern_req_numel(op, "dw", dw, tensor_numel(w));
+    }
+    if (dbias) {
+        kern_req(s, op, "dbias", dbias);
+        kern_req_grad_dtype(op, "dbias", dbias, x->dtype);
+        kern_req_numel(op, "dbias", dbias, tensor_cols(x));
+    }
+    kern_compute(s, op, KERN_OP_MAMBA, x->dtype)
+        ->conv1d_causal_bwd(s, dx, dw, dbias, dout, x, w, bias, act);
+}
+
+static void kern_dt_check(kern_stream_t *s, const char *op, const tensor_t *raw,
+                          const tensor_t *bias, float lo, float hi)
+{
+    kern_req(s, op, "raw", raw);
+    kern_req(s, op, "bias", bias);
+    kern_req_dtype(op, "bias", bias, raw->dtype);
+    kern_req_numel(op, "bias", bias, tensor_cols(raw));
+    if (!(lo <= hi)) BT_PANIC("%s: limits [%g, %g] are empty", op, (double)lo, (double)hi);
+}
+
+void kern_ssm_dt_fwd(kern_stream_t *s, tensor_t *dt, const tensor_t *raw, const tensor_t *bias,
+                     float lo, float hi)
+{
+    const char *op = "kern_ssm_dt_fwd";
+    kern_dt_check(s, op, raw, bias, lo, hi);
+    kern_req(s, op, "dt", dt);
+    kern_req_dtype(op, "dt", dt, raw->dtype);
+    kern_req_same_shape(op, "dt", dt, "raw", raw);
+    kern_compute(s, op, KERN_OP_MAMBA, raw->dtype)->ssm_dt_fwd(s, dt, raw, bias, lo, hi);
+}
+
+void kern_ssm_dt_bwd(kern_stream_t *s, tensor_t *draw, tensor_t *dbias, const tensor_t *ddt,
+                     const tensor_t *raw, const tensor_t *bias, float lo, float hi)
+{
+    const char *op = "kern_ssm_dt_bwd";
+    kern_dt_check(s, op, raw, bias, lo, hi);
+    kern_req(s, op, "ddt", ddt);
+    kern_req_dtype(op, "ddt", ddt, raw->dtype);
+    kern_req_same_shape(op, "ddt", ddt, "raw", raw);
+    kern_req_opt(s, op, "draw", draw, raw->dtype, raw);
+    if (dbias) {
+        kern_req(s, op, "dbias", dbias);
+        kern_req_grad_dtype(op, "dbias", dbias, raw->dtype);
+        kern_req_numel(op, "dbias", dbias, tensor_cols(raw));
+    }
+    kern_compute(s, op, KERN_OP_MAMBA, raw->dtype)->ssm_dt_bwd(s, draw, dbias, ddt, raw, bias, lo, hi);
+}
+
+/* x [B,T,H,P], dt [B,T,H], A_log [H], Bm Cm [B,T,G,N], D [H]; H % G == 0 */
+static void kern_ssd_check(kern_stream_t *s, const char *op, const tensor_t *x, const tensor_t *dt,
+                           const tensor_t *A_log, const tensor_t *Bm, const tensor_t *Cm,
+                           const tensor_t *D, int64_t chunk)
+{
+    kern_req(s, op, "x", x);
+    kern_req(s, op, "dt", dt);
+    kern_req(s, op, "A_log", A_log);
+    kern_req(s, op, "Bm", Bm);
+    kern_req(s, op, "Cm", Cm);
+    kern_req_ndim(op, "x", x, 4);
+    kern_req_ndim(op, "Bm", Bm, 4);
+    dtype_t d = x->dtype;
+    kern_req_dtype(op, "dt", dt, d);
+    kern_req_dtype(op, "A_log", A_log, d);
+    kern_req_dtype(op, "Bm", Bm, d);
+    kern_req_dtype(op, "Cm", Cm, d);
+    int64_t B = x->shape[0], T = x->shape[1], H = x->shape[2], G = Bm->shape[2];
+    kern_req_numel(op, "dt", dt, B * T * H);
+    kern_req_numel(op, "A_log", A_log, H);
+    if (Bm->shape[0] != B || Bm->shape[1] != T || G < 1 || H % G != 0)
+        BT_PANIC("%s: Bm %s is not [%lld,%lld,G,N] with G dividing %lld heads", op,
+                 kern_shape_str(Bm).s, (long long)B, (long long)T, (long long)H);
+    kern_req_same_shape(op, "Cm", Cm, "Bm", Bm);
+    if (D) {
+        kern_req(s, op, "D", D);
+        kern_req_dtype(op, "D", D, d);
+        kern_req_numel(op, "D", D, H);
+    }
+    if (chunk < 1) BT_PANIC("%s: chunk size %lld < 1", op, (long long)chunk);
+}
+
+static int64_t kern_ssd_state_numel(const tensor_t *x, const tensor_t *Bm)
+{
+    return x->shape[0] * x->shape[2] * x->shape[3] * Bm->shape[3];
+}
+
+void kern_ssd_scan_fwd(kern_stream_t *s, tensor_t *y, tensor_t *chunk_states, tensor_t *state,
+                       const tensor_t *x, const tensor_t *dt, const tensor_t *A_log,
+                       const tensor_t *Bm, const tensor_t *Cm, const tensor_t *D, int64_t chunk)
+{
+    const char *op = "kern_ssd_scan_fwd";
+    kern_ssd_check(s, op, x, dt, A_log, Bm, Cm, D, chunk);
+    kern_req(s, op, "y", y);
+    kern_req_dtype(op, "y", y, x->dtype);
+    kern_req_same_shape(op, "y", y, "x", x);
+    int64_t nc = (x->shape[1] + chunk - 1) / chunk;
+    if (chunk_states) {
+        kern_req(s, op, "chunk_states", chunk_states);
+        kern_req_dtype(op, "chunk_states", chunk_states, DT_F32);
+        kern_req_numel(op, "chunk_states", chunk_states, nc * kern_ssd_state_numel(x, Bm));
+    }
+    if (state) {
+        kern_req(s, op, "state", state);
+        kern_req_dtype(op, "state", state, DT_F32);
+        kern_req_numel(op, "state", state, kern_ssd_state_numel(x, Bm));
+    }
+    kern_compute(s, op, KERN_OP_MAMBA, x->dtype)
+        ->ssd_scan_fwd(s, y, chunk_states, state, x, dt, A_log, Bm, Cm, D, chunk);
+}
+
+void kern_ssd_scan_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *ddt, tensor_t *dA_log,
+                       tensor_t *dB, tensor_t *dC, tensor_t *dD, const tensor_t *dy,
+                       const tensor_t *x, const tensor_t *dt, const tensor_t *A_log,
+                       const tensor_t *Bm, const tensor_t *Cm, const tensor_t *D,
+                       const tensor_t *chunk_states, int64_t chunk)
+{
+    const char *op = "kern_ssd_scan_bwd";
+    kern_ssd_check(s, op, x, dt, A_log, Bm, Cm, D, chunk);
+    kern_req(s, op, "dy", dy);
+    kern_req_dtype(op, "dy", dy, x->dtype);
+    kern_req_same_shape(op, "dy", dy, "x", x);
+    kern_req(s, op, "chunk_states", chunk_states);
+    kern_req_dtype(op, "chunk_states", chunk_states, DT_F32);
+    int64_t nc = (x->shape[1] + chunk - 1) / chunk;
+    kern_req_numel(op, "chunk_states", chunk_states, nc * kern_ssd_state_numel(x, Bm));
+    kern_req_opt(s, op, "dx", dx, x->dtype, x);
+    kern_req_opt(s, op, "ddt", ddt, x->dtype, dt);
+    kern_req_opt(s, op, "dB", dB, x->dtype, Bm);
+    kern_req_opt(s, op, "dC", dC, x->dtype, Cm);
+    if (dA_log) {
+        kern_req(s, op, "dA_log", dA_log);
+        kern_req_grad_dtype(op, "dA_log", dA_log, x->dtype);
+        kern_req_numel(op, "dA_log", dA_log, x->shape[2]);
+    }
+    if (dD) {
+        kern_req(s, op, "dD", dD);
+        kern_req_grad_dtype(op, "dD", dD, x->dtype);
+        kern_req_numel(op, "dD", dD, x->shape[2]);
+    }
+    kern_compute(s, op, KERN_OP_MAMBA, x->dtype)
+        ->ssd_scan_bwd(s, dx, ddt, dA_log, dB, dC, dD, dy, x, dt, A_log, Bm, Cm, D, chunk_states,
+                       chunk);
+}
+
+static void kern_gnorm_check(kern_stream_t *s, const char *op, const tensor_t *y,
+                             const tensor_t *z, const tensor_t *w, const tensor_t *rstd,
+                             int64_t groups)
+{
+    kern_req(s, op, "y", y);
+    kern_req(s, op, "z", z);
+    kern_req(s, op, "w", w);
+    kern_req(s, op, "rstd", rstd);
+    kern_req_dtype(op, "z", z, y->dtype);
+    kern_req_dtype(op, "w", w, y->dtype);
+    kern_req_dtype(op, "rstd", rstd, DT_F32);
+    kern_req_same_shape(op, "z", z, "y", y);
+    int64_t C = tensor_cols(y);
+    if (groups < 1 || C % groups != 0)
+        BT_PANIC("%s: %lld groups do not divide %lld columns", op, (long long)groups, (long long)C);
+    kern_req_numel(op, "w", w, C);
+    kern_req_numel(op, "rstd", rstd, tensor_rows(y) * groups);
+}
+
+void kern_gated_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, const tensor_t *y,
+                            const tensor_t *z, const tensor_t *w, int64_t groups, float eps)
+{
+    const char *op = "kern_gated_rmsnorm_fwd";
+    kern_gnorm_check(s, op, y, z, w, rstd, groups);
+    kern_req(s, op, "out", out);
+    kern_req_dtype(op, "out", out, y->dtype);
+    kern_req_same_shape(op, "out", out, "y", y);
+    kern_compute(s, op, KERN_OP_MAMBA, y->dtype)->gated_rmsnorm_fwd(s, out, rstd, y, z, w, groups, eps);
+}
+
+void kern_gated_rmsnorm_bwd(kern_stream_t *s, tensor_t *dy, tensor_t *dz, tensor_t *dw,
+                            const tensor_t *dout, const tensor_t *y, const tensor_t *z,
+                            const tensor_t *w, const tensor_t *rstd, int64_t groups)
+{
+    const char *op = "kern_gated_rmsnorm_bwd";
+    kern_gnorm_check(s, op, y, z, w, rstd, groups);
+    kern_req(s, op, "dout", dout);
+    kern_req_dtype(op, "dout", dout, y->dtype);
+    kern_req_same_shape(op, "dout", dout, "y", y);
+    kern_req_opt(s, op, "dy", dy, y->dtype, y);
+    kern_req_opt(s, op, "dz", dz, y->dtype, z);
+    if (dw) {
+        kern_req(s, op, "dw", dw);
+        kern_req_grad_dtype(op, "dw", dw, y->dtype);
+        kern_req_numel(op, "dw", dw, tensor_cols(y));
+    }
+    kern_compute(s, op, KERN_OP_MAMBA, y->dtype)
+        ->gated_rmsnorm_bwd(s, dy, dz, dw, dout, y, z, w, rstd, groups);
+}

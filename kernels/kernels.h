@@ -241,6 +241,67 @@ void kern_grouped_linear_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *x,
 void kern_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, const tensor_t *dout,
                              const tensor_t *x, const tensor_t *w, const tensor_t *sizes);
 
+/* ---- Mamba2 mixer ---------------------------------------------------------
+ *
+ * The sequence ops of a Mamba2 mixer (model/mamba.c; HF's NemotronHMamba2Mixer
+ * torch path): causal depthwise conv over x, B, C; dt with its bias,
+ * softplus and limits; the chunked SSD scan with the D skip; the gated,
+ * grouped RMSNorm. Tokens are [B,T,...] rows (batch-major); everything is in
+ * the compute dtype except the states (f32). KERN_OP_MAMBA: cpu and fenced
+ * (cuda twins in kernels/cuda/mamba.cu). */
+
+typedef enum { KERN_ACT_NONE = 0, KERN_ACT_SILU } kern_act_t;
+
+/* out[B,T,C] = act(bias[c] + sum_k w[c,k] * x[b, t-K+1+k, c]), w[C,K],
+ * bias[C] or NULL. Inputs before t = 0 are zero or, when state[B,K-1,C] is
+ * non-NULL, the last K-1 inputs of the previous call (read, then replaced
+ * by the last K-1 inputs of this call's history: the decode cache). */
+void kern_conv1d_causal_fwd(kern_stream_t *s, tensor_t *out, tensor_t *state, const tensor_t *x,
+                            const tensor_t *w, const tensor_t *bias, kern_act_t act);
+/* dx[B,T,C], dw[C,K], dbias[C] += (zero history); any may be NULL. */
+void kern_conv1d_causal_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+                            const tensor_t *dout, const tensor_t *x, const tensor_t *w,
+                            const tensor_t *bias, kern_act_t act);
+
+/* dt[N,H] = clamp(softplus(raw[N,H] + bias[H]), lo, hi) (softplus as torch:
+ * the identity above 20). */
+void kern_ssm_dt_fwd(kern_stream_t *s, tensor_t *dt, const tensor_t *raw, const tensor_t *bias,
+                     float lo, float hi);
+/* draw[N,H], dbias[H] += (the clamp passes the gradient where lo <= v <= hi). */
+void kern_ssm_dt_bwd(kern_stream_t *s, tensor_t *draw, tensor_t *dbias, const tensor_t *ddt,
+                     const tensor_t *raw, const tensor_t *bias, float lo, float hi);
+
+/* The SSD scan, per batch row and head h (group g = h / (H/G)), with
+ * A = -exp(A_log[h]) and the state S_t [P,N] (S_{-1} = state or zero):
+ *   S_t = exp(dt[t,h] A) S_{t-1} + dt[t,h] x[t,h,:] B[t,g,:]^T
+ *   y[t,h,:] = S_t C[t,g,:] + D[h] x[t,h,:]
+ * computed by chunks of `chunk` tokens as HF's torch path does (intra-chunk
+ * products under the decay mask, chunk states, the recurrence across
+ * chunks, back to outputs). x, y [B,T,H,P]; dt [B,T,H]; A_log, D [H] (D may
+ * be NULL); Bm, Cm [B,T,G,N]. chunk_states [B,ceil(T/chunk),H,P,N] f32, when
+ * non-NULL, receives each chunk's start state (for the backward); state
+ * [B,H,P,N] f32, when non-NULL, is the start state and receives the end
+ * state (the decode cache). */
+void kern_ssd_scan_fwd(kern_stream_t *s, tensor_t *y, tensor_t *chunk_states, tensor_t *state,
+                       const tensor_t *x, const tensor_t *dt, const tensor_t *A_log,
+                       const tensor_t *Bm, const tensor_t *Cm, const tensor_t *D, int64_t chunk);
+/* Gradients (+=; any may be NULL except that chunk_states is the forward's). */
+void kern_ssd_scan_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *ddt, tensor_t *dA_log,
+                       tensor_t *dB, tensor_t *dC, tensor_t *dD, const tensor_t *dy,
+                       const tensor_t *x, const tensor_t *dt, const tensor_t *A_log,
+                       const tensor_t *Bm, const tensor_t *Cm, const tensor_t *D,
+                       const tensor_t *chunk_states, int64_t chunk);
+
+/* Gated grouped RMSNorm (NemotronHRMSNormGated): h = y * silu(z) over the
+ * columns of y, z [N,C], normalised per group of C/groups columns:
+ * out = w * h * rstd, rstd[N,groups] f32 = 1/sqrt(mean_group(h^2) + eps). */
+void kern_gated_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, const tensor_t *y,
+                            const tensor_t *z, const tensor_t *w, int64_t groups, float eps);
+/* dy, dz [N,C], dw [C] +=; any may be NULL. */
+void kern_gated_rmsnorm_bwd(kern_stream_t *s, tensor_t *dy, tensor_t *dz, tensor_t *dw,
+                            const tensor_t *dout, const tensor_t *y, const tensor_t *z,
+                            const tensor_t *w, const tensor_t *rstd, int64_t groups);
+
 /* ---- loss --------------------------------------------------------------- */
 
 /* Fused softmax cross-entropy. logits[N,V], targets[N] i32 (ignore_index ->

@@ -470,6 +470,92 @@ static void cpu_op_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *
                            w->shape[0]);
 }
 
+/* ---- Mamba2 mixer ---- */
+
+static const float *opt_data(ct_t *t) { return t ? t->data : NULL; }
+static float *opt_out(tensor_t *t) { return t ? t->data : NULL; }
+
+/* x [B,T,C] (or [N,C] as one batch row) */
+static void conv_dims(ct_t *x, int64_t *B, int64_t *T)
+{
+    *B = x->ndim == 3 ? x->shape[0] : 1;
+    *T = x->ndim == 3 ? x->shape[1] : tensor_rows(x);
+}
+
+static void cpu_op_conv1d_causal_fwd(kern_stream_t *s, tensor_t *out, tensor_t *state, ct_t *x,
+                                     ct_t *w, ct_t *bias, kern_act_t act)
+{
+    int64_t B, T;
+    conv_dims(x, &B, &T);
+    cpu_conv1d_causal_fwd(out->data, opt_out(state), x->data, w->data, opt_data(bias), B, T,
+                          tensor_cols(x), w->shape[1], act);
+}
+
+static void cpu_op_conv1d_causal_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+                                     ct_t *dout, ct_t *x, ct_t *w, ct_t *bias, kern_act_t act)
+{
+    int64_t B, T;
+    conv_dims(x, &B, &T);
+    cpu_conv1d_causal_bwd(opt_out(dx), opt_out(dw), opt_out(dbias), dout->data, x->data, w->data,
+                          opt_data(bias), B, T, tensor_cols(x), w->shape[1], act);
+}
+
+static void cpu_op_ssm_dt_fwd(kern_stream_t *s, tensor_t *dt, ct_t *raw, ct_t *bias, float lo,
+                              float hi)
+{
+    cpu_ssm_dt_fwd(dt->data, raw->data, bias->data, tensor_rows(raw), tensor_cols(raw), lo, hi);
+}
+
+static void cpu_op_ssm_dt_bwd(kern_stream_t *s, tensor_t *draw, tensor_t *dbias, ct_t *ddt,
+                              ct_t *raw, ct_t *bias, float lo, float hi)
+{
+    cpu_ssm_dt_bwd(opt_out(draw), opt_out(dbias), ddt->data, raw->data, bias->data,
+                   tensor_rows(raw), tensor_cols(raw), lo, hi);
+}
+
+/* x [B,T,H,P], Bm [B,T,G,N] */
+static cpu_ssd_shape_t ssd_shape(ct_t *x, ct_t *Bm, int64_t chunk)
+{
+    return (cpu_ssd_shape_t){.B = x->shape[0], .T = x->shape[1], .H = x->shape[2],
+                             .P = x->shape[3], .G = Bm->shape[2], .N = Bm->shape[3],
+                             .chunk = chunk};
+}
+
+static void cpu_op_ssd_scan_fwd(kern_stream_t *s, tensor_t *y, tensor_t *chunk_states,
+                                tensor_t *state, ct_t *x, ct_t *dt, ct_t *A_log, ct_t *Bm,
+                                ct_t *Cm, ct_t *D, int64_t chunk)
+{
+    cpu_ssd_shape_t sh = ssd_shape(x, Bm, chunk);
+    cpu_ssd_scan_fwd(y->data, opt_out(chunk_states), opt_out(state), x->data, dt->data,
+                     A_log->data, Bm->data, Cm->data, opt_data(D), &sh);
+}
+
+static void cpu_op_ssd_scan_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *ddt, tensor_t *dA_log,
+                                tensor_t *dB, tensor_t *dC, tensor_t *dD, ct_t *dy, ct_t *x,
+                                ct_t *dt, ct_t *A_log, ct_t *Bm, ct_t *Cm, ct_t *D,
+                                ct_t *chunk_states, int64_t chunk)
+{
+    cpu_ssd_shape_t sh = ssd_shape(x, Bm, chunk);
+    cpu_ssd_scan_bwd(opt_out(dx), opt_out(ddt), opt_out(dA_log), opt_out(dB), opt_out(dC),
+                     opt_out(dD), dy->data, x->data, dt->data, A_log->data, Bm->data, Cm->data,
+                     opt_data(D), chunk_states->data, &sh);
+}
+
+static void cpu_op_gated_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, ct_t *y,
+                                     ct_t *z, ct_t *w, int64_t groups, float eps)
+{
+    cpu_gated_rmsnorm_fwd(out->data, rstd->data, y->data, z->data, w->data, tensor_rows(y),
+                          tensor_cols(y), groups, eps);
+}
+
+static void cpu_op_gated_rmsnorm_bwd(kern_stream_t *s, tensor_t *dy, tensor_t *dz, tensor_t *dw,
+                                     ct_t *dout, ct_t *y, ct_t *z, ct_t *w, ct_t *rstd,
+                                     int64_t groups)
+{
+    cpu_gated_rmsnorm_bwd(opt_out(dy), opt_out(dz), opt_out(dw), dout->data, y->data, z->data,
+                          w->data, rstd->data, tensor_rows(y), tensor_cols(y), groups);
+}
+
 const kern_backend_t kern_cpu_backend = {
     .name = "cpu",
     .kind = DEV_CPU,
@@ -532,4 +618,12 @@ const kern_backend_t kern_cpu_backend = {
     .sigmoid_gate_bwd = cpu_op_sigmoid_gate_bwd,
     .grouped_linear_fwd = cpu_op_grouped_linear_fwd,
     .grouped_linear_bwd = cpu_op_grouped_linear_bwd,
+    .conv1d_causal_fwd = cpu_op_conv1d_causal_fwd,
+    .conv1d_causal_bwd = cpu_op_conv1d_causal_bwd,
+    .ssm_dt_fwd = cpu_op_ssm_dt_fwd,
+    .ssm_dt_bwd = cpu_op_ssm_dt_bwd,
+    .ssd_scan_fwd = cpu_op_ssd_scan_fwd,
+    .ssd_scan_bwd = cpu_op_ssd_scan_bwd,
+    .gated_rmsnorm_fwd = cpu_op_gated_rmsnorm_fwd,
+    .gated_rmsnorm_bwd = cpu_op_gated_rmsnorm_bwd,
 };

@@ -223,6 +223,54 @@ void cpu_sigmoid_gate_bwd(float *dx,          /* [N,C] or NULL, += */
                           const float *x,     /* [N,C] */
                           int64_t N, int64_t C);
 
+/* mamba.c: the Mamba2 mixer's sequence ops (kernels.h, "Mamba2 mixer") */
+typedef struct {
+    int64_t B, T, H, P, G, N, chunk; /* batch, tokens, heads, head dim, groups, state, chunk */
+} cpu_ssd_shape_t;
+void cpu_conv1d_causal_fwd(float *out,        /* [B,T,C] */
+                           float *state,      /* [B,K-1,C] or NULL, read then replaced */
+                           const float *x,    /* [B,T,C] */
+                           const float *w,    /* [C,K] */
+                           const float *bias, /* [C] or NULL */
+                           int64_t B, int64_t T, int64_t C, int64_t K, kern_act_t act);
+void cpu_conv1d_causal_bwd(float *dx,         /* [B,T,C] or NULL, += */
+                           float *dw,         /* [C,K] or NULL, += */
+                           float *dbias,      /* [C] or NULL, += */
+                           const float *dout, /* [B,T,C] */
+                           const float *x,    /* [B,T,C] */
+                           const float *w,    /* [C,K] */
+                           const float *bias, /* [C] or NULL */
+                           int64_t B, int64_t T, int64_t C, int64_t K, kern_act_t act);
+void cpu_ssm_dt_fwd(float *dt /* [N,H] */, const float *raw /* [N,H] */,
+                    const float *bias /* [H] */, int64_t N, int64_t H, float lo, float hi);
+void cpu_ssm_dt_bwd(float *draw /* [N,H] or NULL, += */, float *dbias /* [H] or NULL, += */,
+                    const float *ddt, const float *raw, const float *bias, int64_t N, int64_t H,
+                    float lo, float hi);
+void cpu_ssd_scan_fwd(float *y,            /* [B,T,H,P] */
+                      float *chunk_states, /* [B,nc,H,P,N] or NULL */
+                      float *state,        /* [B,H,P,N] or NULL: start, then end state */
+                      const float *x,      /* [B,T,H,P] */
+                      const float *dt,     /* [B,T,H] */
+                      const float *A_log,  /* [H] */
+                      const float *Bm,     /* [B,T,G,N] */
+                      const float *Cm,     /* [B,T,G,N] */
+                      const float *D,      /* [H] or NULL */
+                      const cpu_ssd_shape_t *sh);
+void cpu_ssd_scan_bwd(float *dx, float *ddt, float *dA_log, float *dB, float *dC,
+                      float *dD, /* shaped as their inputs, or NULL; += */
+                      const float *dy, const float *x, const float *dt, const float *A_log,
+                      const float *Bm, const float *Cm, const float *D,
+                      const float *chunk_states, const cpu_ssd_shape_t *sh);
+void cpu_gated_rmsnorm_fwd(float *out,     /* [N,C] */
+                           float *rstd,    /* [N,G] */
+                           const float *y, /* [N,C] */
+                           const float *z, /* [N,C] */
+                           const float *w, /* [C] */
+                           int64_t N, int64_t C, int64_t G, float eps);
+void cpu_gated_rmsnorm_bwd(float *dy, float *dz, float *dw, /* or NULL; += */
+                           const float *dout, const float *y, const float *z, const float *w,
+                           const float *rstd, int64_t N, int64_t C, int64_t G);
+
 /* adamw.c */
 void cpu_adamw(float *param,      /* [n] */
                const float *grad, /* [n] */

@@ -331,6 +331,50 @@ static void f_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, c
 }
 
 
+static void f_conv1d_causal_fwd(kern_stream_t *s, tensor_t *out, tensor_t *state, ct_t *x, ct_t *w,
+                                ct_t *bias, kern_act_t act)
+{
+    FENCED(cpu->conv1d_causal_fwd(s, out, state, x, w, bias, act));
+}
+static void f_conv1d_causal_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, tensor_t *dbias,
+                                ct_t *dout, ct_t *x, ct_t *w, ct_t *bias, kern_act_t act)
+{
+    FENCED(cpu->conv1d_causal_bwd(s, dx, dw, dbias, dout, x, w, bias, act));
+}
+static void f_ssm_dt_fwd(kern_stream_t *s, tensor_t *dt, ct_t *raw, ct_t *bias, float lo, float hi)
+{
+    FENCED(cpu->ssm_dt_fwd(s, dt, raw, bias, lo, hi));
+}
+static void f_ssm_dt_bwd(kern_stream_t *s, tensor_t *draw, tensor_t *dbias, ct_t *ddt, ct_t *raw,
+                         ct_t *bias, float lo, float hi)
+{
+    FENCED(cpu->ssm_dt_bwd(s, draw, dbias, ddt, raw, bias, lo, hi));
+}
+static void f_ssd_scan_fwd(kern_stream_t *s, tensor_t *y, tensor_t *chunk_states, tensor_t *state,
+                           ct_t *x, ct_t *dt, ct_t *A_log, ct_t *Bm, ct_t *Cm, ct_t *D,
+                           int64_t chunk)
+{
+    FENCED(cpu->ssd_scan_fwd(s, y, chunk_states, state, x, dt, A_log, Bm, Cm, D, chunk));
+}
+static void f_ssd_scan_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *ddt, tensor_t *dA_log,
+                           tensor_t *dB, tensor_t *dC, tensor_t *dD, ct_t *dy, ct_t *x, ct_t *dt,
+                           ct_t *A_log, ct_t *Bm, ct_t *Cm, ct_t *D, ct_t *chunk_states,
+                           int64_t chunk)
+{
+    FENCED(cpu->ssd_scan_bwd(s, dx, ddt, dA_log, dB, dC, dD, dy, x, dt, A_log, Bm, Cm, D,
+                             chunk_states, chunk));
+}
+static void f_gated_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, ct_t *y, ct_t *z,
+                                ct_t *w, int64_t groups, float eps)
+{
+    FENCED(cpu->gated_rmsnorm_fwd(s, out, rstd, y, z, w, groups, eps));
+}
+static void f_gated_rmsnorm_bwd(kern_stream_t *s, tensor_t *dy, tensor_t *dz, tensor_t *dw,
+                                ct_t *dout, ct_t *y, ct_t *z, ct_t *w, ct_t *rstd, int64_t groups)
+{
+    FENCED(cpu->gated_rmsnorm_bwd(s, dy, dz, dw, dout, y, z, w, rstd, groups));
+}
+
 const kern_backend_t kern_fenced_backend = {
     .name = "fenced",
     .kind = DEV_FENCED,
@@ -393,4 +437,12 @@ const kern_backend_t kern_fenced_backend = {
     .sigmoid_gate_bwd = f_sigmoid_gate_bwd,
     .grouped_linear_fwd = f_grouped_linear_fwd,
     .grouped_linear_bwd = f_grouped_linear_bwd,
+    .conv1d_causal_fwd = f_conv1d_causal_fwd,
+    .conv1d_causal_bwd = f_conv1d_causal_bwd,
+    .ssm_dt_fwd = f_ssm_dt_fwd,
+    .ssm_dt_bwd = f_ssm_dt_bwd,
+    .ssd_scan_fwd = f_ssd_scan_fwd,
+    .ssd_scan_bwd = f_ssd_scan_bwd,
+    .gated_rmsnorm_fwd = f_gated_rmsnorm_fwd,
+    .gated_rmsnorm_bwd = f_gated_rmsnorm_bwd,
 };
