@@ -187,7 +187,7 @@ void kern_moe_route_bwd(kern_stream_t *s, tensor_t *dlogits, const tensor_t *dwe
  * kern_moe_route_fwd wrote them, bias [E] f32; ties: the lower index
  * first), weights[N,K] f32 = their probabilities without the bias (divided
  * by their sum when norm), both overwritten. kern_moe_route_bwd then takes
- * these experts like any others. KERN_OP_MOE_RESELECT: cpu and fenced. */
+ * these experts like any others. KERN_OP_MOE_RESELECT: f32 (cpu, fenced, cuda). */
 void kern_moe_route_reselect(kern_stream_t *s, tensor_t *weights, tensor_t *experts,
                              const tensor_t *probs, const tensor_t *bias, bool norm);
 /* Load-balancing statistics, accumulated: counts[E] f32 += the number of

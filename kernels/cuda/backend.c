@@ -885,6 +885,18 @@ static void cuda_op_moe_route_fwd(kern_stream_t *s, tensor_t *weights, tensor_t 
                                     logits->shape[1], experts->shape[1], norm));
 }
 
+static void cuda_op_moe_route_reselect(kern_stream_t *s, tensor_t *weights, tensor_t *experts,
+                                       ct_t *probs, ct_t *bias, bool norm)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_moe_route_reselect";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_moe_route_reselect(cs->st, weights->data, experts->data, probs->data,
+                                         bias->data, probs->shape[0], probs->shape[1],
+                                         experts->shape[1], norm));
+}
+
 static void cuda_op_moe_route_bwd(kern_stream_t *s, tensor_t *dlogits, ct_t *dweights,
                                   ct_t *dprobs, ct_t *probs, ct_t *experts, bool norm)
 {
@@ -1090,6 +1102,7 @@ const kern_backend_t kern_cuda_backend = {
             [KERN_OP_MOE_PERMUTE] = F32 | BF16,
             [KERN_OP_MOE_COMBINE] = F32 | BF16,
             [KERN_OP_GROUPED_LINEAR] = F32 | BF16,
+            [KERN_OP_MOE_RESELECT] = F32,
         },
     .usable = cuda_usable,
     .mem_alloc = cuda_mem_alloc,
@@ -1141,6 +1154,7 @@ const kern_backend_t kern_cuda_backend = {
     .adamw = cuda_op_adamw,
     .moe_route_fwd = cuda_op_moe_route_fwd,
     .moe_route_bwd = cuda_op_moe_route_bwd,
+    .moe_route_reselect = cuda_op_moe_route_reselect,
     .moe_route_stats = cuda_op_moe_route_stats,
     .moe_permute_fwd = cuda_op_moe_permute_fwd,
     .moe_permute_bwd = cuda_op_moe_permute_bwd,

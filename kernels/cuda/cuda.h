@@ -146,6 +146,9 @@ cudaError_t cuda_adamw(cudaStream_t st, void *param, dtype_t param_dt, void *par
 cudaError_t cuda_moe_route_fwd(cudaStream_t st, float *weights, int32_t *experts, float *probs,
                                const void *logits, dtype_t dt, int64_t N, int64_t E, int64_t K,
                                bool norm);
+cudaError_t cuda_moe_route_reselect(cudaStream_t st, float *weights, int32_t *experts,
+                                    const float *probs, const float *bias, int64_t N, int64_t E,
+                                    int64_t K, bool norm);
 cudaError_t cuda_moe_route_bwd(cudaStream_t st, void *dlogits, dtype_t dt, const float *dweights,
                                const float *dprobs, const float *probs, const int32_t *experts,
                                int64_t N, int64_t E, int64_t K, bool norm);

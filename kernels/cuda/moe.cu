@@ -46,6 +46,39 @@ __global__ void k_route_fwd(float *weights, int32_t *experts, float *probs, cons
     }
 }
 
+/* The top-K of probs + bias (auxiliary-loss-free balancing), the weights
+ * the unbiased probabilities: the CPU twin's selection (strict >, so the
+ * lower index wins a tie; the score rounded to f32 as there). */
+__global__ void k_route_reselect(float *weights, int32_t *experts, const float *probs,
+                                 const float *bias, int64_t N, int64_t E, int64_t K, bool norm)
+{
+    GS_LOOP(n, N)
+    {
+        const float *p = probs + n * E;
+        int32_t *ex = experts + n * K;
+        float *w = weights + n * K;
+        double top = 0;
+        for (int64_t k = 0; k < K; k++) {
+            int64_t best = -1;
+            float bs = 0;
+            for (int64_t e = 0; e < E; e++) {
+                bool taken = false;
+                for (int64_t j = 0; j < k && !taken; j++) taken = ex[j] == e;
+                float sc = __fadd_rn(p[e], bias[e]);
+                if (!taken && (best < 0 || sc > bs)) {
+                    best = e;
+                    bs = sc;
+                }
+            }
+            ex[k] = (int32_t)best;
+            w[k] = p[best];
+            top += (double)p[best];
+        }
+        if (norm)
+            for (int64_t k = 0; k < K; k++) w[k] = (float)((double)w[k] / top);
+    }
+}
+
 /* dlogit_e = p_e (dp_e - sum_e' p_e' dp_e'), dp_e = dprobs[e] + g_k when
  * e = e_k, g_k = (dw_k - sum_j dw_j w_j) / S (norm) or dw_k. Expert ids
  * outside [0, E) contribute nothing. */
@@ -107,6 +140,17 @@ extern "C" cudaError_t cuda_moe_route_fwd(cudaStream_t st, float *weights, int32
         CU_DISPATCH_FT(dt, T,
                        k_route_fwd<T><<<cu_blocks(N, 128), 128, 0, st>>>(
                            weights, experts, probs, (const T *)logits, N, E, K, norm));
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuda_moe_route_reselect(cudaStream_t st, float *weights,
+                                               int32_t *experts, const float *probs,
+                                               const float *bias, int64_t N, int64_t E,
+                                               int64_t K, bool norm)
+{
+    if (N > 0)
+        k_route_reselect<<<cu_blocks(N, 128), 128, 0, st>>>(weights, experts, probs, bias, N, E,
+                                                            K, norm);
     return cudaGetLastError();
 }
 

@@ -964,6 +964,42 @@ static void test_moe(dtype_t dt)
         dget(got, &Cn);
         dget(got + E, &Ps);
         row("moe_route_stats", dtn(dt), sh, relerr(got, rst, 2 * E), relerr(hst, rst, 2 * E), 1e-6, 0);
+        /* reselect under a selection bias large enough to change choices, on the
+         * host's probabilities (so a near-tie is the same tie on both): the
+         * CPU twin's choice, and the unbiased probabilities (renormalised and
+         * not) against float64 */
+        if (dt == DT_F32) {
+            float *bias = rnd(&r, E, -0.2f, 0.2f, DT_F32), *hw2 = kt_alloc(N * K);
+            int32_t *hx2 = calloc((size_t)M, sizeof *hx2);
+            double *rw2 = kt_alloc_d(N * K);
+            tensor_t P2 = dnew(DT_F32, 2, N, E, 0, 0), B2 = dnew(DT_F32, 1, E, 0, 0, 0);
+            tensor_t W2 = dnew(DT_F32, 2, N, K, 0, 0), X2 = dnew_i32(N, K);
+            tensor_t hB2 = hview(bias, 1, E, 0, 0, 0), hW2 = hview(hw2, 2, N, K, 0, 0);
+            tensor_t hX2 = tensor_make(hx2, DT_I32, DEVICE_CPU, 2, (int64_t[]){N, K});
+            dput(&P2, hp), dput(&B2, bias);
+            for (int norm = 0; norm <= 1; norm++) {
+                dpoison(&W2), dpoison(&X2);
+                kern_moe_route_reselect(HS, &hW2, &hX2, &hP, &hB2, norm);
+                kern_moe_route_reselect(GS, &W2, &X2, &P2, &B2, norm);
+                int64_t moved = 0;
+                for (int64_t n = 0; n < N; n++) {
+                    double top = 0;
+                    for (int64_t k = 0; k < K; k++) top += hp[n * E + hx2[n * K + k]];
+                    for (int64_t k = 0; k < K; k++)
+                        rw2[n * K + k] = hp[n * E + hx2[n * K + k]] / (norm ? top : 1.0);
+                    for (int64_t k = 0; k < K; k++) moved += hx2[n * K + k] != hx[n * K + k];
+                }
+                dget(got, &W2);
+                double e2 = maxd(relerr(got, rw2, N * K), i32_diff(&X2, hx2));
+                if (N > 1 && moved == 0) e2 = INFINITY; /* the bias must change something */
+                TIMED(ms, kern_moe_route_reselect(GS, &W2, &X2, &P2, &B2, norm));
+                char sh2[160];
+                snprintf(sh2, sizeof sh2, "%s norm=%d moved=%lld", sh, norm, (long long)moved);
+                row("moe_route_reselect", dtn(dt), sh2, e2, relerr(hw2, rw2, N * K), 1e-6, ms);
+            }
+            dfree(&P2), dfree(&B2), dfree(&W2), dfree(&X2);
+            free(bias), free(hw2), free(hx2), free(rw2);
+        }
         /* dispatch, on the CPU twin's choices */
         dput(&X, hx);
         float *x = rnd(&r, N * C, -1, 1, dt), *hxp = kt_alloc(M * C);
