@@ -92,7 +92,10 @@ static bt_status_t plan_build(const job_t *job, const model_config_t *cfg, run_m
             int v = graph_chunk_vstage(&g, c.pp, k);
             model_stage_t st = graph_vstage_stage(&g, v, (int)cfg->num_layers);
             model_mem_t mm, full;
-            model_mem_estimate(cfg, &st, c.tp, g.tp, B, T, &mm);
+            /* the rank's E / ep experts (EP folds over tp x dp: graph.h) */
+            model_parallel_t mp = {.tp_rank = c.tp, .tp_size = g.tp,
+                                   .ep_rank = g.moe ? c.ep : 0, .ep_size = g.moe ? g.ep : 1};
+            model_mem_estimate_par(cfg, &st, &mp, B, T, &mm);
             model_mem_estimate(cfg, &st, 0, 1, 0, 0, &full);
             a.p.params += mm.params;
             a.p.acts += (double)g.microbatches * mm.acts;
@@ -104,6 +107,8 @@ static bt_status_t plan_build(const job_t *job, const model_config_t *cfg, run_m
         if (exports && c.dp == 0) /* train/stage_actor.c: the export's host copies */
             a.p.copies = c.tp == 0 ? stage_whole : largest;
         a.p.grads = a.p.params;
+        /* ZeRO-1 (refused where the experts reduce over a group of their own,
+         * launch/job.c) shards every moment over dp */
         double shard = g.zero1 ? (double)g.dp : 1.0;
         a.p.optim = 2 * a.p.params / shard;
         a.vocab_steady = vocab_params * (2 + 2 / shard);

@@ -300,7 +300,7 @@ bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stag
         if (cfg->moe.bias_rate > 0 && !kern_supports(place->dev, KERN_OP_MOE_RESELECT, DT_F32)) {
             char d[DEVICE_STR_MAX];
             log_error("model: router_bias_update_rate=%g needs the moe_route_reselect kernel, "
-                      "which the %s backend does not have (cpu and fenced do)",
+                      "which the %s backend does not have (cpu, fenced and cuda do)",
                       cfg->moe.bias_rate, device_str(place->dev, d));
             st = BT_ERR_UNSUPPORTED;
             goto fail;
@@ -411,7 +411,15 @@ void model_destroy(model_t *m)
 void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, int tp_rank,
                         int tp_size, int64_t B, int64_t T, model_mem_t *out)
 {
+    model_parallel_t par = {.tp_rank = tp_rank, .tp_size = tp_size};
+    model_mem_estimate_par(cfg, stage, &par, B, T, out);
+}
+
+void model_mem_estimate_par(const model_config_t *cfg, const model_stage_t *stage,
+                            const model_parallel_t *par, int64_t B, int64_t T, model_mem_t *out)
+{
     memset(out, 0, sizeof *out);
+    int tp_rank = par->tp_rank, tp_size = par->tp_size;
     model_stage_t full = model_stage_full(cfg);
     /* a shell of the instance model_create_tp would build: its layout and
      * sublayers, no memory */
@@ -419,7 +427,9 @@ void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, i
     memset(&m, 0, sizeof m);
     m.cfg = *cfg;
     m.stage = stage ? *stage : full;
-    m.par = (model_parallel_t){.tp_rank = tp_rank, .tp_size = tp_size > 0 ? tp_size : 1};
+    m.par = (model_parallel_t){.tp_rank = tp_rank, .tp_size = tp_size > 0 ? tp_size : 1,
+                               .ep_rank = par->ep_size > 1 ? par->ep_rank : 0,
+                               .ep_size = par->ep_size > 1 ? par->ep_size : 1};
     m.place = model_place_host();
     model_vocab_split(cfg->vocab_size, m.par.tp_size, tp_rank, &m.vocab_start, &m.vocab);
     int ns = 0, n = layout_build(cfg, &m.stage, &m.par, NULL, NULL, &ns, NULL, NULL, NULL);
@@ -439,6 +449,7 @@ void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, i
             whole *= (double)m.params[i].spec.global[d];
         }
         if (i == m.embed || i == m.lm_head) out->vocab_params += 4 * local;
+        if (MODEL_PARAM_IS_EXPERT(&m.params[i].spec)) out->expert_params += 4 * local;
         if (4 * whole > out->largest) out->largest = 4 * whole;
     }
     if (B > 0 && T > 0) {

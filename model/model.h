@@ -339,6 +339,8 @@ typedef struct {
     double params;       /* model_create_tp's parameter block; model_grads_alloc's
                             gradient block is the same size */
     double vocab_params; /* of params: the vocabulary-sized tensors (embedding, lm_head) */
+    double expert_params; /* of params: the routed experts' stacked tensors (E / ep_size
+                             experts of each sparse layer under expert parallelism) */
     double acts;         /* one model_acts_create(B, T) arena (0 when B or T is 0) */
     double acts_fwd;     /* one model_acts_create_fwd(B, T) arena (0 likewise) */
     double acts_decode;  /* one model_acts_create_decode(T) arena (0 likewise) */
@@ -353,6 +355,11 @@ typedef struct {
  * model_create_tp and model_acts_create allocate). */
 void model_mem_estimate(const model_config_t *cfg, const model_stage_t *stage, int tp_rank,
                         int tp_size, int64_t B, int64_t T, model_mem_t *out);
+/* The same for the place par gives (its tp_rank, tp_size, ep_rank and
+ * ep_size; the communicators unused): under expert parallelism the rank's
+ * experts only, and the arena sized for the rows its experts may receive. */
+void model_mem_estimate_par(const model_config_t *cfg, const model_stage_t *stage,
+                            const model_parallel_t *par, int64_t B, int64_t T, model_mem_t *out);
 
 
 /* ---- running ------------------------------------------------------------- */

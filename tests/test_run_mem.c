@@ -92,6 +92,45 @@ static void test_run_mem_layout(void)
     CHECK(s0.vocab_params == 501 * 64 * 4 && s1.vocab_params == 500 * 64 * 4);
 }
 
+/* Expert parallelism: each rank holds E / ep of every sparse layer's
+ * experts, with their gradients and moments, and an arena sized for the
+ * rows its experts may receive. The fixture Mixtral (hidden 32, 4 heads of 8, 2 kv heads, experts
+ * 4 x 48, 2 layers, vocab 256, untied) counted by hand, in floats (every
+ * view a multiple of 64 bytes, so no alignment padding):
+ *   embedding + head + final norm   2 x 256 x 32 + 32           = 16416
+ *   a layer's dense part            2 norms 64, q 1024, k 512, v 512, o 1024, router 128 = 3264
+ *   one expert                      gate 48 x 32, up 48 x 32, down 32 x 48 = 4608 */
+static void test_run_mem_experts(void)
+{
+    static job_t job;
+    model_config_t cfg;
+    const double dense = 4.0 * (16416 + 2 * 3264), expert = 4.0 * 4608;
+    model_mem_t mm;
+    for (int ep = 1; ep <= 4; ep *= 2) {
+        char yaml[256];
+        snprintf(yaml, sizeof yaml,
+                 "data: {dir: x, seq_len: 16}\ntrain: {micro_batch: 2, grad_accum: 4}\n"
+                 "model: {hf: tests/fixtures/mixtral}\nparallel: {dp: 4, ep: %d}\n",
+                 ep);
+        job_of(yaml, &job, &cfg);
+        run_mem_proc_t procs[5];
+        run_mem_plan_t p;
+        REQUIRE(run_mem_plan_procs(&job, &cfg, &p, procs, 5, err, sizeof err) == BT_OK);
+        double experts = 2 * (4 / ep) * expert;
+        for (int r = 0; r < 4; r++) {
+            CHECK_MSG(procs[r].params == dense + experts, "ep=%d rank %d: %.0f bytes, by hand %.0f",
+                      ep, r, procs[r].params, dense + experts);
+            CHECK(procs[r].grads == procs[r].params);
+            CHECK(procs[r].optim == 2 * procs[r].params);
+        }
+        /* the instance the estimate describes: what model_mem_estimate_par says for EP rank 1 */
+        model_parallel_t par = {.tp_size = 1, .ep_rank = ep > 1, .ep_size = ep};
+        model_mem_estimate_par(&cfg, NULL, &par, 2, 16, &mm);
+        CHECK(mm.params == dense + experts && mm.expert_params == experts);
+        CHECK(procs[1].acts == 4 * mm.acts); /* grad_accum 4: four microbatches in flight */
+    }
+}
+
 static void test_run_mem_limit(void)
 {
     static job_t job;
@@ -137,5 +176,6 @@ static void test_run_mem_limit(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_run_mem_single_process, test_run_mem_layout, test_run_mem_limit);
+    TEST_RUN(argc, argv, test_run_mem_single_process, test_run_mem_layout, test_run_mem_experts,
+             test_run_mem_limit);
 }
