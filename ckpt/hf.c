@@ -13,6 +13,7 @@
 #include "base/save.h"
 #include "base/file.h"
 #include "ckpt/safetensors.h"
+#include "model/arch.h"
 
 /* ---- config.json ----------------------------------------------------------- */
 
@@ -656,6 +657,38 @@ static bt_status_t hf_check_tied_head(const hf_weights_t *w, const ckpt_st_file_
     return BT_ERR_INVALID;
 }
 
+/* Auxiliary-loss-free balancing's selection biases (model.h
+ * model_moe_bias_views) travel in HF files under the name transformers
+ * gives the same bias in DeepSeek-V3's router: beside the router's weight,
+ * "<router>.e_score_correction_bias", [E] f32. */
+#define HF_BIAS_SUFFIX ".e_score_correction_bias"
+
+/* hf's name for a checkpoint's "<router>.selection_bias" into out[cap]. */
+static void hf_bias_name(const char *native, char *out, size_t cap)
+{
+    size_t n = strlen(native), k = strlen(".selection_bias");
+    if (n < k || strcmp(native + n - k, ".selection_bias"))
+        BT_PANIC("hf_bias_name: %s is no selection bias", native);
+    snprintf(out, cap, "%.*s%s", (int)(n - k), native, HF_BIAS_SUFFIX);
+}
+
+/* Whether name is a selection bias beside one of the n routers of all[]
+ * (only when the config balances by bias). */
+static bool hf_bias_router(const model_t *m, const char *name, const model_param_t *all, int n)
+{
+    const char *router = model_arch_info(m->cfg.arch)->moe_router;
+    size_t len = strlen(name), k = strlen(HF_BIAS_SUFFIX);
+    if (m->cfg.moe.bias_rate <= 0 || !router || len <= k || strcmp(name + len - k, HF_BIAS_SUFFIX))
+        return false;
+    char w[MODEL_NAME_MAX + 32];
+    snprintf(w, sizeof w, "%.*s.weight", (int)(len - k), name);
+    size_t r = strlen(router), stem = len - k;
+    if (stem <= r || name[stem - r - 1] != '.' || strncmp(name + stem - r, router, r)) return false;
+    for (int j = 0; j < n; j++)
+        if (!strcmp(all[j].name, w)) return true;
+    return false;
+}
+
 /* Rejects file tensors that no parameter of the whole model has. */
 static bt_status_t hf_check_extra(const model_t *m, const hf_weights_t *w)
 {
@@ -672,7 +705,7 @@ static bt_status_t hf_check_extra(const model_t *m, const hf_weights_t *w)
                     break;
                 continue;
             }
-            bool known = hf_name_ignorable(name);
+            bool known = hf_name_ignorable(name) || hf_bias_router(m, name, all, n);
             for (int j = 0; j < n && !known; j++) {
                 int64_t e;
                 known = !strcmp(all[j].name, name) ||
@@ -771,6 +804,34 @@ static bt_status_t hf_param_read(model_t *m, int i, const hf_weights_t *w, const
     return model_param_write(m, i, *host);
 }
 
+/* The stage's selection biases from their HF tensors where the file has
+ * them (an HF model that never trained with them starts at zero). */
+static bt_status_t hf_bias_read(model_t *m, const hf_weights_t *w, const char *dir)
+{
+    int nb = model_moe_bias_views(m, NULL, NULL);
+    if (nb == 0) return BT_OK;
+    tensor_t *views = calloc((size_t)nb, sizeof *views);
+    char (*names)[MODEL_NAME_MAX] = calloc((size_t)nb, sizeof *names);
+    float *h = malloc((size_t)m->cfg.moe.n_experts * sizeof *h);
+    bt_status_t st = views && names && h ? BT_OK : BT_ERR_NOMEM;
+    if (st == BT_OK) model_moe_bias_views(m, views, names);
+    for (int k = 0; k < nb && st == BT_OK; k++) {
+        char hn[MODEL_NAME_MAX + 32];
+        hf_bias_name(names[k], hn, sizeof hn);
+        const ckpt_st_file_t *f = NULL;
+        if (!hf_weights_find(w, hn, &f)) continue;
+        const ckpt_st_tensor_t *t = hf_tensor_get(w, dir, hn, 1, views[k].shape, &f, &st);
+        if (!t) break;
+        if ((st = ckpt_st_read_f32_range(f, t, 0, t->numel, h)) != BT_OK) break;
+        kern_upload(m->stream, &views[k], h);
+        st = kern_stream_sync(m->stream);
+    }
+    free(h);
+    free(names);
+    free(views);
+    return st;
+}
+
 bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
 {
     hf_weights_t w;
@@ -779,6 +840,7 @@ bt_status_t ckpt_hf_weights_load(model_t *m, const char *dir)
     float *host = NULL;
     if ((st = hf_check_extra(m, &w)) != BT_OK) goto close_weights;
     for (int i = 0; i < m->n_params && st == BT_OK; i++) st = hf_param_read(m, i, &w, dir, &host);
+    if (st == BT_OK) st = hf_bias_read(m, &w, dir);
 close_weights:
     free(host);
     hf_weights_close(&w);
@@ -933,13 +995,15 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
                   "tp_size-1 model with model_tp_gather first)", m->par.tp_rank, m->par.tp_size);
         return BT_ERR_INVALID;
     }
-    /* one entry per HF tensor: a stacked parameter (model.h) is one per index */
-    int n_entries = 0;
+    /* one entry per HF tensor: a stacked parameter (model.h) is one per
+     * index; then the selection biases (HF_BIAS_SUFFIX) */
+    int n_entries = 0, nb = model_moe_bias_views(m, NULL, NULL);
     for (int i = 0; i < m->n_params; i++)
         n_entries += model_name_is_stacked(m->params[i].name) ? (int)m->params[i].spec.global[0] : 1;
+    n_entries += nb;
     ckpt_st_entry_t *e = calloc((size_t)n_entries + 1, sizeof *e);
-    char (*names)[MODEL_NAME_MAX + 24] = calloc((size_t)n_entries + 1, sizeof *names);
-    float **host = calloc((size_t)m->n_params + 1, sizeof *host);
+    char (*names)[MODEL_NAME_MAX + 32] = calloc((size_t)n_entries + 1, sizeof *names);
+    float **host = calloc((size_t)m->n_params + (size_t)nb + 1, sizeof *host);
     if (!e || !names || !host) {
         free(e);
         free(names);
@@ -975,6 +1039,26 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
                                  t.ndim - 1, t.shape + 1);
         }
     }
+    if (st == BT_OK && nb > 0) { /* read through the stream: they live on the device */
+        tensor_t *bv = calloc((size_t)nb, sizeof *bv);
+        char (*bn)[MODEL_NAME_MAX] = calloc((size_t)nb, sizeof *bn);
+        if (!bv || !bn) st = BT_ERR_NOMEM;
+        else model_moe_bias_views(m, bv, bn);
+        for (int k = 0; k < nb && st == BT_OK; k++, n++) {
+            float *hb = host[m->n_params + k] = malloc((size_t)tensor_numel(&bv[k]) * sizeof *hb);
+            if (!hb) {
+                st = BT_ERR_NOMEM;
+                break;
+            }
+            kern_download(m->stream, hb, &bv[k]);
+            hf_bias_name(bn[k], names[n], sizeof names[n]);
+            e[n].name = names[n];
+            e[n].t = tensor_make(hb, DT_F32, DEVICE_CPU, 1, bv[k].shape);
+        }
+        if (st == BT_OK) st = kern_stream_sync(m->stream);
+        free(bn);
+        free(bv);
+    }
     if (st != BT_OK) goto free_host;
     json_t *j = hf_config_json(&m->cfg);
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -1006,7 +1090,7 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
 free_all:
     free(config);
 free_host:
-    for (int i = 0; i < m->n_params; i++) free(host[i]);
+    for (int i = 0; i < m->n_params + nb; i++) free(host[i]);
     free(host);
     free(names);
     free(e);

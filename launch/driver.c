@@ -87,7 +87,7 @@ typedef struct {
     clock_every_t   eval_every; /* progress lines of a long evaluation pass */
     uint64_t       *dev_mem;    /* [world] each rank's peak device bytes (0: none), from METRICS */
     model_t        *full;       /* export target */
-    bool           *received;   /* [full->n_params] */
+    bool           *received;   /* [full->n_params + its selection biases] */
     actor_worker_t *saver;      /* writes the exports, off the driver's loop */
     int64_t         saved_step; /* step of the last export written (0: none) */
     /* native checkpoints (train/ckpt_writer.h): one save in flight at a time */
@@ -363,7 +363,8 @@ static void export_start(driver_t *d)
 {
     d->phase = DRV_EXPORTING;
     d->n_exported = 0;
-    memset(d->received, 0, (size_t)d->full->n_params * sizeof *d->received);
+    memset(d->received, 0, (size_t)(d->full->n_params + model_moe_bias_views(d->full, NULL, NULL)) *
+                               sizeof *d->received);
     send_all(d, MSG_HEARTBEAT, STAGE_CMD_EXPORT, d->step, BT_OK, NULL);
 }
 
@@ -503,6 +504,11 @@ static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
                 fail(d, BT_ERR_INVALID, -1, "export: no rank sent parameter %s", d->full->params[i].name);
                 return ACTOR_DONE;
             }
+        for (int k = 0; k < model_moe_bias_views(d->full, NULL, NULL); k++)
+            if (!d->received[d->full->n_params + k]) {
+                fail(d, BT_ERR_INVALID, -1, "export: no rank sent sparse layer %d's selection bias", k);
+                return ACTOR_DONE;
+            }
         save_start(d);
     }
     return ACTOR_DONE;
@@ -634,6 +640,33 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
     return ACTOR_DONE;
 }
 
+/* A selection bias of the export (model_moe_bias_views' names): into
+ * the whole model's, through its stream. */
+static actor_ret_t drv_bias_shard(driver_t *d, int r, const char *name, const tensor_t *t)
+{
+    int nb = model_moe_bias_views(d->full, NULL, NULL);
+    tensor_t *bv = calloc((size_t)nb + 1, sizeof *bv);
+    char (*bn)[MODEL_NAME_MAX] = calloc((size_t)nb + 1, sizeof *bn);
+    int k = -1;
+    if (bv && bn) {
+        model_moe_bias_views(d->full, bv, bn);
+        for (int j = 0; j < nb && k < 0; j++)
+            if (!strcmp(bn[j], name)) k = j;
+    }
+    if (k < 0 || !tensor_same_shape(t, &bv[k]) || t->dtype != DT_F32) {
+        fail(d, bv && bn ? BT_ERR_PEER_PROTO : BT_ERR_NOMEM, r,
+             "export: parameter '%s' is unknown or has the wrong shape", name);
+    } else {
+        kern_upload(d->full->stream, &bv[k], t->data);
+        bt_status_t st = kern_stream_sync(d->full->stream);
+        if (st) fail(d, st, r, "export: cannot store '%s'", name);
+        else d->received[d->full->n_params + k] = true;
+    }
+    free(bn);
+    free(bv);
+    return ACTOR_DONE;
+}
+
 static actor_ret_t drv_on_shard(actor_t *self, actor_msg_t *m)
 {
     driver_t *d = (driver_t *)self;
@@ -642,6 +675,7 @@ static actor_ret_t drv_on_shard(actor_t *self, actor_msg_t *m)
     const msg_ckpt_shard_t *b = &m->body.ckpt_shard;
     int i = model_param_find(d->full, b->name);
     tensor_t *t = actor_msg_tensor(m, "data");
+    if (i < 0 && t && b->ckpt_step == d->step) return drv_bias_shard(d, r, b->name, t);
     if (i < 0 || !t || !tensor_same_shape(t, &d->full->params[i].t) || t->dtype != DT_F32) {
         fail(d, BT_ERR_PEER_PROTO, r, "export: parameter '%s' is unknown or has the wrong shape",
              b->name);
@@ -1349,7 +1383,8 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     if (job->export.dir[0]) {
         model_config_t mc;
         if (run_model_config(job, &mc) || model_create(&mc, NULL, &d.full)) goto close_metrics;
-        d.received = calloc((size_t)d.full->n_params + 1, sizeof *d.received);
+        d.received = calloc((size_t)(d.full->n_params + model_moe_bias_views(d.full, NULL, NULL)) + 1,
+                            sizeof *d.received);
         if (!d.received || actor_router_worker_new(rt, "saver", &d.saver)) goto close_metrics;
     }
     d.last_seen = calloc((size_t)g.world, sizeof *d.last_seen);

@@ -6,7 +6,8 @@
  *   single-process training  parameters + gradients + AdamW moments (2x
  *                            parameters) + one activation arena of
  *                            micro_batch x seq_len;
- *   a worker rank            its chunks' parameters and gradients, the AdamW
+ *   a worker rank            its chunks' parameters (under expert parallelism
+ *                            E/ep experts of each sparse layer) and gradients, the AdamW
  *                            moments of them (divided by dp under ZeRO-1),
  *                            `microbatches` activation arenas per chunk (the
  *                            stage actor keeps one per microbatch), the

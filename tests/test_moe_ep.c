@@ -24,6 +24,7 @@
 
 #include "base/log.h"
 #include "ckpt/hf.h"
+#include "ckpt/safetensors.h"
 #include "coll/coll.h"
 #include "model/model.h"
 #include "tests/helpers/group.h"
@@ -238,6 +239,67 @@ static void test_moe_bias_balance(void)
     model_destroy(m);
 }
 
+/* An HF export carries the selection biases as DeepSeek-V3's router names
+ * them ("<router>.e_score_correction_bias", [E] f32) and a reload routes
+ * with them: the same biases bit for bit, and the same loss and load as
+ * the model that wrote them (a bias that moves every token's choice, so
+ * a reload without it would route otherwise). */
+static void test_moe_bias_export(void)
+{
+    model_t *m = NULL, *back = NULL;
+    REQUIRE(ckpt_hf_load(FIX "qwen2_moe", NULL, &m) == BT_OK);
+    m->cfg.moe.bias_rate = 0.25;
+    int64_t E = m->cfg.moe.n_experts;
+    tensor_t v[2];
+    REQUIRE(model_moe_bias_views(m, v, NULL) == 2);
+    for (int k = 0; k < 2; k++)
+        for (int64_t e = 0; e < E; e++) ((float *)v[k].data)[e] = (float)(e * (k ? -0.375 : 0.125));
+    ((float *)v[0].data)[3] = 10.0f;
+    char out[] = "/tmp/baton-moe-bias-XXXXXX", tgt[64], path[96];
+    REQUIRE(mkdtemp(out));
+    snprintf(tgt, sizeof tgt, "%s/model", out);
+    REQUIRE(ckpt_hf_save(m, tgt) == BT_OK);
+    snprintf(path, sizeof path, "%s/model.safetensors", tgt);
+    ckpt_st_file_t *f = NULL;
+    REQUIRE(ckpt_st_open(path, &f) == BT_OK);
+    const char *names[2] = {"model.layers.0.mlp.gate.e_score_correction_bias",
+                            "model.layers.2.mlp.gate.e_score_correction_bias"};
+    for (int k = 0; k < 2; k++) {
+        const ckpt_st_tensor_t *t = ckpt_st_find(f, names[k]);
+        CHECK_MSG(t && t->ndim == 1 && t->shape[0] == E && !memcmp(t->data, v[k].data, (size_t)E * 4),
+                  "%s not exported as the model holds it", names[k]);
+    }
+    ckpt_st_close(f);
+    REQUIRE(ckpt_hf_load(tgt, NULL, &back) == BT_OK);
+    CHECK(back->cfg.moe.bias_rate == 0.25);
+    tensor_t w[2];
+    REQUIRE(model_moe_bias_views(back, w, NULL) == 2);
+    for (int k = 0; k < 2; k++) CHECK(!memcmp(w[k].data, v[k].data, (size_t)E * 4));
+    int32_t ids[8] = {1, 5, 9, 30, 77, 100, 3, 4}, tg[8];
+    model_targets_from_ids(tg, ids, NULL, 1, 8);
+    model_batch_t mb = {.B = 1, .T = 8, .ids = ids, .targets = tg};
+    double loss[2], load[2][2 * 9];
+    model_t *two[2] = {m, back};
+    for (int i = 0; i < 2; i++) {
+        model_acts_t *a;
+        model_loss_t l;
+        REQUIRE(model_grads_alloc(two[i]) == BT_OK && model_acts_create(two[i], 1, 8, &a) == BT_OK);
+        model_moe_load_take(two[i], NULL);
+        CHECK(model_forward_backward(two[i], a, &mb, 1.0f / 7, &l) == BT_OK);
+        CHECK(model_moe_load_take(two[i], load[i]) == 2);
+        loss[i] = l.loss_sum;
+        model_acts_destroy(a);
+    }
+    CHECK_MSG(loss[0] == loss[1] && !memcmp(load[0], load[1], sizeof load[0]) && load[1][1 + 3] == 8,
+              "reloaded: loss %.9g (wrote %.9g), expert 3 of layer 0 %g of 8 tokens", loss[1],
+              loss[0], load[1][4]);
+    model_destroy(back);
+    model_destroy(m);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
+    CHECK(system(cmd) == 0);
+}
+
 /* Wrong placements are errors naming what is wrong, before anything runs. */
 static void test_moe_ep_errors(void)
 {
@@ -257,5 +319,5 @@ int main(int argc, char **argv)
     TEST_RUN(argc, argv, test_moe_ep2_qwen, test_moe_ep4_qwen, test_moe_ep2_mixtral_aux,
              test_moe_ep4_mixtral_aux, test_moe_tp2_ep2_qwen, test_moe_tp2_ep2_mixtral,
              test_moe_tp2_replicated_qwen, test_moe_ep2_zero_tokens, test_moe_tp2_ep2_zero_tokens,
-             test_moe_bias_balance, test_moe_ep_errors);
+             test_moe_bias_balance, test_moe_bias_export, test_moe_ep_errors);
 }

@@ -466,11 +466,16 @@ static bt_status_t job_end_run(void *arg)
     return st;
 }
 
+/* The export's tensors of chunk m: its parameters, then its selection
+ * biases (model_moe_bias_views; the same on every rank, sent by the
+ * exporter from its own). */
+static int export_n(const model_t *m) { return m->n_params + model_moe_bias_views(m, NULL, NULL); }
+
 static void export_bufs_free(stage_actor_t *s)
 {
     for (int c = 0; c < STAGE_MAX_CHUNKS; c++) {
         if (!s->export_buf[c]) continue;
-        for (int i = 0; i < s->cfg.chunks[c]->n_params; i++) free(s->export_buf[c][i]);
+        for (int i = 0; i < export_n(s->cfg.chunks[c]); i++) free(s->export_buf[c][i]);
         free(s->export_buf[c]);
         s->export_buf[c] = NULL;
     }
@@ -513,10 +518,21 @@ static bt_status_t job_gather_run(void *arg)
     bt_status_t st = BT_OK;
     for (int k = 0; k < s->cfg.pipe.vpp && st == BT_OK; k++) {
         model_t *m = s->cfg.chunks[k];
-        if (keep && !(s->export_buf[k] = calloc((size_t)m->n_params + 1, sizeof(float *)))) {
+        if (keep && !(s->export_buf[k] = calloc((size_t)export_n(m) + 1, sizeof(float *)))) {
             st = BT_ERR_NOMEM;
             break;
         }
+        int nb = keep ? model_moe_bias_views(m, NULL, NULL) : 0;
+        tensor_t *bv = nb ? calloc((size_t)nb, sizeof *bv) : NULL;
+        if (nb && !bv) st = BT_ERR_NOMEM;
+        else if (nb) model_moe_bias_views(m, bv, NULL);
+        for (int b = 0; b < nb && st == BT_OK; b++) {
+            float *buf = s->export_buf[k][m->n_params + b] = malloc((size_t)tensor_numel(&bv[b]) * sizeof *buf);
+            if (!buf) st = BT_ERR_NOMEM;
+            else kern_download(m->stream, buf, &bv[b]);
+        }
+        if (nb && st == BT_OK) st = kern_stream_sync(m->stream);
+        free(bv);
         for (int i = 0; i < m->n_params && st == BT_OK; i++) {
             if (!gather_joins(s, m, i)) continue;
             int64_t n = shard_global_numel(&m->params[i].spec);
@@ -932,9 +948,22 @@ static void export_params(stage_actor_t *s)
     bool ok = true;
     for (int c = 0; c < s->cfg.pipe.vpp && s->cfg.exporter && ok; c++) {
         const model_t *mod = s->cfg.chunks[c];
-        for (int i = 0; i < mod->n_params && ok; i++) {
+        int nb = model_moe_bias_views(mod, NULL, NULL);
+        char (*bn)[MODEL_NAME_MAX] = nb ? calloc((size_t)nb, sizeof *bn) : NULL;
+        tensor_t *bv = nb ? calloc((size_t)nb, sizeof *bv) : NULL;
+        if (nb && (!bn || !bv)) {
+            free(bn);
+            free(bv);
+            fail(s, BT_ERR_NOMEM, "export");
+            ok = false;
+            break;
+        }
+        if (nb) model_moe_bias_views(mod, bv, bn);
+        for (int i = 0; i < mod->n_params + nb && ok; i++) {
             float *at = s->export_buf[c][i];
-            const shard_spec_t *sp = &mod->params[i].spec;
+            bool bias = i >= mod->n_params;
+            shard_spec_t whole = bias ? shard_whole(1, bv[i - mod->n_params].shape) : (shard_spec_t){0};
+            const shard_spec_t *sp = bias ? &whole : &mod->params[i].spec;
             actor_msg_t *m = actor_msg_new(MSG_CKPT_SHARD);
             if (!m) {
                 fail(s, BT_ERR_NOMEM, "export");
@@ -943,7 +972,7 @@ static void export_params(stage_actor_t *s)
             }
             msg_ckpt_shard_t *b = &m->body.ckpt_shard;
             tensor_t t = tensor_make((void *)at, DT_F32, DEVICE_CPU, sp->ndim, sp->global);
-            snprintf(b->name, sizeof b->name, "%s", mod->params[i].name);
+            snprintf(b->name, sizeof b->name, "%s", bias ? bn[i - mod->n_params] : mod->params[i].name);
             b->ckpt_step = s->done_step;
             b->ndim = (uint32_t)t.ndim;
             for (int d = 0; d < t.ndim; d++) b->global_shape[d] = t.shape[d];
@@ -962,6 +991,8 @@ static void export_params(stage_actor_t *s)
                 ok = false;
             }
         }
+        free(bn);
+        free(bv);
     }
     export_bufs_free(s);
     if (ok) heartbeat_send(s, STAGE_ST_EXPORTED);

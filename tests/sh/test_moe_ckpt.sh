@@ -73,7 +73,14 @@ mkdir -p "$tmp/bias"
 sed 's/"hidden_act"/"router_bias_update_rate": 0.02,\n  "hidden_act"/' tests/fixtures/qwen2_moe/config.json > "$tmp/bias/config.json"
 ln -s "$PWD"/tests/fixtures/qwen2_moe/model.safetensors "$tmp/bias/"
 bias=(--set model.hf="$tmp/bias")
-run bfull "${bias[@]}" "${ep4[@]}" --set train.stop_after=2 || fail moe_bias_ckpt_save "rc $?: $(tail -3 "$tmp/bfull.out")"
+run bfull "${bias[@]}" "${ep4[@]}" --set train.stop_after=2 --set export.dir="$tmp/bexport" \
+    --set export.every=2 || fail moe_bias_ckpt_save "rc $?: $(tail -3 "$tmp/bfull.out")"
+# the EP=4 export carries the biases (DeepSeek-V3's name) and evaluates
+# from them: a reload accepts them as the config's own
+if head -c 65536 "$tmp/bexport/model.safetensors" | grep -aq '"model.layers.2.mlp.gate.e_score_correction_bias"' &&
+   e=$("$BATON" eval --model "$tmp/bexport" --ids tests/fixtures/qwen2_moe/ids.txt --json 2>&1) &&
+   [ -n "$(field loss "$e")" ]; then
+    pass moe_bias_exported; else fail moe_bias_exported "${e:-no e_score_correction_bias in the export}"; fi
 run bwhole "${bias[@]}" "${ep4[@]}" || fail moe_bias_whole "rc $?: $(tail -3 "$tmp/bwhole.out")"
 bck=$tmp/bfull/step-00000002
 run bsame "${bias[@]}" "${ep4[@]}" --resume "$bck"
