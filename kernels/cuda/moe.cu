@@ -14,6 +14,34 @@
 
 /* ---- routing ----------------------------------------------------------------- */
 
+/* One row's top-K by selection on p[e] (+ bias[e] when bias, the sum
+ * rounded to f32): the largest remaining score, the lower index first on
+ * ties (strict >); the weights are the probabilities themselves
+ * (renormalised when norm). The CPU twin's topk_row. */
+__device__ void cu_topk_row(float *w, int32_t *ex, const float *p, const float *bias, int64_t E,
+                            int64_t K, bool norm)
+{
+    double top = 0;
+    for (int64_t k = 0; k < K; k++) {
+        int64_t best = -1;
+        float bs = 0;
+        for (int64_t e = 0; e < E; e++) {
+            bool taken = false;
+            for (int64_t j = 0; j < k && !taken; j++) taken = ex[j] == e;
+            float sc = bias ? __fadd_rn(p[e], bias[e]) : p[e];
+            if (!taken && (best < 0 || sc > bs)) {
+                best = e;
+                bs = sc;
+            }
+        }
+        ex[k] = (int32_t)best;
+        w[k] = p[best];
+        top += (double)p[best];
+    }
+    if (norm)
+        for (int64_t k = 0; k < K; k++) w[k] = (float)((double)w[k] / top);
+}
+
 template <class T>
 __global__ void k_route_fwd(float *weights, int32_t *experts, float *probs, const T *logits,
                             int64_t N, int64_t E, int64_t K, bool norm)
@@ -27,56 +55,16 @@ __global__ void k_route_fwd(float *weights, int32_t *experts, float *probs, cons
         double sum = 0;
         for (int64_t e = 0; e < E; e++) sum += exp((double)cu_ld(l, e) - (double)mx);
         for (int64_t e = 0; e < E; e++) p[e] = (float)(exp((double)cu_ld(l, e) - (double)mx) / sum);
-        int32_t *ex = experts + n * K;
-        float *w = weights + n * K;
-        double top = 0;
-        for (int64_t k = 0; k < K; k++) {
-            int64_t best = -1;
-            for (int64_t e = 0; e < E; e++) {
-                bool taken = false;
-                for (int64_t j = 0; j < k && !taken; j++) taken = ex[j] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            ex[k] = (int32_t)best;
-            w[k] = p[best];
-            top += (double)p[best];
-        }
-        if (norm)
-            for (int64_t k = 0; k < K; k++) w[k] = (float)((double)w[k] / top);
+        cu_topk_row(weights + n * K, experts + n * K, p, NULL, E, K, norm);
     }
 }
 
 /* The top-K of probs + bias (auxiliary-loss-free balancing), the weights
- * the unbiased probabilities: the CPU twin's selection (strict >, so the
- * lower index wins a tie; the score rounded to f32 as there). */
+ * the unbiased probabilities. */
 __global__ void k_route_reselect(float *weights, int32_t *experts, const float *probs,
                                  const float *bias, int64_t N, int64_t E, int64_t K, bool norm)
 {
-    GS_LOOP(n, N)
-    {
-        const float *p = probs + n * E;
-        int32_t *ex = experts + n * K;
-        float *w = weights + n * K;
-        double top = 0;
-        for (int64_t k = 0; k < K; k++) {
-            int64_t best = -1;
-            float bs = 0;
-            for (int64_t e = 0; e < E; e++) {
-                bool taken = false;
-                for (int64_t j = 0; j < k && !taken; j++) taken = ex[j] == e;
-                float sc = __fadd_rn(p[e], bias[e]);
-                if (!taken && (best < 0 || sc > bs)) {
-                    best = e;
-                    bs = sc;
-                }
-            }
-            ex[k] = (int32_t)best;
-            w[k] = p[best];
-            top += (double)p[best];
-        }
-        if (norm)
-            for (int64_t k = 0; k < K; k++) w[k] = (float)((double)w[k] / top);
-    }
+    GS_LOOP(n, N) cu_topk_row(weights + n * K, experts + n * K, probs + n * E, bias, E, K, norm);
 }
 
 /* dlogit_e = p_e (dp_e - sum_e' p_e' dp_e'), dp_e = dprobs[e] + g_k when
