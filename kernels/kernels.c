@@ -16,11 +16,7 @@
 
 /* ---- argument checks ------------------------------------------------------ */
 
-typedef struct {
-    char s[96];
-} kern_shape_str_t;
-
-static kern_shape_str_t kern_shape_str(const tensor_t *t)
+kern_shape_str_t kern_shape_str(const tensor_t *t)
 {
     kern_shape_str_t r;
     int n = snprintf(r.s, sizeof r.s, "%s[", dtype_name(t->dtype));

@@ -45,6 +45,12 @@ double kern_cpu_peak_flops(void);
  * cannot be measured (no memory, a failing stream). */
 double kern_peak_flops(device_t dev, dtype_t dt);
 
+/* "f32[2,3]": a tensor's dtype and shape, for error messages. */
+typedef struct {
+    char s[96];
+} kern_shape_str_t;
+kern_shape_str_t kern_shape_str(const tensor_t *t);
+
 /* ---- dense algebra ---------------------------------------------------- */
 
 /* C[M,N] = alpha * op(A) @ op(B) + beta * C, with op(X) = X or X^T.
