@@ -159,6 +159,9 @@ struct kern_backend {
 
     void (*attention_fwd)(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *q, ct_t *k, ct_t *v,
                           const kern_attn_shape_t *sh);
+    /* out [B,Tq,Hq,Dv] as [rows = B*Tq, Hq, Dv]; lse [B,Hq,Tq] */
+    void (*attention_merge)(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *part_out,
+                            ct_t *part_lse);
     void (*attention_bwd)(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv, ct_t *dout,
                           ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
                           const kern_attn_shape_t *sh, bool set);

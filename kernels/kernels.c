@@ -530,6 +530,29 @@ void kern_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, const te
     kern_compute(s, op, KERN_OP_ATTENTION, q->dtype)->attention_fwd(s, out, lse, q, k, v, &sh);
 }
 
+void kern_attention_merge(kern_stream_t *s, tensor_t *out, tensor_t *lse,
+                          const tensor_t *part_out, const tensor_t *part_lse)
+{
+    const char *op = "kern_attention_merge";
+    kern_req(s, op, "out", out);
+    kern_req(s, op, "lse", lse);
+    kern_req(s, op, "part_out", part_out);
+    kern_req(s, op, "part_lse", part_lse);
+    kern_req_ndim(op, "out", out, 4);
+    kern_req_ndim(op, "lse", lse, 3);
+    kern_req_same_shape(op, "part_out", part_out, "out", out);
+    kern_req_same_shape(op, "part_lse", part_lse, "lse", lse);
+    kern_req_dtype(op, "part_out", part_out, out->dtype);
+    kern_req_dtype(op, "lse", lse, DT_F32);
+    kern_req_dtype(op, "part_lse", part_lse, DT_F32);
+    if (lse->shape[0] != out->shape[0] || lse->shape[1] != out->shape[2] ||
+        lse->shape[2] != out->shape[1])
+        BT_PANIC("%s: lse %s is not [B,Hq,Tq] of out %s", op, kern_shape_str(lse).s,
+                 kern_shape_str(out).s);
+    kern_compute(s, op, KERN_OP_ATTENTION, out->dtype)
+        ->attention_merge(s, out, lse, part_out, part_lse);
+}
+
 static void attention_bwd(kern_stream_t *s, const char *op, bool set, tensor_t *dq, tensor_t *dk,
                           tensor_t *dv, const tensor_t *dout, const tensor_t *q, const tensor_t *k,
                           const tensor_t *v, const tensor_t *out, const tensor_t *lse, float scale,

@@ -144,6 +144,13 @@ void kern_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *
                         const tensor_t *dout, const tensor_t *q, const tensor_t *k,
                         const tensor_t *v, const tensor_t *out, const tensor_t *lse, float scale,
                         bool causal, int64_t q_offset);
+/* Merge a partial attention result over another key block into an
+ * accumulated one (context parallelism's ring): out[B,Tq,Hq,Dv], lse[B,Hq,Tq]
+ * f32 become those over the union of both key sets:
+ *   l = log(exp(lse) + exp(part_lse)),
+ *   out = exp(lse - l) * out + exp(part_lse - l) * part_out. */
+void kern_attention_merge(kern_stream_t *s, tensor_t *out, tensor_t *lse,
+                          const tensor_t *part_out, const tensor_t *part_lse);
 /* dq, dk, dv overwritten (kern_linear_bwd_set above). */
 void kern_attention_bwd_set(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
                             const tensor_t *dout, const tensor_t *q, const tensor_t *k,

@@ -139,3 +139,75 @@ void cp_attn_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
                                &kp, &vp, &op, &lp, scale, true, c * L);
         }
 }
+
+/* How local chunk half hq of `rank` sees chunk half hk of `src`: -1 not at
+ * all (it follows), 0 causally (the same chunk), 1 wholly (it precedes). */
+static int cp_ring_sees(int cp, int rank, int hq, int src, int hk)
+{
+    int cq = cp_attn_chunk(cp, rank, hq), ck = cp_attn_chunk(cp, src, hk);
+    return ck > cq ? -1 : ck == cq ? 0 : 1;
+}
+
+static int64_t cp_ring_L(const char *op, const tensor_t *q, const tensor_t *k_blk, int cp,
+                         int rank, int src)
+{
+    if (q->ndim != 4 || k_blk->ndim != 4 || cp < 1 || rank < 0 || rank >= cp || src < 0 ||
+        src >= cp || q->shape[1] % 2 || k_blk->shape[1] != q->shape[1] ||
+        k_blk->shape[0] != q->shape[0])
+        BT_PANIC("%s: q %s and the block k %s are not both [B,2L,..] local chunks (cp = %d, "
+                 "rank %d, src %d)",
+                 op, kern_shape_str(q).s, kern_shape_str(k_blk).s, cp, rank, src);
+    return q->shape[1] / 2;
+}
+
+void cp_attn_ring_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, tensor_t *part_out,
+                      tensor_t *part_lse, const tensor_t *q, const tensor_t *k_blk,
+                      const tensor_t *v_blk, float scale, int cp, int rank, int src)
+{
+    int64_t L = cp_ring_L("cp_attn_ring_fwd", q, k_blk, cp, rank, src), B = q->shape[0];
+    /* the own block's diagonal pieces first: they initialise every local row */
+    for (int64_t b = 0; b < B; b++)
+        for (int pass = 0; pass < 2; pass++)
+            for (int hq = 0; hq < 2; hq++)
+                for (int hk = 0; hk < 2; hk++) {
+                    int how = cp_ring_sees(cp, rank, hq, src, hk);
+                    if (how < 0 || (pass == 0) != (how == 0)) continue;
+                    int64_t i = b * 2 + hq;
+                    tensor_t qp = cp_piece(q, B * 2, L, i), op = cp_piece(out, B * 2, L, i);
+                    tensor_t lp = cp_lse_piece(lse, B, q->shape[2], L, i);
+                    tensor_t kp = cp_piece(k_blk, B * 2, L, b * 2 + hk);
+                    tensor_t vp = cp_piece(v_blk, B * 2, L, b * 2 + hk);
+                    if (how == 0) {
+                        kern_attention_fwd(s, &op, &lp, &qp, &kp, &vp, scale, true, 0);
+                    } else {
+                        kern_attention_fwd(s, part_out, part_lse, &qp, &kp, &vp, scale, false, 0);
+                        kern_attention_merge(s, &op, &lp, part_out, part_lse);
+                    }
+                }
+}
+
+void cp_attn_ring_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk_blk, tensor_t *dv_blk,
+                      const tensor_t *dout, const tensor_t *q, const tensor_t *k_blk,
+                      const tensor_t *v_blk, const tensor_t *out, const tensor_t *lse,
+                      float scale, int cp, int rank, int src)
+{
+    int64_t L = cp_ring_L("cp_attn_ring_bwd", q, k_blk, cp, rank, src), B = q->shape[0];
+    for (int64_t b = 0; b < B; b++)
+        for (int hq = 0; hq < 2; hq++)
+            for (int hk = 0; hk < 2; hk++) {
+                int how = cp_ring_sees(cp, rank, hq, src, hk);
+                if (how < 0) continue;
+                int64_t i = b * 2 + hq, j = b * 2 + hk;
+                tensor_t qp = cp_piece(q, B * 2, L, i), op = cp_piece(out, B * 2, L, i);
+                tensor_t gp = cp_piece(dout, B * 2, L, i);
+                tensor_t lp = cp_lse_piece(lse, B, q->shape[2], L, i);
+                tensor_t kp = cp_piece(k_blk, B * 2, L, j), vp = cp_piece(v_blk, B * 2, L, j);
+                tensor_t dqp, dkp, dvp;
+                if (dq) dqp = cp_piece(dq, B * 2, L, i);
+                if (dk_blk) dkp = cp_piece(dk_blk, B * 2, L, j);
+                if (dv_blk) dvp = cp_piece(dv_blk, B * 2, L, j);
+                kern_attention_bwd(s, dq ? &dqp : NULL, dk_blk ? &dkp : NULL,
+                                   dv_blk ? &dvp : NULL, &gp, &qp, &kp, &vp, &op, &lp, scale,
+                                   how == 0, 0);
+            }
+}

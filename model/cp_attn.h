@@ -57,4 +57,24 @@ void cp_attn_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
                  const tensor_t *dout, const tensor_t *q, const tensor_t *k, const tensor_t *v,
                  const tensor_t *out, const tensor_t *lse, float scale, int cp, int rank);
 
+/* Ring mode. Each step brings one CP rank's K/V block, k_blk [B,2L,Hkv,D]
+ * and v_blk [B,2L,Hkv,Dv] (rank src's local chunks, as it holds them); the
+ * local chunks attend to the block's chunks that precede them (the
+ * diagonal chunk causally) and the result is merged into out, lse by
+ * log-sum-exp (kern_attention_merge). The first call of a forward must be
+ * the rank's own block (src == rank): it initialises out and lse. part_out
+ * [1,L,Hq,Dv] and part_lse [1,Hq,L] are scratch. Every other block costs
+ * each rank two L x L products, whatever src is: the load balance of the
+ * chunk layout. */
+void cp_attn_ring_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, tensor_t *part_out,
+                      tensor_t *part_lse, const tensor_t *q, const tensor_t *k_blk,
+                      const tensor_t *v_blk, float scale, int cp, int rank, int src);
+/* Backward of one ring step against the merged out and lse of the forward:
+ * dq [B,2L,Hq,D] accumulates; dk_blk, dv_blk (rank src's block's gradients,
+ * travelling back around the ring to src) accumulate this rank's share. */
+void cp_attn_ring_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk_blk, tensor_t *dv_blk,
+                      const tensor_t *dout, const tensor_t *q, const tensor_t *k_blk,
+                      const tensor_t *v_blk, const tensor_t *out, const tensor_t *lse,
+                      float scale, int cp, int rank, int src);
+
 #endif

@@ -16,7 +16,7 @@ static float *split(const float *src, int64_t B, int64_t T, int64_t row, int cp,
     return dst;
 }
 
-static void cp_case(int cp, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv,
+static void cp_case(bool ring, int cp, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv,
                     uint64_t seed)
 {
     kt_rng_t rng = {seed};
@@ -52,12 +52,18 @@ static void cp_case(int cp, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64
     float *dks = kt_alloc(nk), *dvs = kt_alloc(nv); /* sum over ranks, sequence order */
     memset(dks, 0, (size_t)nk * sizeof *dks);
     memset(dvs, 0, (size_t)nv * sizeof *dvs);
+    /* ring: each block's dK, dV in rank order, as they return to their owner */
+    float *dkr = kt_alloc(nk), *dvr = kt_alloc(nv);
+    memset(dkr, 0, (size_t)nk * sizeof *dkr);
+    memset(dvr, 0, (size_t)nv * sizeof *dvr);
+    float *po = kt_alloc(L * Hq * Dv), *pl = kt_alloc(Hq * L);
+    tensor_t PO = tensor_4d(po, DT_F32, 1, L, Hq, Dv), PL = tensor_3d(pl, DT_F32, 1, Hq, L);
     double *rdk_d = kt_alloc_d(nk), *rdv_d = kt_alloc_d(nv);
     memcpy(rdk_d, rdk, (size_t)nk * sizeof *rdk);
     memcpy(rdv_d, rdv, (size_t)nv * sizeof *rdv);
     char what[96];
     for (int r = 0; r < cp; r++) {
-        snprintf(what, sizeof what, "cp=%d rank %d B%lld T%lld Hq%lld Hkv%lld D%lld Dv%lld", cp, r,
+        snprintf(what, sizeof what, "%s cp=%d rank %d B%lld T%lld Hq%lld Hkv%lld D%lld Dv%lld", ring ? "ring" : "allgather", cp, r,
                  (long long)B, (long long)T, (long long)Hq, (long long)Hkv, (long long)D,
                  (long long)Dv);
         int32_t *pos = malloc((size_t)(B * Tl) * sizeof *pos);
@@ -76,8 +82,26 @@ static void cp_case(int cp, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64
         int64_t lsh[4] = {B, 2, Hq, L};
         tensor_t LS = tensor_make(ll, DT_F32, DEVICE_CPU, 4, lsh);
         tensor_t DK = tensor_4d(dks, DT_F32, B, T, Hkv, D), DV = tensor_4d(dvs, DT_F32, B, T, Hkv, Dv);
-        cp_attn_fwd(kern_stream_host(), &O, &LS, &Q, &KS, &VS, scale, cp, r);
-        cp_attn_bwd(kern_stream_host(), &DQ, &DK, &DV, &G, &Q, &KS, &VS, &O, &LS, scale, cp, r);
+        if (!ring) {
+            cp_attn_fwd(kern_stream_host(), &O, &LS, &Q, &KS, &VS, scale, cp, r);
+            cp_attn_bwd(kern_stream_host(), &DQ, &DK, &DV, &G, &Q, &KS, &VS, &O, &LS, scale, cp, r);
+        } else {
+            /* the blocks in the order a ring sending to rank + 1 brings them */
+            for (int pass = 0; pass < 2; pass++)
+                for (int t = 0; t < cp; t++) {
+                    int src = (r - t + cp) % cp;
+                    tensor_t KB = tensor_4d(kr + src * (nk / cp), DT_F32, B, Tl, Hkv, D);
+                    tensor_t VB = tensor_4d(vr + src * (nv / cp), DT_F32, B, Tl, Hkv, Dv);
+                    tensor_t DKB = tensor_4d(dkr + src * (nk / cp), DT_F32, B, Tl, Hkv, D);
+                    tensor_t DVB = tensor_4d(dvr + src * (nv / cp), DT_F32, B, Tl, Hkv, Dv);
+                    if (pass == 0)
+                        cp_attn_ring_fwd(kern_stream_host(), &O, &LS, &PO, &PL, &Q, &KB, &VB,
+                                         scale, cp, r, src);
+                    else
+                        cp_attn_ring_bwd(kern_stream_host(), &DQ, &DKB, &DVB, &G, &Q, &KB, &VB,
+                                         &O, &LS, scale, cp, r, src);
+                }
+        }
         /* the reference rows of this rank's chunks */
         double *ro = kt_alloc_d(B * Tl * Hq * Dv), *rl = kt_alloc_d(B * 2 * Hq * L);
         double *rq = kt_alloc_d(B * Tl * Hq * D);
@@ -107,6 +131,13 @@ static void cp_case(int cp, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64
         free(rl);
         free(rq);
     }
+    if (ring) {
+        tensor_t DKR = tensor_4d(dkr, DT_F32, cp * B, Tl, Hkv, D);
+        tensor_t DVR = tensor_4d(dvr, DT_F32, cp * B, Tl, Hkv, Dv);
+        tensor_t DK = tensor_4d(dks, DT_F32, B, T, Hkv, D), DV = tensor_4d(dvs, DT_F32, B, T, Hkv, Dv);
+        cp_attn_to_seq(kern_stream_host(), &DK, &DKR, cp);
+        cp_attn_to_seq(kern_stream_host(), &DV, &DVR, cp);
+    }
     kt_close("cp dk (rank sum)", dks, rdk_d, nk, 1e-4);
     kt_close("cp dv (rank sum)", dvs, rdv_d, nv, 1e-4);
     /* to_ranks inverts to_seq (the order the reduce-scatter of dK, dV needs) */
@@ -115,6 +146,10 @@ static void cp_case(int cp, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64
     cp_attn_to_ranks(kern_stream_host(), &BK, &KS, cp);
     CHECK(!memcmp(back, kr, (size_t)nk * sizeof *kr));
     free(back);
+    free(dkr);
+    free(dvr);
+    free(po);
+    free(pl);
     free(rdk_d);
     free(rdv_d);
     free(dks);
@@ -138,15 +173,22 @@ static void cp_case(int cp, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64
     free(rdv);
 }
 
-static void test_cp_attn_small(void)
+static void cp_cases(bool ring)
 {
-    cp_case(1, 2, 6, 2, 1, 4, 4, 1);
-    cp_case(2, 2, 8, 4, 2, 6, 4, 2);
-    cp_case(4, 2, 16, 4, 1, 6, 10, 4); /* Dv > D, as MLA has */
-    cp_case(4, 1, 64, 3, 3, 4, 2, 5);
+    cp_case(ring, 1, 2, 6, 2, 1, 4, 4, 1);
+    cp_case(ring, 2, 2, 8, 4, 2, 6, 4, 2);
+    cp_case(ring, 4, 2, 16, 4, 1, 6, 10, 4); /* Dv > D, as MLA has */
+    cp_case(ring, 4, 1, 64, 3, 3, 4, 2, 5);
 }
 
-/* 34-token chunks: the key prefixes cross the kernel's 64-row query blocks */
-static void test_cp_attn_long(void) { cp_case(2, 1, 136, 2, 1, 8, 6, 3); }
+static void test_cp_attn_allgather(void) { cp_cases(false); }
+static void test_cp_attn_ring(void) { cp_cases(true); }
 
-int main(int argc, char **argv) { TEST_RUN(argc, argv, test_cp_attn_small, test_cp_attn_long); }
+/* 34-token chunks: the key prefixes cross the kernel's 64-row query blocks */
+static void test_cp_attn_long(void)
+{
+    cp_case(false, 2, 1, 136, 2, 1, 8, 6, 3);
+    cp_case(true, 2, 1, 136, 2, 1, 8, 6, 3);
+}
+
+int main(int argc, char **argv) { TEST_RUN(argc, argv, test_cp_attn_allgather, test_cp_attn_ring, test_cp_attn_long); }

@@ -131,8 +131,106 @@ static void test_attention_context_parallel_split(void)
     free(sout), free(slse), free(sdk), free(sdv), free(ro), free(rk), free(rv);
 }
 
+/* kern_attention_merge: attention over keys [0, a) merged with that over
+ * [a, Tk) equals attention over all of them (float64 reference), for the
+ * cpu and, bit for bit, the fenced device; an empty side (lse = -inf)
+ * leaves the other as it was. */
+static void test_attention_merge(void)
+{
+    kt_rng_t rng = {310};
+    const int64_t B = 2, Tq = 5, Tk = 9, Hq = 4, Hkv = 2, D = 6, Dv = 3, a = 4;
+    attn_shape_t s = {B, Tq, Tk, Hq, Hkv, D, Dv, false, 0};
+    int64_t nq = B * Tq * Hq * D, nk = B * Tk * Hkv * D, nv = B * Tk * Hkv * Dv;
+    int64_t no = B * Tq * Hq * Dv, nl = B * Hq * Tq;
+    float scale = 0.4f;
+    float *q = kt_rand(&rng, nq, -1.5, 1.5), *k = kt_rand(&rng, nk, -1.5, 1.5);
+    float *v = kt_rand(&rng, nv, -1, 1), *r = kt_rand(&rng, no, -1, 1);
+    attn_ctx_t c = {s, scale, kt_to_d(q, nq), kt_to_d(k, nk), kt_to_d(v, nv), kt_to_d(r, no)};
+    double *rout = kt_alloc_d(no), *rlse = kt_alloc_d(nl);
+    ref_attn_fwd(rout, rlse, &c);
+    /* the two key ranges as their own [B, n, Hkv, Dh] tensors */
+    float *k1 = kt_alloc(B * a * Hkv * D), *k2 = kt_alloc(B * (Tk - a) * Hkv * D);
+    float *v1 = kt_alloc(B * a * Hkv * Dv), *v2 = kt_alloc(B * (Tk - a) * Hkv * Dv);
+    for (int64_t b = 0; b < B; b++) {
+        memcpy(k1 + b * a * Hkv * D, k + b * Tk * Hkv * D, (size_t)(a * Hkv * D) * sizeof *k);
+        memcpy(k2 + b * (Tk - a) * Hkv * D, k + (b * Tk + a) * Hkv * D,
+               (size_t)((Tk - a) * Hkv * D) * sizeof *k);
+        memcpy(v1 + b * a * Hkv * Dv, v + b * Tk * Hkv * Dv, (size_t)(a * Hkv * Dv) * sizeof *v);
+        memcpy(v2 + b * (Tk - a) * Hkv * Dv, v + (b * Tk + a) * Hkv * Dv,
+               (size_t)((Tk - a) * Hkv * Dv) * sizeof *v);
+    }
+    tensor_t Q = tensor_4d(q, DT_F32, B, Tq, Hq, D);
+    tensor_t K1 = tensor_4d(k1, DT_F32, B, a, Hkv, D), K2 = tensor_4d(k2, DT_F32, B, Tk - a, Hkv, D);
+    tensor_t V1 = tensor_4d(v1, DT_F32, B, a, Hkv, Dv), V2 = tensor_4d(v2, DT_F32, B, Tk - a, Hkv, Dv);
+    float *o1 = kt_alloc(no), *l1 = kt_alloc(nl), *o2 = kt_alloc(no), *l2 = kt_alloc(nl);
+    tensor_t O1 = tensor_4d(o1, DT_F32, B, Tq, Hq, Dv), L1 = tensor_3d(l1, DT_F32, B, Hq, Tq);
+    tensor_t O2 = tensor_4d(o2, DT_F32, B, Tq, Hq, Dv), L2 = tensor_3d(l2, DT_F32, B, Hq, Tq);
+    kern_attention_fwd(kern_stream_host(), &O1, &L1, &Q, &K1, &V1, scale, false, 0);
+    kern_attention_fwd(kern_stream_host(), &O2, &L2, &Q, &K2, &V2, scale, false, 0);
+    float *fo = kt_dup(o1, no), *fl = kt_dup(l1, nl);
+    kern_attention_merge(kern_stream_host(), &O1, &L1, &O2, &L2);
+    kt_close("merge out", o1, rout, no, 1e-5);
+    kt_close("merge lse", l1, rlse, nl, 1e-5);
+
+    /* the fenced device: the same bits */
+    kern_stream_t *fs = NULL;
+    device_t dev = {DEV_FENCED, 0};
+    CHECK(kern_stream_create(dev, &fs) == BT_OK);
+    if (fs) {
+        tensor_t *host[4] = {&O2, &L2, NULL, NULL};
+        tensor_t FO1 = tensor_4d(fo, DT_F32, B, Tq, Hq, Dv), FL1 = tensor_3d(fl, DT_F32, B, Hq, Tq);
+        host[2] = &FO1;
+        host[3] = &FL1;
+        tensor_t dt[4];
+        for (int i = 0; i < 4; i++) {
+            void *p = NULL;
+            CHECK(kern_mem_alloc(dev, tensor_nbytes(host[i]), &p) == BT_OK);
+            dt[i] = tensor_make(p, DT_F32, dev, host[i]->ndim, host[i]->shape);
+            kern_upload(fs, &dt[i], host[i]->data);
+        }
+        kern_attention_merge(fs, &dt[2], &dt[3], &dt[0], &dt[1]);
+        kern_download(fs, fo, &dt[2]);
+        kern_download(fs, fl, &dt[3]);
+        kern_stream_sync(fs);
+        CHECK(!memcmp(fo, o1, (size_t)no * sizeof *fo));
+        CHECK(!memcmp(fl, l1, (size_t)nl * sizeof *fl));
+        for (int i = 0; i < 4; i++) kern_mem_free(dev, dt[i].data);
+        kern_stream_destroy(fs);
+    }
+
+    /* an empty side weighs nothing */
+    float *eo = kt_rand(&rng, no, -9, 9), *el = kt_alloc(nl);
+    for (int64_t i = 0; i < nl; i++) el[i] = -INFINITY;
+    tensor_t EO = tensor_4d(eo, DT_F32, B, Tq, Hq, Dv), EL = tensor_3d(el, DT_F32, B, Hq, Tq);
+    kern_attention_merge(kern_stream_host(), &EO, &EL, &O2, &L2);
+    CHECK(!memcmp(eo, o2, (size_t)no * sizeof *eo));
+    CHECK(!memcmp(el, l2, (size_t)nl * sizeof *el));
+    free(eo);
+    free(el);
+    free(fo);
+    free(fl);
+    free(o1);
+    free(l1);
+    free(o2);
+    free(l2);
+    free(k1);
+    free(k2);
+    free(v1);
+    free(v2);
+    free(q);
+    free(k);
+    free(v);
+    free(r);
+    free(c.q);
+    free(c.k);
+    free(c.v);
+    free(c.R);
+    free(rout);
+    free(rlse);
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_attention_small_shapes_fd, test_attention_long_blocks,
-             test_attention_context_parallel_split);
+             test_attention_context_parallel_split, test_attention_merge);
 }

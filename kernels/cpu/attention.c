@@ -144,3 +144,34 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
     free(dp);
     free(p);
 }
+
+/* Weights of the accumulated and the partial result in their union:
+ * exp(a - l), exp(b - l) with l = log(exp(a) + exp(b)); an empty side
+ * (lse = -inf) weighs 0. */
+static void cpu_attn_merge_weights(float a, float b, float *wa, float *wb, float *l)
+{
+    float m = a > b ? a : b;
+    if (m == -INFINITY) {
+        *wa = *wb = 0;
+        *l = -INFINITY;
+        return;
+    }
+    float ea = expf(a - m), eb = expf(b - m), sum = ea + eb;
+    *wa = ea / sum;
+    *wb = eb / sum;
+    *l = m + logf(sum);
+}
+
+void cpu_attention_merge(float *out, float *lse, const float *part_out, const float *part_lse,
+                         int64_t B, int64_t Tq, int64_t Hq, int64_t Dv)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++)
+            for (int64_t i = 0; i < Tq; i++) {
+                int64_t li = (b * Hq + h) * Tq + i, o = ((b * Tq + i) * Hq + h) * Dv;
+                float wa, wb, l;
+                cpu_attn_merge_weights(lse[li], part_lse[li], &wa, &wb, &l);
+                for (int64_t d = 0; d < Dv; d++) out[o + d] = wa * out[o + d] + wb * part_out[o + d];
+                lse[li] = l;
+            }
+}

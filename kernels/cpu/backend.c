@@ -322,6 +322,13 @@ static void cpu_op_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse,
     cpu_attention_fwd(out->data, lse->data, q->data, k->data, v->data, sh);
 }
 
+static void cpu_op_attention_merge(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *part_out,
+                                   ct_t *part_lse)
+{
+    cpu_attention_merge(out->data, lse->data, part_out->data, part_lse->data, out->shape[0],
+                        out->shape[1], out->shape[2], out->shape[3]);
+}
+
 static void cpu_op_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
                                  ct_t *dout, ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
                                  const kern_attn_shape_t *sh, bool set)
@@ -598,6 +605,7 @@ const kern_backend_t kern_cpu_backend = {
     .rope_fwd = cpu_op_rope_fwd,
     .rope_bwd = cpu_op_rope_bwd,
     .attention_fwd = cpu_op_attention_fwd,
+    .attention_merge = cpu_op_attention_merge,
     .attention_bwd = cpu_op_attention_bwd,
     .swiglu_fwd = cpu_op_swiglu_fwd,
     .swiglu_bwd = cpu_op_swiglu_bwd,

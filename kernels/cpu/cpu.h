@@ -125,6 +125,9 @@ void cpu_attention_fwd(float *out,     /* [B,Tq,Hq,Dv] */
                        const float *k, /* [B,Tk,Hkv,D] */
                        const float *v, /* [B,Tk,Hkv,Dv] */
                        const kern_attn_shape_t *s);
+/* out [B,Tq,Hq,Dv], lse [B,Hq,Tq] merged with part_out, part_lse in place */
+void cpu_attention_merge(float *out, float *lse, const float *part_out, const float *part_lse,
+                         int64_t B, int64_t Tq, int64_t Hq, int64_t Dv);
 void cpu_attention_bwd(float *dq,         /* [B,Tq,Hq,D] or NULL, += */
                        float *dk,         /* [B,Tk,Hkv,D] or NULL, += */
                        float *dv,         /* [B,Tk,Hkv,Dv] or NULL, += */

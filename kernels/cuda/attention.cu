@@ -1107,3 +1107,58 @@ extern "C" cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *
     });
     return e != cudaSuccess ? e : cudaGetLastError();
 }
+
+/* ---- kern_attention_merge (context parallelism's ring) -------------------- */
+
+/* The weights of cpu_attn_merge_weights (kernels/cpu/attention.c). */
+__device__ __forceinline__ void at_merge_weights(float a, float b, float *wa, float *wb, float *l)
+{
+    float m = fmaxf(a, b);
+    if (m == -INFINITY) {
+        *wa = *wb = 0.f;
+        *l = -INFINITY;
+        return;
+    }
+    float ea = expf(a - m), eb = expf(b - m), sum = ea + eb;
+    *wa = ea / sum;
+    *wb = eb / sum;
+    *l = m + logf(sum);
+}
+
+template <class T>
+__global__ void k_attn_merge_out(T *out, const float *lse, const T *part_out,
+                                 const float *part_lse, int64_t B, int64_t Tq, int64_t Hq,
+                                 int64_t Dv)
+{
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < B * Tq * Hq * Dv;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t row = e / Dv, h = row % Hq, bt = row / Hq, i = bt % Tq, b = bt / Tq;
+        int64_t li = (b * Hq + h) * Tq + i;
+        float wa, wb, l;
+        at_merge_weights(lse[li], part_lse[li], &wa, &wb, &l);
+        cu_st(out, e, wa * cu_ld(out, e) + wb * cu_ld(part_out, e));
+    }
+}
+
+__global__ void k_attn_merge_lse(float *lse, const float *part_lse, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float wa, wb, l;
+        at_merge_weights(lse[i], part_lse[i], &wa, &wb, &l);
+        lse[i] = l;
+    }
+}
+
+extern "C" cudaError_t cuda_attn_merge(cudaStream_t st, void *out, float *lse, const void *part_out,
+                                       const float *part_lse, dtype_t dt, int64_t B, int64_t Tq,
+                                       int64_t Hq, int64_t Dv)
+{
+    int64_t n = B * Tq * Hq * Dv;
+    if (n == 0) return cudaGetLastError();
+    CU_DISPATCH_FT(dt, T,
+                   k_attn_merge_out<T><<<cu_blocks(n, 256), 256, 0, st>>>(
+                       (T *)out, lse, (const T *)part_out, part_lse, B, Tq, Hq, Dv));
+    k_attn_merge_lse<<<cu_blocks(B * Hq * Tq, 256), 256, 0, st>>>(lse, part_lse, B * Hq * Tq);
+    return cudaGetLastError();
+}

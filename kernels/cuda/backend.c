@@ -744,6 +744,18 @@ static void cuda_op_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse
                                sh));
 }
 
+static void cuda_op_attention_merge(kern_stream_t *s, tensor_t *out, tensor_t *lse,
+                                    ct_t *part_out, ct_t *part_lse)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_attention_merge";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_attn_merge(cs->st, out->data, lse->data, part_out->data, part_lse->data,
+                                 out->dtype, out->shape[0], out->shape[1], out->shape[2],
+                                 out->shape[3]));
+}
+
 static void cuda_op_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
                                   ct_t *dout, ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
                                   const kern_attn_shape_t *sh, bool set)
@@ -1144,6 +1156,7 @@ const kern_backend_t kern_cuda_backend = {
     .rope_fwd = cuda_op_rope_fwd,
     .rope_bwd = cuda_op_rope_bwd,
     .attention_fwd = cuda_op_attention_fwd,
+    .attention_merge = cuda_op_attention_merge,
     .attention_bwd = cuda_op_attention_bwd,
     .swiglu_fwd = cuda_op_swiglu_fwd,
     .swiglu_bwd = cuda_op_swiglu_bwd,

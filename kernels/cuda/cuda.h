@@ -192,6 +192,11 @@ bool cuda_attn_uses_tc(const kern_attn_shape_t *sh, dtype_t dt);
  * the kernels' shared memory holds (see attention.cu). */
 cudaError_t cuda_attn_fwd(cudaStream_t st, void *out, float *lse, const void *q, const void *k,
                           const void *v, dtype_t dt, const kern_attn_shape_t *sh);
+/* kern_attention_merge: out [B,Tq,Hq,Dv], lse [B,Hq,Tq] merged in place
+ * (two launches: the outputs read both lse, then lse is updated). */
+cudaError_t cuda_attn_merge(cudaStream_t st, void *out, float *lse, const void *part_out,
+                            const float *part_lse, dtype_t dt, int64_t B, int64_t Tq, int64_t Hq,
+                            int64_t Dv);
 /* Backward: dq, dk, dv += (=, when set; NULL skipped). Deterministic: dk, dv by one block
  * per (batch, kv head, key tile), dq by one block per (batch, head, query
  * tile), no atomics. Scratch holds rowsum(dout * out) [B,Hq,Tq] f32. */

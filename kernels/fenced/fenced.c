@@ -231,6 +231,11 @@ static void f_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t
 {
     FENCED(cpu->attention_fwd(s, out, lse, q, k, v, sh));
 }
+static void f_attention_merge(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *part_out,
+                              ct_t *part_lse)
+{
+    FENCED(cpu->attention_merge(s, out, lse, part_out, part_lse));
+}
 static void f_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv, ct_t *dout,
                             ct_t *q, ct_t *k, ct_t *v, ct_t *out, ct_t *lse,
                             const kern_attn_shape_t *sh, bool set)
@@ -417,6 +422,7 @@ const kern_backend_t kern_fenced_backend = {
     .rope_fwd = f_rope_fwd,
     .rope_bwd = f_rope_bwd,
     .attention_fwd = f_attention_fwd,
+    .attention_merge = f_attention_merge,
     .attention_bwd = f_attention_bwd,
     .swiglu_fwd = f_swiglu_fwd,
     .swiglu_bwd = f_swiglu_bwd,
