@@ -16,7 +16,7 @@ static inline uint64_t clock_now_ns(void)
 }
 
 /* A long loop's progress lines: clock_every_due is true once every
- * BATON_PROGRESS_SECONDS (default 10; read at clock_every_start) and gives
+ * BATON_PROGRESS_SECONDS (default 10, 0 every call; read at clock_every_start) and gives
  * the seconds since the start. */
 typedef struct {
     uint64_t t_start, t_last;
@@ -26,8 +26,8 @@ typedef struct {
 static inline void clock_every_start(clock_every_t *e)
 {
     const char *v = getenv("BATON_PROGRESS_SECONDS");
-    double s = v ? strtod(v, NULL) : 0;
-    e->every_s = s > 0 ? s : 10.0;
+    double s = v && *v ? strtod(v, NULL) : -1;
+    e->every_s = s >= 0 ? s : 10.0; /* 0: a line every time it is asked */
     e->t_start = e->t_last = clock_now_ns();
 }
 
