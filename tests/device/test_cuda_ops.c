@@ -1320,6 +1320,45 @@ static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint6
     free(co), free(cl), free(cdq), free(cdk), free(cdv);
 }
 
+/* kern_attention_merge against a float64 merge of the same values (one
+ * accumulated side empty, lse = -inf, in its first row) */
+static void test_attention_merge(dtype_t dt)
+{
+    kt_rng_t r = {1350};
+    const int64_t B = 2, Tq = 37, Hq = 3, Dv = 24, no = B * Tq * Hq * Dv, nl = B * Hq * Tq;
+    float *oa = rnd(&r, no, -2, 2, dt), *ob = rnd(&r, no, -2, 2, dt);
+    float *la = rnd(&r, nl, -3, 3, DT_F32), *lb = rnd(&r, nl, -3, 3, DT_F32);
+    la[0] = -INFINITY;
+    double *ro = kt_alloc_d(no), *rl = kt_alloc_d(nl);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++)
+            for (int64_t i = 0; i < Tq; i++) {
+                int64_t li = (b * Hq + h) * Tq + i, o = ((b * Tq + i) * Hq + h) * Dv;
+                double m = la[li] > lb[li] ? la[li] : lb[li];
+                double ea = exp((double)la[li] - m), eb = exp((double)lb[li] - m);
+                rl[li] = m + log(ea + eb);
+                for (int64_t d = 0; d < Dv; d++)
+                    ro[o + d] = (ea * oa[o + d] + eb * ob[o + d]) / (ea + eb);
+            }
+    tensor_t to = dnew(dt, 4, B, Tq, Hq, Dv), tp = dnew(dt, 4, B, Tq, Hq, Dv);
+    tensor_t tl = dnew(DT_F32, 3, B, Hq, Tq, 0), tpl = dnew(DT_F32, 3, B, Hq, Tq, 0);
+    dput(&to, oa), dput(&tp, ob), dput(&tl, la), dput(&tpl, lb);
+    kern_attention_merge(GS, &to, &tl, &tp, &tpl);
+    float *got = kt_alloc(no);
+    dget(got, &to);
+    double e_out = relerr(got, ro, no);
+    dget(got, &tl);
+    double e_lse = relerr(got, rl, nl);
+    tensor_t ho = hview(oa, 4, B, Tq, Hq, Dv), hp = hview(ob, 4, B, Tq, Hq, Dv);
+    tensor_t hl = hview(la, 3, B, Hq, Tq, 0), hpl = hview(lb, 3, B, Hq, Tq, 0);
+    kern_attention_merge(HS, &ho, &hl, &hp, &hpl);
+    row("attention_merge out", dtn(dt), "B2 T37 H3 Dv24", e_out, relerr(oa, ro, no),
+        tol_of(dt, 1e-6, 1e-2), 0);
+    row("attention_merge lse", dtn(dt), "B2 T37 H3 Dv24", e_lse, relerr(la, rl, nl), 1e-6, 0);
+    dfree(&to), dfree(&tp), dfree(&tl), dfree(&tpl);
+    free(oa), free(ob), free(la), free(lb), free(ro), free(rl), free(got);
+}
+
 static void test_attention(dtype_t dt)
 {
     static const attn_shape_t shapes[] = {
@@ -1707,6 +1746,7 @@ int main(int argc, char **argv)
         if (want("rope")) test_rope(dt);
         if (want("swiglu")) test_swiglu(dt);
         if (want("attention")) test_attention(dt);
+        if (want("attention") || want("merge")) test_attention_merge(dt);
         if (want("xent")) test_xent(dt);
         if (want("moe") || want("grouped") || want("sigmoid")) test_moe(dt);
     }
