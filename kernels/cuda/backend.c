@@ -1094,6 +1094,127 @@ static void cuda_op_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t 
 #define F32 (1u << DT_F32)
 #define BF16 (1u << DT_BF16)
 
+/* ---- Mamba2 mixer (mamba.cu) ---- */
+
+static const float *cuda_opt(ct_t *t) { return t ? t->data : NULL; }
+static float *cuda_opt_out(tensor_t *t) { return t ? t->data : NULL; }
+
+static mb_conv_t cuda_conv_args(ct_t *x, ct_t *w, ct_t *bias, kern_act_t act)
+{
+    return (mb_conv_t){.x = x->data, .w = w->data, .bias = cuda_opt(bias),
+                       .B = x->ndim == 3 ? x->shape[0] : 1,
+                       .T = x->ndim == 3 ? x->shape[1] : tensor_rows(x), .C = tensor_cols(x),
+                       .K = w->shape[1], .act = act};
+}
+
+static void cuda_op_conv1d_causal_fwd(kern_stream_t *s, tensor_t *out, tensor_t *state, ct_t *x,
+                                      ct_t *w, ct_t *bias, kern_act_t act)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_conv1d_causal_fwd";
+    mb_conv_t a = cuda_conv_args(x, w, bias, act);
+    a.out = out->data;
+    a.state = cuda_opt_out(state);
+    if (cs_enter(cs, op)) cs_check(cs, op, cuda_conv1d_causal_fwd(cs->st, &a));
+}
+
+static void cuda_op_conv1d_causal_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw,
+                                      tensor_t *dbias, ct_t *dout, ct_t *x, ct_t *w, ct_t *bias,
+                                      kern_act_t act)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_conv1d_causal_bwd";
+    mb_conv_t a = cuda_conv_args(x, w, bias, act);
+    a.dx = cuda_opt_out(dx), a.dw = cuda_opt_out(dw), a.dbias = cuda_opt_out(dbias);
+    a.dout = dout->data;
+    if ((!dx && !dw && !dbias) || !cs_enter(cs, op)) return;
+    void *scr = cs_scratch(cs, op, cuda_conv1d_bwd_scratch(&a));
+    if (scr) cs_check(cs, op, cuda_conv1d_causal_bwd(cs->st, &a, scr));
+}
+
+static void cuda_op_ssm_dt_fwd(kern_stream_t *s, tensor_t *dt, ct_t *raw, ct_t *bias, float lo,
+                               float hi)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_ssm_dt_fwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op, cuda_ssm_dt_fwd(cs->st, dt->data, raw->data, bias->data, tensor_rows(raw),
+                                         tensor_cols(raw), lo, hi));
+}
+
+static void cuda_op_ssm_dt_bwd(kern_stream_t *s, tensor_t *draw, tensor_t *dbias, ct_t *ddt,
+                               ct_t *raw, ct_t *bias, float lo, float hi)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_ssm_dt_bwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_ssm_dt_bwd(cs->st, cuda_opt_out(draw), cuda_opt_out(dbias), ddt->data,
+                                 raw->data, bias->data, tensor_rows(raw), tensor_cols(raw), lo, hi));
+}
+
+static mb_ssd_t cuda_ssd_args(ct_t *x, ct_t *dt, ct_t *A_log, ct_t *Bm, ct_t *Cm, ct_t *D,
+                              int64_t chunk)
+{
+    return (mb_ssd_t){.B = x->shape[0], .T = x->shape[1], .H = x->shape[2], .P = x->shape[3],
+                      .G = Bm->shape[2], .N = Bm->shape[3], .chunk = chunk, .x = x->data,
+                      .dt = dt->data, .A_log = A_log->data, .Bm = Bm->data, .Cm = Cm->data,
+                      .D = cuda_opt(D)};
+}
+
+static void cuda_op_ssd_scan_fwd(kern_stream_t *s, tensor_t *y, tensor_t *chunk_states,
+                                 tensor_t *state, ct_t *x, ct_t *dt, ct_t *A_log, ct_t *Bm,
+                                 ct_t *Cm, ct_t *D, int64_t chunk)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_ssd_scan_fwd";
+    mb_ssd_t a = cuda_ssd_args(x, dt, A_log, Bm, Cm, D, chunk);
+    a.y = y->data, a.chunk_states = cuda_opt_out(chunk_states), a.state = cuda_opt_out(state);
+    if (a.T == 0 || !cs_enter(cs, op)) return;
+    void *scr = cs_scratch(cs, op, cuda_ssd_fwd_scratch(&a));
+    if (scr) cs_check(cs, op, cuda_ssd_scan_fwd(cs->st, &a, scr));
+}
+
+static void cuda_op_ssd_scan_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *ddt, tensor_t *dA_log,
+                                 tensor_t *dB, tensor_t *dC, tensor_t *dD, ct_t *dy, ct_t *x,
+                                 ct_t *dt, ct_t *A_log, ct_t *Bm, ct_t *Cm, ct_t *D,
+                                 ct_t *chunk_states, int64_t chunk)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_ssd_scan_bwd";
+    mb_ssd_t a = cuda_ssd_args(x, dt, A_log, Bm, Cm, D, chunk);
+    a.dx = cuda_opt_out(dx), a.ddt = cuda_opt_out(ddt), a.dB = cuda_opt_out(dB);
+    a.dC = cuda_opt_out(dC), a.dy = dy->data, a.cstates = chunk_states->data;
+    if (a.T == 0 || !cs_enter(cs, op)) return;
+    void *scr = cs_scratch(cs, op, cuda_ssd_bwd_scratch(&a));
+    if (scr)
+        cs_check(cs, op,
+                 cuda_ssd_scan_bwd(cs->st, &a, cuda_opt_out(dA_log), cuda_opt_out(dD), scr));
+}
+
+static void cuda_op_gated_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, ct_t *y,
+                                      ct_t *z, ct_t *w, int64_t groups, float eps)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_gated_rmsnorm_fwd";
+    mb_gnorm_t a = {.out = out->data, .rstd = rstd->data, .y = y->data, .z = z->data,
+                    .w = w->data, .N = tensor_rows(y), .C = tensor_cols(y), .G = groups,
+                    .eps = eps};
+    if (cs_enter(cs, op)) cs_check(cs, op, cuda_gated_rmsnorm_fwd(cs->st, &a));
+}
+
+static void cuda_op_gated_rmsnorm_bwd(kern_stream_t *s, tensor_t *dy, tensor_t *dz, tensor_t *dw,
+                                      ct_t *dout, ct_t *y, ct_t *z, ct_t *w, ct_t *rstd,
+                                      int64_t groups)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_gated_rmsnorm_bwd";
+    mb_gnorm_t a = {.dy = cuda_opt_out(dy), .dz = cuda_opt_out(dz), .dw = cuda_opt_out(dw),
+                    .dout = dout->data, .y = y->data, .z = z->data, .w = w->data,
+                    .rs = rstd->data, .N = tensor_rows(y), .C = tensor_cols(y), .G = groups};
+    if (cs_enter(cs, op)) cs_check(cs, op, cuda_gated_rmsnorm_bwd(cs->st, &a));
+}
+
 const kern_backend_t kern_cuda_backend = {
     .name = "cuda",
     .kind = DEV_CUDA,
@@ -1115,6 +1236,7 @@ const kern_backend_t kern_cuda_backend = {
             [KERN_OP_MOE_COMBINE] = F32 | BF16,
             [KERN_OP_GROUPED_LINEAR] = F32 | BF16,
             [KERN_OP_MOE_RESELECT] = F32,
+            [KERN_OP_MAMBA] = F32,
         },
     .usable = cuda_usable,
     .mem_alloc = cuda_mem_alloc,
@@ -1177,6 +1299,14 @@ const kern_backend_t kern_cuda_backend = {
     .sigmoid_gate_bwd = cuda_op_sigmoid_gate_bwd,
     .grouped_linear_fwd = cuda_op_grouped_linear_fwd,
     .grouped_linear_bwd = cuda_op_grouped_linear_bwd,
+    .conv1d_causal_fwd = cuda_op_conv1d_causal_fwd,
+    .conv1d_causal_bwd = cuda_op_conv1d_causal_bwd,
+    .ssm_dt_fwd = cuda_op_ssm_dt_fwd,
+    .ssm_dt_bwd = cuda_op_ssm_dt_bwd,
+    .ssd_scan_fwd = cuda_op_ssd_scan_fwd,
+    .ssd_scan_bwd = cuda_op_ssd_scan_bwd,
+    .gated_rmsnorm_fwd = cuda_op_gated_rmsnorm_fwd,
+    .gated_rmsnorm_bwd = cuda_op_gated_rmsnorm_bwd,
 };
 
 #endif /* BT_HAVE_CUDA */

@@ -270,6 +270,27 @@ void cuda_versions_str(char *buf, size_t cap);
  * it. Not thread-safe. */
 void cuda_test_inject_failure(const char *op);
 
+/* ---- Mamba2 mixer (mamba.cu): the units of kernels/mamba_seq.h, f32 ------------- */
+
+#include "kernels/mamba_seq.h"
+
+size_t cuda_conv1d_bwd_scratch(const mb_conv_t *a);
+cudaError_t cuda_conv1d_causal_fwd(cudaStream_t st, const mb_conv_t *a);
+cudaError_t cuda_conv1d_causal_bwd(cudaStream_t st, const mb_conv_t *a, void *scratch);
+cudaError_t cuda_ssm_dt_fwd(cudaStream_t st, float *dt, const float *raw, const float *bias,
+                            int64_t N, int64_t H, float lo, float hi);
+cudaError_t cuda_ssm_dt_bwd(cudaStream_t st, float *draw, float *dbias, const float *ddt,
+                            const float *raw, const float *bias, int64_t N, int64_t H, float lo,
+                            float hi);
+size_t cuda_ssd_fwd_scratch(const mb_ssd_t *a);
+size_t cuda_ssd_bwd_scratch(const mb_ssd_t *a);
+cudaError_t cuda_ssd_scan_fwd(cudaStream_t st, const mb_ssd_t *a, void *scratch);
+/* a's dA_part, dD_part are set inside, from the scratch */
+cudaError_t cuda_ssd_scan_bwd(cudaStream_t st, const mb_ssd_t *a, float *dA_log, float *dD,
+                              void *scratch);
+cudaError_t cuda_gated_rmsnorm_fwd(cudaStream_t st, const mb_gnorm_t *a);
+cudaError_t cuda_gated_rmsnorm_bwd(cudaStream_t st, const mb_gnorm_t *a);
+
 #ifdef __cplusplus
 }
 #endif
