@@ -256,12 +256,13 @@ void kern_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, const
 
 /* ---- Mamba2 mixer ---------------------------------------------------------
  *
- * The sequence ops of a Mamba2 mixer (model/mamba.c; HF's NemotronHMamba2Mixer
- * torch path): causal depthwise conv over x, B, C; dt with its bias,
- * softplus and limits; the chunked SSD scan with the D skip; the gated,
- * grouped RMSNorm. Tokens are [B,T,...] rows (batch-major); everything is in
- * the compute dtype except the states (f32). KERN_OP_MAMBA: cpu and fenced
- * (cuda twins in kernels/cuda/mamba.cu). */
+ * The sequence ops of a Mamba2 mixer, as HF's NemotronHMamba2Mixer computes
+ * them on its torch path: causal depthwise conv over x, B, C; dt with its
+ * bias, softplus and limits; the chunked SSD scan with the D skip; the gated,
+ * grouped RMSNorm (docs/KERNELS.md, "Mamba2 mixer"). Tokens are [B,T,...]
+ * rows (batch-major); everything is in the compute dtype except the scan's
+ * chunk and decode states and the norm's rstd (f32). KERN_OP_MAMBA: f32 on
+ * cpu, fenced and cuda (kernels/cuda/mamba.cu, not yet run on a GPU). */
 
 typedef enum { KERN_ACT_NONE = 0, KERN_ACT_SILU } kern_act_t;
 
