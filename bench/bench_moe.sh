@@ -13,10 +13,14 @@
 # all-to-all and the row all-to-alls of dispatch and combine, forward and
 # backward, host staging included) and in the experts' grouped products
 # (forward and backward), the step time (metrics elapsed_s) and the
-# exchanges' share. Overlap: the exchanges run on the compute thread and
-# block it (coll_run), so none of the all-to-all overlaps expert or other
-# compute today; the script prints the share of the step they take, which
-# is what overlapping would hide.
+# exchanges' share; then the overlap (model_t moe_a2a_ns / moe_a2a_wait_ns):
+# a layer's rows go out and come back in two chunks of tokens, each
+# all-to-all started without waiting (model/moe.c MOE_CHUNKS), so one
+# chunk's rows travel while the experts compute the other's. a2a_ms is the
+# time the row all-to-alls were in flight, wait_ms the part of it the
+# compute thread waited, overlap = 1 - wait / a2a the share of the
+# all-to-all time hidden behind compute. (exchange_ms is the compute
+# thread's time in the exchanges: the count all-to-alls, staging, waits.)
 #
 #   bench/bench_moe.sh [BUILD] [STEPS] [MICRO_BATCH] [SEQ]   (defaults: build, 20, 8, 64)
 set -euo pipefail
@@ -39,7 +43,8 @@ train: {steps: $STEPS, micro_batch: $MB, grad_accum: 1, seed: 1, log_every: 1000
 optim: {lr: 0.001, min_lr: 0.0001, warmup: 1}
 YAML
 
-printf '%-12s %12s %12s %12s %10s\n' layout exchange_ms experts_ms step_ms exch_share
+printf '%-12s %12s %12s %12s %10s %10s %10s %8s\n' layout exchange_ms experts_ms step_ms exch_share \
+    a2a_ms wait_ms overlap
 for layout in "2 1" "2 2" "4 1" "4 4"; do
     set -- $layout
     name=dp$1_ep$2
@@ -54,7 +59,8 @@ series = {}  # (track, counter) -> values in time order
 for e in ev:
     # counters are named after the stage's track: "stage r0 ... moe exchange ms"
     n = e.get("name", "")
-    key = "moe exchange ms" if n.endswith("moe exchange ms") else "moe experts ms" if n.endswith("moe experts ms") else None
+    key = next((k for k in ("moe exchange ms", "moe experts ms", "moe a2a ms", "moe a2a wait ms")
+                if n.endswith(k)), None)
     if e.get("ph") == "C" and key:
         series.setdefault((e.get("pid"), n, key), []).append((e["ts"], e.get("args", {}).get("value", 0)))
 def per_step(name):
@@ -68,7 +74,10 @@ def per_step(name):
 el = [json.loads(l)["elapsed_s"] for l in open(sys.argv[2]) if '"loss"' in l]
 step = (el[-1] - el[0]) / (len(el) - 1) * 1e3 if len(el) > 1 else float("nan")
 ex, co = per_step("moe exchange ms"), per_step("moe experts ms")
+a2a, wait = per_step("moe a2a ms"), per_step("moe a2a wait ms")
 share = ex / step if step > 0 else float("nan")
-print("%-12s %12.3f %12.3f %12.3f %9.1f%%" % (sys.argv[3], ex, co, step, 100 * share))
+ov = "%7.1f%%" % (100 * (1 - wait / a2a)) if a2a > 0 else "%8s" % "-"
+print("%-12s %12.3f %12.3f %12.3f %9.1f%% %10.3f %10.3f %s" % (sys.argv[3], ex, co, step, 100 * share,
+                                                               a2a, wait, ov))
 PY
 done

@@ -141,6 +141,18 @@ typedef struct {
     int                 ix[MODEL_SUB_SLOTS]; /* the kind's tensors: slot -> param index, -1 absent */
 } model_sub_t;
 
+/* One EP row all-to-all: sparse layer `layer`, MODEL_MOE_X_* (the forward's
+ * dispatch of the routed rows and combine of the experts' outputs, the
+ * backward's of their gradients), chunk `chunk`, [t0, t1] clock_now_ns
+ * from its start to its completion. */
+enum { MODEL_MOE_X_DISPATCH = 0, MODEL_MOE_X_COMBINE, MODEL_MOE_X_DISPATCH_GRAD,
+       MODEL_MOE_X_COMBINE_GRAD, MODEL_MOE_X_COUNT };
+#define MODEL_MOE_XLOG 64
+typedef struct {
+    int32_t  layer, what, chunk;
+    uint64_t t0, t1, bytes;
+} model_moe_x_t;
+
 typedef struct model {
     model_config_t   cfg;
     model_stage_t    stage;
@@ -183,6 +195,17 @@ typedef struct model {
      * moe_time_sync makes each block wait for its stream. */
     uint64_t         moe_exchange_ns, moe_expert_ns;
     bool             moe_time_sync;
+    /* With expert parallelism, of the row all-to-alls (dispatch and combine,
+     * forward and backward): the time they were in flight (started to
+     * completed, on the collective's own thread) and the part of it this
+     * thread waited for them; the rest overlapped the experts' compute of
+     * another chunk (model/moe.c, MOE_CHUNKS). Since creation. */
+    uint64_t         moe_a2a_ns, moe_a2a_wait_ns;
+    /* The row all-to-alls since the caller last reset moe_xlog_n (the stage
+     * actor turns them into trace spans after each forward or backward),
+     * the first MODEL_MOE_XLOG of them; moe_xlog_lost counts the rest. */
+    model_moe_x_t    moe_xlog[MODEL_MOE_XLOG];
+    int              moe_xlog_n, moe_xlog_lost;
     /* Routed experts' load: per sparse layer of this stage, in stage order,
      * [n_moe][3][E] f32 on the device: the choices routed to each expert
      * (before any capacity) in the training forwards (dloss > 0) since the

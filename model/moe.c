@@ -64,6 +64,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +183,23 @@ typedef struct {
     double  rows, cols; /* doubles: an absurd config's sizes never wrap */
 } region_t;
 
+/* With expert parallelism, a forward dispatches this rank's rows in
+ * MOE_CHUNKS chunks of tokens, each exchanged by all-to-alls of its own
+ * (counts, rows out, results back), started without waiting: the rows of
+ * one chunk travel (on the collective's thread) while the experts compute
+ * the other's, and the first chunk's results travel back while the second
+ * computes; the backward does the same with the gradients. The number is
+ * fixed, the same on every rank (every EP member issues the same
+ * collectives in the same order, zero-row chunks included) and does not
+ * depend on timing, so the results are the same bits on every run. One
+ * chunk without EP, and with a capacity factor (whose first-choices rule
+ * spans every row of the forward). */
+#define MOE_CHUNKS 2
+static int moe_chunks(const model_t *m)
+{
+    return m->par.ep_size > 1 && m->cfg.moe.capacity_factor == 0 ? MOE_CHUNKS : 1;
+}
+
 static void moe_regions(const model_t *m, double N, region_t *saved, region_t *scratch)
 {
     const model_moe_config_t *e = &m->cfg.moe;
@@ -189,7 +207,7 @@ static void moe_regions(const model_t *m, double N, region_t *saved, region_t *s
     double F = (double)e->expert_ffn, Fs = (double)e->shared_ffn;
     double Ns = Fs > 0 ? N : 0; /* the shared expert's rows: none without it */
     double tp = m->par.tp_size > 1 ? m->par.tp_size : 1, ep = m->par.ep_size > 1 ? m->par.ep_size : 1;
-    double El = E / ep;
+    double El = E / ep, Q = moe_chunks(m);
     /* this rank's rows (its TP share, rounded up) and their choices; with EP
      * the most rows that can arrive: every member's choices of this rank's
      * experts, at most min(K, El) per token */
@@ -202,9 +220,9 @@ static void moe_regions(const model_t *m, double N, region_t *saved, region_t *s
         saved[R_WEIGHTS] = (region_t){DT_F32, N, K};
         saved[R_EXPERTS] = (region_t){DT_I32, N, K};
         saved[R_SLOT] = (region_t){DT_I32, N, K};
-        saved[R_SIZES] = (region_t){DT_I32, 1, E};
-        saved[R_ROUTED] = (region_t){DT_I32, 1, E};
-        saved[R_RSIZES] = (region_t){DT_I32, ep > 1 ? ep : 0, El};
+        saved[R_SIZES] = (region_t){DT_I32, Q, E};
+        saved[R_ROUTED] = (region_t){DT_I32, Q, E};
+        saved[R_RSIZES] = (region_t){DT_I32, ep > 1 ? Q * ep : 0, El};
         saved[R_XP] = (region_t){A, ep > 1 ? 0 : M, C};
         saved[R_XR] = (region_t){A, X, C};
         saved[R_G] = (region_t){A, Rx, F};
@@ -493,45 +511,121 @@ out:
     return st;
 }
 
-/* dst's rows from every EP rank (recv[j] rows from rank j, in rank order)
- * = what each sends of its src (send[j] of its rows to rank j, in rank
- * order): one all-to-all(v), staged through host memory when the
- * collective cannot take the device's. */
-static bt_status_t ep_exchange(model_t *m, const tensor_t *src, const int64_t *send,
-                               tensor_t *dst, const int64_t *recv, const char *what, int layer)
+/* One row all-to-all(v) in flight (ep_start .. ep_finish, on the compute
+ * thread): dst's rows from every EP rank (recv[j] rows from rank j, in rank
+ * order) = what each sends of its src (send[j] of its rows to rank j, in
+ * rank order), staged through a host buffer of its own when the collective
+ * cannot take the device's memory. src and dst belong to the collective
+ * until ep_finish. */
+typedef struct {
+    model_t           *m;
+    coll_req_t        *req;      /* non-NULL: started, not finished */
+    char              *host;     /* staging (send rows, then from sb the received) */
+    size_t             sb;
+    tensor_t           dst;      /* the received rows (staged: uploaded by ep_finish) */
+    _Atomic uint64_t   t_done;   /* completion, on the collective's thread (0: not yet) */
+    model_moe_x_t      log;
+    const char        *what;
+} ep_x_t;
+
+static void ep_x_done(void *arg, bt_status_t st)
+{
+    (void)st; /* coll_wait returns it */
+    atomic_store(&((ep_x_t *)arg)->t_done, clock_now_ns());
+}
+
+static bt_status_t ep_start(model_t *m, const tensor_t *src, const int64_t *send, tensor_t *dst,
+                            const int64_t *recv, int what, int chunk, int layer,
+                            const char *desc, ep_x_t *x)
 {
     uint64_t t0 = clock_now_ns();
     int ep = m->par.ep_size;
     int64_t C = src->shape[1], ns = 0, nr = 0;
-    size_t es = dtype_size(src->dtype), *sc = malloc((size_t)(2 * ep) * sizeof *sc), *rc = sc + ep;
-    if (!sc) return BT_ERR_NOMEM;
+    size_t es = dtype_size(src->dtype), sc[MODEL_MAX_EP], rc[MODEL_MAX_EP];
     for (int j = 0; j < ep; j++) {
         sc[j] = (size_t)(send[j] * C);
         rc[j] = (size_t)(recv[j] * C);
         ns += send[j];
         nr += recv[j];
     }
+    memset(x, 0, sizeof *x);
+    x->m = m;
+    x->what = desc;
+    x->dst = rows_of(dst, 0, nr);
+    x->log = (model_moe_x_t){.layer = layer, .what = what, .chunk = chunk,
+                             .bytes = (uint64_t)((ns + nr) * C) * es};
     coll_comm_t *comm = m->par.ep_comm;
+    const void *sendp = src->data;
+    void *recvp = dst->data;
     bt_status_t st = kern_stream_sync(m->stream);
-    if (st == BT_OK && model_coll_direct(m, comm)) {
-        st = coll_all_to_all(comm, dst->data, rc, src->data, sc, src->dtype);
-    } else if (st == BT_OK) {
-        size_t sb = model_align((size_t)(ns * C) * es);
-        char *h;
-        if ((st = model_host_buf(m, sb + (size_t)(nr * C) * es + 1, (void **)&h)) == BT_OK) {
-            tensor_t a = rows_of(src, 0, ns), b = rows_of(dst, 0, nr);
-            if (ns > 0) kern_download(m->stream, h, &a);
-            if ((st = kern_stream_sync(m->stream)) == BT_OK &&
-                (st = coll_all_to_all(comm, h + sb, rc, h, sc, src->dtype)) == BT_OK && nr > 0) {
-                kern_upload(m->stream, &b, h + sb);
-                st = kern_stream_sync(m->stream);
-            }
+    if (st == BT_OK && !model_coll_direct(m, comm)) {
+        x->sb = model_align((size_t)(ns * C) * es);
+        if (!(x->host = malloc(x->sb + (size_t)(nr * C) * es + 1))) {
+            st = BT_ERR_NOMEM;
+        } else {
+            tensor_t a = rows_of(src, 0, ns);
+            if (ns > 0) kern_download(m->stream, x->host, &a);
+            st = kern_stream_sync(m->stream);
+            sendp = x->host;
+            recvp = x->host + x->sb;
         }
     }
-    free(sc);
-    if (st != BT_OK) layer_fail(m, "EP all-to-all", what, layer, st);
+    if (st == BT_OK) {
+        coll_call_t call = {.kind = COLL_KIND_ALL_TO_ALL, .recv = recvp, .send = sendp,
+                            .send_counts = sc, .recv_counts = rc, .dt = src->dtype};
+        x->log.t0 = clock_now_ns();
+        st = coll_start(comm, &call, ep_x_done, x, &x->req);
+        if (st == BT_IN_PROGRESS) st = BT_OK;
+        else x->req = NULL;
+    }
+    if (st != BT_OK) {
+        free(x->host);
+        x->host = NULL;
+        layer_fail(m, "EP all-to-all", desc, layer, st);
+    }
     m->moe_exchange_ns += clock_now_ns() - t0;
     return st;
+}
+
+/* Waits for x (nothing when it never started) and logs it. */
+static bt_status_t ep_finish(ep_x_t *x)
+{
+    if (!x->req) return BT_OK;
+    model_t *m = x->m;
+    uint64_t t0 = clock_now_ns();
+    bt_status_t st = coll_wait(m->par.ep_comm, x->req);
+    uint64_t now = clock_now_ns(), t1 = atomic_load(&x->t_done);
+    x->req = NULL;
+    if (t1 == 0 || t1 > now) t1 = now; /* the callback may come after the wait returns */
+    if (t1 < x->log.t0) t1 = x->log.t0;
+    m->moe_a2a_ns += t1 - x->log.t0;
+    m->moe_a2a_wait_ns += t1 > t0 ? t1 - t0 : 0;
+    x->log.t1 = t1;
+    if (m->moe_xlog_n < MODEL_MOE_XLOG) m->moe_xlog[m->moe_xlog_n++] = x->log;
+    else m->moe_xlog_lost++;
+    if (st == BT_OK && x->host && x->dst.shape[0] > 0) {
+        kern_upload(m->stream, &x->dst, x->host + x->sb);
+        st = kern_stream_sync(m->stream);
+    }
+    free(x->host);
+    x->host = NULL;
+    if (st != BT_OK) layer_fail(m, "EP all-to-all", x->what, x->log.layer, st);
+    m->moe_exchange_ns += clock_now_ns() - t0;
+    return st;
+}
+
+/* After a failure: the exchanges still in flight own their buffers, so
+ * they are waited for (their status is the communicator's, already
+ * reported). */
+static void ep_drain(ep_x_t *x, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (x[i].req) {
+            coll_wait(x[i].m->par.ep_comm, x[i].req);
+            x[i].req = NULL;
+            free(x[i].host);
+            x[i].host = NULL;
+        }
 }
 
 /* The rows the experts run on, in blocks that each hold whole groups: one
@@ -563,6 +657,50 @@ static int64_t blocks_make(const model_t *m, const tensor_t *sizes, const tensor
         total += recv[j];
     }
     return total;
+}
+
+/* One chunk of this rank's dispatch (moe_chunks): token rows [r0, r0 + n)
+ * of the layer's N, dispatched rows [x0, x0 + n K) of this rank's n K
+ * (slots relative to x0), its counts (sizes[E], routed[E]; with EP the
+ * counts that arrived, rsizes[ep, El], and in rows send[j] / recv[j]), and
+ * the rows its experts run on, [R0, R0 + R) of all that arrived. */
+typedef struct {
+    int64_t  r0, n, x0, R0, R;
+    tensor_t sizes, routed, rsizes, slot;
+    int64_t  send[MODEL_MAX_EP], recv[MODEL_MAX_EP];
+    blocks_t b;
+} chunk_t;
+
+/* This rank's n rows from n0 in q chunks, on the saved regions v. */
+static void chunks_make(const model_t *m, const tensor_t *v, int64_t n0, int64_t n, int q,
+                        chunk_t *c)
+{
+    int64_t E = m->cfg.moe.n_experts, K = m->cfg.moe.top_k;
+    int ep = m->par.ep_size;
+    for (int i = 0; i < q; i++) {
+        int64_t a, k;
+        model_vocab_split(n, q, i, &a, &k);
+        c[i].r0 = n0 + a;
+        c[i].n = k;
+        c[i].x0 = a * K;
+        c[i].sizes = tensor_make((int32_t *)v[R_SIZES].data + i * E, DT_I32, m->place.dev, 1, &E);
+        c[i].routed = tensor_make((int32_t *)v[R_ROUTED].data + i * E, DT_I32, m->place.dev, 1, &E);
+        c[i].rsizes = ep > 1 ? rows_of(&v[R_RSIZES], (int64_t)i * ep, ep) : (tensor_t){0};
+        c[i].slot = rows_of(&v[R_SLOT], c[i].r0, k);
+    }
+}
+
+/* Each chunk's blocks (blocks_make) and place among the rows that arrived;
+ * their total. */
+static int64_t chunks_blocks(const model_t *m, chunk_t *c, int q)
+{
+    int64_t K = m->cfg.moe.top_k, R = 0;
+    for (int i = 0; i < q; i++) {
+        c[i].R0 = R;
+        c[i].R = blocks_make(m, &c[i].sizes, &c[i].rsizes, c[i].recv, c[i].n * K, &c[i].b);
+        R += c[i].R;
+    }
+    return R;
 }
 
 static void experts_fwd(model_run_t *r, const model_sub_t *sub, const blocks_t *b,
@@ -662,7 +800,7 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         tensor_t load = model_moe_load_view(m, li, 0), scratch = model_moe_load_view(m, li, 1);
         kern_moe_route_stats(s, &load, &scratch, &v[R_PROBS], &v[R_EXPERTS]);
     }
-    /* dispatch this rank's rows */
+    /* dispatch this rank's rows, in chunks (moe_chunks) */
     int64_t n0, n;
     my_rows(m, N, &n0, &n);
     int64_t cap = -1;
@@ -670,59 +808,72 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         double c = ceil(e->capacity_factor * (double)N * (double)K / (double)E);
         cap = c < (double)(N * K) ? (int64_t)c : N * K;
     }
-    tensor_t sizes = tensor_make(v[R_SIZES].data, DT_I32, m->place.dev, 1, &E);
-    tensor_t routed = tensor_make(v[R_ROUTED].data, DT_I32, m->place.dev, 1, &E);
+    int Q = moe_chunks(m);
+    chunk_t c[MOE_CHUNKS];
+    chunks_make(m, v, n0, n, Q, c);
     tensor_t xp = rows_of(ep > 1 ? &sc[S_XP] : &v[R_XP], 0, n * K);
-    tensor_t slot = rows_of(&v[R_SLOT], n0, n);
-    if (n > 0) {
-        tensor_t lnr = rows_of(ln, n0, n), ex = rows_of(&v[R_EXPERTS], n0, n);
-        kern_moe_permute_fwd(s, &xp, &slot, &sizes, &routed, &lnr, &ex, cap);
-    } else {
-        kern_zero(s, &sizes);
-        kern_zero(s, &routed);
+    for (int q = 0; q < Q; q++) {
+        if (c[q].n > 0) {
+            tensor_t lnr = rows_of(ln, c[q].r0, c[q].n), ex = rows_of(&v[R_EXPERTS], c[q].r0, c[q].n);
+            tensor_t xq = rows_of(&xp, c[q].x0, c[q].n * K);
+            kern_moe_permute_fwd(s, &xq, &c[q].slot, &c[q].sizes, &c[q].routed, &lnr, &ex, cap);
+        } else {
+            kern_zero(s, &c[q].sizes);
+            kern_zero(s, &c[q].routed);
+        }
     }
-    if (cap >= 0) { /* count what the capacity dropped */
+    if (cap >= 0) { /* count what the capacity dropped (one chunk) */
         int32_t *h = malloc((size_t)(2 * E) * sizeof *h);
         if (!h) return BT_ERR_NOMEM;
-        kern_download(s, h, &sizes);
-        kern_download(s, h + E, &routed);
+        kern_download(s, h, &c[0].sizes);
+        kern_download(s, h + E, &c[0].routed);
         st = kern_stream_sync(s);
         for (int64_t i = 0; st == BT_OK && i < E; i++) m->moe_dropped += h[E + i] - h[i];
         free(h);
         if (st != BT_OK) return st;
     }
-    /* the experts: on this rank's rows, or (EP) on what the group sent here */
-    int64_t send[MODEL_MAX_EP] = {0}, recv[MODEL_MAX_EP] = {0};
-    tensor_t yp = rows_of(&v[R_YP], 0, n * K), xin = xp, yout = yp;
-    if (ep > 1) {
-        if ((st = ep_counts(m, &sizes, &v[R_RSIZES], true, send, recv, sub->layer))) return st;
-    }
-    blocks_t b;
-    int64_t R = blocks_make(m, &sizes, &v[R_RSIZES], recv, n * K, &b);
+    /* the experts: on this rank's rows, or (EP) on what the group sent here,
+     * counts first, then each chunk's rows out and its results back */
+    for (int q = 0; ep > 1 && q < Q; q++)
+        if ((st = ep_counts(m, &c[q].sizes, &c[q].rsizes, true, c[q].send, c[q].recv, sub->layer)))
+            return st;
+    int64_t R = chunks_blocks(m, c, Q);
     if (R > v[R_G].shape[0]) BT_PANIC("moe_forward: %lld rows arrived, room for %lld",
                                       (long long)R, (long long)v[R_G].shape[0]);
-    if (ep > 1) {
-        m->moe_rows_in += R;
-        xin = rows_of(&v[R_XR], 0, R);
-        yout = rows_of(&sc[S_YR], 0, R);
-        if ((st = ep_exchange(m, &xp, send, &xin, recv, "the routed tokens", sub->layer))) return st;
+    if (ep > 1) m->moe_rows_in += R;
+    ep_x_t xd[MOE_CHUNKS] = {0}, xc[MOE_CHUNKS] = {0};
+    tensor_t xin[MOE_CHUNKS], yout[MOE_CHUNKS], yp[MOE_CHUNKS];
+    for (int q = 0; q < Q; q++) {
+        yp[q] = rows_of(&v[R_YP], c[q].x0, c[q].n * K);
+        xin[q] = ep > 1 ? rows_of(&v[R_XR], c[q].R0, c[q].R) : xp;
+        yout[q] = ep > 1 ? rows_of(&sc[S_YR], c[q].R0, c[q].R) : yp[q];
+        tensor_t xq = rows_of(&xp, c[q].x0, c[q].n * K);
+        if (ep > 1 && (st = ep_start(m, &xq, c[q].send, &xin[q], c[q].recv, MODEL_MOE_X_DISPATCH, q,
+                                     sub->layer, "the routed tokens", &xd[q])))
+            goto drain;
     }
-    tensor_t g = rows_of(&v[R_G], 0, R), u = rows_of(&v[R_U], 0, R), h = rows_of(&v[R_H], 0, R);
-    uint64_t t0 = clock_now_ns();
-    experts_fwd(r, sub, &b, &xin, &g, &u, &h, &yout);
-    if (m->moe_time_sync && (st = kern_stream_sync(s))) return st;
-    m->moe_expert_ns += clock_now_ns() - t0;
-    if (ep > 1 &&
-        (st = ep_exchange(m, &yout, recv, &yp, send, "the experts' outputs", sub->layer)))
-        return st;
+    for (int q = 0; q < Q; q++) {
+        if ((st = ep_finish(&xd[q]))) goto drain;
+        tensor_t g = rows_of(&v[R_G], c[q].R0, c[q].R), u = rows_of(&v[R_U], c[q].R0, c[q].R),
+                 h = rows_of(&v[R_H], c[q].R0, c[q].R);
+        uint64_t t0 = clock_now_ns();
+        experts_fwd(r, sub, &c[q].b, &xin[q], &g, &u, &h, &yout[q]);
+        if (m->moe_time_sync && (st = kern_stream_sync(s))) goto drain;
+        m->moe_expert_ns += clock_now_ns() - t0;
+        if (ep > 1 && (st = ep_start(m, &yout[q], c[q].recv, &yp[q], c[q].send, MODEL_MOE_X_COMBINE,
+                                     q, sub->layer, "the experts' outputs", &xc[q])))
+            goto drain;
+    }
+    for (int q = 0; q < Q; q++)
+        if ((st = ep_finish(&xc[q]))) goto drain;
     /* combine */
-    if (m->par.tp_size <= 1) {
-        kern_moe_combine_fwd(s, y, &yp, &v[R_SLOT], &v[R_WEIGHTS]);
-    } else {
-        tensor_t yr = rows_of(y, n0, n), w = rows_of(&v[R_WEIGHTS], n0, n);
-        if (n > 0) kern_moe_combine_fwd(s, &yr, &yp, &slot, &w);
-        if ((st = tp_gather_rows(m, y, "the experts' output", sub->layer))) return st;
+    for (int q = 0; q < Q; q++) {
+        if (c[q].n == 0) continue;
+        tensor_t yr = rows_of(y, c[q].r0, c[q].n), w = rows_of(&v[R_WEIGHTS], c[q].r0, c[q].n);
+        kern_moe_combine_fwd(s, &yr, &yp[q], &c[q].slot, &w);
     }
+    if (m->par.tp_size > 1 && (st = tp_gather_rows(m, y, "the experts' output", sub->layer)))
+        return st;
     if (e->shared_ffn > 0) {
         kern_linear_fwd(s, &v[R_SG], ln, model_sub_param(m, sub, X_SGATE), NULL);
         kern_linear_fwd(s, &v[R_SU], ln, model_sub_param(m, sub, X_SUP), NULL);
@@ -733,6 +884,10 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         kern_add(s, y, y, &sc[S_TMP]);
     }
     return BT_OK;
+drain:
+    ep_drain(xd, Q);
+    ep_drain(xc, Q);
+    return st;
 }
 
 static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *saved,
@@ -741,14 +896,13 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
     model_t *m = r->m;
     kern_stream_t *s = r->s;
     const model_moe_config_t *e = &m->cfg.moe;
-    int64_t E = e->n_experts, K = e->top_k;
+    int64_t K = e->top_k;
     int ep = m->par.ep_size;
     bool tp = m->par.tp_size > 1;
     bt_status_t st;
     tensor_t v[R_COUNT], d[S_COUNT];
     saved_views(r, saved, v);
     scratch_views(r, d);
-    tensor_t sizes = tensor_make(v[R_SIZES].data, DT_I32, m->place.dev, 1, &E);
     kern_zero(s, dln);
     if (e->shared_ffn > 0) {
         kern_zero(s, &d[S_DSO]);
@@ -767,52 +921,66 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
         kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_SHGATE), NULL, &d[S_DSGL], ln,
                         model_sub_param(m, sub, X_SHGATE));
     }
-    /* combine, on this rank's rows */
+    /* combine, on this rank's rows, chunk by chunk as the forward dispatched them */
     int64_t n0, n;
     my_rows(m, r->N, &n0, &n);
-    tensor_t yp = rows_of(&v[R_YP], 0, n * K), dyp = rows_of(&d[S_DYP], 0, n * K),
-             dxp = rows_of(&d[S_DXP], 0, n * K), slot = rows_of(&v[R_SLOT], n0, n);
+    int Q = moe_chunks(m);
+    chunk_t c[MOE_CHUNKS];
+    chunks_make(m, v, n0, n, Q, c);
+    tensor_t yp[MOE_CHUNKS], dyp[MOE_CHUNKS], dxp[MOE_CHUNKS];
     kern_zero(s, &d[S_DW]);
-    if (n > 0) {
-        tensor_t dyr = rows_of(dy, n0, n), w = rows_of(&v[R_WEIGHTS], n0, n),
-                 dw = rows_of(&d[S_DW], n0, n);
-        kern_zero(s, &dyp);
-        kern_moe_combine_bwd(s, &dyp, &dw, &dyr, &yp, &slot, &w);
+    for (int q = 0; q < Q; q++) {
+        yp[q] = rows_of(&v[R_YP], c[q].x0, c[q].n * K);
+        dyp[q] = rows_of(&d[S_DYP], c[q].x0, c[q].n * K);
+        dxp[q] = rows_of(&d[S_DXP], c[q].x0, c[q].n * K);
+        if (c[q].n == 0) continue;
+        tensor_t dyr = rows_of(dy, c[q].r0, c[q].n), w = rows_of(&v[R_WEIGHTS], c[q].r0, c[q].n),
+                 dw = rows_of(&d[S_DW], c[q].r0, c[q].n);
+        kern_zero(s, &dyp[q]);
+        kern_moe_combine_bwd(s, &dyp[q], &dw, &dyr, &yp[q], &c[q].slot, &w);
     }
     /* the experts, where the forward ran them */
-    int64_t send[MODEL_MAX_EP] = {0}, recv[MODEL_MAX_EP] = {0};
-    if (ep > 1 && (st = ep_counts(m, &sizes, &v[R_RSIZES], false, send, recv, sub->layer)))
-        return st;
-    blocks_t b;
-    int64_t R = blocks_make(m, &sizes, &v[R_RSIZES], recv, n * K, &b);
-    tensor_t xin = rows_of(&v[R_XP], 0, R), dyin = dyp, dxin = dxp;
-    if (ep > 1) {
-        xin = rows_of(&v[R_XR], 0, R);
-        dyin = rows_of(&d[S_DYR], 0, R);
-        dxin = rows_of(&d[S_DXR], 0, R);
-        if ((st = ep_exchange(m, &dyp, send, &dyin, recv, "the experts' output gradients",
-                              sub->layer)))
+    for (int q = 0; ep > 1 && q < Q; q++)
+        if ((st = ep_counts(m, &c[q].sizes, &c[q].rsizes, false, c[q].send, c[q].recv, sub->layer)))
             return st;
+    chunks_blocks(m, c, Q);
+    ep_x_t xd[MOE_CHUNKS] = {0}, xc[MOE_CHUNKS] = {0};
+    tensor_t xin[MOE_CHUNKS], dyin[MOE_CHUNKS], dxin[MOE_CHUNKS];
+    for (int q = 0; q < Q; q++) {
+        xin[q] = ep > 1 ? rows_of(&v[R_XR], c[q].R0, c[q].R) : rows_of(&v[R_XP], 0, c[q].R);
+        dyin[q] = ep > 1 ? rows_of(&d[S_DYR], c[q].R0, c[q].R) : dyp[q];
+        dxin[q] = ep > 1 ? rows_of(&d[S_DXR], c[q].R0, c[q].R) : dxp[q];
+        if (ep > 1 && (st = ep_start(m, &dyp[q], c[q].send, &dyin[q], c[q].recv,
+                                     MODEL_MOE_X_DISPATCH_GRAD, q, sub->layer,
+                                     "the experts' output gradients", &xd[q])))
+            goto drain;
     }
-    tensor_t g = rows_of(&v[R_G], 0, R), u = rows_of(&v[R_U], 0, R), h = rows_of(&v[R_H], 0, R),
-             dh = rows_of(&d[S_DH], 0, R), dg = rows_of(&d[S_DG], 0, R),
-             du = rows_of(&d[S_DU], 0, R);
-    uint64_t t0 = clock_now_ns();
-    experts_bwd(r, sub, &b, &xin, &g, &u, &h, &dyin, &dh, &dg, &du, &dxin);
-    if (m->moe_time_sync && (st = kern_stream_sync(s))) return st;
-    m->moe_expert_ns += clock_now_ns() - t0;
-    if (ep > 1 && (st = ep_exchange(m, &dxin, recv, &dxp, send, "the routed tokens' gradients",
-                                    sub->layer)))
-        return st;
+    for (int q = 0; q < Q; q++) {
+        if ((st = ep_finish(&xd[q]))) goto drain;
+        int64_t R0 = c[q].R0, R = c[q].R;
+        tensor_t g = rows_of(&v[R_G], R0, R), u = rows_of(&v[R_U], R0, R),
+                 h = rows_of(&v[R_H], R0, R), dh = rows_of(&d[S_DH], R0, R),
+                 dg = rows_of(&d[S_DG], R0, R), du = rows_of(&d[S_DU], R0, R);
+        uint64_t t0 = clock_now_ns();
+        experts_bwd(r, sub, &c[q].b, &xin[q], &g, &u, &h, &dyin[q], &dh, &dg, &du, &dxin[q]);
+        if (m->moe_time_sync && (st = kern_stream_sync(s))) goto drain;
+        m->moe_expert_ns += clock_now_ns() - t0;
+        if (ep > 1 && (st = ep_start(m, &dxin[q], c[q].recv, &dxp[q], c[q].send,
+                                     MODEL_MOE_X_COMBINE_GRAD, q, sub->layer,
+                                     "the routed tokens' gradients", &xc[q])))
+            goto drain;
+    }
+    for (int q = 0; q < Q; q++)
+        if ((st = ep_finish(&xc[q]))) goto drain;
     /* dispatch: back to this rank's rows, then (TP) to every row */
-    if (!tp) {
-        if (n > 0) kern_moe_permute_bwd(s, dln, &dxp, &v[R_SLOT]);
-    } else {
-        tensor_t mine = rows_of(&d[S_DEXP], n0, n), dw = d[S_DW];
-        if (n > 0) {
-            kern_zero(s, &mine);
-            kern_moe_permute_bwd(s, &mine, &dxp, &slot);
-        }
+    for (int q = 0; q < Q; q++) {
+        if (c[q].n == 0) continue;
+        tensor_t mine = rows_of(tp ? &d[S_DEXP] : dln, c[q].r0, c[q].n);
+        if (tp) kern_zero(s, &mine);
+        kern_moe_permute_bwd(s, &mine, &dxp[q], &c[q].slot);
+    }
+    if (tp) {
+        tensor_t dw = d[S_DW];
         if ((st = tp_gather_rows(m, &d[S_DEXP], "the routed input gradient", sub->layer)) ||
             (st = tp_gather_rows(m, &dw, "the routing weights' gradient", sub->layer)))
             return st;
@@ -827,6 +995,10 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
     kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_ROUTER), NULL, &d[S_DLOGITS], ln,
                     model_sub_param(m, sub, X_ROUTER));
     return BT_OK;
+drain:
+    ep_drain(xd, Q);
+    ep_drain(xc, Q);
+    return st;
 }
 
 /* the active parameters only: the router's, top_k experts', the shared

@@ -49,7 +49,17 @@ typedef struct {
     float       dloss;
     model_t    *ref;
     int64_t     rows_in[8];
+    /* per rank: a hash of the loss's and every gradient's bits, and the
+     * EP row all-to-alls of its forward and backward (model_t moe_xlog) */
+    uint64_t    hash[8];
+    int         n_x[8], x_bad[8];
 } ep_case_t;
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+    return h;
+}
 
 static double rel_err(const float *a, const float *b, int64_t n)
 {
@@ -117,6 +127,16 @@ static int ep_body(coll_comm_t *comm, void *arg)
         fails++;
     }
     c->rows_in[r] = m->moe_rows_in;
+    /* with EP and no capacity: per sparse layer two chunks, each out and
+     * back in the forward and in the backward, in issue order; the time
+     * waited is part of the time in flight */
+    c->n_x[r] = m->moe_xlog_n;
+    for (int i = 0; i < m->moe_xlog_n; i++) {
+        const model_moe_x_t *x = &m->moe_xlog[i];
+        c->x_bad[r] += x->t1 < x->t0 || x->chunk < 0 || x->chunk > 1;
+    }
+    c->x_bad[r] += m->moe_a2a_wait_ns > m->moe_a2a_ns || (c->ep > 1 && m->moe_a2a_ns == 0);
+    c->hash[r] = fnv(1469598103934665603ull, &l.loss_sum, sizeof l.loss_sum);
     int64_t most = 1;
     for (int i = 0; i < c->ref->n_params; i++)
         if (shard_global_numel(&c->ref->params[i].spec) > most)
@@ -149,6 +169,7 @@ static int ep_body(coll_comm_t *comm, void *arg)
             st = model_param_read(m, i, true, g); /* each rank's tokens: summed like dp */
             if (!st) st = coll_all_reduce(comm, g, (size_t)n, DT_F32, COLL_SUM);
         }
+        c->hash[r] = fnv(c->hash[r], g, (size_t)n * sizeof *g);
         double e = st ? INFINITY : rel_err(g, want, n);
         if (!(e <= GRAD_RTOL)) {
             fprintf(stderr, "rank %d: gradient of %s: %.3g from one process's\n", r, p->name, e);
@@ -163,7 +184,10 @@ out:
     return fails;
 }
 
-static void ep_check(const char *name, int tp, int ep, bool zero)
+static void ep_check_into(const char *name, int tp, int ep, bool zero, uint64_t *hash);
+static void ep_check(const char *name, int tp, int ep, bool zero) { ep_check_into(name, tp, ep, zero, NULL); }
+
+static void ep_check_into(const char *name, int tp, int ep, bool zero, uint64_t *hash)
 {
     ep_case_t *c = calloc(1, sizeof *c);
     REQUIRE(c);
@@ -185,7 +209,12 @@ static void ep_check(const char *name, int tp, int ep, bool zero)
         if (zero) CHECK_MSG(c->rows_in[1] == 0 && c->rows_in[0] > 0, "rows in: %lld %lld",
                             (long long)c->rows_in[0], (long long)c->rows_in[1]);
         else for (int r = 0; r < n; r++) CHECK_MSG(c->rows_in[r] > 0, "rank %d got no rows", r);
+        int want = c->ref->n_moe * 2 * 2 * 2; /* layers x chunks x (out, back) x (fwd, bwd) */
+        for (int r = 0; r < n; r++)
+            CHECK_MSG(c->n_x[r] == want && c->x_bad[r] == 0, "rank %d: %d row all-to-alls (%d expected), %d bad",
+                      r, c->n_x[r], want, c->x_bad[r]);
     }
+    if (hash) memcpy(hash, c->hash, sizeof c->hash);
     model_destroy(c->ref);
     free(c);
 }
@@ -199,6 +228,22 @@ static void test_moe_tp2_ep2_mixtral(void) { ep_check(FIX "mixtral", 2, 2, false
 static void test_moe_tp2_replicated_qwen(void) { ep_check(FIX "qwen2_moe", 2, 1, false); }
 static void test_moe_ep2_zero_tokens(void) { ep_check(FIX "qwen2_moe", 1, 2, true); }
 static void test_moe_tp2_ep2_zero_tokens(void) { ep_check(FIX "qwen2_moe", 2, 2, true); }
+
+/* The chunked exchanges overlap compute without changing a bit: the same
+ * layout run again (other thread timings), its losses and gradients hash
+ * the same on every rank, zero-token ranks included. */
+static void test_moe_ep_overlap_same_bits(void)
+{
+    const struct { int tp, ep; bool zero; } cases[] = {{1, 2, false}, {1, 4, false}, {2, 2, true}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint64_t h[3][8];
+        for (int run = 0; run < 3; run++)
+            ep_check_into(FIX "qwen2_moe", cases[i].tp, cases[i].ep, cases[i].zero, h[run]);
+        for (int run = 1; run < 3; run++)
+            CHECK_MSG(!memcmp(h[0], h[run], sizeof h[0]), "tp=%d ep=%d: run %d differs in its bits",
+                      cases[i].tp, cases[i].ep, run);
+    }
+}
 
 /* Bias balancing at the model level: the update is rate * sign(mean -
  * count) per expert, the biases are checkpoint views named beside their
@@ -319,5 +364,5 @@ int main(int argc, char **argv)
     TEST_RUN(argc, argv, test_moe_ep2_qwen, test_moe_ep4_qwen, test_moe_ep2_mixtral_aux,
              test_moe_ep4_mixtral_aux, test_moe_tp2_ep2_qwen, test_moe_tp2_ep2_mixtral,
              test_moe_tp2_replicated_qwen, test_moe_ep2_zero_tokens, test_moe_tp2_ep2_zero_tokens,
-             test_moe_bias_balance, test_moe_bias_export, test_moe_ep_errors);
+             test_moe_ep_overlap_same_bits, test_moe_bias_balance, test_moe_bias_export, test_moe_ep_errors);
 }

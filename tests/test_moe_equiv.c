@@ -114,7 +114,7 @@ static int reference(const char *model, const char *tag, int ga, int lr, char *n
 typedef struct {
     const char *name, *model, *tag, *sets;
     int         ga;   /* the reference's grad_accum: dp x microbatches */
-    bool        tiny_lr; /* lr 1e-4 (TP over four replicas) */
+    bool        tiny_lr; /* lr 1e-4 (TP over four replicas; Mixtral dp=4 ep=4, docs/PARALLEL.md) */
 } ep_layout_t;
 
 static void layout_check(const ep_layout_t *L)
@@ -156,7 +156,7 @@ static const ep_layout_t layouts[] = {
     {"qwen_tp2_pp2_ep2", "qwen2_moe", "qwen", "--set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2", 2, false},
     {"qwen_tp2_pp2_dp2_ep2_edp2", "qwen2_moe", "qwen", "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2", 4, true},
     {"qwen_pp2_dp4_ep4", "qwen2_moe", "qwen", "--set parallel.pp=2 --set parallel.dp=4 --set parallel.ep=4", 8, false},
-    {"mixtral_dp4_ep4", "mixtral", "mixtral", "--set parallel.dp=4 --set parallel.ep=4 --set train.grad_accum=1", 4, false},
+    {"mixtral_dp4_ep4", "mixtral", "mixtral", "--set parallel.dp=4 --set parallel.ep=4 --set train.grad_accum=1", 4, true},
     {"mixtral_tp2_dp2_ep2_edp2", "mixtral", "mixtral", "--set parallel.tp=2 --set parallel.dp=2 --set parallel.ep=2 --set train.grad_accum=1", 2, false},
     /* aux-loss-free bias balancing: the biases follow the global batch's counts */
     {"bias_dp4_ep2_edp2", "bias", "bias", "--set parallel.dp=4 --set parallel.ep=2 --set train.grad_accum=1", 4, false},

@@ -159,7 +159,8 @@ struct stage_job {
     bool           staged_queued;  /* the copy and its notification are queued */
 };
 
-static uint32_t name_fwd, name_bwd, name_opt, name_moe_exchange, name_moe_experts;
+static uint32_t name_fwd, name_bwd, name_opt, name_moe_exchange, name_moe_experts, name_moe_a2a,
+    name_moe_a2a_wait, name_moe_x[MODEL_MOE_X_COUNT];
 
 static void export_params(stage_actor_t *s);
 static void export_bufs_free(stage_actor_t *s);
@@ -267,6 +268,12 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
     name_fwd = trace_intern("fwd");
     name_moe_exchange = trace_intern("moe exchange ms");
     name_moe_experts = trace_intern("moe experts ms");
+    name_moe_a2a = trace_intern("moe a2a ms");
+    name_moe_a2a_wait = trace_intern("moe a2a wait ms");
+    static const char *const xnames[MODEL_MOE_X_COUNT] = {
+        [MODEL_MOE_X_DISPATCH] = "moe dispatch", [MODEL_MOE_X_COMBINE] = "moe combine",
+        [MODEL_MOE_X_DISPATCH_GRAD] = "moe dispatch grad", [MODEL_MOE_X_COMBINE_GRAD] = "moe combine grad"};
+    for (int k = 0; k < MODEL_MOE_X_COUNT; k++) name_moe_x[k] = trace_intern(xnames[k]);
     name_bwd = trace_intern("bwd");
     name_opt = trace_intern("optim");
     return BT_OK;
@@ -384,6 +391,19 @@ static void test_slow_eval(void)
     if (ms > 0) nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
 }
 
+/* The op's EP row all-to-alls (model_t moe_xlog) as communication spans
+ * of this stage, beside its compute span: in flight from start to
+ * completion, so where they lie inside the compute span is the overlap. */
+static void moe_xlog_trace(stage_actor_t *s, model_t *m, const stage_job_t *j)
+{
+    for (int i = 0; trace_enabled() && i < m->moe_xlog_n; i++) {
+        const model_moe_x_t *x = &m->moe_xlog[i];
+        trace_span(s->a.addr, TRACE_SPAN_COMM, name_moe_x[x->what], 0xffff, j->step, j->op.mb,
+                   x->t0, x->t1);
+    }
+    m->moe_xlog_n = 0;
+}
+
 static bt_status_t job_op_run(void *arg)
 {
     stage_job_t *j = arg;
@@ -409,6 +429,7 @@ static bt_status_t job_op_run(void *arg)
                                     m->stage.has_head ? &j->loss : NULL);
     else if (st == BT_OK)
         st = model_stage_backward_at(m, a, in, out);
+    moe_xlog_trace(s, m, j);
     if (st && j->ho_taken) { /* nothing goes out: the buffer is ours again */
         handoff_release(&s->ho_pool, j->ho_out_d.slot, j->ho_out_d.gen);
         j->ho_taken = false;
@@ -763,6 +784,8 @@ static void metrics_send(stage_actor_t *s)
             if (!cm->n_moe) continue;
             trace_counter(s->a.addr, name_moe_exchange, (double)cm->moe_exchange_ns * 1e-6, now);
             trace_counter(s->a.addr, name_moe_experts, (double)cm->moe_expert_ns * 1e-6, now);
+            trace_counter(s->a.addr, name_moe_a2a, (double)cm->moe_a2a_ns * 1e-6, now);
+            trace_counter(s->a.addr, name_moe_a2a_wait, (double)cm->moe_a2a_wait_ns * 1e-6, now);
         }
         for (int i = 0; trace_enabled() && i < s->n_load; i++)
             for (int e = 1; e < s->load_cols; e++) {
