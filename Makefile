@@ -60,6 +60,17 @@ CUDA_LIB := $(BUILD)/libbaton_cuda.so
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
 $(CUDA_C_SRC:%.c=$(BUILD)/obj/%.o): CFLAGS += -DBT_HAVE_CUDA=1 -fPIC -isystem $(CUDA_HOME)/include
 DEVICE_BIN := $(BUILD)/device/test_cuda_ops
+# The nccl collective backend (coll/nccl/): its own shared object beside the
+# CUDA one, loaded by coll/backend.c on first use for the same reason, built
+# where NCCL's header sits next to nvcc's (or in /usr/include).
+NCCL_INC := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+ifneq ($(NCCL_INC),)
+NCCL_SRC := $(wildcard coll/nccl/*.c)
+NCCL_OBJ := $(NCCL_SRC:%.c=$(BUILD)/obj/%.o)
+NCCL_LIB := $(BUILD)/libbaton_nccl.so
+$(NCCL_OBJ): CFLAGS += -fPIC -isystem $(CUDA_HOME)/include
+DEVICE_BIN += $(BUILD)/device/test_nccl
+endif
 endif
 endif
 
@@ -82,7 +93,7 @@ FUZZ_REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
 
 .PHONY: all test run deps fuzz fuzz-run clean bench device
 .SECONDARY:
-all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN) $(FUZZ_REPLAY_BIN) $(CUDA_LIB) $(DEVICE_BIN)
+all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN) $(FUZZ_REPLAY_BIN) $(CUDA_LIB) $(NCCL_LIB) $(DEVICE_BIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -130,6 +141,12 @@ $(BUILD)/device/%: $(BUILD)/obj/tests/device/%.o $(BUILD)/libbaton.a $(CUDA_LIB)
 
 $(CUDA_LIB): $(CUDA_OBJ)
 	$(CC) -shared $(LDFLAGS) $^ -o $@ $(CUDA_LIBS)
+
+$(NCCL_LIB): $(NCCL_OBJ)
+	$(CC) -shared $(LDFLAGS) $^ -o $@ -L$(CUDA_HOME)/lib64 -lnccl -lcudart
+
+# the NCCL device test loads libbaton_nccl.so at run time, like baton does
+$(BUILD)/device/test_nccl: $(NCCL_LIB)
 
 # test and run install what is missing first and then build in a fresh make,
 # so that a first `make test` on a new machine finds the packages (HAVE_UCX

@@ -29,6 +29,16 @@ bt_status_t coll_run(coll_comm_t *c, const coll_call_t *call)
     return coll_wait(c, req);
 }
 
+void coll_call_check(const coll_comm_t *c, const coll_call_t *call)
+{
+    bool needs = call->kind == COLL_KIND_REDUCE_SCATTER || call->kind == COLL_KIND_ALL_GATHER;
+    if ((unsigned)call->kind <= COLL_KIND_NONE || call->kind >= COLL_KIND_COUNT ||
+        (needs && !call->counts) ||
+        (call->kind == COLL_KIND_ALL_TO_ALL && (!call->send_counts || !call->recv_counts)) ||
+        (call->kind == COLL_KIND_BROADCAST && (call->root < 0 || call->root >= c->size)))
+        BT_PANIC("coll %s %s: malformed %s call", c->ops->name, c->name, coll_kind_name(call->kind));
+}
+
 #define COLL_REDUCE_LOOP(T)                                                   \
     do {                                                                      \
         T *d = dst;                                                           \

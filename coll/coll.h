@@ -6,8 +6,10 @@
  * coll_comm_t. Backends:
  *   host  ring/chain/pairwise algorithms over a transport (coll/host.c), CPU
  *         memory, run by a progress thread of the communicator;
- *   nccl  (the GPU work) fills the same table: its start() enqueues on the
- *         caller's CUDA stream.
+ *   nccl  NCCL communicators (coll/nccl/nccl.c, libbaton_nccl.so, loaded on
+ *         first use): start() queues on the caller's CUDA stream
+ *         (coll_call_t.stream); a watchdog aborts the communicator on an
+ *         asynchronous error or the step timeout.
  *
  * Contract, identical for every backend:
  *  - Creation is two-phase, through the ops table, because addresses travel
@@ -57,6 +59,7 @@ typedef enum {
     COLL_SUM = 0,
     COLL_MAX,
     COLL_MIN,
+    COLL_AVG, /* sum / size, floating types (nccl; the host backend refuses it) */
     COLL_OP_COUNT,
 } coll_op_t;
 
@@ -96,6 +99,10 @@ typedef struct {
     dtype_t       dt;
     coll_op_t     op;
     int           root;
+    void         *stream; /* nccl: the cudaStream_t the call is queued on, so that it
+                           * orders with the kernels of that stream (kern_stream_native
+                           * of the stage's stream); NULL: the communicator's own stream.
+                           * The host backend ignores it. */
 } coll_call_t;
 
 typedef struct coll_req coll_req_t;
@@ -117,6 +124,7 @@ typedef struct {
                                     * because a peer still loading its model answers a
                                     * handshake late. */
     size_t          segment_bytes; /* largest frame payload; 0 -> 4 MiB */
+    int             device;        /* nccl: this rank's CUDA device index */
 } coll_config_t;
 
 typedef struct coll_ops {
@@ -136,6 +144,9 @@ typedef struct coll_ops {
     void        (*group_end)(coll_comm_t *c);
     /* Finishes the calls started before, then frees everything. */
     void        (*destroy)(coll_comm_t *c);
+    /* Optional: the report of the failure that failed the communicator (group,
+     * op, its sequence number, rank, reason), "" while none did. */
+    const char *(*failure)(coll_comm_t *c);
 } coll_ops_t;
 
 /* Public head of every backend's communicator. */
@@ -167,6 +178,14 @@ static inline bt_status_t coll_wait(coll_comm_t *c, coll_req_t *req) { return c-
 static inline void coll_group_begin(coll_comm_t *c) { c->ops->group_begin(c); }
 static inline void coll_group_end(coll_comm_t *c) { c->ops->group_end(c); }
 static inline void coll_destroy(coll_comm_t *c) { c->ops->destroy(c); }
+static inline const char *coll_failure(coll_comm_t *c)
+{
+    return c->ops->failure ? c->ops->failure(c) : "";
+}
+
+/* Panics on a call no backend can run (kind out of range, counts missing
+ * for its kind, a broadcast root outside the group): a caller bug. */
+void coll_call_check(const coll_comm_t *c, const coll_call_t *call);
 
 /* start + wait: the blocking form, for compute threads. */
 bt_status_t coll_run(coll_comm_t *c, const coll_call_t *call);
@@ -225,5 +244,47 @@ bt_status_t coll_host_open(const coll_config_t *cfg, coll_comm_t **out, char *ad
 bt_status_t coll_host_connect(coll_comm_t *c, const char *const *addrs);
 
 extern const coll_ops_t coll_host_ops;
+
+/* ---- backend selection (coll/backend.c) -----------------------------------
+ * A job's parallel.collectives: auto, host or nccl. auto takes nccl when every
+ * rank's device is CUDA and libbaton_nccl.so is there, else host. The choice
+ * is made where the job is checked (the driver, a CPU process), so it only
+ * looks for the file; each worker loads it (coll_nccl_ops) and fails its
+ * start, naming the reason, when it cannot. */
+typedef enum {
+    COLL_BACKEND_AUTO = 0,
+    COLL_BACKEND_HOST,
+    COLL_BACKEND_NCCL,
+    COLL_BACKEND_COUNT,
+} coll_backend_t;
+
+const char *coll_backend_name(coll_backend_t b); /* "auto", "host", "nccl" */
+/* BT_ERR_INVALID for a word that is none of them. */
+bt_status_t coll_backend_parse(const char *s, coll_backend_t *out);
+/* The backend a job with `want` runs on: all_cuda says whether every rank's
+ * device is CUDA. nccl without all_cuda, or without the library, is
+ * BT_ERR_UNSUPPORTED with why[] saying which; auto never fails. */
+bt_status_t coll_backend_choose(coll_backend_t want, bool all_cuda, coll_backend_t *out,
+                                char *why, size_t why_cap);
+
+/* ---- nccl backend (coll/nccl/, its own shared object) ---------------------
+ * NCCL communicators behind the same table, in libbaton_nccl.so, loaded on
+ * the first call here as the CUDA kernels are (kernels/device.c), so that a
+ * CPU process never maps libnccl or cudart. Looked for: $BATON_NCCL_LIB (a
+ * path; naming nothing is an error), else libbaton_nccl.so beside the
+ * executable, then one folder up. The library is loaded and asked whether
+ * NCCL and a CUDA device work (its probe); NULL and why[] when not. */
+const coll_ops_t *coll_nccl_ops(char *why, size_t why_cap);
+/* Where libbaton_nccl.so would be loaded from, without loading it: false
+ * (and why[]) when there is none. */
+bool coll_nccl_lib_find(char *path, size_t cap, char *why, size_t why_cap);
+
+/* A rank's address on an nccl communicator: rank 0's is "nccl:" and the hex
+ * of its ncclUniqueId (n bytes), the others' "nccl:peer". Parse is strict
+ * (prefix, length, hex digits) and says what is wrong. */
+#define COLL_NCCL_PEER_ADDR "nccl:peer"
+void        coll_nccl_addr_format(char *addr, size_t cap, const uint8_t *id, size_t n);
+bt_status_t coll_nccl_addr_parse(const char *addr, uint8_t *id, size_t n, char *why,
+                                 size_t why_cap);
 
 #endif

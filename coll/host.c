@@ -697,12 +697,13 @@ static bt_status_t coll_host_start(coll_comm_t *comm, const coll_call_t *call, c
                                    void *arg, coll_req_t **out)
 {
     coll_host_t *c = (coll_host_t *)comm;
-    bool needs = call->kind == COLL_KIND_REDUCE_SCATTER || call->kind == COLL_KIND_ALL_GATHER;
-    if ((unsigned)call->kind <= COLL_KIND_NONE || call->kind >= COLL_KIND_COUNT ||
-        (needs && !call->counts) ||
-        (call->kind == COLL_KIND_ALL_TO_ALL && (!call->send_counts || !call->recv_counts)) ||
-        (call->kind == COLL_KIND_BROADCAST && (call->root < 0 || call->root >= comm->size)))
-        BT_PANIC("coll %s: malformed %s call", c->name, coll_kind_name(call->kind));
+    coll_call_check(comm, call);
+    if (call->op == COLL_AVG &&
+        (call->kind == COLL_KIND_ALL_REDUCE || call->kind == COLL_KIND_REDUCE_SCATTER)) {
+        log_error("coll %s: %s with op avg: the host backend sums (COLL_SUM) and the caller "
+                  "scales; avg is the nccl backend's", c->name, coll_kind_name(call->kind));
+        return BT_ERR_UNSUPPORTED;
+    }
     coll_req_t *r = calloc(1, sizeof *r);
     if (!r) return BT_ERR_NOMEM;
     r->c = c;

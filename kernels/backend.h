@@ -122,6 +122,7 @@ struct kern_backend {
     void (*event_destroy)(kern_event_t *e);
     void (*event_record)(kern_event_t *e, kern_stream_t *s);
     void (*stream_wait)(kern_stream_t *s, kern_event_t *e);
+    void *(*stream_native)(kern_stream_t *s); /* optional: kern_stream_native */
 
     /* copies: nbytes between host memory and the device (upload, download) */
     void (*upload)(kern_stream_t *s, void *dst, const void *host, size_t nbytes);

@@ -220,6 +220,11 @@ void kern_ipc_close(device_t dev, void *p, size_t nbytes)
     if (p) kern_be(dev, "kern_ipc_close")->ipc_close(dev.index, p, nbytes);
 }
 
+void *kern_stream_native(kern_stream_t *s)
+{
+    return s->be->stream_native ? s->be->stream_native(s) : NULL;
+}
+
 bt_status_t kern_stream_create(device_t dev, kern_stream_t **out)
 {
     return kern_be(dev, "kern_stream_create")->stream_create(dev.index, out);

@@ -130,6 +130,10 @@ bt_status_t kern_stream_notify(kern_stream_t *s, kern_notify_fn fn, void *arg);
 /* Makes sure ops on s have `nbytes` of scratch without allocating later
  * (the model reserves what its largest op needs when it is built). */
 bt_status_t kern_stream_reserve(kern_stream_t *s, size_t nbytes);
+/* The backend's own handle of s (cudaStream_t on cuda; NULL on cpu and
+ * fenced), for libraries that queue work of their own on it in order with
+ * the kernels: the nccl collectives (coll_call_t.stream). */
+void *kern_stream_native(kern_stream_t *s);
 /* A CPU stream for host-side code and tests (process-wide, never destroyed). */
 kern_stream_t *kern_stream_host(void);
 

@@ -1425,7 +1425,9 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     d.start_timeout_s = env_seconds("BATON_START_TIMEOUT", 120);
 
     if (!ev) {
-        char layout[512], xp[256] = "";
+        char layout[576], xp[256] = "", cwhy[600];
+        coll_backend_t cb = COLL_BACKEND_HOST;
+        if (job_collectives(job, &cb, cwhy, sizeof cwhy)) cb = COLL_BACKEND_HOST;
         int n = 0;
         static const job_edge_t shown[] = {JOB_EDGE_CONTROL, JOB_EDGE_PIPELINE, JOB_EDGE_DATA_PARALLEL,
                                            JOB_EDGE_TENSOR_PARALLEL};
@@ -1434,9 +1436,10 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
                           job_edge_name(shown[k]), graph_edge_xport(job, shown[k]));
         snprintf(layout, sizeof layout,
                  "%d processes (tp=%d pp=%d dp=%d), %d virtual stage%s per rank, %s, %d microbatches "
-                 "of %lld per replica, ZeRO-1 %s | transports: %s",
+                 "of %lld per replica, ZeRO-1 %s | transports: %s | collectives: %s",
                  g.world, g.tp, g.pp, g.dp, g.vpp, g.vpp == 1 ? "" : "s", pipe_sched_name(g.pipe.kind),
-                 g.microbatches, (long long)g.micro_batch, g.zero1 ? "on" : "off", xp);
+                 g.microbatches, (long long)g.micro_batch, g.zero1 ? "on" : "off", xp,
+                 coll_backend_name(cb));
         model_config_t mc;
         if (run_model_config(job, &mc)) goto close_metrics;
         report_header(&d.rep, &mc, model_num_params(&mc), layout,

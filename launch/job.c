@@ -52,6 +52,8 @@ _Static_assert(sizeof dtype_names / sizeof dtype_names[0] == JOB_DTYPE_COUNT, "d
 static const char *const decay_names[] = {"matrices", "all", "none"};
 _Static_assert(sizeof decay_names / sizeof decay_names[0] == JOB_DECAY_COUNT, "decay_names");
 static const char *const handoff_names[] = {"auto", "ipc", "off"};
+static const char *const coll_names[] = {"auto", "host", "nccl"}; /* coll_backend_name's */
+_Static_assert(sizeof coll_names / sizeof coll_names[0] == COLL_BACKEND_COUNT, "coll_names");
 _Static_assert(sizeof handoff_names / sizeof handoff_names[0] == JOB_HANDOFF_COUNT, "handoff_names");
 static const char *const edge_names[] = {"control", "pipeline", "data_parallel",
                                          "tensor_parallel", "checkpoint"};
@@ -118,6 +120,7 @@ static const field_t fields[] = {
     ENUM("parallel.schedule", parallel.schedule, sched_names),
     INT("parallel.microbatches", parallel.microbatches, 0, 1 << 20),
     BOOL("parallel.zero1", parallel.zero1),
+    ENUM("parallel.collectives", parallel.collectives, coll_names),
 
     EDGE("control", JOB_EDGE_CONTROL),
     EDGE("pipeline", JOB_EDGE_PIPELINE),
@@ -930,6 +933,10 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     if (strcmp(job->device, "auto") && !device_parse(job->device, &dev))
         return vfail(job, "device", err, errlen,
                      "'%s' is not a device (cpu, cuda, cuda:N, fenced or auto)", job->device);
+    char cwhy[600];
+    coll_backend_t cb;
+    if (job_collectives(job, &cb, cwhy, sizeof cwhy))
+        return vfail(job, "parallel.collectives", err, errlen, "%s (device is %s)", cwhy, job->device);
     if (m->hf[0] && (st = hf_config_read(job, err, errlen))) return st;
     if (m->kv_heads == 0) m->kv_heads = m->heads;
     if (m->ffn == 0) m->ffn = ((8 * m->hidden / 3) + 63) / 64 * 64;
@@ -1117,4 +1124,10 @@ void job_write_yaml(const job_t *job, FILE *f)
         }
         fputc('\n', f);
     }
+}
+
+bt_status_t job_collectives(const job_t *job, coll_backend_t *out, char *why, size_t why_cap)
+{
+    bool all_cuda = !strncmp(job->device, "cuda", 4);
+    return coll_backend_choose(job->parallel.collectives, all_cuda, out, why, why_cap);
 }

@@ -24,6 +24,7 @@
 #include <stdio.h>
 
 #include "base/status.h"
+#include "coll/coll.h"
 
 #define JOB_PATH_MAX   512
 #define JOB_MAX_STAGES 256
@@ -106,6 +107,7 @@ typedef struct {
     job_schedule_t schedule;
     int64_t microbatches;             /* pipeline microbatches per step; 0 = train.grad_accum */
     bool    zero1;
+    coll_backend_t collectives;       /* parallel.collectives: auto, host, nccl */
 } job_parallel_t;
 
 /* export: the weights as one Hugging Face directory (config.json +
@@ -205,5 +207,12 @@ const char *job_field_name(int i);
 
 /* Whether the job's model has routed experts (a validated job). */
 static inline bool job_has_experts(const job_t *job) { return job->model.has_experts; }
+
+/* The collective backend the job's groups run on (coll_backend_choose):
+ * every rank runs on the job's device, so "every rank's device is CUDA"
+ * means the device field says cuda or cuda:N (device auto keeps the host
+ * backend: the driver, which decides, never loads CUDA). The driver and each
+ * worker compute the same answer from the same job. */
+bt_status_t job_collectives(const job_t *job, coll_backend_t *out, char *why, size_t why_cap);
 
 #endif

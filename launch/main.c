@@ -51,6 +51,9 @@ int main(int argc, char **argv)
      * (UCX opens pipes and /dev/null without close-on-exec) goes on to
      * the programs it runs; what it opens itself is close-on-exec. */
     base_fd_cloexec_all(3);
+    /* NVLink multicast off in this process and all it starts, before
+     * anything could load NCCL (launch/spawn.h: SPAWN_NCCL_NVLS) */
+    setenv("NCCL_NVLS_ENABLE", "0", 1);
     if (argc >= 2 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version"))) {
         printf("baton %s (source revision %s)\n", BATON_RELEASE, baton_revision());
         return 0;

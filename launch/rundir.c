@@ -69,12 +69,17 @@ static json_t *layout_json(const job_t *job)
     json_t *xp = json_object();
     for (int e = 0; e < JOB_EDGE_COUNT; e++)
         json_object_set_new(xp, job_edge_name((job_edge_t)e), json_string(job_xport_name(job->transport[e])));
-    return json_pack("{sI sI sI sI ss sI sb so sI so}", "tp", (json_int_t)p->tp, "pp", (json_int_t)p->pp,
+    coll_backend_t cb = COLL_BACKEND_HOST;
+    char why[600];
+    if (job_collectives(job, &cb, why, sizeof why)) cb = COLL_BACKEND_HOST;
+    return json_pack("{sI sI sI sI ss sI sb so sI so ss}", "tp", (json_int_t)p->tp, "pp", (json_int_t)p->pp,
                      "dp", (json_int_t)p->dp, "virtual_stages", (json_int_t)p->virtual_stages,
                      "schedule", p->schedule == JOB_SCHED_1F1B ? "1f1b" : "interleaved",
                      "microbatches", (json_int_t)(p->microbatches ? p->microbatches : job->train.grad_accum),
                      "zero1", p->zero1, "layers_per_stage", split,
-                     "processes", (json_int_t)(p->tp * p->pp * p->dp), "transport", xp);
+                     "processes", (json_int_t)(p->tp * p->pp * p->dp), "transport", xp,
+                     "collectives", coll_backend_name(cb));
+
 }
 
 static bt_status_t record_write(const job_t *job, const rundir_t *rd, int argc, char **argv,

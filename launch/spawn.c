@@ -45,16 +45,21 @@ static bool spawn_child_fds(int secret_fd)
 }
 
 /* The environment of a worker: ours without any BATON_SECRET_* variable,
- * plus one slot (filled per rank) for BATON_SECRET_FD. */
+ * with NVLink multicast off for NCCL whatever we inherited
+ * (SPAWN_NCCL_NVLS, docs/PARALLEL.md "Collective backends"), plus one slot
+ * (filled per rank) for BATON_SECRET_FD. */
 static char **worker_env(char *slot)
 {
+    static char nvls[] = SPAWN_NCCL_NVLS;
     size_t n = 0;
     while (environ[n]) n++;
-    char **env = calloc(n + 2, sizeof *env);
+    char **env = calloc(n + 3, sizeof *env);
     if (!env) return NULL;
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "BATON_SECRET_", 13)) env[k++] = environ[i];
+        if (strncmp(environ[i], "BATON_SECRET_", 13) && strncmp(environ[i], "NCCL_NVLS_ENABLE=", 17))
+            env[k++] = environ[i];
+    env[k++] = nvls;
     env[k] = slot;
     return env;
 }

@@ -24,6 +24,12 @@
 
 #include "base/status.h"
 
+/* Every process baton starts runs NCCL with NVLink multicast (NVLS) off:
+ * main() sets it for itself, and a spawned worker's environment carries it
+ * in place of whatever value was inherited (docs/PARALLEL.md "Collective
+ * backends"). */
+#define SPAWN_NCCL_NVLS "NCCL_NVLS_ENABLE=0"
+
 typedef struct {
     pid_t pid;
     bool  exited;

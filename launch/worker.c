@@ -242,8 +242,35 @@ static xport_kind_t edge_kind(const job_t *job, job_edge_t e)
     return job->transport[e] == JOB_XPORT_UCX ? XPORT_UCX : XPORT_TCP;
 }
 
+/* The ops of the job's collective backend (job_collectives: the driver made
+ * the same choice). nccl is loaded here, in the worker, and a load that
+ * fails fails the rank's start, naming the reason. */
+static bt_status_t coll_backend_ops(worker_t *w, const coll_ops_t **ops, int *device)
+{
+    coll_backend_t cb;
+    char why[800];
+    *ops = &coll_host_ops;
+    *device = 0;
+    if (job_collectives(&w->job, &cb, why, sizeof why)) {
+        log_error("rank %d: parallel.collectives: %s", w->rank, why);
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (cb != COLL_BACKEND_NCCL) return BT_OK;
+    device_t dev;
+    if (device_parse(w->job.device, &dev)) *device = dev.index;
+    if (!(*ops = coll_nccl_ops(why, sizeof why))) {
+        log_error("rank %d: %s", w->rank, why);
+        return BT_ERR_UNSUPPORTED;
+    }
+    return BT_OK;
+}
+
 static bt_status_t colls_open(worker_t *w, const char *job_id)
 {
+    const coll_ops_t *ops;
+    int device;
+    bt_status_t bst = coll_backend_ops(w, &ops, &device);
+    if (bst) return bst;
     for (int k = 0; k < GRAPH_GROUP_COUNT; k++) {
         int n = graph_group_members(&w->g, (graph_group_t)k, w->rank, w->members[k], &w->me[k]);
         w->n_members[k] = n;
@@ -256,9 +283,9 @@ static bt_status_t colls_open(worker_t *w, const char *job_id)
             .kind = edge_kind(&w->job, k == GRAPH_GROUP_TP ? JOB_EDGE_TENSOR_PARALLEL
                                                            : JOB_EDGE_DATA_PARALLEL),
             .job_id = job_id, .secret = w->secret, .secret_len = sizeof w->secret,
-            .timeout_ms = 30000,
+            .timeout_ms = 30000, .device = device,
         };
-        bt_status_t st = coll_open(&coll_host_ops, &cfg, &w->comm[k], w->coll_addr[k], XPORT_LISTEN_ADDR_MAX);
+        bt_status_t st = coll_open(ops, &cfg, &w->comm[k], w->coll_addr[k], XPORT_LISTEN_ADDR_MAX);
         if (st) {
             log_error("rank %d: cannot open collective group %s (%s)", w->rank, name, bt_status_str(st));
             return st;

@@ -401,6 +401,8 @@ static void CUDART_CB cuda_note_cb(cudaStream_t st, cudaError_t e, void *p)
     free(n);
 }
 
+static void *cuda_stream_native(kern_stream_t *s) { return cs_of(s)->st; }
+
 static bt_status_t cuda_stream_notify(kern_stream_t *s, kern_notify_fn fn, void *arg)
 {
     cuda_stream_t *cs = cs_of(s);
@@ -1254,6 +1256,7 @@ const kern_backend_t kern_cuda_backend = {
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
     .stream_notify = cuda_stream_notify,
+    .stream_native = cuda_stream_native,
     .stream_reserve = cuda_stream_reserve,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,

@@ -30,7 +30,8 @@ transport: {control: tcp, pipeline: $xp, data_parallel: $xp}
 metrics: {file: $tmp/m.jsonl}
 YAML
 
-BATON_HEARTBEAT_TIMEOUT=60 "$BATON" run "$tmp/job.yaml" --quiet > "$tmp/out.txt" 2>&1 &
+# NVLink multicast asked for by the environment: the workers must have it off
+NCCL_NVLS_ENABLE=1 BATON_HEARTBEAT_TIMEOUT=60 "$BATON" run "$tmp/job.yaml" --quiet > "$tmp/out.txt" 2>&1 &
 driver=$!
 for _ in $(seq 1 3000); do
     [ -s "$tmp/m.jsonl" ] && break
@@ -54,6 +55,14 @@ out=$($PROCS sockets $pids); rc=$?
 echo "$out"
 [ $rc -eq 0 ] && [ -n "$out" ] && pass job_fds_sockets_loopback \
     || fail job_fds_sockets_loopback "$(grep -c 'NOT LOOPBACK' <<<"$out") sockets elsewhere: $(grep -m3 'NOT LOOPBACK' <<<"$out" | tr '\n' ';')"
+# every worker starts with NCCL_NVLS_ENABLE=0 and no other value of it
+# (launch/spawn.h: SPAWN_NCCL_NVLS)
+bad=
+for w in $workers; do
+    vals=$(tr '\0' '\n' < "/proc/$w/environ" | grep '^NCCL_NVLS_ENABLE=' | tr '\n' ' ')
+    [ "$vals" = "NCCL_NVLS_ENABLE=0 " ] || bad="$bad $w:'$vals'"
+done
+[ -n "$workers" ] && [ -z "$bad" ] && pass job_fds_nccl_nvls_off || fail job_fds_nccl_nvls_off "workers$bad"
 guard=$($PROCS guard "$driver")
 [ -n "$guard" ] && pass job_fds_guard_found || fail job_fds_guard_found "no baton-guard child"
 out=$($PROCS inherited $driver $workers $guard); rc=$?

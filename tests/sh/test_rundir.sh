@@ -71,6 +71,7 @@ assert r["hosts"] == ["local"], r["hosts"]
 L = r["layout"]
 assert (L["tp"], L["pp"], L["dp"], L["processes"], L["microbatches"]) == (1, 2, 2, 4, 2), L
 assert L["layers_per_stage"] == [1, 1], L
+assert L["collectives"] == "host", L
 job = open(d + "/job.yaml").read()
 assert "  steps: 4\n" in job, job
 assert '  dir: "%s/trace"\n' % d in job, job
@@ -80,7 +81,7 @@ PY
 
 # the header, progress and summary lines
 if grep -q '^  model: random init, [0-9.]* [kM] parameters ([0-9]*), 2 layers, hidden 32, vocab 4096$' b.out &&
-   grep -q '^  layout: 4 processes (tp=1 pp=2 dp=2), 1 virtual stage per rank, 1f1b, 2 microbatches of 2 per replica, ZeRO-1 off | transports: control tcp, pipeline tcp, data_parallel tcp, tensor_parallel tcp$' b.out &&
+   grep -q '^  layout: 4 processes (tp=1 pp=2 dp=2), 1 virtual stage per rank, 1f1b, 2 microbatches of 2 per replica, ZeRO-1 off | transports: control tcp, pipeline tcp, data_parallel tcp, tensor_parallel tcp | collectives: host$' b.out &&
    grep -q '^  batch: 128 tokens per step (8 sequences of 16), 6 steps' b.out &&
    grep -q '^  MFU: [0-9.e-]* GFLOP per token (model/flops.h) against [0-9.]* GFLOP/s fp32, measured on this host now$' b.out; then
     pass rundir_header
