@@ -21,6 +21,11 @@
  * Locking: one mutex per communicator guards its NCCL handle, the list in
  * flight and the failure; NCCL calls on the handle are made under it, from
  * the caller's thread (start, group_end) or the watchdog (polling, abort).
+ * A communicator is driven by one thread at a time (as a stream is), since
+ * NCCL's groups belong to the calling thread. Known gap: a communicator
+ * that fails between coll_group_begin and coll_group_end leaves that
+ * thread's NCCL group unclosed (ending it would hand NCCL calls of an
+ * aborted communicator); the worker stops on such a failure anyway.
  */
 #include "coll/coll.h"
 
