@@ -13,5 +13,6 @@ int cmd_data(int argc, char **argv);     /* launch/cmd_data.c: data prepare */
 int cmd_trace(int argc, char **argv);    /* launch/cmd_trace.c: merge traces */
 int cmd_bench(int argc, char **argv);    /* bench/cmd_bench.c: benchmarks */
 int cmd_worker(int argc, char **argv);   /* launch/cmd_worker.c: internal, a rank process */
+int cmd_agent(int argc, char **argv);    /* launch/cmd_agent.c: internal, one host's ranks (ssh) */
 
 #endif

@@ -31,6 +31,7 @@
 #include "launch/run_mem.h"
 #include "launch/run_setup.h"
 #include "launch/spawn.h"
+#include "launch/ssh.h"
 #include "launch/worker.h"
 #include "train/stage_actor.h"
 
@@ -125,7 +126,9 @@ static void rank_describe(driver_t *d, int r, char *buf, size_t cap)
 {
     graph_coord_t c = graph_coord(d->g, r);
     snprintf(buf, cap, "rank %d (pid %ld, host %s, tp=%d dp=%d pp=%d)", r,
-             d->procs->procs ? (long)d->procs->procs[r].pid : -1L, d->job->hosts[0], c.tp, c.dp, c.pp);
+             d->procs->procs ? (long)d->procs->procs[r].pid : -1L,
+             d->procs->procs && d->procs->procs[r].host ? d->procs->procs[r].host : d->job->hosts[0],
+             c.tp, c.dp, c.pp);
 }
 
 static void send_all(driver_t *d, uint32_t type, uint32_t state, int64_t step, bt_status_t status,
@@ -1260,12 +1263,16 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         fprintf(stderr, "baton run: %s: %s\n", job->path, err);
         return 1;
     }
-    bool local = true;
-    for (int h = 0; h < job->n_hosts; h++)
-        local &= !strcmp(job->hosts[h], "local") || !strcmp(job->hosts[h], "localhost") ||
-                 !strcmp(job->hosts[h], "127.0.0.1");
-    if (!local) {
-        fprintf(stderr, "baton run: %s: hosts: only local processes can be launched yet\n", job->path);
+    bool remote = ssh_job_remote(job);
+    for (int h = 0; remote && h < job->n_hosts; h++)
+        if (!strcmp(job->hosts[h], "local")) {
+            fprintf(stderr, "baton run: %s: hosts[%d]: 'local' beside ssh hosts; name this machine "
+                            "as an ssh destination too\n", job->path, h);
+            return 1;
+        }
+    if (remote && g.world % job->n_hosts) {
+        fprintf(stderr, "baton run: %s: hosts: %d ranks do not split evenly over %d hosts\n", job->path,
+                g.world, job->n_hosts);
         return 1;
     }
 
@@ -1362,9 +1369,20 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         goto remove_dir;
     }
 
+    /* Other hosts: every one checked before any rank starts; the driver
+     * listens on its address toward them (launch/ssh.h). */
+    char self_addr[64] = "";
+    if (remote) {
+        if (ssh_probe(job, run_dir, err, sizeof err)) {
+            fprintf(stderr, "baton run: %s: %s\n", job->path, err);
+            goto remove_dir;
+        }
+        if (launch_addr_toward(job->hosts[0], self_addr, sizeof self_addr)) goto remove_dir;
+    }
     const char *job_id = strrchr(run_dir, '/') + 1;
     actor_router_config_t rc_cfg = {.rank = (uint32_t)g.world, .job_id = job_id, .secret = secret,
-                                    .secret_len = sizeof secret};
+                                    .secret_len = sizeof secret,
+                                    .listen_host = self_addr[0] ? self_addr : NULL};
     if (actor_router_create(&rc_cfg, &rt)) goto remove_dir;
     if (actor_router_listen(rt, xport_kinds(job), card, sizeof card)) goto destroy_router;
     if (file_write(run_dir, RUN_FILE_DRIVER, card, strlen(card), 0600)) goto destroy_router;
@@ -1420,8 +1438,8 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     d.quiet = quiet;
     d.world = g.world;
     d.fail_rank = -1;
-    d.hb_timeout_s = env_seconds("BATON_HEARTBEAT_TIMEOUT", 5);
-    d.step_timeout_s = env_seconds("BATON_STEP_TIMEOUT", 300);
+    d.hb_timeout_s = env_seconds("BATON_HEARTBEAT_TIMEOUT", job->launch.heartbeat_timeout);
+    d.step_timeout_s = env_seconds("BATON_STEP_TIMEOUT", job->launch.step_timeout);
     d.start_timeout_s = env_seconds("BATON_START_TIMEOUT", 120);
 
     if (!ev) {
@@ -1453,7 +1471,15 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     }
     static drv_signals_t sig;
     if (drv_signals_start(&sig, loop, &d)) goto close_metrics;
-    if (spawn_workers(run_dir, secret, sizeof secret, g.world, &procs)) goto stop_signals;
+    if (remote) {
+        const char *tcp = strstr(card, ";tcp=");
+        char peer[96];
+        snprintf(peer, sizeof peer, "%.*s", tcp ? (int)strcspn(tcp + 5, ";") : 0, tcp ? tcp + 5 : "");
+        if (!peer[0] || ssh_start(job, run_dir, secret, sizeof secret, g.world, peer, &procs))
+            goto stop_signals;
+    } else if (spawn_workers(run_dir, secret, sizeof secret, g.world, &procs)) {
+        goto stop_signals;
+    }
     actor_router_supervisor_set(rt, ACTOR_ADDR(g.world, GRAPH_SLOT_DRIVER));
     if (actor_register(rt, &d.a, &driver_class, loop, "driver", GRAPH_SLOT_DRIVER)) goto stop_procs;
 

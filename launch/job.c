@@ -130,6 +130,11 @@ static const field_t fields[] = {
     ENUM("transport.handoff", handoff, handoff_names),
 
     {"hosts", F_STR_LIST, OFF(hosts), 0, 0, NULL, 0, JOB_MAX_HOSTS, OFF(n_hosts)},
+    {"launch.ssh", F_STR_LIST, OFF(launch.ssh), 0, 0, NULL, 0, JOB_MAX_SSH_OPTS, OFF(launch.n_ssh)},
+    STR("launch.workdir", launch.workdir),
+    STR("launch.baton", launch.baton),
+    FLT("launch.heartbeat_timeout", launch.heartbeat_timeout, 0.1, 86400),
+    FLT("launch.step_timeout", launch.step_timeout, 0.1, 1e7),
     STR("device", device),
     ENUM("dtype", dtype, dtype_names),
 
@@ -236,6 +241,8 @@ void job_defaults(job_t *job)
     for (int e = 0; e < JOB_EDGE_COUNT; e++) job->transport[e] = JOB_XPORT_AUTO;
     snprintf(job->hosts[0], JOB_HOST_MAX, "local");
     job->n_hosts = 1;
+    job->launch.heartbeat_timeout = 5;
+    job->launch.step_timeout = 300;
     snprintf(job->device, sizeof job->device, "cpu");
     job->dtype = JOB_DTYPE_FP32;
     job->checkpoint.keep = 3;
@@ -557,7 +564,7 @@ static bt_status_t doc_apply(job_t *job, const char *file, yaml_document_t *doc,
             if (best_d <= limit || (strlen(best) >= 3 && !strncmp(k, best, strlen(best))))
                 return fail_at(err, errlen, &wk, k, "unknown section (did you mean %s?)", best);
             return fail_at(err, errlen, &wk, k, "unknown section (known: model, data, train, "
-                           "optim, parallel, transport, hosts, device, dtype, export, checkpoint, "
+                           "optim, parallel, transport, hosts, launch, device, dtype, export, checkpoint, "
                            "trace, metrics, runs)");
         }
         if (val->type == YAML_SCALAR_NODE && val->data.scalar.length == 0) continue; /* "trace:" */

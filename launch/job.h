@@ -146,6 +146,18 @@ typedef struct {
     char value[64];   /* an override's value text (truncated), for messages */
 } job_origin_t;
 
+/* How ranks start on hosts other than `local` (launch/ssh.h), and how the
+ * driver supervises them. */
+#define JOB_MAX_SSH_OPTS 16
+typedef struct {
+    char   ssh[JOB_MAX_SSH_OPTS][JOB_HOST_MAX]; /* launch.ssh: extra ssh arguments */
+    int    n_ssh;
+    char   workdir[JOB_PATH_MAX];  /* launch.workdir: cwd of the ranks ("": the driver's) */
+    char   baton[JOB_PATH_MAX];    /* launch.baton: the binary on the hosts ("": this one's path) */
+    double heartbeat_timeout;      /* launch.heartbeat_timeout: seconds of silence (5) */
+    double step_timeout;           /* launch.step_timeout: seconds for one step (300) */
+} job_launch_t;
+
 typedef struct {
     char             path[JOB_PATH_MAX];   /* the job file */
     job_model_t      model;
@@ -159,6 +171,7 @@ typedef struct {
     job_dtype_t      dtype;
     char             hosts[JOB_MAX_HOSTS][JOB_HOST_MAX];
     int              n_hosts;
+    job_launch_t     launch;
     job_export_t     export;
     job_checkpoint_t checkpoint;
     char             trace_dir[JOB_PATH_MAX];

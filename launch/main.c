@@ -29,6 +29,7 @@ static const cli_cmd_t commands[] = {
     {"trace", cmd_trace, "DIR [--summary]                   merge traces into Perfetto JSON"},
     {"bench", cmd_bench, "transport|train ...               benchmarks"},
     {"worker", cmd_worker, "(internal) one rank process of a job"},
+    {"agent", cmd_agent, "(internal) the ranks of one host, started over ssh"},
 };
 
 static void usage(FILE *f)

@@ -67,6 +67,12 @@ static char **worker_env(char *slot)
 bt_status_t spawn_workers(const char *run_dir, const uint8_t *secret, size_t secret_len, int n,
                           spawn_group_t *out)
 {
+    return spawn_workers_at(run_dir, secret, secret_len, 0, n, false, out);
+}
+
+bt_status_t spawn_workers_at(const char *run_dir, const uint8_t *secret, size_t secret_len,
+                             int first, int n, bool capture, spawn_group_t *out)
+{
     spawn_proc_t *ps = calloc((size_t)n, sizeof *ps);
     char fd_var[32] = "";
     char **env = worker_env(fd_var);
@@ -88,6 +94,7 @@ bt_status_t spawn_workers(const char *run_dir, const uint8_t *secret, size_t sec
     int started = 0;
     fflush(stdout);
     fflush(stderr);
+    for (int r = 0; r < n; r++) ps[r].out_fd = ps[r].same_as = ps[r].in_fd = -1;
     for (int r = 0; r < n; r++) {
         /* The secret waits in a pipe of its own for this rank: written
          * before the fork (far less than a pipe holds, so it never blocks),
@@ -104,14 +111,21 @@ bt_status_t spawn_workers(const char *run_dir, const uint8_t *secret, size_t sec
             close(sp[0]);
             goto fail;
         }
+        int op[2] = {-1, -1};
+        if (capture && pipe2(op, O_CLOEXEC)) {
+            log_error("spawn: output pipe for rank %d: %s", first + r, strerror(errno));
+            close(sp[0]);
+            goto fail;
+        }
         char rank[16];
-        snprintf(rank, sizeof rank, "%d", r);
+        snprintf(rank, sizeof rank, "%d", first + r);
         snprintf(fd_var, sizeof fd_var, "BATON_SECRET_FD=%d", SPAWN_SECRET_FD);
         char *argv[] = {"baton", "worker", "--run-dir", (char *)run_dir, "--rank", rank, NULL};
         pid_t pid = fork();
         if (pid < 0) {
             log_error("spawn: fork of rank %d failed: %s", r, strerror(errno));
             close(sp[0]);
+            if (capture) close(op[0]), close(op[1]);
             goto fail;
         }
         if (pid == 0) {
@@ -125,12 +139,15 @@ bt_status_t spawn_workers(const char *run_dir, const uint8_t *secret, size_t sec
             sigset_t none;
             sigemptyset(&none);
             sigprocmask(SIG_SETMASK, &none, NULL);
+            if (capture && (dup2(op[1], 1) < 0 || dup2(op[1], 2) < 0)) _exit(127);
             if (spawn_child_fds(sp[0])) execve(exe, argv, env);
             static const char msg[] = "spawn: exec of the worker binary failed\n";
             if (write(2, msg, sizeof msg - 1) < 0) {}
             _exit(127);
         }
         close(sp[0]);
+        if (capture) close(op[1]);
+        ps[r].out_fd = op[0];
         ps[r].pid = pid;
         started = r + 1;
     }
@@ -150,6 +167,15 @@ int spawn_poll(spawn_group_t *g)
     for (int r = 0; r < g->n; r++) {
         spawn_proc_t *p = &g->procs[r];
         if (p->exited) continue;
+        if (p->same_as >= 0) {
+            const spawn_proc_t *o = &g->procs[p->same_as];
+            if (o->exited) {
+                p->exited = true;
+                p->status = o->status;
+                if (first < 0) first = r;
+            }
+            continue;
+        }
         int status;
         pid_t got = waitpid(p->pid, &status, WNOHANG);
         if (got == p->pid) {
@@ -185,6 +211,11 @@ int spawn_stop(spawn_group_t *g, double grace_s, int *failed)
     for (int r = 0; r < g->n; r++) {
         spawn_proc_t *p = &g->procs[r];
         if (p->exited) continue;
+        if (p->same_as >= 0) {
+            p->exited = true;
+            p->status = g->procs[p->same_as].status;
+            continue;
+        }
         kill(p->pid, SIGKILL);
         int status;
         while (waitpid(p->pid, &status, 0) < 0 && errno == EINTR) {}
@@ -192,6 +223,8 @@ int spawn_stop(spawn_group_t *g, double grace_s, int *failed)
         p->status = status;
         killed++;
     }
+    for (int r = 0; r < g->n; r++)
+        if (g->procs[r].in_fd >= 0) close(g->procs[r].in_fd), g->procs[r].in_fd = -1;
     if (failed) {
         *failed = -1;
         for (int r = g->n - 1; r >= 0; r--) {

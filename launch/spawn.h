@@ -34,6 +34,13 @@ typedef struct {
     pid_t pid;
     bool  exited;
     int   status;   /* waitpid status once exited */
+    int   out_fd;   /* spawn_workers_at with capture: the read end of the rank's
+                     * stdout+stderr pipe (the caller closes it); else -1 */
+    int   same_as;  /* -1, or the index of the entry that owns this pid (several
+                     * ranks behind one ssh agent, launch/ssh.h) */
+    int   in_fd;    /* -1, or the write end of an ssh agent's stdin (its lifeline,
+                     * closed by spawn_stop) */
+    const char *host; /* where it runs ("local" when NULL) */
 } spawn_proc_t;
 
 typedef struct {
@@ -43,6 +50,11 @@ typedef struct {
 
 bt_status_t spawn_workers(const char *run_dir, const uint8_t *secret, size_t secret_len, int n,
                           spawn_group_t *out);
+/* The same for ranks first..first+n-1 (procs[i] is rank first+i); with
+ * capture, each rank's stdout and stderr go into one pipe of its own
+ * (procs[i].out_fd) instead of this process's (the ssh agent prefixes them). */
+bt_status_t spawn_workers_at(const char *run_dir, const uint8_t *secret, size_t secret_len,
+                             int first, int n, bool capture, spawn_group_t *out);
 /* Reap children that exited (non-blocking). Returns the lowest rank that
  * exited since the last call, or -1. */
 int  spawn_poll(spawn_group_t *g);

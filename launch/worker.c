@@ -271,6 +271,12 @@ static bt_status_t colls_open(worker_t *w, const char *job_id)
     int device;
     bt_status_t bst = coll_backend_ops(w, &ops, &device);
     if (bst) return bst;
+    char listen_buf[96];
+    const char *lh = getenv("BATON_LISTEN_HOST"), *listen = NULL;
+    if (lh && *lh) {
+        snprintf(listen_buf, sizeof listen_buf, "%s:0", lh);
+        listen = listen_buf;
+    }
     for (int k = 0; k < GRAPH_GROUP_COUNT; k++) {
         int n = graph_group_members(&w->g, (graph_group_t)k, w->rank, w->members[k], &w->me[k]);
         w->n_members[k] = n;
@@ -283,7 +289,7 @@ static bt_status_t colls_open(worker_t *w, const char *job_id)
             .kind = edge_kind(&w->job, k == GRAPH_GROUP_TP ? JOB_EDGE_TENSOR_PARALLEL
                                                            : JOB_EDGE_DATA_PARALLEL),
             .job_id = job_id, .secret = w->secret, .secret_len = sizeof w->secret,
-            .timeout_ms = 30000, .device = device,
+            .timeout_ms = 30000, .device = device, .listen_addr = listen,
         };
         bt_status_t st = coll_open(ops, &cfg, &w->comm[k], w->coll_addr[k], XPORT_LISTEN_ADDR_MAX);
         if (st) {
@@ -308,7 +314,10 @@ static void host_identity(char *buf, size_t cap)
         fclose(f);
     }
     boot[strcspn(boot, "\n")] = 0;
-    snprintf(buf, cap, "%s/%s", name, boot);
+    /* hosts simulated as network namespaces share a name and a boot id:
+     * the listen address tells them apart */
+    const char *lh = getenv("BATON_LISTEN_HOST");
+    snprintf(buf, cap, "%s/%s%s%s", name, boot, lh ? "/" : "", lh ? lh : "");
     for (char *c = buf; *c; c++)
         if (*c == ' ' || *c == '\t') *c = '_';
 }
@@ -735,8 +744,11 @@ int worker_main(const char *run_dir, int rank)
     }
     if (st && st != BT_ERR_NOT_FOUND) goto fail;
 
+    /* On a host of an ssh-launched job the agent names the address the
+     * other hosts reach this one by (launch/agent.h); else loopback. */
+    const char *listen_host = getenv("BATON_LISTEN_HOST");
     actor_router_config_t rc = {.rank = (uint32_t)rank, .job_id = job_id, .secret = w->secret,
-                                .secret_len = sizeof w->secret};
+                                .secret_len = sizeof w->secret, .listen_host = listen_host};
     if ((st = actor_router_create(&rc, &w->rt))) goto fail;
     unsigned kinds = 1u << XPORT_TCP;
     for (int e = 0; e < JOB_EDGE_COUNT; e++)
