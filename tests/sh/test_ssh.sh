@@ -9,8 +9,11 @@
 #              bridge, distinct addresses, an sshd in each): the same job,
 #              the same losses, and the ranks' listeners on their own
 #              host's address;
-#   errors     an unreachable host and a missing binary are clear errors
-#              before any rank starts.
+#   errors     an unreachable host, a missing binary and a host whose link
+#              is down are clear errors before any rank starts;
+#   security   raw clients without the handshake and connection floods on
+#              every port of the job are refused and logged while it trains
+#              on to the local run's losses.
 # Needs root, sshd and `ip netns` (SKIP, never a pass, otherwise).
 set -u
 . "$(dirname "$0")/lib.bash"
@@ -23,9 +26,10 @@ tmp=$(mktemp -d /tmp/test_ssh.XXXXXX)
 chmod 755 "$tmp"
 tag=$(( $$ % 200 + 20 ))
 net=10.218.$tag
-ns=(); links=(); sshd_pids=()
+ns=(); links=(); sshd_pids=(); driver=
 cleanup() {
     local p n
+    [ -n "$driver" ] && kill -9 "$driver" 2>/dev/null
     for p in "${sshd_pids[@]}"; do kill "$p" 2>/dev/null; done
     for p in "${sshd_pids[@]}"; do wait "$p" 2>/dev/null; done
     for n in "${ns[@]}"; do ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del "$n" 2>/dev/null; done
@@ -166,6 +170,60 @@ timeout "$(scaled 300)" "$BATON" run "$tmp/nsjob.yaml" > "$tmp/ns.out" 2> "$tmp/
 got=$(losses "$tmp/nsjob.jsonl")
 if [ "$rc" -eq 0 ] && [ -n "$ref" ] && [ "$got" = "$ref" ]; then pass ssh_netns_losses_equal_local
 else fail ssh_netns_losses_equal_local "rc $rc: local [$ref] netns [$got] $(tail -5 "$tmp/ns.err")"; fi
+
+# security: while a longer job trains, a raw client sends garbage to every
+# port the job listens on (driver and ranks, both hosts) and floods each with
+# idle connections; every one is refused and logged, and the job trains on to
+# the losses of an undisturbed local run (2000 tiny steps: a few seconds)
+job long "[local]"; sed -i 's/steps: 6, micro_batch: 1, grad_accum: 2, log_every: 1/steps: 2000, micro_batch: 1, grad_accum: 2, log_every: 100/' "$tmp/long.yaml"
+"$BATON" run "$tmp/long.yaml" > "$tmp/long.out" 2>&1
+ref_long=$(losses "$tmp/long.jsonl")
+# the driver is stopped (SIGSTOP) while the attack runs, so that it falls
+# inside the training whatever the machine's speed; the ranks wait for their
+# next step meanwhile (a heartbeat timeout of 60 s covers the pause)
+job nslong "[${hosts[0]}, ${hosts[1]}]" "" ", heartbeat_timeout: 60"; sed -i 's/steps: 6, micro_batch: 1, grad_accum: 2, log_every: 1/steps: 2000, micro_batch: 1, grad_accum: 2, log_every: 100/' "$tmp/nslong.yaml"
+timeout "$(scaled 300)" "$BATON" run "$tmp/nslong.yaml" > "$tmp/nslong.out" 2> "$tmp/nslong.err" &
+driver=$!
+drv=
+for _ in $(seq 1 "$(scaled 3000)"); do [ -n "$drv" ] || drv=$(pgrep -P "$driver" -x baton); [ -s "$tmp/nslong.jsonl" ] && break; sleep 0.02; done
+kill -STOP "$drv"
+steps_before=$(grep -c . "$tmp/nslong.jsonl")
+ports=$(ss -Hltnp | grep "pid=$drv," | awk '{print $4}')
+for n in "${ns[@]}"; do ports+=" $(ip netns exec "$n" ss -Hltnp | grep '"baton"' | awk '{print $4}')"; done
+echo "listening: $ports" > "$tmp/ports.out"
+(python3 - $ports > "$tmp/attack.out" 2>&1 <<'PY'
+import os, resource, socket, sys, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+held = []
+addrs = sys.argv[1:]
+for i, a in enumerate(addrs):
+    host, port = a.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=5)
+    s.sendall(os.urandom(200))            # no handshake: garbage
+    held.append(s)
+    # a flood of idle connections, more than a listener lets wait in their
+    # handshake, on the driver's port and on rank 0's first
+    for _ in range(300 if i in (0, 1) else 20):
+        try:
+            held.append(socket.create_connection((host, int(port)), timeout=5))
+        except OSError:
+            pass
+print("attacked", len(sys.argv) - 1, "ports with", len(held), "connections", flush=True)
+time.sleep(4)  # held while the driver runs again (below)
+PY
+) &
+attacker=$!
+for _ in $(seq 1 "$(scaled 600)"); do grep -q attacked "$tmp/attack.out" && break; sleep 0.1; done
+kill -CONT "$drv"
+wait "$attacker"
+wait "$driver"; rc=$?
+got=$(losses "$tmp/nslong.jsonl")
+nports=$(wc -w <<<"$ports")
+if [ "$rc" -eq 0 ] && [ "$nports" -ge 5 ] && [ "$steps_before" -lt 2000 ] && [ "$(wc -w <<<"$ref_long")" -eq 2000 ] && [ "$got" = "$ref_long" ] \
+    && grep -q "dropping peer .*(id -1, handshake)" "$tmp/nslong.err" \
+    && grep -q "refusing .* peers already in their handshake" "$tmp/nslong.err"; then
+    pass ssh_raw_clients_refused_job_trains_on
+else fail ssh_raw_clients_refused_job_trains_on "rc $rc, $nports ports, attacked after step $steps_before ($(cat "$tmp/attack.out")), $(grep -c . "$tmp/nslong.jsonl") steps: $(grep -m3 "tcp:" "$tmp/nslong.err")"; fi
 
 # a host that is down (its namespace's link cut) is named before any rank starts
 ip -n "${ns[1]}" link set eth0 down
