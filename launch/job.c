@@ -1136,5 +1136,17 @@ void job_write_yaml(const job_t *job, FILE *f)
 bt_status_t job_collectives(const job_t *job, coll_backend_t *out, char *why, size_t why_cap)
 {
     bool all_cuda = !strncmp(job->device, "cuda", 4);
+    /* every rank of a host runs on the job's one device today (no GPU per
+     * local rank yet), and NCCL refuses two ranks of a communicator on one
+     * GPU ("Duplicate GPU detected", reported by the workers when nccl is
+     * asked for): auto stays on host then */
+    const job_parallel_t *p = &job->parallel;
+    int64_t world = p->tp * p->pp * p->dp, hosts = job->n_hosts > 0 ? job->n_hosts : 1;
+    if (all_cuda && world / hosts > 1 && p->collectives == COLL_BACKEND_AUTO) {
+        snprintf(why, why_cap, "%lld ranks share %s on a host (NCCL needs a GPU of its own for each rank)",
+                 (long long)(world / hosts), job->device);
+        *out = COLL_BACKEND_HOST;
+        return BT_OK;
+    }
     return coll_backend_choose(job->parallel.collectives, all_cuda, out, why, why_cap);
 }

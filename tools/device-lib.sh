@@ -11,7 +11,7 @@ fails=0
 row() {
     local r
     r=$(awk -v a="$2" -v b="$3" -v t="$4" 'BEGIN {
-        if (a == "" || b == "" || a != a + 0) { print "nan FAIL"; exit }
+        if (a == "" || b == "" || tolower(a) ~ /nan|inf/ || a != a + 0) { print "nan FAIL"; exit }
         d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; r = m > 0 ? d / m : d;
         printf "%.3g %s\n", r, (r <= t ? "PASS" : "FAIL") }')
     printf '%-44s %-22s %-22s %-10s %-8s %s\n' "$1" "$2" "$3" "${r% *}" "$4" "${r#* }"

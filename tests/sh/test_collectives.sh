@@ -53,3 +53,10 @@ fi
 run=$(sed -n 's/^baton run j.yaml: run \([0-9-]*\) in .*/\1/p' o5)
 [ $rc = 0 ] && grep -q '| collectives: host$' o5 && grep -q '"collectives": *"host"' "runs/j/$run/run.json" \
     && pass collectives_auto_cpu_host || fail collectives_auto_cpu_host "rc $rc: $(tail -3 e5)"
+
+# auto with several ranks on a host's one GPU: host (NCCL refuses two ranks of a
+# communicator on one device), whatever the library; the header says so
+# before any worker starts (here they then fail for want of a GPU)
+timeout 60 "$BATON" run j.yaml --set device=cuda --set parallel.collectives=auto > o6 2> e6
+grep -q '| collectives: host$' o6 && pass collectives_auto_shared_gpu_host \
+    || fail collectives_auto_shared_gpu_host "$(grep -h 'collectives' o6 e6 | head -3)"
