@@ -135,6 +135,14 @@ bool kern_device_usable(device_t dev, char *why, size_t why_cap)
     return be->usable(dev.index, why, why_cap);
 }
 
+int kern_device_count(device_kind_t kind)
+{
+    char why[768];
+    int n = 0;
+    while (n < 256 && kern_device_usable((device_t){kind, n}, why, sizeof why)) n++;
+    return n;
+}
+
 bool kern_supports(device_t dev, kern_op_t op, dtype_t dt)
 {
     if ((unsigned)dev.kind >= DEV_COUNT || (unsigned)op >= KERN_OP_COUNT || (unsigned)dt >= DT_COUNT)

@@ -67,6 +67,8 @@ const char *kern_op_name(kern_op_t op); /* "attention", ... */
  * exists (and, for cuda, its libraries are recent enough). When not, why[]
  * says what is missing. */
 bool kern_device_usable(device_t dev, char *why, size_t why_cap);
+/* How many devices of `kind` this process can use (indices 0 .. n-1). */
+int kern_device_count(device_kind_t kind);
 /* Whether the backend of dev computes `op` in dtype dt. The model checks
  * every op its blocks need when it is built, so that a missing op is a
  * clear error then, never a panic in the middle of a step. */

@@ -2,6 +2,7 @@
 #include "launch/job.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -1133,20 +1134,65 @@ void job_write_yaml(const job_t *job, FILE *f)
     }
 }
 
+int job_gpus_here(void)
+{
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (v) {
+        /* "0,1", "GPU-<uuid>,...", "" (none); CUDA stops at the first invalid entry, "-1" say */
+        int n = 0;
+        for (const char *q = v; *q;) {
+            const char *e = q + strcspn(q, ",");
+            if (e == q || (q[0] == '-' && q[1] >= '0' && q[1] <= '9')) break;
+            n++;
+            q = *e ? e + 1 : e;
+        }
+        return n;
+    }
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    if (!d) return 0;
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        if (de->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
 bt_status_t job_collectives(const job_t *job, coll_backend_t *out, char *why, size_t why_cap)
 {
     bool all_cuda = !strncmp(job->device, "cuda", 4);
-    /* every rank of a host runs on the job's one device today (no GPU per
-     * local rank yet), and NCCL refuses two ranks of a communicator on one
-     * GPU ("Duplicate GPU detected", reported by the workers when nccl is
-     * asked for): auto stays on host then */
+    /* NCCL refuses two ranks of a communicator on one GPU ("Duplicate GPU
+     * detected"). A bare "cuda" gives each of a host's ranks a GPU of its
+     * own while the host has enough (job_rank_device); "cuda:N" puts them
+     * all on N. Where ranks share a GPU, auto stays on host and nccl is
+     * refused before anything starts; where the GPUs cannot be counted
+     * (none visible here), nccl is left to the workers to try. */
     const job_parallel_t *p = &job->parallel;
     int64_t world = p->tp * p->pp * p->dp, hosts = job->n_hosts > 0 ? job->n_hosts : 1;
-    if (all_cuda && world / hosts > 1 && p->collectives == COLL_BACKEND_AUTO) {
-        snprintf(why, why_cap, "%lld ranks share %s on a host (NCCL needs a GPU of its own for each rank)",
-                 (long long)(world / hosts), job->device);
-        *out = COLL_BACKEND_HOST;
-        return BT_OK;
+    int64_t per = world / hosts;
+    if (all_cuda && per > 1 && p->collectives != COLL_BACKEND_HOST) {
+        int gpus = !strcmp(job->device, "cuda") ? job_gpus_here() : 1;
+        if (gpus < per && (gpus > 0 || p->collectives == COLL_BACKEND_AUTO)) {
+            if (!strcmp(job->device, "cuda"))
+                snprintf(why, why_cap, "%lld ranks a host share its %d visible GPU%s (NCCL needs a GPU "
+                         "of its own for each rank)", (long long)per, gpus, gpus == 1 ? "" : "s");
+            else
+                snprintf(why, why_cap, "%lld ranks a host share %s (NCCL needs a GPU of its own for "
+                         "each rank: device cuda gives each rank one)", (long long)per, job->device);
+            if (p->collectives == COLL_BACKEND_NCCL) return BT_ERR_INVALID;
+            *out = COLL_BACKEND_HOST;
+            return BT_OK;
+        }
     }
     return coll_backend_choose(job->parallel.collectives, all_cuda, out, why, why_cap);
+}
+
+void job_rank_device(const job_t *job, int world, int rank, int gpus, char *out, size_t cap)
+{
+    if (strcmp(job->device, "cuda") || gpus < 1) {
+        snprintf(out, cap, "%s", job->device);
+        return;
+    }
+    int hosts = job->n_hosts > 0 ? job->n_hosts : 1;
+    int per = world / hosts > 0 ? world / hosts : 1;
+    snprintf(out, cap, "cuda:%d", rank % per % gpus);
 }

@@ -221,11 +221,22 @@ const char *job_field_name(int i);
 /* Whether the job's model has routed experts (a validated job). */
 static inline bool job_has_experts(const job_t *job) { return job->model.has_experts; }
 
-/* The collective backend the job's groups run on (coll_backend_choose):
- * every rank runs on the job's device, so "every rank's device is CUDA"
- * means the device field says cuda or cuda:N (device auto keeps the host
- * backend: the driver, which decides, never loads CUDA). The driver and each
- * worker compute the same answer from the same job. */
+/* The collective backend the job's groups run on (coll_backend_choose).
+ * "Every rank's device is CUDA" means the device field says cuda or cuda:N
+ * (device auto keeps the host backend: the driver, which decides, never
+ * loads CUDA). Several ranks on a host sharing one GPU (cuda:N, or a bare
+ * cuda with fewer GPUs visible than ranks, job_gpus_here) keep auto on host
+ * and refuse nccl. The driver and each worker compute the same answer from
+ * the same job, on hosts alike. */
 bt_status_t job_collectives(const job_t *job, coll_backend_t *out, char *why, size_t why_cap);
-
+/* GPUs on this host as CUDA will number them, read without loading CUDA:
+ * the entries of CUDA_VISIBLE_DEVICES when it is set, else the GPUs under
+ * /proc/driver/nvidia/gpus; 0 when neither says. */
+int job_gpus_here(void);
+/* The device a rank runs on: the job's, except that a bare "cuda" gives
+ * each of a host's ranks a GPU of its own, cuda:(local % gpus), local being
+ * the rank's index among its host's ranks (ranks fill hosts in blocks) and
+ * gpus how many the process sees; with fewer GPUs than ranks they share
+ * round robin. */
+void job_rank_device(const job_t *job, int world, int rank, int gpus, char *out, size_t cap);
 #endif

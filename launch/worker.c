@@ -110,7 +110,8 @@ close_file:
 typedef struct {
     int            rank;
     bool           eval_only;  /* an evaluation run: no gradients, no optimizer state */
-    job_t          job;
+    job_t          job;        /* device: this rank's own (job_rank_device) */
+    char           job_device[JOB_DEVICE_MAX]; /* the job file's device field */
     graph_t        g;
     uint8_t        secret[RUN_SECRET_LEN];
     int32_t       *tokens;
@@ -251,7 +252,13 @@ static bt_status_t coll_backend_ops(worker_t *w, const coll_ops_t **ops, int *de
     char why[800];
     *ops = &coll_host_ops;
     *device = 0;
-    if (job_collectives(&w->job, &cb, why, sizeof why)) {
+    /* decided on the job file's device, as the driver decided */
+    char mine[JOB_DEVICE_MAX];
+    snprintf(mine, sizeof mine, "%s", w->job.device);
+    snprintf(w->job.device, sizeof w->job.device, "%s", w->job_device);
+    bt_status_t jst = job_collectives(&w->job, &cb, why, sizeof why);
+    snprintf(w->job.device, sizeof w->job.device, "%s", mine);
+    if (jst) {
         log_error("rank %d: parallel.collectives: %s", w->rank, why);
         return BT_ERR_UNSUPPORTED;
     }
@@ -707,6 +714,13 @@ int worker_main(const char *run_dir, int rank)
     if (rank < 0 || rank >= w->g.world) {
         log_error("worker: rank %d outside the job's %d ranks", rank, w->g.world);
         goto fail;
+    }
+    snprintf(w->job_device, sizeof w->job_device, "%s", w->job.device);
+    if (!strcmp(w->job.device, "cuda")) { /* a GPU of its own for each of a host's ranks */
+        char dev[JOB_DEVICE_MAX];
+        job_rank_device(&w->job, w->g.world, rank, kern_device_count(DEV_CUDA), dev, sizeof dev);
+        snprintf(w->job.device, sizeof w->job.device, "%s", dev);
+        log_debug("worker: rank %d runs on %s", rank, dev);
     }
     /* The ranks of a job share this host's cores: each gets its share for
      * the CPU backend's pool (a thread per core in every process would

@@ -514,6 +514,61 @@ static void test_job_global_batch(void)
               "%s", err);
 }
 
+/* A bare "cuda" gives each of a host's ranks a GPU of its own (ranks fill
+ * hosts in blocks), round robin when there are fewer; "cuda:N" and others
+ * stay as they are; with the GPUs visible (CUDA_VISIBLE_DEVICES) fewer than
+ * a host's ranks, auto collectives stay on host and nccl is refused. */
+static void test_job_rank_devices(void)
+{
+    job_t job;
+    char d[JOB_DEVICE_MAX];
+    REQUIRE(job_load_string("r.yaml", "data: {dir: x}\ndevice: cuda\nparallel: {dp: 4}\n", &job, err,
+                            sizeof err) == BT_OK);
+    const int want1[4] = {0, 1, 2, 3}, want2[4] = {0, 1, 0, 1};
+    for (int r = 0; r < 4; r++) {
+        job_rank_device(&job, 4, r, 4, d, sizeof d);
+        CHECK_MSG(atoi(d + 5) == want1[r] && !strncmp(d, "cuda:", 5), "rank %d of 4 on 4 GPUs: %s", r, d);
+        job_rank_device(&job, 4, r, 2, d, sizeof d);
+        CHECK_MSG(atoi(d + 5) == want2[r] && !strncmp(d, "cuda:", 5), "rank %d of 4 on 2 GPUs: %s", r, d);
+    }
+    job.n_hosts = 2; /* 2 ranks a host: local indices 0 1 0 1 */
+    for (int r = 0; r < 4; r++) {
+        job_rank_device(&job, 4, r, 8, d, sizeof d);
+        CHECK_MSG(atoi(d + 5) == r % 2, "rank %d of 2 hosts: %s", r, d);
+    }
+    job_rank_device(&job, 4, 3, 0, d, sizeof d);
+    CHECK_MSG(!strcmp(d, "cuda"), "no GPU counted: %s", d);
+    snprintf(job.device, sizeof job.device, "cuda:1");
+    job_rank_device(&job, 4, 2, 4, d, sizeof d);
+    CHECK_MSG(!strcmp(d, "cuda:1"), "an indexed device stays: %s", d);
+
+    coll_backend_t cb;
+    char why[600];
+    const char *old = getenv("CUDA_VISIBLE_DEVICES");
+    char saved[256] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    job.n_hosts = 1;
+    snprintf(job.device, sizeof job.device, "cuda");
+    job.parallel.collectives = COLL_BACKEND_AUTO;
+    setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3", 1);
+    CHECK(job_gpus_here() == 4);
+    CHECK_MSG(job_collectives(&job, &cb, why, sizeof why) == BT_OK && cb == COLL_BACKEND_NCCL, "%s", why);
+    setenv("CUDA_VISIBLE_DEVICES", "0,1,-1,3", 1);
+    CHECK(job_gpus_here() == 2);
+    CHECK_MSG(job_collectives(&job, &cb, why, sizeof why) == BT_OK && cb == COLL_BACKEND_HOST &&
+                  strstr(why, "4 ranks a host share its 2 visible GPUs"), "%s", why);
+    job.parallel.collectives = COLL_BACKEND_NCCL;
+    CHECK_MSG(job_collectives(&job, &cb, why, sizeof why) == BT_ERR_INVALID, "%s", why);
+    snprintf(job.device, sizeof job.device, "cuda:0");
+    setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3", 1);
+    CHECK_MSG(job_collectives(&job, &cb, why, sizeof why) == BT_ERR_INVALID && strstr(why, "share cuda:0"), "%s",
+              why);
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    CHECK(job_gpus_here() == 0);
+    if (old) setenv("CUDA_VISIBLE_DEVICES", saved, 1);
+    else unsetenv("CUDA_VISIBLE_DEVICES");
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_job_global_batch, test_job_write_roundtrip, test_job_parse_all_sections, test_job_defaults_and_derived,
@@ -521,5 +576,5 @@ int main(int argc, char **argv)
              test_job_integer_range, test_job_input_limits,
              test_job_model_shape_rules, test_job_parallel_rules, test_job_overrides,
              test_job_hf_config, test_job_file_errors, test_job_schema_names,
-             test_job_examples_valid);
+             test_job_examples_valid, test_job_rank_devices);
 }

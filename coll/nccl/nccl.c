@@ -12,10 +12,11 @@
  * and the communicator's asynchronous error: an event that completes
  * completes its call; an asynchronous error, a failed event, or a call
  * older than the step timeout (coll_config_t.timeout_ms, counted from its
- * start, so it includes the work queued before it on its stream) aborts the
+ * start, so it includes the work queued before it on its stream) fails
+ * every call in flight and every later one at once, then aborts the
  * communicator with ncclCommAbort, so that no rank stays blocked in a
- * kernel waiting for a dead peer, and fails every call in flight and every
- * later one. The report (logged once, and coll_failure) names the group,
+ * kernel waiting for a dead peer (the abort itself may wait for work queued
+ * ahead of the call on its stream; the callers do not wait for it). The report (logged once, and coll_failure) names the group,
  * the op, its sequence number on the communicator and the rank.
  *
  * Locking: one mutex per communicator guards its NCCL handle, the list in
@@ -64,7 +65,8 @@ typedef struct coll_nccl {
     int device;
     unsigned timeout_ms, connect_ms;
     ncclUniqueId id; /* rank 0's, drawn at open */
-    ncclComm_t comm; /* NULL before connect and after an abort */
+    ncclComm_t comm; /* NULL before connect and after a failure */
+    ncclComm_t doomed; /* a failed communicator not yet aborted (nccl_reap) */
     cudaStream_t own;
     int *scratch; /* one device int for the barrier */
     pthread_mutex_t mu;
@@ -87,8 +89,12 @@ static void sleep_ns(uint64_t ns)
 
 /* ---- failure -------------------------------------------------------------------------- */
 
-/* Under mu: records the first failure, logs its report, aborts the NCCL
- * communicator. Later failures are not reported again. */
+/* Under mu: records the first failure, logs its report and takes the NCCL
+ * communicator out of use; nccl_reap aborts it once mu is released and the
+ * calls in flight have been failed. ncclCommAbort can wait for whatever is
+ * queued on the streams it used (work ahead of a call that never started),
+ * so a caller must not wait for it to learn of the failure. Later failures
+ * are not reported again. */
 static void nccl_fail(coll_nccl_t *c, bt_status_t st, const char *op, uint64_t seq,
                       const char *why)
 {
@@ -99,8 +105,21 @@ static void nccl_fail(coll_nccl_t *c, bt_status_t st, const char *op, uint64_t s
              c->comm ? "; communicator aborted" : "");
     log_error("%s", c->failure);
     if (c->comm) {
-        ncclCommAbort(c->comm);
+        c->doomed = c->comm;
         c->comm = NULL;
+    }
+}
+
+/* Without mu: aborts the communicator nccl_fail took out of use, if any. */
+static void nccl_reap(coll_nccl_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    ncclComm_t d = c->doomed;
+    c->doomed = NULL;
+    pthread_mutex_unlock(&c->mu);
+    if (d) {
+        cudaSetDevice(c->device);
+        ncclCommAbort(d);
     }
 }
 
@@ -197,6 +216,9 @@ static void *watchdog_main(void *arg)
                 req_finish(c, f, c->failed);
             }
             c->tail = &c->head;
+            pthread_mutex_unlock(&c->mu);
+            nccl_reap(c);
+            pthread_mutex_lock(&c->mu);
             continue;
         }
         pthread_mutex_unlock(&c->mu);
@@ -283,6 +305,7 @@ static bt_status_t nccl_connect(coll_comm_t *comm, const char *const *addrs)
         }
     }
     pthread_mutex_unlock(&c->mu);
+    nccl_reap(c);
     return st;
 }
 
@@ -448,6 +471,7 @@ static bt_status_t nccl_start(coll_comm_t *comm, const coll_call_t *call, coll_d
     pthread_mutex_unlock(&c->mu);
     if (st) {
         free(r);
+        nccl_reap(c);
         return st;
     }
     if (out) *out = r;
@@ -494,6 +518,7 @@ static void nccl_group_end(coll_comm_t *comm)
         if (c->failed || req_track(c, r) != BT_OK) req_finish(c, r, c->failed);
     }
     pthread_mutex_unlock(&c->mu);
+    nccl_reap(c);
 }
 
 static void nccl_destroy(coll_comm_t *comm)
@@ -515,6 +540,7 @@ static void nccl_destroy(coll_comm_t *comm)
         }
         pthread_mutex_unlock(&c->mu);
     }
+    nccl_reap(c);
     if (c->scratch) cudaFree(c->scratch);
     if (c->own) cudaStreamDestroy(c->own);
     pthread_cond_destroy(&c->cv);
