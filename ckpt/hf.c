@@ -21,7 +21,7 @@
 static const char *const hf_model_types[] = {
     [MODEL_ARCH_LLAMA] = "llama",     [MODEL_ARCH_MISTRAL] = "mistral",
     [MODEL_ARCH_QWEN2] = "qwen2",     [MODEL_ARCH_MIXTRAL] = "mixtral",
-    [MODEL_ARCH_QWEN2_MOE] = "qwen2_moe",
+    [MODEL_ARCH_QWEN2_MOE] = "qwen2_moe", [MODEL_ARCH_NEMOTRON_H] = "nemotron_h",
 };
 _Static_assert(sizeof hf_model_types / sizeof hf_model_types[0] == MODEL_ARCH_COUNT,
                "model_type per arch");
@@ -178,7 +178,8 @@ static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
                 return BT_OK;
             }
         log_error("%s: architectures[0]='%s' is not supported (supported: LlamaForCausalLM, "
-                  "MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM)",
+                  "MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
+                  "NemotronHForCausalLM)",
                   c->what, name);
         return BT_ERR_UNSUPPORTED;
     }
@@ -190,7 +191,7 @@ static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
                 return BT_OK;
             }
         log_error("%s: model_type='%s' is not supported (supported: llama, mistral, qwen2, "
-                  "mixtral, qwen2_moe)", c->what, json_string_value(mt));
+                  "mixtral, qwen2_moe, nemotron_h)", c->what, json_string_value(mt));
         return BT_ERR_UNSUPPORTED;
     }
     log_error("%s: neither 'architectures' nor 'model_type' names the model class", c->what);
@@ -337,6 +338,136 @@ static bt_status_t cfg_moe(const hf_cfg_t *c, model_config_t *m)
     return BT_OK;
 }
 
+/* A string field that must be `only` when present (default `def`). */
+static bt_status_t cfg_str_only(const hf_cfg_t *c, const char *key, const char *def,
+                                const char *only)
+{
+    json_t *v = json_object_get(c->root, key);
+    const char *s = !v || json_is_null(v) ? def : json_is_string(v) ? json_string_value(v) : NULL;
+    if (s && !strcmp(s, only)) return BT_OK;
+    log_error("%s: %s='%s' is not supported (only %s)", c->what, key, s ? s : "(not a string)",
+              only);
+    return BT_ERR_UNSUPPORTED;
+}
+
+/* NemotronH (transformers' NemotronHConfig): the layer pattern
+ * layers_block_type (or the older hybrid_override_pattern string, M * - E),
+ * every layer one block: a Mamba2 mixer, attention without RoPE, or a relu2
+ * MLP; its keys and defaults as transformers 5.24 reads them, the older
+ * mamba_* spellings included (they win, as there). transformers' class never
+ * ties the head to the embedding, whatever tie_word_embeddings says. */
+static bt_status_t cfg_nemotron_h(const hf_cfg_t *c, model_config_t *m)
+{
+    json_t *root = c->root;
+    bt_status_t st;
+    int64_t heads = 0;
+    if ((st = cfg_int(c, root, "vocab_size", 131072, &m->vocab_size)) != BT_OK ||
+        (st = cfg_int(c, root, "hidden_size", 4096, &m->hidden_size)) != BT_OK ||
+        (st = cfg_int(c, root, "max_position_embeddings", 4096, &m->max_position_embeddings)) !=
+            BT_OK ||
+        (st = cfg_num(c, root, "layer_norm_epsilon", 1e-5, false, &m->rms_norm_eps)) != BT_OK ||
+        (st = cfg_int(c, root, "num_attention_heads", 32, &heads)) != BT_OK ||
+        (st = cfg_int(c, root, "num_key_value_heads", heads, &m->attn.num_kv_heads)) != BT_OK ||
+        (st = cfg_int(c, root, "head_dim", 128, &m->attn.head_dim)) != BT_OK ||
+        (st = cfg_int(c, root, "intermediate_size", 21504, &m->mlp.intermediate_size)) != BT_OK ||
+        (st = cfg_bool(c, root, "mlp_bias", false, &m->mlp.bias)) != BT_OK ||
+        (st = cfg_str_only(c, "mlp_hidden_act", "relu2", "relu2")) != BT_OK ||
+        (st = cfg_str_only(c, "mamba_hidden_act", "silu", "silu")) != BT_OK)
+        return st;
+    m->attn.num_heads = heads;
+    m->attn.rope.kind = MODEL_ROPE_NONE;
+    m->mlp.act = MODEL_MLP_RELU2;
+    model_mamba_config_t *a = &m->mamba;
+    if ((st = cfg_int(c, root, "mamba_num_heads", 128, &a->num_heads)) != BT_OK ||
+        (st = cfg_int(c, root, "mamba_head_dim", 64, &a->head_dim)) != BT_OK ||
+        (st = cfg_int(c, root, "ssm_state_size", 128, &a->state_size)) != BT_OK ||
+        (st = cfg_int(c, root, "n_groups", 8, &a->n_groups)) != BT_OK ||
+        (st = cfg_int(c, root, "mamba_n_groups", a->n_groups, &a->n_groups)) != BT_OK ||
+        (st = cfg_int(c, root, "conv_kernel", 4, &a->conv_kernel)) != BT_OK ||
+        (st = cfg_int(c, root, "mamba_d_conv", a->conv_kernel, &a->conv_kernel)) != BT_OK ||
+        (st = cfg_int(c, root, "chunk_size", 128, &a->chunk_size)) != BT_OK ||
+        (st = cfg_int(c, root, "mamba_chunk_size", a->chunk_size, &a->chunk_size)) != BT_OK ||
+        (st = cfg_bool(c, root, "use_conv_bias", true, &a->conv_bias)) != BT_OK ||
+        (st = cfg_bool(c, root, "mamba_conv_bias", a->conv_bias, &a->conv_bias)) != BT_OK ||
+        (st = cfg_bool(c, root, "use_bias", false, &a->proj_bias)) != BT_OK ||
+        (st = cfg_num(c, root, "time_step_min", 0.001, false, &a->dt_min)) != BT_OK ||
+        (st = cfg_num(c, root, "mamba_dt_min", a->dt_min, false, &a->dt_min)) != BT_OK)
+        return st;
+    /* the mixer clamps dt to (time_step_min, inf): time_step_limit is not read */
+    a->dt_max = INFINITY;
+    a->norm_eps = m->rms_norm_eps;
+    bool tie = false, attn_bias = false;
+    if ((st = cfg_bool(c, root, "tie_word_embeddings", false, &tie)) != BT_OK ||
+        (st = cfg_bool(c, root, "attention_bias", false, &attn_bias)) != BT_OK)
+        return st;
+    if (tie)
+        log_warn("%s: tie_word_embeddings=true is ignored, as transformers' NemotronHForCausalLM "
+                 "ignores it (lm_head.weight is a tensor of its own)", c->what);
+    if (attn_bias)
+        log_warn("%s: attention_bias is ignored (NemotronH's attention has no biases, as in "
+                 "transformers)", c->what);
+    m->tie_word_embeddings = false;
+    int64_t mtp = 0;
+    if ((st = cfg_int(c, root, "num_nextn_predict_layers", 0, &mtp)) != BT_OK) return st;
+    if (mtp > 0)
+        log_warn("%s: num_nextn_predict_layers=%lld: the multi-token prediction layers are not "
+                 "part of the model (transformers does not load them either)", c->what,
+                 (long long)mtp);
+    /* the pattern */
+    json_t *lt = json_object_get(root, "layers_block_type");
+    if (!lt || json_is_null(lt)) lt = json_object_get(root, "layer_types");
+    json_t *pat = json_object_get(root, "hybrid_override_pattern");
+    const char *where = "layers_block_type";
+    int64_t n = 0;
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt)) {
+            log_error("%s: layers_block_type must be a list of strings", c->what);
+            return BT_ERR_INVALID;
+        }
+        n = (int64_t)json_array_size(lt);
+    } else if (pat && json_is_string(pat)) {
+        where = "hybrid_override_pattern";
+        n = (int64_t)strlen(json_string_value(pat));
+    } else {
+        log_error("%s: neither layers_block_type nor hybrid_override_pattern gives the layers",
+                  c->what);
+        return BT_ERR_INVALID;
+    }
+    if (n < 1 || n > MODEL_MAX_LAYERS) {
+        log_error("%s: %s has %lld layers (must be 1 to %d)", c->what, where, (long long)n,
+                  MODEL_MAX_LAYERS);
+        return BT_ERR_INVALID;
+    }
+    m->num_layers = n;
+    for (int64_t l = 0; l < n; l++) {
+        const char *t = NULL;
+        char one[2] = {0, 0};
+        if (lt && !json_is_null(lt)) {
+            json_t *e = json_array_get(lt, (size_t)l);
+            t = json_is_string(e) ? json_string_value(e) : "(not a string)";
+        } else {
+            one[0] = json_string_value(pat)[l];
+            t = one;
+        }
+        model_block_t b = {0};
+        if (!strcmp(t, "linear_attention") || !strcmp(t, "M")) b.mixer = MODEL_MIXER_MAMBA2;
+        else if (!strcmp(t, "full_attention") || !strcmp(t, "*")) b.mixer = MODEL_MIXER_ATTENTION;
+        else if (!strcmp(t, "mlp") || !strcmp(t, "-")) b.ffn = MODEL_FFN_DENSE;
+        else if (!strcmp(t, "moe") || !strcmp(t, "E")) {
+            log_error("%s: %s[%lld] is a mixture-of-experts layer ('%s'), which baton does not "
+                      "implement for NemotronH yet (sigmoid group routing, relu2 experts)",
+                      c->what, where, (long long)l, t);
+            return BT_ERR_UNSUPPORTED;
+        } else {
+            log_error("%s: %s[%lld]='%s' is not a NemotronH layer type (linear_attention, "
+                      "full_attention, mlp, moe or M * - E)", c->what, where, (long long)l, t);
+            return BT_ERR_INVALID;
+        }
+        m->blocks[l] = b;
+    }
+    return BT_OK;
+}
+
 bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
                                  model_config_t *out)
 {
@@ -356,6 +487,11 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
         goto free_root;
     }
     if ((st = cfg_arch(&c, &m.arch)) != BT_OK) goto free_root;
+    if (m.arch == MODEL_ARCH_NEMOTRON_H) { /* a hybrid: its own keys throughout */
+        if ((st = cfg_nemotron_h(&c, &m)) == BT_OK && (st = model_config_validate(&m)) == BT_OK)
+            *out = m;
+        goto free_root;
+    }
     if ((st = cfg_int(&c, root, "vocab_size", -1, &m.vocab_size)) != BT_OK ||
         (st = cfg_int(&c, root, "hidden_size", -1, &m.hidden_size)) != BT_OK ||
         (st = cfg_int(&c, root, "intermediate_size", -1, &m.mlp.intermediate_size)) != BT_OK ||
@@ -911,8 +1047,50 @@ static void hf_moe_json(json_t *j, const model_config_t *c)
         json_object_set_new(j, "router_bias_update_rate", json_real(e->bias_rate));
 }
 
+/* NemotronH's config.json: its keys, and the layer pattern as a list. */
+static json_t *hf_nemotron_h_json(const model_config_t *c)
+{
+    json_t *j = json_object();
+    const model_mamba_config_t *a = &c->mamba;
+    json_object_set_new(j, "architectures", json_pack("[s]", model_arch_name(c->arch)));
+    json_object_set_new(j, "model_type", json_string(hf_model_types[c->arch]));
+    json_object_set_new(j, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(j, "hidden_size", json_integer(c->hidden_size));
+    json_object_set_new(j, "max_position_embeddings", json_integer(c->max_position_embeddings));
+    json_object_set_new(j, "layer_norm_epsilon", json_real(c->rms_norm_eps));
+    json_object_set_new(j, "tie_word_embeddings", json_false());
+    json_object_set_new(j, "num_attention_heads", json_integer(c->attn.num_heads));
+    json_object_set_new(j, "num_key_value_heads", json_integer(c->attn.num_kv_heads));
+    json_object_set_new(j, "head_dim", json_integer(c->attn.head_dim));
+    json_object_set_new(j, "intermediate_size", json_integer(c->mlp.intermediate_size));
+    json_object_set_new(j, "mlp_hidden_act", json_string("relu2"));
+    json_object_set_new(j, "mlp_bias", json_boolean(c->mlp.bias));
+    json_object_set_new(j, "mamba_num_heads", json_integer(a->num_heads));
+    json_object_set_new(j, "mamba_head_dim", json_integer(a->head_dim));
+    json_object_set_new(j, "n_groups", json_integer(a->n_groups));
+    json_object_set_new(j, "ssm_state_size", json_integer(a->state_size));
+    json_object_set_new(j, "conv_kernel", json_integer(a->conv_kernel));
+    json_object_set_new(j, "chunk_size", json_integer(a->chunk_size));
+    json_object_set_new(j, "use_conv_bias", json_boolean(a->conv_bias));
+    json_object_set_new(j, "use_bias", json_boolean(a->proj_bias));
+    json_object_set_new(j, "mamba_hidden_act", json_string("silu"));
+    json_object_set_new(j, "time_step_min", json_real(a->dt_min));
+    json_t *types = json_array();
+    for (int64_t l = 0; l < c->num_layers; l++) {
+        const model_block_t *b = &c->blocks[l];
+        json_array_append_new(types, json_string(b->mixer == MODEL_MIXER_MAMBA2 ? "linear_attention"
+                                                 : b->mixer == MODEL_MIXER_ATTENTION
+                                                     ? "full_attention"
+                                                     : "mlp"));
+    }
+    json_object_set_new(j, "layers_block_type", types);
+    json_object_set_new(j, "torch_dtype", json_string("float32"));
+    return j;
+}
+
 static json_t *hf_config_json(const model_config_t *c)
 {
+    if (c->arch == MODEL_ARCH_NEMOTRON_H) return hf_nemotron_h_json(c);
     json_t *j = json_object();
     json_object_set_new(j, "architectures", json_pack("[s]", model_arch_name(c->arch)));
     json_object_set_new(j, "model_type", json_string(hf_model_types[c->arch]));

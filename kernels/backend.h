@@ -59,7 +59,7 @@ void kern_stream_fail(kern_stream_t *s, const char *op, const char *detail);
         [KERN_OP_ADAMW] = 1u << DT_F32, [KERN_OP_MOE_ROUTE] = 1u << DT_F32,                       \
         [KERN_OP_MOE_PERMUTE] = 1u << DT_F32, [KERN_OP_MOE_COMBINE] = 1u << DT_F32,               \
         [KERN_OP_GROUPED_LINEAR] = 1u << DT_F32, [KERN_OP_MOE_RESELECT] = 1u << DT_F32,           \
-        [KERN_OP_MAMBA] = 1u << DT_F32,                                                           \
+        [KERN_OP_MAMBA] = 1u << DT_F32, [KERN_OP_RELU2] = 1u << DT_F32,                           \
     }
 
 /* Streams and events of a backend whose work is done before each call
@@ -170,6 +170,9 @@ struct kern_backend {
     void (*swiglu_fwd)(kern_stream_t *s, tensor_t *out, ct_t *gate, ct_t *up);
     void (*swiglu_bwd)(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, ct_t *dout, ct_t *gate,
                        ct_t *up, bool set);
+
+    void (*relu2_fwd)(kern_stream_t *s, tensor_t *out, ct_t *x);
+    void (*relu2_bwd)(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *x, bool set);
 
     void (*xent_fwd_bwd)(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits, ct_t *logits,
                          ct_t *targets, float dloss, int32_t ignore_index);

@@ -106,6 +106,7 @@ static const char *const kern_op_names[] = {
     [KERN_OP_MOE_COMBINE] = "moe_combine",
     [KERN_OP_GROUPED_LINEAR] = "grouped_linear",
     [KERN_OP_MAMBA] = "mamba",
+    [KERN_OP_RELU2] = "relu2",
 };
 _Static_assert(sizeof kern_op_names / sizeof kern_op_names[0] == KERN_OP_COUNT, "one name per op");
 

@@ -56,6 +56,7 @@ typedef enum {
     KERN_OP_GROUPED_LINEAR, /* grouped_linear_fwd, grouped_linear_bwd */
     KERN_OP_MOE_RESELECT,   /* moe_route_reselect (a selection bias; f32 on every backend) */
     KERN_OP_MAMBA,          /* conv1d_causal, ssm_dt, ssd_scan, gated_rmsnorm (fwd, bwd) */
+    KERN_OP_RELU2,          /* relu2_fwd, relu2_bwd (squared ReLU) */
     KERN_OP_COUNT,
 } kern_op_t;
 

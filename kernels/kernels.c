@@ -666,6 +666,39 @@ void kern_swiglu_bwd_set(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, const
     swiglu_bwd(s, "kern_swiglu_bwd_set", true, dgate, dup, dout, gate, up);
 }
 
+void kern_relu2_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *x)
+{
+    const char *op = "kern_relu2_fwd";
+    kern_req(s, op, "out", out);
+    kern_req(s, op, "x", x);
+    kern_req_dtype(op, "x", x, out->dtype);
+    kern_req_numel(op, "x", x, tensor_numel(out));
+    kern_compute(s, op, KERN_OP_RELU2, out->dtype)->relu2_fwd(s, out, x);
+}
+
+static void relu2_bwd(kern_stream_t *s, const char *op, bool set, tensor_t *dx,
+                      const tensor_t *dout, const tensor_t *x)
+{
+    kern_req(s, op, "dx", dx);
+    kern_req(s, op, "dout", dout);
+    kern_req(s, op, "x", x);
+    kern_req_dtype(op, "dout", dout, dx->dtype);
+    kern_req_dtype(op, "x", x, dx->dtype);
+    kern_req_numel(op, "dout", dout, tensor_numel(dx));
+    kern_req_numel(op, "x", x, tensor_numel(dx));
+    kern_compute(s, op, KERN_OP_RELU2, dx->dtype)->relu2_bwd(s, dx, dout, x, set);
+}
+
+void kern_relu2_bwd(kern_stream_t *s, tensor_t *dx, const tensor_t *dout, const tensor_t *x)
+{
+    relu2_bwd(s, "kern_relu2_bwd", false, dx, dout, x);
+}
+
+void kern_relu2_bwd_set(kern_stream_t *s, tensor_t *dx, const tensor_t *dout, const tensor_t *x)
+{
+    relu2_bwd(s, "kern_relu2_bwd_set", true, dx, dout, x);
+}
+
 /* ---- loss ----------------------------------------------------------------- */
 
 /* logits [N,V]; targets [N] i32; each per-row f32 vector given has N elements. */

@@ -316,6 +316,13 @@ void kern_gated_rmsnorm_bwd(kern_stream_t *s, tensor_t *dy, tensor_t *dz, tensor
                             const tensor_t *dout, const tensor_t *y, const tensor_t *z,
                             const tensor_t *w, const tensor_t *rstd, int64_t groups);
 
+/* Squared ReLU (NemotronH's MLP, transformers' relu2): out[n] = max(x, 0)^2.
+ * KERN_OP_RELU2: f32 on cpu and fenced, f32 and bf16 on cuda. */
+void kern_relu2_fwd(kern_stream_t *s, tensor_t *out, const tensor_t *x);
+/* dx[n] += 2 max(x, 0) dout (kern_relu2_bwd_set: =). */
+void kern_relu2_bwd(kern_stream_t *s, tensor_t *dx, const tensor_t *dout, const tensor_t *x);
+void kern_relu2_bwd_set(kern_stream_t *s, tensor_t *dx, const tensor_t *dout, const tensor_t *x);
+
 /* ---- loss --------------------------------------------------------------- */
 
 /* Fused softmax cross-entropy. logits[N,V], targets[N] i32 (ignore_index ->

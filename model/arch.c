@@ -25,6 +25,13 @@ static const model_arch_info_t model_archs[] = {
                               .expert_proj = {"gate_proj", "up_proj", "down_proj"},
                               .shared_expert = "shared_expert",
                               .shared_expert_gate = "shared_expert_gate"},
+    /* one sublayer per layer, its norm and its mixer (of any kind) under the
+     * same names; checkpoints name the body "backbone" */
+    [MODEL_ARCH_NEMOTRON_H] = {.hf_class = "NemotronHForCausalLM",
+                               .embed = "backbone.embeddings.weight",
+                               .final_norm = "backbone.norm_f.weight", .lm_head = "lm_head.weight",
+                               .layer_prefix = "backbone.layers.%d", .mixer_norm = "norm",
+                               .mixer_prefix = "mixer", .ffn_norm = "norm", .ffn_prefix = "mixer"},
 };
 _Static_assert(sizeof model_archs / sizeof model_archs[0] == MODEL_ARCH_COUNT,
                "one entry per architecture");

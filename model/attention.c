@@ -60,8 +60,9 @@ static bt_status_t attn_validate(const model_config_t *c, int tp)
               (long long)a->sliding_window);
     A_REQUIRE((unsigned)r->kind < MODEL_ROPE_COUNT, "model config: unknown rope kind %d",
               (int)r->kind);
-    A_REQUIRE(r->theta > 0, "model config: rope_theta=%g must be > 0", r->theta);
-    if (r->kind != MODEL_ROPE_DEFAULT)
+    if (r->kind != MODEL_ROPE_NONE)
+        A_REQUIRE(r->theta > 0, "model config: rope_theta=%g must be > 0", r->theta);
+    if (r->kind != MODEL_ROPE_DEFAULT && r->kind != MODEL_ROPE_NONE)
         A_REQUIRE(r->factor > 0, "model config: rope factor=%g must be > 0", r->factor);
     if (r->kind == MODEL_ROPE_LLAMA3) {
         A_REQUIRE(r->high_freq_factor > r->low_freq_factor && r->low_freq_factor > 0,
@@ -192,6 +193,7 @@ static bt_status_t attn_shared_init(const model_t *m, int64_t T, void *shared)
                   (long long)T, (long long)c->sliding_window);
         return BT_ERR_UNSUPPORTED;
     }
+    if (c->rope.kind == MODEL_ROPE_NONE) return BT_OK; /* the tables are never read */
     int64_t half = c->head_dim / 2;
     float *inv = malloc((size_t)half * sizeof *inv);
     float *h = malloc((size_t)(2 * T * half) * sizeof *h);
@@ -280,8 +282,10 @@ static bt_status_t attn_forward(model_run_t *r, const model_sub_t *sub, void *sa
     kern_linear_fwd(s, &v.q, ln, model_sub_param(m, sub, A_Q), model_sub_param(m, sub, A_QB));
     kern_linear_fwd(s, &v.k, ln, model_sub_param(m, sub, A_K), model_sub_param(m, sub, A_KB));
     kern_linear_fwd(s, &v.v, ln, model_sub_param(m, sub, A_V), model_sub_param(m, sub, A_VB));
-    kern_rope_fwd(s, &v.q4, &v.q4, &cos, &sin, r->pos);
-    kern_rope_fwd(s, &v.k4, &v.k4, &cos, &sin, r->pos);
+    if (m->cfg.attn.rope.kind != MODEL_ROPE_NONE) {
+        kern_rope_fwd(s, &v.q4, &v.q4, &cos, &sin, r->pos);
+        kern_rope_fwd(s, &v.k4, &v.k4, &cos, &sin, r->pos);
+    }
     if (r->cache) { /* decoding: attend over every cached position and these */
         tensor_t k4, v4;
         attn_cache_append(r, &v, &k4, &v4);
@@ -324,8 +328,13 @@ static bt_status_t attn_backward(model_run_t *r, const model_sub_t *sub, void *s
                         &v.att, model_sub_param(m, sub, A_O));
     kern_attention_bwd_set(s, &dq4, &dk4, &dv4, &datt4, &v.q4, &v.k4, &v.v4, &v.att4, &v.lse,
                            scale, true, 0);
-    kern_rope_bwd_set(s, &dqr4, &dq4, &cos, &sin, r->pos);
-    kern_rope_bwd_set(s, &dkr4, &dk4, &cos, &sin, r->pos);
+    if (m->cfg.attn.rope.kind != MODEL_ROPE_NONE) {
+        kern_rope_bwd_set(s, &dqr4, &dq4, &cos, &sin, r->pos);
+        kern_rope_bwd_set(s, &dkr4, &dk4, &cos, &sin, r->pos);
+    } else { /* no rotation: the gradients pass as they are */
+        kern_copy(s, &dqr4, &dq4);
+        kern_copy(s, &dkr4, &dk4);
+    }
     kern_linear_bwd_set(s, dln, model_sub_grad(m, sub, A_Q), model_sub_grad(m, sub, A_QB), &dqr,
                         ln, model_sub_param(m, sub, A_Q));
     kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_K), model_sub_grad(m, sub, A_KB), &dkr, ln,

@@ -31,12 +31,14 @@ typedef enum {
     MODEL_ARCH_QWEN2,
     MODEL_ARCH_MIXTRAL,   /* attention + routed experts in every layer */
     MODEL_ARCH_QWEN2_MOE, /* attention + routed experts with a shared expert, or a dense MLP */
+    MODEL_ARCH_NEMOTRON_H, /* hybrid: each layer one Mamba2 mixer, attention or relu2 MLP */
     MODEL_ARCH_COUNT,
 } model_arch_t;
 
 typedef enum {
     MODEL_MIXER_NONE = 0,
     MODEL_MIXER_ATTENTION, /* grouped-query attention with RoPE (model/attention.c) */
+    MODEL_MIXER_MAMBA2,    /* the Mamba2 mixer: conv, selective SSD scan, gated norm (model/mamba.c) */
     MODEL_MIXER_COUNT,
 } model_mixer_kind_t;
 
@@ -56,6 +58,7 @@ typedef enum {
     MODEL_ROPE_DEFAULT = 0, /* plain RoPE with rope_theta */
     MODEL_ROPE_LINEAR,      /* positions divided by factor */
     MODEL_ROPE_LLAMA3,      /* Llama 3.1 frequency-dependent scaling */
+    MODEL_ROPE_NONE,        /* no positional rotation at all (NemotronH's attention) */
     MODEL_ROPE_COUNT,
 } model_rope_kind_t;
 
@@ -79,11 +82,38 @@ typedef struct {
     model_rope_t rope;
 } model_attn_config_t;
 
-/* Dense gated MLP (MODEL_FFN_DENSE), SiLU gate. */
+/* The dense MLP's activation. */
+typedef enum {
+    MODEL_MLP_SWIGLU = 0, /* gated: down(silu(gate(x)) * up(x)) (Llama) */
+    MODEL_MLP_RELU2,      /* plain: down(relu(up(x))^2), no gate_proj (NemotronH) */
+    MODEL_MLP_ACT_COUNT,
+} model_mlp_act_t;
+
+/* Dense MLP (MODEL_FFN_DENSE). */
 typedef struct {
-    int64_t intermediate_size; /* F */
-    bool    bias;              /* gate/up/down_proj have a bias (Llama mlp_bias) */
+    int64_t         intermediate_size; /* F */
+    bool            bias;              /* gate/up/down_proj have a bias (Llama mlp_bias) */
+    model_mlp_act_t act;
 } model_mlp_config_t;
+
+/* The Mamba2 mixer (MODEL_MIXER_MAMBA2), as transformers' NemotronHMamba2Mixer:
+ * in_proj maps C to z [I], x [I], B [G*N], C [G*N], dt [H] (I = H * P); a
+ * causal depthwise conv of conv_kernel taps (SiLU) over x, B, C; dt =
+ * clamp(softplus(dt + dt_bias), dt_min, dt_max); the SSD scan (chunk_size)
+ * with A = -exp(A_log) and the D skip; the gated RMSNorm per group of I/G
+ * columns; out_proj back to C. */
+typedef struct {
+    int64_t num_heads;   /* H: mamba_num_heads */
+    int64_t head_dim;    /* P: mamba_head_dim */
+    int64_t n_groups;    /* G: n_groups, H % G == 0 */
+    int64_t state_size;  /* N: ssm_state_size */
+    int64_t conv_kernel; /* K: conv_kernel */
+    int64_t chunk_size;  /* chunk_size */
+    bool    conv_bias;   /* use_conv_bias */
+    bool    proj_bias;   /* in_proj/out_proj biases (use_bias) */
+    double  dt_min, dt_max; /* the clamp of dt (transformers: time_step_min, infinity) */
+    double  norm_eps;    /* the gated norm's epsilon (layer_norm_epsilon) */
+} model_mamba_config_t;
 
 /* How a router picks a token's experts. */
 typedef enum {
@@ -134,6 +164,7 @@ typedef struct {
     model_attn_config_t attn;
     model_mlp_config_t  mlp; /* dense layers (Qwen2-MoE: mlp_only_layers, decoder_sparse_step) */
     model_moe_config_t  moe; /* layers of routed experts */
+    model_mamba_config_t mamba; /* Mamba2 mixers */
     model_block_t       blocks[MODEL_MAX_LAYERS]; /* [num_layers] */
 } model_config_t;
 

@@ -127,6 +127,7 @@ struct model_kind {
 extern const model_kind_t model_kind_attention;
 extern const model_kind_t model_kind_mlp;
 extern const model_kind_t model_kind_moe;
+extern const model_kind_t model_kind_mamba2;
 
 /* The kind of a mixer / feed-forward enum value (NULL for NONE). */
 const model_kind_t *model_mixer_kind(unsigned k);

@@ -1,6 +1,8 @@
-/* The dense gated MLP (MODEL_FFN_DENSE): Llama, Mistral, Qwen2.
+/* The dense MLP (MODEL_FFN_DENSE): Llama, Mistral, Qwen2 (gated SiLU), and
+ * NemotronH (squared ReLU, no gate):
  *
- *   y = (silu(ln Wg^T (+bg)) * (ln Wu^T (+bu))) Wd^T (+bd)
+ *   swiglu: y = (silu(ln Wg^T (+bg)) * (ln Wu^T (+bu))) Wd^T (+bd)
+ *   relu2:  y = relu(ln Wu^T (+bu))^2 Wd^T (+bd)
  *
  * TP (Megatron): gate/up (and their biases) column-parallel, down
  * row-parallel with its bias replicated and added once after the
@@ -23,6 +25,10 @@ static bt_status_t mlp_validate(const model_config_t *c, int tp)
                   (long long)c->mlp.intermediate_size, MODEL_MAX_FFN);
         return BT_ERR_INVALID;
     }
+    if ((unsigned)c->mlp.act >= MODEL_MLP_ACT_COUNT) {
+        log_error("model config: unknown MLP activation %d", (int)c->mlp.act);
+        return BT_ERR_INVALID;
+    }
     if (tp > 1 && c->mlp.intermediate_size % tp) {
         log_error("model: tp_size=%d does not divide intermediate_size=%lld", tp,
                   (long long)c->mlp.intermediate_size);
@@ -42,8 +48,10 @@ static void mlp_layout(model_layout_t *lb, const model_config_t *c, const char *
         snprintf(n, sizeof n, "%s.%s", prefix, suffix);                                            \
         sub->ix[slot] = model_layout_add(lb, n, ndim, d0, d1, dim, 1);                             \
     } while (0)
-    ADD(M_GATE, "gate_proj.weight", 2, F, C, 0);
-    if (b) ADD(M_GB, "gate_proj.bias", 1, F, 0, 0);
+    if (c->mlp.act == MODEL_MLP_SWIGLU) {
+        ADD(M_GATE, "gate_proj.weight", 2, F, C, 0);
+        if (b) ADD(M_GB, "gate_proj.bias", 1, F, 0, 0);
+    }
     ADD(M_UP, "up_proj.weight", 2, F, C, 0);
     if (b) ADD(M_UB, "up_proj.bias", 1, F, 0, 0);
     ADD(M_DOWN, "down_proj.weight", 2, C, F, 1);
@@ -73,9 +81,14 @@ static bt_status_t mlp_forward(model_run_t *r, const model_sub_t *sub, void *sav
     kern_stream_t *s = r->s;
     tensor_t v[3]; /* gate, up, h */
     mlp_views(r, saved, v);
-    kern_linear_fwd(s, &v[0], ln, model_sub_param(m, sub, M_GATE), model_sub_param(m, sub, M_GB));
     kern_linear_fwd(s, &v[1], ln, model_sub_param(m, sub, M_UP), model_sub_param(m, sub, M_UB));
-    kern_swiglu_fwd(s, &v[2], &v[0], &v[1]);
+    if (m->cfg.mlp.act == MODEL_MLP_RELU2) {
+        kern_relu2_fwd(s, &v[2], &v[1]);
+    } else {
+        kern_linear_fwd(s, &v[0], ln, model_sub_param(m, sub, M_GATE),
+                        model_sub_param(m, sub, M_GB));
+        kern_swiglu_fwd(s, &v[2], &v[0], &v[1]);
+    }
     return model_row_parallel_fwd(r, y, &v[2], model_sub_param(m, sub, M_DOWN),
                                   model_sub_param(m, sub, M_DB), "down_proj output", sub->layer);
 }
@@ -92,23 +105,30 @@ static bt_status_t mlp_backward(model_run_t *r, const model_sub_t *sub, void *sa
      * on the CPU the bits of zero + accumulate) */
     kern_linear_bwd_set(s, &d[0], model_sub_grad(m, sub, M_DOWN), model_sub_grad(m, sub, M_DB), dy,
                         &v[2], model_sub_param(m, sub, M_DOWN));
-    kern_swiglu_bwd_set(s, &d[1], &d[2], &d[0], &v[0], &v[1]);
-    kern_linear_bwd_set(s, dln, model_sub_grad(m, sub, M_GATE), model_sub_grad(m, sub, M_GB), &d[1],
-                        ln, model_sub_param(m, sub, M_GATE));
-    kern_linear_bwd(s, dln, model_sub_grad(m, sub, M_UP), model_sub_grad(m, sub, M_UB), &d[2], ln,
-                    model_sub_param(m, sub, M_UP));
+    if (m->cfg.mlp.act == MODEL_MLP_RELU2) {
+        kern_relu2_bwd_set(s, &d[2], &d[0], &v[1]);
+        kern_linear_bwd_set(s, dln, model_sub_grad(m, sub, M_UP), model_sub_grad(m, sub, M_UB),
+                            &d[2], ln, model_sub_param(m, sub, M_UP));
+    } else {
+        kern_swiglu_bwd_set(s, &d[1], &d[2], &d[0], &v[0], &v[1]);
+        kern_linear_bwd_set(s, dln, model_sub_grad(m, sub, M_GATE), model_sub_grad(m, sub, M_GB),
+                            &d[1], ln, model_sub_param(m, sub, M_GATE));
+        kern_linear_bwd(s, dln, model_sub_grad(m, sub, M_UP), model_sub_grad(m, sub, M_UB), &d[2],
+                        ln, model_sub_param(m, sub, M_UP));
+    }
     return model_tp_sum(m, dln, "the MLP input gradient", sub->layer);
 }
 
-/* gate, up, down: C x F each */
+/* gate (swiglu only), up, down: C x F each */
 static void mlp_flops(const model_config_t *c, int64_t T, model_flops_t *f)
 {
     (void)T;
-    f->matmul_params += 3.0 * (double)c->hidden_size * (double)c->mlp.intermediate_size;
+    double mats = c->mlp.act == MODEL_MLP_RELU2 ? 2.0 : 3.0;
+    f->matmul_params += mats * (double)c->hidden_size * (double)c->mlp.intermediate_size;
 }
 
-static const kern_op_t mlp_ops[] = {KERN_OP_LINEAR, KERN_OP_SWIGLU, KERN_OP_MATMUL,
-                                    KERN_OP_ELEMENTWISE};
+static const kern_op_t mlp_ops[] = {KERN_OP_LINEAR, KERN_OP_SWIGLU, KERN_OP_RELU2,
+                                    KERN_OP_MATMUL, KERN_OP_ELEMENTWISE};
 
 const model_kind_t model_kind_mlp = {
     .name = "mlp",

@@ -1,4 +1,4 @@
-/* Embedding, RMSNorm, RoPE and SwiGLU: forward against float64 references,
+/* Embedding, RMSNorm, RoPE, SwiGLU and squared ReLU: forward against float64 references,
  * backward against central differences of a float64 scalar loss
  * sum(out * R), with gradient buffers pre-filled so that accumulation (+=) is
  * checked too. */
@@ -259,8 +259,42 @@ static void test_swiglu_fwd_bwd(void)
     }
 }
 
+/* ---- squared ReLU ------------------------------------------------------------ */
+
+/* forward and both backwards (+= onto random values, and =) against float64
+ * max(x,0)^2 and 2 max(x,0) dout; x straddles 0 (exact zeros included) */
+static void test_relu2_fwd_bwd(void)
+{
+    kt_rng_t rng = {29};
+    const int64_t sizes[] = {1, 7, 65, 1001};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        int64_t n = sizes[s];
+        float *x = kt_rand(&rng, n, -3, 3), *o = kt_alloc(n), *dout = kt_rand(&rng, n, -1, 1);
+        float *dx0 = kt_rand(&rng, n, -1, 1), *dx = kt_dup(dx0, n), *dxs = kt_dup(dx0, n);
+        if (n > 3) x[3] = 0.0f;
+        double *ref = kt_alloc_d(n), *dref = kt_alloc_d(n), *sref = kt_alloc_d(n);
+        for (int64_t i = 0; i < n; i++) {
+            double r = x[i] > 0 ? (double)x[i] : 0.0;
+            ref[i] = r * r;
+            sref[i] = 2.0 * r * (double)dout[i];
+            dref[i] = (double)dx0[i] + sref[i];
+        }
+        tensor_t X = tensor_1d(x, DT_F32, n), O = tensor_1d(o, DT_F32, n);
+        tensor_t dO = tensor_1d(dout, DT_F32, n), dX = tensor_1d(dx, DT_F32, n);
+        tensor_t dXs = tensor_1d(dxs, DT_F32, n);
+        kern_relu2_fwd(kern_stream_host(), &O, &X);
+        kt_close("relu2 fwd", o, ref, n, 1e-6);
+        kern_relu2_bwd(kern_stream_host(), &dX, &dO, &X);
+        kt_close("relu2 bwd (+=)", dx, dref, n, 1e-6);
+        kern_relu2_bwd_set(kern_stream_host(), &dXs, &dO, &X);
+        kt_close("relu2 bwd (=)", dxs, sref, n, 1e-6);
+        free(x), free(o), free(dout), free(dx0), free(dx), free(dxs), free(ref), free(dref);
+        free(sref);
+    }
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_embedding_fwd_bwd_shards, test_rmsnorm_fwd_bwd, test_rope_fwd_bwd,
-             test_rope_position_out_of_table_panics, test_swiglu_fwd_bwd);
+             test_rope_position_out_of_table_panics, test_swiglu_fwd_bwd, test_relu2_fwd_bwd);
 }

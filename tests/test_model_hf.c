@@ -175,6 +175,10 @@ static void test_hf_llama_sharded(void) { fixture_check("llama_sharded"); }
 static void test_hf_mixtral(void) { fixture_check("mixtral"); }
 static void test_hf_qwen2_moe(void) { fixture_check("qwen2_moe"); }
 static void test_hf_qwen2_moe_norm(void) { fixture_check("qwen2_moe_norm"); }
+/* NemotronH (tools/gen_nemotronh_fixtures.py): Mamba2 mixers, attention
+ * without RoPE and relu2 MLPs, one block per layer */
+static void test_hf_nemotronh(void) { fixture_check("nemotronh"); }
+static void test_hf_nemotronh_bias(void) { fixture_check("nemotronh_bias"); }
 
 /* All sequences in one right-padded batch give the same loss and grads. */
 static void test_hf_padded_batch(void)
@@ -327,6 +331,7 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_hf_llama, test_hf_llama_tied_llama3, test_hf_mistral, test_hf_qwen2,
              test_hf_llama_f16, test_hf_qwen2_bf16, test_hf_llama_sharded, test_hf_mixtral,
-             test_hf_qwen2_moe, test_hf_qwen2_moe_norm, test_hf_padded_batch,
+             test_hf_qwen2_moe, test_hf_qwen2_moe_norm, test_hf_nemotronh, test_hf_nemotronh_bias,
+             test_hf_padded_batch,
              test_hf_stages, test_hf_stages_tied);
 }

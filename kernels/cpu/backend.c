@@ -354,6 +354,30 @@ static void cpu_op_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, 
                    up->data, tensor_numel(dout));
 }
 
+static void cpu_op_relu2_fwd(kern_stream_t *s, tensor_t *out, ct_t *x)
+{
+    (void)s;
+    float *o = out->data;
+    const float *v = x->data;
+    int64_t n = tensor_numel(out);
+    for (int64_t i = 0; i < n; i++) {
+        float r = v[i] > 0 ? v[i] : 0.0f;
+        o[i] = r * r;
+    }
+}
+
+static void cpu_op_relu2_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *x, bool set)
+{
+    (void)s;
+    float *d = dx->data;
+    const float *g = dout->data, *v = x->data;
+    int64_t n = tensor_numel(dx);
+    for (int64_t i = 0; i < n; i++) {
+        float t = v[i] > 0 ? 2.0f * v[i] * g[i] : 0.0f;
+        d[i] = set ? t : d[i] + t;
+    }
+}
+
 static void cpu_op_xent_fwd_bwd(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits, ct_t *logits,
                                 ct_t *targets, float dloss, int32_t ignore_index)
 {
@@ -609,6 +633,8 @@ const kern_backend_t kern_cpu_backend = {
     .attention_bwd = cpu_op_attention_bwd,
     .swiglu_fwd = cpu_op_swiglu_fwd,
     .swiglu_bwd = cpu_op_swiglu_bwd,
+    .relu2_fwd = cpu_op_relu2_fwd,
+    .relu2_bwd = cpu_op_relu2_bwd,
     .xent_fwd_bwd = cpu_op_xent_fwd_bwd,
     .xent_vp_max = cpu_op_xent_vp_max,
     .xent_vp_sum = cpu_op_xent_vp_sum,

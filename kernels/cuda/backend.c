@@ -793,6 +793,23 @@ static void cuda_op_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup,
                                  tensor_numel(dout), set));
 }
 
+static void cuda_op_relu2_fwd(kern_stream_t *s, tensor_t *out, ct_t *x)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_relu2_fwd"))
+        cs_check(cs, "kern_relu2_fwd",
+                 cuda_relu2_fwd(cs->st, out->data, x->data, out->dtype, tensor_numel(out)));
+}
+
+static void cuda_op_relu2_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *x, bool set)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_relu2_bwd"))
+        cs_check(cs, "kern_relu2_bwd",
+                 cuda_relu2_bwd(cs->st, dx->data, dout->data, x->data, dx->dtype,
+                                tensor_numel(dx), set));
+}
+
 static void cuda_op_xent_fwd_bwd(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits,
                                  ct_t *logits, ct_t *targets, float dloss, int32_t ignore_index)
 {
@@ -1239,6 +1256,7 @@ const kern_backend_t kern_cuda_backend = {
             [KERN_OP_GROUPED_LINEAR] = F32 | BF16,
             [KERN_OP_MOE_RESELECT] = F32,
             [KERN_OP_MAMBA] = F32,
+            [KERN_OP_RELU2] = F32 | BF16,
         },
     .usable = cuda_usable,
     .mem_alloc = cuda_mem_alloc,
@@ -1285,6 +1303,8 @@ const kern_backend_t kern_cuda_backend = {
     .attention_bwd = cuda_op_attention_bwd,
     .swiglu_fwd = cuda_op_swiglu_fwd,
     .swiglu_bwd = cuda_op_swiglu_bwd,
+    .relu2_fwd = cuda_op_relu2_fwd,
+    .relu2_bwd = cuda_op_relu2_bwd,
     .xent_fwd_bwd = cuda_op_xent_fwd_bwd,
     .xent_vp_max = cuda_op_xent_vp_max,
     .xent_vp_sum = cuda_op_xent_vp_sum,

@@ -75,6 +75,11 @@ cudaError_t cuda_swiglu_fwd(cudaStream_t st, void *out, const void *gate, const 
 cudaError_t cuda_swiglu_bwd(cudaStream_t st, void *dgate, void *dup, const void *dout,
                             const void *gate, const void *up, dtype_t dt, int64_t n, bool set);
 
+/* Squared ReLU: out = max(x, 0)^2; dx += 2 max(x, 0) dout (=, when set) */
+cudaError_t cuda_relu2_fwd(cudaStream_t st, void *out, const void *x, dtype_t dt, int64_t n);
+cudaError_t cuda_relu2_bwd(cudaStream_t st, void *dx, const void *dout, const void *x,
+                           dtype_t dt, int64_t n, bool set);
+
 /* RoPE over x[BT,H,D] with tables [P,D/2] f32 and pos[BT] i32: bwd 0 the
  * forward (out may alias x), 1 dx += R^T dout, 2 dx = R^T dout. */
 cudaError_t cuda_rope(cudaStream_t st, void *out, const void *x, const float *cos,

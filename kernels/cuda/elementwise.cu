@@ -317,6 +317,55 @@ extern "C" cudaError_t cuda_swiglu_bwd(cudaStream_t st, void *dgate, void *dup, 
     return e;
 }
 
+/* ---- squared ReLU ---------------------------------------------------------------- */
+
+struct relu2_fwd_f {
+    __device__ void operator()(float *y, const float *x) const
+    {
+        float r = x[0] > 0.0f ? x[0] : 0.0f;
+        y[0] = r * r;
+    }
+};
+
+/* x = {dout, x, old dx} (old dx absent under SET) */
+template <bool SET> struct relu2_bwd_f {
+    __device__ void operator()(float *y, const float *x) const
+    {
+        float t = x[1] > 0.0f ? 2.0f * x[1] * x[0] : 0.0f;
+        if constexpr (SET) y[0] = t;
+        else y[0] = x[2] + t;
+    }
+};
+
+extern "C" cudaError_t cuda_relu2_fwd(cudaStream_t st, void *out, const void *x, dtype_t dt,
+                                      int64_t n)
+{
+    cudaError_t e;
+    CU_DISPATCH_FT(dt, T,
+                   e = map_run(st, map_ptrs<T, 1, 1>{{(const T *)x}, {(T *)out}}, n,
+                               relu2_fwd_f{}));
+    return e;
+}
+
+extern "C" cudaError_t cuda_relu2_bwd(cudaStream_t st, void *dx, const void *dout, const void *x,
+                                      dtype_t dt, int64_t n, bool set)
+{
+    if (n <= 0) return cudaGetLastError();
+    cudaError_t e;
+    if (set)
+        CU_DISPATCH_FT(dt, T,
+                       e = map_run(st, map_ptrs<T, 2, 1>{{(const T *)dout, (const T *)x},
+                                                         {(T *)dx}},
+                                   n, relu2_bwd_f<true>{}));
+    else
+        CU_DISPATCH_FT(dt, T,
+                       e = map_run(st, map_ptrs<T, 3, 1>{{(const T *)dout, (const T *)x,
+                                                          (const T *)dx},
+                                                         {(T *)dx}},
+                                   n, relu2_bwd_f<false>{}));
+    return e;
+}
+
 /* ---- RoPE ------------------------------------------------------------------------ */
 
 /* One thread per rotated pair (t, h, i < D/2): reads both halves before

@@ -251,6 +251,14 @@ static void f_swiglu_bwd(kern_stream_t *s, tensor_t *dgate, tensor_t *dup, ct_t 
 {
     FENCED(cpu->swiglu_bwd(s, dgate, dup, dout, gate, up, set));
 }
+static void f_relu2_fwd(kern_stream_t *s, tensor_t *out, ct_t *x)
+{
+    FENCED(cpu->relu2_fwd(s, out, x));
+}
+static void f_relu2_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *x, bool set)
+{
+    FENCED(cpu->relu2_bwd(s, dx, dout, x, set));
+}
 static void f_xent_fwd_bwd(kern_stream_t *s, tensor_t *losses, tensor_t *dlogits, ct_t *logits,
                            ct_t *targets, float dloss, int32_t ii)
 {
@@ -426,6 +434,8 @@ const kern_backend_t kern_fenced_backend = {
     .attention_bwd = f_attention_bwd,
     .swiglu_fwd = f_swiglu_fwd,
     .swiglu_bwd = f_swiglu_bwd,
+    .relu2_fwd = f_relu2_fwd,
+    .relu2_bwd = f_relu2_bwd,
     .xent_fwd_bwd = f_xent_fwd_bwd,
     .xent_vp_max = f_xent_vp_max,
     .xent_vp_sum = f_xent_vp_sum,

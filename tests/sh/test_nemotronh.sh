@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The hybrid NemotronH through the CLI (tests/fixtures/nemotronh and
+# nemotronh_bias, tools/gen_nemotronh_fixtures.py): `baton eval` gives
+# transformers' pooled loss and gradient norm (expected.json) on the cpu and
+# the fenced device alike; `baton generate` gives transformers' greedy ids
+# (generate.json: its hybrid cache of conv and SSM states per Mamba layer,
+# K/V per attention layer), and the decode cache gives what recomputing every
+# prefix gives, greedy and sampled; an HF export (convert through the native
+# format and back) evaluates to the same loss.
+set -u
+. "$(dirname "$0")/lib.bash"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+field() { sed -n "s/.*\"$1\": \([0-9.e+-]*\).*/\1/p" <<<"$2"; }
+close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d;
+    if (b < 0) b = -b; exit !(a != "" && d <= t * b) }'; }
+
+for name in nemotronh nemotronh_bias; do
+    fx=tests/fixtures/$name
+    want_loss=$(sed -n 's/.*"loss": \([0-9.e+-]*\).*/\1/p' "$fx/expected.json")
+    want_gn=$(sed -n 's/.*"grad_norm": \([0-9.e+-]*\).*/\1/p' "$fx/expected.json")
+    for dev in cpu fenced; do
+        out=$("$BATON" eval --model "$fx" --ids "$fx/ids.txt" --grad-norm --json --device $dev 2>&1)
+        close "$(field loss "$out")" "$want_loss" 1e-5 && close "$(field grad_norm "$out")" "$want_gn" 1e-4 \
+            && pass "nemotronh_eval_${name}_$dev" \
+            || fail "nemotronh_eval_${name}_$dev" "$out | want loss $want_loss grad_norm $want_gn"
+    done
+    d=$tmp/gen_$name; mkdir -p "$d"
+    ln -s "$PWD/$fx/config.json" "$PWD/$fx/model.safetensors" "$d"/
+    ln -s "$PWD"/tests/fixtures/llama/tokenizer.json "$d"/
+    want=$(tr -d '\n' < "$fx/generate.json" | sed 's/.*"ids": \[\([^]]*\)\].*/\1/')
+    got=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 20 --ignore-eos --json 2>/dev/null)
+    ids=$(sed 's/.*"ids": \[\([^]]*\)\].*/\1/' <<<"$got")
+    [ -n "$want" ] && [ "$ids" = "$want" ] && grep -q '"prompt_ids": \[64, 65, 66, 220, 67\]' <<<"$got" \
+        && pass "nemotronh_generate_greedy_$name" || fail "nemotronh_generate_greedy_$name" "got [$ids] want [$want]"
+    for mode in "" "--temperature 2 --seed 5"; do
+        # shellcheck disable=SC2086
+        c1=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 12 --ignore-eos --json $mode 2>&1)
+        # shellcheck disable=SC2086
+        c0=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 12 --ignore-eos --json --no-cache $mode 2>&1)
+        tag=${name}${mode:+_sampled}
+        [[ "$c1" == *'"ids": ['[0-9]* ]] && [ "$c1" = "$c0" ] && pass "nemotronh_generate_cache_$tag" \
+            || fail "nemotronh_generate_cache_$tag" "cache: $c1 | recompute: $c0"
+    done
+    "$BATON" convert --from "$fx" --to "$tmp/native_$name" >/dev/null 2>&1 &&
+        "$BATON" convert --from "$tmp/native_$name" --to "$tmp/back_$name" >/dev/null 2>&1
+    a=$("$BATON" eval --model "$fx" --ids "$fx/ids.txt" --json 2>/dev/null)
+    b=$("$BATON" eval --model "$tmp/back_$name" --ids "$fx/ids.txt" --json 2>/dev/null)
+    [ -n "$(field loss "$a")" ] && [ "$a" = "$b" ] && pass "nemotronh_convert_roundtrip_$name" \
+        || fail "nemotronh_convert_roundtrip_$name" "$a | $b"
+done
+# a MoE layer ("E") is refused naming the field
+mkdir -p "$tmp/moe"
+sed 's/"mlp",/"moe",/' tests/fixtures/nemotronh/config.json > "$tmp/moe/config.json"
+ln -s "$PWD"/tests/fixtures/nemotronh/model.safetensors "$tmp/moe/"
+out=$("$BATON" eval --model "$tmp/moe" --ids tests/fixtures/nemotronh/ids.txt --json 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "layers_block_type\[3\] is a mixture-of-experts layer" <<<"$out" \
+    && pass nemotronh_moe_refused || fail nemotronh_moe_refused "rc $rc: $out"
