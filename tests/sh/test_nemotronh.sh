@@ -56,3 +56,31 @@ ln -s "$PWD"/tests/fixtures/nemotronh/model.safetensors "$tmp/moe/"
 out=$("$BATON" eval --model "$tmp/moe" --ids tests/fixtures/nemotronh/ids.txt --json 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "layers_block_type\[3\] is a mixture-of-experts layer" <<<"$out" \
     && pass nemotronh_moe_refused || fail nemotronh_moe_refused "rc $rc: $out"
+
+# training: pipeline stages as processes (pp=2 and pp=3 cut the mixed stack
+# between Mamba2, attention and MLP layers) and dp=2 give the one-process
+# losses; tp=2 is refused naming tp_size
+losses() { sed -n 's/.*"loss": \([0-9.e+-]*\),.*/\1/p' "$1"; }
+cat > "$tmp/h.yaml" <<YAML
+model: {hf: tests/fixtures/nemotronh}
+data: {dir: tests/fixtures/train_llama, seq_len: 16, split: 0}
+train: {steps: 4, micro_batch: 2, grad_accum: 4, seed: 1234, log_every: 100}
+optim: {lr: 0.01, min_lr: 0.001, warmup: 2}
+metrics: {file: $tmp/one.jsonl}
+YAML
+"$BATON" run "$tmp/h.yaml" --quiet >"$tmp/one.txt" 2>&1 || fail nemotronh_train_single "rc $?: $(tail -2 "$tmp/one.txt")"
+for pp in 2 3; do
+    "$BATON" run "$tmp/h.yaml" --quiet --set parallel.pp=$pp --set metrics.file="$tmp/pp$pp.jsonl" \
+        >"$tmp/pp$pp.txt" 2>&1
+    if [ "$(losses "$tmp/one.jsonl" | wc -l)" -eq 4 ] && cmp -s <(losses "$tmp/one.jsonl") <(losses "$tmp/pp$pp.jsonl"); then
+        pass "nemotronh_pp${pp}_equals_single"
+    else fail "nemotronh_pp${pp}_equals_single" "$(losses "$tmp/one.jsonl" | tr '\n' ' ') | $(losses "$tmp/pp$pp.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/pp$pp.txt")"; fi
+done
+"$BATON" run "$tmp/h.yaml" --quiet --set parallel.dp=2 --set train.grad_accum=2 \
+    --set metrics.file="$tmp/dp2.jsonl" >"$tmp/dp2.txt" 2>&1
+if [ "$(losses "$tmp/dp2.jsonl" | wc -l)" -eq 4 ] && paste <(losses "$tmp/one.jsonl") <(losses "$tmp/dp2.jsonl") |
+    awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad++ } END { exit bad }'; then
+    pass nemotronh_dp2_equals_single; else fail nemotronh_dp2_equals_single "$(losses "$tmp/dp2.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/dp2.txt")"; fi
+out=$("$BATON" run "$tmp/h.yaml" --quiet --set parallel.tp=2 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "tensor parallelism of Mamba2 mixers is not implemented" <<<"$out" \
+    && pass nemotronh_tp_refused || fail nemotronh_tp_refused "rc $rc: $out"
