@@ -48,7 +48,7 @@ static bt_status_t mem_print(job_t *job, const graph_t *g)
     printf("parameters: %lld (%.2f M), vocab %lld, %lld layers\n", (long long)np, (double)np * 1e-6,
            (long long)mc.vocab_size, (long long)mc.num_layers);
     printf("memory estimate per process (launch/run_mem.h; code and libraries not counted):\n");
-    bool single = g->world == 1 || job->parallel.tp * job->parallel.pp * job->parallel.dp == 1;
+    bool single = g->world == 1 || job->parallel.tp * job->parallel.cp * job->parallel.pp * job->parallel.dp == 1;
     int n = single ? 1 : g->world + (job->export.dir[0] ? 1 : 0);
     for (int r = 0; r < n; r++) {
         const run_mem_proc_t *p = &procs[r];

@@ -208,7 +208,7 @@ int cmd_run(int argc, char **argv)
         log_set_level(LOG_WARN);
         setenv("BATON_LOG", "warn", 1);
     }
-    if (job.parallel.tp * job.parallel.pp * job.parallel.dp == 1 && !layout_supported(&job)) return 1;
+    if (job.parallel.tp * job.parallel.cp * job.parallel.pp * job.parallel.dp == 1 && !layout_supported(&job)) return 1;
     if (job.export.dir[0] && !run_export_tokenizer(&job)[0])
         log_warn("export.tokenizer: not set and model.hf has no tokenizer.json: the export "
                  "will hold no tokenizer (baton generate and eval --text need one)");
@@ -220,7 +220,7 @@ int cmd_run(int argc, char **argv)
         for (int i = 0; i < argc && n < 258; i++) full[n++] = argv[i];
         if (rundir_create(&job, n, full, sets, n_sets, &rd, err, sizeof err)) goto bad_job;
     }
-    if (job.parallel.tp * job.parallel.pp * job.parallel.dp > 1) /* multi-process: launch/driver.h */
+    if (job.parallel.tp * job.parallel.cp * job.parallel.pp * job.parallel.dp > 1) /* multi-process: launch/driver.h */
         return driver_run(&job, sets, n_sets, quiet, resume ? (resume_what ? resume_what : "latest") : NULL,
                           &rd);
     if (job.trace_dir[0]) log_warn("trace.dir: tracing of single-process runs is not built yet; ignored");

@@ -1452,10 +1452,12 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         for (size_t k = 0; k < sizeof shown / sizeof shown[0]; k++)
             n += snprintf(xp + n, sizeof xp - (size_t)n, "%s%s %s", k ? ", " : "",
                           job_edge_name(shown[k]), graph_edge_xport(job, shown[k]));
+        char cps[48] = "";
+        if (g.cp > 1) snprintf(cps, sizeof cps, " cp=%d %s", g.cp, g.cp_ring ? "ring" : "allgather");
         snprintf(layout, sizeof layout,
-                 "%d processes (tp=%d pp=%d dp=%d), %d virtual stage%s per rank, %s, %d microbatches "
+                 "%d processes (tp=%d pp=%d dp=%d%s), %d virtual stage%s per rank, %s, %d microbatches "
                  "of %lld per replica, ZeRO-1 %s | transports: %s | collectives: %s",
-                 g.world, g.tp, g.pp, g.dp, g.vpp, g.vpp == 1 ? "" : "s", pipe_sched_name(g.pipe.kind),
+                 g.world, g.tp, g.pp, g.dp, cps, g.vpp, g.vpp == 1 ? "" : "s", pipe_sched_name(g.pipe.kind),
                  g.microbatches, (long long)g.micro_batch, g.zero1 ? "on" : "off", xp,
                  coll_backend_name(cb));
         model_config_t mc;

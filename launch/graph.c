@@ -4,7 +4,7 @@
 
 #include "base/log.h"
 
-static const char *const group_names[] = {"world", "tp", "dp", "emb", "ep", "edp"};
+static const char *const group_names[] = {"world", "tp", "dp", "emb", "ep", "edp", "cp"};
 _Static_assert(sizeof group_names / sizeof group_names[0] == GRAPH_GROUP_COUNT, "group names");
 
 const char *graph_group_name(graph_group_t kind) { return group_names[kind]; }
@@ -16,6 +16,8 @@ bt_status_t graph_build(const job_t *job, graph_t *g, char *err, size_t errlen)
     g->tp = (int)p->tp;
     g->pp = (int)p->pp;
     g->dp = (int)p->dp;
+    g->cp = (int)p->cp;
+    g->cp_ring = p->cp_mode == JOB_CP_RING;
     g->vpp = (int)p->virtual_stages;
     g->n_vstages = g->pp * g->vpp;
     g->microbatches = (int)(p->microbatches ? p->microbatches : job->train.grad_accum);
@@ -25,18 +27,20 @@ bt_status_t graph_build(const job_t *job, graph_t *g, char *err, size_t errlen)
     g->zero1 = p->zero1;
     g->ep = (int)p->ep;
     g->moe = job_has_experts(job);
-    if (g->ep < 1 || (p->tp * p->dp) % g->ep) {
-        snprintf(err, errlen, "parallel.ep: %d must divide tp x dp = %lld", g->ep,
-                 (long long)(p->tp * p->dp));
+    if (g->cp < 1) g->cp = 1;
+    int64_t dense = p->tp * g->cp * p->dp; /* ranks of one pipeline stage */
+    if (g->ep < 1 || dense % g->ep) {
+        snprintf(err, errlen, "parallel.ep: %d must divide tp x cp x dp = %lld", g->ep,
+                 (long long)dense);
         return BT_ERR_INVALID;
     }
-    g->edp = (int)(p->tp * p->dp) / g->ep;
-    if (p->tp * p->pp * p->dp > GRAPH_MAX_WORLD) {
-        snprintf(err, errlen, "parallel: tp x pp x dp = %lld ranks; this runtime supports up to %d",
-                 (long long)(p->tp * p->pp * p->dp), GRAPH_MAX_WORLD);
+    g->edp = (int)dense / g->ep;
+    if (dense * p->pp > GRAPH_MAX_WORLD) {
+        snprintf(err, errlen, "parallel: tp x cp x pp x dp = %lld ranks; this runtime supports up "
+                 "to %d", (long long)(dense * p->pp), GRAPH_MAX_WORLD);
         return BT_ERR_INVALID;
     }
-    g->world = g->tp * g->pp * g->dp;
+    g->world = (int)dense * g->pp;
     for (int e = 0; e < JOB_EDGE_COUNT; e++)
         if (g->world > 1 && job->transport[e] == JOB_XPORT_INPROC) {
             snprintf(err, errlen, "transport.%s: inproc links threads of one process, but every "
@@ -77,8 +81,10 @@ bt_status_t graph_build(const job_t *job, graph_t *g, char *err, size_t errlen)
 
 graph_coord_t graph_coord(const graph_t *g, int rank)
 {
-    graph_coord_t c = {.tp = rank % g->tp, .dp = rank / g->tp % g->dp, .pp = rank / (g->tp * g->dp)};
-    int i = c.tp + g->tp * c.dp, ep = g->ep > 0 ? g->ep : 1;
+    int cp = g->cp > 0 ? g->cp : 1;
+    graph_coord_t c = {.tp = rank % g->tp, .cp = rank / g->tp % cp,
+                       .dp = rank / (g->tp * cp) % g->dp, .pp = rank / (g->tp * cp * g->dp)};
+    int i = rank % (g->tp * cp * g->dp), ep = g->ep > 0 ? g->ep : 1;
     c.ep = i % ep;
     c.edp = i / ep;
     return c;
@@ -87,7 +93,7 @@ graph_coord_t graph_coord(const graph_t *g, int rank)
 /* The rank of stage-local index i (tp fastest) of pipeline stage pp. */
 static int stage_local_rank(const graph_t *g, int i, int pp)
 {
-    return graph_rank(g, i % g->tp, i / g->tp, pp);
+    return i + g->tp * g->cp * g->dp * pp;
 }
 
 graph_group_t graph_expert_dp_group(const graph_t *g)
@@ -98,7 +104,7 @@ graph_group_t graph_expert_dp_group(const graph_t *g)
 int graph_vstage_rank(const graph_t *g, int v, int rank)
 {
     graph_coord_t c = graph_coord(g, rank);
-    return graph_rank(g, c.tp, c.dp, v % g->pp);
+    return graph_rank(g, c.tp, c.cp, c.dp, v % g->pp);
 }
 
 model_stage_t graph_vstage_stage(const graph_t *g, int v, int n_layers)
@@ -124,17 +130,21 @@ int graph_group_members(const graph_t *g, graph_group_t kind, int rank, int *mem
         for (int r = 0; r < g->world; r++) members[n++] = r;
         break;
     case GRAPH_GROUP_TP:
-        for (int t = 0; t < g->tp; t++) members[n++] = graph_rank(g, t, c.dp, c.pp);
+        for (int t = 0; t < g->tp; t++) members[n++] = graph_rank(g, t, c.cp, c.dp, c.pp);
         break;
-    case GRAPH_GROUP_DP:
-        for (int d = 0; d < g->dp; d++) members[n++] = graph_rank(g, c.tp, d, c.pp);
+    case GRAPH_GROUP_DP: /* dense gradients: every (cp, dp), cp fastest */
+        for (int d = 0; d < g->dp; d++)
+            for (int k = 0; k < g->cp; k++) members[n++] = graph_rank(g, c.tp, k, d, c.pp);
+        break;
+    case GRAPH_GROUP_CP:
+        for (int k = 0; k < g->cp; k++) members[n++] = graph_rank(g, c.tp, k, c.dp, c.pp);
         break;
     case GRAPH_GROUP_EMB: {
         /* Only when the embedding and the head live on different ranks. */
         int last_pp = (g->n_vstages - 1) % g->pp;
         if (!g->tied || last_pp == 0 || (c.pp != 0 && c.pp != last_pp)) return 0;
-        members[n++] = graph_rank(g, c.tp, c.dp, 0);
-        members[n++] = graph_rank(g, c.tp, c.dp, last_pp);
+        members[n++] = graph_rank(g, c.tp, c.cp, c.dp, 0);
+        members[n++] = graph_rank(g, c.tp, c.cp, c.dp, last_pp);
         break;
     }
     case GRAPH_GROUP_EP:
@@ -167,18 +177,25 @@ const char *graph_edge_xport(const job_t *job, job_edge_t e)
 void graph_print(const graph_t *g, const job_t *job, FILE *f)
 {
     const char *host = job->n_hosts ? job->hosts[0] : "local";
-    fprintf(f, "graph %s: tp=%d pp=%d dp=%d virtual_stages=%d schedule=%s microbatches=%d "
+    fprintf(f, "graph %s: tp=%d pp=%d dp=%d cp=%d virtual_stages=%d schedule=%s microbatches=%d "
                "zero1=%s world=%d\n",
-            job->path, g->tp, g->pp, g->dp, g->vpp, pipe_sched_name(g->pipe.kind), g->microbatches,
-            g->zero1 ? "on" : "off", g->world);
+            job->path, g->tp, g->pp, g->dp, g->cp, g->vpp, pipe_sched_name(g->pipe.kind),
+            g->microbatches, g->zero1 ? "on" : "off", g->world);
+    if (g->cp > 1)
+        fprintf(f, "context parallel: cp=%d mode=%s; rank order tp-cp-ep-dp-pp; every sequence of "
+                   "%lld tokens in %d chunks of %lld, CP rank r holds chunks r and %d-r (%lld tokens); "
+                   "dense gradients reduce over dp x cp = %d ranks\n",
+                g->cp, g->cp_ring ? "ring" : "allgather", (long long)g->seq_len, 2 * g->cp,
+                (long long)(g->seq_len / (2 * g->cp)), 2 * g->cp - 1,
+                (long long)(g->seq_len / g->cp), g->dp * g->cp);
     fprintf(f, "global batch: dp %d x microbatches %d x micro_batch %lld = %lld rows of %lld tokens\n",
             g->dp, g->microbatches, (long long)g->micro_batch,
             (long long)(g->dp * g->microbatches * g->micro_batch), (long long)g->seq_len);
     if (g->moe)
-        fprintf(f, "dense grid: tp=%d cp=1 dp=%d pp=%d; expert grid: etp=1 ep=%d edp=%d pp=%d "
-                   "(folded over tp x dp = %d ranks per stage; %lld experts, %lld per EP rank; "
-                   "expert gradients reduce over %s, dense over dp)\n",
-                g->tp, g->dp, g->pp, g->ep, g->edp, g->pp, g->tp * g->dp,
+        fprintf(f, "dense grid: tp=%d cp=%d dp=%d pp=%d; expert grid: etp=1 ep=%d edp=%d pp=%d "
+                   "(folded over tp x cp x dp = %d ranks per stage; %lld experts, %lld per EP rank; "
+                   "expert gradients reduce over %s, dense over dp x cp)\n",
+                g->tp, g->cp, g->dp, g->pp, g->ep, g->edp, g->pp, g->tp * g->cp * g->dp,
                 (long long)job->model.n_experts, (long long)(job->model.n_experts / g->ep),
                 graph_group_name(graph_expert_dp_group(g)));
     fprintf(f, "virtual stages:\n");
@@ -196,8 +213,11 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
             snprintf(experts, sizeof experts, " ep=%d edp=%d experts [%lld, %lld)", c.ep, c.edp,
                      (long long)(c.ep * (job->model.n_experts / g->ep)),
                      (long long)((c.ep + 1) * (job->model.n_experts / g->ep)));
-        fprintf(f, "  rank %d host %s (tp=%d dp=%d pp=%d%s): stage slot %u [", r, host, c.tp, c.dp,
-                c.pp, experts, GRAPH_SLOT_STAGE);
+        char cpc[48] = "";
+        if (g->cp > 1)
+            snprintf(cpc, sizeof cpc, " cp=%d chunks %d,%d", c.cp, c.cp, 2 * g->cp - 1 - c.cp);
+        fprintf(f, "  rank %d host %s (tp=%d%s dp=%d pp=%d%s): stage slot %u [", r, host, c.tp, cpc,
+                c.dp, c.pp, experts, GRAPH_SLOT_STAGE);
         for (int k = 0; k < g->vpp; k++)
             fprintf(f, "%sv%d", k ? " " : "", graph_chunk_vstage(g, c.pp, k));
         fprintf(f, "]");
@@ -226,10 +246,12 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
             int n = graph_group_members(g, (graph_group_t)k, r, mem, &me);
             if (n == 0 || me != 0) continue; /* print each group once, from its first member */
             fprintf(f, "  %s (%s)%s: ranks", graph_group_name((graph_group_t)k),
-                    graph_edge_xport(job, k == GRAPH_GROUP_TP ? JOB_EDGE_TENSOR_PARALLEL
-                                                              : JOB_EDGE_DATA_PARALLEL),
+                    graph_edge_xport(job, k == GRAPH_GROUP_TP || k == GRAPH_GROUP_CP
+                                              ? JOB_EDGE_TENSOR_PARALLEL : JOB_EDGE_DATA_PARALLEL),
                     k == GRAPH_GROUP_EP    ? " token all-to-all"
                     : k == GRAPH_GROUP_EDP ? " expert gradients"
+                    : k == GRAPH_GROUP_CP  ? (g->cp_ring ? " K/V ring" : " K/V all-gather")
+                    : k == GRAPH_GROUP_DP && g->cp > 1 ? " dense gradients over dp x cp"
                                            : "");
             for (int i = 0; i < n; i++) fprintf(f, " %d", mem[i]);
             fprintf(f, "\n");

@@ -3,17 +3,25 @@
  * The driver, every worker and `baton graph` derive it from the same
  * validated job, so they agree on every address without exchanging it.
  *
- * Rank order tp-cp-dp-pp with tp fastest (cp = 1 for now):
- *   rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+ * Rank order tp-cp-ep-dp-pp with tp fastest (ep folds into the others,
+ * below, so it adds no factor to the dense grid):
+ *   rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
  * The driver is rank `world` (one past the last worker).
  *
+ * Context parallelism: the cp ranks of one (tp, dp, pp) hold the chunks of
+ * the same sequences (model/cp_attn.h) and form a CP group (K/V exchanges
+ * of the attention); the dense gradients reduce over dp x cp (the DP group
+ * spans both, cp fastest, as Megatron's dp-cp group), while the data and
+ * the evaluation microbatches follow dp alone.
+ *
  * The expert grid (etp, ep, edp, pp) folds over the dense grid (tp, cp, dp,
- * pp): the same pipeline stages, and within a stage the same tp x dp ranks
- * renumbered i = tp_rank + tp * dp_rank, with ep_rank = i % ep and edp_rank
- * = i / ep (etp = 1: an expert is never split). An EP group is ep
- * consecutive i (it may span TP ranks: EP may exceed DP), an edp group the
- * ranks of one stage with the same ep_rank (they hold the same experts and
- * sum those gradients; the dense ones sum over dp).
+ * pp): the same pipeline stages, and within a stage the same tp x cp x dp
+ * ranks renumbered i = tp_rank + tp * (cp_rank + cp * dp_rank), with
+ * ep_rank = i % ep and edp_rank = i / ep (etp = 1: an expert is never
+ * split). An EP group is ep consecutive i (it may span TP and CP ranks: EP
+ * may exceed DP), an edp group the ranks of one stage with the same ep_rank
+ * (they hold the same experts and sum those gradients; the dense ones sum
+ * over dp x cp).
  *
  * Virtual stages: the model is cut into pp * vpp pieces; virtual stage v runs
  * on pipeline stage v % pp as its chunk v / pp (train/pipe_schedule.h).
@@ -47,16 +55,19 @@
 typedef enum {
     GRAPH_GROUP_WORLD = 0, /* all ranks: grad-norm reduction */
     GRAPH_GROUP_TP,        /* same (dp, pp) */
-    GRAPH_GROUP_DP,        /* same (tp, pp): gradient reduction / ZeRO-1 */
-    GRAPH_GROUP_EMB,       /* first and last pipeline stage of one (tp, dp): tied embedding */
+    GRAPH_GROUP_DP,        /* same (tp, pp), every (cp, dp): gradient reduction / ZeRO-1 */
+    GRAPH_GROUP_EMB,       /* first and last pipeline stage of one (tp, cp, dp): tied embedding */
     GRAPH_GROUP_EP,        /* routed experts: one stage's ranks with the same edp_rank */
     GRAPH_GROUP_EDP,       /* routed experts: one stage's ranks with the same ep_rank */
+    GRAPH_GROUP_CP,        /* context parallelism: same (tp, dp, pp) */
     GRAPH_GROUP_COUNT,
 } graph_group_t;
 
 typedef struct {
     int tp, pp, dp, vpp;
-    int ep, edp;                           /* the expert grid: ep x edp = tp x dp */
+    int cp;                                /* context parallelism (1: none) */
+    bool cp_ring;                          /* parallel.cp_mode ring (else all-gather) */
+    int ep, edp;                           /* the expert grid: ep x edp = tp x cp x dp */
     bool moe;                              /* the model has routed experts (EP/EDP groups) */
     int world;
     int n_vstages;                         /* pp * vpp */
@@ -69,7 +80,7 @@ typedef struct {
 } graph_t;
 
 typedef struct {
-    int tp, dp, pp;
+    int tp, cp, dp, pp;
     int ep, edp; /* the rank's place in the expert grid of its stage */
 } graph_coord_t;
 
@@ -77,13 +88,13 @@ typedef struct {
  * this runtime cannot run (e.g. more ranks than it supports). */
 bt_status_t graph_build(const job_t *job, graph_t *g, char *err, size_t errlen);
 
-static inline int graph_rank(const graph_t *g, int tp, int dp, int pp)
+static inline int graph_rank(const graph_t *g, int tp, int cp, int dp, int pp)
 {
-    return tp + g->tp * (dp + g->dp * pp);
+    return tp + g->tp * (cp + g->cp * (dp + g->dp * pp));
 }
 graph_coord_t graph_coord(const graph_t *g, int rank);
 
-/* Rank and chunk of virtual stage v for the (tp, dp) replica of `rank`. */
+/* Rank and chunk of virtual stage v for the (tp, cp, dp) replica of `rank`. */
 int  graph_vstage_rank(const graph_t *g, int v, int rank);
 static inline int graph_vstage_chunk(const graph_t *g, int v) { return v / g->pp; }
 static inline int graph_chunk_vstage(const graph_t *g, int pp_rank, int chunk)

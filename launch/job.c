@@ -53,6 +53,8 @@ _Static_assert(sizeof dtype_names / sizeof dtype_names[0] == JOB_DTYPE_COUNT, "d
 static const char *const decay_names[] = {"matrices", "all", "none"};
 _Static_assert(sizeof decay_names / sizeof decay_names[0] == JOB_DECAY_COUNT, "decay_names");
 static const char *const handoff_names[] = {"auto", "ipc", "off"};
+static const char *const cp_mode_names[] = {"allgather", "ring"};
+_Static_assert(sizeof cp_mode_names / sizeof cp_mode_names[0] == JOB_CP_MODE_COUNT, "cp_mode_names");
 static const char *const coll_names[] = {"auto", "host", "nccl"}; /* coll_backend_name's */
 _Static_assert(sizeof coll_names / sizeof coll_names[0] == COLL_BACKEND_COUNT, "coll_names");
 _Static_assert(sizeof handoff_names / sizeof handoff_names[0] == JOB_HANDOFF_COUNT, "handoff_names");
@@ -114,6 +116,8 @@ static const field_t fields[] = {
     INT("parallel.tp", parallel.tp, 1, 4096),
     INT("parallel.pp", parallel.pp, 1, 4096),
     INT("parallel.dp", parallel.dp, 1, 1 << 20),
+    INT("parallel.cp", parallel.cp, 1, 1024),
+    ENUM("parallel.cp_mode", parallel.cp_mode, cp_mode_names),
     INT("parallel.ep", parallel.ep, 1, 256),
     {"parallel.split", F_INT_LIST, OFF(parallel.split), 1, 4096, NULL, 0, JOB_MAX_STAGES,
      OFF(parallel.n_split)},
@@ -236,7 +240,7 @@ void job_defaults(job_t *job)
                                .warmup_from = JOB_WARMUP_FROM_ZERO, .betas = {0.9, 0.95},
                                .eps = 1e-8, .weight_decay = 0.1, .clip = 1.0,
                                .decay = JOB_DECAY_MATRICES};
-    job->parallel = (job_parallel_t){.tp = 1, .pp = 1, .dp = 1, .ep = 1, .n_split = 0,
+    job->parallel = (job_parallel_t){.tp = 1, .pp = 1, .dp = 1, .cp = 1, .ep = 1, .n_split = 0,
                                      .virtual_stages = 1, .schedule = JOB_SCHED_1F1B,
                                      .microbatches = 0, .zero1 = false};
     for (int e = 0; e < JOB_EDGE_COUNT; e++) job->transport[e] = JOB_XPORT_AUTO;
@@ -846,10 +850,21 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
     if (moe && cfg.moe.n_experts % p->ep)
         return vfail(job, "parallel.ep", err, errlen, "ep %lld does not divide the %lld routed "
                      "experts of %s", (long long)p->ep, (long long)cfg.moe.n_experts, job->model.hf);
-    if (moe && (p->tp * p->dp) % p->ep)
-        return vfail(job, "parallel.ep", err, errlen, "ep %lld must divide tp x dp = %lld: the "
-                     "expert grid (ep x edp) folds over the dense one (tp x dp) in every pipeline "
-                     "stage", (long long)p->ep, (long long)(p->tp * p->dp));
+    if (moe && (p->tp * p->cp * p->dp) % p->ep)
+        return vfail(job, "parallel.ep", err, errlen, "ep %lld must divide tp x cp x dp = %lld: the "
+                     "expert grid (ep x edp) folds over the dense one (tp x cp x dp) in every "
+                     "pipeline stage", (long long)p->ep, (long long)(p->tp * p->cp * p->dp));
+    for (int64_t l = 0; p->cp > 1 && l < cfg.num_layers; l++)
+        if (cfg.blocks[l].mixer != MODEL_MIXER_ATTENTION && cfg.blocks[l].mixer != MODEL_MIXER_NONE)
+            return vfail(job, "parallel.cp", err, errlen, "cp %lld splits every sequence over its "
+                         "ranks, but layer %lld of %s mixes with a kind that has no context-parallel "
+                         "path (only attention has one): use cp=1", (long long)p->cp,
+                         (long long)l, job->model.hf);
+    if (moe && p->cp > 1 && cfg.moe.aux_loss_coef > 0)
+        return vfail(job, "parallel.cp", err, errlen, "%s trains with the router's load-balancing "
+                     "loss (router_aux_loss_coef %g), which pools the whole sequence's routing, but "
+                     "a CP rank routes only its chunks: use cp=1, or turn output_router_logits off",
+                     job->model.hf, cfg.moe.aux_loss_coef);
     if (moe && p->tp > 1 && cfg.moe.capacity_factor > 0)
         return vfail(job, "parallel.tp", err, errlen, "%s has capacity_factor %g, which keeps each "
                      "expert's first choices over all rows, but each TP rank dispatches only its "
@@ -989,6 +1004,11 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
                      "saves every %lld steps, but checkpoint.dir names no directory for them",
                      (long long)job->checkpoint.every);
 
+    if (p->cp > 1 && job->data.seq_len % (2 * p->cp))
+        return vfail(job, "parallel.cp", err, errlen, "data.seq_len %lld does not cut into 2 x cp = "
+                     "%lld equal chunks (CP rank r holds chunks r and 2cp-1-r of every sequence): "
+                     "make seq_len a multiple of %lld", (long long)job->data.seq_len,
+                     (long long)(2 * p->cp), (long long)(2 * p->cp));
     if (m->heads % p->tp)
         return vfail(job, "parallel.tp", err, errlen, "tp %lld does not divide %lld attention heads",
                      (long long)p->tp, (long long)m->heads);
@@ -1034,8 +1054,9 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     if (!m->hf[0] && p->ep > 1)
         return vfail(job, "parallel.ep", err, errlen, "a model without model.hf has no routed "
                      "experts to split: use ep=1");
-    if (p->zero1 && p->dp < 2)
-        return vfail(job, "parallel.zero1", err, errlen, "ZeRO-1 shards over data parallelism: needs dp >= 2");
+    if (p->zero1 && p->dp * p->cp < 2)
+        return vfail(job, "parallel.zero1", err, errlen, "ZeRO-1 shards over data parallelism "
+                     "(the dp x cp ranks): needs dp >= 2 (or cp >= 2)");
 #ifndef BT_HAVE_UCX
     for (int e = 0; e < JOB_EDGE_COUNT; e++)
         if (job->transport[e] == JOB_XPORT_UCX) {
@@ -1167,7 +1188,7 @@ bt_status_t job_collectives(const job_t *job, coll_backend_t *out, char *why, si
      * refused before anything starts; where the GPUs cannot be counted
      * (none visible here), nccl is left to the workers to try. */
     const job_parallel_t *p = &job->parallel;
-    int64_t world = p->tp * p->pp * p->dp, hosts = job->n_hosts > 0 ? job->n_hosts : 1;
+    int64_t world = p->tp * p->cp * p->pp * p->dp, hosts = job->n_hosts > 0 ? job->n_hosts : 1;
     int64_t per = world / hosts;
     if (all_cuda && per > 1 && p->collectives != COLL_BACKEND_HOST) {
         int gpus = !strcmp(job->device, "cuda") ? job_gpus_here() : 1;

@@ -63,7 +63,7 @@ static bt_status_t plan_build(const job_t *job, const model_config_t *cfg, run_m
     memset(out, 0, sizeof *out);
     const job_parallel_t *par = &job->parallel;
     int64_t B = job->train.micro_batch, T = job->data.seq_len;
-    if (par->tp * par->pp * par->dp == 1) {
+    if (par->tp * par->cp * par->pp * par->dp == 1) {
         model_mem_t mm;
         model_mem_estimate(cfg, NULL, 0, 1, B, T, &mm);
         /* train/train.c: gradients, AdamW m and v for every parameter */
@@ -93,9 +93,11 @@ static bt_status_t plan_build(const job_t *job, const model_config_t *cfg, run_m
             model_stage_t st = graph_vstage_stage(&g, v, (int)cfg->num_layers);
             model_mem_t mm, full;
             /* the rank's E / ep experts (EP folds over tp x dp: graph.h) */
+            /* under CP the rank's T / cp tokens a row, and its K/V exchange scratch */
             model_parallel_t mp = {.tp_rank = c.tp, .tp_size = g.tp,
-                                   .ep_rank = g.moe ? c.ep : 0, .ep_size = g.moe ? g.ep : 1};
-            model_mem_estimate_par(cfg, &st, &mp, B, T, &mm);
+                                   .ep_rank = g.moe ? c.ep : 0, .ep_size = g.moe ? g.ep : 1,
+                                   .cp_rank = c.cp, .cp_size = g.cp, .cp_ring = g.cp_ring};
+            model_mem_estimate_par(cfg, &st, &mp, B, T / g.cp, &mm);
             model_mem_estimate(cfg, &st, 0, 1, 0, 0, &full);
             a.p.params += mm.params;
             a.p.acts += (double)g.microbatches * mm.acts;
@@ -104,12 +106,12 @@ static bt_status_t plan_build(const job_t *job, const model_config_t *cfg, run_m
             stage_whole += full.params;
         }
         a.p.start = largest; /* a tensor's piece on its way from the file */
-        if (exports && c.dp == 0) /* train/stage_actor.c: the export's host copies */
+        if (exports && c.dp == 0 && c.cp == 0) /* train/stage_actor.c: the export's host copies */
             a.p.copies = c.tp == 0 ? stage_whole : largest;
         a.p.grads = a.p.params;
         /* ZeRO-1 (refused where the experts reduce over a group of their own,
          * launch/job.c) shards every moment over dp */
-        double shard = g.zero1 ? (double)g.dp : 1.0;
+        double shard = g.zero1 ? (double)(g.dp * g.cp) : 1.0;
         a.p.optim = 2 * a.p.params / shard;
         a.vocab_steady = vocab_params * (2 + 2 / shard);
         a.vocab_start = vocab_params * 2;
@@ -216,7 +218,7 @@ const char *run_mem_part_field(const job_t *job, run_mem_part_t part, char *hint
                       (long long)m->layers, (long long)m->hidden, (long long)m->ffn);
         return hf ? "model.hf" : "model.layers";
     default:
-        if (job->parallel.tp * job->parallel.pp * job->parallel.dp == 1)
+        if (job->parallel.tp * job->parallel.cp * job->parallel.pp * job->parallel.dp == 1)
             snprintf(hint, cap, "activations of train.micro_batch %lld x data.seq_len %lld",
                      (long long)job->train.micro_batch, (long long)job->data.seq_len);
         else

@@ -225,12 +225,13 @@ static bt_status_t chunks_create(worker_t *w)
     graph_coord_t c = graph_coord(&w->g, w->rank);
     model_parallel_t par = {.tp_rank = c.tp, .tp_size = w->g.tp, .tp_comm = w->comm[GRAPH_GROUP_TP],
                             .ep_rank = c.ep, .ep_size = w->g.ep, .ep_comm = w->comm[GRAPH_GROUP_EP],
-                            .edp_rank = c.edp};
+                            .edp_rank = c.edp, .cp_rank = c.cp, .cp_size = w->g.cp,
+                            .cp_comm = w->comm[GRAPH_GROUP_CP], .cp_ring = w->g.cp_ring};
     w->n_chunks = w->g.vpp;
     for (int k = 0; k < w->n_chunks; k++) {
         int v = graph_chunk_vstage(&w->g, c.pp, k);
         model_stage_t stage = graph_vstage_stage(&w->g, v, (int)cfg.num_layers);
-        if ((st = run_model_create_part(&w->job, &stage, w->g.tp > 1 || w->g.moe ? &par : NULL, &place,
+        if ((st = run_model_create_part(&w->job, &stage, w->g.tp > 1 || w->g.cp > 1 || w->g.moe ? &par : NULL, &place,
                                         &w->chunks[k])))
             return st;
         if (!w->eval_only && (st = model_grads_alloc(w->chunks[k]))) return st;
@@ -293,8 +294,8 @@ static bt_status_t colls_open(worker_t *w, const char *job_id)
         coll_config_t cfg = {
             .rank = w->me[k], .size = n, .comm_id = (uint32_t)(k * GRAPH_MAX_WORLD + w->members[k][0]),
             .name = name,
-            .kind = edge_kind(&w->job, k == GRAPH_GROUP_TP ? JOB_EDGE_TENSOR_PARALLEL
-                                                           : JOB_EDGE_DATA_PARALLEL),
+            .kind = edge_kind(&w->job, k == GRAPH_GROUP_TP || k == GRAPH_GROUP_CP
+                                           ? JOB_EDGE_TENSOR_PARALLEL : JOB_EDGE_DATA_PARALLEL),
             .job_id = job_id, .secret = w->secret, .secret_len = sizeof w->secret,
             .timeout_ms = 30000, .device = device, .listen_addr = listen,
         };
@@ -609,7 +610,9 @@ static bt_status_t actors_start(worker_t *w)
     snprintf(resume_path, sizeof resume_path, "%s/%s", w->run_dir, RUN_FILE_RESUME);
     bool resume = !w->eval_only && access(resume_path, F_OK) == 0;
     bool saves = !w->eval_only && w->job.checkpoint.dir[0];
-    if ((resume || saves) && (st = items_build(w, c.dp, oc.head_copy_chunk))) return st;
+    /* a CP rank > 0 holds a replica of its CP group's parameters, as a dp
+     * rank > 0 does */
+    if ((resume || saves) && (st = items_build(w, c.dp + c.cp, oc.head_copy_chunk))) return st;
     if ((resume || saves) && (st = writer_start(w))) return st;
     if (resume && (st = resume_load(w, resume_path))) return st;
 
@@ -620,8 +623,10 @@ static bt_status_t actors_start(worker_t *w)
         .driver = ACTOR_ADDR(g->world, GRAPH_SLOT_DRIVER),
         .data = data ? ACTOR_ADDR(w->rank, GRAPH_SLOT_DATA) : 0,
         .tp_rank = c.tp, .tp_size = g->tp, .dp_rank = c.dp, .dp_size = g->dp,
+        .cp_rank = c.cp, .cp_size = g->cp,
         .eval_rows = w->eval_rows, .eval_pad = g->moe && g->ep > 1,
-        .exporter = c.dp == 0 && c.tp == 0, .B = g->micro_batch, .T = g->seq_len,
+        /* a CP rank holds T / cp tokens of every row (model/cp_attn.h) */
+        .exporter = c.dp == 0 && c.cp == 0 && c.tp == 0, .B = g->micro_batch, .T = g->seq_len / g->cp,
         .eval_only = w->eval_only,
         /* every window scores all T positions (train/train.h) */
         .dloss = 1.0f / (float)(rows * g->seq_len),
@@ -649,7 +654,7 @@ static bt_status_t actors_start(worker_t *w)
         data_actor_config_t dc = {.tokens = w->tokens, .n_tokens = w->n_tokens,
                                   .seed = (uint64_t)w->job.train.seed, .B = g->micro_batch,
                                   .T = g->seq_len, .M = g->microbatches, .dp = g->dp,
-                                  .dp_rank = c.dp, .stage = ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE),
+                                  .dp_rank = c.dp, .cp = g->cp, .cp_rank = c.cp, .stage = ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE),
                                   .eval_ids = w->eval_ids, .eval_targets = w->eval_targets,
                                   .eval_rows = w->eval_rows, .eval_pad = g->moe && g->ep > 1,
                                   .base_step = w->resumed.pos.step,
@@ -667,7 +672,8 @@ static bt_status_t actors_start(worker_t *w)
      * stage from "pp<stage> dp<replica> tp<rank>" and the virtual stages per
      * rank from "v<n>" (trace/bubble.h). */
     char tname[64];
-    snprintf(tname, sizeof tname, "stage r%d pp%d dp%d tp%d v%d", w->rank, c.pp, c.dp, c.tp, g->vpp);
+    snprintf(tname, sizeof tname, "stage r%d pp%d dp%d tp%d v%d cp%d", w->rank, c.pp, c.dp, c.tp,
+             g->vpp, c.cp);
     trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE), tname);
     snprintf(tname, sizeof tname, "data r%d", w->rank);
     trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_DATA), tname);

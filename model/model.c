@@ -248,6 +248,7 @@ bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stag
     m->stage = *s;
     m->par = *par;
     if (m->par.ep_size < 1) m->par.ep_size = 1;
+    if (m->par.cp_size < 1) m->par.cp_size = 1;
     m->place = *place;
     model_vocab_split(cfg->vocab_size, par->tp_size, par->tp_rank, &m->vocab_start, &m->vocab);
     int ns = 0;
@@ -429,7 +430,10 @@ void model_mem_estimate_par(const model_config_t *cfg, const model_stage_t *stag
     m.stage = stage ? *stage : full;
     m.par = (model_parallel_t){.tp_rank = tp_rank, .tp_size = tp_size > 0 ? tp_size : 1,
                                .ep_rank = par->ep_size > 1 ? par->ep_rank : 0,
-                               .ep_size = par->ep_size > 1 ? par->ep_size : 1};
+                               .ep_size = par->ep_size > 1 ? par->ep_size : 1,
+                               .cp_rank = par->cp_size > 1 ? par->cp_rank : 0,
+                               .cp_size = par->cp_size > 1 ? par->cp_size : 1,
+                               .cp_ring = par->cp_ring};
     m.place = model_place_host();
     model_vocab_split(cfg->vocab_size, m.par.tp_size, tp_rank, &m.vocab_start, &m.vocab);
     int ns = 0, n = layout_build(cfg, &m.stage, &m.par, NULL, NULL, &ns, NULL, NULL, NULL);

@@ -105,6 +105,15 @@ typedef struct {
     int          ep_rank, ep_size; /* {0, 0 or 1}: no expert parallelism */
     coll_comm_t *ep_comm;          /* the EP group (rank ep_rank of ep_size); NULL at ep_size <= 1 */
     int          edp_rank;         /* place in the expert-data-parallel group (0: stores experts) */
+    /* Context parallelism (docs/PARALLEL.md, model/cp_attn.h): every
+     * sequence is cut into 2*cp_size chunks and this rank holds chunks
+     * cp_rank and 2*cp_size-1-cp_rank, as its [B, T/cp_size] rows; the
+     * batch's positions (model_batch_t.pos) must say so. The attention
+     * kinds exchange K and V over cp_comm (all-gather, or a ring of K/V
+     * blocks when cp_ring). {0 or 1}: none. */
+    int          cp_rank, cp_size;
+    coll_comm_t *cp_comm;          /* the CP group (rank cp_rank of cp_size); NULL at cp_size <= 1 */
+    bool         cp_ring;
 } model_parallel_t;
 
 /* Whether a parameter's spec belongs to the routed experts (split over EP,

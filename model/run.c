@@ -215,7 +215,9 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, int mode, acts_pla
             if (p->n_shared == MODEL_MAX_KINDS)
                 BT_PANIC("model acts: more than %d kinds", MODEL_MAX_KINDS);
             p->shared_kind[p->n_shared] = k;
-            p->shared[p->n_shared++] = take(&off, k->shared_bytes(m, T));
+            /* per-position tables cover the whole sequence: a CP rank's
+             * positions reach T * cp_size - 1 */
+            p->shared[p->n_shared++] = take(&off, k->shared_bytes(m, T * m->par.cp_size));
         }
     }
     for (int s = 0; s < S; s++) {
@@ -257,6 +259,11 @@ static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, int mode, model
     if (B <= 0 || T <= 0) {
         log_error("model: activation arena needs B > 0 and T > 0 (got %lld, %lld)", (long long)B,
                   (long long)T);
+        return BT_ERR_INVALID;
+    }
+    if (mode == MODEL_ACTS_DECODE && m->par.cp_size > 1) {
+        log_error("model: decoding keeps one sequence whole; a context-parallel model (cp_size=%d) "
+                  "has no decode arena", m->par.cp_size);
         return BT_ERR_INVALID;
     }
     model_acts_t *a = calloc(1, sizeof *a);
@@ -331,7 +338,7 @@ static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, int mode, model
     size_t es = dtype_size(m->place.act_dtype);
     bt_status_t st = BT_OK;
     for (int i = 0; i < a->n_shared && st == BT_OK; i++)
-        st = a->shared_kind[i]->shared_init(m, T, a->shared[i]);
+        st = a->shared_kind[i]->shared_init(m, T * m->par.cp_size, a->shared[i]);
     if (st == BT_OK) {
         /* the ones vector, in the activation dtype */
         float *one = malloc((size_t)N * sizeof *one);
@@ -571,7 +578,8 @@ static model_run_t run_ctx(model_t *m, model_acts_t *a, int64_t B, int64_t T, te
     int64_t N = B * T;
     *pos = i32_view(m, a->pos, N);
     *ones = model_act_view(m, a->ones, 0, 2, (int64_t[]){N, 1});
-    return (model_run_t){.m = m, .s = m->stream, .B = B, .T = T, .N = N, .T_cap = a->T,
+    return (model_run_t){.m = m, .s = m->stream, .B = B, .T = T, .N = N,
+                         .T_cap = a->T * m->par.cp_size,
                          .pos = pos, .ones = ones, .scratch = a->scratch};
 }
 
@@ -624,8 +632,9 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
     }
     for (int64_t i = 0; i < N; i++) {
         int32_t p = b->pos ? b->pos[i] : (int32_t)(i % b->T);
-        if (p < 0 || p >= a->T) {
-            log_error("model: position %d outside the rope table [0, %lld)", p, (long long)a->T);
+        if (p < 0 || p >= a->T * m->par.cp_size) {
+            log_error("model: position %d outside the rope table [0, %lld)", p,
+                      (long long)(a->T * m->par.cp_size));
             return BT_ERR_INVALID;
         }
         a->h_pos[i] = p;

@@ -51,6 +51,21 @@ bt_status_t model_parallel_validate(const model_config_t *c, const model_paralle
             return BT_ERR_INVALID;
         }
     }
+    int cp = par->cp_size > 1 ? par->cp_size : 1;
+    if (cp > 1) {
+        if (par->cp_rank < 0 || par->cp_rank >= cp || !par->cp_comm ||
+            par->cp_comm->size != cp || par->cp_comm->rank != par->cp_rank) {
+            log_error("model: context-parallel rank %d of cp_size=%d needs a cp_comm of that rank "
+                      "and size (%s)", par->cp_rank, cp, par->cp_comm ? "mismatched" : "NULL given");
+            return BT_ERR_INVALID;
+        }
+        for (int64_t l = 0; l < c->num_layers; l++)
+            if (c->blocks[l].mixer != MODEL_MIXER_ATTENTION && c->blocks[l].mixer != MODEL_MIXER_NONE) {
+                log_error("model: cp_size=%d, but layer %lld mixes with a kind that has no "
+                          "context-parallel path (only attention has one)", cp, (long long)l);
+                return BT_ERR_INVALID;
+            }
+    }
     if (tp == 1) return BT_OK;
     if (!par->tp_comm) {
         log_error("model: tp_size=%d needs a tp_comm (NULL given)", tp);

@@ -293,6 +293,12 @@ static void test_job_parallel_rules(void)
                  "parallel.microbatches", "cannot fill");
     expect_error(BASE "parallel: {zero1: true}\n", "bad.yaml:2:12:", "parallel.zero1", "dp >= 2");
     expect_error(BASE "hosts: {a: 1}\n", "bad.yaml:2:8:", "hosts", "list of strings");
+    /* context parallelism: 2 x cp equal chunks of every sequence */
+    expect_error("data: {dir: x, seq_len: 100}\nparallel: {cp: 4}\n", "bad.yaml:2:12:",
+                 "parallel.cp", "seq_len 100 does not cut into 2 x cp = 8");
+    expect_error(BASE "parallel: {cp: 2, cp_mode: rings}\n", "bad.yaml:2:28:",
+                 "parallel.cp_mode", "allgather");
+    expect_error(BASE "parallel: {cp: 0}\n", "bad.yaml:2:16:", "parallel.cp", "out of range");
 }
 
 static void test_job_overrides(void)

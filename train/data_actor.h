@@ -39,6 +39,11 @@ typedef struct {
     int64_t        B, T;     /* micro_batch, seq_len */
     int            M;        /* microbatches per step per replica */
     int            dp, dp_rank;
+    /* context parallelism: every row goes out as CP rank cp_rank's chunks
+     * (r and 2cp-1-r, model/cp_attn.h), [B, T/cp] ({0 or 1}: whole rows).
+     * The targets are cut from the whole row's, so the chunk boundaries
+     * lose no target. */
+    int            cp, cp_rank;
     int64_t        base_step, base_samples; /* resumed from (0, 0: a fresh run) */
     actor_addr_t   stage;    /* the stage actor fed */
     const int32_t *eval_ids, *eval_targets; /* [eval_rows * T] (borrowed), or NULL */

@@ -1,5 +1,7 @@
 #include "train/stage_actor.h"
 
+#include "model/cp_attn.h"
+
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -223,10 +225,19 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
     memset(s, 0, sizeof *s);
     s->cfg = *cfg;
     if (s->cfg.dp_size < 1) s->cfg.dp_size = 1;
+    if (s->cfg.cp_size < 1) s->cfg.cp_size = 1;
     int M = cfg->pipe.microbatches, V = cfg->pipe.vpp, E = eval_local_mbs(&s->cfg);
     s->acts = calloc((size_t)(M * V), sizeof *s->acts);
     s->job = calloc(1, sizeof *s->job);
     bt_status_t st = s->acts && s->job ? BT_OK : BT_ERR_NOMEM;
+    if (!st && s->cfg.cp_size > 1) { /* every microbatch's rows hold the same chunks */
+        if (cfg->T % 2 || !(s->cp_pos = malloc((size_t)(cfg->B * cfg->T) * sizeof *s->cp_pos))) {
+            log_error("stage: %lld tokens a row do not hold two CP chunks", (long long)cfg->T);
+            st = cfg->T % 2 ? BT_ERR_INVALID : BT_ERR_NOMEM;
+        } else {
+            cp_attn_positions(s->cp_pos, cfg->B, cfg->T / 2, s->cfg.cp_size, s->cfg.cp_rank);
+        }
+    }
     if (!st) st = pass_alloc(&s->train, M, V, pipe_ops_per_stage(&cfg->pipe), false);
     if (!st) st = pass_alloc(&s->eval, E, V, E * V, true);
     if (!st) st = pipe_schedule_build(&cfg->pipe, cfg->pp_rank, s->train.ops);
@@ -292,6 +303,7 @@ void stage_actor_fini(stage_actor_t *s)
             model_acts_destroy(s->acts[k]);
     free(s->acts);
     free(s->load);
+    free(s->cp_pos);
     pass_free(&s->train);
     pass_free(&s->eval);
     export_bufs_free(s);
@@ -510,7 +522,8 @@ static bool gather_joins(const stage_actor_t *s, const model_t *m, int i)
     const shard_spec_t *sp = &m->params[i].spec;
     if (s->cfg.exporter) return true;
     if (MODEL_PARAM_IS_EXPERT(sp)) return m->par.ep_size > 1 && m->par.edp_rank == 0;
-    return sp->group != SHARD_GROUP_NONE && m->par.tp_size > 1 && s->cfg.dp_rank == 0;
+    return sp->group != SHARD_GROUP_NONE && m->par.tp_size > 1 && s->cfg.dp_rank == 0 &&
+           s->cfg.cp_rank == 0;
 }
 
 /* Whether this rank has any gathering of the export to join. */
@@ -717,7 +730,7 @@ static void advance(stage_actor_t *s)
             fail(s, BT_ERR_INVALID, "microbatch rows");
             return;
         }
-        j->batch = (model_batch_t){.B = rows, .T = c->T};
+        j->batch = (model_batch_t){.B = rows, .T = c->T, .pos = s->cp_pos};
         if (v == 0) j->batch.ids = actor_msg_tensor(d, "tokens")->data;
         if (v == last) j->batch.targets = actor_msg_tensor(d, "targets")->data;
         if (v != last && !pipe_output(s, j, MSG_ACTIVATION, "x", op.chunk, rows, c->handoff_next[op.chunk]))
@@ -768,7 +781,8 @@ static void metrics_send(stage_actor_t *s)
     /* the routed-expert load of a training step, summed over the
      * data-parallel replicas already (load_take): replica 0's TP rank 0
      * reports it */
-    if (!s->cur->eval && s->n_load && s->cfg.tp_rank == 0 && s->cfg.dp_rank == 0) {
+    if (!s->cur->eval && s->n_load && s->cfg.tp_rank == 0 && s->cfg.dp_rank == 0 &&
+        s->cfg.cp_rank == 0) {
         int64_t shape[2] = {s->n_load, s->load_cols};
         tensor_t *t = actor_msg_tensor_new(m, "expert_tokens", DT_F64, 2, shape);
         if (!t) {

@@ -87,6 +87,11 @@ typedef struct {
     actor_addr_t    data;                      /* local data actor; 0 when none */
     int             tp_rank, tp_size;
     int             dp_rank, dp_size;
+    /* context parallelism: this rank holds chunks cp_rank and
+     * 2*cp_size-1-cp_rank of every row, T (below) tokens of the job's
+     * T * cp_size; the data actor sends them, the stage gives the model
+     * their positions ({0 or 1}: none) */
+    int             cp_rank, cp_size;
     int64_t         eval_rows;                 /* rows of the evaluation set (0: none) */
     bool            eval_pad;                  /* every dp rank runs as many evaluation
                                                 * microbatches as dp rank 0, the missing
@@ -134,6 +139,7 @@ typedef struct {
     model_acts_t       **acts;          /* [M * vpp] */
     double               loss_sum;
     int64_t              n_scored;
+    int32_t             *cp_pos;        /* [B*T] positions of the CP rank's chunks, or NULL */
     /* rank 0 on a GPU: the device's matrix rate measured at init
      * (kern_peak_flops, the driver's MFU denominator), sent with the first
      * METRICS; 0: not measured or already sent */

@@ -62,7 +62,7 @@ out=$("$BATON" run "$tmp/q.yaml" --quiet --set parallel.dp=2 --set parallel.ep=3
     && ! grep -q "rank[0-9]" <<<"$out" \
     && pass moe_ep_refused || fail moe_ep_refused "rc $rc: $out"
 out=$("$BATON" run "$tmp/q.yaml" --quiet --set parallel.dp=2 --set parallel.ep=4 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "parallel.ep: ep 4 must divide tp x dp = 2" <<<"$out" \
+[ $rc -eq 1 ] && grep -q "parallel.ep: ep 4 must divide tp x cp x dp = 2" <<<"$out" \
     && pass moe_ep_fold_refused || fail moe_ep_fold_refused "rc $rc: $out"
 out=$("$BATON" run "$tmp/q.yaml" --quiet --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero1=true 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "parallel.zero1: ZeRO-1 shards one flat block over dp, but with ep > 1" <<<"$out" \

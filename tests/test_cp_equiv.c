@@ -1,0 +1,167 @@
+/* Context-parallel equivalence: CP layouts train the same 5 steps as the
+ * single-process loop, as real processes (`baton run` spawning `baton
+ * worker`s over tcp): cp in {2, 4}, the all-gather and the ring mode, and
+ * CP combined with TP, PP and DP (ZeRO-1). Per-step losses (metrics JSONL)
+ * must match the one-process run to 1e-5 relative, the validation losses
+ * to 1e-5 and the final parameters (HF export) to 1e-5 absolute: the
+ * dense matrix's bounds (tests/test_dist_equiv.c).
+ *
+ * Each CP rank holds chunks r and 2cp-1-r of every sequence (data actor,
+ * positions, attention over the CP group); its loss share is summed by the
+ * driver over the whole global batch, and the dense gradients are reduced
+ * over dp x cp, so the totals are those of the one-process run.
+ *
+ * Fixture: the dense matrix's random-init Llama (4 layers, hidden 64,
+ * vocab 256, 4 heads, 2 KV heads), seq 16 (cp 4: 8 chunks of 2 tokens),
+ * micro_batch 2, on a synthetic token stream. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/helpers/equiv.h"
+#include "tests/test.h"
+
+static char dir[256];
+
+static int fixture(void)
+{
+    if (dir[0]) return 0;
+    snprintf(dir, sizeof dir, "/tmp/test_cp_equiv.XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    char p[512];
+    snprintf(p, sizeof p, "%s/data", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/data/tokens.txt", dir);
+    FILE *f = fopen(p, "w");
+    if (!f) return -1;
+    uint64_t x = 12345;
+    for (int i = 0; i < 4000; i++) {
+        x = (x * 1103515245u + 12345u) % 2147483648u;
+        int t = i % 48;
+        if (x % 10 == 0) t = (int)(x / 65536 % 200);
+        fprintf(f, "%d ", t);
+    }
+    fclose(f);
+    snprintf(p, sizeof p, "%s/job.yaml", dir);
+    f = fopen(p, "w");
+    if (!f) return -1;
+    fprintf(f, "model: {layers: 4, hidden: 64, heads: 4, kv_heads: 2, ffn: 128, vocab: 256, init_std: 0.02}\n"
+               "data: {dir: %s/data, seq_len: 16, split: 0.1}\n"
+               "train: {steps: 5, micro_batch: 2, grad_accum: 2, seed: 7, log_every: 100,\n"
+               "        eval_every: 2, eval_batches: 3}\n"
+               "optim: {lr: 0.01, min_lr: 0.001, warmup: 2, weight_decay: 0.1, clip: 1.0}\n", dir);
+    fclose(f);
+    return 0;
+}
+
+static int run(const char *name, const char *sets, int threads)
+{
+    char job[300];
+    snprintf(job, sizeof job, "%s/job.yaml", dir);
+    return test_equiv_run(dir, job, name, sets, threads);
+}
+
+/* CP layouts run at the dense matrix's TP learning rate (lr 1e-3,
+ * tests/test_dist_equiv.c lr_small): attention over chunks (and the ring's
+ * log-sum-exp merges) sums in another order than the whole sequence, and
+ * AdamW turns the ~1e-7 relative gradient differences of near-zero
+ * elements into parameter differences proportional to lr (measured here:
+ * up to 8.5e-5 at lr 1e-2 for cp 4 ring, losses within 2.5e-7 either way). */
+static const char *lr_small = "--set optim.lr=0.001 --set optim.min_lr=0.0001";
+
+static int reference(int ga, int tied, char *name, size_t cap)
+{
+    snprintf(name, cap, "ref_ga%d_tied%d", ga, tied);
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s/ck/model.safetensors", dir, name);
+    if (access(p, F_OK) == 0) return 0;
+    char sets[256];
+    snprintf(sets, sizeof sets, "--set train.grad_accum=%d --set model.tie_embeddings=%s %s", ga,
+             tied ? "true" : "false", lr_small);
+    return run(name, sets, 2);
+}
+
+static void cp_check(const char *name, const char *sets, int ga)
+{
+    REQUIRE(fixture() == 0);
+    char ref[64], all[1024];
+    int tied = strstr(sets, "tie_embeddings=true") != NULL;
+    REQUIRE(reference(ga, tied, ref, sizeof ref) == 0);
+    snprintf(all, sizeof all, "%s %s", sets, lr_small);
+    REQUIRE(run(name, all, 1) == 0);
+    test_equiv_diff_t d;
+    REQUIRE(test_equiv_compare(dir, name, ref, 5, 3, 0, &d) == 0);
+    printf("  %-24s max rel loss diff %.3g, val loss %.3g, max param diff %.3g\n", name, d.loss_rel,
+           d.val_rel, d.param_abs);
+    CHECK(d.loss_rel <= 1e-5);
+    CHECK(d.val_rel <= 1e-5);
+    CHECK(d.param_abs <= 1e-5);
+}
+
+static void test_cp2_allgather(void) { cp_check("cp2_allgather", "--set parallel.cp=2", 2); }
+static void test_cp2_ring(void)
+{
+    cp_check("cp2_ring", "--set parallel.cp=2 --set parallel.cp_mode=ring", 2);
+}
+static void test_cp4_allgather(void) { cp_check("cp4_allgather", "--set parallel.cp=4", 2); }
+static void test_cp4_ring(void)
+{
+    cp_check("cp4_ring", "--set parallel.cp=4 --set parallel.cp_mode=ring", 2);
+}
+static void test_cp2_tp2_allgather(void)
+{
+    cp_check("cp2_tp2_allgather", "--set parallel.cp=2 --set parallel.tp=2", 2);
+}
+static void test_cp2_tp2_ring(void)
+{
+    cp_check("cp2_tp2_ring", "--set parallel.cp=2 --set parallel.tp=2 --set parallel.cp_mode=ring", 2);
+}
+static void test_cp2_pp2_ring(void)
+{
+    cp_check("cp2_pp2_ring", "--set parallel.cp=2 --set parallel.pp=2 --set parallel.cp_mode=ring", 2);
+}
+static void test_cp2_pp2_allgather_tied(void)
+{
+    cp_check("cp2_pp2_allgather_tied",
+             "--set parallel.cp=2 --set parallel.pp=2 --set model.tie_embeddings=true "
+             "--set train.grad_accum=2", 2);
+}
+/* The dense gradients reduce over dp x cp, ZeRO-1 shards over the same
+ * four ranks; the data follows dp alone. */
+static void test_cp2_dp2_zero1_ring(void)
+{
+    cp_check("cp2_dp2_zero1_ring",
+             "--set parallel.cp=2 --set parallel.dp=2 --set parallel.zero1=true "
+             "--set parallel.cp_mode=ring", 4);
+}
+
+/* A sequence that does not cut into 2 x cp equal chunks is refused before
+ * anything starts, naming the field. */
+static void test_cp_bad_seq(void)
+{
+    REQUIRE(fixture() == 0);
+    const char *baton = getenv("BATON") ? getenv("BATON") : "build/baton";
+    char cmd[1024], out[4096] = "";
+    snprintf(cmd, sizeof cmd, "%s graph %s/job.yaml --set parallel.cp=3 2>&1", baton, dir);
+    FILE *p = popen(cmd, "r");
+    REQUIRE(p != NULL);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int rc = pclose(p);
+    CHECK(rc != 0);
+    CHECK(strstr(out, "parallel.cp") != NULL);
+    CHECK(strstr(out, "2 x cp = 6") != NULL);
+}
+
+static void test_cleanup(void) { CHECK(test_equiv_remove(dir) == 0); }
+
+int main(int argc, char **argv)
+{
+    setenv("BATON_STEP_TIMEOUT", "30", 0); /* a hang fails in 30 s, not 300 */
+    TEST_RUN(argc, argv, test_cp2_allgather, test_cp2_ring, test_cp4_allgather, test_cp4_ring,
+             test_cp2_tp2_allgather, test_cp2_tp2_ring, test_cp2_pp2_ring,
+             test_cp2_pp2_allgather_tied, test_cp2_dp2_zero1_ring, test_cp_bad_seq, test_cleanup);
+}
