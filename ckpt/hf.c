@@ -22,6 +22,7 @@ static const char *const hf_model_types[] = {
     [MODEL_ARCH_LLAMA] = "llama",     [MODEL_ARCH_MISTRAL] = "mistral",
     [MODEL_ARCH_QWEN2] = "qwen2",     [MODEL_ARCH_MIXTRAL] = "mixtral",
     [MODEL_ARCH_QWEN2_MOE] = "qwen2_moe", [MODEL_ARCH_NEMOTRON_H] = "nemotron_h",
+    [MODEL_ARCH_DEEPSEEK_V2] = "deepseek_v2",
 };
 _Static_assert(sizeof hf_model_types / sizeof hf_model_types[0] == MODEL_ARCH_COUNT,
                "model_type per arch");
@@ -94,7 +95,8 @@ static bt_status_t cfg_bool(const hf_cfg_t *c, json_t *obj, const char *key, boo
 
 /* RoPE from the new "rope_parameters" or the legacy "rope_theta" +
  * "rope_scaling" fields; type key "rope_type" or "type". */
-static bt_status_t cfg_rope(const hf_cfg_t *c, int64_t max_pos, model_rope_t *r)
+static bt_status_t cfg_rope(const hf_cfg_t *c, model_arch_t arch, int64_t max_pos,
+                            model_rope_t *r)
 {
     bt_status_t st;
     json_t *root = c->root;
@@ -143,9 +145,28 @@ static bt_status_t cfg_rope(const hf_cfg_t *c, int64_t max_pos, model_rope_t *r)
             (st = cfg_int(c, rp, "original_max_position_embeddings", omp, &omp)) != BT_OK)
             return st;
         r->original_max_position = omp;
+    } else if (!strcmp(type, "yarn") && arch == MODEL_ARCH_DEEPSEEK_V2) {
+        /* transformers' _compute_yarn_parameters; 0 marks mscale, mscale_all_dim
+         * and attention_factor unset */
+        r->kind = MODEL_ROPE_YARN;
+        int64_t omp;
+        if ((st = cfg_num(c, rp, "factor", 0, true, &r->factor)) != BT_OK ||
+            (st = cfg_num(c, rp, "beta_fast", 32, false, &r->beta_fast)) != BT_OK ||
+            (st = cfg_num(c, rp, "beta_slow", 1, false, &r->beta_slow)) != BT_OK ||
+            (st = cfg_num(c, rp, "mscale", 0, false, &r->mscale)) != BT_OK ||
+            (st = cfg_num(c, rp, "mscale_all_dim", 0, false, &r->mscale_all_dim)) != BT_OK ||
+            (st = cfg_num(c, rp, "attention_factor", 0, false, &r->attention_factor)) != BT_OK ||
+            (st = cfg_bool(c, rp, "truncate", true, &r->truncate)) != BT_OK ||
+            (st = cfg_int(c, root, "original_max_position_embeddings", max_pos, &omp)) != BT_OK ||
+            (st = cfg_int(c, rp, "original_max_position_embeddings", omp, &omp)) != BT_OK)
+            return st;
+        if (r->beta_fast == 0) r->beta_fast = 32; /* transformers: `or 32`, `or 1` */
+        if (r->beta_slow == 0) r->beta_slow = 1;
+        r->original_max_position = omp;
     } else {
-        log_error("%s: %s.%s='%s' is not supported (supported: default, linear, llama3)",
-                  c->what, field, tkey, type);
+        log_error("%s: %s.%s='%s' is not supported (supported: default, linear, llama3%s)",
+                  c->what, field, tkey, type,
+                  arch == MODEL_ARCH_DEEPSEEK_V2 ? ", yarn" : "; yarn for DeepseekV2 only");
         return BT_ERR_UNSUPPORTED;
     }
 check_partial:
@@ -179,7 +200,7 @@ static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
             }
         log_error("%s: architectures[0]='%s' is not supported (supported: LlamaForCausalLM, "
                   "MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-                  "NemotronHForCausalLM)",
+                  "NemotronHForCausalLM, DeepseekV2ForCausalLM)",
                   c->what, name);
         return BT_ERR_UNSUPPORTED;
     }
@@ -191,7 +212,7 @@ static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
                 return BT_OK;
             }
         log_error("%s: model_type='%s' is not supported (supported: llama, mistral, qwen2, "
-                  "mixtral, qwen2_moe, nemotron_h)", c->what, json_string_value(mt));
+                  "mixtral, qwen2_moe, nemotron_h, deepseek_v2)", c->what, json_string_value(mt));
         return BT_ERR_UNSUPPORTED;
     }
     log_error("%s: neither 'architectures' nor 'model_type' names the model class", c->what);
@@ -209,7 +230,7 @@ static bt_status_t cfg_sliding(const hf_cfg_t *c, model_arch_t arch, int64_t lay
     bt_status_t st;
     int64_t w = 0;
     *out = 0;
-    if (arch == MODEL_ARCH_LLAMA) return BT_OK;
+    if (arch == MODEL_ARCH_LLAMA || arch == MODEL_ARCH_DEEPSEEK_V2) return BT_OK;
     if ((st = cfg_int(c, c->root, "sliding_window", 0, &w)) != BT_OK) return st;
     if (arch == MODEL_ARCH_QWEN2 || arch == MODEL_ARCH_QWEN2_MOE) {
         bool use = false;
@@ -468,6 +489,123 @@ static bt_status_t cfg_nemotron_h(const hf_cfg_t *c, model_config_t *m)
     return BT_OK;
 }
 
+/* DeepSeek-V2's attention (MLA) fields, with transformers' defaults;
+ * q_lora_rank null: q_proj (Lite). Keys and values have their own heads,
+ * as many as the queries: num_key_value_heads, when set, must say so. */
+static bt_status_t cfg_mla(const hf_cfg_t *c, model_config_t *m)
+{
+    json_t *root = c->root;
+    model_mla_config_t *a = &m->mla;
+    bt_status_t st;
+    json_t *q = json_object_get(root, "q_lora_rank");
+    a->num_heads = m->attn.num_heads;
+    if ((st = cfg_int(c, root, "q_lora_rank", q && json_is_null(q) ? 0 : 1536, &a->q_lora_rank)) !=
+            BT_OK ||
+        (st = cfg_int(c, root, "kv_lora_rank", 512, &a->kv_lora_rank)) != BT_OK ||
+        (st = cfg_int(c, root, "qk_nope_head_dim", 128, &a->qk_nope_dim)) != BT_OK ||
+        (st = cfg_int(c, root, "qk_rope_head_dim", 64, &a->qk_rope_dim)) != BT_OK ||
+        (st = cfg_int(c, root, "v_head_dim", 128, &a->v_head_dim)) != BT_OK)
+        return st;
+    if (a->q_lora_rank == 0 && q && !json_is_null(q)) {
+        log_error("%s: q_lora_rank=0 must be null (no query bottleneck) or >= 1", c->what);
+        return BT_ERR_INVALID;
+    }
+    if (m->attn.num_kv_heads != m->attn.num_heads) {
+        log_error("%s: num_key_value_heads=%lld must equal num_attention_heads=%lld "
+                  "(DeepseekV2's MLA has a key and value per query head)", c->what,
+                  (long long)m->attn.num_kv_heads, (long long)m->attn.num_heads);
+        return BT_ERR_UNSUPPORTED;
+    }
+    return BT_OK;
+}
+
+/* DeepSeek-V2's experts, as transformers' DeepseekV2 builds them: layers
+ * below first_k_dense_replace dense MLPs of intermediate_size, every later
+ * one n_routed_experts routed experts of moe_intermediate_size and one
+ * shared MLP of n_shared_experts x that width, added ungated; softmax
+ * scores, greedy or group-limited top-k, the weights times
+ * routed_scaling_factor. transformers' DeepseekV2 ignores norm_topk_prob and
+ * moe_layer_freq, and has no load-balancing loss: baton ignores the first
+ * (with a warning), refuses a moe_layer_freq other than 1 (DeepSeek's own
+ * code would skip layers that transformers makes sparse) and sets no aux
+ * loss. */
+static bt_status_t cfg_deepseek_moe(const hf_cfg_t *c, model_config_t *m)
+{
+    json_t *root = c->root;
+    model_moe_config_t *e = &m->moe;
+    bt_status_t st;
+    int64_t shared = 0, first_dense = 0, freq = 1;
+    bool norm = false;
+    json_t *ns = json_object_get(root, "n_shared_experts");
+    if (ns && json_is_null(ns)) {
+        log_error("%s: n_shared_experts=null is not supported (transformers' DeepseekV2 adds "
+                  "its shared experts to every MoE layer; baton needs n_shared_experts >= 1)",
+                  c->what);
+        return BT_ERR_UNSUPPORTED;
+    }
+    if ((st = cfg_int(c, root, "n_routed_experts", 64, &e->n_experts)) != BT_OK ||
+        (st = cfg_int(c, root, "num_experts_per_tok", -1, &e->top_k)) != BT_OK ||
+        (st = cfg_int(c, root, "moe_intermediate_size", 1407, &e->expert_ffn)) != BT_OK ||
+        (st = cfg_int(c, root, "n_shared_experts", 2, &shared)) != BT_OK ||
+        (st = cfg_int(c, root, "first_k_dense_replace", 0, &first_dense)) != BT_OK ||
+        (st = cfg_int(c, root, "moe_layer_freq", 1, &freq)) != BT_OK ||
+        (st = cfg_num(c, root, "routed_scaling_factor", 1.0, false, &e->routed_scale)) != BT_OK ||
+        (st = cfg_bool(c, root, "norm_topk_prob", false, &norm)) != BT_OK ||
+        (st = cfg_num(c, root, "capacity_factor", 0, false, &e->capacity_factor)) != BT_OK ||
+        (st = cfg_num(c, root, "router_bias_update_rate", 0, false, &e->bias_rate)) != BT_OK ||
+        (st = cfg_only(c, "scoring_func", "softmax")) != BT_OK)
+        return st;
+    if (shared < 1) {
+        log_error("%s: n_shared_experts=%lld is not supported (baton needs >= 1)", c->what,
+                  (long long)shared);
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (freq != 1) {
+        log_error("%s: moe_layer_freq=%lld is not supported (transformers' DeepseekV2 makes every "
+                  "layer from first_k_dense_replace on sparse, as moe_layer_freq 1 does)",
+                  c->what, (long long)freq);
+        return BT_ERR_UNSUPPORTED;
+    }
+    if (first_dense < 0 || first_dense > m->num_layers) {
+        log_error("%s: first_k_dense_replace=%lld must be in [0, num_hidden_layers=%lld]",
+                  c->what, (long long)first_dense, (long long)m->num_layers);
+        return BT_ERR_INVALID;
+    }
+    if (!(e->routed_scale > 0)) {
+        log_error("%s: routed_scaling_factor=%g must be > 0", c->what, e->routed_scale);
+        return BT_ERR_INVALID;
+    }
+    if (norm)
+        log_warn("%s: norm_topk_prob=true is ignored, as transformers' DeepseekV2 ignores it "
+                 "(the routing weights are the top-k probabilities times routed_scaling_factor)",
+                 c->what);
+    e->norm_topk = false;
+    e->shared_ffn = shared * e->expert_ffn;
+    e->aux_loss_coef = 0;
+    json_t *tm = json_object_get(root, "topk_method");
+    const char *method = tm && json_is_string(tm) ? json_string_value(tm) : "greedy";
+    if (tm && !json_is_null(tm) && !json_is_string(tm)) {
+        log_error("%s: topk_method must be a string", c->what);
+        return BT_ERR_INVALID;
+    }
+    if (!strcmp(method, "greedy")) {
+        e->router = MODEL_ROUTER_SOFTMAX_TOPK;
+    } else if (!strcmp(method, "group_limited_greedy")) {
+        e->router = MODEL_ROUTER_SOFTMAX_GROUP_TOPK;
+        if ((st = cfg_int(c, root, "n_group", -1, &e->n_group)) != BT_OK ||
+            (st = cfg_int(c, root, "topk_group", -1, &e->topk_group)) != BT_OK)
+            return st;
+    } else {
+        log_error("%s: topk_method='%s' is not supported (only 'greedy' and "
+                  "'group_limited_greedy')", c->what, method);
+        return BT_ERR_UNSUPPORTED;
+    }
+    for (int64_t l = 0; l < m->num_layers && l < MODEL_MAX_LAYERS; l++)
+        m->blocks[l] = (model_block_t){.mixer = MODEL_MIXER_MLA,
+                                       .ffn = l < first_dense ? MODEL_FFN_DENSE : MODEL_FFN_MOE};
+    return BT_OK;
+}
+
 bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
                                  model_config_t *out)
 {
@@ -547,13 +685,25 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
             log_warn("%s: attention_bias/mlp_bias are ignored by %s (as transformers does)",
                      what, model_arch_name(m.arch));
         break;
+    case MODEL_ARCH_DEEPSEEK_V2:
+        if (attn_bias || mlp_bias) {
+            log_error("%s: %s=true is not supported for DeepseekV2ForCausalLM (baton's MLA and "
+                      "experts have no biases)", what, attn_bias ? "attention_bias" : "mlp_bias");
+            st = BT_ERR_UNSUPPORTED;
+            goto free_root;
+        }
+        if ((st = cfg_mla(&c, &m)) != BT_OK || (st = cfg_deepseek_moe(&c, &m)) != BT_OK)
+            goto free_root;
+        break;
     default:
         BT_PANIC("unhandled arch %d", (int)m.arch);
     }
     if ((m.arch == MODEL_ARCH_MIXTRAL || m.arch == MODEL_ARCH_QWEN2_MOE) &&
         (st = cfg_moe(&c, &m)) != BT_OK)
         goto free_root;
-    if ((st = cfg_rope(&c, m.max_position_embeddings, &m.attn.rope)) != BT_OK) goto free_root;
+    if ((st = cfg_rope(&c, m.arch, m.max_position_embeddings, &m.attn.rope)) != BT_OK)
+        goto free_root;
+    if (m.arch == MODEL_ARCH_DEEPSEEK_V2) m.mla.rope = m.attn.rope; /* MLA's, over qk_rope_head_dim */
     if ((st = cfg_sliding(&c, m.arch, m.num_layers, &m.attn.sliding_window)) != BT_OK)
         goto free_root;
     double drop = 0;
@@ -1088,6 +1238,42 @@ static json_t *hf_nemotron_h_json(const model_config_t *c)
     return j;
 }
 
+/* DeepSeek-V2's MLA and expert fields (the dense layers as
+ * first_k_dense_replace: the leading ones, as the reader requires). */
+static void hf_deepseek_json(json_t *j, const model_config_t *c)
+{
+    const model_mla_config_t *a = &c->mla;
+    const model_moe_config_t *e = &c->moe;
+    json_object_set_new(j, "q_lora_rank", a->q_lora_rank ? json_integer(a->q_lora_rank) : json_null());
+    json_object_set_new(j, "kv_lora_rank", json_integer(a->kv_lora_rank));
+    json_object_set_new(j, "qk_nope_head_dim", json_integer(a->qk_nope_dim));
+    json_object_set_new(j, "qk_rope_head_dim", json_integer(a->qk_rope_dim));
+    json_object_set_new(j, "v_head_dim", json_integer(a->v_head_dim));
+    json_object_set_new(j, "head_dim", json_integer(a->qk_rope_dim));
+    json_object_set_new(j, "attention_bias", json_false());
+    json_object_set_new(j, "mlp_bias", json_false());
+    int64_t first = 0;
+    while (first < c->num_layers && c->blocks[first].ffn != MODEL_FFN_MOE) first++;
+    json_object_set_new(j, "first_k_dense_replace", json_integer(first));
+    json_object_set_new(j, "moe_layer_freq", json_integer(1));
+    json_object_set_new(j, "n_routed_experts", json_integer(e->n_experts));
+    json_object_set_new(j, "num_experts_per_tok", json_integer(e->top_k));
+    json_object_set_new(j, "moe_intermediate_size", json_integer(e->expert_ffn));
+    json_object_set_new(j, "n_shared_experts",
+                        json_integer(e->expert_ffn > 0 ? e->shared_ffn / e->expert_ffn : 0));
+    json_object_set_new(j, "routed_scaling_factor",
+                        json_real(e->routed_scale > 0 ? e->routed_scale : 1.0));
+    json_object_set_new(j, "norm_topk_prob", json_false());
+    bool group = e->router == MODEL_ROUTER_SOFTMAX_GROUP_TOPK;
+    json_object_set_new(j, "topk_method", json_string(group ? "group_limited_greedy" : "greedy"));
+    json_object_set_new(j, "n_group", group ? json_integer(e->n_group) : json_null());
+    json_object_set_new(j, "topk_group", group ? json_integer(e->topk_group) : json_null());
+    if (e->capacity_factor > 0)
+        json_object_set_new(j, "capacity_factor", json_real(e->capacity_factor));
+    if (e->bias_rate > 0)
+        json_object_set_new(j, "router_bias_update_rate", json_real(e->bias_rate));
+}
+
 static json_t *hf_config_json(const model_config_t *c)
 {
     if (c->arch == MODEL_ARCH_NEMOTRON_H) return hf_nemotron_h_json(c);
@@ -1115,10 +1301,12 @@ static json_t *hf_config_json(const model_config_t *c)
                             c->attn.sliding_window ? json_integer(c->attn.sliding_window)
                                                    : json_null());
     if (c->arch == MODEL_ARCH_MIXTRAL || c->arch == MODEL_ARCH_QWEN2_MOE) hf_moe_json(j, c);
-    json_object_set_new(j, "rope_theta", json_real(c->attn.rope.theta));
+    if (c->arch == MODEL_ARCH_DEEPSEEK_V2) hf_deepseek_json(j, c);
+    const model_rope_t *rope = c->arch == MODEL_ARCH_DEEPSEEK_V2 ? &c->mla.rope : &c->attn.rope;
+    json_object_set_new(j, "rope_theta", json_real(rope->theta));
     json_t *rp = json_object();
-    json_object_set_new(rp, "rope_theta", json_real(c->attn.rope.theta));
-    switch (c->attn.rope.kind) {
+    json_object_set_new(rp, "rope_theta", json_real(rope->theta));
+    switch (rope->kind) {
     case MODEL_ROPE_DEFAULT:
         json_object_set_new(rp, "rope_type", json_string("default"));
         break;
@@ -1134,6 +1322,20 @@ static json_t *hf_config_json(const model_config_t *c)
         json_object_set_new(rp, "original_max_position_embeddings",
                             json_integer(c->attn.rope.original_max_position));
         break;
+    case MODEL_ROPE_YARN: /* unset values stay unset */
+        json_object_set_new(rp, "rope_type", json_string("yarn"));
+        json_object_set_new(rp, "factor", json_real(rope->factor));
+        json_object_set_new(rp, "original_max_position_embeddings",
+                            json_integer(rope->original_max_position));
+        json_object_set_new(rp, "beta_fast", json_real(rope->beta_fast));
+        json_object_set_new(rp, "beta_slow", json_real(rope->beta_slow));
+        if (rope->mscale != 0) json_object_set_new(rp, "mscale", json_real(rope->mscale));
+        if (rope->mscale_all_dim != 0)
+            json_object_set_new(rp, "mscale_all_dim", json_real(rope->mscale_all_dim));
+        if (rope->attention_factor > 0)
+            json_object_set_new(rp, "attention_factor", json_real(rope->attention_factor));
+        json_object_set_new(rp, "truncate", json_boolean(rope->truncate));
+        break;
     default:
         BT_PANIC("unhandled rope kind %d", (int)c->attn.rope.kind);
     }
@@ -1141,7 +1343,7 @@ static json_t *hf_config_json(const model_config_t *c)
      * rope_scaling (null means default there). */
     json_object_set(j, "rope_parameters", rp);
     json_object_set_new(j, "rope_scaling",
-                        c->attn.rope.kind == MODEL_ROPE_DEFAULT ? json_null() : json_incref(rp));
+                        rope->kind == MODEL_ROPE_DEFAULT ? json_null() : json_incref(rp));
     json_decref(rp);
     return j;
 }

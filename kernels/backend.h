@@ -140,6 +140,7 @@ struct kern_backend {
     void (*add)(kern_stream_t *s, tensor_t *out, ct_t *a, ct_t *b);
     void (*axpy)(kern_stream_t *s, tensor_t *y, float alpha, ct_t *x);
     void (*scale)(kern_stream_t *s, tensor_t *t, float f);
+    void (*copy_cols)(kern_stream_t *s, tensor_t *dst, ct_t *src, const kern_cols_t *c);
     double (*sumsq)(kern_stream_t *s, ct_t *t);            /* waits for the stream */
     int64_t (*count_nonfinite)(kern_stream_t *s, ct_t *t); /* waits for the stream */
 

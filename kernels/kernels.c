@@ -298,6 +298,26 @@ void kern_axpy(kern_stream_t *s, tensor_t *y, float alpha, const tensor_t *x)
     kern_compute(s, op, KERN_OP_ELEMENTWISE, y->dtype)->axpy(s, y, alpha, x);
 }
 
+void kern_copy_cols(kern_stream_t *s, tensor_t *dst, const tensor_t *src, const kern_cols_t *c)
+{
+    const char *op = "kern_copy_cols";
+    kern_req(s, op, "dst", dst);
+    kern_req(s, op, "src", src);
+    kern_req_dtype(op, "src", src, dst->dtype);
+    if (c->n < 1 || c->dstep < 1 || c->sstep < 1 || c->div < 1 || c->d0 < 0 || c->s0 < 0)
+        BT_PANIC("%s: bad columns (n %lld, steps %lld %lld, div %lld, starts %lld %lld)", op,
+                 (long long)c->n, (long long)c->dstep, (long long)c->sstep, (long long)c->div,
+                 (long long)c->d0, (long long)c->s0);
+    if (tensor_rows(dst) != tensor_rows(src) * c->div)
+        BT_PANIC("%s: dst %s has not %lld x the rows of src %s", op, kern_shape_str(dst).s,
+                 (long long)c->div, kern_shape_str(src).s);
+    if (c->d0 + (c->n - 1) * c->dstep >= tensor_cols(dst) ||
+        c->s0 + (c->n - 1) * c->sstep >= tensor_cols(src))
+        BT_PANIC("%s: columns past dst %s or src %s", op, kern_shape_str(dst).s,
+                 kern_shape_str(src).s);
+    kern_compute(s, op, KERN_OP_ELEMENTWISE, dst->dtype)->copy_cols(s, dst, src, c);
+}
+
 void kern_scale(kern_stream_t *s, tensor_t *t, float f)
 {
     kern_req(s, "kern_scale", "t", t);

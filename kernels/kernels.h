@@ -87,6 +87,19 @@ void kern_add(kern_stream_t *s, tensor_t *out, const tensor_t *a, const tensor_t
 /* y += alpha * x */
 void kern_axpy(kern_stream_t *s, tensor_t *y, float alpha, const tensor_t *x);
 void kern_scale(kern_stream_t *s, tensor_t *t, float f);
+/* Strided column copy between 2-D views (rows = all dimensions but the
+ * last, each row contiguous): for r < rows(dst) and j < n,
+ *   dst[r, d0 + j*dstep]  =  (acc ? dst[r, d0 + j*dstep] : 0) + src[r / div, s0 + j*sstep].
+ * rows(dst) == rows(src) * div. It splits and joins the parts of attention
+ * heads (MLA: the no-rope and rope dims of q and k, k and v out of one
+ * projection), repeats one row over div consecutive rows (MLA's rope key
+ * shared by every head) and moves interleaved pairs apart or back
+ * together (steps of 2). dst and src: the same dtype, no overlap. */
+typedef struct {
+    int64_t d0, dstep, s0, sstep, n, div;
+    bool    acc;
+} kern_cols_t;
+void kern_copy_cols(kern_stream_t *s, tensor_t *dst, const tensor_t *src, const kern_cols_t *c);
 /* sum of squares in double (for global-norm clipping). */
 double kern_sumsq(kern_stream_t *s, const tensor_t *t);
 /* number of non-finite elements (NaN/Inf check). */

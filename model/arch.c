@@ -32,6 +32,12 @@ static const model_arch_info_t model_archs[] = {
                                .final_norm = "backbone.norm_f.weight", .lm_head = "lm_head.weight",
                                .layer_prefix = "backbone.layers.%d", .mixer_norm = "norm",
                                .mixer_prefix = "mixer", .ffn_norm = "norm", .ffn_prefix = "mixer"},
+    /* DeepSeek-V2: MLA under self_attn (model/mla.c names its tensors), the
+     * routed experts under mlp with their shared experts (one MLP, no gate) */
+    [MODEL_ARCH_DEEPSEEK_V2] = {.hf_class = "DeepseekV2ForCausalLM", LLAMA_NAMES,
+                                .ffn_prefix = "mlp", .moe_router = "gate",
+                                .expert_proj = {"gate_proj", "up_proj", "down_proj"},
+                                .shared_expert = "shared_experts"},
 };
 _Static_assert(sizeof model_archs / sizeof model_archs[0] == MODEL_ARCH_COUNT,
                "one entry per architecture");

@@ -25,7 +25,8 @@ typedef struct {
     const char *moe_router;        /* "gate" */
     const char *expert_proj[3];    /* {"w1", "w3", "w2"} or {"gate_proj", "up_proj", "down_proj"} */
     const char *shared_expert;     /* "shared_expert" */
-    const char *shared_expert_gate; /* "shared_expert_gate" */
+    const char *shared_expert_gate; /* "shared_expert_gate"; NULL: the shared expert is added
+                                     * ungated (DeepSeek-V2's shared_experts) */
 } model_arch_info_t;
 
 const model_arch_info_t *model_arch_info(model_arch_t arch);

@@ -62,6 +62,8 @@ static bt_status_t attn_validate(const model_config_t *c, int tp)
               (long long)a->sliding_window);
     A_REQUIRE((unsigned)r->kind < MODEL_ROPE_COUNT, "model config: unknown rope kind %d",
               (int)r->kind);
+    A_REQUIRE(r->kind != MODEL_ROPE_YARN,
+              "model config: rope_type 'yarn' is implemented for DeepseekV2's MLA only");
     if (r->kind != MODEL_ROPE_NONE)
         A_REQUIRE(r->theta > 0, "model config: rope_theta=%g must be > 0", r->theta);
     if (r->kind != MODEL_ROPE_DEFAULT && r->kind != MODEL_ROPE_NONE)
@@ -261,29 +263,11 @@ static attn_views_t attn_views(const model_run_t *r, void *saved)
     return v;
 }
 
-/* decode cache: K then V, [T, Ckv] each (B = 1), after RoPE */
+/* decode cache: K then V, [T, Ckv] each (B = 1), after RoPE (model_kv_cache_append) */
 static double attn_cache_bytes(const model_t *m, int64_t T)
 {
     attn_dims_t d = attn_dims(m);
-    return 2 * model_align_d((double)T * (double)d.Ckv * (double)dtype_size(m->place.act_dtype));
-}
-
-/* Appends this batch's k, v (positions pos0 ..) to the cache and views the
- * cache's first pos0 + T positions as [1, Tk, Hkv, D]. */
-static void attn_cache_append(model_run_t *r, const attn_views_t *v, tensor_t *k4, tensor_t *v4)
-{
-    const model_t *m = r->m;
-    attn_dims_t d = attn_dims(m);
-    size_t es = dtype_size(m->place.act_dtype), row = (size_t)d.Ckv * es;
-    size_t vbase = model_align((size_t)r->T_cap * row);
-    int64_t Tk = r->pos0 + r->T;
-    tensor_t kd = model_act_view(m, r->cache, (size_t)r->pos0 * row, 2, (int64_t[]){r->T, d.Ckv});
-    tensor_t vd =
-        model_act_view(m, r->cache, vbase + (size_t)r->pos0 * row, 2, (int64_t[]){r->T, d.Ckv});
-    kern_copy(r->s, &kd, &v->k);
-    kern_copy(r->s, &vd, &v->v);
-    *k4 = model_act_view(m, r->cache, 0, 4, (int64_t[]){1, Tk, d.Hkv, d.D});
-    *v4 = model_act_view(m, r->cache, vbase, 4, (int64_t[]){1, Tk, d.Hkv, d.D});
+    return model_kv_cache_bytes(m, T, d.Ckv, d.Ckv);
 }
 
 /* ---- context parallelism (docs/PARALLEL.md) -------------------------------------
@@ -461,7 +445,7 @@ static bt_status_t attn_forward(model_run_t *r, const model_sub_t *sub, void *sa
     }
     if (r->cache) { /* decoding: attend over every cached position and these */
         tensor_t k4, v4;
-        attn_cache_append(r, &v, &k4, &v4);
+        model_kv_cache_append(r, &v.k, &v.v, d.Hkv, d.D, d.D, &k4, &v4);
         kern_attention_fwd(s, &v.att4, &v.lse, &v.q4, &k4, &v4, scale, true, r->pos0);
     } else if (m->par.cp_size > 1) {
         bt_status_t st = attn_cp_forward(r, &v, scale, sub->layer);

@@ -12,6 +12,7 @@ static const model_kind_t *const mixer_kinds[] = {
     [MODEL_MIXER_NONE] = NULL,
     [MODEL_MIXER_ATTENTION] = &model_kind_attention,
     [MODEL_MIXER_MAMBA2] = &model_kind_mamba2,
+    [MODEL_MIXER_MLA] = &model_kind_mla,
 };
 _Static_assert(sizeof mixer_kinds / sizeof mixer_kinds[0] == MODEL_MIXER_COUNT,
                "one entry per mixer kind");

@@ -32,6 +32,8 @@ typedef enum {
     MODEL_ARCH_MIXTRAL,   /* attention + routed experts in every layer */
     MODEL_ARCH_QWEN2_MOE, /* attention + routed experts with a shared expert, or a dense MLP */
     MODEL_ARCH_NEMOTRON_H, /* hybrid: each layer one Mamba2 mixer, attention or relu2 MLP */
+    MODEL_ARCH_DEEPSEEK_V2, /* MLA + first_k_dense_replace dense MLPs, then routed experts with
+                             * ungated shared experts */
     MODEL_ARCH_COUNT,
 } model_arch_t;
 
@@ -39,6 +41,7 @@ typedef enum {
     MODEL_MIXER_NONE = 0,
     MODEL_MIXER_ATTENTION, /* grouped-query attention with RoPE (model/attention.c) */
     MODEL_MIXER_MAMBA2,    /* the Mamba2 mixer: conv, selective SSD scan, gated norm (model/mamba.c) */
+    MODEL_MIXER_MLA,       /* multi-head latent attention, DeepSeek-V2 (model/mla.c) */
     MODEL_MIXER_COUNT,
 } model_mixer_kind_t;
 
@@ -59,6 +62,7 @@ typedef enum {
     MODEL_ROPE_LINEAR,      /* positions divided by factor */
     MODEL_ROPE_LLAMA3,      /* Llama 3.1 frequency-dependent scaling */
     MODEL_ROPE_NONE,        /* no positional rotation at all (NemotronH's attention) */
+    MODEL_ROPE_YARN,        /* YaRN as DeepSeek-V2 ships it (MLA only) */
     MODEL_ROPE_COUNT,
 } model_rope_kind_t;
 
@@ -68,7 +72,12 @@ typedef struct {
     double  factor;                /* linear, llama3 */
     double  low_freq_factor;       /* llama3 */
     double  high_freq_factor;      /* llama3 */
-    int64_t original_max_position; /* llama3: original_max_position_embeddings */
+    int64_t original_max_position; /* llama3, yarn: original_max_position_embeddings */
+    /* yarn: the ramp's rotation bounds (beta_fast, beta_slow), mscale and
+     * mscale_all_dim (0: unset), attention_factor (0: derived from them),
+     * truncate (the ramp's bounds rounded outwards) */
+    double  beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor;
+    bool    truncate;
 } model_rope_t;
 
 /* Grouped-query attention (MODEL_MIXER_ATTENTION). */
@@ -88,6 +97,22 @@ typedef enum {
     MODEL_MLP_RELU2,      /* plain: down(relu(up(x))^2), no gate_proj (NemotronH) */
     MODEL_MLP_ACT_COUNT,
 } model_mlp_act_t;
+
+/* Multi-head latent attention (MODEL_MIXER_MLA), as transformers'
+ * DeepseekV2Attention: per head a query and key of qk_nope + qk_rope dims
+ * (RoPE on the last qk_rope only, one rope key shared by every head) and a
+ * value of v_head_dim; the query straight from the input (q_lora_rank 0) or
+ * through a rank-q_lora_rank bottleneck with its RMSNorm, keys and values
+ * through the kv_lora_rank latent with its RMSNorm (model/mla.c). */
+typedef struct {
+    int64_t      num_heads;    /* H */
+    int64_t      q_lora_rank;  /* 0: q_proj (DeepSeek-V2-Lite); else q_a_proj, q_b_proj */
+    int64_t      kv_lora_rank; /* the latent's width */
+    int64_t      qk_nope_dim;  /* qk_nope_head_dim */
+    int64_t      qk_rope_dim;  /* qk_rope_head_dim (even) */
+    int64_t      v_head_dim;
+    model_rope_t rope;         /* over qk_rope_dim */
+} model_mla_config_t;
 
 /* Dense MLP (MODEL_FFN_DENSE). */
 typedef struct {
@@ -118,7 +143,12 @@ typedef struct {
 /* How a router picks a token's experts. */
 typedef enum {
     MODEL_ROUTER_SOFTMAX_TOPK = 0, /* softmax over every expert, the K most probable (Mixtral,
-                                    * Qwen2-MoE); their weights renormalised when norm_topk */
+                                    * Qwen2-MoE, DeepSeek-V2 greedy); their weights
+                                    * renormalised when norm_topk */
+    MODEL_ROUTER_SOFTMAX_GROUP_TOPK, /* DeepSeek-V2 group_limited_greedy: the experts in n_group
+                                      * consecutive groups, a group scored by its most probable
+                                      * expert; the K most probable experts of the topk_group
+                                      * best groups */
     MODEL_ROUTER_COUNT,
 } model_router_kind_t;
 
@@ -135,6 +165,8 @@ typedef struct {
                                      * 0: no shared expert */
     model_router_kind_t router;
     bool                norm_topk;  /* the K weights divided by their sum (norm_topk_prob) */
+    int64_t             n_group, topk_group; /* MODEL_ROUTER_SOFTMAX_GROUP_TOPK */
+    double              routed_scale; /* the K weights times this (routed_scaling_factor; 0: 1) */
     /* The router's load-balancing loss (Switch Transformer, as transformers
      * computes it) enters the loss with this coefficient: router_aux_loss_coef
      * when output_router_logits is set, else 0 (off). */
@@ -162,6 +194,7 @@ typedef struct {
     double              rms_norm_eps;
     bool                tie_word_embeddings;
     model_attn_config_t attn;
+    model_mla_config_t  mla; /* layers of MODEL_MIXER_MLA */
     model_mlp_config_t  mlp; /* dense layers (Qwen2-MoE: mlp_only_layers, decoder_sparse_step) */
     model_moe_config_t  moe; /* layers of routed experts */
     model_mamba_config_t mamba; /* Mamba2 mixers */

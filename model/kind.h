@@ -125,6 +125,7 @@ struct model_kind {
 };
 
 extern const model_kind_t model_kind_attention;
+extern const model_kind_t model_kind_mla;
 extern const model_kind_t model_kind_mlp;
 extern const model_kind_t model_kind_moe;
 extern const model_kind_t model_kind_mamba2;
@@ -153,6 +154,18 @@ bt_status_t model_tp_sum(model_t *m, tensor_t *t, const char *what, int layer);
 bt_status_t model_row_parallel_fwd(model_run_t *r, tensor_t *out, const tensor_t *x,
                                    const tensor_t *w, const tensor_t *bias, const char *what,
                                    int layer);
+
+/* The decode cache of an attention kind (model_kind_t.cache_bytes): K rows
+ * of k_row elements for T positions, then (64-byte aligned) V rows of v_row
+ * elements; K and V keep their own widths (MLA: H x (qk_nope + qk_rope) and
+ * H x v_head_dim). */
+double model_kv_cache_bytes(const model_t *m, int64_t T, int64_t k_row, int64_t v_row);
+/* Appends this batch's k [T, H*Dk] and v [T, H*Dv] (B = 1, positions pos0 ..
+ * pos0 + T - 1) to r->cache, laid out as model_kv_cache_bytes counts for
+ * r->T_cap positions, and views the first pos0 + T positions as k4 [1, Tk,
+ * H, Dk] and v4 [1, Tk, H, Dv]. */
+void model_kv_cache_append(model_run_t *r, const tensor_t *k, const tensor_t *v, int64_t H,
+                           int64_t Dk, int64_t Dv, tensor_t *k4, tensor_t *v4);
 
 /* Bytes rounded up so that carved views start on 64-byte boundaries. */
 static inline size_t model_align(size_t n) { return (n + 63) / 64 * 64; }

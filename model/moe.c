@@ -77,9 +77,9 @@ _Static_assert(X_SLOTS <= MODEL_SUB_SLOTS, "moe slots fit a sublayer");
 /* The config.json field of each sub-config value, by architecture. */
 static const char *moe_field(const model_config_t *c, int which)
 {
-    bool mixtral = c->arch == MODEL_ARCH_MIXTRAL;
+    bool mixtral = c->arch == MODEL_ARCH_MIXTRAL, deepseek = c->arch == MODEL_ARCH_DEEPSEEK_V2;
     switch (which) {
-    case 0: return mixtral ? "num_local_experts" : "num_experts";
+    case 0: return mixtral ? "num_local_experts" : deepseek ? "n_routed_experts" : "num_experts";
     case 1: return mixtral ? "intermediate_size" : "moe_intermediate_size";
     default: return "?";
     }
@@ -111,8 +111,31 @@ static bt_status_t moe_validate(const model_config_t *c, int tp)
               (long long)e->n_experts, moe_field(c, 1), (long long)e->expert_ffn,
               MODEL_MAX_FFN * 4);
     X_REQUIRE(e->shared_ffn >= 0 && e->shared_ffn <= MODEL_MAX_FFN,
-              "model config: shared_expert_intermediate_size=%lld must be in [0, %d]",
+              "model config: %s=%lld must be in [0, %d]",
+              c->arch == MODEL_ARCH_DEEPSEEK_V2 ? "n_shared_experts x moe_intermediate_size"
+                                                 : "shared_expert_intermediate_size",
               (long long)e->shared_ffn, MODEL_MAX_FFN);
+    X_REQUIRE(isfinite(e->routed_scale) && e->routed_scale >= 0,
+              "model config: routed_scaling_factor=%g must be a finite number > 0",
+              e->routed_scale);
+    if (e->router == MODEL_ROUTER_SOFTMAX_GROUP_TOPK) {
+        X_REQUIRE(e->n_group >= 1 && e->n_experts % e->n_group == 0,
+                  "model config: n_group=%lld must divide %s=%lld (topk_method "
+                  "group_limited_greedy)", (long long)e->n_group, moe_field(c, 0),
+                  (long long)e->n_experts);
+        X_REQUIRE(e->topk_group >= 1 && e->topk_group <= e->n_group,
+                  "model config: topk_group=%lld must be in [1, n_group=%lld]",
+                  (long long)e->topk_group, (long long)e->n_group);
+        X_REQUIRE(e->top_k <= e->topk_group * (e->n_experts / e->n_group),
+                  "model config: num_experts_per_tok=%lld exceeds the %lld experts of topk_group="
+                  "%lld groups", (long long)e->top_k,
+                  (long long)(e->topk_group * (e->n_experts / e->n_group)),
+                  (long long)e->topk_group);
+        X_REQUIRE(e->bias_rate == 0,
+                  "model config: router_bias_update_rate=%g with topk_method "
+                  "group_limited_greedy is not supported (the selection bias applies to greedy "
+                  "top-k only)", e->bias_rate);
+    }
     X_REQUIRE((unsigned)e->router < MODEL_ROUTER_COUNT,
               "model config: unknown router type %d (known: softmax top-k)", (int)e->router);
     X_REQUIRE(isfinite(e->aux_loss_coef) && e->aux_loss_coef >= 0,
@@ -161,7 +184,8 @@ static void moe_layout(model_layout_t *lb, const model_config_t *c, const char *
         ADD(X_SGATE, 2, ((int64_t[]){Fs, C}), "%s.%s.gate_proj.weight", prefix, a->shared_expert);
         ADD(X_SUP, 2, ((int64_t[]){Fs, C}), "%s.%s.up_proj.weight", prefix, a->shared_expert);
         ADD(X_SDOWN, 2, ((int64_t[]){C, Fs}), "%s.%s.down_proj.weight", prefix, a->shared_expert);
-        ADD(X_SHGATE, 2, ((int64_t[]){1, C}), "%s.%s.weight", prefix, a->shared_expert_gate);
+        if (a->shared_expert_gate)
+            ADD(X_SHGATE, 2, ((int64_t[]){1, C}), "%s.%s.weight", prefix, a->shared_expert_gate);
     }
 #undef ADD
 }
@@ -703,6 +727,74 @@ static int64_t chunks_blocks(const model_t *m, chunk_t *c, int q)
     return R;
 }
 
+/* routed_scaling_factor (0 in a config built by hand: 1) */
+static float moe_routed_scale(const model_moe_config_t *e)
+{
+    return e->routed_scale > 0 ? (float)e->routed_scale : 1.0f;
+}
+
+/* DeepSeek-V2's group_limited_greedy, over the probabilities the route
+ * kernel wrote (transformers' order of operations): each group of E/G
+ * consecutive experts scored by its most probable one, the topk_group best
+ * groups kept, the K most probable experts among theirs chosen (the most
+ * probable first, ties the lower index), their probabilities the weights
+ * (divided by their sum when norm_topk). On the host: the rows' N x E
+ * probabilities come back, the choices go out. */
+static bt_status_t group_reselect(model_t *m, tensor_t *weights, tensor_t *experts,
+                                  const tensor_t *probs)
+{
+    const model_moe_config_t *e = &m->cfg.moe;
+    int64_t N = probs->shape[0], E = e->n_experts, K = e->top_k, G = e->n_group;
+    int64_t per = E / G, TG = e->topk_group;
+    float *p = malloc((size_t)(N * E) * sizeof *p), *w = malloc((size_t)(N * K) * sizeof *w);
+    float *gs = malloc((size_t)G * sizeof *gs);
+    int32_t *x = malloc((size_t)(N * K) * sizeof *x);
+    bool *keep = malloc((size_t)(G + E) * sizeof *keep);
+    bt_status_t st = BT_ERR_NOMEM;
+    if (!p || !w || !gs || !x || !keep) goto out;
+    kern_download(m->stream, p, probs);
+    if ((st = kern_stream_sync(m->stream)) != BT_OK) goto out;
+    for (int64_t n = 0; n < N; n++) {
+        const float *pn = p + n * E;
+        bool *gk = keep, *ek = keep + G;
+        for (int64_t g = 0; g < G; g++) {
+            gs[g] = pn[g * per];
+            for (int64_t i = 1; i < per; i++)
+                if (pn[g * per + i] > gs[g]) gs[g] = pn[g * per + i];
+            gk[g] = false;
+        }
+        for (int64_t t = 0; t < TG; t++) {
+            int64_t best = -1;
+            for (int64_t g = 0; g < G; g++)
+                if (!gk[g] && (best < 0 || gs[g] > gs[best])) best = g;
+            gk[best] = true;
+        }
+        for (int64_t i = 0; i < E; i++) ek[i] = false;
+        double sum = 0;
+        for (int64_t k = 0; k < K; k++) {
+            int64_t best = -1;
+            for (int64_t i = 0; i < E; i++)
+                if (gk[i / per] && !ek[i] && (best < 0 || pn[i] > pn[best])) best = i;
+            ek[best] = true;
+            x[n * K + k] = (int32_t)best;
+            w[n * K + k] = pn[best];
+            sum += pn[best];
+        }
+        if (e->norm_topk)
+            for (int64_t k = 0; k < K; k++) w[n * K + k] = (float)(w[n * K + k] / sum);
+    }
+    kern_upload(m->stream, experts, x);
+    kern_upload(m->stream, weights, w);
+    st = kern_stream_sync(m->stream);
+out:
+    free(p);
+    free(w);
+    free(gs);
+    free(x);
+    free(keep);
+    return st;
+}
+
 static void experts_fwd(model_run_t *r, const model_sub_t *sub, const blocks_t *b,
                         const tensor_t *x, tensor_t *g, tensor_t *u, tensor_t *h, tensor_t *y)
 {
@@ -791,6 +883,10 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         tensor_t bias = model_moe_load_view(m, li, 2);
         kern_moe_route_reselect(s, &v[R_WEIGHTS], &v[R_EXPERTS], &v[R_PROBS], &bias, e->norm_topk);
     }
+    if (e->router == MODEL_ROUTER_SOFTMAX_GROUP_TOPK &&
+        (st = group_reselect(m, &v[R_WEIGHTS], &v[R_EXPERTS], &v[R_PROBS])) != BT_OK)
+        return st;
+    if (moe_routed_scale(e) != 1.0f) kern_scale(s, &v[R_WEIGHTS], moe_routed_scale(e));
     if (e->aux_loss_coef > 0) {
         tensor_t sh[SH_COUNT];
         shared_views(m, r->shared, sh);
@@ -879,9 +975,13 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         kern_linear_fwd(s, &v[R_SU], ln, model_sub_param(m, sub, X_SUP), NULL);
         kern_swiglu_fwd(s, &v[R_SH], &v[R_SG], &v[R_SU]);
         kern_linear_fwd(s, &v[R_SO], &v[R_SH], model_sub_param(m, sub, X_SDOWN), NULL);
-        kern_linear_fwd(s, &v[R_SGL], ln, model_sub_param(m, sub, X_SHGATE), NULL);
-        kern_sigmoid_gate_fwd(s, &sc[S_TMP], &v[R_SGL], &v[R_SO]);
-        kern_add(s, y, y, &sc[S_TMP]);
+        if (model_sub_param(m, sub, X_SHGATE)) { /* Qwen2-MoE: sigmoid-gated */
+            kern_linear_fwd(s, &v[R_SGL], ln, model_sub_param(m, sub, X_SHGATE), NULL);
+            kern_sigmoid_gate_fwd(s, &sc[S_TMP], &v[R_SGL], &v[R_SO]);
+            kern_add(s, y, y, &sc[S_TMP]);
+        } else { /* DeepSeek-V2: added as it is */
+            kern_add(s, y, y, &v[R_SO]);
+        }
     }
     return BT_OK;
 drain:
@@ -905,12 +1005,15 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
     scratch_views(r, d);
     kern_zero(s, dln);
     if (e->shared_ffn > 0) {
-        kern_zero(s, &d[S_DSO]);
-        kern_zero(s, &d[S_DSGL]);
-        kern_sigmoid_gate_bwd(s, &d[S_DSO], &d[S_DSGL], dy, &v[R_SGL], &v[R_SO]);
+        bool gated = model_sub_param(m, sub, X_SHGATE) != NULL;
+        if (gated) {
+            kern_zero(s, &d[S_DSO]);
+            kern_zero(s, &d[S_DSGL]);
+            kern_sigmoid_gate_bwd(s, &d[S_DSO], &d[S_DSGL], dy, &v[R_SGL], &v[R_SO]);
+        }
         kern_zero(s, &d[S_DSH]);
-        kern_linear_bwd(s, &d[S_DSH], model_sub_grad(m, sub, X_SDOWN), NULL, &d[S_DSO], &v[R_SH],
-                        model_sub_param(m, sub, X_SDOWN));
+        kern_linear_bwd(s, &d[S_DSH], model_sub_grad(m, sub, X_SDOWN), NULL,
+                        gated ? &d[S_DSO] : dy, &v[R_SH], model_sub_param(m, sub, X_SDOWN));
         kern_zero(s, &d[S_DSG]);
         kern_zero(s, &d[S_DSU]);
         kern_swiglu_bwd(s, &d[S_DSG], &d[S_DSU], &d[S_DSH], &v[R_SG], &v[R_SU]);
@@ -918,8 +1021,9 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
                         model_sub_param(m, sub, X_SGATE));
         kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_SUP), NULL, &d[S_DSU], ln,
                         model_sub_param(m, sub, X_SUP));
-        kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_SHGATE), NULL, &d[S_DSGL], ln,
-                        model_sub_param(m, sub, X_SHGATE));
+        if (gated)
+            kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_SHGATE), NULL, &d[S_DSGL], ln,
+                            model_sub_param(m, sub, X_SHGATE));
     }
     /* combine, on this rank's rows, chunk by chunk as the forward dispatched them */
     int64_t n0, n;
@@ -989,6 +1093,7 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
     /* the router: its weights' gradient and the load-balancing loss's */
     tensor_t sh[SH_COUNT];
     if (e->aux_loss_coef > 0) shared_views(m, r->shared, sh);
+    if (moe_routed_scale(e) != 1.0f) kern_scale(s, &d[S_DW], moe_routed_scale(e));
     kern_zero(s, &d[S_DLOGITS]);
     kern_moe_route_bwd(s, &d[S_DLOGITS], &d[S_DW], e->aux_loss_coef > 0 ? &sh[SH_GRAD] : NULL,
                        &v[R_PROBS], &v[R_EXPERTS], e->norm_topk);
@@ -1009,7 +1114,9 @@ static void moe_flops(const model_config_t *c, int64_t T, model_flops_t *f)
     const model_moe_config_t *e = &c->moe;
     double C = (double)c->hidden_size;
     f->matmul_params += C * (double)e->n_experts + (double)e->top_k * 3.0 * C * (double)e->expert_ffn;
-    if (e->shared_ffn > 0) f->matmul_params += 3.0 * C * (double)e->shared_ffn + C;
+    if (e->shared_ffn > 0)
+        f->matmul_params += 3.0 * C * (double)e->shared_ffn +
+                            (model_arch_info(c->arch)->shared_expert_gate ? C : 0);
 }
 
 static const kern_op_t moe_ops[] = {KERN_OP_LINEAR,      KERN_OP_SWIGLU,         KERN_OP_MATMUL,

@@ -179,6 +179,8 @@ static void test_hf_qwen2_moe_norm(void) { fixture_check("qwen2_moe_norm"); }
  * without RoPE and relu2 MLPs, one block per layer */
 static void test_hf_nemotronh(void) { fixture_check("nemotronh"); }
 static void test_hf_nemotronh_bias(void) { fixture_check("nemotronh_bias"); }
+static void test_hf_deepseek_v2_lite(void) { fixture_check("deepseek_v2_lite"); }
+static void test_hf_deepseek_v2(void) { fixture_check("deepseek_v2"); }
 
 /* All sequences in one right-padded batch give the same loss and grads. */
 static void test_hf_padded_batch(void)
@@ -332,6 +334,6 @@ int main(int argc, char **argv)
     TEST_RUN(argc, argv, test_hf_llama, test_hf_llama_tied_llama3, test_hf_mistral, test_hf_qwen2,
              test_hf_llama_f16, test_hf_qwen2_bf16, test_hf_llama_sharded, test_hf_mixtral,
              test_hf_qwen2_moe, test_hf_qwen2_moe_norm, test_hf_nemotronh, test_hf_nemotronh_bias,
-             test_hf_padded_batch,
+             test_hf_deepseek_v2_lite, test_hf_deepseek_v2, test_hf_padded_batch,
              test_hf_stages, test_hf_stages_tied);
 }

@@ -8,7 +8,8 @@
  * Also: import reads exactly the HF slices, random init gives the slices
  * of the unsharded init, replicated gradients are bit-identical across the
  * group and counted once, pipeline stages under TP, errors naming the
- * field, and a dead TP peer failing the step instead of hanging it. */
+ * field, and a dead TP peer failing the step instead of hanging it. The
+ * DeepSeek-V2 fixtures (MLA, routed and shared experts) at TP=2 and TP=4. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -154,12 +155,29 @@ static int tp_replicated_identical(const tp_case_t *tc, coll_comm_t *c, const mo
     return fails;
 }
 
+/* Routed experts under TP without EP: each TP rank runs the experts on its
+ * share of the rows, so its expert gradients are partial; the training
+ * driver sums them over the expert-data-parallel group, which holds the TP
+ * ranks (train/dist_optim.c). The same sum here, before any comparison. */
+static bool tp_experts_sum(coll_comm_t *c, model_t *m)
+{
+    for (int i = 0; i < m->n_params; i++)
+        if (MODEL_PARAM_IS_EXPERT(&m->params[i].spec) &&
+            coll_all_reduce(c, m->grads[i].t.data, (size_t)tensor_numel(&m->grads[i].t), DT_F32,
+                            COLL_SUM) != BT_OK)
+            return false;
+    return true;
+}
+
 /* The whole check for one rank: full model, then (optionally) two stages. */
 static int tp_body_equivalence(coll_comm_t *c, void *arg)
 {
     const tp_case_t *tc = arg;
     int fails = 0;
-    model_parallel_t par = {.tp_rank = c->rank, .tp_size = c->size, .tp_comm = c};
+    /* edp_rank: the TP ranks are the experts' data-parallel group (one
+     * stores and counts them) */
+    model_parallel_t par = {.tp_rank = c->rank, .tp_size = c->size, .tp_comm = c,
+                            .edp_rank = c->rank};
     model_t *ref = NULL, *m = NULL, *full = NULL;
     model_acts_t *ra = NULL, *a = NULL;
     float *logits_ref = NULL, *logits = NULL;
@@ -202,6 +220,7 @@ static int tp_body_equivalence(coll_comm_t *c, void *arg)
     if (le > g_worst_loss[c->rank]) g_worst_loss[c->rank] = le;
     RANK_CHECK(le <= LOSS_RTOL && lt.n_scored == lr.n_scored, "loss %.9g vs %.9g (rel %.3g)",
                lt.loss_sum, lr.loss_sum, le);
+    RANK_CHECK(tp_experts_sum(c, m), "expert gradient sum failed");
     fails += tp_grads_compare(tc, c, m, ref, full, NULL, &g_worst_grad[c->rank]);
     fails += tp_replicated_identical(tc, c, m);
 
@@ -249,7 +268,8 @@ static int tp_body_equivalence(coll_comm_t *c, void *arg)
              model_stage_forward_io(m0, a0, &mb, NULL, dloss, x, NULL) == BT_OK &&
              model_stage_forward_io(m1, a1, &mb, x, dloss, NULL, &ls) == BT_OK &&
              model_stage_backward_io(m1, a1, NULL, dx) == BT_OK &&
-             model_stage_backward_io(m0, a0, dx, NULL) == BT_OK;
+             model_stage_backward_io(m0, a0, dx, NULL) == BT_OK &&
+             tp_experts_sum(c, m0) && tp_experts_sum(c, m1);
         RANK_CHECK(ok, "staged run failed");
         if (ok) {
             double se = fabs(ls.loss_sum - lr.loss_sum) / fabs(lr.loss_sum);
@@ -416,6 +436,13 @@ static void test_tp_qwen2_bias(void) { tp_equivalence("qwen2", FIX "qwen2", 2, t
 static void test_tp_qwen2_tied(void) { tp_equivalence("qwen2_bf16", FIX "qwen2_bf16", 2, true); }
 static void test_tp_mistral(void) { tp_equivalence("mistral", FIX "mistral", 2, false); }
 static void test_tp4_llama_mha(void) { tp_equivalence("llama_f16", FIX "llama_f16", 4, true); }
+/* MLA by heads (q_proj / kv_b_proj by heads, the latent path replicated),
+ * with DeepSeek-V2's experts */
+static void test_tp_deepseek_v2_lite(void)
+{
+    tp_equivalence("deepseek_v2_lite", FIX "deepseek_v2_lite", 2, true);
+}
+static void test_tp4_deepseek_v2(void) { tp_equivalence("deepseek_v2", FIX "deepseek_v2", 4, true); }
 
 static void test_tp3_uneven_vocab(void)
 {
@@ -621,6 +648,7 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_tp_slices_and_metadata, test_tp_errors, test_tp_llama_gqa,
              test_tp_llama_sharded_index, test_tp_qwen2_bias, test_tp_qwen2_tied,
-             test_tp_mistral, test_tp4_llama_mha, test_tp3_uneven_vocab,
+             test_tp_mistral, test_tp4_llama_mha, test_tp_deepseek_v2_lite,
+             test_tp4_deepseek_v2, test_tp3_uneven_vocab,
              test_tp2_tied_all_biases_uneven_vocab, test_tp_dead_peer);
 }

@@ -253,6 +253,19 @@ static void cpu_op_scale(kern_stream_t *s, tensor_t *t, float f)
     cpu_scale(t->data, f, tensor_numel(t));
 }
 
+static void cpu_op_copy_cols(kern_stream_t *s, tensor_t *dst, ct_t *src, const kern_cols_t *c)
+{
+    int64_t rows = tensor_rows(dst), dc = tensor_cols(dst), sc = tensor_cols(src);
+    float *d = dst->data;
+    const float *x = src->data;
+    for (int64_t r = 0; r < rows; r++) {
+        float *dr = d + r * dc + c->d0;
+        const float *xr = x + (r / c->div) * sc + c->s0;
+        for (int64_t j = 0; j < c->n; j++)
+            dr[j * c->dstep] = c->acc ? dr[j * c->dstep] + xr[j * c->sstep] : xr[j * c->sstep];
+    }
+}
+
 static double cpu_op_sumsq(kern_stream_t *s, ct_t *t)
 {
     return cpu_sumsq(t->data, t->dtype, tensor_numel(t));
@@ -620,6 +633,7 @@ const kern_backend_t kern_cpu_backend = {
     .add = cpu_op_add,
     .axpy = cpu_op_axpy,
     .scale = cpu_op_scale,
+    .copy_cols = cpu_op_copy_cols,
     .sumsq = cpu_op_sumsq,
     .count_nonfinite = cpu_op_count_nonfinite,
     .embedding_fwd = cpu_op_embedding_fwd,

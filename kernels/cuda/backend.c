@@ -624,6 +624,16 @@ static void cuda_op_scale(kern_stream_t *s, tensor_t *t, float f)
         cs_check(cs, "kern_scale", cuda_scale(cs->st, t->data, f, t->dtype, tensor_numel(t)));
 }
 
+static void cuda_op_copy_cols(kern_stream_t *s, tensor_t *dst, ct_t *src, const kern_cols_t *c)
+{
+    cuda_stream_t *cs = cs_of(s);
+    if (cs_enter(cs, "kern_copy_cols"))
+        cs_check(cs, "kern_copy_cols",
+                 cuda_copy_cols(cs->st, dst->data, src->data, dst->dtype, tensor_rows(dst),
+                                tensor_cols(dst), tensor_cols(src), c->d0, c->dstep, c->s0,
+                                c->sstep, c->n, c->div, c->acc));
+}
+
 /* Queues a reduction into the mapped block and waits for it. */
 static bool cs_reduce(cuda_stream_t *cs, const char *op, ct_t *t, bool count)
 {
@@ -1290,6 +1300,7 @@ const kern_backend_t kern_cuda_backend = {
     .add = cuda_op_add,
     .axpy = cuda_op_axpy,
     .scale = cuda_op_scale,
+    .copy_cols = cuda_op_copy_cols,
     .sumsq = cuda_op_sumsq,
     .count_nonfinite = cuda_op_count_nonfinite,
     .embedding_fwd = cuda_op_embedding_fwd,

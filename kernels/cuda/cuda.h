@@ -48,6 +48,9 @@ cudaError_t cuda_convert(cudaStream_t st, void *dst, dtype_t dst_dt, const void 
 /* out = a + b; y += alpha x; p *= f (dt f32 or bf16, fp32 math) */
 cudaError_t cuda_add(cudaStream_t st, void *out, const void *a, const void *b, dtype_t dt,
                      int64_t n);
+cudaError_t cuda_copy_cols(cudaStream_t st, void *dst, const void *src, dtype_t dt, int64_t rows,
+                           int64_t dcols, int64_t scols, int64_t d0, int64_t dstep, int64_t s0,
+                           int64_t sstep, int64_t n, int64_t div, bool acc);
 cudaError_t cuda_axpy(cudaStream_t st, void *y, float alpha, const void *x, dtype_t dt, int64_t n);
 cudaError_t cuda_scale(cudaStream_t st, void *p, float f, dtype_t dt, int64_t n);
 

@@ -133,6 +133,34 @@ extern "C" cudaError_t cuda_axpy(cudaStream_t st, void *y, float alpha, const vo
     return e;
 }
 
+/* kern_copy_cols: one thread per (row, column) of the copy */
+template <class T>
+__global__ void k_copy_cols(T *dst, const T *src, int64_t rows, int64_t dcols, int64_t scols,
+                            int64_t d0, int64_t dstep, int64_t s0, int64_t sstep, int64_t n,
+                            int64_t div, bool acc)
+{
+    GS_LOOP(i, rows * n)
+    {
+        int64_t r = i / n, j = i % n;
+        int64_t di = r * dcols + d0 + j * dstep;
+        float x = cu_ld(src, (r / div) * scols + s0 + j * sstep);
+        cu_st(dst, di, acc ? cu_ld(dst, di) + x : x);
+    }
+}
+
+extern "C" cudaError_t cuda_copy_cols(cudaStream_t st, void *dst, const void *src, dtype_t dt,
+                                      int64_t rows, int64_t dcols, int64_t scols, int64_t d0,
+                                      int64_t dstep, int64_t s0, int64_t sstep, int64_t n,
+                                      int64_t div, bool acc)
+{
+    if (rows * n > 0)
+        CU_DISPATCH_FT(dt, T,
+                       k_copy_cols<T><<<cu_blocks(rows * n, 256), 256, 0, st>>>(
+                           (T *)dst, (const T *)src, rows, dcols, scols, d0, dstep, s0, sstep, n,
+                           div, acc));
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t cuda_scale(cudaStream_t st, void *p, float f, dtype_t dt, int64_t n)
 {
     cudaError_t e;

@@ -187,6 +187,10 @@ static void f_axpy(kern_stream_t *s, tensor_t *y, float alpha, ct_t *x)
     FENCED(cpu->axpy(s, y, alpha, x));
 }
 static void f_scale(kern_stream_t *s, tensor_t *t, float f) { FENCED(cpu->scale(s, t, f)); }
+static void f_copy_cols(kern_stream_t *s, tensor_t *dst, ct_t *src, const kern_cols_t *c)
+{
+    FENCED(cpu->copy_cols(s, dst, src, c));
+}
 static double f_sumsq(kern_stream_t *s, ct_t *t)
 {
     double r;
@@ -421,6 +425,7 @@ const kern_backend_t kern_fenced_backend = {
     .add = f_add,
     .axpy = f_axpy,
     .scale = f_scale,
+    .copy_cols = f_copy_cols,
     .sumsq = f_sumsq,
     .count_nonfinite = f_count_nonfinite,
     .embedding_fwd = f_embedding_fwd,
