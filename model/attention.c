@@ -11,7 +11,6 @@
 #include "model/kind.h"
 
 #include "base/log.h"
-#include "model/cp_attn.h"
 #include "model/cp_xchg.h"
 
 #include <math.h>
@@ -140,27 +139,14 @@ static double attn_saved_bytes(const model_t *m, int64_t B, int64_t T)
            model_align_d((double)B * (double)d.Hq * (double)T * 4);
 }
 
-/* Context parallelism's part of the scratch, after the rest: all-gather
- * mode K and V in rank order and in sequence order, dK and dV in sequence
- * order ([cp*N, Ckv] each); ring mode the partial result of one block
- * ([N/2B, Cq] and its lse), the incoming K and V blocks (two each), and
- * three sets of dK, dV block accumulators ([N, Ckv] each). */
-static double attn_cp_scratch(const model_t *m, double N, double es, const attn_dims_t *d)
-{
-    int cp = m->par.cp_size;
-    if (cp <= 1) return 0;
-    double kv = model_align_d(N * (double)d->Ckv * es);
-    if (!m->par.cp_ring) return 6 * model_align_d((double)cp * N * (double)d->Ckv * es);
-    return model_align_d(N * (double)d->Cq * es) + model_align_d(N * (double)d->Hq * 4) + 10 * kv;
-}
-
-/* scratch: datt dq dqr [N,Cq], dk dkr dv [N,Ckv], then attn_cp_scratch */
+/* scratch: datt dq dqr [N,Cq], dk dkr dv [N,Ckv], then context parallelism's
+ * (model/cp_xchg.h) */
 static double attn_scratch_bytes(const model_t *m, int64_t B, int64_t T)
 {
     attn_dims_t d = attn_dims(m);
     double N = (double)B * (double)T, es = (double)dtype_size(m->place.act_dtype);
     return 3 * model_align_d(N * (double)d.Cq * es) + 3 * model_align_d(N * (double)d.Ckv * es) +
-           attn_cp_scratch(m, N, es, &d);
+           model_cp_attn_scratch_bytes(m, B, T, d.Hq, d.Hkv, d.D, d.D);
 }
 
 /* shared: the RoPE tables cos, sin [T, D/2] f32 for positions 0..T-1 */
@@ -270,160 +256,13 @@ static double attn_cache_bytes(const model_t *m, int64_t T)
     return model_kv_cache_bytes(m, T, d.Ckv, d.Ckv);
 }
 
-/* ---- context parallelism (docs/PARALLEL.md) -------------------------------------
- * The local q, k, v are this CP rank's two chunks ([B, 2L, ..], positions
- * already those of the chunks). All-gather mode: K and V gathered over the
- * CP group in sequence order, each chunk against its key prefix; backward
- * gathers them again and reduce-scatters dK and dV. Ring mode: cp steps,
- * each attending the K/V block in hand while the next travels (CP rank + 1
- * gets ours, we get rank - 1's); backward walks the blocks again with the
- * dK/dV of each block travelling with it back to its owner. K and V (and
- * dK, dV) are separate tensors and exchanges throughout. */
-
-/* The CP region of the scratch (after the non-CP backward's part). */
+/* Context parallelism (docs/PARALLEL.md, model/cp_xchg.h): its scratch,
+ * after the non-CP backward's part. */
 static char *attn_cp_base(const model_run_t *r, const attn_dims_t *d)
 {
     size_t es = dtype_size(r->m->place.act_dtype);
     size_t bq = model_align((size_t)(r->N * d->Cq) * es), bkv = model_align((size_t)(r->N * d->Ckv) * es);
     return (char *)r->scratch + 3 * bq + 3 * bkv;
-}
-
-/* All-gather mode's [B, T*cp, Hkv, D] sequence-order view number i (0 K,
- * 1 V, 2 dK, 3 dV) and rank-order view number i (0 K, 1 V). */
-static tensor_t attn_cp_seq(const model_run_t *r, const attn_dims_t *d, int i)
-{
-    int cp = r->m->par.cp_size;
-    size_t one = model_align((size_t)(cp * r->N * d->Ckv) * dtype_size(r->m->place.act_dtype));
-    return model_act_view(r->m, attn_cp_base(r, d), (size_t)(2 + i) * one, 4,
-                          (int64_t[]){r->B, r->T * cp, d->Hkv, d->D});
-}
-
-static tensor_t attn_cp_ranks(const model_run_t *r, const attn_dims_t *d, int i)
-{
-    int cp = r->m->par.cp_size;
-    size_t one = model_align((size_t)(cp * r->N * d->Ckv) * dtype_size(r->m->place.act_dtype));
-    return model_act_view(r->m, attn_cp_base(r, d), (size_t)i * one, 4,
-                          (int64_t[]){cp * r->B, r->T, d->Hkv, d->D});
-}
-
-/* Ring mode's views: the partial out [1, L, Hq, D] and lse [1, Hq, L], and
- * [B, 2L, Hkv, D] block buffer j of 10 (0-3: incoming K, V of two steps;
- * 4-7: dK, dV accumulators of two steps; 8-9: dK, dV arriving). */
-static void attn_cp_ring_views(const model_run_t *r, const attn_dims_t *d, tensor_t *part_out,
-                               tensor_t *part_lse, tensor_t *blk)
-{
-    const model_t *m = r->m;
-    size_t es = dtype_size(m->place.act_dtype);
-    int64_t L = r->T / 2;
-    char *base = attn_cp_base(r, d);
-    size_t po = model_align((size_t)(r->N * d->Cq) * es), pl = model_align((size_t)(r->N * d->Hq) * 4);
-    size_t kv = model_align((size_t)(r->N * d->Ckv) * es);
-    *part_out = model_act_view(m, base, 0, 4, (int64_t[]){1, L, d->Hq, d->D});
-    *part_lse = tensor_make(base + po, DT_F32, m->place.dev, 3, (int64_t[]){1, d->Hq, L});
-    for (int j = 0; j < 10; j++)
-        blk[j] = model_act_view(m, base, po + pl + (size_t)j * kv, 4,
-                                (int64_t[]){r->B, r->T, d->Hkv, d->D});
-}
-
-static bt_status_t attn_cp_forward(model_run_t *r, attn_views_t *v, float scale, int layer)
-{
-    model_t *m = r->m;
-    attn_dims_t d = attn_dims(m);
-    int cp = m->par.cp_size, me = m->par.cp_rank;
-    bt_status_t st;
-    if (!m->par.cp_ring) {
-        tensor_t ks = attn_cp_seq(r, &d, 0), vs = attn_cp_seq(r, &d, 1);
-        tensor_t kr = attn_cp_ranks(r, &d, 0), vr = attn_cp_ranks(r, &d, 1);
-        if ((st = model_cp_gather(m, &ks, &kr, &v->k4, "K", layer)) ||
-            (st = model_cp_gather(m, &vs, &vr, &v->v4, "V", layer)))
-            return st;
-        cp_attn_fwd(r->s, &v->att4, &v->lse, &v->q4, &ks, &vs, scale, cp, me);
-        return BT_OK;
-    }
-    tensor_t po, pl, blk[10];
-    attn_cp_ring_views(r, &d, &po, &pl, blk);
-    tensor_t *ck = &v->k4, *cv = &v->v4;
-    for (int i = 0, src = me; i < cp; i++, src = (src + cp - 1) % cp) {
-        model_cp_ring_t x;
-        tensor_t *rk = &blk[2 * (i % 2)], *rv = &blk[2 * (i % 2) + 1];
-        if (i + 1 < cp &&
-            (st = model_cp_ring_start(m, &x, 2, (tensor_t *[]){rk, rv},
-                                      (const tensor_t *[]){ck, cv}, "the K/V block", layer)))
-            return st;
-        /* the block in hand while the next one travels */
-        cp_attn_ring_fwd(r->s, &v->att4, &v->lse, &po, &pl, &v->q4, ck, cv, scale, cp, me, src);
-        if (i + 1 < cp) {
-            if ((st = model_cp_ring_wait(m, &x, "the K/V block", layer))) return st;
-            ck = rk;
-            cv = rv;
-        }
-    }
-    return BT_OK;
-}
-
-/* dq4 overwritten; dk4, dv4 (this rank's own K and V) overwritten. */
-static bt_status_t attn_cp_backward(model_run_t *r, attn_views_t *v, tensor_t *datt4,
-                                    tensor_t *dq4, tensor_t *dk4, tensor_t *dv4, float scale,
-                                    int layer)
-{
-    model_t *m = r->m;
-    kern_stream_t *s = r->s;
-    attn_dims_t d = attn_dims(m);
-    int cp = m->par.cp_size, me = m->par.cp_rank;
-    bt_status_t st;
-    kern_zero(s, dq4);
-    if (!m->par.cp_ring) {
-        tensor_t ks = attn_cp_seq(r, &d, 0), vs = attn_cp_seq(r, &d, 1);
-        tensor_t dks = attn_cp_seq(r, &d, 2), dvs = attn_cp_seq(r, &d, 3);
-        tensor_t kr = attn_cp_ranks(r, &d, 0), vr = attn_cp_ranks(r, &d, 1);
-        if ((st = model_cp_gather(m, &ks, &kr, &v->k4, "K", layer)) ||
-            (st = model_cp_gather(m, &vs, &vr, &v->v4, "V", layer)))
-            return st;
-        kern_zero(s, &dks);
-        kern_zero(s, &dvs);
-        cp_attn_bwd(s, dq4, &dks, &dvs, datt4, &v->q4, &ks, &vs, &v->att4, &v->lse, scale, cp, me);
-        if ((st = model_cp_scatter_sum(m, dk4, &kr, &dks, "dK", layer)) ||
-            (st = model_cp_scatter_sum(m, dv4, &vr, &dvs, "dV", layer)))
-            return st;
-        return BT_OK;
-    }
-    tensor_t po, pl, blk[10];
-    attn_cp_ring_views(r, &d, &po, &pl, blk);
-    tensor_t *ck = &v->k4, *cv = &v->v4;
-    tensor_t *in_k = &blk[8], *in_v = &blk[9];
-    model_cp_ring_t xg; /* the dK/dV accumulators in flight */
-    for (int i = 0, src = me; i < cp; i++, src = (src + cp - 1) % cp) {
-        model_cp_ring_t xkv;
-        tensor_t *rk = &blk[2 * (i % 2)], *rv = &blk[2 * (i % 2) + 1];
-        tensor_t *gk = &blk[4 + 2 * (i % 2)], *gv = &blk[5 + 2 * (i % 2)];
-        if (i + 1 < cp &&
-            (st = model_cp_ring_start(m, &xkv, 2, (tensor_t *[]){rk, rv},
-                                      (const tensor_t *[]){ck, cv}, "the K/V block", layer)))
-            return st;
-        /* this rank's share of block src's dK, dV, while the next block
-         * and the previous accumulators travel */
-        kern_zero(s, gk);
-        kern_zero(s, gv);
-        cp_attn_ring_bwd(s, dq4, gk, gv, datt4, &v->q4, ck, cv, &v->att4, &v->lse, scale, cp, me,
-                         src);
-        if (i > 0) { /* the shares of the ranks before us, for the same block */
-            if ((st = model_cp_ring_wait(m, &xg, "the dK/dV block", layer))) return st;
-            kern_add(s, gk, gk, in_k);
-            kern_add(s, gv, gv, in_v);
-        }
-        /* the last step's accumulators go to their owner, CP rank + 1, and
-         * ours arrive whole: straight into dk4, dv4 */
-        tensor_t *tk = i + 1 < cp ? in_k : dk4, *tv = i + 1 < cp ? in_v : dv4;
-        if ((st = model_cp_ring_start(m, &xg, 2, (tensor_t *[]){tk, tv},
-                                      (const tensor_t *[]){gk, gv}, "the dK/dV block", layer)))
-            return st;
-        if (i + 1 < cp) {
-            if ((st = model_cp_ring_wait(m, &xkv, "the K/V block", layer))) return st;
-            ck = rk;
-            cv = rv;
-        }
-    }
-    return model_cp_ring_wait(m, &xg, "the dK/dV block", layer);
 }
 
 static bt_status_t attn_forward(model_run_t *r, const model_sub_t *sub, void *saved,
@@ -448,7 +287,8 @@ static bt_status_t attn_forward(model_run_t *r, const model_sub_t *sub, void *sa
         model_kv_cache_append(r, &v.k, &v.v, d.Hkv, d.D, d.D, &k4, &v4);
         kern_attention_fwd(s, &v.att4, &v.lse, &v.q4, &k4, &v4, scale, true, r->pos0);
     } else if (m->par.cp_size > 1) {
-        bt_status_t st = attn_cp_forward(r, &v, scale, sub->layer);
+        bt_status_t st = model_cp_attn_fwd(m, attn_cp_base(r, &d), &v.att4, &v.lse, &v.q4, &v.k4,
+                                           &v.v4, scale, sub->layer);
         if (st != BT_OK) return st;
     } else {
         kern_attention_fwd(s, &v.att4, &v.lse, &v.q4, &v.k4, &v.v4, scale, true, 0);
@@ -487,7 +327,8 @@ static bt_status_t attn_backward(model_run_t *r, const model_sub_t *sub, void *s
     kern_linear_bwd_set(s, &datt, model_sub_grad(m, sub, A_O), model_sub_grad(m, sub, A_OB), dy,
                         &v.att, model_sub_param(m, sub, A_O));
     if (m->par.cp_size > 1) {
-        bt_status_t st = attn_cp_backward(r, &v, &datt4, &dq4, &dk4, &dv4, scale, sub->layer);
+        bt_status_t st = model_cp_attn_bwd(m, attn_cp_base(r, &d), &dq4, &dk4, &dv4, &datt4, &v.q4,
+                                           &v.k4, &v.v4, &v.att4, &v.lse, scale, sub->layer);
         if (st != BT_OK) return st;
     } else {
         kern_attention_bwd_set(s, &dq4, &dk4, &dv4, &datt4, &v.q4, &v.k4, &v.v4, &v.att4, &v.lse,

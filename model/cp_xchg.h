@@ -43,4 +43,24 @@ bt_status_t model_cp_ring_start(model_t *m, model_cp_ring_t *x, int n, tensor_t 
                                 const tensor_t *const *send, const char *what, int layer);
 bt_status_t model_cp_ring_wait(model_t *m, model_cp_ring_t *x, const char *what, int layer);
 
+/* ---- the whole exchange of one attention call, for any attention kind ----
+ * The kind computes its own q [B,2L,Hq,Dk], k [B,2L,Hkv,Dk] and v
+ * [B,2L,Hkv,Dv] (this CP rank's chunks, rotated at their global
+ * positions) and calls these in place of kern_attention_fwd / _bwd_set:
+ * all-gather or ring by m->par.cp_ring. K and V (dK and dV) stay separate
+ * tensors of their own head sizes, Dv != Dk included (MLA). `scratch` is
+ * model_cp_attn_scratch_bytes of the kind's scratch, for this call only. */
+double model_cp_attn_scratch_bytes(const model_t *m, int64_t B, int64_t T, int64_t Hq,
+                                   int64_t Hkv, int64_t Dk, int64_t Dv);
+/* out [B,2L,Hq,Dv], lse [B,2,Hq,L] (the saved region of a [B,Hq,2L] one). */
+bt_status_t model_cp_attn_fwd(model_t *m, void *scratch, tensor_t *out, tensor_t *lse,
+                              const tensor_t *q, const tensor_t *k, const tensor_t *v,
+                              float scale, int layer);
+/* dq, dk, dv overwritten (dk, dv: the gradients of this rank's own k, v,
+ * summed over every CP rank's queries). */
+bt_status_t model_cp_attn_bwd(model_t *m, void *scratch, tensor_t *dq, tensor_t *dk,
+                              tensor_t *dv, const tensor_t *dout, const tensor_t *q,
+                              const tensor_t *k, const tensor_t *v, const tensor_t *out,
+                              const tensor_t *lse, float scale, int layer);
+
 #endif
