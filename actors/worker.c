@@ -1,6 +1,7 @@
 #include "actors/worker.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,35 +51,66 @@ void actor_complete_owned(actor_t *self, uint64_t tag, void *arg, bt_status_t st
     actor_complete_(self, tag, arg, status, cleanup);
 }
 
+/* Runs one job taken off the queue, on the calling (worker) thread. */
+static void job_exec(actor_worker_t *w, worker_job_t *j)
+{
+    uint64_t t0 = clock_now_ns();
+    bt_status_t st = j->fn(j->arg);
+    trace_span(j->self->addr, TRACE_SPAN_COMPUTE, 0, 0xffff, -1, -1, t0, clock_now_ns());
+
+    actor_t *self = j->self;
+    actor_complete_(self, j->tag, j->arg, st, j->cleanup);
+    free(j);
+
+    pthread_mutex_lock(&w->mu);
+    w->backlog--;
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* The next job, or NULL once stopping with nothing queued (or, with done,
+ * once *done is set); with w->mu held. */
+static worker_job_t *job_next(actor_worker_t *w, _Atomic bool *done)
+{
+    while (!w->head && !w->stopping && !(done && atomic_load(done))) pthread_cond_wait(&w->cv, &w->mu);
+    if (done && atomic_load(done)) return NULL;
+    worker_job_t *j = w->head;
+    if (!j) return NULL;
+    w->head = j->next;
+    if (!w->head) w->tail = &w->head;
+    return j;
+}
+
 static void *worker_main(void *arg)
 {
     actor_worker_t *w = arg;
     trace_thread_name(w->name);
     for (;;) {
         pthread_mutex_lock(&w->mu);
-        while (!w->head && !w->stopping) pthread_cond_wait(&w->cv, &w->mu);
-        worker_job_t *j = w->head;
-        if (!j) { /* stopping and empty */
-            pthread_mutex_unlock(&w->mu);
-            break;
-        }
-        w->head = j->next;
-        if (!w->head) w->tail = &w->head;
+        worker_job_t *j = job_next(w, NULL);
         pthread_mutex_unlock(&w->mu);
-
-        uint64_t t0 = clock_now_ns();
-        bt_status_t st = j->fn(j->arg);
-        trace_span(j->self->addr, TRACE_SPAN_COMPUTE, 0, 0xffff, -1, -1, t0, clock_now_ns());
-
-        actor_t *self = j->self;
-        actor_complete_(self, j->tag, j->arg, st, j->cleanup);
-        free(j);
-
-        pthread_mutex_lock(&w->mu);
-        w->backlog--;
-        pthread_mutex_unlock(&w->mu);
+        if (!j) break; /* stopping and empty */
+        job_exec(w, j);
     }
     return NULL;
+}
+
+bt_status_t actor_worker_yield_until(actor_worker_t *w, _Atomic bool *done)
+{
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        worker_job_t *j = job_next(w, done);
+        bool stopping = w->stopping;
+        pthread_mutex_unlock(&w->mu);
+        if (!j) return atomic_load(done) ? BT_OK : stopping ? BT_ERR_CANCELED : BT_ERR_INVALID;
+        job_exec(w, j);
+    }
+}
+
+void actor_worker_wake(actor_worker_t *w)
+{
+    pthread_mutex_lock(&w->mu);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
 }
 
 bt_status_t actor_worker_create(const char *name, actor_worker_t **out)
@@ -137,7 +169,7 @@ void actor_worker_destroy(actor_worker_t *w)
     worker_job_t *j = w->head;
     w->head = NULL;
     w->tail = &w->head;
-    pthread_cond_signal(&w->cv);
+    pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     /* Jobs that never started are canceled: their args go back through cleanup. */
     while (j) {

@@ -14,6 +14,7 @@
 #ifndef BT_ACTORS_WORKER_H
 #define BT_ACTORS_WORKER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "actors/actor.h"
@@ -32,6 +33,15 @@ void        actor_complete(actor_t *self, uint64_t tag, void *arg, bt_status_t s
  * completion is dropped (so what arg owns is not lost). */
 void        actor_complete_owned(actor_t *self, uint64_t tag, void *arg, bt_status_t status,
                                  actor_free_fn cleanup);
+/* From inside a running job of w (its thread): runs the jobs queued
+ * meanwhile, in order, on this thread, until *done is set. For a job that
+ * hands part of its work to another actor sharing this worker and waits
+ * for the answer (train/expert_actor.h): that actor's job runs here, on
+ * the same thread and device stream, while the first is suspended.
+ * Whoever sets *done calls actor_worker_wake after. BT_OK once done;
+ * BT_ERR_CANCELED when the worker stops first. */
+bt_status_t actor_worker_yield_until(actor_worker_t *w, _Atomic bool *done);
+void        actor_worker_wake(actor_worker_t *w);
 /* Jobs queued or running now. */
 uint32_t    actor_worker_backlog(actor_worker_t *w);
 /* Stop: the running job finishes (its completion is delivered or dropped),

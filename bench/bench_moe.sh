@@ -2,34 +2,39 @@
 # Expert parallelism (bench/RESULTS.md, "Expert dispatch and combine"): the
 # fixture MoE model (tests/fixtures/qwen2_moe: 8 experts of width 24, top-2,
 # hidden 32, a shared expert, two sparse layers) trained STEPS steps of the
-# same global batch in each layout, one after the other in this run:
-#   dp=2 ep=1   the experts replicated on both ranks (no exchange)
-#   dp=2 ep=2   4 experts per rank, tokens exchanged between the two
-#   dp=4 ep=1   the experts replicated on four ranks
-#   dp=4 ep=4   2 experts per rank, tokens exchanged among the four
-# Per layout, from the trace counters the stage writes after every step
-# (model_t moe_exchange_ns / moe_expert_ns, train/stage_actor.c), averaged
-# over ranks and steps 2..STEPS: ms per step in the EP exchanges (the count
-# all-to-all and the row all-to-alls of dispatch and combine, forward and
-# backward, host staging included) and in the experts' grouped products
-# (forward and backward), the step time (metrics elapsed_s) and the
-# exchanges' share; then the overlap (model_t moe_a2a_ns / moe_a2a_wait_ns):
-# a layer's rows go out and come back in two chunks of tokens, each
-# all-to-all started without waiting (model/moe.c MOE_CHUNKS), so one
-# chunk's rows travel while the experts compute the other's. a2a_ms is the
-# time the row all-to-alls were in flight, wait_ms the part of it the
-# compute thread waited, overlap = 1 - wait / a2a the share of the
-# all-to-all time hidden behind compute. (exchange_ms is the compute
-# thread's time in the exchanges: the count all-to-alls, staging, waits.)
+# same global batch at EP=2 (dp=2 ep=2: 4 experts per rank) and EP=4 (dp=4
+# ep=4: 2 per rank), each in two modes, run interleaved REPS times
+# (EP=2 on, EP=2 off, EP=4 on, EP=4 off, then again), so that a change of
+# the machine's load falls on both modes alike:
+#   on   as trained: a sparse layer's rows go out and come back in two
+#        chunks, every all-to-all started without waiting (model/moe.c
+#        MOE_CHUNKS), so one chunk's rows travel while the experts compute
+#        the other's;
+#   off  the reference: each row all-to-all is waited for as soon as it is
+#        started (BATON_BENCH_MOE_SERIAL=1, model_t moe_serial): the same
+#        collectives in the same order, the same bits, nothing overlapped.
+# The expert parts run in the rank's expert-group actor (train/expert_actor.h)
+# in both modes. Per run, from the trace (steps 2..STEPS, averaged over the
+# ranks): ms per step that the dispatch all-to-alls (forward rows and
+# backward gradients) and the combine ones were in flight (the expert
+# group's comm spans), the experts' grouped products (counter moe experts
+# ms), the compute thread's time in the exchanges (moe exchange ms: counts,
+# staging, waits), overlap = 1 - wait / a2a (counters moe a2a ms and moe
+# a2a wait ms: the share of the row all-to-alls' flight time the compute
+# thread did not wait for), and the step time (metrics elapsed_s).
+# Printed per layout and mode: medians over the REPS runs, and the ratios
+# (dispatch + combine) / experts and step(off) / step(on), each the median
+# of the per-repetition ratios.
 #
-#   bench/bench_moe.sh [BUILD] [STEPS] [MICRO_BATCH] [SEQ]   (defaults: build, 20, 8, 64)
+#   bench/bench_moe.sh [BUILD] [REPS] [STEPS] [MICRO_BATCH] [SEQ]   (defaults: build, 5, 20, 8, 64)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 BUILD=${1:-build}
-STEPS=${2:-20}
-MB=${3:-8}
-SEQ=${4:-64}
+REPS=${2:-5}
+STEPS=${3:-20}
+MB=${4:-8}
+SEQ=${5:-64}
 BATON=$BUILD/baton
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -43,41 +48,80 @@ train: {steps: $STEPS, micro_batch: $MB, grad_accum: 1, seed: 1, log_every: 1000
 optim: {lr: 0.001, min_lr: 0.0001, warmup: 1}
 YAML
 
-printf '%-12s %12s %12s %12s %10s %10s %10s %8s\n' layout exchange_ms experts_ms step_ms exch_share \
-    a2a_ms wait_ms overlap
-for layout in "2 1" "2 2" "4 1" "4 4"; do
-    set -- $layout
-    name=dp$1_ep$2
-    "$BATON" run "$out/job.yaml" --quiet --set parallel.dp="$1" --set parallel.ep="$2" \
-        --set trace.dir="$out/$name" --set metrics.file="$out/$name.jsonl" > "$out/$name.log" 2>&1
-    "$BATON" trace "$out/$name" -o "$out/$name.json" > /dev/null
-    python3 - "$out/$name.json" "$out/$name.jsonl" "$name" <<'PY'
+: > "$out/rows.tsv"
+for rep in $(seq "$REPS"); do
+    for ep in 2 4; do
+        for mode in on off; do
+            name=ep${ep}_${mode}_$rep
+            serial=(); [ "$mode" = off ] && serial=(BATON_BENCH_MOE_SERIAL=1)
+            env "${serial[@]}" "$BATON" run "$out/job.yaml" --quiet --set parallel.dp="$ep" --set parallel.ep="$ep" \
+                --set trace.dir="$out/$name" --set metrics.file="$out/$name.jsonl" > "$out/$name.log" 2>&1 ||
+                { echo "bench_moe: run $name failed:"; tail -5 "$out/$name.log"; exit 1; }
+            "$BATON" trace "$out/$name" -o "$out/$name.json" > /dev/null 2>&1
+            python3 - "$out/$name.json" "$out/$name.jsonl" "$ep" "$mode" "$rep" >> "$out/rows.tsv" <<'PY'
 import json, sys
 ev = json.load(open(sys.argv[1]))
 ev = ev["traceEvents"] if isinstance(ev, dict) else ev
-series = {}  # (track, counter) -> values in time order
+counters = {}  # (pid, name) -> values in time order (cumulative per rank)
+spans = {}     # (pid, kind) -> total ms in flight over steps >= 2
+steps = set()
 for e in ev:
-    # counters are named after the stage's track: "stage r0 ... moe exchange ms"
     n = e.get("name", "")
-    key = next((k for k in ("moe exchange ms", "moe experts ms", "moe a2a ms", "moe a2a wait ms")
-                if n.endswith(k)), None)
-    if e.get("ph") == "C" and key:
-        series.setdefault((e.get("pid"), n, key), []).append((e["ts"], e.get("args", {}).get("value", 0)))
+    if e.get("ph") == "C":
+        key = next((k for k in ("moe exchange ms", "moe experts ms", "moe a2a ms", "moe a2a wait ms")
+                    if n.endswith(k)), None)
+        if key:
+            counters.setdefault((e.get("pid"), key), []).append((e["ts"], e.get("args", {}).get("value", 0)))
+    elif e.get("ph") == "X" and e.get("cat") == "comm" and n.startswith("moe "):
+        st = e.get("args", {}).get("step", 0)
+        if st is None or st < 2: continue
+        steps.add(st)
+        kind = "dispatch" if "dispatch" in n else "combine"
+        k = (e.get("pid"), kind)
+        spans[k] = spans.get(k, 0.0) + e.get("dur", 0) * 1e-3
 def per_step(name):
-    # counters are cumulative per rank: the mean step-to-step increase after step 1
+    # the mean step-to-step increase of a cumulative counter after step 1
     incs = []
-    for (p, t, n), vals in series.items():
+    for (p, n), vals in counters.items():
         if n != name: continue
         vals = [x for _, x in sorted(vals)]
         incs += [b - a for a, b in zip(vals, vals[1:])]
-    return sum(incs) / len(incs) if incs else 0.0
+    return sum(incs) / len(incs) if incs else float("nan")
+def span_ms(kind):
+    v = [t for (p, k), t in spans.items() if k == kind]
+    return sum(v) / len(v) / len(steps) if v and steps else float("nan")
 el = [json.loads(l)["elapsed_s"] for l in open(sys.argv[2]) if '"loss"' in l]
 step = (el[-1] - el[0]) / (len(el) - 1) * 1e3 if len(el) > 1 else float("nan")
-ex, co = per_step("moe exchange ms"), per_step("moe experts ms")
-a2a, wait = per_step("moe a2a ms"), per_step("moe a2a wait ms")
-share = ex / step if step > 0 else float("nan")
-ov = "%7.1f%%" % (100 * (1 - wait / a2a)) if a2a > 0 else "%8s" % "-"
-print("%-12s %12.3f %12.3f %12.3f %9.1f%% %10.3f %10.3f %s" % (sys.argv[3], ex, co, step, 100 * share,
-                                                               a2a, wait, ov))
+vals = [span_ms("dispatch"), span_ms("combine"), per_step("moe experts ms"), per_step("moe exchange ms"),
+        per_step("moe a2a ms"), per_step("moe a2a wait ms"), step]
+print("\t".join(sys.argv[3:6] + ["%.6f" % v for v in vals]))
 PY
+        done
+    done
 done
+
+python3 - "$out/rows.tsv" <<'PY'
+import statistics as st, sys
+rows = [l.split("\t") for l in open(sys.argv[1]) if l.strip()]
+med = lambda v: st.median(v) if v else float("nan")
+data = {}  # (ep, mode) -> rep -> values
+for r in rows:
+    data.setdefault((int(r[0]), r[1]), {})[int(r[2])] = [float(x) for x in r[3:]]
+D, C, X, EX, A, W, S = range(7)
+print("%-10s %11s %11s %11s %9s %11s %9s %9s" % ("layout", "dispatch_ms", "combine_ms", "experts_ms",
+      "(d+c)/exp", "exchange_ms", "overlap", "step_ms"))
+for ep in (2, 4):
+    for mode in ("on", "off"):
+        reps = data.get((ep, mode), {})
+        v = list(reps.values())
+        col = lambda i: med([x[i] for x in v])
+        ratio = med([(x[D] + x[C]) / x[X] for x in v if x[X] > 0])
+        ov = med([1 - x[W] / x[A] for x in v if x[A] > 0])
+        print("%-10s %11.3f %11.3f %11.3f %9.1f %11.3f %8.1f%% %9.3f" % ("ep=%d %s" % (ep, mode), col(D), col(C),
+              col(X), ratio, col(EX), 100 * ov, col(S)))
+    on, off = data.get((ep, "on"), {}), data.get((ep, "off"), {})
+    pr = [off[k][S] / on[k][S] for k in on if k in off and on[k][S] > 0]
+    pe = [off[k][EX] / on[k][EX] for k in on if k in off and on[k][EX] > 0]
+    print("  ep=%d: step off/on %.3f, exchange off/on %.3f (medians of %d interleaved pairs)" %
+          (ep, med(pr), med(pe), len(pr)))
+PY

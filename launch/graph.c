@@ -222,6 +222,7 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
             fprintf(f, "%sv%d", k ? " " : "", graph_chunk_vstage(g, c.pp, k));
         fprintf(f, "]");
         if (graph_rank_needs_data(g, r)) fprintf(f, ", data slot %u", GRAPH_SLOT_DATA);
+        if (g->moe) fprintf(f, ", experts slot %u", GRAPH_SLOT_EXPERTS);
         fprintf(f, "\n");
     }
     fprintf(f, "edges:\n");
@@ -238,6 +239,15 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
         }
         if (graph_rank_needs_data(g, r))
             fprintf(f, "  data: rank %d data -> rank %d stage DATA_BATCH (local)\n", r, r);
+        if (g->moe) {
+            int mem[GRAPH_MAX_WORLD], me;
+            int n = graph_group_members(g, GRAPH_GROUP_EP, r, mem, &me);
+            fprintf(f, "  experts: rank %d stage -> rank %d experts EXPERT_TOKENS, back EXPERT_DONE "
+                       "(local, per sparse layer", r, r);
+            if (n) fprintf(f, "; rows all-to-all over the ep group, ranks");
+            for (int i = 0; i < n; i++) fprintf(f, " %d", mem[i]);
+            fprintf(f, ")\n");
+        }
     }
     fprintf(f, "collective groups:\n");
     for (int k = 0; k < GRAPH_GROUP_COUNT; k++) {

@@ -28,7 +28,10 @@
  *
  * Actor slots on a worker rank: GRAPH_SLOT_STAGE (one stage actor holding
  * the rank's vpp chunks), GRAPH_SLOT_DATA (data actor, on ranks that hold
- * virtual stage 0 or the last one). Driver rank: GRAPH_SLOT_DRIVER.
+ * virtual stage 0 or the last one), GRAPH_SLOT_EXPERTS (the expert group:
+ * the experts this EP rank owns in the sparse layers of its chunks, fed by
+ * the stage, train/expert_actor.h; models with routed experts).
+ * Driver rank: GRAPH_SLOT_DRIVER.
  */
 #ifndef BT_LAUNCH_GRAPH_H
 #define BT_LAUNCH_GRAPH_H
@@ -45,6 +48,7 @@
 #define GRAPH_SLOT_STAGE  1u
 #define GRAPH_SLOT_DATA   2u
 #define GRAPH_SLOT_CKPT   3u  /* the checkpoint writer (when checkpoint.dir is set) */
+#define GRAPH_SLOT_EXPERTS 4u /* the expert group (a model with routed experts) */
 #define GRAPH_SLOT_DRIVER 1u
 #define GRAPH_MAX_VSTAGES 256
 #define GRAPH_MAX_WORLD   1024

@@ -22,6 +22,7 @@
 #include "train/ckpt_state.h"
 #include "train/ckpt_writer.h"
 #include "train/data_actor.h"
+#include "train/expert_actor.h"
 #include "train/stage_actor.h"
 
 bt_status_t worker_train_stream(const job_t *job, int32_t **tokens, int64_t *n, uint32_t *vocab)
@@ -128,7 +129,8 @@ typedef struct {
     dist_optim_t   *opt;
     stage_actor_t  stage;
     data_actor_t   data;
-    bool           stage_inited, data_inited;
+    expert_actor_t experts;    /* the rank's expert group (a model with routed experts) */
+    bool           stage_inited, data_inited, experts_inited;
     bool           same_host[GRAPH_MAX_WORLD]; /* rank r runs on this host (the book's "host") */
     ckpt_items_t   items;      /* what this rank's checkpoints hold */
     ckpt_writer_t  writer;
@@ -617,6 +619,14 @@ static bt_status_t actors_start(worker_t *w)
     if (resume && (st = resume_load(w, resume_path))) return st;
 
     bool data = graph_rank_needs_data(g, w->rank);
+    /* Test and benchmark hooks: BATON_TEST_EXPERTS_INLINE=1 runs the
+     * sparse layers' expert parts inline in the stage's forward and
+     * backward instead of through the expert-group actor (the same bits:
+     * tests/sh/test_moe_actor.sh); BATON_BENCH_MOE_SERIAL=1 waits for each
+     * EP row all-to-all as soon as it starts (model_t moe_serial), the
+     * no-overlap reference of bench/bench_moe.sh. */
+    bool experts = g->moe && !getenv("BATON_TEST_EXPERTS_INLINE");
+    for (int k = 0; k < w->n_chunks; k++) w->chunks[k]->moe_serial = getenv("BATON_BENCH_MOE_SERIAL") != NULL;
     int64_t rows = (int64_t)g->dp * g->microbatches * g->micro_batch;
     stage_actor_config_t sc = {
         .rank = w->rank, .pp_rank = c.pp, .pipe = g->pipe, .n_vstages = g->n_vstages,
@@ -633,6 +643,7 @@ static bt_status_t actors_start(worker_t *w)
         .opt = w->opt, .worker = compute, .rt = w->rt, .heartbeat_s = 0.3,
         .writer = saves ? ACTOR_ADDR(w->rank, GRAPH_SLOT_CKPT) : 0, .ckpt = &w->items,
         .first_step = w->resumed.pos.step,
+        .experts = experts ? ACTOR_ADDR(w->rank, GRAPH_SLOT_EXPERTS) : 0,
     };
     for (int k = 0; k < w->n_chunks; k++) {
         int v = graph_chunk_vstage(g, c.pp, k);
@@ -664,6 +675,17 @@ static bt_status_t actors_start(worker_t *w)
         if ((st = actor_register(w->rt, &w->data.a, &data_actor_class, loop, "data", GRAPH_SLOT_DATA)))
             return st;
     }
+    if (experts) { /* the expert group shares the stage's loop and compute worker */
+        expert_actor_config_t xc = {.rank = w->rank, .ep_rank = c.ep, .ep_size = g->ep,
+                                    .edp_rank = c.edp, .stage = &w->stage.a, .worker = compute,
+                                    .n_chunks = w->n_chunks};
+        for (int k = 0; k < w->n_chunks; k++) xc.chunks[k] = w->chunks[k];
+        if ((st = expert_actor_init(&w->experts, &xc))) return st;
+        w->experts_inited = true;
+        if ((st = actor_register(w->rt, &w->experts.a, &expert_actor_class, loop, "experts",
+                                 GRAPH_SLOT_EXPERTS)))
+            return st;
+    }
     actor_router_supervisor_set(w->rt, ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE));
     if ((st = actor_register(w->rt, &w->stage.a, &stage_actor_class, loop, "stage", GRAPH_SLOT_STAGE)))
         return st;
@@ -677,6 +699,10 @@ static bt_status_t actors_start(worker_t *w)
     trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_STAGE), tname);
     snprintf(tname, sizeof tname, "data r%d", w->rank);
     trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_DATA), tname);
+    if (experts) {
+        snprintf(tname, sizeof tname, "experts r%d pp%d ep%d edp%d", w->rank, c.pp, c.ep, c.edp);
+        trace_actor_name(ACTOR_ADDR(w->rank, GRAPH_SLOT_EXPERTS), tname);
+    }
     return BT_OK;
 }
 
@@ -685,6 +711,7 @@ static void worker_free(worker_t *w)
     actor_router_destroy(w->rt); /* stops the actors, the compute worker and the loops */
     if (w->stage_inited) stage_actor_fini(&w->stage);
     if (w->data_inited) data_actor_fini(&w->data);
+    if (w->experts_inited) expert_actor_fini(&w->experts);
     if (w->writer_inited) ckpt_writer_fini(&w->writer);
     ckpt_items_free(&w->items);
     dist_optim_destroy(w->opt);

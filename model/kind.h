@@ -56,6 +56,7 @@ typedef struct {
     kern_stream_t *s;           /* m->stream */
     int64_t        B, T, N;     /* this microbatch; N = B*T */
     int64_t        T_cap;       /* the arena's T: rows of per-position tables */
+    int64_t        N_cap;       /* the arena's B*T: the most rows any microbatch has */
     const tensor_t *pos;        /* [N] i32 positions */
     const tensor_t *ones;       /* [N, 1] of 1 in the activation dtype (bias after a reduction) */
     void          *shared;      /* this kind's per-arena state (shared_init), or NULL */

@@ -162,6 +162,29 @@ typedef struct {
     uint64_t t0, t1, bytes;
 } model_moe_x_t;
 
+/* The expert part of one sparse layer's forward or backward (model/moe.c):
+ * with expert parallelism the count exchange, the routed rows out to their
+ * experts' ranks, the experts' grouped products and the results back (in
+ * two chunks, overlapped); without, the products. run(job) does it on the
+ * model's stream, on the calling thread, with buffers of the layer's
+ * arena that the model set up before and reads after. */
+typedef struct model_moe_job model_moe_job_t;
+struct model_moe_job {
+    bt_status_t (*run)(model_moe_job_t *job);
+    struct model *model;    /* the instance (its moe_xlog gets the job's row all-to-alls) */
+    int          layer;     /* global layer index */
+    bool         backward;
+    int64_t      rows_out;  /* routed rows (token, expert choices) this rank dispatches */
+    int64_t      rows_in;   /* rows this rank's experts ran on (set by run) */
+};
+/* Who runs the expert part of a sparse layer (model_t moe_group): called on
+ * the thread of the forward or backward, in layer order; it must have
+ * job->run(job) run exactly once on that same thread before it returns,
+ * and return its status (an error without running it fails the layer).
+ * The stage of a worker hands it to its expert-group actor this way
+ * (train/expert_actor.h); NULL: the model runs it itself. */
+typedef bt_status_t (*model_moe_group_fn)(void *arg, model_moe_job_t *job);
+
 typedef struct model {
     model_config_t   cfg;
     model_stage_t    stage;
@@ -223,6 +246,14 @@ typedef struct model {
      * unless bias balancing is on). NULL / 0 without routed experts. */
     void            *moe_load_mem;
     int              n_moe;
+    /* The expert part's runner (model_moe_group_fn; NULL: inline) and, for
+     * the benchmark's reference (bench/bench_moe.sh), moe_serial: each
+     * row all-to-all is waited for as soon as it is started, so nothing
+     * overlaps the experts' compute (the same collectives in the same
+     * order: the same bits). */
+    model_moe_group_fn moe_group;
+    void            *moe_group_arg;
+    bool             moe_serial;
 } model_t;
 
 /* Per-microbatch activations and scratch, sized for B x T (opaque). */

@@ -224,7 +224,11 @@ static int moe_chunks(const model_t *m)
     return m->par.ep_size > 1 && m->cfg.moe.capacity_factor == 0 ? MOE_CHUNKS : 1;
 }
 
-static void moe_regions(const model_t *m, double N, region_t *saved, region_t *scratch)
+/* For a microbatch of N rows in an arena of Ncap (>= N): with EP the rows
+ * that may arrive are counted from Ncap, since another member's microbatch
+ * may be larger than this one's (an evaluation pass pads with one-row
+ * microbatches). */
+static void moe_regions(const model_t *m, double N, double Ncap, region_t *saved, region_t *scratch)
 {
     const model_moe_config_t *e = &m->cfg.moe;
     double C = (double)m->cfg.hidden_size, E = (double)e->n_experts, K = (double)e->top_k;
@@ -236,7 +240,7 @@ static void moe_regions(const model_t *m, double N, region_t *saved, region_t *s
      * the most rows that can arrive: every member's choices of this rank's
      * experts, at most min(K, El) per token */
     double n = ceil(N / tp), M = n * K;
-    double X = ep > 1 ? ep * n * (K < El ? K : El) : 0, Rx = ep > 1 ? X : M;
+    double X = ep > 1 ? ep * ceil(Ncap / tp) * (K < El ? K : El) : 0, Rx = ep > 1 ? X : M;
     double Np = tp > 1 ? N : 0;
     const dtype_t A = DT_COUNT;
     if (saved) {
@@ -292,7 +296,7 @@ static double regions_bytes(const model_t *m, double N, bool saved)
 {
     region_t reg[(int)R_COUNT > (int)S_COUNT ? (int)R_COUNT : (int)S_COUNT];
     int n = saved ? R_COUNT : S_COUNT;
-    moe_regions(m, N, saved ? reg : NULL, saved ? NULL : reg);
+    moe_regions(m, N, N, saved ? reg : NULL, saved ? NULL : reg);
     double total = 0;
     for (int i = 0; i < n; i++)
         total += model_align_d(reg[i].rows * reg[i].cols * (double)region_es(m, &reg[i]));
@@ -326,14 +330,14 @@ static void regions_view(const model_t *m, void *base, const region_t *r, int n,
 static void saved_views(const model_run_t *r, void *saved, tensor_t *v)
 {
     region_t reg[R_COUNT];
-    moe_regions(r->m, (double)r->N, reg, NULL);
+    moe_regions(r->m, (double)r->N, (double)r->N_cap, reg, NULL);
     regions_view(r->m, saved, reg, R_COUNT, v);
 }
 
 static void scratch_views(const model_run_t *r, tensor_t *v)
 {
     region_t reg[S_COUNT];
-    moe_regions(r->m, (double)r->N, NULL, reg);
+    moe_regions(r->m, (double)r->N, (double)r->N_cap, NULL, reg);
     regions_view(r->m, r->scratch, reg, S_COUNT, v);
 }
 
@@ -854,6 +858,77 @@ static void experts_bwd(model_run_t *r, const model_sub_t *sub, const blocks_t *
     }
 }
 
+/* One sparse layer's expert part in flight (model_moe_job_t first): what
+ * moe_forward / moe_backward set up for it and read back after. */
+typedef struct {
+    model_moe_job_t    job;
+    model_run_t       *r;
+    const model_sub_t *sub;
+    tensor_t          *v, *sc;         /* the layer's saved and scratch views */
+    chunk_t           *c;              /* [Q] this rank's chunks of the dispatch */
+    int                Q;
+    const tensor_t    *xp;             /* forward: the dispatched rows */
+    tensor_t          *yp;             /* forward [Q]: the experts' results, back here */
+    tensor_t          *dyp, *dxp;      /* backward [Q]: their gradients, out and back */
+} moe_part_t;
+
+/* The forward's expert part: counts first (EP), then each chunk's rows out
+ * to its experts' ranks and their results back into yp. */
+static bt_status_t fwd_experts(model_moe_job_t *job)
+{
+    moe_part_t *p = (moe_part_t *)job;
+    model_run_t *r = p->r;
+    model_t *m = r->m;
+    kern_stream_t *s = r->s;
+    const model_sub_t *sub = p->sub;
+    tensor_t *v = p->v, *sc = p->sc, *yp = p->yp, xp = *p->xp;
+    chunk_t *c = p->c;
+    int Q = p->Q, ep = m->par.ep_size;
+    int64_t K = m->cfg.moe.top_k;
+    bt_status_t st;
+    /* the experts: on this rank's rows, or (EP) on what the group sent here,
+     * counts first, then each chunk's rows out and its results back */
+    for (int q = 0; ep > 1 && q < Q; q++)
+        if ((st = ep_counts(m, &c[q].sizes, &c[q].rsizes, true, c[q].send, c[q].recv, sub->layer)))
+            return st;
+    int64_t R = chunks_blocks(m, c, Q);
+    if (R > v[R_G].shape[0]) BT_PANIC("moe_forward: %lld rows arrived, room for %lld",
+                                      (long long)R, (long long)v[R_G].shape[0]);
+    if (ep > 1) m->moe_rows_in += R;
+    ep_x_t xd[MOE_CHUNKS] = {0}, xc[MOE_CHUNKS] = {0};
+    tensor_t xin[MOE_CHUNKS], yout[MOE_CHUNKS];
+    for (int q = 0; q < Q; q++) {
+        xin[q] = ep > 1 ? rows_of(&v[R_XR], c[q].R0, c[q].R) : xp;
+        yout[q] = ep > 1 ? rows_of(&sc[S_YR], c[q].R0, c[q].R) : yp[q];
+        tensor_t xq = rows_of(&xp, c[q].x0, c[q].n * K);
+        if (ep > 1 && (st = ep_start(m, &xq, c[q].send, &xin[q], c[q].recv, MODEL_MOE_X_DISPATCH, q,
+                                     sub->layer, "the routed tokens", &xd[q])))
+            goto drain;
+        if (m->moe_serial && (st = ep_finish(&xd[q]))) goto drain;
+    }
+    for (int q = 0; q < Q; q++) {
+        if ((st = ep_finish(&xd[q]))) goto drain;
+        tensor_t g = rows_of(&v[R_G], c[q].R0, c[q].R), u = rows_of(&v[R_U], c[q].R0, c[q].R),
+                 h = rows_of(&v[R_H], c[q].R0, c[q].R);
+        uint64_t t0 = clock_now_ns();
+        experts_fwd(r, sub, &c[q].b, &xin[q], &g, &u, &h, &yout[q]);
+        if (m->moe_time_sync && (st = kern_stream_sync(s))) goto drain;
+        m->moe_expert_ns += clock_now_ns() - t0;
+        if (ep > 1 && (st = ep_start(m, &yout[q], c[q].recv, &yp[q], c[q].send, MODEL_MOE_X_COMBINE,
+                                     q, sub->layer, "the experts' outputs", &xc[q])))
+            goto drain;
+        if (m->moe_serial && (st = ep_finish(&xc[q]))) goto drain;
+    }
+    for (int q = 0; q < Q; q++)
+        if ((st = ep_finish(&xc[q]))) goto drain;
+    job->rows_in = R;
+    return BT_OK;
+drain:
+    ep_drain(xd, Q);
+    ep_drain(xc, Q);
+    return st;
+}
+
 static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *saved,
                                const tensor_t *ln, tensor_t *y)
 {
@@ -928,40 +1003,14 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         free(h);
         if (st != BT_OK) return st;
     }
-    /* the experts: on this rank's rows, or (EP) on what the group sent here,
-     * counts first, then each chunk's rows out and its results back */
-    for (int q = 0; ep > 1 && q < Q; q++)
-        if ((st = ep_counts(m, &c[q].sizes, &c[q].rsizes, true, c[q].send, c[q].recv, sub->layer)))
-            return st;
-    int64_t R = chunks_blocks(m, c, Q);
-    if (R > v[R_G].shape[0]) BT_PANIC("moe_forward: %lld rows arrived, room for %lld",
-                                      (long long)R, (long long)v[R_G].shape[0]);
-    if (ep > 1) m->moe_rows_in += R;
-    ep_x_t xd[MOE_CHUNKS] = {0}, xc[MOE_CHUNKS] = {0};
-    tensor_t xin[MOE_CHUNKS], yout[MOE_CHUNKS], yp[MOE_CHUNKS];
-    for (int q = 0; q < Q; q++) {
-        yp[q] = rows_of(&v[R_YP], c[q].x0, c[q].n * K);
-        xin[q] = ep > 1 ? rows_of(&v[R_XR], c[q].R0, c[q].R) : xp;
-        yout[q] = ep > 1 ? rows_of(&sc[S_YR], c[q].R0, c[q].R) : yp[q];
-        tensor_t xq = rows_of(&xp, c[q].x0, c[q].n * K);
-        if (ep > 1 && (st = ep_start(m, &xq, c[q].send, &xin[q], c[q].recv, MODEL_MOE_X_DISPATCH, q,
-                                     sub->layer, "the routed tokens", &xd[q])))
-            goto drain;
-    }
-    for (int q = 0; q < Q; q++) {
-        if ((st = ep_finish(&xd[q]))) goto drain;
-        tensor_t g = rows_of(&v[R_G], c[q].R0, c[q].R), u = rows_of(&v[R_U], c[q].R0, c[q].R),
-                 h = rows_of(&v[R_H], c[q].R0, c[q].R);
-        uint64_t t0 = clock_now_ns();
-        experts_fwd(r, sub, &c[q].b, &xin[q], &g, &u, &h, &yout[q]);
-        if (m->moe_time_sync && (st = kern_stream_sync(s))) goto drain;
-        m->moe_expert_ns += clock_now_ns() - t0;
-        if (ep > 1 && (st = ep_start(m, &yout[q], c[q].recv, &yp[q], c[q].send, MODEL_MOE_X_COMBINE,
-                                     q, sub->layer, "the experts' outputs", &xc[q])))
-            goto drain;
-    }
-    for (int q = 0; q < Q; q++)
-        if ((st = ep_finish(&xc[q]))) goto drain;
+    /* the experts: on this rank's rows, or (EP) on what the group sent here
+     * (fwd_experts), run by the layer's expert group where there is one */
+    tensor_t yp[MOE_CHUNKS];
+    for (int q = 0; q < Q; q++) yp[q] = rows_of(&v[R_YP], c[q].x0, c[q].n * K);
+    moe_part_t part = {.job = {.run = fwd_experts, .model = m, .layer = sub->layer, .rows_out = n * K},
+                       .r = r, .sub = sub, .v = v, .sc = sc, .c = c, .Q = Q, .xp = &xp, .yp = yp};
+    if ((st = m->moe_group ? m->moe_group(m->moe_group_arg, &part.job) : fwd_experts(&part.job)))
+        return st;
     /* combine */
     for (int q = 0; q < Q; q++) {
         if (c[q].n == 0) continue;
@@ -984,6 +1033,60 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         }
     }
     return BT_OK;
+}
+
+/* The backward's expert part: the output gradients out to the experts'
+ * ranks (dyp), the experts' backward, the input gradients back (dxp). */
+static bt_status_t bwd_experts(model_moe_job_t *job)
+{
+    moe_part_t *p = (moe_part_t *)job;
+    model_run_t *r = p->r;
+    model_t *m = r->m;
+    const model_sub_t *sub = p->sub;
+    tensor_t *v = p->v, *d = p->sc, *dyp = p->dyp, *dxp = p->dxp;
+    chunk_t *c = p->c;
+    int Q = p->Q, ep = m->par.ep_size;
+    kern_stream_t *s = r->s;
+    bt_status_t st;
+    /* the experts, where the forward ran them */
+    for (int q = 0; ep > 1 && q < Q; q++)
+        if ((st = ep_counts(m, &c[q].sizes, &c[q].rsizes, false, c[q].send, c[q].recv, sub->layer)))
+            return st;
+    chunks_blocks(m, c, Q);
+    ep_x_t xd[MOE_CHUNKS] = {0}, xc[MOE_CHUNKS] = {0};
+    tensor_t xin[MOE_CHUNKS], dyin[MOE_CHUNKS], dxin[MOE_CHUNKS];
+    for (int q = 0; q < Q; q++) {
+        xin[q] = ep > 1 ? rows_of(&v[R_XR], c[q].R0, c[q].R) : rows_of(&v[R_XP], 0, c[q].R);
+        dyin[q] = ep > 1 ? rows_of(&d[S_DYR], c[q].R0, c[q].R) : dyp[q];
+        dxin[q] = ep > 1 ? rows_of(&d[S_DXR], c[q].R0, c[q].R) : dxp[q];
+        if (ep > 1 && (st = ep_start(m, &dyp[q], c[q].send, &dyin[q], c[q].recv,
+                                     MODEL_MOE_X_DISPATCH_GRAD, q, sub->layer,
+                                     "the experts' output gradients", &xd[q])))
+            goto drain;
+        if (m->moe_serial && (st = ep_finish(&xd[q]))) goto drain;
+    }
+    for (int q = 0; q < Q; q++) {
+        if ((st = ep_finish(&xd[q]))) goto drain;
+        int64_t R0 = c[q].R0, R = c[q].R;
+        tensor_t g = rows_of(&v[R_G], R0, R), u = rows_of(&v[R_U], R0, R),
+                 h = rows_of(&v[R_H], R0, R), dh = rows_of(&d[S_DH], R0, R),
+                 dg = rows_of(&d[S_DG], R0, R), du = rows_of(&d[S_DU], R0, R);
+        uint64_t t0 = clock_now_ns();
+        experts_bwd(r, sub, &c[q].b, &xin[q], &g, &u, &h, &dyin[q], &dh, &dg, &du, &dxin[q]);
+        if (m->moe_time_sync && (st = kern_stream_sync(s))) goto drain;
+        m->moe_expert_ns += clock_now_ns() - t0;
+        if (ep > 1 && (st = ep_start(m, &dxin[q], c[q].recv, &dxp[q], c[q].send,
+                                     MODEL_MOE_X_COMBINE_GRAD, q, sub->layer,
+                                     "the routed tokens' gradients", &xc[q])))
+            goto drain;
+        if (m->moe_serial && (st = ep_finish(&xc[q]))) goto drain;
+    }
+    for (int q = 0; q < Q; q++)
+        if ((st = ep_finish(&xc[q]))) goto drain;
+    int64_t R = 0;
+    for (int q = 0; q < Q; q++) R += c[q].R;
+    job->rows_in = R;
+    return BT_OK;
 drain:
     ep_drain(xd, Q);
     ep_drain(xc, Q);
@@ -997,7 +1100,6 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
     kern_stream_t *s = r->s;
     const model_moe_config_t *e = &m->cfg.moe;
     int64_t K = e->top_k;
-    int ep = m->par.ep_size;
     bool tp = m->par.tp_size > 1;
     bt_status_t st;
     tensor_t v[R_COUNT], d[S_COUNT];
@@ -1043,39 +1145,11 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
         kern_zero(s, &dyp[q]);
         kern_moe_combine_bwd(s, &dyp[q], &dw, &dyr, &yp[q], &c[q].slot, &w);
     }
-    /* the experts, where the forward ran them */
-    for (int q = 0; ep > 1 && q < Q; q++)
-        if ((st = ep_counts(m, &c[q].sizes, &c[q].rsizes, false, c[q].send, c[q].recv, sub->layer)))
-            return st;
-    chunks_blocks(m, c, Q);
-    ep_x_t xd[MOE_CHUNKS] = {0}, xc[MOE_CHUNKS] = {0};
-    tensor_t xin[MOE_CHUNKS], dyin[MOE_CHUNKS], dxin[MOE_CHUNKS];
-    for (int q = 0; q < Q; q++) {
-        xin[q] = ep > 1 ? rows_of(&v[R_XR], c[q].R0, c[q].R) : rows_of(&v[R_XP], 0, c[q].R);
-        dyin[q] = ep > 1 ? rows_of(&d[S_DYR], c[q].R0, c[q].R) : dyp[q];
-        dxin[q] = ep > 1 ? rows_of(&d[S_DXR], c[q].R0, c[q].R) : dxp[q];
-        if (ep > 1 && (st = ep_start(m, &dyp[q], c[q].send, &dyin[q], c[q].recv,
-                                     MODEL_MOE_X_DISPATCH_GRAD, q, sub->layer,
-                                     "the experts' output gradients", &xd[q])))
-            goto drain;
-    }
-    for (int q = 0; q < Q; q++) {
-        if ((st = ep_finish(&xd[q]))) goto drain;
-        int64_t R0 = c[q].R0, R = c[q].R;
-        tensor_t g = rows_of(&v[R_G], R0, R), u = rows_of(&v[R_U], R0, R),
-                 h = rows_of(&v[R_H], R0, R), dh = rows_of(&d[S_DH], R0, R),
-                 dg = rows_of(&d[S_DG], R0, R), du = rows_of(&d[S_DU], R0, R);
-        uint64_t t0 = clock_now_ns();
-        experts_bwd(r, sub, &c[q].b, &xin[q], &g, &u, &h, &dyin[q], &dh, &dg, &du, &dxin[q]);
-        if (m->moe_time_sync && (st = kern_stream_sync(s))) goto drain;
-        m->moe_expert_ns += clock_now_ns() - t0;
-        if (ep > 1 && (st = ep_start(m, &dxin[q], c[q].recv, &dxp[q], c[q].send,
-                                     MODEL_MOE_X_COMBINE_GRAD, q, sub->layer,
-                                     "the routed tokens' gradients", &xc[q])))
-            goto drain;
-    }
-    for (int q = 0; q < Q; q++)
-        if ((st = ep_finish(&xc[q]))) goto drain;
+    /* the experts, where the forward ran them (bwd_experts) */
+    moe_part_t part = {.job = {.run = bwd_experts, .model = m, .layer = sub->layer, .backward = true, .rows_out = n * K},
+                       .r = r, .sub = sub, .v = v, .sc = d, .c = c, .Q = Q, .dyp = dyp, .dxp = dxp};
+    if ((st = m->moe_group ? m->moe_group(m->moe_group_arg, &part.job) : bwd_experts(&part.job)))
+        return st;
     /* dispatch: back to this rank's rows, then (TP) to every row */
     for (int q = 0; q < Q; q++) {
         if (c[q].n == 0) continue;
@@ -1100,10 +1174,6 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
     kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_ROUTER), NULL, &d[S_DLOGITS], ln,
                     model_sub_param(m, sub, X_ROUTER));
     return BT_OK;
-drain:
-    ep_drain(xd, Q);
-    ep_drain(xc, Q);
-    return st;
 }
 
 /* the active parameters only: the router's, top_k experts', the shared

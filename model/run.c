@@ -579,7 +579,7 @@ static model_run_t run_ctx(model_t *m, model_acts_t *a, int64_t B, int64_t T, te
     *pos = i32_view(m, a->pos, N);
     *ones = model_act_view(m, a->ones, 0, 2, (int64_t[]){N, 1});
     return (model_run_t){.m = m, .s = m->stream, .B = B, .T = T, .N = N,
-                         .T_cap = a->T * m->par.cp_size,
+                         .T_cap = a->T * m->par.cp_size, .N_cap = a->B * a->T,
                          .pos = pos, .ones = ones, .scratch = a->scratch};
 }
 

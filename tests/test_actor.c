@@ -401,6 +401,112 @@ static void test_actor_worker_completions(void)
     CHECK(a.bad == 0);
 }
 
+/* actor_worker_yield_until: a running job hands work to another actor that
+ * shares its worker (the stage and its expert group, train/expert_actor.h)
+ * and waits; that actor's jobs run on the same thread, in submission order,
+ * while the first is suspended, and it resumes once they are answered. A
+ * worker destroyed under a yielding job ends the wait with CANCELED. */
+typedef struct {
+    actor_t         base;   /* the helper actor (B) */
+    actor_worker_t *w;
+    actor_t        *outer_owner;
+    _Atomic bool    done;
+    _Atomic int     yielding;
+    pthread_t       outer_thread, inner_thread[2];
+    int             order[3], n_order; /* 1, 2: the inner jobs; 3: the outer job resumed */
+    int             inner_done, bad;
+    bt_status_t     yield_st;
+    bool            forever;           /* nobody answers: the worker's destruction ends it */
+} yield_pair_t;
+
+static yield_pair_t *yp_of_outer;
+
+static bt_status_t yield_inner(void *arg)
+{
+    yield_pair_t *p = yp_of_outer;
+    int k = (int)(intptr_t)arg;
+    p->inner_thread[k] = pthread_self();
+    p->order[p->n_order++] = k + 1;
+    return BT_OK;
+}
+
+static bt_status_t yield_outer(void *arg)
+{
+    yield_pair_t *p = arg;
+    p->outer_thread = pthread_self();
+    if (!p->forever) actor_complete(&p->base, 100, p, BT_OK); /* "here is your work" */
+    atomic_store(&p->yielding, 1);
+    p->yield_st = actor_worker_yield_until(p->w, &p->done);
+    p->order[p->n_order++] = 3;
+    return BT_OK;
+}
+
+static actor_ret_t yb_on_done(actor_t *self, actor_msg_t *m)
+{
+    yield_pair_t *p = (yield_pair_t *)self;
+    const actor_work_result_t *r = &m->sys.work;
+    if (r->tag == 100) { /* from the suspended job: two jobs of ours on the shared worker */
+        for (intptr_t k = 0; k < 2; k++)
+            if (actor_worker_submit(p->w, self, yield_inner, (void *)k, NULL, 200 + (uint64_t)k)) p->bad++;
+    } else if (r->tag == 200 + (uint64_t)p->inner_done) {
+        if (++p->inner_done == 2) { /* answered: the suspended job may go on */
+            atomic_store(&p->done, true);
+            actor_worker_wake(p->w);
+        }
+    } else if (r->tag == 300) { /* the outer job's own completion, to its owner (also us) */
+        actor_router_stop_request(self->rt, BT_OK);
+    } else {
+        p->bad++;
+    }
+    return ACTOR_DONE;
+}
+
+static void yb_start(actor_t *self)
+{
+    yield_pair_t *p = (yield_pair_t *)self;
+    if (actor_worker_submit(p->w, self, yield_outer, p, NULL, 300)) p->bad++;
+}
+
+static const actor_class_t yield_class = {
+    .name = "yield", .start = yb_start, .handlers = {[ACTOR_SYS_WORK_DONE] = yb_on_done}};
+
+static void test_actor_worker_yield(void)
+{
+    for (int forever = 0; forever < 2; forever++) {
+        actor_router_t *rt = router_new(0, 0);
+        REQUIRE(rt);
+        actor_loop_t *l;
+        REQUIRE(actor_router_loop_new(rt, "l", &l) == BT_OK);
+        static yield_pair_t p;
+        memset(&p, 0, sizeof p);
+        atomic_init(&p.done, false);
+        atomic_init(&p.yielding, 0);
+        p.forever = forever;
+        p.yield_st = BT_ERR_INVALID;
+        yp_of_outer = &p;
+        REQUIRE(actor_router_worker_new(rt, "dev0", &p.w) == BT_OK);
+        REQUIRE(actor_register(rt, &p.base, &yield_class, l, "yield", ACTOR_SLOT_ANY) == BT_OK);
+        if (!forever) {
+            CHECK(actor_router_wait(rt, 20000) == BT_OK);
+        } else {
+            for (int i = 0; i < 20000 && !atomic_load(&p.yielding); i++) usleep(1000);
+            usleep(20000); /* well inside the wait */
+        }
+        actor_router_destroy(rt);
+        CHECK(p.bad == 0);
+        if (!forever) {
+            CHECK_MSG(p.n_order == 3 && p.order[0] == 1 && p.order[1] == 2 && p.order[2] == 3,
+                      "order %d: %d %d %d", p.n_order, p.order[0], p.order[1], p.order[2]);
+            CHECK(pthread_equal(p.inner_thread[0], p.outer_thread) &&
+                  pthread_equal(p.inner_thread[1], p.outer_thread));
+            CHECK(p.yield_st == BT_OK);
+        } else {
+            CHECK_MSG(p.yield_st == BT_ERR_CANCELED && p.n_order == 1 && p.order[0] == 3,
+                      "status %s, %d entries", bt_status_str(p.yield_st), p.n_order);
+        }
+    }
+}
+
 /* actor_complete: work that finished on a thread of its own (a collective's
  * or a stream's callback) reaches the actor as ACTOR_SYS_WORK_DONE on its
  * loop, with its tag, arg and status. */
@@ -1084,7 +1190,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 #ifdef BT_HAVE_UCX
     TEST_RUN(argc, argv, test_actor_loop_post_call_stop, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
-             test_actor_worker_completions, test_actor_complete_from_thread, test_actor_kept_then_released, test_actor_orderly_stop,
+             test_actor_worker_completions, test_actor_worker_yield, test_actor_complete_from_thread, test_actor_kept_then_released, test_actor_orderly_stop,
              test_actor_inproc_auto, test_actor_auto_ucx_falls_back_to_tcp, test_actor_two_procs_tcp,
              test_actor_two_procs_ucx,
              test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported,
@@ -1093,7 +1199,7 @@ int main(int argc, char **argv)
              test_actor_msg_recycled_owned);
 #else
     TEST_RUN(argc, argv, test_actor_loop_post_call_stop, test_actor_one_thread, test_actor_threads_order, test_actor_timers,
-             test_actor_worker_completions, test_actor_kept_then_released, test_actor_orderly_stop,
+             test_actor_worker_completions, test_actor_worker_yield, test_actor_kept_then_released, test_actor_orderly_stop,
              test_actor_inproc_auto, test_actor_two_procs_tcp,
              test_actor_bad_frame_closes_one_connection, test_actor_killed_peer_reported,
              test_actor_busy_poll_inproc_tcp, test_actor_trace_hooks, test_actor_msg_recycled_owned);

@@ -211,6 +211,18 @@ static void rnd_body(uint32_t type, msg_body_t *b, bool valid)
             if (b->ckpt_ctl.step < 0) b->ckpt_ctl.step = -(b->ckpt_ctl.step + 1);
         }
         break;
+    case MSG_EXPERT_TOKENS:
+    case MSG_EXPERT_DONE:
+        b->expert = (msg_expert_t){.call = rnd_u64(), .layer = (int32_t)rnd_i64(),
+                                   .phase = (uint32_t)rnd_u64(), .rows = rnd_i64(),
+                                   .rows_in = rnd_i64(), .status = (int32_t)rnd_i64()};
+        if (valid) {
+            b->expert.phase = EXPERT_FWD + (uint32_t)rnd_below(2);
+            if (b->expert.layer < 0) b->expert.layer = -(b->expert.layer + 1);
+            if (b->expert.rows < 0) b->expert.rows = -(b->expert.rows + 1);
+            if (b->expert.rows_in < 0) b->expert.rows_in = -(b->expert.rows_in + 1);
+        }
+        break;
     default:
         break;
     }

@@ -19,6 +19,7 @@
 #include "kernels/kernels.h"
 #include "train/ckpt_state.h"
 #include "train/data_actor.h"
+#include "train/expert_actor.h"
 
 enum { JOB_OP = 1, JOB_END = 2, JOB_GATHER = 3, JOB_STAGED = 4, JOB_SNAP = 5 };
 
@@ -838,6 +839,12 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
         if (st && st != BT_ERR_BUSY) fail(s, st, "pipeline send");
         return ACTOR_DONE;
     }
+    if (m->sys.work.tag == EXPERT_JOB_ROUTED) { /* the op's sparse layer hands its rows over */
+        if (!s->cfg.experts) BT_PANIC("stage of rank %d: expert rows routed without an expert group", s->cfg.rank);
+        /* a failure is the op's: its layer returns it */
+        expert_actor_tokens_send(self, s->cfg.experts, m->sys.work.arg, j->step, j->op.mb, &s->exp_call);
+        return ACTOR_DONE;
+    }
     s->busy = false;
     if (m->sys.work.tag == JOB_SNAP) {
         stage_snap_t *sn = m->sys.work.arg;
@@ -952,6 +959,14 @@ static actor_ret_t stage_on_act_grad(actor_t *self, actor_msg_t *m)
 {
     stage_actor_t *s = (stage_actor_t *)self;
     return keep(s, m, true, m->body.act_grad.vstage, "ACT_GRAD", "dx");
+}
+
+static actor_ret_t stage_on_expert_done(actor_t *self, actor_msg_t *m)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    if (m->env.src != s->cfg.experts || !expert_actor_done(&s->exp_call, m))
+        log_error("rank %d: EXPERT_DONE from %#x ignored", s->cfg.rank, m->env.src);
+    return ACTOR_DONE;
 }
 
 static actor_ret_t stage_on_release(actor_t *self, actor_msg_t *m)
@@ -1267,6 +1282,7 @@ const actor_class_t stage_actor_class = {
         [MSG_ACT_GRAD] = stage_on_act_grad,
         [MSG_DATA_BATCH] = stage_on_data,
         [MSG_RELEASE] = stage_on_release,
+        [MSG_EXPERT_DONE] = stage_on_expert_done,
         [ACTOR_SYS_WORK_DONE] = stage_on_work_done,
     },
     .start = stage_start,

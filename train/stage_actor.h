@@ -106,6 +106,8 @@ typedef struct {
     float           dloss;                     /* 1 / scored positions of the global batch */
     dist_optim_t   *opt;
     actor_addr_t    writer;                    /* checkpoint writer (0: none) */
+    actor_addr_t    experts;                   /* the rank's expert group (train/expert_actor.h;
+                                                * 0: none, the layers run their experts inline) */
     int64_t         first_step;                /* resumed: the step the checkpoint is of (0) */
     const struct ckpt_items *ckpt;             /* what this rank's checkpoints hold */
     actor_worker_t *worker;
@@ -168,6 +170,7 @@ typedef struct {
     handoff_pool_t       ho_pool;       /* buffers this rank hands to its neighbours */
     handoff_map_t        ho_map;        /* the neighbours' buffers mapped here (compute thread) */
     _Atomic(stage_snap_t *) snap_spare; /* the last checkpoint's host block, for the next */
+    struct expert_call  *exp_call;      /* a sparse layer's rows with the expert group */
 } stage_actor_t;
 
 /* Op lists, activation arenas; then actor_register with stage_actor_class. */

@@ -366,6 +366,11 @@ static const msg_field_t ckpt_fetch_fields[] = {
     MF(msg_ckpt_fetch_t, status, MF_I32), MF(msg_ckpt_fetch_t, file, MF_STR),
     MF(msg_ckpt_fetch_t, text, MF_STR),
 };
+static const msg_field_t expert_fields[] = {
+    MF(msg_expert_t, call, MF_U64), MF(msg_expert_t, layer, MF_I32),
+    MF(msg_expert_t, phase, MF_U32), MF(msg_expert_t, rows, MF_I64),
+    MF(msg_expert_t, rows_in, MF_I64), MF(msg_expert_t, status, MF_I32),
+};
 /* global_shape and start are arrays of ndim entries, handled by hand below */
 static const msg_field_t ckpt_shard_fields[] = {
     MF(msg_ckpt_shard_t, name, MF_STR), MF(msg_ckpt_shard_t, ckpt_step, MF_I64),
@@ -396,6 +401,7 @@ MSG_SIMPLE_CODEC(release, release_fields, 0)
 MSG_SIMPLE_CODEC(ckpt_piece, ckpt_piece_fields, 0)
 MSG_SIMPLE_CODEC(ckpt_ctl, ckpt_ctl_fields, 0)
 MSG_SIMPLE_CODEC(ckpt_fetch, ckpt_fetch_fields, 0)
+MSG_SIMPLE_CODEC(expert, expert_fields, 0)
 
 /* The checks beyond the field table, shared by the tree decoders and the
  * raw ones (err may be NULL). */
@@ -484,6 +490,17 @@ static bt_status_t msg_ckpt_fetch_check(const void *body, wire_err_t *err)
     return BT_OK;
 }
 
+static bt_status_t msg_expert_check(const void *body, wire_err_t *err)
+{
+    const msg_expert_t *x = body;
+    if (x->phase != EXPERT_FWD && x->phase != EXPERT_BWD)
+        return wire_err_set(err, "EXPERT: unknown phase %u", x->phase);
+    if (x->layer < 0 || x->rows < 0 || x->rows_in < 0)
+        return wire_err_set(err, "EXPERT: layer %d, rows %lld, rows_in %lld (none may be negative)",
+                            (int)x->layer, (long long)x->rows, (long long)x->rows_in);
+    return BT_OK;
+}
+
 /* Types whose body is exactly their field table (+ an optional check). */
 #define MSG_TABLE_DECODE(name, fields, NAME, check)                                            \
     static bt_status_t msg_##name##_decode(const msgpack_object *meta, void *body, wire_err_t *err) \
@@ -509,6 +526,10 @@ MSG_TABLE_DECODE(release, release_fields, "RELEASE", NULL)
 MSG_TABLE_DECODE(ckpt_piece, ckpt_piece_fields, "CKPT_PIECE", msg_ckpt_piece_check)
 MSG_TABLE_DECODE(ckpt_ctl, ckpt_ctl_fields, "CKPT_CTL", msg_ckpt_ctl_check)
 MSG_TABLE_DECODE(ckpt_fetch, ckpt_fetch_fields, "CKPT_FETCH", msg_ckpt_fetch_check)
+MSG_TABLE_DECODE(expert_tokens, expert_fields, "EXPERT_TOKENS", msg_expert_check)
+MSG_TABLE_DECODE(expert_done, expert_fields, "EXPERT_DONE", msg_expert_check)
+#define msg_expert_tokens_encode msg_expert_encode
+#define msg_expert_done_encode msg_expert_encode
 
 static bt_status_t msg_ckpt_shard_encode(msgpack_packer *pk, const void *body)
 {
@@ -578,6 +599,8 @@ const msg_type_info_t msg_types[MSG_TYPE_COUNT] = {
     MSG_INFO(CKPT_PIECE, ckpt_piece, msg_ckpt_piece_t),
     MSG_INFO(CKPT_CTL, ckpt_ctl, msg_ckpt_ctl_t),
     MSG_INFO(CKPT_FETCH, ckpt_fetch, msg_ckpt_fetch_t),
+    MSG_INFO(EXPERT_TOKENS, expert_tokens, msg_expert_t),
+    MSG_INFO(EXPERT_DONE, expert_done, msg_expert_t),
 };
 _Static_assert(sizeof msg_types / sizeof msg_types[0] == MSG_TYPE_COUNT, "one msg_types entry per msg_type_t");
 
@@ -606,6 +629,8 @@ static const msg_field_table_t msg_field_tables[MSG_TYPE_COUNT] = {
     [MSG_CKPT_PIECE] = {ckpt_piece_fields, NF(ckpt_piece_fields), true, msg_ckpt_piece_check},
     [MSG_CKPT_CTL] = {ckpt_ctl_fields, NF(ckpt_ctl_fields), true, msg_ckpt_ctl_check},
     [MSG_CKPT_FETCH] = {ckpt_fetch_fields, NF(ckpt_fetch_fields), true, msg_ckpt_fetch_check},
+    [MSG_EXPERT_TOKENS] = {expert_fields, NF(expert_fields), true, msg_expert_check},
+    [MSG_EXPERT_DONE] = {expert_fields, NF(expert_fields), true, msg_expert_check},
 };
 _Static_assert(sizeof msg_field_tables / sizeof msg_field_tables[0] == MSG_TYPE_COUNT, "field tables");
 

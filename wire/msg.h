@@ -32,6 +32,8 @@ typedef enum {
     MSG_CKPT_PIECE,    /* one piece of a checkpoint tensor for a writer, tensor "data" */
     MSG_CKPT_CTL,      /* checkpoint protocol between stage, writer and driver */
     MSG_CKPT_FETCH,    /* resume: bytes of a shard file another rank holds */
+    MSG_EXPERT_TOKENS, /* stage -> its expert group: a sparse layer's routed rows are ready */
+    MSG_EXPERT_DONE,   /* expert group -> stage: the experts' results are back */
     MSG_TYPE_COUNT,
 } msg_type_t;
 
@@ -166,6 +168,24 @@ typedef struct {
     char     text[MSG_TEXT_MAX];
 } msg_ckpt_fetch_t;
 
+/* EXPERT_TOKENS and EXPERT_DONE (train/expert_actor.h): between a stage
+ * and the expert-group actor of its rank. TOKENS: the routed rows of
+ * sparse layer `layer` of the stage's op (envelope step and microbatch)
+ * are in that layer's dispatch buffers, `rows` of them (token, expert
+ * choices) for the experts of the whole EP group; DONE: the group has
+ * exchanged them, run its experts on the `rows_in` rows that reached it
+ * and sent the results back into the layer's combine buffers, with
+ * `status`. `call` numbers the stage's hand-overs; the answer names the
+ * same one. Phase EXPERT_FWD or EXPERT_BWD (the gradients' way). */
+enum { EXPERT_FWD = 1, EXPERT_BWD = 2 };
+typedef struct {
+    uint64_t call;
+    int32_t  layer;
+    uint32_t phase;
+    int64_t  rows, rows_in;
+    int32_t  status;
+} msg_expert_t;
+
 /* Storage for any body; decode into this when the type is not known yet. */
 typedef union {
     msg_ping_t         ping;
@@ -183,6 +203,7 @@ typedef union {
     msg_ckpt_piece_t   ckpt_piece;
     msg_ckpt_ctl_t     ckpt_ctl;
     msg_ckpt_fetch_t   ckpt_fetch;
+    msg_expert_t       expert;
 } msg_body_t;
 
 typedef bt_status_t (*msg_encode_fn)(msgpack_packer *pk, const void *body);

@@ -176,6 +176,15 @@ static inline void wire_gen_message(const uint8_t *in, size_t n, wire_env_t *env
         body->ckpt_ctl.count = (uint32_t)wire_gen_u64(&s);
         wire_gen_str(&s, body->ckpt_ctl.text, sizeof body->ckpt_ctl.text);
         break;
+    case MSG_EXPERT_TOKENS:
+    case MSG_EXPERT_DONE:
+        body->expert.call = wire_gen_u64(&s);
+        body->expert.layer = (int32_t)(wire_gen_u64(&s) >> 33);
+        body->expert.phase = EXPERT_FWD + (uint32_t)(wire_gen_u64(&s) % 2);
+        body->expert.rows = (int64_t)(wire_gen_u64(&s) >> 1);
+        body->expert.rows_in = (int64_t)(wire_gen_u64(&s) >> 1);
+        body->expert.status = (int32_t)wire_gen_u64(&s);
+        break;
     default:
         break;
     }
