@@ -233,8 +233,9 @@ typedef struct model {
      * thread waited for them; the rest overlapped the experts' compute of
      * another chunk (model/moe.c, MOE_CHUNKS). Since creation. */
     uint64_t         moe_a2a_ns, moe_a2a_wait_ns;
-    /* The row all-to-alls since the caller last reset moe_xlog_n (the stage
-     * actor turns them into trace spans after each forward or backward),
+    /* The row all-to-alls since the caller last reset moe_xlog_n (the expert
+     * group, train/expert_actor.c, or without one the stage actor turns them
+     * into trace spans after each expert part or op),
      * the first MODEL_MOE_XLOG of them; moe_xlog_lost counts the rest. */
     model_moe_x_t    moe_xlog[MODEL_MOE_XLOG];
     int              moe_xlog_n, moe_xlog_lost;
