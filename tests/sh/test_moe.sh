@@ -75,6 +75,52 @@ out=$("$BATON" run "$tmp/q.yaml" --quiet --set model.hf=tests/fixtures/mixtral -
     && grep -q "use pp=1, or turn output_router_logits off" <<<"$out" && ! grep -q "rank[0-9]" <<<"$out" \
     && pass moe_pp_aux_refused || fail moe_pp_aux_refused "rc $rc: $out"
 
+# 3b. `baton graph` shows both grids: the expert grid's line, every rank's
+# (ep, edp) and experts, the ep and edp groups, against the fold worked out
+# here from the rank order (rank = tp_rank + tp (cp_rank + cp (dp_rank + dp
+# pp_rank)); i = rank mod tp cp dp, its place in its stage; ep_rank = i mod
+# ep, edp_rank = i / ep; an ep group is the ranks of a stage with the same
+# i / ep, an edp group those with the same ep_rank; groups of one rank are
+# not printed, nor edp groups where they are the dp groups, ep = tp = 1)
+fold() { # TP CP DP PP EP: the lines graph_print should write
+    awk -v tp="$1" -v cp="$2" -v dp="$3" -v pp="$4" -v ep="$5" -v E=8 'BEGIN {
+        S = tp * cp * dp; edp = S / ep; n = S * pp
+        own = !(ep == 1 && tp == 1) # else the experts reduce over dp (x cp), whose groups those are
+        printf "dense grid: tp=%d cp=%d dp=%d pp=%d; expert grid: etp=1 ep=%d edp=%d pp=%d (folded over tp x cp " \
+            "x dp = %d ranks per stage; %d experts, %d per EP rank; expert gradients reduce over %s, dense over " \
+            "dp x cp)\n", tp, cp, dp, pp, ep, edp, pp, S, E, E / ep, own ? "edp" : "dp"
+        for (r = 0; r < n; r++) {
+            t = r % tp; c = int(r / tp) % cp; d = int(r / (tp * cp)) % dp; p = int(r / S); i = r % S
+            cs = cp > 1 ? sprintf(" cp=%d chunks %d,%d", c, c, 2 * cp - 1 - c) : ""
+            printf "rank %d host local (tp=%d%s dp=%d pp=%d ep=%d edp=%d experts [%d, %d))\n", r, t, cs, d, p,
+                i % ep, int(i / ep), (i % ep) * E / ep, (i % ep + 1) * E / ep
+        }
+        for (p = 0; p < pp && ep > 1; p++) for (g = 0; g < edp; g++) {
+            s = "ep (tcp) token all-to-all: ranks"
+            for (e = 0; e < ep; e++) s = s " " (p * S + g * ep + e)
+            print s
+        }
+        for (p = 0; p < pp && edp > 1 && own; p++) for (e = 0; e < ep; e++) {
+            s = "edp (tcp) expert gradients: ranks"
+            for (g = 0; g < edp; g++) s = s " " (p * S + g * ep + e)
+            print s
+        }
+    }'
+}
+printed() { # the same lines of `baton graph`
+    sed -n -e '/^dense grid: /p' -e 's/^  \(rank [0-9]* host .*)\): stage.*/\1/p' \
+        -e 's/^  \(ep (tcp) token all-to-all: ranks.*\)/\1/p' -e 's/^  \(edp (tcp) expert gradients: ranks.*\)/\1/p' <<<"$1"
+}
+for lay in "2 1 2 2 2" "2 1 2 1 4" "1 1 4 1 2" "2 1 4 1 4" "1 1 2 2 1" "2 1 1 1 1" "1 2 2 1 4" "2 2 1 1 2"; do
+    read -r t c d p e <<<"$lay"
+    g=$("$BATON" graph "$tmp/q.yaml" --set parallel.tp="$t" --set parallel.cp="$c" --set parallel.dp="$d" \
+        --set parallel.pp="$p" --set parallel.ep="$e" 2>&1)
+    name=moe_graph_grids_tp${t}_cp${c}_dp${d}_pp${p}_ep${e}
+    want=$(fold $t $c $d $p $e); got=$(printed "$g")
+    [ "$(wc -l <<<"$want")" -ge $((t * c * d * p + 1)) ] && [ "$got" = "$want" ] && pass "$name" \
+        || fail "$name" "$(diff <(echo "$want") <(echo "$got") | head -20)"
+done
+
 # 4. generation: transformers' greedy ids (EOS ignored), the KV cache against
 # recomputing the prefix (greedy and sampled); the fixtures borrow the llama
 # fixture's byte-level tokenizer (the same 256-id vocabulary)

@@ -12,6 +12,11 @@
 #             layer x 2, plus one per evaluation forward), every one
 #             received, and the group's track carries the row all-to-alls
 #             as communication time;
+#   counters  the trace's counters `tokens L<layer> e<expert>` of each
+#             training step equal that step's `expert_tokens` in the
+#             metrics (the global batch's choices per expert), written by
+#             the one stage that reports them per pipeline stage (dp 0,
+#             tp 0), layer 0 on stage 0 and layer 2 on stage 1;
 #   same bits the losses, gradient norms, validation losses and exported
 #             parameters equal, byte for byte, those of the same run with
 #             the expert parts inline in the stage's compute
@@ -63,6 +68,35 @@ done
 [ $ok = 1 ] && [ "$evals" -ge 1 ] && pass moe_actor_trace
 ! grep -q EXPERT_TOKENS <("$BATON" trace "$tmp/inline.tr" --summary 2>&1) && pass moe_actor_inline_has_none \
     || fail moe_actor_inline_has_none "the inline run sent EXPERT_TOKENS"
+
+# counters: tokens per expert per step, as the metrics have them
+"$BATON" trace "$tmp/actor.tr" -o "$tmp/actor.json" > /dev/null 2>&1
+if out=$(python3 - "$tmp/actor.json" "$tmp/actor.jsonl" $steps <<'PY'
+import json, re, sys
+ev = json.load(open(sys.argv[1]))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+steps = int(sys.argv[3])
+seen = {}  # (actor, layer, expert) -> values in time order
+for e in sorted((e for e in ev if e.get("ph") == "C"), key=lambda e: e["ts"]):
+    m = re.fullmatch(r"(stage r\d+ pp(\d+) dp(\d+) tp(\d+) v\d+(?: cp\d+)?) tokens L(\d+) e(\d+)", e["name"])
+    if m:
+        seen.setdefault((m.group(1), int(m.group(5)), int(m.group(6))), []).append(e["args"]["value"])
+want = {}  # (layer, expert) -> per step
+for line in open(sys.argv[2]):
+    rec = json.loads(line)
+    if "loss" in rec:
+        for layer, counts in rec["expert_tokens"].items():
+            for x, c in enumerate(counts):
+                want.setdefault((int(layer), x), []).append(c)
+stage_of = {0: "pp0", 2: "pp1"}
+got = {(l, x): v for (a, l, x), v in seen.items()}
+actors = {(a, l) for (a, l, x) in seen}
+ok = (len(want) == 16 and all(len(v) == steps for v in want.values()) and got == want and
+      len(actors) == 2 and all(" %s dp0 tp0 " % stage_of[l] in a + " " for a, l in actors))
+print("counters", sorted(seen.items())[:4], "... want", sorted(want.items())[:4])
+sys.exit(0 if ok else 1)
+PY
+); then pass moe_actor_token_counters; else fail moe_actor_token_counters "$out"; fi
 
 # same bits: metrics (without the timings) and the export
 strip() { sed -e 's/"elapsed_s": [^,}]*//' -e 's/"t_[a-z_]*": [^,}]*//g' -e 's/"mem[a-z_]*": [^,}]*//g' \
