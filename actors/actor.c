@@ -2,6 +2,7 @@
 
 #include <assert.h>
 #include <ev.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,6 +243,37 @@ static void msg_drop(actor_msg_t *m)
 
 /* queued: m waited in the loop's queue (else it is dispatched from the
  * call that delivered it, the receive callback for a remote frame). */
+/* actor_last_msgs: [0] sent, [1] handled; w0 = type << 56 | peer rank << 32
+ * | low 32 bits of the step, w1 = the microbatch, t = when. */
+static struct {
+    _Atomic uint64_t w0, w1, t;
+} last_msg[2];
+
+static inline void last_msg_note(int which, uint32_t type, uint32_t peer_rank, int64_t step, int32_t mb)
+{
+    if (type == MSG_HEARTBEAT || type == MSG_CREDIT || type == MSG_PING || type == MSG_PONG ||
+        type >= MSG_TYPE_COUNT)
+        return;
+    atomic_store_explicit(&last_msg[which].w0,
+                          (uint64_t)type << 56 | (uint64_t)(peer_rank & 0xffffffu) << 32 | (uint32_t)step,
+                          memory_order_relaxed);
+    atomic_store_explicit(&last_msg[which].w1, (uint64_t)(uint32_t)mb, memory_order_relaxed);
+    atomic_store_explicit(&last_msg[which].t, clock_now_ns(), memory_order_relaxed);
+}
+
+void actor_last_msgs(actor_last_msg_t *sent, actor_last_msg_t *handled)
+{
+    actor_last_msg_t *out[2] = {sent, handled};
+    for (int i = 0; i < 2; i++) {
+        uint64_t t = atomic_load_explicit(&last_msg[i].t, memory_order_relaxed);
+        uint64_t w0 = atomic_load_explicit(&last_msg[i].w0, memory_order_relaxed);
+        uint64_t w1 = atomic_load_explicit(&last_msg[i].w1, memory_order_relaxed);
+        *out[i] = (actor_last_msg_t){.valid = t != 0, .type = (uint32_t)(w0 >> 56),
+                                     .peer = (uint32_t)(w0 >> 32) & 0xffffffu,
+                                     .step = (int32_t)(uint32_t)w0, .mb = (int32_t)(uint32_t)w1, .t_ns = t};
+    }
+}
+
 static void msg_dispatch(actor_t *a, actor_msg_t *m, bool queued)
 {
     if (a->state == ACTOR_NEW) actor_start_now(a);
@@ -279,6 +311,7 @@ static void msg_dispatch(actor_t *a, actor_msg_t *m, bool queued)
     }
     int64_t step = m->env.step;
     int32_t mb = m->env.mb;
+    last_msg_note(1, type, actor_addr_rank(m->env.src), step, mb);
     actor_depth++;
     actor_ret_t r = h(a, m);
     actor_depth--;
@@ -338,6 +371,7 @@ bt_status_t actor_send(actor_t *self, uint32_t dst, actor_msg_t *m)
     m->env.src = self->addr;
     m->env.dst = dst;
     m->env.seq = self->seq++;
+    last_msg_note(0, m->env.type, actor_addr_rank(dst), m->env.step, m->env.mb);
     if (actor_addr_rank(dst) != actor_router_rank(self->rt))
         return actor_router_send_remote_(self->rt, self, m);
     actor_t *to = actor_router_lookup_(self->rt, actor_addr_slot(dst));

@@ -173,6 +173,21 @@ bt_status_t actor_register(actor_router_t *rt, actor_t *self, const actor_class_
  *   BT_ERR_NOT_FOUND / BT_ERR_PEER_*  not delivered (message freed). */
 bt_status_t actor_send(actor_t *self, uint32_t dst, actor_msg_t *m);
 
+/* The last message this process sent and the last it handled, of the types
+ * that move a step forward (every type but HEARTBEAT, CREDIT, PING and PONG,
+ * which flow whether the job moves or not), for hang reports
+ * (launch/driver.h). Recorded on every send and dispatch: three relaxed
+ * stores, no lock; a reader racing a writer may see fields of two
+ * messages, which a report can live with. valid false: none yet. */
+typedef struct {
+    bool     valid;
+    uint32_t type, peer; /* peer: the other end's rank */
+    int64_t  step;
+    int32_t  mb;
+    uint64_t t_ns;       /* clock_now_ns() of the send / the dispatch */
+} actor_last_msg_t;
+void actor_last_msgs(actor_last_msg_t *sent, actor_last_msg_t *handled);
+
 /* Stop the actor now (on its loop): timers stop, the stop hook runs, and
  * messages that arrive afterwards are freed undelivered. */
 void actor_stop(actor_t *self);

@@ -158,6 +158,9 @@ struct coll_comm {
     const char       *name;   /* e.g. "dp0", "tp1" (owned by the backend) */
     unsigned          mem_devices; /* bit (1u << device_kind_t) per kind of memory the
                                     * buffers may be in (host backend: the host only) */
+    uint64_t          n_run;  /* coll_run calls so far (zero at open): the number of the
+                               * one in progress, the same on every rank of the group
+                               * (they issue the same calls in the same order) */
 };
 
 static inline bt_status_t coll_open(const coll_ops_t *ops, const coll_config_t *cfg,
@@ -187,8 +190,20 @@ static inline const char *coll_failure(coll_comm_t *c)
  * for its kind, a broadcast root outside the group): a caller bug. */
 void coll_call_check(const coll_comm_t *c, const coll_call_t *call);
 
-/* start + wait: the blocking form, for compute threads. */
+/* start + wait: the blocking form, for compute threads. It also records,
+ * for the calling thread, which call it waits in (group, number, kind,
+ * bytes, since when): what coll_watch_describe reports. Cost: two
+ * uncontended mutex pairs per call, nothing per element.
+ * Test hook: BATON_TEST_COLL_STALL="NAME:RANK:SEQ" makes rank RANK of group
+ * NAME sleep (for good) before its call number SEQ, without arriving. */
 bt_status_t coll_run(coll_comm_t *c, const coll_call_t *call);
+
+/* What the threads of this process wait in right now, one line each:
+ *   "coll NAME SEQ KIND BYTES SINCE_MS RANK SIZE\n"
+ * (the group's name, the call's number in it, its kind, the bytes this rank
+ * contributes, how long it has waited, its rank in the group and the group's
+ * size). Any thread; returns the length written (truncated to cap - 1). */
+size_t coll_watch_describe(char *buf, size_t cap, uint64_t now_ns);
 
 static inline bt_status_t coll_all_reduce(coll_comm_t *c, void *buf, size_t count, dtype_t dt,
                                           coll_op_t op)

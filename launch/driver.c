@@ -26,6 +26,7 @@
 #include "ckpt/store.h"
 #include "launch/run_ckpt.h"
 #include "launch/graph.h"
+#include "launch/hang.h"
 #include "launch/jobdir.h"
 #include "launch/report.h"
 #include "launch/run_mem.h"
@@ -113,6 +114,7 @@ typedef struct {
     int             fail_rank;
     char            fail_text[512];
     double          hb_timeout_s, step_timeout_s, start_timeout_s;
+    hang_t          hang;        /* each rank's last "wait" text (launch/hang.h) */
 } driver_t;
 
 static double env_seconds(const char *name, double dflt)
@@ -150,6 +152,8 @@ static void send_all(driver_t *d, uint32_t type, uint32_t state, int64_t step, b
     }
 }
 
+static void hang_describe(void *arg, int r, char *buf, size_t cap) { rank_describe(arg, r, buf, cap); }
+
 /* The verdict comes a moment after the first symptom: a killed process
  * closes its sockets just before it becomes reapable, and its peers may
  * report the broken links first. Naming the dead process wins. */
@@ -178,6 +182,9 @@ static void diag_fire(actor_t *self, actor_timer_t *t)
         snprintf(text, sizeof text, "%s", d->fail_text);
     }
     log_error("job failed: %s; stopping every process", text);
+    /* no process died: something waits; say what each rank waited in */
+    if (dead < 0 && d->step && (d->fail_status == BT_ERR_TIMEOUT || d->fail_status == BT_ERR_PEER_TIMEOUT))
+        hang_report(&d->hang, d->g, hang_describe, d, clock_now_ns(), stderr);
     send_all(d, MSG_STOP, 0, d->step, d->fail_status, text);
     actor_router_stop_request(d->rt, d->fail_status ? d->fail_status : BT_ERR_CANCELED);
 }
@@ -492,6 +499,9 @@ static actor_ret_t drv_on_heartbeat(actor_t *self, actor_msg_t *m)
     int r = msg_rank(d, m);
     if (r < 0 || d->phase >= DRV_DONE) return ACTOR_DONE;
     uint32_t state = m->body.heartbeat.state;
+    size_t wl;
+    const char *wt = state == STAGE_ST_ALIVE ? actor_msg_text(m, "wait", &wl) : NULL;
+    if (state == STAGE_ST_ALIVE) hang_note(&d->hang, r, wt ? wt : "", wt ? wl : 0, d->last_seen[r]);
     if (state == STAGE_ST_READY && !d->ready[r]) d->ready[r] = true;
     else if (state == STAGE_ST_READY) return ACTOR_DONE;
     if (state == STAGE_ST_READY && ++d->n_ready == d->world) {
@@ -1414,7 +1424,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     d.mem = calloc((size_t)g.world, sizeof *d.mem);
     d.dev_mem = calloc((size_t)g.world, sizeof *d.dev_mem);
     if (!d.last_seen || !d.ck_wrote || !d.ck_root || !d.rank_loss || !d.ck_up || !d.ready || !d.mem ||
-        !d.dev_mem)
+        !d.dev_mem || hang_init(&d.hang, g.world))
         goto close_metrics;
     if (job_has_experts(job)) {
         size_t cells = (size_t)job->model.layers * (size_t)(job->model.n_experts + 1);
@@ -1514,6 +1524,7 @@ close_metrics:
 destroy_router:
     actor_router_destroy(rt);
     free(d.last_seen);
+    hang_free(&d.hang);
     free(d.received);
     for (int r = 0; d.ck_root && r < g.world; r++) free(d.ck_root[r]);
     free(d.ck_root);

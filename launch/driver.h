@@ -23,7 +23,8 @@
  * default 5), transport error reports of every edge, child exits (waitpid)
  * and a step watchdog (BATON_STEP_TIMEOUT seconds, default 300) fail the
  * job with one message naming the rank, its pid, host and coordinates; every
- * process is then stopped.
+ * process is then stopped. A timeout without a dead process adds a hang
+ * report (launch/hang.h) from what each rank's heartbeats said it waits in.
  */
 #ifndef BT_LAUNCH_DRIVER_H
 #define BT_LAUNCH_DRIVER_H

@@ -139,6 +139,7 @@ static const field_t fields[] = {
     STR("launch.workdir", launch.workdir),
     STR("launch.baton", launch.baton),
     FLT("launch.heartbeat_timeout", launch.heartbeat_timeout, 0.1, 86400),
+    FLT("launch.heartbeat_interval", launch.heartbeat_interval, 0.05, 3600),
     FLT("launch.step_timeout", launch.step_timeout, 0.1, 1e7),
     STR("device", device),
     ENUM("dtype", dtype, dtype_names),
@@ -247,6 +248,7 @@ void job_defaults(job_t *job)
     snprintf(job->hosts[0], JOB_HOST_MAX, "local");
     job->n_hosts = 1;
     job->launch.heartbeat_timeout = 5;
+    job->launch.heartbeat_interval = 1;
     job->launch.step_timeout = 300;
     snprintf(job->device, sizeof job->device, "cpu");
     job->dtype = JOB_DTYPE_FP32;
@@ -966,6 +968,10 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     if (m->seq == 0) m->seq = job->data.seq_len;
     if (m->init_seed < 0) m->init_seed = job->train.seed;
     if ((st = global_batch_derive(job, err, errlen))) return st;
+    if (job->launch.heartbeat_interval >= job->launch.heartbeat_timeout)
+        return vfail(job, "launch.heartbeat_interval", err, errlen,
+                     "%g s is not shorter than launch.heartbeat_timeout (%g s): every rank would "
+                     "look silent", job->launch.heartbeat_interval, job->launch.heartbeat_timeout);
 
     if (!m->hf[0] && m->hidden % m->heads)
         return vfail(job, "model.heads", err, errlen, "%lld heads do not divide hidden %lld",

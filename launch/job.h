@@ -159,6 +159,7 @@ typedef struct {
     char   workdir[JOB_PATH_MAX];  /* launch.workdir: cwd of the ranks ("": the driver's) */
     char   baton[JOB_PATH_MAX];    /* launch.baton: the binary on the hosts ("": this one's path) */
     double heartbeat_timeout;      /* launch.heartbeat_timeout: seconds of silence (5) */
+    double heartbeat_interval;     /* launch.heartbeat_interval: seconds between a rank's (1) */
     double step_timeout;           /* launch.step_timeout: seconds for one step (300) */
 } job_launch_t;
 

@@ -640,7 +640,7 @@ static bt_status_t actors_start(worker_t *w)
         .eval_only = w->eval_only,
         /* every window scores all T positions (train/train.h) */
         .dloss = 1.0f / (float)(rows * g->seq_len),
-        .opt = w->opt, .worker = compute, .rt = w->rt, .heartbeat_s = 0.3,
+        .opt = w->opt, .worker = compute, .rt = w->rt, .heartbeat_s = w->job.launch.heartbeat_interval,
         .writer = saves ? ACTOR_ADDR(w->rank, GRAPH_SLOT_CKPT) : 0, .ckpt = &w->items,
         .first_step = w->resumed.pos.step,
         .experts = experts ? ACTOR_ADDR(w->rank, GRAPH_SLOT_EXPERTS) : 0,

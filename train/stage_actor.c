@@ -352,12 +352,45 @@ static void report(stage_actor_t *s, bt_status_t status, uint32_t peer, const ch
     actor_send(&s->a, s->cfg.driver, m);
 }
 
+/* The "wait" text of an ALIVE heartbeat (train/stage_actor.h): built once
+ * a heartbeat interval, nothing on the path of a step. */
+static void wait_describe(stage_actor_t *s, char *buf, size_t cap)
+{
+    uint64_t now = clock_now_ns();
+    size_t at = 0;
+    int k = 0;
+    buf[0] = 0;
+    if (s->running && s->busy)
+        k = snprintf(buf, cap, "busy %lld %llu\n", (long long)s->step,
+                     (unsigned long long)((now - s->busy_t0) / 1000000));
+    else if (s->running && s->wait_type)
+        k = snprintf(buf, cap, "pipe %s %lld %d %d %u %llu\n", msg_type_name(s->wait_type),
+                     (long long)(s->cur && s->cur->eval ? STAGE_EVAL_STEP : s->step), s->wait_mb,
+                     s->wait_vstage, s->wait_from, (unsigned long long)((now - s->wait_t0) / 1000000));
+    if (k > 0 && (size_t)k < cap) at = (size_t)k;
+    at += coll_watch_describe(buf + at, cap - at, now);
+    actor_last_msg_t lm[2];
+    actor_last_msgs(&lm[0], &lm[1]);
+    for (int i = 0; i < 2 && at + 1 < cap; i++) {
+        if (!lm[i].valid) continue;
+        k = snprintf(buf + at, cap - at, "%s %s %u %lld %d %llu\n", i ? "recv" : "sent",
+                     msg_type_name(lm[i].type), lm[i].peer, (long long)lm[i].step, lm[i].mb,
+                     (unsigned long long)(now > lm[i].t_ns ? (now - lm[i].t_ns) / 1000000 : 0));
+        if (k > 0) at += (size_t)k < cap - at ? (size_t)k : cap - at - 1;
+    }
+}
+
 static void heartbeat_send(stage_actor_t *s, uint32_t state)
 {
     actor_msg_t *m = actor_msg_new(MSG_HEARTBEAT);
     if (!m) return;
     m->body.heartbeat = (msg_heartbeat_t){.t_ns = clock_now_ns(), .rank = (uint32_t)s->cfg.rank,
                                           .state = state, .step = s->done_step};
+    if (state == STAGE_ST_ALIVE) {
+        char text[1024];
+        wait_describe(s, text, sizeof text);
+        if (text[0]) actor_msg_text_add(m, "wait", text); /* out of memory: a plain heartbeat */
+    }
     actor_send(&s->a, s->cfg.driver, m);
 }
 
@@ -596,8 +629,41 @@ static void export_buf_release(void *buf) { free(buf); }
 static bt_status_t job_submit(stage_actor_t *s, actor_work_fn fn, uint64_t tag)
 {
     bt_status_t st = actor_worker_submit(s->cfg.worker, &s->a, fn, s->job, NULL, tag);
-    if (st == BT_OK) s->busy = true;
+    if (st == BT_OK) {
+        s->busy = true;
+        s->wait_type = 0;
+        s->busy_t0 = clock_now_ns();
+    }
     return st;
+}
+
+/* advance() stops: the op due needs message `type` of mb for virtual stage
+ * vstage from `from` (kept for the heartbeat's "wait"). */
+static void wait_for(stage_actor_t *s, uint32_t type, int mb, int vstage, actor_addr_t from)
+{
+    if (s->wait_type == type && s->wait_mb == mb && s->wait_vstage == vstage) return;
+    s->wait_type = type;
+    s->wait_mb = mb;
+    s->wait_vstage = vstage;
+    s->wait_from = actor_addr_rank(from);
+    s->wait_t0 = clock_now_ns();
+}
+
+/* Test hook for hang reports: BATON_TEST_HOLD_ACTIVATION="STEP@RANK" makes
+ * that rank drop (never send) its ACTIVATION of microbatch 0 of that step.
+ * True when m was that message (then freed). */
+static bool test_hold_due(const stage_actor_t *s, actor_msg_t *m)
+{
+    const char *v = getenv("BATON_TEST_HOLD_ACTIVATION");
+    long long at;
+    int r;
+    if (!v || m->env.type != MSG_ACTIVATION || m->env.mb != 0 || sscanf(v, "%lld@%d", &at, &r) != 2 ||
+        at != m->env.step || r != s->cfg.rank)
+        return false;
+    log_warn("rank %d: BATON_TEST_HOLD_ACTIVATION: the ACTIVATION of step %lld microbatch 0 is never sent",
+             s->cfg.rank, at);
+    actor_msg_free(m);
+    return true;
 }
 
 static void fail(stage_actor_t *s, bt_status_t st, const char *what)
@@ -723,8 +789,14 @@ static void advance(stage_actor_t *s)
     int64_t rows = c->B;
     if (op.kind == PIPE_OP_FWD) {
         actor_msg_t *d = p->data_in[op.mb];
-        if ((v == 0 || v == last) && !d) return;
-        if (v != 0 && !p->act_in[k]) return;
+        if ((v == 0 || v == last) && !d) {
+            wait_for(s, MSG_DATA_BATCH, op.mb, v, c->data);
+            return;
+        }
+        if (v != 0 && !p->act_in[k]) {
+            wait_for(s, MSG_ACTIVATION, op.mb, v, c->prev[op.chunk]);
+            return;
+        }
         if (v != 0 && !pipe_input(s, j, p->act_in[k], "x", op.chunk, -1)) return;
         rows = d ? actor_msg_tensor(d, "tokens")->shape[0] : j->out_shape[0];
         if (rows < 1 || rows > c->B || (v != 0 && j->out_shape[0] != rows)) {
@@ -738,7 +810,10 @@ static void advance(stage_actor_t *s)
             return;
         if (v != last) j->out->body.activation.vstage = v + 1;
     } else {
-        if (v != last && !p->grad_in[k]) return;
+        if (v != last && !p->grad_in[k]) {
+            wait_for(s, MSG_ACT_GRAD, op.mb, v, c->next[op.chunk]);
+            return;
+        }
         if (v != last && !pipe_input(s, j, p->grad_in[k], "dx", op.chunk, rows)) return;
         if (v != 0 && !pipe_output(s, j, MSG_ACT_GRAD, "dx", op.chunk, rows, c->handoff_prev[op.chunk]))
             return;
@@ -835,6 +910,7 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
             fail(s, st, "copying an output to the host");
             return ACTOR_DONE;
         }
+        if (test_hold_due(s, out)) return ACTOR_DONE;
         st = actor_send(self, to, out);
         if (st && st != BT_ERR_BUSY) fail(s, st, "pipeline send");
         return ACTOR_DONE;
@@ -901,7 +977,7 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
         return ACTOR_DONE;
     }
     if (j->out) { /* handed off: the descriptor is attached */
-        st = actor_send(self, j->out_to, j->out);
+        st = test_hold_due(s, j->out) ? BT_OK : actor_send(self, j->out_to, j->out);
         j->out = NULL;
         if (st && st != BT_ERR_BUSY) {
             fail(s, st, "pipeline send");

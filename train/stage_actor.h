@@ -40,7 +40,12 @@
  *                    its writer (train/ckpt_writer.h) as CKPT_CTL BEGIN +
  *                    CKPT_PIECE messages; the next step starts as soon as
  *                    the copy is done, while the writer writes
- *   stage -> driver  STAGE_ST_READY once, STAGE_ST_ALIVE every heartbeat
+ *   stage -> driver  STAGE_ST_READY once, STAGE_ST_ALIVE every heartbeat;
+ *                    an ALIVE carries the text "wait": what the rank waits
+ *                    in (lines "pipe TYPE STEP MB VSTAGE FROM SINCE_MS",
+ *                    "busy STEP SINCE_MS" while a compute job runs, the
+ *                    collectives of coll_watch_describe, and "sent"/"recv"
+ *                    TYPE PEER STEP MB AGO_MS: actor_last_msgs)
  *   STOP             stop this process (status says whether it is a failure)
  * Peer failures reported by the router (MSG_ERROR_REPORT) are forwarded to
  * the driver, which decides; losing the driver stops the process.
@@ -171,6 +176,12 @@ typedef struct {
     handoff_map_t        ho_map;        /* the neighbours' buffers mapped here (compute thread) */
     _Atomic(stage_snap_t *) snap_spare; /* the last checkpoint's host block, for the next */
     struct expert_call  *exp_call;      /* a sparse layer's rows with the expert group */
+    /* what the op walk waits for (hang reports: each heartbeat says it):
+     * the input message of the op due, set when advance() stops for it */
+    uint32_t             wait_type;     /* MSG_DATA_BATCH / ACTIVATION / ACT_GRAD; 0: none */
+    int                  wait_mb, wait_vstage;
+    uint32_t             wait_from;     /* the rank it comes from */
+    uint64_t             wait_t0, busy_t0; /* since when it waits / the job in flight runs */
 } stage_actor_t;
 
 /* Op lists, activation arenas; then actor_register with stage_actor_class. */

@@ -18,6 +18,7 @@ train: {steps: 100000, micro_batch: 1, grad_accum: 2, log_every: 100000}
 optim: {lr: 0.001, min_lr: 0.0001, warmup: 0}
 parallel: {pp: 2, dp: 2}
 metrics: {file: $tmp/m.jsonl}
+launch: {heartbeat_interval: 0.3}
 YAML
 
 # start_job OUT [VAR=value ...]: start the job in the background (its pid in
