@@ -19,6 +19,7 @@
 #include "launch/driver.h"
 #include "launch/job.h"
 #include "launch/report.h"
+#include "launch/restart.h"
 #include "launch/rundir.h"
 #include "ckpt/store.h"
 #include "launch/run_ckpt.h"
@@ -221,8 +222,9 @@ int cmd_run(int argc, char **argv)
         if (rundir_create(&job, n, full, sets, n_sets, &rd, err, sizeof err)) goto bad_job;
     }
     if (job.parallel.tp * job.parallel.cp * job.parallel.pp * job.parallel.dp > 1) /* multi-process: launch/driver.h */
-        return driver_run(&job, sets, n_sets, quiet, resume ? (resume_what ? resume_what : "latest") : NULL,
-                          &rd);
+        return (job.restart.max ? restart_run : driver_run)(&job, sets, n_sets, quiet,
+                                                            resume ? (resume_what ? resume_what : "latest") : NULL,
+                                                            &rd);
     if (job.trace_dir[0]) log_warn("trace.dir: tracing of single-process runs is not built yet; ignored");
 
     int rc = 1;

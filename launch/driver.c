@@ -154,6 +154,25 @@ static void send_all(driver_t *d, uint32_t type, uint32_t state, int64_t step, b
 
 static void hang_describe(void *arg, int r, char *buf, size_t cap) { rank_describe(arg, r, buf, cap); }
 
+/* The last job failure of this process (driver_last_failure) and where
+ * its verdict and hang report are also written (driver_attempt_log). */
+static struct {
+    bool        failed;
+    bt_status_t status;
+    char        text[1024];
+    FILE       *log;
+} drv_last;
+
+void driver_attempt_log(FILE *f) { drv_last.log = f; }
+
+bool driver_last_failure(bt_status_t *status, char *text, size_t cap)
+{
+    if (!drv_last.failed) return false;
+    *status = drv_last.status;
+    snprintf(text, cap, "%s", drv_last.text);
+    return true;
+}
+
 /* The verdict comes a moment after the first symptom: a killed process
  * closes its sockets just before it becomes reapable, and its peers may
  * report the broken links first. Naming the dead process wins. */
@@ -182,9 +201,16 @@ static void diag_fire(actor_t *self, actor_timer_t *t)
         snprintf(text, sizeof text, "%s", d->fail_text);
     }
     log_error("job failed: %s; stopping every process", text);
+    drv_last.failed = true;
+    drv_last.status = d->fail_status ? d->fail_status : BT_ERR_CANCELED;
+    snprintf(drv_last.text, sizeof drv_last.text, "%s", text);
+    if (drv_last.log) fprintf(drv_last.log, "job failed: %s\n", text);
     /* no process died: something waits; say what each rank waited in */
-    if (dead < 0 && d->step && (d->fail_status == BT_ERR_TIMEOUT || d->fail_status == BT_ERR_PEER_TIMEOUT))
+    if (dead < 0 && d->step && (d->fail_status == BT_ERR_TIMEOUT || d->fail_status == BT_ERR_PEER_TIMEOUT)) {
         hang_report(&d->hang, d->g, hang_describe, d, clock_now_ns(), stderr);
+        if (drv_last.log) hang_report(&d->hang, d->g, hang_describe, d, clock_now_ns(), drv_last.log);
+    }
+    if (drv_last.log) fflush(drv_last.log);
     send_all(d, MSG_STOP, 0, d->step, d->fail_status, text);
     actor_router_stop_request(d->rt, d->fail_status ? d->fail_status : BT_ERR_CANCELED);
 }
@@ -1269,6 +1295,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
 {
     static graph_t g;
     char err[JOB_ERR_MAX];
+    drv_last.failed = false;
     if (graph_build(job, &g, err, sizeof err)) {
         fprintf(stderr, "baton run: %s: %s\n", job->path, err);
         return 1;

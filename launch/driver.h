@@ -31,6 +31,9 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+
+#include "base/status.h"
 
 #include "launch/job.h"
 #include "launch/rundir.h"
@@ -41,6 +44,15 @@
  * directory (its {run} paths already in job). Returns the exit status. */
 int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet, const char *resume,
                const rundir_t *rd);
+
+/* Whether the last driver_run of this process ended in a job failure (a
+ * rank died, hung or reported one, or a signal: BT_ERR_CANCELED), with its
+ * status and the "job failed" text; false when it finished, or stopped
+ * before any rank started (bad input). For restarts (launch/restart.h). */
+bool driver_last_failure(bt_status_t *status, char *text, size_t cap);
+/* Also write the failure verdict and hang report of the coming runs to f
+ * (NULL: no more). */
+void driver_attempt_log(FILE *f);
 
 /* One forward-only evaluation of the HF model in model_dir over `rows` rows
  * of T tokens (ids; targets -100 where not scored) in the layout

@@ -141,6 +141,7 @@ static const field_t fields[] = {
     FLT("launch.heartbeat_timeout", launch.heartbeat_timeout, 0.1, 86400),
     FLT("launch.heartbeat_interval", launch.heartbeat_interval, 0.05, 3600),
     FLT("launch.step_timeout", launch.step_timeout, 0.1, 1e7),
+    INT("restart.max", restart.max, 0, 1000),
     STR("device", device),
     ENUM("dtype", dtype, dtype_names),
 

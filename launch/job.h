@@ -177,6 +177,9 @@ typedef struct {
     char             hosts[JOB_MAX_HOSTS][JOB_HOST_MAX];
     int              n_hosts;
     job_launch_t     launch;
+    struct {
+        int64_t max;  /* restart.max: relaunches after a failure (launch/restart.h); 0: none */
+    } restart;
     job_export_t     export;
     job_checkpoint_t checkpoint;
     char             trace_dir[JOB_PATH_MAX];

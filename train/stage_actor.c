@@ -1245,14 +1245,20 @@ static void snap_start(stage_actor_t *s, int64_t step)
     s->busy = true;
 }
 
-/* Fault injection for the resume tests: BATON_TEST_KILL="STEP@RANK" makes
- * that rank SIGKILL itself when told to run that step. */
+/* Fault injection for the resume and restart tests: BATON_TEST_KILL=
+ * "STEP@RANK" makes that rank SIGKILL itself when told to run that step; a
+ * comma list of "STEP@RANK/ATTEMPT" does so only in that attempt of a
+ * restarting run (BATON_ATTEMPT, 1 first, launch/restart.h). */
 static bool test_kill_due(int64_t step, int rank)
 {
-    const char *v = getenv("BATON_TEST_KILL");
-    long long at;
-    int r;
-    return v && sscanf(v, "%lld@%d", &at, &r) == 2 && at == step && r == rank;
+    const char *v = getenv("BATON_TEST_KILL"), *a = getenv("BATON_ATTEMPT");
+    int attempt = a ? atoi(a) : 1;
+    for (; v && *v; v += strcspn(v, ",") + (v[strcspn(v, ",")] == ',')) {
+        long long at;
+        int r, want = -1, n = sscanf(v, "%lld@%d/%d", &at, &r, &want);
+        if (n >= 2 && at == step && r == rank && (n == 2 || want == attempt)) return true;
+    }
+    return false;
 }
 
 static actor_ret_t stage_on_heartbeat(actor_t *self, actor_msg_t *m)
