@@ -10,11 +10,52 @@
 #include "launch/job.h"
 #include "launch/run_mem.h"
 #include "launch/run_setup.h"
+#include "launch/split.h"
 #include "base/mem.h"
 #include "model/model.h"
 #include <stdlib.h>
 
 static void bytes_fmt(double b, char *buf, size_t cap) { base_mem_size_fmt(b, buf, cap); }
+
+/* The job's pipeline split and the balanced one, stage by stage, by the
+ * per-layer cost model (launch/split.h). */
+static void split_print(const job_t *job, const model_config_t *mc)
+{
+    const job_parallel_t *p = &job->parallel;
+    int n = (int)(p->pp * p->virtual_stages);
+    if (p->pp < 2) return;
+    static int64_t mine[JOB_MAX_STAGES], bal[JOB_MAX_STAGES];
+    static run_split_stage_t st[JOB_MAX_STAGES];
+    if (job_stage_layers(job, mine, JOB_MAX_STAGES) != n) return;
+    bool have_bal = p->virtual_stages == 1 && run_split_balanced(job, mc, n, bal) == BT_OK;
+    printf("pipeline split by the cost model (launch/split.h): per stage its parameters, one "
+           "training arena, the estimate (parameters x %g + %lld arenas) and training FLOPs per "
+           "token\n",
+           2.0 + 2.0 / (p->zero1 ? (double)(p->dp * (p->cp > 1 ? p->cp : 1)) : 1.0),
+           (long long)(p->microbatches ? p->microbatches : job->train.grad_accum));
+    for (int k = 0; k < 2; k++) {
+        const int64_t *split = k ? bal : mine;
+        if (k && !have_bal) break;
+        if (run_split_costs(job, mc, split, n, st)) return;
+        double most = 0;
+        for (int s = 0; s < n; s++)
+            if (st[s].mem > most) most = st[s].mem;
+        char big[32];
+        bytes_fmt(most, big, sizeof big);
+        printf("  %s split [", k ? "balanced" : p->split_balanced ? "this job's (balanced)"
+                                 : p->n_split ? "this job's" : "this job's (even)");
+        for (int s = 0; s < n; s++) printf("%s%lld", s ? ", " : "", (long long)split[s]);
+        printf("]: largest stage %s (%.0f bytes)\n", big, most);
+        for (int s = 0; s < n; s++) {
+            char pa[32], ac[32], me[32];
+            bytes_fmt(st[s].params, pa, sizeof pa);
+            bytes_fmt(st[s].acts, ac, sizeof ac);
+            bytes_fmt(st[s].mem, me, sizeof me);
+            printf("    stage %d layers [%d, %d): parameters %s, arena %s, estimate %s, %.4g "
+                   "GFLOP/token\n", s, st[s].first, st[s].last, pa, ac, me, st[s].flops * 1e-9);
+        }
+    }
+}
 
 /* The parameter count and what every process will hold (launch/run_mem.h):
  * the same estimate `baton run` checks against the memory limit. */
@@ -44,6 +85,7 @@ static bt_status_t mem_print(job_t *job, const graph_t *g)
         fprintf(stderr, "baton graph: %s\n", err);
         return BT_ERR_INVALID;
     }
+    split_print(job, &mc);
     int64_t np = model_num_params(&mc);
     printf("parameters: %lld (%.2f M), vocab %lld, %lld layers\n", (long long)np, (double)np * 1e-6,
            (long long)mc.vocab_size, (long long)mc.num_layers);
@@ -104,7 +146,7 @@ int cmd_graph(int argc, char **argv)
     if (job_load(path, &job, err, sizeof err)) goto bad;
     for (int i = 0; i < n_sets; i++)
         if (job_override(&job, sets[i], err, sizeof err)) goto bad;
-    if (job_validate(&job, err, sizeof err)) goto bad;
+    if (job_validate(&job, err, sizeof err) || run_split_resolve(&job, err, sizeof err)) goto bad;
     static graph_t g;
     if (graph_build(&job, &g, err, sizeof err)) goto bad;
     graph_print(&g, &job, stdout);

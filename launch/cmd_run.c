@@ -25,6 +25,7 @@
 #include "launch/run_ckpt.h"
 #include "launch/run_mem.h"
 #include "launch/run_setup.h"
+#include "launch/split.h"
 #include "train/ckpt_state.h"
 #include "train/train.h"
 
@@ -202,7 +203,7 @@ int cmd_run(int argc, char **argv)
     if (job_load(job_path, &job, err, sizeof err)) goto bad_job;
     for (int i = 0; i < n_sets; i++)
         if (job_override(&job, sets[i], err, sizeof err)) goto bad_job;
-    if (job_validate(&job, err, sizeof err)) goto bad_job;
+    if (job_validate(&job, err, sizeof err) || run_split_resolve(&job, err, sizeof err)) goto bad_job;
     /* --quiet: nothing but warnings and errors from here on, in this process
      * and in the workers (unless BATON_LOG says otherwise) */
     if (quiet && !getenv("BATON_LOG")) {

@@ -467,6 +467,17 @@ static bt_status_t field_set(job_t *job, int fi, yaml_document_t *doc, yaml_node
     case F_INT_LIST:
     case F_FLOAT_PAIR:
     case F_STR_LIST: {
+        if (f->off == OFF(parallel.split)) { /* a list of layer counts, or balanced */
+            job->parallel.split_balanced = n->type == YAML_SCALAR_NODE && scalar_is_plain(n) &&
+                                           !strcmp(scalar_text(n), "balanced");
+            if (job->parallel.split_balanced) {
+                job->parallel.n_split = 0;
+                break;
+            }
+            if (n->type != YAML_SEQUENCE_NODE)
+                return fail_at(err, errlen, w, f->name,
+                               "expected a list of layer counts per stage or balanced");
+        }
         if (n->type == YAML_SCALAR_NODE && f->type == F_STR_LIST) {
             /* hosts: local  ==  hosts: [local] */
             if (n->data.scalar.length >= JOB_HOST_MAX)
@@ -1139,6 +1150,10 @@ void job_write_yaml(const job_t *job, FILE *f)
         case F_STR: yaml_str_write(f, base); break;
         case F_ENUM: fprintf(f, "%s", fd->enums[*(const int *)base]); break;
         case F_INT_LIST:
+            if (fd->off == OFF(parallel.split) && job->parallel.split_balanced) {
+                fputs("balanced", f);
+                break;
+            }
             fputc('[', f);
             for (int k = 0; k < count; k++)
                 fprintf(f, "%s%lld", k ? ", " : "", (long long)((const int64_t *)base)[k]);

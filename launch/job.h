@@ -107,6 +107,7 @@ typedef struct {
     int64_t ep;                       /* expert parallelism: folded over tp x dp (1: none) */
     int64_t split[JOB_MAX_STAGES];    /* layers per pipeline stage (virtual stages included) */
     int     n_split;                  /* 0: even split */
+    bool    split_balanced;           /* parallel.split: balanced (launch/split.h fills split) */
     int64_t virtual_stages;
     job_schedule_t schedule;
     int64_t microbatches;             /* pipeline microbatches per step; 0 = train.grad_accum */

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "launch/split.h"
 #include <unistd.h>
 
 #include "coll/coll.h"
@@ -206,7 +208,9 @@ static bt_status_t job_read(worker_t *w, const char *run_dir)
         }
         fclose(f);
     }
-    if (job_validate(&w->job, err, sizeof err) || graph_build(&w->job, &w->g, err, sizeof err)) goto bad;
+    if (job_validate(&w->job, err, sizeof err) || run_split_resolve(&w->job, err, sizeof err) ||
+        graph_build(&w->job, &w->g, err, sizeof err))
+        goto bad;
     return BT_OK;
 bad:
     log_error("worker: %s", err);

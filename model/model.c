@@ -458,6 +458,20 @@ void model_mem_estimate_par(const model_config_t *cfg, const model_stage_t *stag
     }
     if (B > 0 && T > 0) {
         out->acts = model_acts_plan_bytes(&m, B, T, MODEL_ACTS_TRAIN);
+        double sc = 0;
+        for (int s = 0; s < m.n_subs; s++) {
+            double b = m.subs[s].kind->scratch_bytes(&m, B, T);
+            if (b > sc) sc = b;
+        }
+        out->acts_scratch = model_align_d(sc > 0 ? sc : 1);
+        for (int s = 0; s < m.n_subs; s++) {
+            const model_kind_t *k = m.subs[s].kind;
+            bool have = !k->shared_bytes;
+            for (int i = 0; i < out->n_shared; i++) have |= out->shared_kind[i] == k;
+            if (have || out->n_shared == 8) continue;
+            out->shared_kind[out->n_shared] = k;
+            out->acts_shared[out->n_shared++] = model_align_d(k->shared_bytes(&m, T));
+        }
         out->acts_fwd = model_acts_plan_bytes(&m, B, T, MODEL_ACTS_FWD);
         out->acts_decode = model_acts_plan_bytes(&m, 1, T, MODEL_ACTS_DECODE);
     }

@@ -406,6 +406,11 @@ typedef struct {
     double expert_params; /* of params: the routed experts' stacked tensors (E / ep_size
                              experts of each sparse layer under expert parallelism) */
     double acts;         /* one model_acts_create(B, T) arena (0 when B or T is 0) */
+    double acts_scratch; /* of acts: the scratch region its sublayers share (the largest
+                            sublayer's, 64-byte aligned) */
+    int    n_shared;     /* of acts: each kind's state shared by its sublayers (RoPE tables) */
+    const model_kind_t *shared_kind[8];
+    double acts_shared[8];
     double acts_fwd;     /* one model_acts_create_fwd(B, T) arena (0 likewise) */
     double acts_decode;  /* one model_acts_create_decode(T) arena (0 likewise) */
     double largest;      /* the largest whole tensor of the stage in f32 (what gathering
