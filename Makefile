@@ -18,7 +18,8 @@ endif
 
 PKGS    := libev-dev libmsgpack-dev libucx-dev ucx-utils libyaml-dev libjansson-dev \
            libopenblas-dev libxxhash-dev libssl-dev libpng-dev libcairo2-dev pkg-config clang \
-           libclang-rt-14-dev python3 python3-venv openssh-server openssh-client iproute2
+           libclang-rt-14-dev python3 python3-venv openssh-server openssh-client iproute2 \
+           slurm-wlm munge nftables
 HAVE_UCX  := $(shell pkg-config --exists ucx 2>/dev/null && echo 1)
 HAVE_NVCC := $(shell command -v nvcc >/dev/null 2>&1 && echo 1)
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "launch/slurm.h"
 #include "launch/spawn.h"
 #include "launch/ssh.h"
 #include "launch/worker.h"
@@ -79,13 +80,17 @@ static bt_status_t secret_from_stdin(uint8_t *secret, size_t len)
     return BT_OK;
 }
 
-int agent_main(const char *run_dir, int first, int count, const char *host, const char *peer)
+int agent_main(const char *run_dir, int first, int count, const char *host, const char *peer, bool slurm)
 {
-    char tag[96];
+    char tag[JOB_HOST_MAX + 16], slurm_host[JOB_HOST_MAX];
+    uint8_t secret[RUN_SECRET_LEN];
+    if (slurm) { /* first rank, node and secret from srun's environment */
+        if (slurm_agent_env(count, &first, slurm_host, sizeof slurm_host, secret, sizeof secret)) return 1;
+        host = slurm_host;
+    }
     snprintf(tag, sizeof tag, "agent %s", host);
     log_set_tag(tag);
-    uint8_t secret[RUN_SECRET_LEN];
-    if (secret_from_stdin(secret, sizeof secret)) return 1;
+    if (!slurm && secret_from_stdin(secret, sizeof secret)) return 1;
     char self[64];
     if (launch_addr_toward(peer, self, sizeof self)) return 1;
     setenv("BATON_LISTEN_HOST", self, 1);

@@ -15,6 +15,10 @@
 #ifndef BT_LAUNCH_AGENT_H
 #define BT_LAUNCH_AGENT_H
 
-int agent_main(const char *run_dir, int first, int count, const char *host, const char *peer);
+#include <stdbool.h>
+
+/* slurm: started by srun (launch/slurm.h): first and host come from
+ * SLURM_PROCID and SLURMD_NODENAME, the secret from BATON_AGENT_SECRET. */
+int agent_main(const char *run_dir, int first, int count, const char *host, const char *peer, bool slurm);
 
 #endif

@@ -32,6 +32,7 @@
 #include "launch/run_mem.h"
 #include "launch/run_setup.h"
 #include "launch/spawn.h"
+#include "launch/slurm.h"
 #include "launch/ssh.h"
 #include "launch/worker.h"
 #include "train/stage_actor.h"
@@ -1300,7 +1301,19 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         fprintf(stderr, "baton run: %s: %s\n", job->path, err);
         return 1;
     }
-    bool remote = ssh_job_remote(job);
+    int slurm_nodes = 0;
+    bool slurm = slurm_job_wanted(job, &slurm_nodes);
+    if (slurm && slurm_nodes < 1) {
+        fprintf(stderr, "baton run: %s: hosts: slurm, but this is not inside a Slurm allocation "
+                        "(SLURM_JOB_ID / SLURM_JOB_NUM_NODES unset; run it under salloc or sbatch)\n", job->path);
+        return 1;
+    }
+    if (slurm && g.world % slurm_nodes) {
+        fprintf(stderr, "baton run: %s: %d ranks do not split evenly over the Slurm allocation's %d nodes\n",
+                job->path, g.world, slurm_nodes);
+        return 1;
+    }
+    bool remote = !slurm && ssh_job_remote(job);
     for (int h = 0; remote && h < job->n_hosts; h++)
         if (!strcmp(job->hosts[h], "local")) {
             fprintf(stderr, "baton run: %s: hosts[%d]: 'local' beside ssh hosts; name this machine "
@@ -1416,6 +1429,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
         }
         if (launch_addr_toward(job->hosts[0], self_addr, sizeof self_addr)) goto remove_dir;
     }
+    if (slurm && slurm_driver_addr(self_addr, sizeof self_addr)) goto remove_dir;
     const char *job_id = strrchr(run_dir, '/') + 1;
     actor_router_config_t rc_cfg = {.rank = (uint32_t)g.world, .job_id = job_id, .secret = secret,
                                     .secret_len = sizeof secret,
@@ -1510,11 +1524,13 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     }
     static drv_signals_t sig;
     if (drv_signals_start(&sig, loop, &d)) goto close_metrics;
-    if (remote) {
+    if (remote || slurm) {
         const char *tcp = strstr(card, ";tcp=");
         char peer[96];
         snprintf(peer, sizeof peer, "%.*s", tcp ? (int)strcspn(tcp + 5, ";") : 0, tcp ? tcp + 5 : "");
-        if (!peer[0] || ssh_start(job, run_dir, secret, sizeof secret, g.world, peer, &procs))
+        if (!peer[0] ||
+            (slurm ? slurm_start(job, run_dir, secret, sizeof secret, g.world, slurm_nodes, peer, &procs)
+                   : ssh_start(job, run_dir, secret, sizeof secret, g.world, peer, &procs)))
             goto stop_signals;
     } else if (spawn_workers(run_dir, secret, sizeof secret, g.world, &procs)) {
         goto stop_signals;
