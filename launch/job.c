@@ -869,10 +869,11 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
                      "expert grid (ep x edp) folds over the dense one (tp x cp x dp) in every "
                      "pipeline stage", (long long)p->ep, (long long)(p->tp * p->cp * p->dp));
     for (int64_t l = 0; p->cp > 1 && l < cfg.num_layers; l++)
-        if (cfg.blocks[l].mixer != MODEL_MIXER_ATTENTION && cfg.blocks[l].mixer != MODEL_MIXER_NONE)
+        if (cfg.blocks[l].mixer != MODEL_MIXER_ATTENTION && cfg.blocks[l].mixer != MODEL_MIXER_MLA &&
+            cfg.blocks[l].mixer != MODEL_MIXER_NONE)
             return vfail(job, "parallel.cp", err, errlen, "cp %lld splits every sequence over its "
                          "ranks, but layer %lld of %s mixes with a kind that has no context-parallel "
-                         "path (only attention has one): use cp=1", (long long)p->cp,
+                         "path (only attention and MLA have one): use cp=1", (long long)p->cp,
                          (long long)l, job->model.hf);
     if (moe && p->cp > 1 && cfg.moe.aux_loss_coef > 0)
         return vfail(job, "parallel.cp", err, errlen, "%s trains with the router's load-balancing "

@@ -34,6 +34,7 @@
 #include "model/kind.h"
 
 #include "base/log.h"
+#include "model/cp_xchg.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -253,12 +254,21 @@ static double mla_saved_bytes(const model_t *m, int64_t B, int64_t T)
     return regions_size(m, s, V_COUNT);
 }
 
-static double mla_scratch_bytes(const model_t *m, int64_t B, int64_t T)
+/* scratch: the forward's or the backward's regions, then context
+ * parallelism's (model/cp_xchg.h: K [.., H, D] and V [.., H, Dv] as what
+ * they are) */
+static double mla_own_scratch(const model_t *m, int64_t B, int64_t T)
 {
     mla_region_t f[F_COUNT], b[B_COUNT];
     mla_regions(m, (double)B, (double)T, NULL, f, b);
     double a = regions_size(m, f, F_COUNT), c = regions_size(m, b, B_COUNT);
     return a > c ? a : c;
+}
+
+static double mla_scratch_bytes(const model_t *m, int64_t B, int64_t T)
+{
+    mla_dims_t d = mla_dims(m);
+    return mla_own_scratch(m, B, T) + model_cp_attn_scratch_bytes(m, B, T, d.H, d.H, d.D, d.Dv);
 }
 
 /* ---- RoPE tables ------------------------------------------------------------------------ */
@@ -394,18 +404,36 @@ static void halves_to_pairs(kern_stream_t *s, tensor_t *dst, int64_t d0, const t
 
 /* The attention core, on the kind's own q [B,T,H,D], k [B,Tk,H,D] and v
  * [B,Tk,H,Dv] (separate tensors, their own head sizes), causal from query
- * position q_offset: the one place context parallelism slots in. */
-static void mla_core_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, const tensor_t *q,
-                         const tensor_t *k, const tensor_t *v, float scale, int64_t q_offset)
+ * position q_offset. Under context parallelism (training and evaluation;
+ * decoding keeps one sequence whole) the same q, k, v are this CP rank's
+ * chunks and model_cp_attn_fwd / _bwd exchange k and v over the CP group,
+ * each as the tensor it is: the rope key's positions are already those of
+ * the chunks (r->pos). */
+static void *mla_cp_scratch(const model_run_t *r)
 {
-    kern_attention_fwd(s, out, lse, q, k, v, scale, true, q_offset);
+    return (char *)r->scratch + (size_t)mla_own_scratch(r->m, r->B, r->T);
 }
 
-static void mla_core_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
-                         const tensor_t *dout, const tensor_t *q, const tensor_t *k,
-                         const tensor_t *v, const tensor_t *out, const tensor_t *lse, float scale)
+static bt_status_t mla_core_fwd(model_run_t *r, tensor_t *out, tensor_t *lse, const tensor_t *q,
+                                const tensor_t *k, const tensor_t *v, float scale,
+                                int64_t q_offset, int layer)
 {
-    kern_attention_bwd_set(s, dq, dk, dv, dout, q, k, v, out, lse, scale, true, 0);
+    if (r->m->par.cp_size > 1 && !r->cache)
+        return model_cp_attn_fwd(r->m, mla_cp_scratch(r), out, lse, q, k, v, scale, layer);
+    kern_attention_fwd(r->s, out, lse, q, k, v, scale, true, q_offset);
+    return BT_OK;
+}
+
+static bt_status_t mla_core_bwd(model_run_t *r, tensor_t *dq, tensor_t *dk, tensor_t *dv,
+                                const tensor_t *dout, const tensor_t *q, const tensor_t *k,
+                                const tensor_t *v, const tensor_t *out, const tensor_t *lse,
+                                float scale, int layer)
+{
+    if (r->m->par.cp_size > 1)
+        return model_cp_attn_bwd(r->m, mla_cp_scratch(r), dq, dk, dv, dout, q, k, v, out, lse,
+                                 scale, layer);
+    kern_attention_bwd_set(r->s, dq, dk, dv, dout, q, k, v, out, lse, scale, true, 0);
+    return BT_OK;
 }
 
 /* ---- forward and backward ------------------------------------------------------------------ */
@@ -466,10 +494,12 @@ static bt_status_t mla_forward(model_run_t *r, const model_sub_t *sub, void *sav
     if (r->cache) { /* decoding: every cached position and these */
         tensor_t kc, vc;
         model_kv_cache_append(r, &v[V_K], &v[V_V], H, d.D, d.Dv, &kc, &vc);
-        mla_core_fwd(s, &att4, &lse, &q4, &kc, &vc, scale, r->pos0);
+        bt_status_t st = mla_core_fwd(r, &att4, &lse, &q4, &kc, &vc, scale, r->pos0, sub->layer);
+        if (st != BT_OK) return st;
     } else {
         tensor_t k4 = view4(&v[V_K], B, T, H, d.D), v4 = view4(&v[V_V], B, T, H, d.Dv);
-        mla_core_fwd(s, &att4, &lse, &q4, &k4, &v4, scale, 0);
+        bt_status_t st = mla_core_fwd(r, &att4, &lse, &q4, &k4, &v4, scale, 0, sub->layer);
+        if (st != BT_OK) return st;
     }
     return model_row_parallel_fwd(r, y, &v[V_ATT], model_sub_param(m, sub, M_O), NULL,
                                   "o_proj output", sub->layer);
@@ -512,7 +542,9 @@ static bt_status_t mla_backward(model_run_t *r, const model_sub_t *sub, void *sa
         tensor_t q4 = view4(&v[V_Q], B, T, H, D), k4 = view4(&v[V_K], B, T, H, D);
         tensor_t v4 = view4(&v[V_V], B, T, H, d.Dv), att4 = view4(&v[V_ATT], B, T, H, d.Dv);
         tensor_t lse = tensor_make(v[V_LSE].data, DT_F32, m->place.dev, 3, (int64_t[]){B, H, T});
-        mla_core_bwd(s, &dq4, &dk4, &dv4, &datt4, &q4, &k4, &v4, &att4, &lse, mla_scale(m));
+        bt_status_t st = mla_core_bwd(r, &dq4, &dk4, &dv4, &datt4, &q4, &k4, &v4, &att4, &lse,
+                                      mla_scale(m), sub->layer);
+        if (st != BT_OK) return st;
     }
     /* k, v back to kv_b's output; the rope key's gradient summed over heads (in head order) */
     tensor_t dk2 = view2(&g[B_DK], N * H, D), dv2 = view2(&g[B_DV], N * H, d.Dv);

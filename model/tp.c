@@ -60,9 +60,11 @@ bt_status_t model_parallel_validate(const model_config_t *c, const model_paralle
             return BT_ERR_INVALID;
         }
         for (int64_t l = 0; l < c->num_layers; l++)
-            if (c->blocks[l].mixer != MODEL_MIXER_ATTENTION && c->blocks[l].mixer != MODEL_MIXER_NONE) {
+            if (c->blocks[l].mixer != MODEL_MIXER_ATTENTION && c->blocks[l].mixer != MODEL_MIXER_MLA &&
+                c->blocks[l].mixer != MODEL_MIXER_NONE) {
                 log_error("model: cp_size=%d, but layer %lld mixes with a kind that has no "
-                          "context-parallel path (only attention has one)", cp, (long long)l);
+                          "context-parallel path (only attention and MLA have one)", cp,
+                          (long long)l);
                 return BT_ERR_INVALID;
             }
     }
