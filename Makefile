@@ -92,7 +92,7 @@ FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 # committed corpus tests/fuzz/corpus_X without needing libFuzzer.
 FUZZ_REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
 
-.PHONY: all test run deps fuzz fuzz-run clean bench device
+.PHONY: all test test-reference run deps fuzz fuzz-run clean bench device
 .SECONDARY:
 all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN) $(FUZZ_REPLAY_BIN) $(CUDA_LIB) $(NCCL_LIB) $(DEVICE_BIN)
 
@@ -155,6 +155,13 @@ $(BUILD)/device/test_nccl: $(NCCL_LIB)
 test: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) SAN=$(SAN) tests/run.sh $(T)
+
+# The reference case's full layout (tests/test_reference.c): 16 processes,
+# TP=2 PP=2 CP=2 DP=2 with EP=4 EDP=2, and its checkpoint round trips; CI
+# runs it after make test.
+test-reference: deps
+	@$(MAKE) --no-print-directory all
+	@BATON_TEST_REFERENCE=16 BUILD=$(BUILD) SAN=$(SAN) tests/run.sh test_reference
 
 deps:
 	@tools/install-deps.sh $(PKGS)

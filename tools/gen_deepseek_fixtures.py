@@ -27,7 +27,19 @@ Fixtures:
                     so both the tables' attention factor and the softmax scale
                     differ from 1), 1 shared expert
 
+The reference case's model (tests/reference/test_reference.sh), written only
+with --reference, so that the fixtures above stay as they are:
+  deepseek_v2_ref   DeepSeek-V2-Lite's shape at tiny widths: 27 layers
+                    (first_k_dense_replace 1, then 26 MoE layers of 8 experts,
+                    greedy top-2, 2 shared experts), q_lora_rank null, YaRN
+                    as Lite ships it (mscale = mscale_all_dim = 0.707), 2
+                    heads (TP=2), v_head_dim != qk head dim; weights rounded to
+                    bf16 and stored so (half the bytes); config.json,
+                    model.safetensors, ids.txt and expected.json (the pooled
+                    loss of the ids, f64) only
+
 Usage: python3 tools/gen_deepseek_fixtures.py [OUTDIR]   (default tests/fixtures)
+       python3 tools/gen_deepseek_fixtures.py --reference [OUTDIR]
        python3 tools/gen_deepseek_fixtures.py --check-export DIR FIXTURE
          loads DIR (an HF directory baton exported, e.g. `baton convert --from
          tests/fixtures/FIXTURE --to DIR`) with transformers and checks that it
@@ -77,6 +89,61 @@ def fixture_specs():
                                            "beta_fast": 32.0, "beta_slow": 1.0},
                           **common)),
     ]
+
+
+def reference_spec():
+    return DeepseekV2Config(
+        vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=27,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, hidden_act="silu", initializer_range=0.1, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False, q_lora_rank=None, kv_lora_rank=8,
+        qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6, moe_intermediate_size=4,
+        first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
+        topk_method="greedy", routed_scaling_factor=1.0,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "mscale": 0.707,
+                         "mscale_all_dim": 0.707, "beta_fast": 32.0, "beta_slow": 1.0})
+
+
+def build_reference(outdir):
+    name, cfg = "deepseek_v2_ref", reference_spec()
+    seqs = make_sequences(cfg.vocab_size, 41)
+    for seed in range(4100, 4150):
+        model = random_model(cfg, seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+        gap = routing_gap(model, seqs, cfg)
+        if gap >= MIN_GAP:
+            break
+    else:
+        sys.exit(f"{name}: every seed routes some token on a near-tie")
+    d = os.path.join(outdir, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    model.to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
+    gen = os.path.join(d, "generation_config.json")
+    if os.path.exists(gen):
+        os.remove(gen)
+    model = DeepseekV2ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    assert routing_gap(model, seqs, cfg) == gap
+    total_n = sum(len(s) - 1 for s in seqs)
+    with torch.no_grad():
+        loss = sum(model(input_ids=s[None, :], labels=s[None, :]).loss.double().item() * (len(s) - 1)
+                   for s in seqs) / total_n
+    with open(os.path.join(d, "ids.txt"), "w") as f:
+        for s in seqs:
+            f.write(" ".join(str(int(t)) for t in s) + "\n")
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump({"tokens": total_n, "loss": loss, "min_gap": gap, "seed": seed,
+                   "transformers": transformers.__version__, "torch": torch.__version__},
+                  f, indent=1)
+        f.write("\n")
+    for fn in os.listdir(d):
+        os.chmod(os.path.join(d, fn), 0o644)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{name}: loss {loss:.6f} tokens {total_n} params {n_params} "
+          f"min routing gap {gap:.3g} (seed {seed})")
 
 
 def file_names(model):
@@ -244,8 +311,11 @@ def main():
     if len(sys.argv) == 4 and sys.argv[1] == "--check-export":
         check_export(sys.argv[2], sys.argv[3])
         return
-    outdir = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
     torch.set_num_threads(1)
+    if len(sys.argv) > 1 and sys.argv[1] == "--reference":
+        build_reference(sys.argv[2] if len(sys.argv) > 2 else "tests/fixtures")
+        return
+    outdir = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     for idx, (name, cfg) in enumerate(fixture_specs()):
         build(outdir, idx, name, cfg)

@@ -85,6 +85,12 @@ int test_equiv_compare(const char *dir, const char *name, const char *ref, int n
     if (n_val &&
         max_rel_diff(dir, name, ref, "val_loss", n_val, ref_val_skip, &d->val_rel) != 0)
         return -1;
+    return test_equiv_params(dir, name, ref, &d->param_abs);
+}
+
+int test_equiv_params(const char *dir, const char *name, const char *ref, double *param_abs)
+{
+    *param_abs = 0;
     char pa[512], pb[512];
     snprintf(pa, sizeof pa, "%s/%s/ck", dir, name);
     snprintf(pb, sizeof pb, "%s/%s/ck", dir, ref);
@@ -103,7 +109,7 @@ int test_equiv_compare(const char *dir, const char *name, const char *ref, int n
         const float *x = ma->params[i].t.data, *y = mb->params[j].t.data;
         for (int64_t k = 0; k < tensor_numel(&ma->params[i].t); k++) {
             double e = fabs((double)x[k] - (double)y[k]);
-            if (e > d->param_abs) d->param_abs = e;
+            if (e > *param_abs) *param_abs = e;
         }
     }
     model_destroy(ma);

@@ -22,6 +22,11 @@ int test_equiv_run(const char *dir, const char *job, const char *name, const cha
 int test_equiv_compare(const char *dir, const char *name, const char *ref, int n_loss, int n_val,
                        int ref_val_skip, test_equiv_diff_t *d);
 
+/* The largest absolute difference of any parameter between the exports of
+ * runs NAME and REF (under DIR) into *param_abs; -1 when either does not
+ * load or they hold other tensors. */
+int test_equiv_params(const char *dir, const char *name, const char *ref, double *param_abs);
+
 /* rm -rf DIR (nothing when DIR is ""): the exit status. */
 int test_equiv_remove(const char *dir);
 
