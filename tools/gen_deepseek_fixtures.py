@@ -36,7 +36,7 @@ with --reference, so that the fixtures above stay as they are:
                     heads (TP=2), v_head_dim != qk head dim; weights rounded to
                     bf16 and stored so (half the bytes); config.json,
                     model.safetensors, ids.txt and expected.json (the pooled
-                    loss of the ids, f64) only
+                    loss of the ids, f64, and the gradient norm) only
 
 Usage: python3 tools/gen_deepseek_fixtures.py [OUTDIR]   (default tests/fixtures)
        python3 tools/gen_deepseek_fixtures.py --reference [OUTDIR]
@@ -128,14 +128,19 @@ def build_reference(outdir):
     model = DeepseekV2ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     assert routing_gap(model, seqs, cfg) == gap
     total_n = sum(len(s) - 1 for s in seqs)
-    with torch.no_grad():
-        loss = sum(model(input_ids=s[None, :], labels=s[None, :]).loss.double().item() * (len(s) - 1)
-                   for s in seqs) / total_n
+    model.zero_grad()
+    loss = 0.0
+    for s in seqs:
+        out = model(input_ids=s[None, :], labels=s[None, :])
+        (out.loss * ((len(s) - 1) / total_n)).backward()
+        loss += out.loss.double().item() * (len(s) - 1) / total_n
+    grad_norm = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in model.parameters()))
     with open(os.path.join(d, "ids.txt"), "w") as f:
         for s in seqs:
             f.write(" ".join(str(int(t)) for t in s) + "\n")
     with open(os.path.join(d, "expected.json"), "w") as f:
-        json.dump({"tokens": total_n, "loss": loss, "min_gap": gap, "seed": seed,
+        json.dump({"tokens": total_n, "loss": loss, "ppl": math.exp(loss), "grad_norm": grad_norm,
+                   "min_gap": gap, "seed": seed,
                    "transformers": transformers.__version__, "torch": torch.__version__},
                   f, indent=1)
         f.write("\n")
