@@ -321,6 +321,8 @@ int cmd_run(int argc, char **argv)
             rs.load_rows = model_moe_load_take(m, load);
             rs.load_cols = (int)m->cfg.moe.n_experts + 1;
             if (model_moe_balance(m, load)) goto out;
+            rs.moe_dropped = model_moe_dropped_take(m);
+            rs.has_dropped = rs.moe_dropped >= 0;
         }
         report_step(&rep, &rs);
         if (n_val > tc.seq_len && job.train.eval_every && info.step % job.train.eval_every == 0 &&

@@ -72,6 +72,10 @@ typedef struct {
     double         *load;
     bool           *load_seen;
     double         *load_rows;  /* the seen rows, in layer order, for the report */
+    /* with a capacity factor: this step's dropped choices, the sum of the
+     * ranks' "moe_dropped" (has_dropped: some rank sent one) */
+    int64_t         dropped;
+    bool            has_dropped;
     uint64_t        t_quiesce0;
     int64_t         step;       /* step running (1-based) */
     double          loss_sum, scored, grad_norm, lr;
@@ -370,6 +374,8 @@ static void step_start(driver_t *d, int64_t step)
 {
     d->step = step;
     d->n_metrics = 0;
+    d->dropped = 0;
+    d->has_dropped = false;
     if (d->load) {
         int64_t L = d->job->model.layers, E = d->job->model.n_experts;
         memset(d->load, 0, (size_t)(L * (E + 1)) * sizeof *d->load);
@@ -605,6 +611,16 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
              (long long)m->env.step);
         return ACTOR_DONE;
     }
+    tensor_t *dr = d->phase == DRV_RUNNING ? actor_msg_tensor(m, "moe_dropped") : NULL;
+    if (dr) {
+        if (dr->dtype != DT_I64 || tensor_numel(dr) != 1 || ((int64_t *)dr->data)[0] < 0) {
+            fail(d, BT_ERR_PEER_PROTO, r, "bad moe_dropped in the METRICS of step %lld",
+                 (long long)m->env.step);
+            return ACTOR_DONE;
+        }
+        d->dropped += ((int64_t *)dr->data)[0];
+        d->has_dropped = true;
+    }
     if (r == 0) {
         d->grad_norm = m->body.metrics.grad_norm;
         d->lr = m->body.metrics.lr;
@@ -674,7 +690,8 @@ static actor_ret_t drv_on_metrics(actor_t *self, actor_msg_t *m)
                                           .skipped = skipped, .skipped_total = d->skipped,
                                           .mem = d->mem, .dev_mem = d->dev_mem, .load = d->load_rows,
                                           .load_rows = load_report(d),
-                                          .load_cols = (int)d->job->model.n_experts + 1});
+                                          .load_cols = (int)d->job->model.n_experts + 1,
+                                          .has_dropped = d->has_dropped, .moe_dropped = d->dropped});
     drv_stdout_check(d);
     next_after(d, false);
     return ACTOR_DONE;

@@ -182,6 +182,7 @@ static void metrics_line(const report_t *r, const report_step_t *s, double tps, 
         }
         fputc('}', f);
     }
+    if (s->has_dropped) fprintf(f, ", \"moe_dropped\": %lld", (long long)s->moe_dropped);
     fputs("}\n", f);
     fflush(f);
 }

@@ -94,6 +94,11 @@ typedef struct {
      * (NULL: none), written as "expert_tokens": {"LAYER": [...], ...} */
     const double *load;
     int      load_rows, load_cols;
+    /* with a capacity factor (has_dropped): the routed choices the experts'
+     * capacity dropped in the step's forwards, over the global batch,
+     * written as "moe_dropped": N */
+    bool     has_dropped;
+    int64_t  moe_dropped;
 } report_step_t;
 
 /* The MFU denominator, measured after report_open (a GPU's product rate,

@@ -392,6 +392,14 @@ int model_moe_load_take(model_t *m, double *out)
     return k;
 }
 
+int64_t model_moe_dropped_take(model_t *m)
+{
+    if (!m->n_moe || !(m->cfg.moe.capacity_factor > 0)) return -1;
+    int64_t d = m->moe_dropped_train;
+    m->moe_dropped_train = 0;
+    return d;
+}
+
 void model_destroy(model_t *m)
 {
     if (!m) return;

@@ -213,8 +213,9 @@ typedef struct model {
     size_t           host_buf_bytes;
     /* Routed choices (token, expert) dropped by an expert's capacity
      * (model_moe_config_t.capacity_factor) in this instance's forwards since
-     * it was created; 0 when dropless. */
-    int64_t          moe_dropped;
+     * it was created; 0 when dropless. moe_dropped_train: those of the
+     * training forwards since the last model_moe_dropped_take. */
+    int64_t          moe_dropped, moe_dropped_train;
     /* With expert parallelism: the routed rows this rank's experts received
      * from the EP group in its forwards since it was created (0 is normal:
      * no member chose them). */
@@ -369,6 +370,10 @@ bool        model_param_counted(const model_t *m, int i);
  * returns n_moe (0: no routed experts). Under TP every TP rank counts every
  * row (the router is replicated); data-parallel ranks count their own. */
 int model_moe_load_take(model_t *m, double *out);
+/* The choices the capacity dropped in the training forwards since the last
+ * call (m->moe_dropped_train), reset to 0; -1 for a dropless model (no
+ * capacity_factor). */
+int64_t model_moe_dropped_take(model_t *m);
 
 /* Auxiliary-loss-free balancing (model_moe_config_t.bias_rate > 0; else
  * nothing): every sparse layer's selection bias moves by rate * sign(mean -

@@ -999,7 +999,10 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         kern_download(s, h, &c[0].sizes);
         kern_download(s, h + E, &c[0].routed);
         st = kern_stream_sync(s);
-        for (int64_t i = 0; st == BT_OK && i < E; i++) m->moe_dropped += h[E + i] - h[i];
+        int64_t d = 0;
+        for (int64_t i = 0; st == BT_OK && i < E; i++) d += h[E + i] - h[i];
+        m->moe_dropped += d;
+        if (r->training) m->moe_dropped_train += d;
         free(h);
         if (st != BT_OK) return st;
     }

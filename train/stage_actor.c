@@ -225,6 +225,7 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
 {
     memset(s, 0, sizeof *s);
     s->cfg = *cfg;
+    s->dropped = -1;
     if (s->cfg.dp_size < 1) s->cfg.dp_size = 1;
     if (s->cfg.cp_size < 1) s->cfg.cp_size = 1;
     int M = cfg->pipe.microbatches, V = cfg->pipe.vpp, E = eval_local_mbs(&s->cfg);
@@ -504,6 +505,11 @@ static bt_status_t load_take(stage_actor_t *s)
         cols = (int)s->cfg.chunks[k]->cfg.moe.n_experts + 1;
     }
     s->n_load = 0;
+    s->dropped = -1;
+    for (int k = 0; k < s->cfg.pipe.vpp; k++) {
+        int64_t d = model_moe_dropped_take(s->cfg.chunks[k]);
+        if (d >= 0) s->dropped = (s->dropped < 0 ? 0 : s->dropped) + d;
+    }
     if (!rows) return BT_OK;
     if (!s->load && !(s->load = malloc((size_t)rows * (size_t)cols * sizeof *s->load)))
         return BT_ERR_NOMEM;
@@ -884,6 +890,17 @@ static void metrics_send(stage_actor_t *s)
                          e - 1);
                 trace_counter(s->a.addr, trace_intern(name), s->load[i * s->load_cols + e], now);
             }
+    }
+    /* what the capacity dropped: each TP rank 0 its own microbatches'
+     * (a capacity factor under TP is refused), the driver sums them */
+    if (!s->cur->eval && s->dropped >= 0 && s->cfg.tp_rank == 0) {
+        tensor_t *t = actor_msg_tensor_new(m, "moe_dropped", DT_I64, 1, &one);
+        if (!t) {
+            actor_msg_free(m);
+            fail(s, BT_ERR_NOMEM, "metrics");
+            return;
+        }
+        ((int64_t *)t->data)[0] = s->dropped;
     }
     m->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
     m->body.metrics = (msg_metrics_t){

@@ -156,6 +156,10 @@ typedef struct {
      * n_load rows of load_cols doubles, sent with its METRICS */
     double              *load;
     int                  n_load, load_cols;
+    /* with a capacity factor: the choices this rank's chunks dropped in the
+     * last training step (model_moe_dropped_take), sent with its METRICS;
+     * -1: dropless */
+    int64_t              dropped;
     stage_job_t         *job;
     actor_timer_t        hb;
     float              **export_buf[STAGE_MAX_CHUNKS]; /* per chunk, per parameter: the whole

@@ -168,3 +168,29 @@ plain=$("$BATON" eval --model tests/fixtures/qwen2_moe --ids tests/fixtures/qwen
 d=$(field moe_dropped "$out")
 [ -n "$d" ] && [ "$d" -gt 0 ] && [ "$(field loss "$out")" != "$(field loss "$plain")" ] && ! grep -q moe_dropped <<<"$plain" \
     && pass moe_eval_capacity_dropped || fail moe_eval_capacity_dropped "$out | $plain"
+# training steps report the choices their forwards dropped over the global
+# batch ("moe_dropped" in the metrics; evaluation forwards not counted): one
+# process, dp=2 ep=2 (each rank its microbatch, the driver sums the ranks) and
+# pp=2 without evaluations give the same count every step, and the same losses
+cat > "$tmp/cap.yaml" <<YAML
+model: {hf: $tmp/cap}
+data: {dir: tests/fixtures/train_llama, seq_len: 16, split: 0.2}
+train: {steps: 3, micro_batch: 2, grad_accum: 2, seed: 1234, log_every: 100, eval_every: 2, eval_batches: 1}
+optim: {lr: 0.01, min_lr: 0.001, warmup: 2}
+YAML
+drops() { sed -n 's/.*"step": \([0-9]*\), "loss": \([0-9.e+-]*\),.*"moe_dropped": \([0-9]*\).*/\1 \2 \3/p' "$1"; }
+"$BATON" run "$tmp/cap.yaml" --quiet --set metrics.file="$tmp/cap1.jsonl" > "$tmp/cap1.out" 2>&1
+"$BATON" run "$tmp/cap.yaml" --quiet --set metrics.file="$tmp/cap2.jsonl" --set parallel.dp=2 --set parallel.ep=2 \
+    --set train.grad_accum=1 > "$tmp/cap2.out" 2>&1
+"$BATON" run "$tmp/cap.yaml" --quiet --set metrics.file="$tmp/cap3.jsonl" --set parallel.pp=2 \
+    --set train.eval_every=0 > "$tmp/cap3.out" 2>&1
+same_drops() { # A B: the same steps and drop counts, losses within 1e-5
+    [ "$(drops "$1" | wc -l)" -eq 3 ] && join <(drops "$1") <(drops "$2") | awk '{ d = $2 - $4; if (d < 0) d = -d
+        if (d > 1e-5 * $2 || $3 != $5 || !($3 > 0)) bad++; n++ } END { exit !(n == 3 && !bad) }'
+}
+if same_drops "$tmp/cap1.jsonl" "$tmp/cap2.jsonl" && same_drops "$tmp/cap1.jsonl" "$tmp/cap3.jsonl" &&
+    grep -q '"val_loss"' "$tmp/cap1.jsonl" && ! grep -q moe_dropped "$tmp/fx.jsonl"; then
+    pass moe_train_capacity_dropped
+else
+    fail moe_train_capacity_dropped "one: $(drops "$tmp/cap1.jsonl" | tr '\n' ' ') | dp2 ep2: $(drops "$tmp/cap2.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/cap2.out") | pp2: $(drops "$tmp/cap3.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/cap3.out")"
+fi
