@@ -4,10 +4,13 @@
 # gen_moe_train_fixture.py): `baton run` reproduces the PyTorch reference
 # training loop step by step (1e-5) and exports a model that loads back;
 # pipeline and data parallelism give the single-process losses; expert
-# layouts that cannot fold, ZeRO-1 with experts, and pipeline stages under
-# the router's load-balancing loss are refused naming the field; `baton generate` gives transformers' greedy
-# ids, with and without the KV cache. (`baton eval` on the fixtures:
-# tests/sh/test_eval_cli.sh.)
+# layouts that cannot fold, ZeRO-1 with experts, pipeline stages under the
+# router's load-balancing loss and a capacity factor under TP or CP are
+# refused naming the field; `baton graph` shows the dense and expert grids
+# as the fold rule says; `baton generate` gives transformers' greedy ids,
+# with and without the KV cache; a capacity factor's dropped choices are
+# reported by eval and by every training step, alike in every layout.
+# (`baton eval` on the fixtures: tests/sh/test_eval_cli.sh.)
 set -u
 . "$(dirname "$0")/lib.bash"
 tmp=$(mktemp -d)
@@ -194,3 +197,13 @@ if same_drops "$tmp/cap1.jsonl" "$tmp/cap2.jsonl" && same_drops "$tmp/cap1.jsonl
 else
     fail moe_train_capacity_dropped "one: $(drops "$tmp/cap1.jsonl" | tr '\n' ' ') | dp2 ep2: $(drops "$tmp/cap2.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/cap2.out") | pp2: $(drops "$tmp/cap3.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/cap3.out")"
 fi
+# a capacity factor where a rank sees only part of a microbatch's tokens is
+# refused by the job check, naming the field: under TP each rank dispatches
+# its share, under CP each routes its chunks (cp=2 gave a step-1 loss 1.7e-4
+# relative away from the one process, 76 dropped instead of 71)
+for ax in tp cp; do
+    out=$("$BATON" run "$tmp/cap.yaml" --quiet --set parallel.$ax=2 --set metrics.file="$tmp/capr.jsonl" 2>&1); rc=$?
+    [ $rc -eq 1 ] && grep -q "parallel.$ax: .*has capacity_factor 1, which keeps each expert's first choices" <<<"$out" \
+        && grep -q "use $ax=1 or capacity_factor 0" <<<"$out" && ! grep -q "rank[0-9]" <<<"$out" && [ ! -s "$tmp/capr.jsonl" ] \
+        && pass "moe_capacity_${ax}_refused" || fail "moe_capacity_${ax}_refused" "rc $rc: $out"
+done
