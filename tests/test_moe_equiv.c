@@ -10,7 +10,7 @@
  * expert (metrics expert_tokens) exactly, the bounds of the dense matrix
  * (tests/test_dist_equiv.c); TP layouts at lr 1e-3 as there.
  *
- * The cases cover EP in {1, 2, 4} x EDP in {1, 2} with TP and PP, from 2
+ * The cases cover EP in {1, 2, 4} x EDP in {1, 2} with TP, PP and CP, from 2
  * to 8 processes; the whole matrix takes about 1.5 s here (the models are
  * tiny), so `make test` runs all of it. One case
  * starts from routers that no token leaves for EP rank 1's experts (the
@@ -36,7 +36,9 @@ static char dir[256];
  * parameter differences proportional to lr (tests/test_dist_equiv.c): lr
  * 1e-3 as the dense matrix, and 1e-4 for TP over four data-parallel
  * replicas, where one element of layer 0's o_proj came out 2.0e-5 away at
- * lr 1e-3 (every expert tensor within 1.3e-6; losses 1.1e-7). */
+ * lr 1e-3 (every expert tensor within 1.3e-6; losses 1.1e-7). CP layouts
+ * merge attention over key blocks in another order too: lr 1e-3 as TP (at
+ * 1e-2 cp=2 dp=2 ep=4 ended 1.03e-5 away in the parameters, losses 2.3e-8). */
 static const char *lr_of[] = {"", "--set optim.lr=0.001 --set optim.min_lr=0.0001",
                               "--set optim.lr=0.0001 --set optim.min_lr=0.00001"};
 
@@ -120,7 +122,7 @@ typedef struct {
 static void layout_check(const ep_layout_t *L)
 {
     REQUIRE(fixture() == 0);
-    int lr = L->tiny_lr ? 2 : strstr(L->sets, "parallel.tp=") != NULL;
+    int lr = L->tiny_lr ? 2 : strstr(L->sets, "parallel.tp=") || strstr(L->sets, "parallel.cp=");
     char ref[96], model[300];
     if (!strcmp(L->model, "tied") || !strcmp(L->model, "bias"))
         snprintf(model, sizeof model, "%s/%s", dir, L->model);
@@ -161,6 +163,11 @@ static const ep_layout_t layouts[] = {
     /* aux-loss-free bias balancing: the biases follow the global batch's counts */
     {"bias_dp4_ep2_edp2", "bias", "bias", "--set parallel.dp=4 --set parallel.ep=2 --set train.grad_accum=1", 4, false},
     {"bias_tp2_pp2_ep2", "bias", "bias", "--set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2", 2, false},
+    /* the expert grid folded over CP ranks too (each routes its two chunks
+     * of every row; the counts and the biases' load sum over dp x cp) */
+    {"qwen_cp2_ep2", "qwen2_moe", "qwen", "--set parallel.cp=2 --set parallel.ep=2", 2, false},
+    {"qwen_cp2_dp2_ep4", "qwen2_moe", "qwen", "--set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=4 --set train.grad_accum=1", 2, false},
+    {"bias_cp2_dp2_ep2_edp2", "bias", "bias", "--set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=2 --set train.grad_accum=1", 2, false},
 };
 
 /* Each case by name, so that `test_moe_equiv NAME` runs one. */
@@ -182,7 +189,10 @@ CASE(13, test_mixtral_dp4_ep4)
 CASE(14, test_mixtral_tp2_dp2_ep2_edp2)
 CASE(15, test_bias_dp4_ep2_edp2)
 CASE(16, test_bias_tp2_pp2_ep2)
-_Static_assert(sizeof layouts / sizeof layouts[0] == 17, "one CASE per layout");
+CASE(17, test_qwen_cp2_ep2)
+CASE(18, test_qwen_cp2_dp2_ep4)
+CASE(19, test_bias_cp2_dp2_ep2_edp2)
+_Static_assert(sizeof layouts / sizeof layouts[0] == 20, "one CASE per layout");
 
 /* The biases moved the routing: from step 2 on, the bias runs' tokens per
  * expert differ from those of the same layout without balancing, and they
@@ -270,5 +280,6 @@ int main(int argc, char **argv)
              test_qwen_dp4_ep4, test_qwen_tp2_dp4_ep4_edp2, test_qwen_tp2_pp2_ep2,
              test_qwen_tp2_pp2_dp2_ep2_edp2, test_qwen_pp2_dp4_ep4, test_mixtral_dp4_ep4,
              test_mixtral_tp2_dp2_ep2_edp2, test_bias_dp4_ep2_edp2, test_bias_tp2_pp2_ep2,
+             test_qwen_cp2_ep2, test_qwen_cp2_dp2_ep4, test_bias_cp2_dp2_ep2_edp2,
              test_bias_moves_routing, test_detects_difference, test_cleanup);
 }
