@@ -17,8 +17,42 @@
 
 static void bytes_fmt(double b, char *buf, size_t cap) { base_mem_size_fmt(b, buf, cap); }
 
+/* What layers [a, b) of stage s of n are, in runs of equal blocks: "the
+ * embedding, 1 mla+mlp, 13 mla+moe" (the head on the last stage). */
+static void stage_contents(const model_config_t *mc, int s, int n, int a, int b, char *buf,
+                           size_t cap)
+{
+    static const char *const mixer[] = {[MODEL_MIXER_NONE] = "",
+                                        [MODEL_MIXER_ATTENTION] = "attention",
+                                        [MODEL_MIXER_MAMBA2] = "mamba2",
+                                        [MODEL_MIXER_MLA] = "mla"};
+    static const char *const ffn[] = {
+        [MODEL_FFN_NONE] = "", [MODEL_FFN_DENSE] = "mlp", [MODEL_FFN_MOE] = "moe"};
+    _Static_assert(sizeof mixer / sizeof mixer[0] == MODEL_MIXER_COUNT, "a name per mixer kind");
+    _Static_assert(sizeof ffn / sizeof ffn[0] == MODEL_FFN_COUNT, "a name per ffn kind");
+    size_t k = 0;
+    buf[0] = 0;
+#define ADD(...)                                                                                   \
+    (k += (size_t)snprintf(buf + k, k < cap ? cap - k : 0, __VA_ARGS__), k = k < cap ? k : cap)
+    if (s == 0) ADD("the embedding");
+    for (int l = a; l < b;) {
+        int e = l;
+        while (e < b && mc->blocks[e].mixer == mc->blocks[l].mixer &&
+               mc->blocks[e].ffn == mc->blocks[l].ffn)
+            e++;
+        const model_block_t *bl = &mc->blocks[l];
+        bool both = bl->mixer != MODEL_MIXER_NONE && bl->ffn != MODEL_FFN_NONE;
+        ADD("%s%d %s%s%s", k ? ", " : "", e - l, mixer[bl->mixer], both ? "+" : "", ffn[bl->ffn]);
+        l = e;
+    }
+    if (s == n - 1) ADD("%sthe head", k ? ", " : "");
+#undef ADD
+}
+
 /* The job's pipeline split and the balanced one, stage by stage, by the
- * per-layer cost model (launch/split.h). */
+ * per-layer cost model (launch/split.h); then, for the job's split, each
+ * split that moves one layer across one of its cuts, so that a neighbour
+ * split's largest stage shows why it is not taken. */
 static void split_print(const job_t *job, const model_config_t *mc)
 {
     const job_parallel_t *p = &job->parallel;
@@ -28,6 +62,7 @@ static void split_print(const job_t *job, const model_config_t *mc)
     static run_split_stage_t st[JOB_MAX_STAGES];
     if (job_stage_layers(job, mine, JOB_MAX_STAGES) != n) return;
     bool have_bal = p->virtual_stages == 1 && run_split_balanced(job, mc, n, bal) == BT_OK;
+    double arenas = (double)(p->microbatches ? p->microbatches : job->train.grad_accum);
     printf("pipeline split by the cost model (launch/split.h): per stage its parameters, one "
            "training arena, the estimate (parameters x %g + %lld arenas) and training FLOPs per "
            "token\n",
@@ -47,14 +82,50 @@ static void split_print(const job_t *job, const model_config_t *mc)
         for (int s = 0; s < n; s++) printf("%s%lld", s ? ", " : "", (long long)split[s]);
         printf("]: largest stage %s (%.0f bytes)\n", big, most);
         for (int s = 0; s < n; s++) {
-            char pa[32], ac[32], me[32];
+            char pa[32], ac[32], me[32], what[256], all[32];
             bytes_fmt(st[s].params, pa, sizeof pa);
             bytes_fmt(st[s].acts, ac, sizeof ac);
             bytes_fmt(st[s].mem, me, sizeof me);
+            bytes_fmt(arenas * st[s].acts, all, sizeof all);
+            stage_contents(mc, s, n, st[s].first, st[s].last, what, sizeof what);
             printf("    stage %d layers [%d, %d): parameters %s, arena %s, estimate %s, %.4g "
                    "GFLOP/token\n", s, st[s].first, st[s].last, pa, ac, me, st[s].flops * 1e-9);
+            printf("      holds %s; activations %s (%.0f arenas)\n", what, all, arenas);
         }
     }
+    /* the neighbours of the job's split: one layer across one cut */
+    if (run_split_costs(job, mc, mine, n, st)) return;
+    double base = 0;
+    for (int s = 0; s < n; s++)
+        if (st[s].mem > base) base = st[s].mem;
+    static int64_t nb[JOB_MAX_STAGES];
+    static run_split_stage_t nst[JOB_MAX_STAGES];
+    bool head = false;
+    for (int c = 0; c + 1 < n; c++)
+        for (int dir = -1; dir <= 1; dir += 2) {
+            /* dir -1: stage c gives its last layer to c + 1; +1: takes c + 1's first */
+            if ((dir < 0 && mine[c] < 2) || (dir > 0 && mine[c + 1] < 2)) continue;
+            for (int s = 0; s < n; s++) nb[s] = mine[s];
+            nb[c] += dir;
+            nb[c + 1] -= dir;
+            if (run_split_costs(job, mc, nb, n, nst)) return;
+            int worst = 0;
+            for (int s = 1; s < n; s++)
+                if (nst[s].mem > nst[worst].mem) worst = s;
+            if (!head) {
+                printf("  one layer moved across a cut of this job's split (the largest stage "
+                       "against this split's largest):\n");
+                head = true;
+            }
+            int moved = dir < 0 ? st[c].last - 1 : st[c + 1].first;
+            char big[32], what[256];
+            bytes_fmt(nst[worst].mem, big, sizeof big);
+            stage_contents(mc, 1, 3, moved, moved + 1, what, sizeof what); /* the layer alone */
+            printf("    [");
+            for (int s = 0; s < n; s++) printf("%s%lld", s ? ", " : "", (long long)nb[s]);
+            printf("] (layer %d, %s, to stage %d): largest stage %d, %s (%+.1f%%)\n", moved, what,
+                   dir < 0 ? c + 1 : c, worst, big, 100.0 * (nst[worst].mem / base - 1));
+        }
 }
 
 /* The parameter count and what every process will hold (launch/run_mem.h):

@@ -61,10 +61,11 @@ static int fixture(void)
     f = fopen(job, "w");
     if (!f) return -1;
     /* 8 sequences of 16 a step: one process 4 microbatches of 2 */
-    fprintf(f, "model: {hf: " FIXTURE "}\n"
-               "data: {dir: %s/data, seq_len: 16, split: 0}\n"
-               "train: {steps: %d, micro_batch: 2, grad_accum: 4, seed: 7, log_every: 100}\n"
-               "optim: {lr: 0.001, min_lr: 0.0001, warmup: 2, weight_decay: 0.1, clip: 1.0}\n",
+    fprintf(f,
+            "model: {hf: " FIXTURE "}\n"
+            "data: {dir: %s/data, seq_len: 16, split: 0}\n"
+            "train: {steps: %d, micro_batch: 2, grad_accum: 4, seed: 7, log_every: 100}\n"
+            "optim: {lr: 0.001, min_lr: 0.0001, warmup: 2, weight_decay: 0.1, clip: 1.0}\n",
             dir, STEPS);
     fclose(f);
     return 0;
@@ -91,7 +92,8 @@ static int losses(const char *name, double *by_step, bool *have)
     for (int s = 0; s <= STEPS; s++) have[s] = false;
     while (fgets(line, sizeof line, f)) {
         json_t *j = json_loads(line, 0, NULL);
-        json_t *l = j ? json_object_get(j, "loss") : NULL, *s = j ? json_object_get(j, "step") : NULL;
+        json_t *l = j ? json_object_get(j, "loss") : NULL,
+               *s = j ? json_object_get(j, "step") : NULL;
         if (l && s && json_is_number(l) && json_is_integer(s) && json_integer_value(s) >= 1 &&
             json_integer_value(s) <= STEPS) {
             by_step[json_integer_value(s)] = json_number_value(l);
@@ -146,8 +148,9 @@ static void check(const char *name, const char *sets, const char *resume, int fi
         if (access(all, F_OK) != 0) fprintf(stderr, "%s: no checkpoint %s\n", name, all);
         REQUIRE(access(all, F_OK) == 0);
         snprintf(all, sizeof all, "%s --resume %s/%s", sets, dir, resume);
+    } else {
+        snprintf(all, sizeof all, "%s", sets);
     }
-    else snprintf(all, sizeof all, "%s", sets);
     REQUIRE(run(name, all, 1) == 0);
     double lr, pa;
     REQUIRE(compare(name, first, &lr, &pa) == 0);
@@ -158,20 +161,24 @@ static void check(const char *name, const char *sets, const char *resume, int fi
 }
 
 /* the layouts: [14, 13] as the reference case, and (tp, pp, ep) = (1, 3, 2) */
-#define LAYOUT8 "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=4 " \
-                "--set parallel.split=[14,13] --set train.grad_accum=2"
-#define LAYOUT16 "--set parallel.tp=2 --set parallel.pp=2 --set parallel.cp=2 " \
-                 "--set parallel.cp_mode=ring --set parallel.dp=2 --set parallel.ep=4 " \
-                 "--set parallel.split=[14,13] --set train.grad_accum=2"
+#define LAYOUT8                                                                                    \
+    "--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=4 "             \
+    "--set parallel.split=[14,13] --set train.grad_accum=2"
+#define LAYOUT16                                                                                   \
+    "--set parallel.tp=2 --set parallel.pp=2 --set parallel.cp=2 "                                 \
+    "--set parallel.cp_mode=ring --set parallel.dp=2 --set parallel.ep=4 "                         \
+    "--set parallel.split=[14,13] --set train.grad_accum=2"
 /* pp 3 needs 3 microbatches: 4 of one row per replica */
-#define LAYOUT132 "--set parallel.pp=3 --set parallel.dp=2 --set parallel.ep=2 " \
-                  "--set parallel.split=[10,9,8] --set train.micro_batch=1 --set train.grad_accum=4"
+#define LAYOUT132                                                                                  \
+    "--set parallel.pp=3 --set parallel.dp=2 --set parallel.ep=2 "                                 \
+    "--set parallel.split=[10,9,8] --set train.micro_batch=1 --set train.grad_accum=4"
 
 static void test_ref_eval_matches_transformers(void)
 {
     const char *baton = getenv("BATON") ? getenv("BATON") : "build/baton";
     char cmd[512], out[1024] = "", want[1024] = "";
-    snprintf(cmd, sizeof cmd, "%s eval --model " FIXTURE " --ids " FIXTURE "/ids.txt --json", baton);
+    snprintf(cmd, sizeof cmd, "%s eval --model " FIXTURE " --ids " FIXTURE "/ids.txt --json",
+             baton);
     FILE *p = popen(cmd, "r");
     REQUIRE(p != NULL);
     size_t n = fread(out, 1, sizeof out - 1, p);
@@ -201,7 +208,10 @@ static void test_ref_layout8_resume_132(void)
 {
     check("l8_132", LAYOUT132, "layout8/ckpt/step-00000002", 3);
 }
-static void test_ref_layout8_back(void) { check("l8_back", LAYOUT8, "l8_132/ckpt/step-00000004", 5); }
+static void test_ref_layout8_back(void)
+{
+    check("l8_back", LAYOUT8, "l8_132/ckpt/step-00000004", 5);
+}
 /* the comparison can fail: a resume on another data seed is not the run */
 static void test_ref_resume_detects(void)
 {

@@ -141,6 +141,42 @@ static void test_split_moe_and_dense(void)
     CHECK(n == 21);
 }
 
+/* DeepSeek-V2 (MLA layers, one dense then routed experts): the stage sums
+ * equal the exact estimates for every split of the 27-layer reference
+ * fixture, and at DeepSeek-V2-Lite's own widths (config only) the balanced
+ * split into 2 stages is [14, 13]: the first stage holds the embedding and
+ * the dense layer 0 where the second holds the head, so [13, 14] puts one
+ * MoE layer more on the second and its largest stage is larger. */
+static void test_split_deepseek(void)
+{
+    static job_t job;
+    model_config_t cfg;
+    double ratio;
+    int n = 0;
+    job_of("model: {hf: tests/fixtures/deepseek_v2_ref}\ndata: {dir: x, seq_len: 16}\n"
+           "train: {micro_batch: 2, grad_accum: 2}\nparallel: {pp: 2}\n", &job, &cfg);
+    check_all_splits(&job, &cfg, 2, &ratio, &n);
+    CHECK(n == 26);
+    job_of("model: {hf: tests/fixtures/deepseek_v2_lite_config}\ndata: {dir: x, seq_len: 4096}\n"
+           "train: {micro_batch: 1, grad_accum: 8}\nparallel: {pp: 2}\n", &job, &cfg);
+    check_all_splits(&job, &cfg, 2, &ratio, &n);
+    CHECK(n == 26);
+    int64_t bal[2], other[2] = {13, 14}, ref[2] = {14, 13};
+    REQUIRE(run_split_balanced(&job, &cfg, 2, bal) == BT_OK);
+    CHECK_MSG(bal[0] == 14 && bal[1] == 13, "balanced [%lld, %lld]", (long long)bal[0],
+              (long long)bal[1]);
+    run_split_stage_t a[2], b[2];
+    REQUIRE(run_split_costs(&job, &cfg, ref, 2, a) == BT_OK);
+    REQUIRE(run_split_costs(&job, &cfg, other, 2, b) == BT_OK);
+    double ma = fmax(a[0].mem, a[1].mem), mb = fmax(b[0].mem, b[1].mem);
+    printf("  DeepSeek-V2-Lite, 4096 x 1, 8 microbatches: [14, 13] largest stage %.4g GiB, "
+           "[13, 14] %.4g GiB (stage 1)\n", ma / 1073741824.0, mb / 1073741824.0);
+    CHECK(mb > ma && b[1].mem == mb);
+    /* the stage with the embedding and the dense layer weighs less than the
+     * one with the head at the same count of MoE layers */
+    CHECK(a[0].params > a[1].params && b[1].params > b[0].params);
+}
+
 static void test_split_job_field(void)
 {
     static job_t job, again;
@@ -190,5 +226,6 @@ static void test_split_job_field(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_split_hybrid, test_split_moe_and_dense, test_split_job_field);
+    TEST_RUN(argc, argv, test_split_hybrid, test_split_moe_and_dense, test_split_deepseek,
+             test_split_job_field);
 }

@@ -85,3 +85,21 @@ for lay in "dp2:--set parallel.dp=2" "dp2_ep2:--set parallel.dp=2 --set parallel
     else fail "deepseek_${tag}_equals_single_$name" "$(losses "$tmp/one.jsonl" | tr '\n' ' ') | $(losses "$tmp/$tag.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/$tag.txt")"; fi
 done
 done
+
+# baton graph at DeepSeek-V2-Lite's widths (tests/fixtures/deepseek_v2_lite_config: the
+# config alone) in the reference layout: per stage what it holds and its activations,
+# the balanced split [14, 13], and the neighbour [13, 14] with a larger largest stage
+cat > "$tmp/lite.yaml" <<YAML
+model: {hf: tests/fixtures/deepseek_v2_lite_config}
+data: {dir: tests/fixtures/train_llama, seq_len: 4096}
+train: {micro_batch: 1, grad_accum: 8}
+parallel: {tp: 2, pp: 2, cp: 2, dp: 2, ep: 4, split: [14, 13]}
+YAML
+g=$("$BATON" graph "$tmp/lite.yaml" 2>&1)
+pct=$(sed -n 's/^    \[13, 14\] (layer 13, 1 mla+moe, to stage 1): largest stage 1, .* (+\([0-9.]*\)%)$/\1/p' <<<"$g")
+if grep -q '^  balanced split \[14, 13\]' <<<"$g" &&
+   grep -q '^      holds the embedding, 1 mla+mlp, 13 mla+moe; activations .* (8 arenas)$' <<<"$g" &&
+   grep -q '^      holds 13 mla+moe, the head; activations' <<<"$g" &&
+   [ -n "$pct" ] && awk -v p="$pct" 'BEGIN { exit !(p > 0) }'; then
+    pass deepseek_graph_split_14_13
+else fail deepseek_graph_split_14_13 "$g"; fi
