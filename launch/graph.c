@@ -25,6 +25,7 @@ bt_status_t graph_build(const job_t *job, graph_t *g, char *err, size_t errlen)
     g->seq_len = job->data.seq_len;
     g->tied = job->model.tie_embeddings;
     g->zero1 = p->zero1;
+    g->sp = p->sequence_parallel && p->tp > 1;
     g->ep = (int)p->ep;
     g->moe = job_has_experts(job);
     if (g->cp < 1) g->cp = 1;
@@ -188,6 +189,11 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
                 g->cp, g->cp_ring ? "ring" : "allgather", (long long)g->seq_len, 2 * g->cp,
                 (long long)(g->seq_len / (2 * g->cp)), 2 * g->cp - 1,
                 (long long)(g->seq_len / g->cp), g->dp * g->cp);
+    if (g->sp)
+        fprintf(f, "sequence parallel: each TP rank keeps a near-even share of a microbatch's "
+                   "%lld tokens through the norms and residuals; all-gather before the "
+                   "column-parallel products, reduce-scatter after the row-parallel ones\n",
+                (long long)(g->micro_batch * (g->seq_len / g->cp)));
     fprintf(f, "global batch: dp %d x microbatches %d x micro_batch %lld = %lld rows of %lld tokens\n",
             g->dp, g->microbatches, (long long)g->micro_batch,
             (long long)(g->dp * g->microbatches * g->micro_batch), (long long)g->seq_len);
@@ -262,6 +268,7 @@ void graph_print(const graph_t *g, const job_t *job, FILE *f)
                     : k == GRAPH_GROUP_EDP ? " expert gradients"
                     : k == GRAPH_GROUP_CP  ? (g->cp_ring ? " K/V ring" : " K/V all-gather")
                     : k == GRAPH_GROUP_DP && g->cp > 1 ? " dense gradients over dp x cp"
+                    : k == GRAPH_GROUP_TP && g->sp ? " sequence parallel: all-gather, reduce-scatter"
                                            : "");
             for (int i = 0; i < n; i++) fprintf(f, " %d", mem[i]);
             fprintf(f, "\n");

@@ -80,6 +80,7 @@ typedef struct {
     int64_t micro_batch, seq_len;          /* rows per microbatch, tokens per row */
     bool tied;                             /* tied embeddings */
     bool zero1;
+    bool sp;                               /* parallel.sequence_parallel (inside TP) */
     pipe_config_t pipe;
 } graph_t;
 

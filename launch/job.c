@@ -125,6 +125,7 @@ static const field_t fields[] = {
     ENUM("parallel.schedule", parallel.schedule, sched_names),
     INT("parallel.microbatches", parallel.microbatches, 0, 1 << 20),
     BOOL("parallel.zero1", parallel.zero1),
+    BOOL("parallel.sequence_parallel", parallel.sequence_parallel),
     ENUM("parallel.collectives", parallel.collectives, coll_names),
 
     EDGE("control", JOB_EDGE_CONTROL),
@@ -1078,6 +1079,9 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     if (!m->hf[0] && p->ep > 1)
         return vfail(job, "parallel.ep", err, errlen, "a model without model.hf has no routed "
                      "experts to split: use ep=1");
+    if (p->sequence_parallel && p->tp < 2)
+        return vfail(job, "parallel.sequence_parallel", err, errlen, "sequence parallelism shards "
+                     "the norms and residuals of a TP group along the sequence: needs tp >= 2");
     if (p->zero1 && p->dp * p->cp < 2)
         return vfail(job, "parallel.zero1", err, errlen, "ZeRO-1 shards over data parallelism "
                      "(the dp x cp ranks): needs dp >= 2 (or cp >= 2)");

@@ -112,6 +112,7 @@ typedef struct {
     job_schedule_t schedule;
     int64_t microbatches;             /* pipeline microbatches per step; 0 = train.grad_accum */
     bool    zero1;
+    bool    sequence_parallel;        /* Megatron-style sequence parallelism inside TP */
     coll_backend_t collectives;       /* parallel.collectives: auto, host, nccl */
 } job_parallel_t;
 

@@ -232,7 +232,8 @@ static bt_status_t chunks_create(worker_t *w)
     model_parallel_t par = {.tp_rank = c.tp, .tp_size = w->g.tp, .tp_comm = w->comm[GRAPH_GROUP_TP],
                             .ep_rank = c.ep, .ep_size = w->g.ep, .ep_comm = w->comm[GRAPH_GROUP_EP],
                             .edp_rank = c.edp, .cp_rank = c.cp, .cp_size = w->g.cp,
-                            .cp_comm = w->comm[GRAPH_GROUP_CP], .cp_ring = w->g.cp_ring};
+                            .cp_comm = w->comm[GRAPH_GROUP_CP], .cp_ring = w->g.cp_ring,
+                            .sp = w->g.sp};
     w->n_chunks = w->g.vpp;
     for (int k = 0; k < w->n_chunks; k++) {
         int v = graph_chunk_vstage(&w->g, c.pp, k);

@@ -347,7 +347,7 @@ static bt_status_t attn_backward(model_run_t *r, const model_sub_t *sub, void *s
                     model_sub_param(m, sub, A_K));
     kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_V), model_sub_grad(m, sub, A_VB), &dv, ln,
                     model_sub_param(m, sub, A_V));
-    return model_tp_sum(m, dln, "the attention input gradient", sub->layer);
+    return model_tp_input_sum(r, dln, "the attention input gradient", sub->layer);
 }
 
 /* weights: q, o (C x Cq each), k, v (C x Ckv each); biases are additions.

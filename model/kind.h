@@ -68,6 +68,11 @@ typedef struct {
     void          *cache;
     int64_t        pos0;
     bool           training;    /* a forward with a backward to follow (dloss > 0) */
+    /* Sequence parallelism (model_parallel_t.sp, on in this arena): ln and dy
+     * come in whole [N, C], gathered over the TP group; of y and dln only
+     * this TP rank's rows (model_sp_rows) need be right on return, which
+     * model_row_parallel_fwd and model_tp_input_sum give. */
+    bool           sp;
 } model_run_t;
 
 struct model_kind {
@@ -150,8 +155,23 @@ tensor_t       *model_sub_grad(model_t *m, const model_sub_t *sub, int slot);
  * the collective cannot take is staged through host memory. `what` and
  * `layer` (-1: none) name the tensor in the error. */
 bt_status_t model_tp_sum(model_t *m, tensor_t *t, const char *what, int layer);
+/* The input gradient dln[N, C] of a sublayer whose column-parallel products
+ * each TP rank ran on its heads or columns: summed over the TP group (an
+ * all-reduce), or under sequence parallelism reduce-scattered, leaving this
+ * rank's rows of the sum. */
+bt_status_t model_tp_input_sum(model_run_t *r, tensor_t *dln, const char *what, int layer);
+/* Sequence parallelism: this TP rank's rows [*r0, *r0 + *n) of N (near-even,
+ * the first N % tp ranks one more; all of them without TP). */
+void model_sp_rows(const model_t *m, int64_t N, int64_t *r0, int64_t *n);
+/* t[N, cols]: every TP rank's rows gathered into place (an all-gather). */
+bt_status_t model_sp_gather(model_t *m, tensor_t *t, const char *what, int layer);
+/* t[N, cols] summed over the TP group into this rank's rows (a
+ * reduce-scatter; the other rows are left as they were). */
+bt_status_t model_sp_scatter_sum(model_t *m, tensor_t *t, const char *what, int layer);
 /* Row-parallel linear: out[N, OC] = sum over TP ranks of x_r w_r^T, then the
- * replicated bias added once after the sum. */
+ * replicated bias added once after the sum. Under sequence parallelism
+ * (r->sp) a reduce-scatter instead: only this rank's rows of out are the
+ * sum (and get the bias). */
 bt_status_t model_row_parallel_fwd(model_run_t *r, tensor_t *out, const tensor_t *x,
                                    const tensor_t *w, const tensor_t *bias, const char *what,
                                    int layer);

@@ -580,7 +580,8 @@ static bt_status_t mla_backward(model_run_t *r, const model_sub_t *sub, void *sa
     } else {
         kern_linear_bwd_set(s, dln, model_sub_grad(m, sub, M_Q), NULL, &g[B_DQRAW], ln,
                             model_sub_param(m, sub, M_Q));
-        if ((st = model_tp_sum(m, dln, "the MLA input gradient", sub->layer)) != BT_OK) return st;
+        if ((st = model_tp_input_sum(r, dln, "the MLA input gradient", sub->layer)) != BT_OK)
+            return st;
     }
     kern_zero(s, &g[B_DKVL]);
     kern_rmsnorm_bwd(s, &g[B_DKVL], model_sub_grad(m, sub, M_KVAN), &dkvn, &v[V_KVL],

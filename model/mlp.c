@@ -116,7 +116,7 @@ static bt_status_t mlp_backward(model_run_t *r, const model_sub_t *sub, void *sa
         kern_linear_bwd(s, dln, model_sub_grad(m, sub, M_UP), model_sub_grad(m, sub, M_UB), &d[2],
                         ln, model_sub_param(m, sub, M_UP));
     }
-    return model_tp_sum(m, dln, "the MLP input gradient", sub->layer);
+    return model_tp_input_sum(r, dln, "the MLP input gradient", sub->layer);
 }
 
 /* gate (swiglu only), up, down: C x F each */

@@ -441,7 +441,7 @@ void model_mem_estimate_par(const model_config_t *cfg, const model_stage_t *stag
                                .ep_size = par->ep_size > 1 ? par->ep_size : 1,
                                .cp_rank = par->cp_size > 1 ? par->cp_rank : 0,
                                .cp_size = par->cp_size > 1 ? par->cp_size : 1,
-                               .cp_ring = par->cp_ring};
+                               .cp_ring = par->cp_ring, .sp = par->sp};
     m.place = model_place_host();
     model_vocab_split(cfg->vocab_size, m.par.tp_size, tp_rank, &m.vocab_start, &m.vocab);
     int ns = 0, n = layout_build(cfg, &m.stage, &m.par, NULL, NULL, &ns, NULL, NULL, NULL);

@@ -114,6 +114,13 @@ typedef struct {
     int          cp_rank, cp_size;
     coll_comm_t *cp_comm;          /* the CP group (rank cp_rank of cp_size); NULL at cp_size <= 1 */
     bool         cp_ring;
+    /* Sequence parallelism inside TP (docs/PARALLEL.md): the residual stream
+     * and the norms of a microbatch's N tokens are sharded over the TP group
+     * (near-even row ranges, model_sp_rows); all-gather before the
+     * column-parallel products, reduce-scatter after the row-parallel ones
+     * in place of the TP all-reduce. Stage inputs and outputs stay whole.
+     * Ignored at tp_size 1 and in decode arenas. */
+    bool         sp;
 } model_parallel_t;
 
 /* Whether a parameter's spec belongs to the routed experts (split over EP,

@@ -62,6 +62,7 @@ struct model_acts {
     void    *ones;       /* [N] of 1 */
     void    *tmp, *dres, *dln;    /* [N, C] */
     void    *scratch;    /* the largest kind scratch */
+    void    *spnorm;     /* sequence parallelism: [2, S+1, C] norm-gradient stash and sum */
     /* head */
     void    *lnf, *dlnf; /* [N, C] */
     float   *rstdf;      /* [N] */
@@ -106,6 +107,21 @@ tensor_t *model_sub_grad(model_t *m, const model_sub_t *sub, int slot)
     return i >= 0 ? &m->grads[i].t : NULL;
 }
 
+/* Sequence parallelism in this arena: on with TP, off in decode arenas (one
+ * sequence, one token at a time). */
+static bool acts_sp(const model_t *m, const model_acts_t *a)
+{
+    return m->par.sp && m->par.tp_size > 1 && !a->decode;
+}
+
+/* rows [r0, r0 + n) of a [N, C] activation view */
+static tensor_t rows_of(const tensor_t *t, int64_t r0, int64_t n)
+{
+    size_t row = (size_t)t->shape[1] * dtype_size(t->dtype);
+    return tensor_make((char *)t->data + (size_t)r0 * row, t->dtype, t->device, 2,
+                       (int64_t[]){n, t->shape[1]});
+}
+
 static const tensor_t *P(const model_t *m, int ix) { return ix >= 0 ? &m->params[ix].t : NULL; }
 static tensor_t *G(model_t *m, int ix) { return ix >= 0 ? &m->grads[ix].t : NULL; }
 
@@ -133,7 +149,7 @@ typedef struct {
     double  total;
     int64_t head_chunk;
     bool    fwd_only, decode;
-    double  x, ln, rstd, saved, ids, tg, pos, ones, tmp, dres, dln, scratch;
+    double  x, ln, rstd, saved, ids, tg, pos, ones, tmp, dres, dln, scratch, spnorm;
     double  lnf, dlnf, rstdf, logits, dlogits, losses, vmax, vsum;
     const model_kind_t *shared_kind[MODEL_MAX_KINDS];
     double  shared[MODEL_MAX_KINDS];
@@ -234,6 +250,10 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, int mode, acts_pla
     p->dres = take(&off, grads * NC);
     p->dln = take(&off, grads * NC);
     p->scratch = take(&off, scratch);
+    /* sequence parallelism: the norm weights' gradients of one backward are
+     * partial sums over this rank's rows; their earlier value and the
+     * reduction's buffer, [S + 1, C] each in the gradient dtype */
+    p->spnorm = take(&off, grads * (m->par.sp && m->par.tp_size > 1 ? 2.0 * (S + 1) * C * 8 : 0));
     if (m->stage.has_head) {
         p->lnf = take(&off, NC);
         p->dlnf = take(&off, grads * NC);
@@ -323,6 +343,7 @@ static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, int mode, model
     a->dres = AT(p.dres);
     a->dln = AT(p.dln);
     a->scratch = AT(p.scratch);
+    a->spnorm = AT(p.spnorm);
     if (m->stage.has_head) {
         a->lnf = AT(p.lnf);
         a->dlnf = AT(p.dlnf);
@@ -520,13 +541,21 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
     int64_t N = b->B * b->T, C = c->hidden_size, V = m->vocab;
     size_t es = dtype_size(m->place.act_dtype);
     tensor_t x = stack_view(m, a->x, x_slot(a, m->n_subs), N, C);
-    tensor_t lnf = stack_view(m, a->lnf, 0, N, C), rstdf = f32_view(m, a->rstdf, 1, &N);
-    kern_rmsnorm_fwd(s, &lnf, &rstdf, &x, P(m, m->final_norm), (float)c->rms_norm_eps);
+    tensor_t lnf = stack_view(m, a->lnf, 0, N, C);
+    bool sp = acts_sp(m, a);
+    int64_t s0 = 0, sn = N;
+    if (sp) model_sp_rows(m, N, &s0, &sn);
+    bt_status_t st;
+    if (sn > 0) { /* under SP this rank's rows, then all of them gathered */
+        tensor_t xl = rows_of(&x, s0, sn), lnl = rows_of(&lnf, s0, sn);
+        tensor_t rstdl = f32_view(m, a->rstdf + s0, 1, &sn);
+        kern_rmsnorm_fwd(s, &lnl, &rstdl, &xl, P(m, m->final_norm), (float)c->rms_norm_eps);
+    }
+    if (sp && (st = model_sp_gather(m, &lnf, "the final norm output", -1)) != BT_OK) return st;
     tensor_t dlnf = stack_view(m, a->dlnf, 0, N, C);
     tensor_t all_losses = f32_view(m, a->losses, 1, &N);
     kern_zero(s, &all_losses);
     int64_t scored = 0;
-    bt_status_t st;
     for (int64_t r0 = 0; r0 < N; r0 += a->head_chunk) {
         int64_t rows = N - r0 < a->head_chunk ? N - r0 : a->head_chunk;
         int64_t k = model_count_scored(b->targets + r0, rows);
@@ -558,7 +587,8 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
         if (dloss > 0)
             kern_linear_bwd_set(s, &dx, G(m, m->lm_head), NULL, &dlogits, &xin, P(m, m->lm_head));
     }
-    if (dloss > 0 && (st = model_tp_reduce(m, &dlnf, COLL_SUM, "d model.norm", -1)) != BT_OK)
+    if (dloss > 0 && (st = sp ? model_sp_scatter_sum(m, &dlnf, "d model.norm", -1)
+                              : model_tp_reduce(m, &dlnf, COLL_SUM, "d model.norm", -1)) != BT_OK)
         return st;
     kern_download(s, a->h_losses, &all_losses);
     if ((st = kern_stream_sync(s)) != BT_OK) return st;
@@ -580,7 +610,7 @@ static model_run_t run_ctx(model_t *m, model_acts_t *a, int64_t B, int64_t T, te
     *ones = model_act_view(m, a->ones, 0, 2, (int64_t[]){N, 1});
     return (model_run_t){.m = m, .s = m->stream, .B = B, .T = T, .N = N,
                          .T_cap = a->T * m->par.cp_size, .N_cap = a->B * a->T,
-                         .pos = pos, .ones = ones, .scratch = a->scratch};
+                         .pos = pos, .ones = ones, .scratch = a->scratch, .sp = acts_sp(m, a)};
 }
 
 bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t *b, float dloss,
@@ -665,8 +695,15 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
          * sum over the group is the lookup */
         tensor_t ids = i32_view(m, a->ids, N);
         kern_embedding_fwd(s, &x0, P(m, m->embed), &ids, m->vocab_start);
-        if ((st = model_tp_sum(m, &x0, "the embedding", -1)) != BT_OK) return st;
+        if ((st = r.sp ? model_sp_scatter_sum(m, &x0, "the embedding", -1)
+                       : model_tp_sum(m, &x0, "the embedding", -1)) != BT_OK)
+            return st;
     }
+    /* sequence parallelism: the norms and the residual stream on this TP
+     * rank's rows [s0, s0 + sn); each norm's output gathered whole for the
+     * sublayer, whose output is right on those rows (model/kind.h) */
+    int64_t s0 = 0, sn = N;
+    if (r.sp) model_sp_rows(m, N, &s0, &sn);
     tensor_t tmp = stack_view(m, a->tmp, 0, N, C);
     float eps = (float)c->rms_norm_eps;
     for (int i = 0; i < a->n_shared; i++) /* the kinds' loss terms start over */
@@ -679,13 +716,22 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
         tensor_t x = stack_view(m, a->x, x_slot(a, k), N, C);
         tensor_t xn = stack_view(m, a->x, x_slot(a, k + 1), N, C);
         tensor_t ln = stack_view(m, a->ln, ln_slot(a, k), N, C);
-        tensor_t rstd = f32_view(m, a->rstd + ln_slot(a, k) * N, 1, &N);
-        kern_rmsnorm_fwd(s, &ln, &rstd, &x, P(m, sub->norm), eps);
+        tensor_t rstd = f32_view(m, a->rstd + ln_slot(a, k) * N + s0, 1, &sn);
+        tensor_t xl = rows_of(&x, s0, sn), xnl = rows_of(&xn, s0, sn), lnl = rows_of(&ln, s0, sn);
+        tensor_t tmpl = rows_of(&tmp, s0, sn);
+        if (sn > 0) kern_rmsnorm_fwd(s, &lnl, &rstd, &xl, P(m, sub->norm), eps);
+        if (r.sp && (st = model_sp_gather(m, &ln, "the norm output", sub->layer)) != BT_OK)
+            return st;
         r.shared = shared_of(a, sub->kind);
         r.cache = a->decode ? a->cache[k] : NULL;
         if ((st = sub->kind->forward(&r, sub, (char *)a->saved + a->saved_off[k], &ln, &tmp)))
             return st;
-        kern_add(s, &xn, &x, &tmp);
+        if (sn > 0) kern_add(s, &xnl, &xl, &tmpl);
+    }
+    /* a stage's output leaves whole */
+    if (r.sp && !st_->has_head) {
+        tensor_t xo = stack_view(m, a->x, x_slot(a, m->n_subs), N, C);
+        if ((st = model_sp_gather(m, &xo, "the stage output", -1)) != BT_OK) return st;
     }
     /* each loss term enters once per forward, weighted by its scored
      * positions (model/kind.h, loss_end) */
@@ -710,6 +756,59 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
     return BT_OK;
 }
 
+/* Sequence parallelism: the norm weights' gradients of a backward are each
+ * TP rank's rows' share. sp_norms_begin sets the ones accumulated so far
+ * aside and zeroes them; sp_norms_end sums this backward's shares over the
+ * TP group (one all-reduce) and adds what was set aside back. */
+static int sp_norm_ix(const model_t *m, int i)
+{
+    return i < m->n_subs ? m->subs[i].norm : m->stage.has_head ? m->final_norm : -1;
+}
+
+static tensor_t sp_norm_slot(model_t *m, model_acts_t *a, int half, int i, const tensor_t *g)
+{
+    int64_t C = m->cfg.hidden_size;
+    size_t es = dtype_size(g->dtype), one = (size_t)(m->n_subs + 1) * (size_t)C * 8;
+    return tensor_make((char *)a->spnorm + (size_t)half * one + (size_t)i * (size_t)C * es,
+                       g->dtype, g->device, 1, &C);
+}
+
+static void sp_norms_begin(model_t *m, model_acts_t *a)
+{
+    for (int i = 0; i <= m->n_subs; i++) {
+        int ix = sp_norm_ix(m, i);
+        if (ix < 0) continue;
+        tensor_t *g = G(m, ix), keep = sp_norm_slot(m, a, 0, i, g);
+        kern_copy(m->stream, &keep, g);
+        kern_zero(m->stream, g);
+    }
+}
+
+static bt_status_t sp_norms_end(model_t *m, model_acts_t *a)
+{
+    int64_t C = m->cfg.hidden_size, S1 = m->n_subs + 1;
+    const tensor_t *g0 = NULL;
+    for (int i = 0; i <= m->n_subs; i++) {
+        int ix = sp_norm_ix(m, i);
+        if (ix < 0) continue;
+        tensor_t *g = G(m, ix), sum = sp_norm_slot(m, a, 1, i, g);
+        g0 = g;
+        kern_copy(m->stream, &sum, g);
+    }
+    if (!g0) return BT_OK;
+    tensor_t all = sp_norm_slot(m, a, 1, 0, g0);
+    all = tensor_make(all.data, all.dtype, all.device, 1, (int64_t[]){S1 * C});
+    bt_status_t st = model_tp_sum(m, &all, "the norm weights' gradients", -1);
+    if (st != BT_OK) return st;
+    for (int i = 0; i <= m->n_subs; i++) {
+        int ix = sp_norm_ix(m, i);
+        if (ix < 0) continue;
+        tensor_t *g = G(m, ix), sum = sp_norm_slot(m, a, 1, i, g), keep = sp_norm_slot(m, a, 0, i, g);
+        kern_add(m->stream, g, &sum, &keep);
+    }
+    return BT_OK;
+}
+
 bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
 {
     const model_stage_t *st_ = &m->stage;
@@ -720,25 +819,43 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
     }
     int64_t B = a->cb, T = a->ct, N = B * T, C = m->cfg.hidden_size;
     tensor_t dres = stack_view(m, a->dres, 0, N, C), dln = stack_view(m, a->dln, 0, N, C);
-    if (st_->has_head) {
-        tensor_t x = stack_view(m, a->x, m->n_subs, N, C);
-        tensor_t dlnf = stack_view(m, a->dlnf, 0, N, C), rstdf = f32_view(m, a->rstdf, 1, &N);
-        kern_zero(s, &dres);
-        kern_rmsnorm_bwd(s, &dres, G(m, m->final_norm), &dlnf, &x, P(m, m->final_norm), &rstdf);
-    }
-    a->grad_ready = false; /* a failed collective leaves partial gradients */
     tensor_t pos, ones;
     model_run_t r = run_ctx(m, a, B, T, &pos, &ones);
+    /* sequence parallelism: the norms' backward and the residual gradient on
+     * this TP rank's rows; the residual gradient gathered whole for each
+     * sublayer (its dy), whose dln is right on those rows */
+    int64_t s0 = 0, sn = N;
+    if (r.sp) {
+        model_sp_rows(m, N, &s0, &sn);
+        sp_norms_begin(m, a);
+    }
+    tensor_t dresl = rows_of(&dres, s0, sn), dlnl = rows_of(&dln, s0, sn);
+    if (st_->has_head) {
+        tensor_t x = stack_view(m, a->x, m->n_subs, N, C);
+        tensor_t dlnf = stack_view(m, a->dlnf, 0, N, C), rstdf = f32_view(m, a->rstdf + s0, 1, &sn);
+        tensor_t xl = rows_of(&x, s0, sn), dlnfl = rows_of(&dlnf, s0, sn);
+        kern_zero(s, &dres);
+        if (sn > 0)
+            kern_rmsnorm_bwd(s, &dresl, G(m, m->final_norm), &dlnfl, &xl, P(m, m->final_norm),
+                             &rstdf);
+    }
+    a->grad_ready = false; /* a failed collective leaves partial gradients */
     bt_status_t st;
     for (int k = m->n_subs - 1; k >= 0; k--) {
         const model_sub_t *sub = &m->subs[k];
         tensor_t x = stack_view(m, a->x, k, N, C), ln = stack_view(m, a->ln, k, N, C);
-        tensor_t rstd = f32_view(m, a->rstd + k * N, 1, &N);
+        tensor_t rstd = f32_view(m, a->rstd + k * N + s0, 1, &sn), xl = rows_of(&x, s0, sn);
         r.shared = shared_of(a, sub->kind);
+        if (r.sp && (st = model_sp_gather(m, &dres, "the residual gradient", sub->layer)))
+            return st;
         if ((st = sub->kind->backward(&r, sub, (char *)a->saved + a->saved_off[k], &ln, &dres,
                                       &dln)))
             return st;
-        kern_rmsnorm_bwd(s, &dres, G(m, sub->norm), &dln, &x, P(m, sub->norm), &rstd);
+        if (sn > 0) kern_rmsnorm_bwd(s, &dresl, G(m, sub->norm), &dlnl, &xl, P(m, sub->norm), &rstd);
+    }
+    if (r.sp) { /* whole again: the embedding's backward, or the stage's input gradient */
+        if ((st = model_sp_gather(m, &dres, "the input gradient", -1)) != BT_OK) return st;
+        if ((st = sp_norms_end(m, a)) != BT_OK) return st;
     }
     if (st_->has_embedding) {
         tensor_t ids = i32_view(m, a->ids, N);

@@ -124,6 +124,86 @@ bt_status_t model_tp_sum(model_t *m, tensor_t *t, const char *what, int layer)
     return model_tp_reduce(m, t, COLL_SUM, what, layer);
 }
 
+/* ---- sequence parallelism --------------------------------------------------------- */
+
+void model_sp_rows(const model_t *m, int64_t N, int64_t *r0, int64_t *n)
+{
+    *r0 = 0;
+    *n = N;
+    if (m->par.tp_size > 1) model_vocab_split(N, m->par.tp_size, m->par.tp_rank, r0, n);
+}
+
+static tensor_t sp_rows_of(const tensor_t *t, int64_t r0, int64_t n)
+{
+    size_t row = (size_t)t->shape[1] * dtype_size(t->dtype);
+    return tensor_make((char *)t->data + (size_t)r0 * row, t->dtype, t->device, 2,
+                       (int64_t[]){n, t->shape[1]});
+}
+
+/* gather: every rank's rows into place; else reduce-scatter (sum) into this
+ * rank's rows. In place on t (the collectives take a slice of their own
+ * buffer), staged through host memory when the communicator cannot take t's. */
+static bt_status_t sp_xchg(model_t *m, tensor_t *t, bool gather, const char *what, int layer)
+{
+    int tp = m->par.tp_size;
+    if (tp == 1) return BT_OK;
+    if (t->ndim != 2 || tp > 4096)
+        BT_PANIC("model_sp: %s is not [N, cols] (tp %d)", kern_shape_str(t).s, tp);
+    coll_comm_t *comm = m->par.tp_comm;
+    int64_t N = t->shape[0], cols = t->shape[1], r0, n;
+    size_t es = dtype_size(t->dtype), counts[4096];
+    for (int r = 0; r < tp; r++) {
+        int64_t a, c;
+        model_vocab_split(N, tp, r, &a, &c);
+        counts[r] = (size_t)(c * cols);
+    }
+    model_sp_rows(m, N, &r0, &n);
+    size_t at = (size_t)(r0 * cols) * es;
+    bt_status_t st = kern_stream_sync(m->stream); /* t is written by queued kernels */
+    if (st == BT_OK && model_coll_direct(m, comm)) {
+        st = gather ? coll_all_gather(comm, t->data, (char *)t->data + at, counts, t->dtype)
+                    : coll_reduce_scatter(comm, (char *)t->data + at, t->data, counts, t->dtype,
+                                          COLL_SUM);
+    } else if (st == BT_OK) {
+        char *h;
+        if ((st = model_host_buf(m, tensor_nbytes(t), (void **)&h)) != BT_OK) return st;
+        tensor_t mine = sp_rows_of(t, r0, n);
+        if (gather && n > 0) kern_download(m->stream, h + at, &mine);
+        if (!gather) kern_download(m->stream, h, t);
+        if ((st = kern_stream_sync(m->stream)) == BT_OK)
+            st = gather ? coll_all_gather(comm, h, h + at, counts, t->dtype)
+                        : coll_reduce_scatter(comm, h + at, h, counts, t->dtype, COLL_SUM);
+        if (st == BT_OK) {
+            if (gather) kern_upload(m->stream, t, h);
+            else if (n > 0) kern_upload(m->stream, &mine, h + at);
+            st = kern_stream_sync(m->stream); /* h is reused by the next exchange */
+        }
+    }
+    if (st != BT_OK) {
+        char where[32] = "";
+        if (layer >= 0) snprintf(where, sizeof where, " in layer %d", layer);
+        log_error("model: sequence-parallel %s of %s%s failed (TP rank %d of %d): %s",
+                  gather ? "all-gather" : "reduce-scatter", what, where, m->par.tp_rank, tp,
+                  bt_status_str(st));
+    }
+    return st;
+}
+
+bt_status_t model_sp_gather(model_t *m, tensor_t *t, const char *what, int layer)
+{
+    return sp_xchg(m, t, true, what, layer);
+}
+
+bt_status_t model_sp_scatter_sum(model_t *m, tensor_t *t, const char *what, int layer)
+{
+    return sp_xchg(m, t, false, what, layer);
+}
+
+bt_status_t model_tp_input_sum(model_run_t *r, tensor_t *dln, const char *what, int layer)
+{
+    return r->sp ? model_sp_scatter_sum(r->m, dln, what, layer) : model_tp_sum(r->m, dln, what, layer);
+}
+
 bt_status_t model_row_parallel_fwd(model_run_t *r, tensor_t *out, const tensor_t *x,
                                    const tensor_t *w, const tensor_t *bias, const char *what,
                                    int layer)
@@ -134,12 +214,17 @@ bt_status_t model_row_parallel_fwd(model_run_t *r, tensor_t *out, const tensor_t
         return BT_OK;
     }
     kern_linear_fwd(r->s, out, x, w, NULL);
-    bt_status_t st = model_tp_sum(m, out, what, layer);
+    bt_status_t st = r->sp ? model_sp_scatter_sum(m, out, what, layer) : model_tp_sum(m, out, what, layer);
     if (st != BT_OK || !bias) return st;
-    /* the replicated bias once, as the rank-1 update ones[N,1] @ bias[1,C] */
-    int64_t C = out->shape[1];
+    /* the replicated bias once, as the rank-1 update ones[N,1] @ bias[1,C]
+     * (under SP on this rank's rows only) */
+    int64_t C = out->shape[1], r0 = 0, n = out->shape[0];
+    if (r->sp) model_sp_rows(m, out->shape[0], &r0, &n);
+    if (n == 0) return BT_OK;
     tensor_t b = tensor_make(bias->data, bias->dtype, bias->device, 2, (int64_t[]){1, C});
-    kern_matmul(r->s, out, r->ones, &b, false, false, 1.0f, 1.0f);
+    tensor_t o = sp_rows_of(out, r0, n);
+    tensor_t ones = tensor_make(r->ones->data, r->ones->dtype, r->ones->device, 2, (int64_t[]){n, 1});
+    kern_matmul(r->s, &o, &ones, &b, false, false, 1.0f, 1.0f);
     return BT_OK;
 }
 

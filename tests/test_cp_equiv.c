@@ -219,6 +219,79 @@ static void test_mla_q_lora_cp4_tp2_ring(void)
                    "--set parallel.cp=4 --set parallel.tp=2 --set parallel.cp_mode=ring", 2);
 }
 
+/* Sequence parallelism inside TP: the same layout with and without
+ * parallel.sequence_parallel, and each against the one-process run. The
+ * norms and the residual stream run on each TP rank's rows, the TP
+ * all-reduces become all-gathers and reduce-scatters, and the norm weights'
+ * gradients are summed over the TP group: equal to TP without it. */
+static void sp_check(const char *name, const char *model, const char *sets, int ga)
+{
+    char tp_name[96], all[1024];
+    snprintf(tp_name, sizeof tp_name, "%s_nosp", name);
+    cp_check_model(tp_name, model, sets, ga);
+    snprintf(all, sizeof all, "%s --set parallel.sequence_parallel=true", sets);
+    cp_check_model(name, model, all, ga);
+    test_equiv_diff_t d;
+    REQUIRE(test_equiv_compare(dir, name, tp_name, 5, 3, 0, &d) == 0);
+    printf("  %-24s against tp without sp: loss %.3g, val loss %.3g, param %.3g\n", name,
+           d.loss_rel, d.val_rel, d.param_abs);
+    CHECK(d.loss_rel <= 1e-5);
+    CHECK(d.val_rel <= 1e-5);
+    CHECK(d.param_abs <= 1e-5);
+}
+
+static void test_sp_tp2(void) { sp_check("sp_tp2", NULL, "--set parallel.tp=2", 2); }
+static void test_sp_tp2_pp2_tied(void)
+{
+    sp_check("sp_tp2_pp2_tied", NULL,
+             "--set parallel.tp=2 --set parallel.pp=2 --set model.tie_embeddings=true", 2);
+}
+static void test_sp_tp2_cp2_ring(void)
+{
+    sp_check("sp_tp2_cp2_ring", NULL,
+             "--set parallel.tp=2 --set parallel.cp=2 --set parallel.cp_mode=ring", 2);
+}
+static void test_sp_tp2_cp2_pp2_allgather(void)
+{
+    sp_check("sp_tp2_cp2_pp2_allgather", NULL,
+             "--set parallel.tp=2 --set parallel.cp=2 --set parallel.pp=2", 2);
+}
+/* MLA and the DeepSeek-V2 experts (whose output is whole on every TP rank) */
+static void test_sp_mla_tp2_cp2_ring(void)
+{
+    sp_check("sp_mla_tp2_cp2_ring", lite,
+             "--set parallel.tp=2 --set parallel.cp=2 --set parallel.cp_mode=ring", 2);
+}
+static void test_sp_mla_q_lora_tp2_cp2_pp2_allgather(void)
+{
+    sp_check("sp_mla_q_lora_tp2_cp2_pp2_allgather", full,
+             "--set parallel.tp=2 --set parallel.cp=2 --set parallel.pp=2", 2);
+}
+static void test_sp_mla_q_lora_tp2_cp4_ring(void)
+{
+    sp_check("sp_mla_q_lora_tp2_cp4_ring", full,
+             "--set parallel.tp=2 --set parallel.cp=4 --set parallel.cp_mode=ring", 2);
+}
+/* rows that do not split evenly: micro_batch 1 x seq 15 = 15 tokens, 8 and 7
+ * a TP rank; against TP without sequence parallelism alone */
+static void test_sp_uneven_rows(void)
+{
+    REQUIRE(fixture() == 0);
+    const char *sets = "--set parallel.tp=2 --set data.seq_len=15 --set train.micro_batch=1 "
+                       "--set optim.lr=0.001 --set optim.min_lr=0.0001";
+    char all[512];
+    REQUIRE(run("uneven_nosp", NULL, sets, 1) == 0);
+    snprintf(all, sizeof all, "%s --set parallel.sequence_parallel=true", sets);
+    REQUIRE(run("uneven_sp", NULL, all, 1) == 0);
+    test_equiv_diff_t d;
+    REQUIRE(test_equiv_compare(dir, "uneven_sp", "uneven_nosp", 5, 3, 0, &d) == 0);
+    printf("  %-24s against tp without sp: loss %.3g, val loss %.3g, param %.3g\n", "sp_uneven",
+           d.loss_rel, d.val_rel, d.param_abs);
+    CHECK(d.loss_rel <= 1e-5);
+    CHECK(d.val_rel <= 1e-5);
+    CHECK(d.param_abs <= 1e-5);
+}
+
 /* A sequence that does not cut into 2 x cp equal chunks is refused before
  * anything starts, naming the field. */
 static void test_cp_bad_seq(void)
@@ -248,6 +321,8 @@ int main(int argc, char **argv)
              test_mla_cp2_ring, test_mla_cp4_allgather, test_mla_cp4_ring,
              test_mla_cp2_tp2_allgather, test_mla_cp2_tp2_ring, test_mla_cp2_pp2_ring,
              test_mla_cp2_ep2_allgather, test_mla_q_lora_cp2_pp2_allgather,
-             test_mla_q_lora_cp2_tp2_pp2_ring, test_mla_q_lora_cp4_tp2_ring, test_cp_bad_seq,
-             test_cleanup);
+             test_mla_q_lora_cp2_tp2_pp2_ring, test_mla_q_lora_cp4_tp2_ring, test_sp_tp2,
+             test_sp_tp2_pp2_tied, test_sp_tp2_cp2_ring, test_sp_tp2_cp2_pp2_allgather,
+             test_sp_mla_tp2_cp2_ring, test_sp_mla_q_lora_tp2_cp2_pp2_allgather,
+             test_sp_mla_q_lora_tp2_cp4_ring, test_sp_uneven_rows, test_cp_bad_seq, test_cleanup);
 }

@@ -299,6 +299,9 @@ static void test_job_parallel_rules(void)
     expect_error(BASE "parallel: {cp: 2, cp_mode: rings}\n", "bad.yaml:2:28:",
                  "parallel.cp_mode", "allgather");
     expect_error(BASE "parallel: {cp: 0}\n", "bad.yaml:2:16:", "parallel.cp", "out of range");
+    /* sequence parallelism shards inside a TP group */
+    expect_error(BASE "parallel: {sequence_parallel: true}\n", "bad.yaml:2:12:",
+                 "parallel.sequence_parallel", "needs tp >= 2");
 }
 
 static void test_job_overrides(void)
