@@ -36,7 +36,10 @@ else: print(max(abs(x - y) / abs(x) for x, y in zip(a, b)))
 PY
 }
 
-for fx in llama llama_f16 llama_sharded llama_tied_llama3 mistral qwen2 qwen2_bf16; do
+# the dense fixtures, then the routed-expert ones (Mixtral, Qwen2-MoE), MLA
+# (DeepSeek-V2 Lite-style and full-style) and the hybrid Mamba2 stacks
+for fx in llama llama_f16 llama_sharded llama_tied_llama3 mistral qwen2 qwen2_bf16 \
+          mixtral qwen2_moe qwen2_moe_norm deepseek_v2_lite deepseek_v2 nemotronh nemotronh_bias; do
     d=tests/fixtures/$fx
     [ -f "$d/expected.json" ] || continue
     ref=$(cat "$d/expected.json")
@@ -72,7 +75,7 @@ cp "$tmp/cpu.jsonl" "$OUT/"
 # layouts with their ranks sharing the one GPU (pipeline activations handed
 # off through CUDA IPC, collectives staged through host memory): each
 # against the same layout on the CPU
-for lay in "pp=2" "tp=2" "pp=2 dp=2 zero1"; do
+for lay in "pp=2" "tp=2" "pp=2 dp=2 zero1" "cp=2 cp_mode=allgather" "cp=2 cp_mode=ring" "cp=2 tp=2 cp_mode=ring"; do
     sets=(); name=${lay// /_}; name=${name//=/-}
     for kv in $lay; do case $kv in zero1) sets+=(--set parallel.zero1=true) ;;
                                  *) sets+=(--set "parallel.${kv%%=*}=${kv#*=}") ;; esac; done
@@ -127,6 +130,18 @@ for lay in "pp=2" "pp=2 virtual_stages=2 schedule=interleaved microbatches=4"; d
     done
 done
 
+# greedy generation of the new kinds on cuda fp32 gives the CPU's ids
+# (the fixtures hold no tokenizer: the llama fixture's one is linked in, as
+# the CPU tests do)
+for fx in deepseek_v2_lite nemotronh qwen2_moe; do
+    d=$tmp/gen_$fx; mkdir -p "$d"
+    ln -s "$PWD/tests/fixtures/$fx/config.json" "$PWD/tests/fixtures/$fx/model.safetensors" \
+          "$PWD/tests/fixtures/llama/tokenizer.json" "$d"/
+    g_cpu=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 12 --ignore-eos --json 2>"$OUT/gen_${fx}_cpu.err")
+    g_gpu=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 12 --ignore-eos --json --device cuda 2>"$OUT/gen_${fx}_gpu.err")
+    if [ -n "$g_cpu" ] && [ "$g_cpu" = "$g_gpu" ]; then same=1; else same=0; fi
+    row "generate $fx fp32: ids equal the CPU's" "$same" 1 0
+done
 g_cpu=$("$BATON" generate --model tests/fixtures/llama --prompt "ab" --max-new 12 --json 2>/dev/null)
 g_gpu=$("$BATON" generate --model tests/fixtures/llama --prompt "ab" --max-new 12 --json --device cuda 2>/dev/null)
 if [ -n "$g_cpu" ] && [ "$g_cpu" = "$g_gpu" ]; then same=1; else same=0; fi

@@ -4,8 +4,8 @@
 # build/devpack/ (git-ignored), for tools/device-check.sh to put on
 # LD_LIBRARY_PATH there.
 #
-# It asks ldd which libraries build/baton, build/libbaton_cuda.so and
-# build/device/test_cuda_ops load, dpkg -S which Debian package owns each, fetches those packages with
+# It asks ldd which libraries build/baton, build/libbaton_cuda.so,
+# build/libbaton_nccl.so and the device tests load, dpkg -S which Debian package owns each, fetches those packages with
 # `apt-get download` and unpacks them with `dpkg -x`. Left out: glibc (it
 # cannot be swapped through LD_LIBRARY_PATH), the C++ runtime and zlib that
 # every system has (Debian 12's libstdc++ needs glibc 2.36, newer than the
@@ -17,7 +17,7 @@
 set -euo pipefail
 BUILD=${BUILD:-build}
 PACK=$BUILD/devpack
-BINS=("$BUILD/baton" "$BUILD/libbaton_cuda.so" "$BUILD/device/test_cuda_ops")
+BINS=("$BUILD/baton" "$BUILD/libbaton_cuda.so" "$BUILD/libbaton_nccl.so" "$BUILD/device/test_cuda_ops" "$BUILD/device/test_nccl")
 for b in "${BINS[@]}"; do
     [ -x "$b" ] || { echo "device-pack: $b is missing: run make first (with nvcc on PATH)" >&2; exit 1; }
 done
