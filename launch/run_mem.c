@@ -96,7 +96,8 @@ static bt_status_t plan_build(const job_t *job, const model_config_t *cfg, run_m
             /* under CP the rank's T / cp tokens a row, and its K/V exchange scratch */
             model_parallel_t mp = {.tp_rank = c.tp, .tp_size = g.tp,
                                    .ep_rank = g.moe ? c.ep : 0, .ep_size = g.moe ? g.ep : 1,
-                                   .cp_rank = c.cp, .cp_size = g.cp, .cp_ring = g.cp_ring};
+                                   .cp_rank = c.cp, .cp_size = g.cp, .cp_ring = g.cp_ring,
+                                   .sp = g.sp};
             model_mem_estimate_par(cfg, &st, &mp, B, T / g.cp, &mm);
             model_mem_estimate(cfg, &st, 0, 1, 0, 0, &full);
             a.p.params += mm.params;

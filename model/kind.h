@@ -165,6 +165,9 @@ bt_status_t model_tp_input_sum(model_run_t *r, tensor_t *dln, const char *what, 
 void model_sp_rows(const model_t *m, int64_t N, int64_t *r0, int64_t *n);
 /* t[N, cols]: every TP rank's rows gathered into place (an all-gather). */
 bt_status_t model_sp_gather(model_t *m, tensor_t *t, const char *what, int layer);
+/* The same from mine[n, cols] (this rank's rows, kept elsewhere). */
+bt_status_t model_sp_gather_from(model_t *m, tensor_t *t, const tensor_t *mine, const char *what,
+                                 int layer);
 /* t[N, cols] summed over the TP group into this rank's rows (a
  * reduce-scatter; the other rows are left as they were). */
 bt_status_t model_sp_scatter_sum(model_t *m, tensor_t *t, const char *what, int layer);

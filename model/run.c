@@ -63,6 +63,13 @@ struct model_acts {
     void    *tmp, *dres, *dln;    /* [N, C] */
     void    *scratch;    /* the largest kind scratch */
     void    *spnorm;     /* sequence parallelism: [2, S+1, C] norm-gradient stash and sum */
+    /* sequence parallelism in a training arena (compact): x holds only the
+     * stage input whole; the residual at boundaries 1..S and the norm
+     * outputs keep this TP rank's rows (xl [S, R, C], ln [S, R, C], R =
+     * ceil(N / tp)); lnw is the one whole norm output a sublayer reads, xo
+     * the whole stage output (no head) */
+    bool     compact;
+    void    *xl, *lnw, *xo;
     /* head */
     void    *lnf, *dlnf; /* [N, C] */
     float   *rstdf;      /* [N] */
@@ -149,7 +156,8 @@ typedef struct {
     double  total;
     int64_t head_chunk;
     bool    fwd_only, decode;
-    double  x, ln, rstd, saved, ids, tg, pos, ones, tmp, dres, dln, scratch, spnorm;
+    double  x, ln, rstd, saved, ids, tg, pos, ones, tmp, dres, dln, scratch, spnorm, xl, lnw, xo;
+    bool    compact;
     double  lnf, dlnf, rstdf, logits, dlogits, losses, vmax, vsum;
     const model_kind_t *shared_kind[MODEL_MAX_KINDS];
     double  shared[MODEL_MAX_KINDS];
@@ -207,8 +215,20 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, int mode, acts_pla
     double chunk = head_chunk_rows(m, N);
     p->head_chunk = (int64_t)chunk;
     double off = 0, scratch = 0;
-    p->x = take(&off, (fwd_only ? 2 : S + 1) * NC);
-    p->ln = take(&off, (fwd_only ? 1 : S) * NC);
+    /* sequence parallelism in a training arena: the residual stream and
+     * the norm outputs at this TP rank's rows (struct model_acts, compact) */
+    p->compact = !fwd_only && m->par.sp && m->par.tp_size > 1;
+    if (p->compact) {
+        double R = ceil(N / (double)m->par.tp_size) * C * es;
+        p->x = take(&off, NC);
+        p->xl = take(&off, S * R);
+        p->xo = take(&off, m->stage.has_head ? 0 : NC);
+        p->ln = take(&off, S * R);
+        p->lnw = take(&off, NC);
+    } else {
+        p->x = take(&off, (fwd_only ? 2 : S + 1) * NC);
+        p->ln = take(&off, (fwd_only ? 1 : S) * NC);
+    }
     p->rstd = take(&off, (fwd_only ? 1 : S) * N * 4);
     p->saved = off;
     if (fwd_only) { /* one region, the largest sublayer's, before the shared state */
@@ -328,6 +348,12 @@ static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, int mode, model
     free(saved_d);
     a->x = AT(p.x);
     a->ln = AT(p.ln);
+    a->compact = p.compact;
+    if (p.compact) {
+        a->xl = AT(p.xl);
+        a->xo = AT(p.xo);
+        a->lnw = AT(p.lnw);
+    }
     a->rstd = AT(p.rstd);
     a->saved = AT(p.saved);
     a->n_shared = p.n_shared;
@@ -408,6 +434,54 @@ bt_status_t model_acts_create_decode(model_t *m, int64_t T, model_acts_t **out)
 static int64_t x_slot(const model_acts_t *a, int64_t k) { return a->fwd_only ? k % 2 : k; }
 static int64_t ln_slot(const model_acts_t *a, int64_t k) { return a->fwd_only ? 0 : k; }
 
+/* This TP rank's rows [s0, s0 + sn) of the residual at sublayer boundary k
+ * (all rows without sequence parallelism): a slot of its own in a compact
+ * arena (k >= 1), else rows of the whole slot. */
+static tensor_t x_rows(const model_t *m, const model_acts_t *a, int64_t k, int64_t N, int64_t s0,
+                       int64_t sn)
+{
+    int64_t C = m->cfg.hidden_size;
+    if (!a->compact || k == 0) {
+        tensor_t x = stack_view(m, a->x, x_slot(a, k), N, C);
+        return rows_of(&x, s0, sn);
+    }
+    int64_t R = (N + m->par.tp_size - 1) / m->par.tp_size;
+    size_t es = dtype_size(m->place.act_dtype);
+    return model_act_view(m, a->xl, (size_t)((k - 1) * R * C) * es, 2, (int64_t[]){sn, C});
+}
+
+/* The same for sublayer k's norm output, and the whole one it reads. */
+static tensor_t ln_rows(const model_t *m, const model_acts_t *a, int64_t k, int64_t N, int64_t s0,
+                        int64_t sn)
+{
+    int64_t C = m->cfg.hidden_size;
+    if (!a->compact) {
+        tensor_t ln = stack_view(m, a->ln, ln_slot(a, k), N, C);
+        return rows_of(&ln, s0, sn);
+    }
+    int64_t R = (N + m->par.tp_size - 1) / m->par.tp_size;
+    size_t es = dtype_size(m->place.act_dtype);
+    return model_act_view(m, a->ln, (size_t)(k * R * C) * es, 2, (int64_t[]){sn, C});
+}
+
+static tensor_t ln_whole(const model_t *m, const model_acts_t *a, int64_t k, int64_t N)
+{
+    return a->compact ? stack_view(m, a->lnw, 0, N, m->cfg.hidden_size)
+                      : stack_view(m, a->ln, ln_slot(a, k), N, m->cfg.hidden_size);
+}
+
+/* Under sequence parallelism: the whole norm output of sublayer k for the
+ * sublayer, gathered from every TP rank's rows (in place, or from a compact
+ * arena's own slot). */
+static bt_status_t ln_gather(model_t *m, model_acts_t *a, int64_t k, int64_t N, int64_t s0,
+                             int64_t sn, int layer)
+{
+    tensor_t ln = ln_whole(m, a, k, N);
+    if (!a->compact) return model_sp_gather(m, &ln, "the norm output", layer);
+    tensor_t mine = ln_rows(m, a, k, N, s0, sn);
+    return model_sp_gather_from(m, &ln, &mine, "the norm output", layer);
+}
+
 void model_acts_destroy(model_acts_t *a)
 {
     if (!a) return;
@@ -428,6 +502,8 @@ tensor_t model_acts_x_out(model_acts_t *a)
 {
     int64_t N = a->cb * a->ct, C = a->m->cfg.hidden_size;
     size_t es = dtype_size(a->m->place.act_dtype);
+    if (a->compact && !a->m->stage.has_head)
+        return model_act_view(a->m, a->xo, 0, 3, (int64_t[]){a->cb, a->ct, C});
     return model_act_view(a->m, a->x, (size_t)(x_slot(a, a->m->n_subs) * N * C) * es, 3,
                           (int64_t[]){a->cb, a->ct, C});
 }
@@ -540,14 +616,13 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
     const model_config_t *c = &m->cfg;
     int64_t N = b->B * b->T, C = c->hidden_size, V = m->vocab;
     size_t es = dtype_size(m->place.act_dtype);
-    tensor_t x = stack_view(m, a->x, x_slot(a, m->n_subs), N, C);
     tensor_t lnf = stack_view(m, a->lnf, 0, N, C);
     bool sp = acts_sp(m, a);
     int64_t s0 = 0, sn = N;
     if (sp) model_sp_rows(m, N, &s0, &sn);
     bt_status_t st;
     if (sn > 0) { /* under SP this rank's rows, then all of them gathered */
-        tensor_t xl = rows_of(&x, s0, sn), lnl = rows_of(&lnf, s0, sn);
+        tensor_t xl = x_rows(m, a, m->n_subs, N, s0, sn), lnl = rows_of(&lnf, s0, sn);
         tensor_t rstdl = f32_view(m, a->rstdf + s0, 1, &sn);
         kern_rmsnorm_fwd(s, &lnl, &rstdl, &xl, P(m, m->final_norm), (float)c->rms_norm_eps);
     }
@@ -713,15 +788,12 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
         }
     for (int k = 0; k < m->n_subs; k++) {
         const model_sub_t *sub = &m->subs[k];
-        tensor_t x = stack_view(m, a->x, x_slot(a, k), N, C);
-        tensor_t xn = stack_view(m, a->x, x_slot(a, k + 1), N, C);
-        tensor_t ln = stack_view(m, a->ln, ln_slot(a, k), N, C);
+        tensor_t ln = ln_whole(m, a, k, N);
         tensor_t rstd = f32_view(m, a->rstd + ln_slot(a, k) * N + s0, 1, &sn);
-        tensor_t xl = rows_of(&x, s0, sn), xnl = rows_of(&xn, s0, sn), lnl = rows_of(&ln, s0, sn);
-        tensor_t tmpl = rows_of(&tmp, s0, sn);
+        tensor_t xl = x_rows(m, a, k, N, s0, sn), xnl = x_rows(m, a, k + 1, N, s0, sn);
+        tensor_t lnl = ln_rows(m, a, k, N, s0, sn), tmpl = rows_of(&tmp, s0, sn);
         if (sn > 0) kern_rmsnorm_fwd(s, &lnl, &rstd, &xl, P(m, sub->norm), eps);
-        if (r.sp && (st = model_sp_gather(m, &ln, "the norm output", sub->layer)) != BT_OK)
-            return st;
+        if (r.sp && (st = ln_gather(m, a, k, N, s0, sn, sub->layer)) != BT_OK) return st;
         r.shared = shared_of(a, sub->kind);
         r.cache = a->decode ? a->cache[k] : NULL;
         if ((st = sub->kind->forward(&r, sub, (char *)a->saved + a->saved_off[k], &ln, &tmp)))
@@ -730,8 +802,12 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
     }
     /* a stage's output leaves whole */
     if (r.sp && !st_->has_head) {
-        tensor_t xo = stack_view(m, a->x, x_slot(a, m->n_subs), N, C);
-        if ((st = model_sp_gather(m, &xo, "the stage output", -1)) != BT_OK) return st;
+        tensor_t xo = a->compact ? stack_view(m, a->xo, 0, N, C)
+                                 : stack_view(m, a->x, x_slot(a, m->n_subs), N, C);
+        tensor_t mine = x_rows(m, a, m->n_subs, N, s0, sn);
+        if ((st = a->compact ? model_sp_gather_from(m, &xo, &mine, "the stage output", -1)
+                             : model_sp_gather(m, &xo, "the stage output", -1)) != BT_OK)
+            return st;
     }
     /* each loss term enters once per forward, weighted by its scored
      * positions (model/kind.h, loss_end) */
@@ -831,9 +907,8 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
     }
     tensor_t dresl = rows_of(&dres, s0, sn), dlnl = rows_of(&dln, s0, sn);
     if (st_->has_head) {
-        tensor_t x = stack_view(m, a->x, m->n_subs, N, C);
         tensor_t dlnf = stack_view(m, a->dlnf, 0, N, C), rstdf = f32_view(m, a->rstdf + s0, 1, &sn);
-        tensor_t xl = rows_of(&x, s0, sn), dlnfl = rows_of(&dlnf, s0, sn);
+        tensor_t xl = x_rows(m, a, m->n_subs, N, s0, sn), dlnfl = rows_of(&dlnf, s0, sn);
         kern_zero(s, &dres);
         if (sn > 0)
             kern_rmsnorm_bwd(s, &dresl, G(m, m->final_norm), &dlnfl, &xl, P(m, m->final_norm),
@@ -843,11 +918,14 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
     bt_status_t st;
     for (int k = m->n_subs - 1; k >= 0; k--) {
         const model_sub_t *sub = &m->subs[k];
-        tensor_t x = stack_view(m, a->x, k, N, C), ln = stack_view(m, a->ln, k, N, C);
-        tensor_t rstd = f32_view(m, a->rstd + k * N + s0, 1, &sn), xl = rows_of(&x, s0, sn);
+        tensor_t ln = ln_whole(m, a, k, N);
+        tensor_t rstd = f32_view(m, a->rstd + k * N + s0, 1, &sn), xl = x_rows(m, a, k, N, s0, sn);
         r.shared = shared_of(a, sub->kind);
         if (r.sp && (st = model_sp_gather(m, &dres, "the residual gradient", sub->layer)))
             return st;
+        /* a compact arena kept only its rows of the norm output: gathered
+         * again for the sublayer's backward */
+        if (a->compact && (st = ln_gather(m, a, k, N, s0, sn, sub->layer)) != BT_OK) return st;
         if ((st = sub->kind->backward(&r, sub, (char *)a->saved + a->saved_off[k], &ln, &dres,
                                       &dln)))
             return st;

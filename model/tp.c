@@ -143,7 +143,8 @@ static tensor_t sp_rows_of(const tensor_t *t, int64_t r0, int64_t n)
 /* gather: every rank's rows into place; else reduce-scatter (sum) into this
  * rank's rows. In place on t (the collectives take a slice of their own
  * buffer), staged through host memory when the communicator cannot take t's. */
-static bt_status_t sp_xchg(model_t *m, tensor_t *t, bool gather, const char *what, int layer)
+static bt_status_t sp_xchg(model_t *m, tensor_t *t, const tensor_t *src, bool gather,
+                           const char *what, int layer)
 {
     int tp = m->par.tp_size;
     if (tp == 1) return BT_OK;
@@ -159,16 +160,20 @@ static bt_status_t sp_xchg(model_t *m, tensor_t *t, bool gather, const char *wha
     }
     model_sp_rows(m, N, &r0, &n);
     size_t at = (size_t)(r0 * cols) * es;
+    if (src && (src->dtype != t->dtype || tensor_numel(src) != n * cols))
+        BT_PANIC("model_sp_gather_from: %s is not this rank's %lld rows of %s", kern_shape_str(src).s,
+                 (long long)n, kern_shape_str(t).s);
     bt_status_t st = kern_stream_sync(m->stream); /* t is written by queued kernels */
     if (st == BT_OK && model_coll_direct(m, comm)) {
-        st = gather ? coll_all_gather(comm, t->data, (char *)t->data + at, counts, t->dtype)
+        st = gather ? coll_all_gather(comm, t->data, src ? src->data : (char *)t->data + at, counts,
+                                      t->dtype)
                     : coll_reduce_scatter(comm, (char *)t->data + at, t->data, counts, t->dtype,
                                           COLL_SUM);
     } else if (st == BT_OK) {
         char *h;
         if ((st = model_host_buf(m, tensor_nbytes(t), (void **)&h)) != BT_OK) return st;
         tensor_t mine = sp_rows_of(t, r0, n);
-        if (gather && n > 0) kern_download(m->stream, h + at, &mine);
+        if (gather && n > 0) kern_download(m->stream, h + at, src ? src : &mine);
         if (!gather) kern_download(m->stream, h, t);
         if ((st = kern_stream_sync(m->stream)) == BT_OK)
             st = gather ? coll_all_gather(comm, h, h + at, counts, t->dtype)
@@ -191,12 +196,18 @@ static bt_status_t sp_xchg(model_t *m, tensor_t *t, bool gather, const char *wha
 
 bt_status_t model_sp_gather(model_t *m, tensor_t *t, const char *what, int layer)
 {
-    return sp_xchg(m, t, true, what, layer);
+    return sp_xchg(m, t, NULL, true, what, layer);
+}
+
+bt_status_t model_sp_gather_from(model_t *m, tensor_t *t, const tensor_t *mine, const char *what,
+                                 int layer)
+{
+    return sp_xchg(m, t, mine, true, what, layer);
 }
 
 bt_status_t model_sp_scatter_sum(model_t *m, tensor_t *t, const char *what, int layer)
 {
-    return sp_xchg(m, t, false, what, layer);
+    return sp_xchg(m, t, NULL, false, what, layer);
 }
 
 bt_status_t model_tp_input_sum(model_run_t *r, tensor_t *dln, const char *what, int layer)

@@ -19,6 +19,7 @@
  * qk_nope 8 + qk_rope 4 = 12 key dims and v_head_dim 6, one dense layer
  * then two of shared and routed experts) on tests/fixtures/train_llama:
  * their K [.., H, 12] and V [.., H, 6] travel as separate exchanges. */
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -292,6 +293,39 @@ static void test_sp_uneven_rows(void)
     CHECK(d.param_abs <= 1e-5);
 }
 
+/* Rank 0's activation estimate (KiB) of `baton graph` on the dense job. */
+static double graph_acts_kib(const char *sets)
+{
+    const char *baton = getenv("BATON") ? getenv("BATON") : "build/baton";
+    char cmd[1024], line[512];
+    snprintf(cmd, sizeof cmd, "%s graph %s/job.yaml %s 2>&1", baton, dir, sets);
+    FILE *p = popen(cmd, "r");
+    double kib = -1;
+    while (p && fgets(line, sizeof line, p)) {
+        const char *a = strstr(line, "  rank 0: "), *b = a ? strstr(a, "activations ") : NULL;
+        if (b && strstr(b, " KiB")) kib = atof(b + strlen("activations "));
+    }
+    if (p) pclose(p);
+    return kib;
+}
+
+/* A training arena under sequence parallelism keeps the residual stream and
+ * the norm outputs at the rank's rows: for the dense job (8 sublayers, N =
+ * 2 x 16 tokens, C = 64, f32) at tp 2, x and ln go from (9 + 8) x N x C to
+ * N x C (the stage input) + 8 x 16 x C + 8 x 16 x C + N x C (the whole norm
+ * output), plus the [2, 9, C] norm-gradient buffers (8 bytes an element)
+ * and a 64-byte empty stage-output slot: 48064 bytes less per arena, two
+ * arenas (microbatches), which baton graph's estimate shows. */
+static void test_sp_memory(void)
+{
+    REQUIRE(fixture() == 0);
+    double tp = graph_acts_kib("--set parallel.tp=2");
+    double sp = graph_acts_kib("--set parallel.tp=2 --set parallel.sequence_parallel=true");
+    printf("  rank 0 activations: tp 2 %.1f KiB, with sequence parallelism %.1f KiB\n", tp, sp);
+    REQUIRE(tp > 0 && sp > 0);
+    CHECK(fabs((tp - sp) - 2 * 48064 / 1024.0) <= 1.0);
+}
+
 /* A sequence that does not cut into 2 x cp equal chunks is refused before
  * anything starts, naming the field. */
 static void test_cp_bad_seq(void)
@@ -324,5 +358,5 @@ int main(int argc, char **argv)
              test_mla_q_lora_cp2_tp2_pp2_ring, test_mla_q_lora_cp4_tp2_ring, test_sp_tp2,
              test_sp_tp2_pp2_tied, test_sp_tp2_cp2_ring, test_sp_tp2_cp2_pp2_allgather,
              test_sp_mla_tp2_cp2_ring, test_sp_mla_q_lora_tp2_cp2_pp2_allgather,
-             test_sp_mla_q_lora_tp2_cp4_ring, test_sp_uneven_rows, test_cp_bad_seq, test_cleanup);
+             test_sp_mla_q_lora_tp2_cp4_ring, test_sp_uneven_rows, test_sp_memory, test_cp_bad_seq, test_cleanup);
 }
