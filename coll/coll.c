@@ -64,7 +64,9 @@ static void watch_init(void)
 {
     for (int i = 0; i < COLL_WATCH_MAX; i++) pthread_mutex_init(&watch[i].mu, NULL);
     const char *v = getenv("BATON_TEST_COLL_STALL");
-    if (v && sscanf(v, "%31[^:]:%d:%llu", stall_name, &stall_rank, &stall_seq) != 3) stall_rank = -1;
+    const char *a = getenv("BATON_ATTEMPT");
+    int want = 0, n = v ? sscanf(v, "%31[^:]:%d:%llu/%d", stall_name, &stall_rank, &stall_seq, &want) : 0;
+    if (n < 3 || (n == 4 && want != (a ? atoi(a) : 1))) stall_rank = -1;
 }
 
 static uint64_t call_bytes(const coll_comm_t *c, const coll_call_t *call)

@@ -195,7 +195,9 @@ void coll_call_check(const coll_comm_t *c, const coll_call_t *call);
  * bytes, since when): what coll_watch_describe reports. Cost: two
  * uncontended mutex pairs per call, nothing per element.
  * Test hook: BATON_TEST_COLL_STALL="NAME:RANK:SEQ" makes rank RANK of group
- * NAME sleep (for good) before its call number SEQ, without arriving. */
+ * NAME sleep (for good) before its call number SEQ, without arriving;
+ * "NAME:RANK:SEQ/ATTEMPT" only in that attempt of a restarting run
+ * (BATON_ATTEMPT, 1 first, launch/restart.h). */
 bt_status_t coll_run(coll_comm_t *c, const coll_call_t *call);
 
 /* What the threads of this process wait in right now, one line each:

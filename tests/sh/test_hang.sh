@@ -6,8 +6,10 @@
 # microbatch 0) fails the job at the step timeout with a report naming the
 # group, the call's number, kind and size, the ranks that arrived and those
 # that did not, and the missing ranks' state and last messages; every
-# process is gone afterwards. A heartbeat interval not shorter than the
-# heartbeat timeout is refused.
+# process is gone afterwards. With restart configured (restart.max) the same
+# stall, in the first attempt only, restarts the job from its latest
+# checkpoint, and it ends with the undisturbed run's losses bit for bit. A
+# heartbeat interval not shorter than the heartbeat timeout is refused.
 set -u
 . "$(dirname "$0")/lib.bash"
 tmp=$(mktemp -d /tmp/test_hang.XXXXXX)
@@ -16,7 +18,7 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/data"
 awk 'BEGIN { for (i = 0; i < 3000; i++) printf "%d ", (i * 7) % 50; print "" }' > "$tmp/data/tokens.txt"
 step_to=$(scaled 2)
-job() { # LAYOUT
+job() { # LAYOUT [MORE_YAML]
     cat > "$tmp/job.yaml" <<YAML
 model: {layers: 2, hidden: 32, heads: 2, kv_heads: 2, ffn: 64, vocab: 64}
 data: {dir: $tmp/data, seq_len: 8, split: 0}
@@ -25,6 +27,7 @@ optim: {lr: 0.001, min_lr: 0.0001, warmup: 0}
 parallel: {$1}
 launch: {step_timeout: $step_to}
 runs: $tmp/runs
+${2:-}
 YAML
 }
 # hang NAME ENV...: run the job with ENV; sets rc and secs; output in $tmp/NAME.out
@@ -66,6 +69,37 @@ has pipe pipe_waiter "^  pipeline: rank 1 (pid [0-9]*, host local, tp=0 dp=0 pp=
 # 1F1B with 2 microbatches: rank 0 sent microbatch 1's activation, never 0's,
 # and waits for the gradient of 0
 has pipe pipe_sender "^    from rank 0 (pid [0-9]*, host local, tp=0 dp=0 pp=0): waits [0-9.]* s for the ACT_GRAD of step 3 microbatch 0 from rank 1; last sent ACTIVATION (step 3 microbatch 1) to rank 1"
+
+# a hang with restart configured restarts: the stall happens in attempt 1
+# only (BATON_TEST_COLL_STALL .../1); attempt 2 resumes from the checkpoint
+# of step 1 or 2 (one per step) and trains to the end
+losses() { python3 -c '
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if "loss" in r: print(r["step"], repr(r["loss"]))' "$1"; }
+rundir() { sed -n 's/^baton run .*: run [^ ]* in \(.*\)$/\1/p' "$1" | head -1; }
+job "dp: 2" "checkpoint: {dir: \"{run}/ckpt\", every: 1}"
+timeout "$(scaled 60)" "$BATON" run "$tmp/job.yaml" > "$tmp/ref.out" 2>&1; rc=$?
+ref=$(rundir "$tmp/ref.out")
+[ "$rc" -eq 0 ] && [ "$(losses "$ref/metrics.jsonl" | wc -l)" -eq 20 ] && pass restart_ref_trains \
+    || fail restart_ref_trains "rc $rc: $(tail -3 "$tmp/ref.out")"
+job "dp: 2" "checkpoint: {dir: \"{run}/ckpt\", every: 1}
+restart: {max: 1}"
+BATON_TEST_COLL_STALL=dp0:1:4/1 timeout "$(scaled 60)" "$BATON" run "$tmp/job.yaml" > "$tmp/restart.out" 2>&1; rc=$?
+dir=$(rundir "$tmp/restart.out")
+echo "restart: exit $rc"
+[ "$rc" -eq 0 ] && grep -q "^restart 1 of 1: from the latest checkpoint$" "$tmp/restart.out" \
+    && grep -q "^resuming from $dir/ckpt/step-0000000[12]: step [12]," "$tmp/restart.out" \
+    && pass restart_after_hang || fail restart_after_hang "rc $rc: $(grep -E '^restart|^resuming|job failed' "$tmp/restart.out")"
+cmp -s <(losses "$ref/metrics.jsonl") <(losses "$dir/metrics.jsonl") && [ "$(losses "$dir/metrics.jsonl" | wc -l)" -eq 20 ] \
+    && pass restart_after_hang_same_losses || fail restart_after_hang_same_losses "$(diff <(losses "$ref/metrics.jsonl") <(losses "$dir/metrics.jsonl") | head -6)"
+# the first attempt's log holds its verdict and hang report; the run record its failure
+grep -q "^job failed: step 3 did not finish within $step_to s (step watchdog" "$dir/attempt-1.log" \
+    && grep -q "^  collective dp0 #4 all_reduce of [0-9]* bytes, group of 2: arrived rank(s) 0 ([0-9.]* s); not arrived rank(s) 1$" "$dir/attempt-1.log" \
+    && grep -q "^exit status 0 (finished)$" "$dir/attempt-2.log" \
+    && [[ "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["attempts"][0]["failure"])' "$dir/run.json" 2>&1)" == "step 3 did not finish within $step_to s"* ]] \
+    && pass restart_after_hang_logged || fail restart_after_hang_logged "$(head -4 "$dir"/attempt-*.log)"
 
 # the interval must be shorter than the timeout
 "$BATON" run "$tmp/job.yaml" --set launch.heartbeat_interval=5 > "$tmp/bad.out" 2>&1; rc=$?
