@@ -117,6 +117,8 @@ typedef struct {
     actor_timer_t   watch, diag;
     bt_status_t     fail_status;
     int             fail_rank;
+    int             link_down;   /* the first rank whose link to the driver went down, -1: none */
+    int             fail_peer;   /* the peer of the first link failure a rank reported, -1: none */
     char            fail_text[512];
     double          hb_timeout_s, step_timeout_s, start_timeout_s;
     hang_t          hang;        /* each rank's last "wait" text (launch/hang.h) */
@@ -165,6 +167,8 @@ static struct {
     bool        failed;
     bt_status_t status;
     char        text[1024];
+    int         rank;       /* the rank blamed, -1: none */
+    int         host;       /* the host ssh could not start on, -1: none */
     FILE       *log;
 } drv_last;
 
@@ -176,6 +180,13 @@ bool driver_last_failure(bt_status_t *status, char *text, size_t cap)
     *status = drv_last.status;
     snprintf(text, cap, "%s", drv_last.text);
     return true;
+}
+
+void driver_last_blame(int *rank, int *host, char *text, size_t cap)
+{
+    *rank = drv_last.failed ? drv_last.rank : -1;
+    *host = drv_last.host;
+    if (drv_last.host >= 0) snprintf(text, cap, "%s", drv_last.text);
 }
 
 /* The verdict comes a moment after the first symptom: a killed process
@@ -208,6 +219,12 @@ static void diag_fire(actor_t *self, actor_timer_t *t)
     log_error("job failed: %s; stopping every process", text);
     drv_last.failed = true;
     drv_last.status = d->fail_status ? d->fail_status : BT_ERR_CANCELED;
+    /* whom a restart blames (launch/restart.h): the dead process; else, on
+     * other hosts (their deaths are seen as broken links), the rank whose
+     * link to the driver broke, or the peer of a link a rank reported
+     * broken (the reporter is alive) */
+    drv_last.rank = dead >= 0 ? dead : d->link_down >= 0 ? d->link_down : d->fail_peer >= 0 ? d->fail_peer
+                                                                                          : d->fail_rank;
     snprintf(drv_last.text, sizeof drv_last.text, "%s", text);
     if (drv_last.log) fprintf(drv_last.log, "job failed: %s\n", text);
     /* no process died: something waits; say what each rank waited in */
@@ -948,7 +965,13 @@ static actor_ret_t drv_on_error(actor_t *self, actor_msg_t *m)
     driver_t *d = (driver_t *)self;
     const msg_error_report_t *e = &m->body.error_report;
     int from = (int)actor_addr_rank(m->env.src);
-    if (d->phase == DRV_DONE || d->phase == DRV_FAILING) return ACTOR_DONE;
+    if (d->phase == DRV_DONE) return ACTOR_DONE;
+    /* our own router's reports come from the peer's address */
+    if (from < d->world && (int)e->peer == from && d->link_down < 0) d->link_down = from;
+    if (d->phase == DRV_FAILING) return ACTOR_DONE;
+    if (from < d->world && (int)e->peer != from && e->peer < (uint32_t)d->world &&
+        bt_status_is_peer((bt_status_t)e->status))
+        d->fail_peer = (int)e->peer;
     if (from == d->world) /* our own router: the link to rank e->peer */
         fail(d, (bt_status_t)e->status, (int)e->peer, "link %s failed (%s): %s", e->where,
              bt_status_str((bt_status_t)e->status), e->text);
@@ -1314,6 +1337,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     static graph_t g;
     char err[JOB_ERR_MAX];
     drv_last.failed = false;
+    drv_last.rank = drv_last.host = -1;
     if (graph_build(job, &g, err, sizeof err)) {
         fprintf(stderr, "baton run: %s: %s\n", job->path, err);
         return 1;
@@ -1442,6 +1466,10 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     if (remote) {
         if (ssh_probe(job, run_dir, err, sizeof err)) {
             fprintf(stderr, "baton run: %s: %s\n", job->path, err);
+            /* which host (its errors start "hosts[N] ..."): a restart may leave it out */
+            if (sscanf(err, "hosts[%d]", &drv_last.host) != 1 || drv_last.host < 0 || drv_last.host >= job->n_hosts)
+                drv_last.host = -1;
+            snprintf(drv_last.text, sizeof drv_last.text, "%s", err);
             goto remove_dir;
         }
         if (launch_addr_toward(job->hosts[0], self_addr, sizeof self_addr)) goto remove_dir;
@@ -1505,7 +1533,7 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     d.procs = &procs;
     d.quiet = quiet;
     d.world = g.world;
-    d.fail_rank = -1;
+    d.fail_rank = d.link_down = d.fail_peer = -1;
     d.hb_timeout_s = env_seconds("BATON_HEARTBEAT_TIMEOUT", job->launch.heartbeat_timeout);
     d.step_timeout_s = env_seconds("BATON_STEP_TIMEOUT", job->launch.step_timeout);
     d.start_timeout_s = env_seconds("BATON_START_TIMEOUT", 120);

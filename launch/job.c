@@ -143,6 +143,7 @@ static const field_t fields[] = {
     FLT("launch.heartbeat_interval", launch.heartbeat_interval, 0.05, 3600),
     FLT("launch.step_timeout", launch.step_timeout, 0.1, 1e7),
     INT("restart.max", restart.max, 0, 1000),
+    INT("restart.host_failures", restart.host_failures, 0, 1000),
     STR("device", device),
     ENUM("dtype", dtype, dtype_names),
 
@@ -251,6 +252,7 @@ void job_defaults(job_t *job)
     job->n_hosts = 1;
     job->launch.heartbeat_timeout = 5;
     job->launch.heartbeat_interval = 1;
+    job->restart.host_failures = 2;
     job->launch.step_timeout = 300;
     snprintf(job->device, sizeof job->device, "cpu");
     job->dtype = JOB_DTYPE_FP32;

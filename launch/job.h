@@ -181,6 +181,7 @@ typedef struct {
     job_launch_t     launch;
     struct {
         int64_t max;  /* restart.max: relaunches after a failure (launch/restart.h); 0: none */
+        int64_t host_failures; /* restart.host_failures: failures that leave a host out (2); 0: never */
     } restart;
     job_export_t     export;
     job_checkpoint_t checkpoint;

@@ -9,8 +9,20 @@
  * "attempts" (each one's number, start point "start" or what it resumed
  * from, exit status and failure). When the budget is spent the run fails
  * with one error listing every attempt's failure. The workers see
- * BATON_ATTEMPT=N (test hooks, train/stage_actor.c). Not done yet: leaving
- * out a host that keeps failing, or shrinking dp, on a restart. */
+ * BATON_ATTEMPT=N (test hooks, train/stage_actor.c, coll/coll.h).
+ *
+ * Each failure is blamed on a host (driver_last_blame: the rank's host, the
+ * ranks filling hosts in blocks; in a later attempt also a host ssh cannot
+ * start on). When one host has failed restart.host_failures times the next
+ * attempt runs without it: the same layout when the other hosts hold it in
+ * equal blocks (with a cuda device, no more ranks per host than the first
+ * attempt gave each), else the largest smaller parallel.dp that fits and
+ * divides the global batch (each replica's microbatches derived); nothing
+ * fitting keeps the host, with a warning. The change goes to the driver
+ * and the workers as --set assignments after the user's (hosts=[...],
+ * parallel.dp, train.global_batch, and grad_accum or microbatches when
+ * the job gives them); run.json's attempts record each one's hosts, dp and
+ * blamed host. */
 #ifndef BT_LAUNCH_RESTART_H
 #define BT_LAUNCH_RESTART_H
 
