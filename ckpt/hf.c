@@ -994,7 +994,11 @@ static bt_status_t hf_check_extra(const model_t *m, const hf_weights_t *w)
             bool known = hf_name_ignorable(name) || hf_bias_router(m, name, all, n);
             for (int j = 0; j < n && !known; j++) {
                 int64_t e;
+                char base[MODEL_NAME_MAX];
+                int part;
                 known = !strcmp(all[j].name, name) ||
+                        (model_name_part(all[j].name, base, sizeof base, &part) &&
+                         !strcmp(base, name)) ||
                         (model_name_stack_index(all[j].name, name, &e) && e < all[j].spec.global[0]);
             }
             if (!known) {
@@ -1066,7 +1070,18 @@ static bt_status_t hf_param_read(model_t *m, int i, const hf_weights_t *w, const
     const ckpt_st_file_t *f = NULL;
     const ckpt_st_tensor_t *t;
     bt_status_t st = BT_OK;
-    if (!model_name_is_stacked(p->name)) {
+    char base[MODEL_NAME_MAX];
+    int part;
+    int64_t row0, rows;
+    if (model_name_part(p->name, base, sizeof base, &part) &&
+        model_part_rows(m->params, m->n_params, i, &row0, &rows)) {
+        /* rows [row0, row0 + its rows) of the HF tensor (model.h, MODEL_PART_MARK) */
+        shard_spec_t in = p->spec;
+        in.global[0] = rows;
+        in.offset[0] += row0;
+        if (!(t = hf_tensor_get(w, dir, base, in.ndim, in.global, &f, &st))) return st;
+        st = ckpt_st_read_piece(f, t, &in, dst);
+    } else if (!model_name_is_stacked(p->name)) {
         if (!(t = hf_tensor_get(w, dir, p->name, p->spec.ndim, p->spec.global, &f, &st))) return st;
         st = ckpt_st_read_piece(f, t, &p->spec, dst);
     } else {
@@ -1376,10 +1391,14 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
         return BT_ERR_INVALID;
     }
     /* one entry per HF tensor: a stacked parameter (model.h) is one per
-     * index; then the selection biases (HF_BIAS_SUFFIX) */
-    int n_entries = 0, nb = model_moe_bias_views(m, NULL, NULL);
-    for (int i = 0; i < m->n_params; i++)
-        n_entries += model_name_is_stacked(m->params[i].name) ? (int)m->params[i].spec.global[0] : 1;
+     * index, the row parts of one tensor one together; then the selection
+     * biases (HF_BIAS_SUFFIX) */
+    int n_entries = 0, nb = model_moe_bias_views(m, NULL, NULL), part;
+    char base[MODEL_NAME_MAX];
+    for (int i = 0; i < m->n_params; i++) {
+        if (model_name_part(m->params[i].name, base, sizeof base, &part)) n_entries += part == 0;
+        else n_entries += model_name_is_stacked(m->params[i].name) ? (int)m->params[i].spec.global[0] : 1;
+    }
     n_entries += nb;
     ckpt_st_entry_t *e = calloc((size_t)n_entries + 1, sizeof *e);
     char (*names)[MODEL_NAME_MAX + 32] = calloc((size_t)n_entries + 1, sizeof *names);
@@ -1396,6 +1415,32 @@ bt_status_t ckpt_hf_save(const model_t *m, const char *dir)
     bt_status_t st = BT_OK;
     int n = 0;
     for (int i = 0; i < m->n_params && st == BT_OK; i++) {
+        int64_t row0, rows;
+        if (model_name_part(m->params[i].name, base, sizeof base, &part)) {
+            if (part != 0) continue; /* written with part 0 */
+            /* the HF tensor: every part's rows in order, into one buffer */
+            model_part_rows(m->params, m->n_params, i, &row0, &rows);
+            const tensor_t *p0 = &m->params[i].t;
+            int64_t per = tensor_numel(p0) / p0->shape[0];
+            host[i] = malloc((size_t)(rows * per) * sizeof(float) + 1);
+            if (!host[i]) {
+                st = BT_ERR_NOMEM;
+                break;
+            }
+            char other[MODEL_NAME_MAX];
+            int k;
+            for (int j = 0; j < m->n_params && st == BT_OK; j++)
+                if (model_name_part(m->params[j].name, other, sizeof other, &k) &&
+                    !strcmp(other, base) && model_part_rows(m->params, m->n_params, j, &row0, &rows))
+                    st = model_param_read(m, j, false, host[i] + row0 * per);
+            int64_t shape[SHARD_MAX_DIMS];
+            memcpy(shape, m->params[i].spec.global, sizeof shape);
+            shape[0] = rows;
+            snprintf(names[n], sizeof names[n], "%s", base);
+            e[n].name = names[n];
+            e[n++].t = tensor_make(host[i], DT_F32, DEVICE_CPU, p0->ndim, shape);
+            continue;
+        }
         tensor_t t = tensor_on(m->params[i].t, DEVICE_CPU);
         if (!direct) {
             host[i] = malloc((size_t)tensor_numel(&t) * sizeof(float) + 1);

@@ -70,14 +70,33 @@ typedef struct {
     ckpt_reader_t *r;
     const char   (*src)[CKPT_NAME_MAX];
     const shard_spec_t *want;
+    const int     *part0;  /* an HF tensor of row parts: the layout index of part 0, else -1 */
+    const model_param_t *ps;
+    int            np;
     char           err[1024];
 } export_ctx_t;
 
+/* HF tensor i from its checkpoint tensor, or, when it is row parts (model.h,
+ * MODEL_PART_MARK) saved by a run, from each part's tensor in its rows. */
 static bt_status_t export_fill(void *arg, int i, void *buf, size_t bytes)
 {
     export_ctx_t *x = arg;
-    (void)bytes;
-    return ckpt_read(x->r, x->src[i], &x->want[i], buf, x->err, sizeof x->err);
+    if (x->part0[i] < 0) return ckpt_read(x->r, x->src[i], &x->want[i], buf, x->err, sizeof x->err);
+    char base[MODEL_NAME_MAX], other[MODEL_NAME_MAX];
+    int k;
+    int64_t row0, rows;
+    model_name_part(x->ps[x->part0[i]].name, base, sizeof base, &k);
+    model_part_rows(x->ps, x->np, x->part0[i], &row0, &rows);
+    size_t row_bytes = bytes / (size_t)rows;
+    for (int j = 0; j < x->np; j++) {
+        if (!model_name_part(x->ps[j].name, other, sizeof other, &k) || strcmp(other, base)) continue;
+        model_part_rows(x->ps, x->np, j, &row0, &rows);
+        shard_spec_t whole = shard_whole(x->ps[j].spec.ndim, x->ps[j].spec.global);
+        bt_status_t st = ckpt_read(x->r, x->ps[j].name, &whole, (char *)buf + (size_t)row0 * row_bytes,
+                                   x->err, sizeof x->err);
+        if (st) return st;
+    }
+    return BT_OK;
 }
 
 /* The tokenizer files of PATH into the new version of the export. */
@@ -105,6 +124,7 @@ static int export_hf(const char *src, const char *to, const char *tokenizer)
     char (*names)[MODEL_NAME_MAX] = NULL;
     char (*srcs)[CKPT_NAME_MAX] = NULL;
     shard_spec_t *want = NULL;
+    int *part0 = NULL;
     base_save_dir_t d = {0};
     bool begun = false;
     if (!cfg_text || ckpt_hf_config_parse(cfg_text, strlen(cfg_text), dir, &cfg)) {
@@ -116,20 +136,51 @@ static int export_hf(const char *src, const char *to, const char *tokenizer)
     ps = calloc((size_t)np + 1, sizeof *ps);
     if (!ps) goto out;
     model_layout(&cfg, &whole, ps);
-    int n = 0;
-    for (int i = 0; i < np; i++)
-        n += model_name_is_stacked(ps[i].name) ? (int)ps[i].spec.global[0] : 1;
+    int n = 0, part;
+    char base[MODEL_NAME_MAX];
+    for (int i = 0; i < np; i++) {
+        if (model_name_part(ps[i].name, base, sizeof base, &part)) n += part == 0;
+        else n += model_name_is_stacked(ps[i].name) ? (int)ps[i].spec.global[0] : 1;
+    }
     ents = calloc((size_t)n + 1, sizeof *ents);
     names = calloc((size_t)n + 1, sizeof *names);
     srcs = calloc((size_t)n + 1, sizeof *srcs);
     want = calloc((size_t)n + 1, sizeof *want);
-    if (!ents || !names || !srcs || !want) goto out;
+    part0 = calloc((size_t)n + 1, sizeof *part0);
+    if (!ents || !names || !srcs || !want || !part0) goto out;
     int e = 0;
     for (int i = 0; i < np; i++) {
+        int64_t row0, rows;
+        if (model_name_part(ps[i].name, base, sizeof base, &part)) {
+            if (part != 0) continue;
+            /* an import keeps HF's own tensor; a run saves the parts */
+            model_part_rows(ps, np, i, &row0, &rows);
+            const ckpt_tensor_t *t = ckpt_index_find(idx, base);
+            const ckpt_tensor_t *t0 = ckpt_index_find(idx, ps[i].name);
+            if (!t && !t0) {
+                fprintf(stderr, "baton convert: %s: parameter %s is not in the checkpoint\n", dir,
+                        ps[i].name);
+                goto out;
+            }
+            int64_t shape[SHARD_MAX_DIMS];
+            memcpy(shape, ps[i].spec.global, sizeof shape);
+            shape[0] = rows;
+            snprintf(names[e], sizeof names[e], "%s", base);
+            snprintf(srcs[e], sizeof srcs[e], "%s", base);
+            want[e] = shard_whole(ps[i].spec.ndim, shape);
+            part0[e] = t ? -1 : i;
+            ents[e] = (ckpt_st_entry_t){.name = names[e],
+                                        .t = tensor_make(NULL, t ? t->dtype : t0->dtype, DEVICE_CPU,
+                                                         ps[i].spec.ndim, shape)};
+            e++;
+            continue;
+        }
+        part0[e] = -1;
         bool stacked = model_name_is_stacked(ps[i].name);
         int64_t count = stacked ? ps[i].spec.global[0] : 1;
         const ckpt_tensor_t *whole_t = ckpt_index_find(idx, ps[i].name);
         for (int64_t k = 0; k < count; k++, e++) {
+            part0[e] = -1;
             if (stacked && !model_name_unstack(ps[i].name, k, names[e], sizeof names[e])) goto out;
             if (!stacked) snprintf(names[e], sizeof names[e], "%s", ps[i].name);
             const ckpt_tensor_t *t = whole_t;
@@ -164,7 +215,8 @@ static int export_hf(const char *src, const char *to, const char *tokenizer)
     bt_status_t st = conf ? base_save_file(path, conf, strlen(conf), 0644) : BT_ERR_NOMEM;
     free(conf);
     if (st) goto out;
-    export_ctx_t x = {.r = r, .src = (const char (*)[CKPT_NAME_MAX])srcs, .want = want};
+    export_ctx_t x = {.r = r, .src = (const char (*)[CKPT_NAME_MAX])srcs, .want = want,
+                      .part0 = part0, .ps = ps, .np = np};
     base_save_dir_path(&d, "model.safetensors", path, sizeof path);
     const char *st_meta[] = {"format", "pt"};
     if ((st = ckpt_st_write_fill(path, ents, n, st_meta, 1, export_fill, &x, NULL))) {
@@ -187,6 +239,7 @@ out:
     free(names);
     free(srcs);
     free(want);
+    free(part0);
     ckpt_reader_close(r);
     return rc;
 }

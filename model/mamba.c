@@ -9,15 +9,22 @@
  *   out            = y Wout^T (+bout)
  *
  * in_proj is one HF tensor of I + (I + 2 G N) + H rows; its five row blocks
- * are five products here (rows of a row-major weight are contiguous), and
- * the depthwise conv over xBC is three convs over x, B and C (the channels
+ * are five parameters here (row parts, model.h MODEL_PART_MARK:
+ * in_proj.weight#0 .. #4, the bias likewise), and the depthwise conv over
+ * xBC is three convs over x, B and C (conv1d.weight#0 .. #2: the channels
  * are independent), so that every kernel sees contiguous operands and no
  * split or concatenation is copied. The decode cache holds, per sublayer,
  * the last K-1 inputs of each conv and the scan's state [H, P, N] (f32).
  *
- * TP is not implemented for this kind yet (in_proj's heads and groups are
- * spread over its five blocks, which the one-dimensional shard split cannot
- * express); validate refuses tp_size > 1. */
+ * TP by heads and groups: tp must divide n_groups, and TP rank r holds
+ * groups [r G/tp, (r+1) G/tp) and their heads (head h is in group
+ * h / (H/G)), so every block is a box of its own part: z, x and dt rows of
+ * its heads, B and C rows of its groups (in_proj column-parallel), the conv
+ * channels of its x, B, C, dt_bias, A_log, D of its heads, the norm weight
+ * of its groups (each group normalised whole on one rank), out_proj's
+ * columns of its heads (row-parallel: one all-reduce of the output, and one
+ * of the input gradient in backward, as an MLP; nothing else is
+ * exchanged). */
 #include "model/kind.h"
 
 #include "base/log.h"
@@ -26,7 +33,11 @@
 #include <stdio.h>
 
 enum {
-    MB_IN = 0, MB_INB, MB_CONV, MB_CONVB, MB_DTB, MB_ALOG, MB_D, MB_NORM, MB_OUT, MB_OUTB,
+    MB_IN = 0,            /* in_proj.weight#0..4: z, x, B, C, dt */
+    MB_INB = MB_IN + 5,   /* in_proj.bias#0..4 */
+    MB_CONV = MB_INB + 5, /* conv1d.weight#0..2: x, B, C */
+    MB_CONVB = MB_CONV + 3,
+    MB_DTB = MB_CONVB + 3, MB_ALOG, MB_D, MB_NORM, MB_OUT, MB_OUTB,
     MB_SLOTS
 };
 _Static_assert(MB_SLOTS <= MODEL_SUB_SLOTS, "mamba2 slots fit a sublayer");
@@ -35,17 +46,20 @@ typedef struct {
     int64_t H, P, G, Ns, K, I, GN, conv, proj;
 } mb_dims_t;
 
-static mb_dims_t mb_dims(const model_config_t *c)
+/* The dimensions of one TP rank's share of tp (1: the whole mixer). */
+static mb_dims_t mb_dims_tp(const model_config_t *c, int tp)
 {
     const model_mamba_config_t *a = &c->mamba;
-    mb_dims_t d = {.H = a->num_heads, .P = a->head_dim, .G = a->n_groups, .Ns = a->state_size,
-                   .K = a->conv_kernel};
+    mb_dims_t d = {.H = a->num_heads / tp, .P = a->head_dim, .G = a->n_groups / tp,
+                   .Ns = a->state_size, .K = a->conv_kernel};
     d.I = d.H * d.P;
     d.GN = d.G * d.Ns;
     d.conv = d.I + 2 * d.GN;
     d.proj = d.I + d.conv + d.H;
     return d;
 }
+
+static mb_dims_t mb_dims(const model_t *m) { return mb_dims_tp(&m->cfg, m->par.tp_size); }
 
 static bt_status_t mb_validate(const model_config_t *c, int tp)
 {
@@ -82,9 +96,10 @@ static bt_status_t mb_validate(const model_config_t *c, int tp)
     MB_REQUIRE(a->norm_eps > 0 && a->norm_eps < 1,
                "model config: the Mamba2 norm's layer_norm_epsilon=%g is out of range",
                a->norm_eps);
-    MB_REQUIRE(tp <= 1,
-               "model: tp_size=%d: tensor parallelism of Mamba2 mixers is not implemented (use "
-               "tp=1; pipeline and data parallelism work)", tp);
+    MB_REQUIRE(tp >= 1 && a->n_groups % tp == 0,
+               "model: tp_size=%d must divide the Mamba2 mixer's n_groups=%lld (its heads and "
+               "groups are split together, each group whole on one rank)", tp,
+               (long long)a->n_groups);
     return BT_OK;
 #undef MB_REQUIRE
 }
@@ -92,26 +107,39 @@ static bt_status_t mb_validate(const model_config_t *c, int tp)
 static void mb_layout(model_layout_t *lb, const model_config_t *c, const char *prefix,
                       model_sub_t *sub)
 {
-    mb_dims_t d = mb_dims(c);
+    mb_dims_t d = mb_dims_tp(c, 1); /* global shapes; the layout splits them */
     int64_t C = c->hidden_size;
     bool pb = c->mamba.proj_bias;
     char n[MODEL_NAME_MAX];
-#define ADD(slot, suffix, ndim, d0, d1)                                                            \
+#define ADD(slot, suffix, ndim, d0, d1, dim, unit)                                                 \
     do {                                                                                           \
         snprintf(n, sizeof n, "%s.%s", prefix, suffix);                                            \
-        sub->ix[slot] = model_layout_add(lb, n, ndim, d0, d1, -1, 1);                              \
+        sub->ix[slot] = model_layout_add(lb, n, ndim, d0, d1, dim, unit);                          \
     } while (0)
-    ADD(MB_IN, "in_proj.weight", 2, d.proj, C);
-    if (pb) ADD(MB_INB, "in_proj.bias", 1, d.proj, 0);
-    snprintf(n, sizeof n, "%s.conv1d.weight", prefix); /* [conv, 1, K] as torch's Conv1d */
-    sub->ix[MB_CONV] = model_layout_add_nd(lb, n, 3, (int64_t[]){d.conv, 1, d.K}, -1, 1);
-    if (c->mamba.conv_bias) ADD(MB_CONVB, "conv1d.bias", 1, d.conv, 0);
-    ADD(MB_DTB, "dt_bias", 1, d.H, 0);
-    ADD(MB_ALOG, "A_log", 1, d.H, 0);
-    ADD(MB_D, "D", 1, d.H, 0);
-    ADD(MB_NORM, "norm.weight", 1, d.I, 0);
-    ADD(MB_OUT, "out_proj.weight", 2, C, d.I);
-    if (pb) ADD(MB_OUTB, "out_proj.bias", 1, C, 0);
+    /* the parts of in_proj, its bias and the conv: rows, and the unit a
+     * rank's share is made of (a head's P rows, a group's N) */
+    const int64_t rows[5] = {d.I, d.I, d.GN, d.GN, d.H}, unit[5] = {d.P, d.P, d.Ns, d.Ns, 1};
+    for (int i = 0; i < 5; i++) {
+        char s[40];
+        snprintf(s, sizeof s, "in_proj.weight%c%d", MODEL_PART_MARK, i);
+        ADD(MB_IN + i, s, 2, rows[i], C, 0, unit[i]);
+        snprintf(s, sizeof s, "in_proj.bias%c%d", MODEL_PART_MARK, i);
+        if (pb) ADD(MB_INB + i, s, 1, rows[i], 0, 0, unit[i]);
+    }
+    for (int i = 0; i < 3; i++) { /* [rows, 1, K] as torch's Conv1d */
+        snprintf(n, sizeof n, "%s.conv1d.weight%c%d", prefix, MODEL_PART_MARK, i);
+        sub->ix[MB_CONV + i] =
+            model_layout_add_nd(lb, n, 3, (int64_t[]){rows[i + 1], 1, d.K}, 0, unit[i + 1]);
+        char s[40];
+        snprintf(s, sizeof s, "conv1d.bias%c%d", MODEL_PART_MARK, i);
+        if (c->mamba.conv_bias) ADD(MB_CONVB + i, s, 1, rows[i + 1], 0, 0, unit[i + 1]);
+    }
+    ADD(MB_DTB, "dt_bias", 1, d.H, 0, 0, 1);
+    ADD(MB_ALOG, "A_log", 1, d.H, 0, 0, 1);
+    ADD(MB_D, "D", 1, d.H, 0, 0, 1);
+    ADD(MB_NORM, "norm.weight", 1, d.I, 0, 0, d.I / d.G); /* whole groups */
+    ADD(MB_OUT, "out_proj.weight", 2, C, d.I, 1, d.P);
+    if (pb) ADD(MB_OUTB, "out_proj.bias", 1, C, 0, -1, 1);
 #undef ADD
 }
 
@@ -124,7 +152,7 @@ enum { SV_Z = 0, SV_XR, SV_BR, SV_CR, SV_XC, SV_BC, SV_CC, SV_DTR, SV_DT, SV_Y, 
 
 static void mb_saved_offsets(const model_t *m, int64_t B, int64_t T, double off[SV_COUNT + 1])
 {
-    mb_dims_t d = mb_dims(&m->cfg);
+    mb_dims_t d = mb_dims(m);
     double N = (double)B * (double)T, es = (double)dtype_size(m->place.act_dtype);
     double chunks = ceil((double)T / (double)m->cfg.mamba.chunk_size);
     double cols[SV_COUNT] = {[SV_Z] = (double)d.I,   [SV_XR] = (double)d.I,
@@ -159,7 +187,7 @@ enum { SC_DG = 0, SC_DY, SC_DZ, SC_DXC, SC_DXR, SC_DBC, SC_DCC, SC_DBR, SC_DCR, 
 
 static void mb_scratch_offsets(const model_t *m, int64_t B, int64_t T, double off[SC_COUNT + 1])
 {
-    mb_dims_t d = mb_dims(&m->cfg);
+    mb_dims_t d = mb_dims(m);
     double N = (double)B * (double)T, es = (double)dtype_size(m->place.act_dtype), at = 0;
     for (int i = 0; i < SC_COUNT; i++) {
         off[i] = at;
@@ -180,7 +208,7 @@ static double mb_scratch_bytes(const model_t *m, int64_t B, int64_t T)
  * dtype), then the scan state [H, P, N] f32 (B = 1) */
 static void mb_cache_offsets(const model_t *m, double off[5])
 {
-    mb_dims_t d = mb_dims(&m->cfg);
+    mb_dims_t d = mb_dims(m);
     double es = (double)dtype_size(m->place.act_dtype), h = (double)(d.K - 1), at = 0;
     double bytes[4] = {h * (double)d.I * es, h * (double)d.GN * es, h * (double)d.GN * es,
                        (double)(d.H * d.P * d.Ns) * 4};
@@ -208,27 +236,27 @@ static tensor_t rows_of(const tensor_t *t, int64_t r0, int64_t n)
     return tensor_narrow(&flat, r0, n);
 }
 
-/* The five row blocks of in_proj (z, x, B, C, dt), the three of the conv. */
+/* The five row blocks of in_proj (z, x, B, C, dt), the three of the conv
+ * (2-D [rows, K] views): the parameters, or their gradients. */
 typedef struct {
     tensor_t w[5], b[5], cw[3], cb[3];
     bool     has_b, has_cb;
 } mb_split_t;
 
-static mb_split_t mb_split(const model_config_t *c, const tensor_t *in, const tensor_t *inb,
-                           const tensor_t *conv, const tensor_t *convb)
+static mb_split_t mb_split(model_t *m, const model_sub_t *sub, bool grad)
 {
-    mb_dims_t d = mb_dims(c);
-    int64_t at[6] = {0, d.I, 2 * d.I, 2 * d.I + d.GN, 2 * d.I + 2 * d.GN, d.proj};
-    mb_split_t s = {.has_b = inb != NULL, .has_cb = convb != NULL};
+    mb_split_t s = {.has_b = sub->ix[MB_INB] >= 0, .has_cb = sub->ix[MB_CONVB] >= 0};
+#define MB_T(slot) (grad ? model_sub_grad(m, sub, slot) : model_sub_param(m, sub, slot))
     for (int i = 0; i < 5; i++) {
-        s.w[i] = rows_of(in, at[i], at[i + 1] - at[i]);
-        if (inb) s.b[i] = tensor_narrow(inb, at[i], at[i + 1] - at[i]);
+        s.w[i] = *MB_T(MB_IN + i);
+        if (s.has_b) s.b[i] = *MB_T(MB_INB + i);
     }
-    int64_t cat[4] = {0, d.I, d.I + d.GN, d.conv};
     for (int i = 0; i < 3; i++) {
-        s.cw[i] = rows_of(conv, cat[i], cat[i + 1] - cat[i]);
-        if (convb) s.cb[i] = tensor_narrow(convb, cat[i], cat[i + 1] - cat[i]);
+        const tensor_t *cw = MB_T(MB_CONV + i);
+        s.cw[i] = rows_of(cw, 0, cw->shape[0]);
+        if (s.has_cb) s.cb[i] = *MB_T(MB_CONVB + i);
     }
+#undef MB_T
     return s;
 }
 
@@ -240,7 +268,7 @@ typedef struct {
 static mb_views_t mb_views(const model_run_t *r, void *saved)
 {
     const model_t *m = r->m;
-    mb_dims_t d = mb_dims(&m->cfg);
+    mb_dims_t d = mb_dims(m);
     double off[SV_COUNT + 1];
     mb_saved_offsets(m, r->B, r->T, off);
     int64_t N = r->N, cols[SV_COUNT] = {d.I, d.I, d.GN, d.GN, d.I, d.GN, d.GN, d.H, d.H, d.I, d.I};
@@ -272,11 +300,9 @@ static bt_status_t mb_forward(model_run_t *r, const model_sub_t *sub, void *save
     model_t *m = r->m;
     kern_stream_t *s = r->s;
     const model_mamba_config_t *c = &m->cfg.mamba;
-    mb_dims_t d = mb_dims(&m->cfg);
+    mb_dims_t d = mb_dims(m);
     mb_views_t v = mb_views(r, saved);
-    mb_split_t w = mb_split(&m->cfg, model_sub_param(m, sub, MB_IN),
-                            model_sub_param(m, sub, MB_INB), model_sub_param(m, sub, MB_CONV),
-                            model_sub_param(m, sub, MB_CONVB));
+    mb_split_t w = mb_split(m, sub, false);
     /* z, x, B, C, dt raw */
     const int proj_to[5] = {SV_Z, SV_XR, SV_BR, SV_CR, SV_DTR};
     for (int i = 0; i < 5; i++)
@@ -322,13 +348,9 @@ static bt_status_t mb_backward(model_run_t *r, const model_sub_t *sub, void *sav
     model_t *m = r->m;
     kern_stream_t *s = r->s;
     const model_mamba_config_t *c = &m->cfg.mamba;
-    mb_dims_t d = mb_dims(&m->cfg);
+    mb_dims_t d = mb_dims(m);
     mb_views_t v = mb_views(r, saved);
-    mb_split_t w = mb_split(&m->cfg, model_sub_param(m, sub, MB_IN),
-                            model_sub_param(m, sub, MB_INB), model_sub_param(m, sub, MB_CONV),
-                            model_sub_param(m, sub, MB_CONVB));
-    mb_split_t g = mb_split(&m->cfg, model_sub_grad(m, sub, MB_IN), model_sub_grad(m, sub, MB_INB),
-                            model_sub_grad(m, sub, MB_CONV), model_sub_grad(m, sub, MB_CONVB));
+    mb_split_t w = mb_split(m, sub, false), g = mb_split(m, sub, true);
     double off[SC_COUNT + 1];
     mb_scratch_offsets(m, r->B, r->T, off);
     int64_t N = r->N;
@@ -384,7 +406,7 @@ static bt_status_t mb_backward(model_run_t *r, const model_sub_t *sub, void *sav
 static void mb_flops(const model_config_t *c, int64_t T, model_flops_t *f)
 {
     (void)T;
-    mb_dims_t d = mb_dims(c);
+    mb_dims_t d = mb_dims_tp(c, 1);
     double C = (double)c->hidden_size, L = (double)c->mamba.chunk_size;
     f->matmul_params += C * (double)d.proj + (double)d.I * C;
     f->attn_fma += (double)d.conv * (double)d.K +

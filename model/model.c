@@ -519,6 +519,36 @@ bool model_name_stack_index(const char *stacked, const char *hf, int64_t *i)
     return true;
 }
 
+bool model_name_part(const char *name, char *base, size_t cap, int *k)
+{
+    const char *p = strrchr(name, MODEL_PART_MARK);
+    if (!p || !p[1] || p == name) return false;
+    int v = 0;
+    for (const char *d = p + 1; *d; d++) {
+        if (*d < '0' || *d > '9' || v > 100000) return false;
+        v = v * 10 + (*d - '0');
+    }
+    if ((size_t)(p - name) >= cap) return false;
+    memcpy(base, name, (size_t)(p - name));
+    base[p - name] = '\0';
+    *k = v;
+    return true;
+}
+
+bool model_part_rows(const model_param_t *ps, int n, int i, int64_t *row0, int64_t *rows)
+{
+    char base[MODEL_NAME_MAX], other[MODEL_NAME_MAX];
+    int k, j_k;
+    if (!model_name_part(ps[i].name, base, sizeof base, &k)) return false;
+    *row0 = *rows = 0;
+    for (int j = 0; j < n; j++) {
+        if (!model_name_part(ps[j].name, other, sizeof other, &j_k) || strcmp(other, base)) continue;
+        if (j_k < k) *row0 += ps[j].spec.global[0];
+        *rows += ps[j].spec.global[0];
+    }
+    return true;
+}
+
 int model_param_find(const model_t *m, const char *name)
 {
     for (int i = 0; i < m->n_params; i++)

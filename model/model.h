@@ -72,7 +72,7 @@
 
 #define MODEL_IGNORE_INDEX (-100)
 #define MODEL_NAME_MAX 96
-#define MODEL_SUB_SLOTS 16 /* tensors one sublayer kind may own */
+#define MODEL_SUB_SLOTS 24 /* tensors one sublayer kind may own */
 #define MODEL_MAX_EP 256    /* ranks of an expert-parallel group */
 
 typedef struct model_kind model_kind_t; /* model/kind.h */
@@ -337,6 +337,21 @@ bool model_name_unstack(const char *name, int64_t i, char *out, size_t cap);
 /* Whether hf is stacked name with a decimal index (no leading zeros) in the
  * mark's place; the index in *i. */
 bool model_name_stack_index(const char *stacked, const char *hf, int64_t *i);
+
+/* Row parts. A parameter named "<hf>#<k>" (MODEL_PART_MARK, a decimal k)
+ * is part k of the Hugging Face tensor <hf>: the parts 0, 1, ... of one
+ * name are consecutive row blocks of it along dimension 0, in order (the
+ * Mamba2 in_proj's z, x, B, C and dt, so that each is TP-split by heads or
+ * groups on its own). The HF import and export (ckpt/hf.c, `baton
+ * convert`) read and write the one HF tensor; everything else sees the
+ * parts. */
+#define MODEL_PART_MARK '#'
+/* Whether name is a part; its HF name in base[cap] and its index in *k. */
+bool model_name_part(const char *name, char *base, size_t cap, int *k);
+/* For part ps[i] among ps[n] (which must hold all its siblings, as a layout
+ * of whole sublayers does): the HF row of its row 0 and the HF tensor's
+ * rows (from the parts' global shapes). False when ps[i] is no part. */
+bool model_part_rows(const model_param_t *ps, int n, int i, int64_t *row0, int64_t *rows);
 
 /* Index of the parameter named `name`, or -1. */
 int model_param_find(const model_t *m, const char *name);

@@ -66,18 +66,41 @@ static double rel_err(const float *a, const float *b, int64_t n)
 }
 
 /* Compares every gradient of m (whole or a stage) with the reference, a
- * stacked parameter (model.h) slab by slab against each index's tensor;
- * returns the worst relative error. */
+ * stacked parameter (model.h) slab by slab against each index's tensor, a
+ * row part against its rows of its tensor; returns the worst relative
+ * error. */
 static double grads_check(const model_t *m, const ref_t *r, const char *fixture)
 {
     double worst = 0;
     for (int i = 0; i < m->n_params; i++) {
         const char *name = m->params[i].name;
+        char base[128], key[160];
+        int part;
+        int64_t row0, rows;
+        if (model_name_part(name, base, sizeof base, &part)) {
+            CHECK(model_part_rows(m->params, m->n_params, i, &row0, &rows));
+            snprintf(key, sizeof key, "grad.%s", base);
+            const ckpt_st_tensor_t *g = ckpt_st_find(r->ref, key);
+            CHECK_MSG(g != NULL, "%s: no reference for %s", fixture, key);
+            int64_t n = tensor_numel(&m->grads[i].t), per = n / m->params[i].t.shape[0];
+            if (!g || g->numel != rows * per) {
+                CHECK_MSG(0, "%s: %s: reference of %lld elements", fixture, name,
+                          g ? (long long)g->numel : -1LL);
+                continue;
+            }
+            float *want = malloc((size_t)n * 4);
+            memcpy(want, (const float *)g->data + row0 * per, (size_t)n * 4);
+            double e = rel_err((const float *)m->grads[i].t.data, want, n);
+            CHECK_MSG(e <= TENSOR_RTOL, "%s: gradient %s rel err %.3g", fixture, name, e);
+            if (e > worst) worst = e;
+            free(want);
+            continue;
+        }
         bool stacked = model_name_is_stacked(name);
         int64_t slabs = stacked ? m->params[i].spec.global[0] : 1;
         int64_t n = tensor_numel(&m->grads[i].t) / slabs;
         for (int64_t k = 0; k < slabs; k++) {
-            char key[160], hf[128];
+            char hf[128];
             if (stacked && !model_name_unstack(name, k, hf, sizeof hf)) {
                 CHECK_MSG(0, "%s: %s does not unstack", fixture, name);
                 continue;

@@ -443,6 +443,14 @@ static void test_tp_deepseek_v2_lite(void)
     tp_equivalence("deepseek_v2_lite", FIX "deepseek_v2_lite", 2, true);
 }
 static void test_tp4_deepseek_v2(void) { tp_equivalence("deepseek_v2", FIX "deepseek_v2", 4, true); }
+/* NemotronH's Mamba2 mixers by heads and groups (in_proj's five parts
+ * column-parallel, conv, scan and gated norm per shard, out_proj
+ * row-parallel) beside attention and MLP layers; with projection biases */
+static void test_tp_nemotronh(void) { tp_equivalence("nemotronh", FIX "nemotronh", 2, true); }
+static void test_tp_nemotronh_bias(void)
+{
+    tp_equivalence("nemotronh_bias", FIX "nemotronh_bias", 2, true);
+}
 
 static void test_tp3_uneven_vocab(void)
 {
@@ -650,5 +658,6 @@ int main(int argc, char **argv)
              test_tp_llama_sharded_index, test_tp_qwen2_bias, test_tp_qwen2_tied,
              test_tp_mistral, test_tp4_llama_mha, test_tp_deepseek_v2_lite,
              test_tp4_deepseek_v2, test_tp3_uneven_vocab,
-             test_tp2_tied_all_biases_uneven_vocab, test_tp_dead_peer);
+             test_tp2_tied_all_biases_uneven_vocab, test_tp_dead_peer,
+             test_tp_nemotronh, test_tp_nemotronh_bias);
 }

@@ -92,6 +92,22 @@ else fail nemotronh_pp2_balanced_equals_single "split [$bal]: $(losses "$tmp/ppb
 if [ "$(losses "$tmp/dp2.jsonl" | wc -l)" -eq 4 ] && paste <(losses "$tmp/one.jsonl") <(losses "$tmp/dp2.jsonl") |
     awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad++ } END { exit bad }'; then
     pass nemotronh_dp2_equals_single; else fail nemotronh_dp2_equals_single "$(losses "$tmp/dp2.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/dp2.txt")"; fi
-out=$("$BATON" run "$tmp/h.yaml" --quiet --set parallel.tp=2 2>&1); rc=$?
-[ $rc -ne 0 ] && grep -q "tensor parallelism of Mamba2 mixers is not implemented" <<<"$out" \
-    && pass nemotronh_tp_refused || fail nemotronh_tp_refused "rc $rc: $out"
+# tensor parallelism of the mixers by heads and groups (model/mamba.c): tp=2
+# and tp=2 x pp=2 give the one-process losses within 1e-5 (the TP sums add
+# in another order); a tp that does not divide n_groups is refused by name
+for lay in "tp=2" "tp=2 pp=2"; do
+    sets=(); for kv in $lay; do sets+=(--set "parallel.$kv"); done
+    tag=${lay//=/}; tag=${tag// /_}
+    "$BATON" run "$tmp/h.yaml" --quiet "${sets[@]}" --set metrics.file="$tmp/$tag.jsonl" \
+        >"$tmp/$tag.txt" 2>&1
+    if [ "$(losses "$tmp/$tag.jsonl" | wc -l)" -eq 4 ] && paste <(losses "$tmp/one.jsonl") <(losses "$tmp/$tag.jsonl") |
+        awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad++ } END { exit bad }'; then
+        pass "nemotronh_${tag}_equals_single"
+    else fail "nemotronh_${tag}_equals_single" "$(losses "$tmp/$tag.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/$tag.txt")"; fi
+done
+mkdir -p "$tmp/g1"
+sed 's/"n_groups": 2/"n_groups": 1/' tests/fixtures/nemotronh/config.json > "$tmp/g1/config.json"
+ln -s "$PWD"/tests/fixtures/nemotronh/model.safetensors "$tmp/g1/"
+out=$("$BATON" run "$tmp/h.yaml" --quiet --set model.hf="$tmp/g1" --set parallel.tp=2 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "tp_size=2 must divide the Mamba2 mixer's n_groups=1" <<<"$out" \
+    && pass nemotronh_tp_groups_refused || fail nemotronh_tp_groups_refused "rc $rc: $out"
