@@ -394,7 +394,7 @@ static bt_status_t mb_backward(model_run_t *r, const model_sub_t *sub, void *sav
         else
             kern_linear_bwd(s, dln, &g.w[i], g.has_b ? &g.b[i] : NULL, &sc[from[i]], ln, &w.w[i]);
     }
-    return model_tp_sum(m, dln, "the Mamba2 input gradient", sub->layer);
+    return model_tp_input_sum(r, dln, "the Mamba2 input gradient", sub->layer);
 }
 
 /* in_proj (C x proj) and out_proj (I x C) multiply every token; the conv

@@ -92,12 +92,13 @@ else fail nemotronh_pp2_balanced_equals_single "split [$bal]: $(losses "$tmp/ppb
 if [ "$(losses "$tmp/dp2.jsonl" | wc -l)" -eq 4 ] && paste <(losses "$tmp/one.jsonl") <(losses "$tmp/dp2.jsonl") |
     awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $2) bad++ } END { exit bad }'; then
     pass nemotronh_dp2_equals_single; else fail nemotronh_dp2_equals_single "$(losses "$tmp/dp2.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/dp2.txt")"; fi
-# tensor parallelism of the mixers by heads and groups (model/mamba.c): tp=2
-# and tp=2 x pp=2 give the one-process losses within 1e-5 (the TP sums add
-# in another order); a tp that does not divide n_groups is refused by name
-for lay in "tp=2" "tp=2 pp=2"; do
+# tensor parallelism of the mixers by heads and groups (model/mamba.c): tp=2,
+# tp=2 x pp=2 and tp=2 with sequence parallelism give the one-process losses
+# within 1e-5 (the TP sums add in another order); a tp that does not divide
+# n_groups is refused by name
+for lay in "tp=2" "tp=2 pp=2" "tp=2 sequence_parallel=true"; do
     sets=(); for kv in $lay; do sets+=(--set "parallel.$kv"); done
-    tag=${lay//=/}; tag=${tag// /_}
+    tag=${lay//=/}; tag=${tag// /_}; tag=${tag/sequence_paralleltrue/sp}
     "$BATON" run "$tmp/h.yaml" --quiet "${sets[@]}" --set metrics.file="$tmp/$tag.jsonl" \
         >"$tmp/$tag.txt" 2>&1
     if [ "$(losses "$tmp/$tag.jsonl" | wc -l)" -eq 4 ] && paste <(losses "$tmp/one.jsonl") <(losses "$tmp/$tag.jsonl") |
