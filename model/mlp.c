@@ -59,19 +59,26 @@ static void mlp_layout(model_layout_t *lb, const model_config_t *c, const char *
 #undef ADD
 }
 
-/* saved: gate, up, h [N, F]; scratch: dh, dgate, dup [N, F] */
+/* saved: gate, up, h [N, F]; scratch: dh, dgate, dup [N, F]. relu2 has no
+ * gate: no gate region and no dgate one (v[1] and d[1] there are the only
+ * views of their first region, v[0] and d[0] alias nothing they use). */
+static int mlp_regions(const model_t *m) { return m->cfg.mlp.act == MODEL_MLP_RELU2 ? 2 : 3; }
+
 static double mlp_three(const model_t *m, int64_t B, int64_t T)
 {
-    return 3 * model_align_d((double)B * (double)T * (double)mlp_ffn(m) *
-                             (double)dtype_size(m->place.act_dtype));
+    return mlp_regions(m) * model_align_d((double)B * (double)T * (double)mlp_ffn(m) *
+                                          (double)dtype_size(m->place.act_dtype));
 }
 
 static void mlp_views(const model_run_t *r, void *base, tensor_t v[3])
 {
     int64_t F = mlp_ffn(r->m);
     size_t one = model_align((size_t)(r->N * F) * dtype_size(r->m->place.act_dtype));
-    for (int i = 0; i < 3; i++)
-        v[i] = model_act_view(r->m, base, (size_t)i * one, 2, (int64_t[]){r->N, F});
+    int skip = 3 - mlp_regions(r->m); /* relu2: [0] and [1] share the first region */
+    for (int i = 0; i < 3; i++) {
+        int at = i - skip < 0 ? 0 : i - skip;
+        v[i] = model_act_view(r->m, base, (size_t)at * one, 2, (int64_t[]){r->N, F});
+    }
 }
 
 static bt_status_t mlp_forward(model_run_t *r, const model_sub_t *sub, void *saved,
