@@ -1003,6 +1003,22 @@ static void test_gguf_llama_moe_refused(void)
         free(msg);
         gguf_close(g);
     }
+    /* Qwen2-MoE's own architecture (llama.cpp's "qwen2moe"): refused naming it */
+    b_header(&b, 0, 1);
+    b_str(&b, "general.architecture"); b_u32(&b, GGUF_TYPE_STRING); b_str(&b, "qwen2moe");
+    gguf_t *g;
+    REQUIRE(gguf_open_mem(b.b, b.n, "qmoe.gguf", &g) == BT_OK);
+    test_capture_t cap;
+    test_capture_begin(&cap);
+    gguf_llama_config_t cfg;
+    bt_status_t st = gguf_llama_config(g, &cfg);
+    char *msg = test_capture_end(&cap);
+    CHECK(st == BT_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(msg, "qmoe.gguf") && strstr(msg, "architecture 'qwen2moe' is not supported") &&
+                  strstr(msg, "Hugging Face directory"),
+              "message '%s'", msg);
+    free(msg);
+    gguf_close(g);
 }
 
 /* Random byte corruption of the metadata and tensor infos: never a crash or
