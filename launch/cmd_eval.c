@@ -23,7 +23,7 @@
  * model with a capacity_factor).
  * --device D, --dtype P: where to run (cpu, cuda[:N], fenced, auto; default
  * cpu) and in which precision (fp32, bf16; default fp32).
- * --layout tp=N,pp=N,dp=N: evaluate as processes in that parallel layout
+ * --layout tp=N,pp=N,dp=N[,cp=N][,ep=N]: evaluate as processes in that parallel layout
  * (launch/driver.h): the windows become rows padded to the longest (targets
  * -100 on padding, exact under causal attention), split into microbatches
  * among the data-parallel replicas; same loss as the single process.
@@ -338,6 +338,7 @@ static void eval_usage(FILE *f)
             "  --json         print one JSON object: {\"tokens\", \"loss\", \"ppl\"[, \"grad_norm\"]"
             "[, \"moe_dropped\"]}\n"
             "  --layout L     evaluate as processes in parallel layout L, e.g. tp=2,pp=2,dp=1\n"
+            "                 (also cp=N and, for routed experts, ep=N)\n"
             "  --device D     cpu (default), cuda, cuda:N, fenced (the test device) or auto\n"
             "  --dtype P      fp32 (default) or bf16\n");
 }

@@ -1661,18 +1661,22 @@ int driver_eval(const char *model_dir, const char *layout, const char *device, c
                 const int32_t *ids, const int32_t *targets, int64_t rows, int64_t T, double *loss,
                 int64_t *tokens)
 {
-    int64_t tp = 1, pp = 1, dp = 1;
+    int64_t tp = 1, pp = 1, dp = 1, cp = 1, ep = 1;
     char buf[256];
     snprintf(buf, sizeof buf, "%s", layout);
     for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
         char key[16];
         long long v;
-        if (sscanf(kv, "%15[a-z]=%lld", key, &v) != 2 || v < 1 ||
-            (strcmp(key, "tp") && strcmp(key, "pp") && strcmp(key, "dp"))) {
-            fprintf(stderr, "baton eval: --layout %s: expected tp=N,pp=N,dp=N (got '%s')\n", layout, kv);
+        int64_t *at = NULL;
+        if (sscanf(kv, "%15[a-z]=%lld", key, &v) == 2 && v >= 1)
+            at = !strcmp(key, "tp") ? &tp : !strcmp(key, "pp") ? &pp : !strcmp(key, "dp") ? &dp
+               : !strcmp(key, "cp") ? &cp : !strcmp(key, "ep") ? &ep : NULL;
+        if (!at) {
+            fprintf(stderr, "baton eval: --layout %s: expected tp=N,pp=N,dp=N (and optionally cp=N, ep=N; "
+                            "got '%s')\n", layout, kv);
             return 2;
         }
-        *(!strcmp(key, "tp") ? &tp : !strcmp(key, "pp") ? &pp : &dp) = v;
+        *at = v;
     }
     if (strpbrk(model_dir, "\"\n\\")) {
         fprintf(stderr, "baton eval: --model %s: unsupported characters in the path\n", model_dir);
@@ -1696,10 +1700,10 @@ int driver_eval(const char *model_dir, const char *layout, const char *device, c
                      "model: {hf: \"%s\"}\n"
                      "data: {dir: \"%s\", seq_len: %lld, split: 0}\n"
                      "train: {steps: 1, micro_batch: 4, grad_accum: %lld}\n"
-                     "parallel: {tp: %lld, pp: %lld, dp: %lld}\n"
+                     "parallel: {tp: %lld, pp: %lld, dp: %lld, cp: %lld, ep: %lld}\n"
                      "device: \"%s\"\ndtype: \"%s\"\n",
                      model_dir, model_dir, (long long)T, (long long)pp, (long long)tp, (long long)pp,
-                     (long long)dp, device, dtype);
+                     (long long)dp, (long long)cp, (long long)ep, device, dtype);
     if (n < 0) return 1;
     static job_t job;
     char err[JOB_ERR_MAX];

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # baton eval --layout: the HF fixtures evaluated as processes in parallel
-# layouts give the single-process loss (rel <= 1e-6) and transformers' loss
+# layouts (the MoE fixture with its experts split by ep) give the
+# single-process loss (rel <= 1e-6) and transformers' loss
 # (tests/fixtures/*/expected.json, rel <= 1e-5); bad layouts fail clearly.
 set -u
 . "$(dirname "$0")/lib.bash"
@@ -24,6 +25,11 @@ check llama tp=2,pp=2,dp=1
 check llama tp=2,pp=2,dp=2
 check llama_tied_llama3 pp=2,dp=2
 check qwen2 pp=3
+# routed experts split over the ranks (the expert grid, docs/PARALLEL.md)
+check qwen2_moe dp=2,ep=2
+check qwen2_moe tp=2,dp=2,ep=4
+check qwen2_moe pp=2,dp=2,ep=2
+check qwen2_moe cp=2,ep=2
 
 out=$("$BATON" eval --model $FIX/llama --ids $FIX/llama/ids.txt --layout tp=3 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "tp 3 does not divide 4 attention heads" <<<"$out" && pass eval_layout_bad_tp \
@@ -31,6 +37,9 @@ out=$("$BATON" eval --model $FIX/llama --ids $FIX/llama/ids.txt --layout tp=3 2>
 out=$("$BATON" eval --model $FIX/llama --ids $FIX/llama/ids.txt --layout pp=two 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "expected tp=N,pp=N,dp=N" <<<"$out" && pass eval_layout_bad_syntax \
     || fail eval_layout_bad_syntax "rc $rc: $out"
+out=$("$BATON" eval --model $FIX/qwen2_moe --ids $FIX/qwen2_moe/ids.txt --layout ep=2 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "parallel.ep: ep 2 must divide tp x cp x dp = 1" <<<"$out" && pass eval_layout_bad_ep \
+    || fail eval_layout_bad_ep "rc $rc: $out"
 # a config.json with a huge vocabulary: refused before any worker starts,
 # with every rank's share counted (2 ranks x 4 GiB of embedding + the
 # whole model each holds while it starts)
