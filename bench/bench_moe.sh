@@ -21,7 +21,8 @@
 # ms), the compute thread's time in the exchanges (moe exchange ms: counts,
 # staging, waits), overlap = 1 - wait / a2a (counters moe a2a ms and moe
 # a2a wait ms: the share of the row all-to-alls' flight time the compute
-# thread did not wait for), and the step time (metrics elapsed_s).
+# thread did not wait for), and the step time (the mean of the metrics'
+# step_s, microseconds, over steps 2..STEPS; elapsed_s has only milliseconds).
 # Printed per layout and mode: medians over the REPS runs, and the ratios
 # (dispatch + combine) / experts and step(off) / step(on), each the median
 # of the per-repetition ratios.
@@ -90,8 +91,9 @@ def per_step(name):
 def span_ms(kind):
     v = [t for (p, k), t in spans.items() if k == kind]
     return sum(v) / len(v) / len(steps) if v and steps else float("nan")
-el = [json.loads(l)["elapsed_s"] for l in open(sys.argv[2]) if '"loss"' in l]
-step = (el[-1] - el[0]) / (len(el) - 1) * 1e3 if len(el) > 1 else float("nan")
+recs = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
+ss = [r["step_s"] for r in recs if r["step"] >= 2]
+step = sum(ss) / len(ss) * 1e3 if ss else float("nan")
 vals = [span_ms("dispatch"), span_ms("combine"), per_step("moe experts ms"), per_step("moe exchange ms"),
         per_step("moe a2a ms"), per_step("moe a2a wait ms"), step]
 print("\t".join(sys.argv[3:6] + ["%.6f" % v for v in vals]))
