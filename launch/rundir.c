@@ -72,14 +72,15 @@ static json_t *layout_json(const job_t *job)
     coll_backend_t cb = COLL_BACKEND_HOST;
     char why[600];
     if (job_collectives(job, &cb, why, sizeof why)) cb = COLL_BACKEND_HOST;
-    return json_pack("{sI sI sI sI ss sI sb so sI so ss sI ss}", "tp", (json_int_t)p->tp, "pp", (json_int_t)p->pp,
+    return json_pack("{sI sI sI sI ss sI sb so sI so ss sI ss sb}", "tp", (json_int_t)p->tp, "pp", (json_int_t)p->pp,
                      "dp", (json_int_t)p->dp, "virtual_stages", (json_int_t)p->virtual_stages,
                      "schedule", p->schedule == JOB_SCHED_1F1B ? "1f1b" : "interleaved",
                      "microbatches", (json_int_t)(p->microbatches ? p->microbatches : job->train.grad_accum),
                      "zero1", p->zero1, "layers_per_stage", split,
                      "processes", (json_int_t)(p->tp * p->cp * p->pp * p->dp), "transport", xp,
                      "collectives", coll_backend_name(cb), "cp", (json_int_t)p->cp,
-                     "cp_mode", p->cp_mode == JOB_CP_RING ? "ring" : "allgather");
+                     "cp_mode", p->cp_mode == JOB_CP_RING ? "ring" : "allgather",
+                     "sequence_parallel", p->sequence_parallel);
 
 }
 
