@@ -257,6 +257,10 @@ static void test_sp_tp2_cp2_pp2_allgather(void)
     sp_check("sp_tp2_cp2_pp2_allgather", NULL,
              "--set parallel.tp=2 --set parallel.cp=2 --set parallel.pp=2", 2);
 }
+static void test_sp_tp2_cp4_allgather(void)
+{
+    sp_check("sp_tp2_cp4_allgather", NULL, "--set parallel.tp=2 --set parallel.cp=4", 2);
+}
 /* MLA and the DeepSeek-V2 experts (whose output is whole on every TP rank) */
 static void test_sp_mla_tp2_cp2_ring(void)
 {
@@ -357,6 +361,7 @@ int main(int argc, char **argv)
              test_mla_cp2_ep2_allgather, test_mla_q_lora_cp2_pp2_allgather,
              test_mla_q_lora_cp2_tp2_pp2_ring, test_mla_q_lora_cp4_tp2_ring, test_sp_tp2,
              test_sp_tp2_pp2_tied, test_sp_tp2_cp2_ring, test_sp_tp2_cp2_pp2_allgather,
+             test_sp_tp2_cp4_allgather,
              test_sp_mla_tp2_cp2_ring, test_sp_mla_q_lora_tp2_cp2_pp2_allgather,
              test_sp_mla_q_lora_tp2_cp4_ring, test_sp_uneven_rows, test_sp_memory, test_cp_bad_seq, test_cleanup);
 }
