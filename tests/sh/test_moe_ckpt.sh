@@ -3,9 +3,10 @@
 # "Expert parallelism"): the routed experts' tensors and their AdamW moments
 # are stored as boxes along dimension 0 of the stacked [E, ...] tensors, so
 # keyed by the global expert index, once per edp group. A run saved at EP=4
-# (dp=4) resumes at EP=2 (dp=2, two microbatches each) and in one process
-# (EP=1), and continues within 1e-6 of the run that never stopped; EP=4
-# resumed at EP=4 continues bit for bit. The checkpoint of step 2 converts
+# (dp=4) resumes at EP=2 (dp=2, two microbatches each), at tp=2 EP=2 and in
+# one process (EP=1), and continues within 1e-6 of the run that never
+# stopped; EP=4 resumed at EP=4 continues bit for bit. The other way, a
+# one-process checkpoint resumes at EP=4 and at tp=2 EP=2 within 1e-6. The checkpoint of step 2 converts
 # to an HF directory that evaluates like the run's own export of step 2.
 # With aux-loss-free bias balancing the selection biases are checkpoint
 # items too: a resume at EP=4 is bit for bit and in one process within 1e-6.
@@ -55,6 +56,15 @@ close "$tmp/whole.jsonl" "$tmp/ep1.jsonl" 1e-6 && [ "$(losses "$tmp/ep1.jsonl" |
 run tp2ep2 --set parallel.tp=2 --set parallel.dp=2 --set parallel.ep=2 --set train.grad_accum=2 --resume "$ck"
 close "$tmp/whole.jsonl" "$tmp/tp2ep2.jsonl" 1e-6 && [ "$(losses "$tmp/tp2ep2.jsonl" | wc -l)" -eq 3 ] \
     && pass moe_resume_ep4_as_tp2_ep2 || fail moe_resume_ep4_as_tp2_ep2 "$(losses "$tmp/tp2ep2.jsonl" | tr '\n' ' ') | $(tail -2 "$tmp/tp2ep2.out")"
+# the other way: saved by one process (EP=1), resumed at EP=4 and at tp=2 EP=2,
+# each rank taking its experts' boxes out of the stacked tensors
+run one1 --set train.grad_accum=4 --set train.stop_after=2 || fail moe_ckpt_save_one "rc $?: $(tail -3 "$tmp/one1.out")"
+run up4 "${ep4[@]}" --resume "$tmp/one1/step-00000002"
+close "$tmp/whole.jsonl" "$tmp/up4.jsonl" 1e-6 && [ "$(losses "$tmp/up4.jsonl" | wc -l)" -eq 3 ] \
+    && pass moe_resume_one_process_as_ep4 || fail moe_resume_one_process_as_ep4 "$(losses "$tmp/up4.jsonl" | tr '\n' ' ') | $(tail -2 "$tmp/up4.out")"
+run up22 --set parallel.tp=2 --set parallel.dp=2 --set parallel.ep=2 --set train.grad_accum=2 --resume "$tmp/one1/step-00000002"
+close "$tmp/whole.jsonl" "$tmp/up22.jsonl" 1e-6 && [ "$(losses "$tmp/up22.jsonl" | wc -l)" -eq 3 ] \
+    && pass moe_resume_one_process_as_tp2_ep2 || fail moe_resume_one_process_as_tp2_ep2 "$(losses "$tmp/up22.jsonl" | tr '\n' ' ') | $(tail -2 "$tmp/up22.out")"
 # a resume that reads something else must differ: another data seed
 run seed --set train.grad_accum=4 --set train.seed=6 --resume "$ck"
 close "$tmp/whole.jsonl" "$tmp/seed.jsonl" 1e-6 && fail moe_resume_compare_detects "$(losses "$tmp/seed.jsonl" | tr '\n' ' ')" \
