@@ -18,7 +18,8 @@
  * With BATON_TEST_REFERENCE=16 (`make test-reference`): the full layout,
  * TP=2 PP=2 CP=2 (ring) DP=2 for the dense parts and EP=4 EDP=2 for the
  * experts, 16 processes, the same comparisons and the same round trips
- * through one process and (1, 3, 2). It needs context parallelism of MLA. */
+ * through one process and (1, 3, 2); and the layout once more with CP's
+ * all-gather mode. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -228,6 +229,11 @@ static void test_ref_resume_detects(void)
 }
 
 static void test_ref_layout16(void) { check("layout16", LAYOUT16, NULL, 1); }
+/* the same layout with CP's other mode: K and V all-gathered */
+static void test_ref_layout16_allgather(void)
+{
+    check("layout16_ag", LAYOUT16 " --set parallel.cp_mode=allgather", NULL, 1);
+}
 static void test_ref_layout16_resume_one(void)
 {
     check("l16_one", "", "layout16/ckpt/step-00000002", 3);
@@ -248,8 +254,9 @@ int main(int argc, char **argv)
     setenv("BATON_STEP_TIMEOUT", "60", 0); /* a hang fails in a minute, not 300 s */
     const char *full = getenv("BATON_TEST_REFERENCE");
     if (full && !strcmp(full, "16"))
-        TEST_RUN(argc, argv, test_ref_layout16, test_ref_layout16_resume_one,
-                 test_ref_layout16_resume_132, test_ref_layout16_back, test_cleanup);
+        TEST_RUN(argc, argv, test_ref_layout16, test_ref_layout16_allgather,
+                 test_ref_layout16_resume_one, test_ref_layout16_resume_132, test_ref_layout16_back,
+                 test_cleanup);
     TEST_RUN(argc, argv, test_ref_eval_matches_transformers, test_ref_layout8,
              test_ref_layout8_resume_one, test_ref_layout8_resume_132, test_ref_layout8_back,
              test_ref_resume_detects, test_cleanup);
