@@ -267,6 +267,12 @@ static void test_sp_mla_tp2_cp2_ring(void)
     sp_check("sp_mla_tp2_cp2_ring", lite,
              "--set parallel.tp=2 --set parallel.cp=2 --set parallel.cp_mode=ring", 2);
 }
+/* the routed experts split over ep 2 (folded over tp x cp) */
+static void test_sp_mla_tp2_cp2_ep2_allgather(void)
+{
+    sp_check("sp_mla_tp2_cp2_ep2_allgather", lite,
+             "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=2", 2);
+}
 static void test_sp_mla_q_lora_tp2_cp2_pp2_allgather(void)
 {
     sp_check("sp_mla_q_lora_tp2_cp2_pp2_allgather", full,
@@ -362,6 +368,7 @@ int main(int argc, char **argv)
              test_mla_q_lora_cp2_tp2_pp2_ring, test_mla_q_lora_cp4_tp2_ring, test_sp_tp2,
              test_sp_tp2_pp2_tied, test_sp_tp2_cp2_ring, test_sp_tp2_cp2_pp2_allgather,
              test_sp_tp2_cp4_allgather,
-             test_sp_mla_tp2_cp2_ring, test_sp_mla_q_lora_tp2_cp2_pp2_allgather,
+             test_sp_mla_tp2_cp2_ring, test_sp_mla_tp2_cp2_ep2_allgather,
+             test_sp_mla_q_lora_tp2_cp2_pp2_allgather,
              test_sp_mla_q_lora_tp2_cp4_ring, test_sp_uneven_rows, test_sp_memory, test_cp_bad_seq, test_cleanup);
 }
