@@ -163,7 +163,7 @@ struct stage_job {
 };
 
 static uint32_t name_fwd, name_bwd, name_opt, name_moe_exchange, name_moe_experts, name_moe_a2a,
-    name_moe_a2a_wait, name_moe_x[MODEL_MOE_X_COUNT];
+    name_moe_a2a_wait, name_moe_dropped, name_moe_x[MODEL_MOE_X_COUNT];
 
 static void export_params(stage_actor_t *s);
 static void export_bufs_free(stage_actor_t *s);
@@ -283,6 +283,7 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
     name_moe_experts = trace_intern("moe experts ms");
     name_moe_a2a = trace_intern("moe a2a ms");
     name_moe_a2a_wait = trace_intern("moe a2a wait ms");
+    name_moe_dropped = trace_intern("moe dropped");
     static const char *const xnames[MODEL_MOE_X_COUNT] = {
         [MODEL_MOE_X_DISPATCH] = "moe dispatch", [MODEL_MOE_X_COMBINE] = "moe combine",
         [MODEL_MOE_X_DISPATCH_GRAD] = "moe dispatch grad", [MODEL_MOE_X_COMBINE_GRAD] = "moe combine grad"};
@@ -901,6 +902,8 @@ static void metrics_send(stage_actor_t *s)
             return;
         }
         ((int64_t *)t->data)[0] = s->dropped;
+        /* this rank's share of the step's count, on its stage's track */
+        if (trace_enabled()) trace_counter(s->a.addr, name_moe_dropped, (double)s->dropped, clock_now_ns());
     }
     m->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
     m->body.metrics = (msg_metrics_t){

@@ -184,7 +184,7 @@ YAML
 drops() { sed -n 's/.*"step": \([0-9]*\), "loss": \([0-9.e+-]*\),.*"moe_dropped": \([0-9]*\).*/\1 \2 \3/p' "$1"; }
 "$BATON" run "$tmp/cap.yaml" --quiet --set metrics.file="$tmp/cap1.jsonl" > "$tmp/cap1.out" 2>&1
 "$BATON" run "$tmp/cap.yaml" --quiet --set metrics.file="$tmp/cap2.jsonl" --set parallel.dp=2 --set parallel.ep=2 \
-    --set train.grad_accum=1 > "$tmp/cap2.out" 2>&1
+    --set train.grad_accum=1 --set trace.dir="$tmp/cap2.tr" > "$tmp/cap2.out" 2>&1
 "$BATON" run "$tmp/cap.yaml" --quiet --set metrics.file="$tmp/cap3.jsonl" --set parallel.pp=2 \
     --set train.eval_every=0 > "$tmp/cap3.out" 2>&1
 same_drops() { # A B: the same steps and drop counts, losses within 1e-5
@@ -197,6 +197,24 @@ if same_drops "$tmp/cap1.jsonl" "$tmp/cap2.jsonl" && same_drops "$tmp/cap1.jsonl
 else
     fail moe_train_capacity_dropped "one: $(drops "$tmp/cap1.jsonl" | tr '\n' ' ') | dp2 ep2: $(drops "$tmp/cap2.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/cap2.out") | pp2: $(drops "$tmp/cap3.jsonl" | tr '\n' ' ') $(tail -2 "$tmp/cap3.out")"
 fi
+# and in the trace: each rank's stage records its own count as the counter
+# "moe dropped" after every training step; the ranks' counters sum to the
+# step's metric
+"$BATON" trace "$tmp/cap2.tr" -o "$tmp/cap2.json" > /dev/null 2>&1
+if out=$(python3 - "$tmp/cap2.json" "$tmp/cap2.jsonl" <<'PY'
+import json, sys
+ev = json.load(open(sys.argv[1]))
+ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+per = {}  # actor -> values in time order
+for e in sorted((e for e in ev if e.get("ph") == "C" and e["name"].endswith(" moe dropped")), key=lambda e: e["ts"]):
+    per.setdefault(e["name"], []).append(e["args"]["value"])
+want = [json.loads(l)["moe_dropped"] for l in open(sys.argv[2]) if '"loss"' in l]
+got = [sum(v[k] for v in per.values()) for k in range(len(want))] if all(len(v) == len(want) for v in per.values()) else None
+print(sorted(per.items()), "want", want)
+sys.exit(0 if len(per) == 2 and len(want) == 3 and got == want and all(min(v) > 0 for v in per.values()) else 1)
+PY
+); then pass moe_trace_capacity_dropped; else fail moe_trace_capacity_dropped "$out"; fi
+
 # a capacity factor where a rank sees only part of a microbatch's tokens is
 # refused by the job check, naming the field: under TP each rank dispatches
 # its share, under CP each routes its chunks (cp=2 gave a step-1 loss 1.7e-4
