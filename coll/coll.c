@@ -65,8 +65,13 @@ static void watch_init(void)
     for (int i = 0; i < COLL_WATCH_MAX; i++) pthread_mutex_init(&watch[i].mu, NULL);
     const char *v = getenv("BATON_TEST_COLL_STALL");
     const char *a = getenv("BATON_ATTEMPT");
-    int want = 0, n = v ? sscanf(v, "%31[^:]:%d:%llu/%d", stall_name, &stall_rank, &stall_seq, &want) : 0;
-    if (n < 3 || (n == 4 && want != (a ? atoi(a) : 1))) stall_rank = -1;
+    int attempt = a ? atoi(a) : 1;
+    stall_rank = -1;
+    /* a comma list: the first spec for this attempt (or for any) */
+    for (; v && *v && stall_rank < 0; v += strcspn(v, ",") + (v[strcspn(v, ",")] == ',')) {
+        int want = 0, n = sscanf(v, "%31[^:]:%d:%llu/%d", stall_name, &stall_rank, &stall_seq, &want);
+        if (n < 3 || (n == 4 && want != attempt)) stall_rank = -1;
+    }
 }
 
 static uint64_t call_bytes(const coll_comm_t *c, const coll_call_t *call)

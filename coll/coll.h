@@ -197,7 +197,7 @@ void coll_call_check(const coll_comm_t *c, const coll_call_t *call);
  * Test hook: BATON_TEST_COLL_STALL="NAME:RANK:SEQ" makes rank RANK of group
  * NAME sleep (for good) before its call number SEQ, without arriving;
  * "NAME:RANK:SEQ/ATTEMPT" only in that attempt of a restarting run
- * (BATON_ATTEMPT, 1 first, launch/restart.h). */
+ * (BATON_ATTEMPT, 1 first, launch/restart.h); a comma list of them. */
 bt_status_t coll_run(coll_comm_t *c, const coll_call_t *call);
 
 /* What the threads of this process wait in right now, one line each:

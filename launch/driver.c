@@ -230,6 +230,12 @@ static void diag_fire(actor_t *self, actor_timer_t *t)
     /* no process died: something waits; say what each rank waited in */
     if (dead < 0 && d->step && (d->fail_status == BT_ERR_TIMEOUT || d->fail_status == BT_ERR_PEER_TIMEOUT)) {
         hang_report(&d->hang, d->g, hang_describe, d, clock_now_ns(), stderr);
+        /* a restart blames the host of the missing ranks, when they share one */
+        int miss[GRAPH_MAX_WORLD], n_miss = drv_last.rank < 0 ? hang_missing(&d->hang, d->g, miss, GRAPH_MAX_WORLD) : 0;
+        int per = d->world / (d->job->n_hosts > 0 ? d->job->n_hosts : 1);
+        bool one_host = n_miss > 0 && per > 0;
+        for (int i = 1; i < n_miss && one_host; i++) one_host = miss[i] / per == miss[0] / per;
+        if (one_host) drv_last.rank = miss[0];
         if (drv_last.log) hang_report(&d->hang, d->g, hang_describe, d, clock_now_ns(), drv_last.log);
     }
     if (drv_last.log) fflush(drv_last.log);

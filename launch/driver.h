@@ -52,7 +52,8 @@ int driver_run(job_t *job, const char *const *sets, int n_sets, bool quiet, cons
 bool driver_last_failure(bt_status_t *status, char *text, size_t cap);
 /* Whom the last driver_run blamed: *rank the rank of its job failure (the
  * dead process, or the rank that reported the failure or went silent; -1:
- * none, as for a step past its timeout), *host the index in hosts of a host
+ * none; for a step past its timeout, the first rank the hang report names
+ * missing when all it names share a host), *host the index in hosts of a host
  * it could not start on over ssh (-1: none; then text gets the error). */
 void driver_last_blame(int *rank, int *host, char *text, size_t cap);
 /* Also write the failure verdict and hang report of the coming runs to f

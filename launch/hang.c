@@ -146,6 +146,40 @@ static int group_of(const graph_t *g, const char *name, int r, int *members)
     return 0;
 }
 
+int hang_missing(const hang_t *h, const graph_t *g, int *ranks, int cap)
+{
+    int world = h->world, n_out = 0;
+    rank_wait_t *w = calloc((size_t)world, sizeof *w);
+    bool *miss = calloc((size_t)world, sizeof *miss);
+    int *mem = calloc(GRAPH_MAX_WORLD, sizeof *mem);
+    if (!w || !miss || !mem) {
+        n_out = -1;
+        goto out;
+    }
+    for (int r = 0; r < world; r++) parse(h, r, 0, &w[r]);
+    for (int r = 0; r < world; r++) {
+        for (int i = 0; i < w[r].n_coll; i++) {
+            const coll_wait_t *c = &w[r].coll[i];
+            int n = group_of(g, c->name, r, mem);
+            for (int j = 0; j < n; j++) {
+                int q = mem[j];
+                bool in = false;
+                for (int k = 0; k < w[q].n_coll; k++)
+                    in |= !strcmp(w[q].coll[k].name, c->name) && w[q].coll[k].seq >= c->seq;
+                if (!in) miss[q] = true;
+            }
+        }
+        if (w[r].pipe && !w[r].n_coll && !w[r].busy) miss[w[r].pipe_from] = true;
+    }
+    for (int r = 0; r < world; r++)
+        if (miss[r] && n_out < cap) ranks[n_out++] = r;
+out:
+    free(w);
+    free(miss);
+    free(mem);
+    return n_out;
+}
+
 int hang_report(const hang_t *h, const graph_t *g, hang_describe_fn describe, void *arg, uint64_t now_ns,
                 FILE *f)
 {

@@ -40,5 +40,9 @@ typedef void (*hang_describe_fn)(void *arg, int rank, char *buf, size_t cap);
  * Returns the number of waits it reported (0: no rank reported any). */
 int         hang_report(const hang_t *h, const graph_t *g, hang_describe_fn describe, void *arg,
                         uint64_t now_ns, FILE *f);
+/* The ranks the report names as missing (not arrived at a collective some
+ * rank waits in, or the source of a pipeline input some rank waits for),
+ * in rank order, at most cap of them; returns how many (-1: out of memory). */
+int         hang_missing(const hang_t *h, const graph_t *g, int *ranks, int cap);
 
 #endif

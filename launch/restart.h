@@ -12,8 +12,9 @@
  * BATON_ATTEMPT=N (test hooks, train/stage_actor.c, coll/coll.h).
  *
  * Each failure is blamed on a host (driver_last_blame: the rank's host, the
- * ranks filling hosts in blocks; in a later attempt also a host ssh cannot
- * start on). When one host has failed restart.host_failures times the next
+ * ranks filling hosts in blocks; for a hang the host of its missing ranks,
+ * hang_missing, when they share one; in a later attempt also a host ssh
+ * cannot start on). When one host has failed restart.host_failures times the next
  * attempt runs without it: the same layout when the other hosts hold it in
  * equal blocks (with a cuda device, no more ranks per host than the first
  * attempt gave each), else the largest smaller parallel.dp that fits and

@@ -11,7 +11,11 @@
 #                trains dp=2 (3 microbatches per replica) on hosts 0 and 1:
 #                its losses equal, bit for bit, the local dp=3 run up to the
 #                checkpoint it resumed from and, after it, a local dp=2 run
-#                resumed from that run's checkpoint of the same step.
+#                resumed from that run's checkpoint of the same step;
+#   a hang       dp=2 on 2 hosts; rank 1 (host 1) never arrives at an
+#                all-reduce in attempts 1 and 2 (step timeout); the hang is
+#                blamed on the missing rank's host, and attempt 3 runs both
+#                ranks on host 0 to the local run's losses, bit for bit.
 # Needs root, sshd and ssh (SKIP, never a pass, otherwise).
 set -u
 . "$(dirname "$0")/lib.bash"
@@ -34,8 +38,11 @@ ssh-keygen -q -t ed25519 -N '' -f "$tmp/host_key" -C baton-test-host
 ssh-keygen -q -t ed25519 -N '' -f "$tmp/user_key" -C baton-test-user
 cp "$tmp/user_key.pub" "$tmp/authorized_keys"
 echo "* $(cut -d' ' -f1,2 "$tmp/host_key.pub")" > "$tmp/known_hosts"
-port=$(( 20000 + ($$ + 7919) % 20000 ))
-cat > "$tmp/ssh_config" <<EOF
+# start_sshd PORT: configs for PORT and a server on both addresses; true
+# once both answer, false when the server exits first (the port is taken)
+start_sshd() {
+    local port=$1
+    cat > "$tmp/ssh_config" <<EOF
 Host *
     Port $port
     User root
@@ -45,7 +52,7 @@ Host *
     StrictHostKeyChecking yes
     LogLevel ERROR
 EOF
-cat > "$tmp/sshd.conf" <<EOF
+    cat > "$tmp/sshd.conf" <<EOF
 ListenAddress 127.0.0.1:$port
 ListenAddress 127.0.0.2:$port
 HostKey $tmp/host_key
@@ -59,18 +66,27 @@ StrictModes no
 PrintMotd no
 AcceptEnv none
 EOF
-# sanitizer builds: ssh carries no environment, so the server gives the
-# agents (and the ranks they start) what tests/run.sh set for this test
-for v in UCX_MEM_EVENTS TSAN_OPTIONS ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS; do
-    [ -n "${!v:-}" ] && printf 'SetEnv "%s=%s"\n' "$v" "${!v}" >> "$tmp/sshd.conf"
-done
-"$SSHD" -D -e -f "$tmp/sshd.conf" 2> "$tmp/sshd.log" &
-sshd_pid=$!
+    # sanitizer builds: ssh carries no environment, so the server gives the
+    # agents (and the ranks they start) what tests/run.sh set for this test
+    for v in UCX_MEM_EVENTS TSAN_OPTIONS ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS; do
+        [ -n "${!v:-}" ] && printf 'SetEnv "%s=%s"\n' "$v" "${!v}" >> "$tmp/sshd.conf"
+    done
+    "$SSHD" -D -e -f "$tmp/sshd.conf" 2> "$tmp/sshd.log" &
+    sshd_pid=$!
+    up=0
+    for _ in $(seq 1 "$(scaled 300)"); do
+        kill -0 "$sshd_pid" 2>/dev/null || break
+        ssh -F "$tmp/ssh_config" -o BatchMode=yes -o ConnectTimeout=2 root@127.0.0.1 true 2>/dev/null \
+            && ssh -F "$tmp/ssh_config" -o BatchMode=yes -o ConnectTimeout=2 root@127.0.0.2 true 2>/dev/null && { up=1; break; }
+        sleep 0.1
+    done
+    [ "$up" -eq 1 ]
+}
 up=0
-for _ in $(seq 1 "$(scaled 300)"); do
-    ssh -F "$tmp/ssh_config" -o BatchMode=yes -o ConnectTimeout=2 root@127.0.0.1 true 2>/dev/null \
-        && ssh -F "$tmp/ssh_config" -o BatchMode=yes -o ConnectTimeout=2 root@127.0.0.2 true 2>/dev/null && { up=1; break; }
-    sleep 0.1
+for try in 1 2 3 4 5; do
+    port=$(( 20000 + ($$ * 7 + try * 7919) % 20000 ))
+    start_sshd "$port" && break
+    [ -n "$sshd_pid" ] && kill "$sshd_pid" 2>/dev/null; wait "$sshd_pid" 2>/dev/null; sshd_pid=
 done
 [ "$up" -eq 1 ] && pass restart_hosts_sshd_up || { fail restart_hosts_sshd_up "$(tail -3 "$tmp/sshd.log")"; exit 0; }
 
@@ -88,7 +104,7 @@ checkpoint: {dir: "{run}/ckpt", every: 1, keep: 10}
 restart: {max: 2}
 runs: $tmp/runs
 hosts: $3
-launch: {ssh: [-F, $tmp/ssh_config]}
+launch: {ssh: [-F, $tmp/ssh_config]${4:-}}
 YAML
 }
 losses() { python3 -c '
@@ -146,4 +162,18 @@ if [ -n "$k" ] && [ -d "$ref3/ckpt/step-0000000$k" ]; then
         pass restart_hosts_smaller_dp_losses
     else fail restart_hosts_smaller_dp_losses "k=$k rc $rc: ref3 $(losses "$ref3/metrics.jsonl" | tr '\n' ' ') | ref3b $(losses "$ref3b/metrics.jsonl" | tr '\n' ' ') | got $(losses "$d3/metrics.jsonl" | tr '\n' ' ')"; fi
 else fail restart_hosts_smaller_dp_losses "no resume step ($k) or no local checkpoint of it"; fi
+# ---- a hang, blamed on the host of the rank that never arrives -----------------
+job refh "dp: 2" "[local]"
+run refh "$tmp/refh.yaml"; refh=$dir
+step_to=$(scaled 2)
+job hang "dp: 2" "[root@127.0.0.1, root@127.0.0.2]" ", step_timeout: $step_to"
+# dp0 #4: step 3's gradient all-reduce (#1 is the start-up barrier)
+BATON_TEST_COLL_STALL=dp0:1:4/1,dp0:1:4/2 run hang "$tmp/hang.yaml"
+[ "$rc" -eq 0 ] && [ "$(grep -c "^  collective dp0 #4 all_reduce of [0-9]* bytes, group of 2: arrived rank(s) 0 ([0-9.]* s); not arrived rank(s) 1$" "$tmp/hang.out")" -eq 2 ] \
+    && grep -q "^restart 2 of 2: from the latest checkpoint, leaving out hosts\[1\] root@127.0.0.2 (failed 2 times): 2 ranks on 1 host$" "$tmp/hang.out" \
+    && [ "$(attempt "$dir" 0 'a["blamed_host"], a["failure"].split(" (")[0]')" = "('root@127.0.0.2', 'step 3 did not finish within $step_to s')" ] \
+    && [ "$(attempt "$dir" 1 'a["blamed_host"], "did not finish within" in a["failure"]')" = "('root@127.0.0.2', True)" ] \
+    && pass restart_hosts_hang_left_out || fail restart_hosts_hang_left_out "rc $rc: $(grep -E '^restart|job failed|not arrived' "$tmp/hang.out" | head -6)"
+cmp -s <(losses "$refh/metrics.jsonl") <(losses "$dir/metrics.jsonl") && [ "$(losses "$dir/metrics.jsonl" | wc -l)" -eq 8 ] \
+    && pass restart_hosts_hang_same_losses || fail restart_hosts_hang_same_losses "$(diff <(losses "$refh/metrics.jsonl") <(losses "$dir/metrics.jsonl") | head -6)"
 exit 0
