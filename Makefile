@@ -1,6 +1,7 @@
 # baton: flat Makefile (CONVENTIONS.md: build).
 #   make                 build build/baton and build/libbaton.a
 #   make test            build and run the test suite (last line: N passed, N failed)
+#   make test-faults     network-fault campaigns between namespace hosts (root, minutes)
 #   make run             install missing packages, build, run the default job
 #   make SAN=address,undefined test    sanitizer build in build/san-address,undefined
 #   make fuzz            libFuzzer targets (clang) in build/fuzz
@@ -92,7 +93,7 @@ FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 # committed corpus tests/fuzz/corpus_X without needing libFuzzer.
 FUZZ_REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/fuzz-replay/%)
 
-.PHONY: all test test-reference run deps fuzz fuzz-run clean bench device
+.PHONY: all test test-reference test-faults run deps fuzz fuzz-run clean bench device
 .SECONDARY:
 all: $(BUILD)/baton $(BUILD)/libbaton.a $(TEST_BIN) $(FUZZ_REPLAY_BIN) $(CUDA_LIB) $(NCCL_LIB) $(DEVICE_BIN)
 
@@ -162,6 +163,11 @@ test: deps
 test-reference: deps
 	@$(MAKE) --no-print-directory all
 	@BATON_TEST_REFERENCE=16 BUILD=$(BUILD) SAN=$(SAN) tests/run.sh test_reference
+
+# network-fault campaigns between namespace hosts (root; minutes; tests/faults/)
+test-faults: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) tests/faults/run.sh
 
 deps:
 	@tools/install-deps.sh $(PKGS)

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/log.h"
 #include "launch/slurm.h"
 #include "launch/spawn.h"
@@ -108,10 +109,17 @@ int agent_main(const char *run_dir, int first, int count, const char *host, cons
     }
     int open_outs = count;
     bool lifeline = true;
+    /* the driver beats down the lifeline every heartbeat interval
+     * (spawn_beat); silence past this many seconds means this host is cut
+     * off from it (a link down, a partition), and the ranks would
+     * otherwise wait for ever on peers they cannot reach */
+    const char *lv = getenv(SPAWN_LIFELINE_ENV);
+    double life_s = lv ? strtod(lv, NULL) : 0;
+    uint64_t heard = clock_now_ns();
     while (open_outs > 0) {
         pf[0] = (struct pollfd){.fd = lifeline ? 0 : -1, .events = POLLIN};
         for (int i = 0; i < count; i++) pf[i + 1] = (struct pollfd){.fd = g.procs[i].out_fd, .events = POLLIN};
-        if (poll(pf, (nfds_t)count + 1, 1000) < 0 && errno != EINTR) break;
+        if (poll(pf, (nfds_t)count + 1, 250) < 0 && errno != EINTR) break;
         if (lifeline && pf[0].revents) {
             char junk[64];
             ssize_t n = read(0, junk, sizeof junk);
@@ -122,6 +130,16 @@ int agent_main(const char *run_dir, int first, int count, const char *host, cons
                 free(pf);
                 return 1;
             }
+            if (n > 0) heard = clock_now_ns();
+        }
+        double silent = (double)(clock_now_ns() - heard) * 1e-9;
+        if (life_s > 0 && silent > life_s) {
+            log_error("agent: nothing from the driver (%s) for %.1f s: the link between host %s and the driver "
+                      "is down; stopping ranks %d..%d", peer, silent, host, first, first + count - 1);
+            spawn_stop(&g, 0, NULL);
+            free(lbs);
+            free(pf);
+            return 1;
         }
         for (int i = 0; i < count; i++) {
             if (g.procs[i].out_fd < 0 || !pf[i + 1].revents) continue;

@@ -84,6 +84,7 @@ typedef struct {
                                  * rank's METRICS came first */
     int64_t         skip_run, skipped; /* non-finite steps: in a row now, in all */
     uint64_t        t0, t_step0, t_phase0;
+    uint64_t        beat_ns;     /* the last lifeline beat to the agents (spawn_beat) */
     bool            has_eval;   /* evaluation rows were written for the workers */
     bool            eval_only;  /* one evaluation, no training (baton eval --layout) */
     double          eval_loss;  /* result of the last evaluation */
@@ -328,6 +329,10 @@ static void watch_fire(actor_t *self, actor_timer_t *t)
         return;
     }
     uint64_t now = clock_now_ns();
+    if ((double)(now - d->beat_ns) * 1e-9 >= d->job->launch.heartbeat_interval) {
+        d->beat_ns = now;
+        spawn_beat(d->procs);
+    }
     if (d->phase == DRV_RENDEZVOUS) {
         int have = 0;
         for (int k = 0; k < d->world; k++) {
@@ -356,7 +361,20 @@ static void watch_fire(actor_t *self, actor_timer_t *t)
             if (!d->last_seen[k] || !d->ready[k]) continue;
             double silent = (double)(now - d->last_seen[k]) * 1e-9;
             if (silent > d->hb_timeout_s) {
-                fail(d, BT_ERR_PEER_TIMEOUT, k, "no heartbeat for %.1f s", silent);
+                /* every rank of its host silent too: say it is the host or its link */
+                const char *h = d->procs->procs[k].host;
+                int on = 0, quiet = 0;
+                for (int j = 0; h && j < d->procs->n; j++) {
+                    const char *hj = d->procs->procs[j].host;
+                    if (!hj || strcmp(hj, h)) continue;
+                    on++;
+                    quiet += !d->last_seen[j] || (double)(now - d->last_seen[j]) * 1e-9 > d->hb_timeout_s / 2;
+                }
+                if (on > 1 && quiet == on)
+                    fail(d, BT_ERR_PEER_TIMEOUT, k, "no heartbeat for %.1f s, nor from the other %d rank(s) of "
+                         "host %s: that host, or the link between it and this driver, is down", silent, on - 1, h);
+                else
+                    fail(d, BT_ERR_PEER_TIMEOUT, k, "no heartbeat for %.1f s", silent);
                 return;
             }
         }
@@ -1576,6 +1594,9 @@ static int driver_main(job_t *job, const char *job_text, size_t job_len, const c
     static drv_signals_t sig;
     if (drv_signals_start(&sig, loop, &d)) goto close_metrics;
     if (remote || slurm) {
+        char life[32]; /* how long an agent waits for a lifeline beat (spawn_beat) */
+        snprintf(life, sizeof life, "%.3f", 2 * d.hb_timeout_s);
+        setenv(SPAWN_LIFELINE_ENV, life, 1);
         const char *tcp = strstr(card, ";tcp=");
         char peer[96];
         snprintf(peer, sizeof peer, "%.*s", tcp ? (int)strcspn(tcp + 5, ";") : 0, tcp ? tcp + 5 : "");

@@ -237,3 +237,14 @@ int spawn_stop(spawn_group_t *g, double grace_s, int *failed)
     g->n = 0;
     return killed;
 }
+
+void spawn_beat(spawn_group_t *g)
+{
+    for (int r = 0; g && r < g->n; r++) {
+        int fd = g->procs[r].in_fd;
+        if (fd < 0) continue;
+        int fl = fcntl(fd, F_GETFL);
+        if (fl >= 0 && !(fl & O_NONBLOCK)) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+        if (write(fd, ".", 1) < 0) {} /* EAGAIN or EPIPE: nothing to do here */
+    }
+}

@@ -65,5 +65,11 @@ void spawn_describe(const spawn_proc_t *p, char *buf, size_t cap);
  * NULL) gets the lowest rank that exited non-zero or by a signal (-1: none).
  * Frees g->procs. */
 int  spawn_stop(spawn_group_t *g, double grace_s, int *failed);
+/* One byte down every agent's lifeline (in_fd, made non-blocking; a full
+ * or broken pipe is skipped: spawn_poll sees an ssh or srun that ended).
+ * The driver sends it every heartbeat interval; an agent that hears
+ * nothing for SPAWN_LIFELINE_ENV seconds stops its ranks (launch/agent.c). */
+void spawn_beat(spawn_group_t *g);
+#define SPAWN_LIFELINE_ENV "BATON_AGENT_LIFELINE"
 
 #endif

@@ -103,6 +103,7 @@ _Static_assert(sizeof xport_kind_names / sizeof xport_kind_names[0] == XPORT_KIN
 const xport_ops_t *xport_ops_get(xport_kind_t kind)
 {
     if ((unsigned)kind >= XPORT_KIND_COUNT) return NULL;
+    if (kind == XPORT_TCP && xport_fault_wanted()) return &xport_fault_ops;
     return xport_ops_table[kind];
 }
 

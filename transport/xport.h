@@ -227,6 +227,10 @@ static inline int  xport_progress(xport_t *x) { return x->ops->progress(x); }
 extern const xport_ops_t xport_inproc_ops;
 extern const xport_ops_t xport_tcp_ops;
 extern const xport_ops_t xport_ucx_ops; /* present when built with UCX */
+/* Test hook (transport/fault.c): tcp wrapped in delays and cut links, what
+ * xport_ops_get(XPORT_TCP) returns where BATON_TEST_XPORT_FAULT applies. */
+extern const xport_ops_t xport_fault_ops;
+bool xport_fault_wanted(void);
 
 /* The argument checks every send() makes: BT_ERR_INVALID for a NULL
  * pointer with a length, or a frame over XPORT_HDR_MAX / max_frame (logged,

@@ -17,86 +17,8 @@
 # Needs root, sshd and `ip netns` (SKIP, never a pass, otherwise).
 set -u
 . "$(dirname "$0")/lib.bash"
-SSHD=${SSHD:-/usr/sbin/sshd}
-if [ "$(id -u)" -ne 0 ] || [ ! -x "$SSHD" ] || ! command -v ssh >/dev/null || ! command -v ssh-keygen >/dev/null; then
-    echo "SKIP ssh: needs root, $SSHD and ssh (make deps installs openssh-server)"; exit 0
-fi
-BATON_ABS=$(readlink -f "$BATON")
-tmp=$(mktemp -d /tmp/test_ssh.XXXXXX)
-chmod 755 "$tmp"
-tag=$(( $$ % 200 + 20 ))
-net=10.218.$tag
-ns=(); links=(); sshd_pids=(); driver=
-cleanup() {
-    local p n
-    [ -n "$driver" ] && kill -9 "$driver" 2>/dev/null
-    for p in "${sshd_pids[@]}"; do kill "$p" 2>/dev/null; done
-    for p in "${sshd_pids[@]}"; do wait "$p" 2>/dev/null; done
-    for n in "${ns[@]}"; do ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del "$n" 2>/dev/null; done
-    for n in "${links[@]}"; do ip link del "$n" 2>/dev/null; done
-    [ -n "${KEEP:-}" ] || rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-mkdir -p /run/sshd "$tmp/data"
-ssh-keygen -q -t ed25519 -N '' -f "$tmp/host_key" -C baton-test-host
-ssh-keygen -q -t ed25519 -N '' -f "$tmp/user_key" -C baton-test-user
-cp "$tmp/user_key.pub" "$tmp/authorized_keys"
-echo "* $(cut -d' ' -f1,2 "$tmp/host_key.pub")" > "$tmp/known_hosts"
-port=$(( 20000 + $$ % 20000 ))
-cat > "$tmp/ssh_config" <<EOF
-Host *
-    Port $port
-    User root
-    IdentityFile $tmp/user_key
-    IdentitiesOnly yes
-    UserKnownHostsFile $tmp/known_hosts
-    StrictHostKeyChecking yes
-    LogLevel ERROR
-EOF
-# sshd_config NAME LISTEN: a server config of this test's own
-sshd_config() {
-    cat > "$tmp/sshd_$1.conf" <<EOF
-ListenAddress $2:$port
-HostKey $tmp/host_key
-PidFile $tmp/sshd_$1.pid
-AuthorizedKeysFile $tmp/authorized_keys
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-PrintMotd no
-AcceptEnv none
-EOF
-}
-# wait_ssh DEST [ip netns exec NS]: poll until a command runs there
-wait_ssh() {
-    local dest=$1 i
-    for i in $(seq 1 "$(scaled 300)"); do
-        ssh -F "$tmp/ssh_config" -o BatchMode=yes -o ConnectTimeout=2 "$dest" true 2>/dev/null && return 0
-        sleep 0.1
-    done
-    return 1
-}
-
-lcg_tokens 7 4000 40 9 64 > "$tmp/data/tokens.txt"
-# job NAME HOSTS [SSH_ARGS [LAUNCH_FIELDS]]: the job file $tmp/NAME.yaml
-job() {
-    cat > "$tmp/$1.yaml" <<YAML
-model: {layers: 2, hidden: 32, heads: 2, kv_heads: 2, ffn: 64, vocab: 64}
-data: {dir: $tmp/data, seq_len: 8, split: 0}
-train: {steps: 6, micro_batch: 1, grad_accum: 2, log_every: 1}
-optim: {lr: 0.003, min_lr: 0.0003, warmup: 0}
-parallel: {pp: 2, dp: 2}
-metrics: {file: $tmp/$1.jsonl}
-runs: $tmp/runs
-hosts: $2
-launch: {ssh: [-F, $tmp/ssh_config${3:-}]${4:-}}
-YAML
-}
-losses() { sed -n 's/.*"loss": *\([-0-9.eE+]*\).*/\1/p' "$1" | tr '\n' ' '; }
+. "$(dirname "$0")/netns.bash"
+netns_init ssh
 
 job local "[local]"
 if "$BATON" run "$tmp/local.yaml" > "$tmp/local.out" 2>&1; then pass ssh_local_reference
@@ -104,9 +26,7 @@ else fail ssh_local_reference "$(tail -5 "$tmp/local.out")"; fi
 ref=$(losses "$tmp/local.jsonl")
 
 # ---- loopback -------------------------------------------------------------
-sshd_config lo 127.0.0.1
-"$SSHD" -D -e -f "$tmp/sshd_lo.conf" 2> "$tmp/sshd_lo.log" &
-sshd_pids+=($!)
+sshd_start lo 127.0.0.1
 if wait_ssh root@127.0.0.1; then pass ssh_loopback_sshd_up
 else fail ssh_loopback_sshd_up "$(tail -3 "$tmp/sshd_lo.log")"; fi
 
@@ -138,29 +58,7 @@ if [ "$rc" -ne 0 ] && grep -q "hosts\[0\] root@127.0.0.1: the baton binary $tmp/
 else fail ssh_missing_binary "rc $rc: $(tail -3 "$tmp/nobin.out")"; fi
 
 # ---- two hosts as network namespaces ---------------------------------------
-if ! ip netns add "bt18-$$-probe" 2>/dev/null; then
-    echo "SKIP ssh_netns: ip netns does not work here"; exit 0
-fi
-ip netns del "bt18-$$-probe"
-br=bt18br$tag
-ip link add "$br" type bridge && links+=("$br")
-ip addr add "$net.1/24" dev "$br"
-ip link set "$br" up
-hosts=()
-for i in 1 2; do
-    n=bt18-$$-h$i; ns+=("$n")
-    ip netns add "$n"
-    ip link add "bt18v$tag$i" type veth peer name eth0 netns "$n" && links+=("bt18v$tag$i")
-    ip link set "bt18v$tag$i" master "$br" up
-    ip -n "$n" link set lo up
-    ip -n "$n" addr add "$net.1$i/24" dev eth0
-    ip -n "$n" link set eth0 up
-    ip -n "$n" route add default via "$net.1"
-    sshd_config "h$i" "$net.1$i"
-    ip netns exec "$n" "$SSHD" -D -e -f "$tmp/sshd_h$i.conf" 2> "$tmp/sshd_h$i.log" &
-    sshd_pids+=($!)
-    hosts+=("$net.1$i")
-done
+netns_hosts 2
 up=1
 for h in "${hosts[@]}"; do wait_ssh "$h" || up=0; done
 [ "$up" -eq 1 ] && pass ssh_netns_sshd_up || fail ssh_netns_sshd_up "$(tail -3 "$tmp"/sshd_h*.log)"
