@@ -140,11 +140,19 @@ static void queue_fail(fault_ep_t *fe, bt_status_t st)
     fe->tail = NULL;
 }
 
+/* tcp's completion of a queued frame: the header copy lives until then
+ * (tcp sends from the caller's buffers, the header included) */
+static void pass_done(void *arg, bt_status_t st)
+{
+    pending_t *p = arg;
+    p->done(p->arg, st);
+    pending_free(p);
+}
+
 static void pass_on(fault_ep_t *fe, pending_t *p)
 {
-    bt_status_t st = xport_send(fe->inner, p->hdr, p->hdr_len, p->iov, p->iovcnt, p->done, p->arg);
-    if (st != BT_IN_PROGRESS) p->done(p->arg, st);
-    pending_free(p);
+    bt_status_t st = xport_send(fe->inner, p->hdr, p->hdr_len, p->iov, p->iovcnt, pass_done, p);
+    if (st != BT_IN_PROGRESS) pass_done(p, st);
 }
 
 /* Hands every queued frame to tcp now, in order. */
