@@ -275,7 +275,8 @@ void kern_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, const
  * grouped RMSNorm (docs/KERNELS.md, "Mamba2 mixer"). Tokens are [B,T,...]
  * rows (batch-major); everything is in the compute dtype except the scan's
  * chunk and decode states and the norm's rstd (f32). KERN_OP_MAMBA: f32 on
- * cpu, fenced and cuda (kernels/cuda/mamba.cu, not yet run on a GPU). */
+ * cpu, fenced and cuda, and bf16 on cuda (kernels/cuda/mamba.cu: f32 kernels
+ * on f32 copies of the bf16 operands, kernels/cuda/backend.c). */
 
 typedef enum { KERN_ACT_NONE = 0, KERN_ACT_SILU } kern_act_t;
 

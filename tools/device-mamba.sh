@@ -9,8 +9,8 @@
 # Both sides train the same model: a NemotronH of LAYERS Mamba2 layers
 # (pattern "MMMM", hidden HIDDEN, 2*HIDDEN/64 heads of 64, n_groups 8, state
 # 128, chunk 128, conv 4) and a vocabulary of 256, so that the embedding and
-# the head are under 1% of the arithmetic; fp32 (baton's Mamba ops have no
-# bf16 path yet), rows of SEQ tokens, MB rows a step. Printed:
+# the head are under 1% of the arithmetic; fp32 (baton's bf16 Mamba ops
+# compute on f32 copies), rows of SEQ tokens, MB rows a step. Printed:
 #   torch model    forward + backward of the whole model (loss from labels),
 #                  no optimizer: tokens/s over STEPS steps after 3 warm-up
 #   torch mixer    one mixer alone (its input random, the sum of its output

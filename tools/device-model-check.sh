@@ -10,7 +10,8 @@
 #   eval   every HF fixture: loss and gradient norm on cuda in fp32 (1e-4 of
 #          transformers) and bf16 (1e-2)
 #   train  20 steps of a fixture job on cuda, fp32 and bf16, against the CPU
-#          run: every step's loss within 1e-2 (fp32: 1e-4), no NaN
+#          run: every step's loss within 1e-2 (fp32: 1e-4), no NaN; the same
+#          for the hybrid NemotronH fixture (Mamba2, attention, MLP layers)
 #   gen    greedy generation on cuda fp32 gives the CPU's ids; the KV cache
 #          gives the ids of recomputing the prefix (fp32, bf16)
 #   skip   a NaN gradient injected at step 3 is skipped and moves nothing
@@ -72,6 +73,24 @@ for dt in fp32 bf16; do
     cp "$tmp/$dt.jsonl" "$OUT/"
 done
 cp "$tmp/cpu.jsonl" "$OUT/"
+# the hybrid stack from the NemotronH fixture's weights: its Mamba2 mixers
+# (KERN_OP_MAMBA, f32 and bf16 on cuda) trained on cuda against the CPU fp32
+cat > "$tmp/hyb.yaml" <<YAML
+model: {hf: $PWD/tests/fixtures/nemotronh}
+data: {dir: $PWD/tests/fixtures/train_llama, seq_len: 16, split: 0}
+train: {steps: 20, micro_batch: 2, grad_accum: 4, seed: 1234, log_every: 100}
+optim: {lr: 0.001, min_lr: 0.0001, warmup: 2}
+YAML
+"$BATON" run "$tmp/hyb.yaml" --quiet --set metrics.file="$tmp/hyb_cpu.jsonl" > "$OUT/train_hyb_cpu.log" 2>&1
+for dt in fp32 bf16; do
+    tol=1e-4; [ $dt = bf16 ] && tol=1e-2
+    "$BATON" run "$tmp/hyb.yaml" --quiet --set device=cuda --set dtype=$dt \
+        --set metrics.file="$tmp/hyb_$dt.jsonl" > "$OUT/train_hyb_$dt.log" 2>&1
+    worst=$(worst_rel "$tmp/hyb_cpu.jsonl" "$tmp/hyb_$dt.jsonl")
+    row "train 20 steps nemotronh $dt (max rel loss)" "$worst" 0 $tol
+    cp "$tmp/hyb_$dt.jsonl" "$OUT/"
+done
+cp "$tmp/hyb_cpu.jsonl" "$OUT/"
 # layouts with their ranks sharing the one GPU (pipeline activations handed
 # off through CUDA IPC, collectives staged through host memory): each
 # against the same layout on the CPU

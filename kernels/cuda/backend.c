@@ -1125,15 +1125,93 @@ static void cuda_op_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t 
 
 /* ---- Mamba2 mixer (mamba.cu) ---- */
 
+/* The sequence kernels of mamba.cu are the f32 units of kernels/mamba_seq.h.
+ * A bf16 operand goes through an f32 copy in the stream's scratch ("staging"):
+ * converted to f32 before the kernel when the kernel reads it (inputs, the
+ * outputs it accumulates into, the conv history it reads and replaces), and
+ * converted back to bf16 after it when the kernel writes it, so every sum is
+ * the kernels' own (f32 data, double sums) and each bf16 output is rounded
+ * once. f32 operands (the scan's chunk and decode states, the norm's rstd,
+ * f32 gradients) are used in place. The kernel's own scratch comes first in
+ * the same allocation. */
+#define MB_STAGE_MAX 16
+
+typedef struct {
+    int    n;
+    size_t bytes; /* the staged copies' bytes, each rounded up to 256 */
+    struct mb_staged {
+        const tensor_t *t;
+        const float   **r; /* the argument to point at the copy: read-only ... */
+        float         **w; /* ... or written */
+        bool            load, store;
+        size_t          off;
+    } e[MB_STAGE_MAX];
+} mb_stage_t;
+
+/* t (NULL: absent) as the kernel argument *r or *w; its f32 data is used
+ * in place. load: the kernel reads it; store: the kernel writes it. */
+static void mb_stage(mb_stage_t *g, const tensor_t *t, const float **r, float **w, bool load,
+                     bool store)
+{
+    if (!t || t->dtype == DT_F32) return;
+    if (t->dtype != DT_BF16 || g->n == MB_STAGE_MAX)
+        BT_PANIC("mamba staging: a %s operand (%d staged)", dtype_name(t->dtype), g->n);
+    g->e[g->n] = (struct mb_staged){.t = t, .r = r, .w = w, .load = load, .store = store,
+                                    .off = g->bytes};
+    g->n++;
+    g->bytes += ((size_t)tensor_numel(t) * sizeof(float) + 255) & ~(size_t)255;
+}
+
+static void mb_in(mb_stage_t *g, const tensor_t *t, const float **r) { mb_stage(g, t, r, NULL, true, false); }
+static void mb_out(mb_stage_t *g, tensor_t *t, float **w) { mb_stage(g, t, NULL, w, false, true); }
+static void mb_inout(mb_stage_t *g, tensor_t *t, float **w) { mb_stage(g, t, NULL, w, true, true); }
+
+/* Scratch for the kernel's own kbytes and the staged copies (NULL when
+ * both are 0, or the stream failed); points the arguments at the copies and
+ * converts the loaded ones. *kscr: the kernel's part. */
+static bool mb_stage_begin(cuda_stream_t *cs, const char *op, mb_stage_t *g, size_t kbytes,
+                           void **kscr)
+{
+    size_t k = (kbytes + 255) & ~(size_t)255;
+    *kscr = NULL;
+    if (k + g->bytes == 0) return true;
+    char *scr = cs_scratch(cs, op, k + g->bytes);
+    if (!scr) return false;
+    *kscr = kbytes ? scr : NULL;
+    for (int i = 0; i < g->n; i++) {
+        float *p = (float *)(scr + k + g->e[i].off);
+        if (g->e[i].r) *g->e[i].r = p;
+        if (g->e[i].w) *g->e[i].w = p;
+        if (g->e[i].load &&
+            !cs_check(cs, op, cuda_convert(cs->st, p, DT_F32, g->e[i].t->data, DT_BF16,
+                                           tensor_numel(g->e[i].t))))
+            return false;
+    }
+    return true;
+}
+
+/* the kernel's result (st) checked, then the written copies back to bf16 */
+static void mb_stage_end(cuda_stream_t *cs, const char *op, mb_stage_t *g, cudaError_t st)
+{
+    if (!cs_check(cs, op, st)) return;
+    for (int i = 0; i < g->n; i++)
+        if (g->e[i].store &&
+            !cs_check(cs, op, cuda_convert(cs->st, g->e[i].t->data, DT_BF16, *g->e[i].w, DT_F32,
+                                           tensor_numel(g->e[i].t))))
+            return;
+}
+
 static const float *cuda_opt(ct_t *t) { return t ? t->data : NULL; }
 static float *cuda_opt_out(tensor_t *t) { return t ? t->data : NULL; }
 
-static mb_conv_t cuda_conv_args(ct_t *x, ct_t *w, ct_t *bias, kern_act_t act)
+static mb_conv_t cuda_conv_args(mb_stage_t *g, ct_t *x, ct_t *w, ct_t *bias, kern_act_t act)
 {
-    return (mb_conv_t){.x = x->data, .w = w->data, .bias = cuda_opt(bias),
-                       .B = x->ndim == 3 ? x->shape[0] : 1,
-                       .T = x->ndim == 3 ? x->shape[1] : tensor_rows(x), .C = tensor_cols(x),
-                       .K = w->shape[1], .act = act};
+    mb_conv_t a = {.x = x->data, .w = w->data, .bias = cuda_opt(bias),
+                   .B = x->ndim == 3 ? x->shape[0] : 1,
+                   .T = x->ndim == 3 ? x->shape[1] : tensor_rows(x), .C = tensor_cols(x),
+                   .K = w->shape[1], .act = act};
+    *g = (mb_stage_t){0};
+    return a;
 }
 
 static void cuda_op_conv1d_causal_fwd(kern_stream_t *s, tensor_t *out, tensor_t *state, ct_t *x,
@@ -1141,10 +1219,15 @@ static void cuda_op_conv1d_causal_fwd(kern_stream_t *s, tensor_t *out, tensor_t 
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_conv1d_causal_fwd";
-    mb_conv_t a = cuda_conv_args(x, w, bias, act);
+    mb_stage_t g;
+    mb_conv_t a = cuda_conv_args(&g, x, w, bias, act);
     a.out = out->data;
     a.state = cuda_opt_out(state);
-    if (cs_enter(cs, op)) cs_check(cs, op, cuda_conv1d_causal_fwd(cs->st, &a));
+    mb_in(&g, x, &a.x), mb_in(&g, w, &a.w), mb_in(&g, bias, &a.bias);
+    mb_out(&g, out, &a.out), mb_inout(&g, state, &a.state);
+    void *k;
+    if (cs_enter(cs, op) && mb_stage_begin(cs, op, &g, 0, &k))
+        mb_stage_end(cs, op, &g, cuda_conv1d_causal_fwd(cs->st, &a));
 }
 
 static void cuda_op_conv1d_causal_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw,
@@ -1153,12 +1236,16 @@ static void cuda_op_conv1d_causal_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_conv1d_causal_bwd";
-    mb_conv_t a = cuda_conv_args(x, w, bias, act);
+    mb_stage_t g;
+    mb_conv_t a = cuda_conv_args(&g, x, w, bias, act);
     a.dx = cuda_opt_out(dx), a.dw = cuda_opt_out(dw), a.dbias = cuda_opt_out(dbias);
     a.dout = dout->data;
     if ((!dx && !dw && !dbias) || !cs_enter(cs, op)) return;
-    void *scr = cs_scratch(cs, op, cuda_conv1d_bwd_scratch(&a));
-    if (scr) cs_check(cs, op, cuda_conv1d_causal_bwd(cs->st, &a, scr));
+    mb_in(&g, x, &a.x), mb_in(&g, w, &a.w), mb_in(&g, bias, &a.bias), mb_in(&g, dout, &a.dout);
+    mb_inout(&g, dx, &a.dx), mb_inout(&g, dw, &a.dw), mb_inout(&g, dbias, &a.dbias);
+    void *scr;
+    if (mb_stage_begin(cs, op, &g, cuda_conv1d_bwd_scratch(&a), &scr) && scr)
+        mb_stage_end(cs, op, &g, cuda_conv1d_causal_bwd(cs->st, &a, scr));
 }
 
 static void cuda_op_ssm_dt_fwd(kern_stream_t *s, tensor_t *dt, ct_t *raw, ct_t *bias, float lo,
@@ -1166,9 +1253,14 @@ static void cuda_op_ssm_dt_fwd(kern_stream_t *s, tensor_t *dt, ct_t *raw, ct_t *
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_ssm_dt_fwd";
-    if (cs_enter(cs, op))
-        cs_check(cs, op, cuda_ssm_dt_fwd(cs->st, dt->data, raw->data, bias->data, tensor_rows(raw),
-                                         tensor_cols(raw), lo, hi));
+    mb_stage_t g = {0};
+    float *o = dt->data;
+    const float *r = raw->data, *b = bias->data;
+    mb_out(&g, dt, &o), mb_in(&g, raw, &r), mb_in(&g, bias, &b);
+    void *k;
+    if (cs_enter(cs, op) && mb_stage_begin(cs, op, &g, 0, &k))
+        mb_stage_end(cs, op, &g,
+                     cuda_ssm_dt_fwd(cs->st, o, r, b, tensor_rows(raw), tensor_cols(raw), lo, hi));
 }
 
 static void cuda_op_ssm_dt_bwd(kern_stream_t *s, tensor_t *draw, tensor_t *dbias, ct_t *ddt,
@@ -1176,19 +1268,34 @@ static void cuda_op_ssm_dt_bwd(kern_stream_t *s, tensor_t *draw, tensor_t *dbias
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_ssm_dt_bwd";
-    if (cs_enter(cs, op))
-        cs_check(cs, op,
-                 cuda_ssm_dt_bwd(cs->st, cuda_opt_out(draw), cuda_opt_out(dbias), ddt->data,
-                                 raw->data, bias->data, tensor_rows(raw), tensor_cols(raw), lo, hi));
+    mb_stage_t g = {0};
+    float *dr = cuda_opt_out(draw), *db = cuda_opt_out(dbias);
+    const float *dd = ddt->data, *r = raw->data, *b = bias->data;
+    mb_inout(&g, draw, &dr), mb_inout(&g, dbias, &db);
+    mb_in(&g, ddt, &dd), mb_in(&g, raw, &r), mb_in(&g, bias, &b);
+    void *k;
+    if (cs_enter(cs, op) && mb_stage_begin(cs, op, &g, 0, &k))
+        mb_stage_end(cs, op, &g,
+                     cuda_ssm_dt_bwd(cs->st, dr, db, dd, r, b, tensor_rows(raw), tensor_cols(raw),
+                                     lo, hi));
 }
 
-static mb_ssd_t cuda_ssd_args(ct_t *x, ct_t *dt, ct_t *A_log, ct_t *Bm, ct_t *Cm, ct_t *D,
-                              int64_t chunk)
+static mb_ssd_t cuda_ssd_args(mb_stage_t *g, ct_t *x, ct_t *dt, ct_t *A_log, ct_t *Bm, ct_t *Cm,
+                              ct_t *D, int64_t chunk)
 {
+    *g = (mb_stage_t){0};
     return (mb_ssd_t){.B = x->shape[0], .T = x->shape[1], .H = x->shape[2], .P = x->shape[3],
                       .G = Bm->shape[2], .N = Bm->shape[3], .chunk = chunk, .x = x->data,
                       .dt = dt->data, .A_log = A_log->data, .Bm = Bm->data, .Cm = Cm->data,
                       .D = cuda_opt(D)};
+}
+
+/* the scan's inputs, staged into a (after a's fields are set) */
+static void cuda_ssd_stage_in(mb_stage_t *g, mb_ssd_t *a, ct_t *x, ct_t *dt, ct_t *A_log, ct_t *Bm,
+                              ct_t *Cm, ct_t *D)
+{
+    mb_in(g, x, &a->x), mb_in(g, dt, &a->dt), mb_in(g, A_log, &a->A_log);
+    mb_in(g, Bm, &a->Bm), mb_in(g, Cm, &a->Cm), mb_in(g, D, &a->D);
 }
 
 static void cuda_op_ssd_scan_fwd(kern_stream_t *s, tensor_t *y, tensor_t *chunk_states,
@@ -1197,11 +1304,15 @@ static void cuda_op_ssd_scan_fwd(kern_stream_t *s, tensor_t *y, tensor_t *chunk_
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_ssd_scan_fwd";
-    mb_ssd_t a = cuda_ssd_args(x, dt, A_log, Bm, Cm, D, chunk);
+    mb_stage_t g;
+    mb_ssd_t a = cuda_ssd_args(&g, x, dt, A_log, Bm, Cm, D, chunk);
     a.y = y->data, a.chunk_states = cuda_opt_out(chunk_states), a.state = cuda_opt_out(state);
     if (a.T == 0 || !cs_enter(cs, op)) return;
-    void *scr = cs_scratch(cs, op, cuda_ssd_fwd_scratch(&a));
-    if (scr) cs_check(cs, op, cuda_ssd_scan_fwd(cs->st, &a, scr));
+    cuda_ssd_stage_in(&g, &a, x, dt, A_log, Bm, Cm, D);
+    mb_out(&g, y, &a.y); /* the states are f32 (kern_ssd_scan_fwd) */
+    void *scr;
+    if (mb_stage_begin(cs, op, &g, cuda_ssd_fwd_scratch(&a), &scr) && scr)
+        mb_stage_end(cs, op, &g, cuda_ssd_scan_fwd(cs->st, &a, scr));
 }
 
 static void cuda_op_ssd_scan_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *ddt, tensor_t *dA_log,
@@ -1211,14 +1322,19 @@ static void cuda_op_ssd_scan_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *ddt, 
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_ssd_scan_bwd";
-    mb_ssd_t a = cuda_ssd_args(x, dt, A_log, Bm, Cm, D, chunk);
+    mb_stage_t g;
+    mb_ssd_t a = cuda_ssd_args(&g, x, dt, A_log, Bm, Cm, D, chunk);
     a.dx = cuda_opt_out(dx), a.ddt = cuda_opt_out(ddt), a.dB = cuda_opt_out(dB);
     a.dC = cuda_opt_out(dC), a.dy = dy->data, a.cstates = chunk_states->data;
+    float *da = cuda_opt_out(dA_log), *dd = cuda_opt_out(dD);
     if (a.T == 0 || !cs_enter(cs, op)) return;
-    void *scr = cs_scratch(cs, op, cuda_ssd_bwd_scratch(&a));
-    if (scr)
-        cs_check(cs, op,
-                 cuda_ssd_scan_bwd(cs->st, &a, cuda_opt_out(dA_log), cuda_opt_out(dD), scr));
+    cuda_ssd_stage_in(&g, &a, x, dt, A_log, Bm, Cm, D);
+    mb_in(&g, dy, &a.dy);
+    mb_inout(&g, dx, &a.dx), mb_inout(&g, ddt, &a.ddt), mb_inout(&g, dB, &a.dB);
+    mb_inout(&g, dC, &a.dC), mb_inout(&g, dA_log, &da), mb_inout(&g, dD, &dd);
+    void *scr;
+    if (mb_stage_begin(cs, op, &g, cuda_ssd_bwd_scratch(&a), &scr) && scr)
+        mb_stage_end(cs, op, &g, cuda_ssd_scan_bwd(cs->st, &a, da, dd, scr));
 }
 
 static void cuda_op_gated_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, ct_t *y,
@@ -1229,7 +1345,11 @@ static void cuda_op_gated_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t 
     mb_gnorm_t a = {.out = out->data, .rstd = rstd->data, .y = y->data, .z = z->data,
                     .w = w->data, .N = tensor_rows(y), .C = tensor_cols(y), .G = groups,
                     .eps = eps};
-    if (cs_enter(cs, op)) cs_check(cs, op, cuda_gated_rmsnorm_fwd(cs->st, &a));
+    mb_stage_t g = {0};
+    mb_in(&g, y, &a.y), mb_in(&g, z, &a.z), mb_in(&g, w, &a.w), mb_out(&g, out, &a.out);
+    void *k;
+    if (cs_enter(cs, op) && mb_stage_begin(cs, op, &g, 0, &k))
+        mb_stage_end(cs, op, &g, cuda_gated_rmsnorm_fwd(cs->st, &a));
 }
 
 static void cuda_op_gated_rmsnorm_bwd(kern_stream_t *s, tensor_t *dy, tensor_t *dz, tensor_t *dw,
@@ -1241,7 +1361,12 @@ static void cuda_op_gated_rmsnorm_bwd(kern_stream_t *s, tensor_t *dy, tensor_t *
     mb_gnorm_t a = {.dy = cuda_opt_out(dy), .dz = cuda_opt_out(dz), .dw = cuda_opt_out(dw),
                     .dout = dout->data, .y = y->data, .z = z->data, .w = w->data,
                     .rs = rstd->data, .N = tensor_rows(y), .C = tensor_cols(y), .G = groups};
-    if (cs_enter(cs, op)) cs_check(cs, op, cuda_gated_rmsnorm_bwd(cs->st, &a));
+    mb_stage_t g = {0};
+    mb_in(&g, y, &a.y), mb_in(&g, z, &a.z), mb_in(&g, w, &a.w), mb_in(&g, dout, &a.dout);
+    mb_inout(&g, dy, &a.dy), mb_inout(&g, dz, &a.dz), mb_inout(&g, dw, &a.dw);
+    void *k;
+    if (cs_enter(cs, op) && mb_stage_begin(cs, op, &g, 0, &k))
+        mb_stage_end(cs, op, &g, cuda_gated_rmsnorm_bwd(cs->st, &a));
 }
 
 const kern_backend_t kern_cuda_backend = {
@@ -1265,7 +1390,7 @@ const kern_backend_t kern_cuda_backend = {
             [KERN_OP_MOE_COMBINE] = F32 | BF16,
             [KERN_OP_GROUPED_LINEAR] = F32 | BF16,
             [KERN_OP_MOE_RESELECT] = F32,
-            [KERN_OP_MAMBA] = F32,
+            [KERN_OP_MAMBA] = F32 | BF16,
             [KERN_OP_RELU2] = F32 | BF16,
         },
     .usable = cuda_usable,

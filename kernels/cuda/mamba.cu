@@ -1,11 +1,12 @@
 /* The Mamba2 mixer's sequence ops on CUDA (kernels/kernels.h, "Mamba2
  * mixer"): one thread per unit of kernels/mamba_seq.h, the units the CPU
  * twins run (kernels/cpu/mamba.c), so both compute one algorithm in the same
- * order. f32 only. Written to be simple and correct, not fast: the scan's
- * forward is a thread per (batch row, head) and its backward a thread per
- * (batch row, group), each walking its chunks with its own scratch in
- * device memory; no atomics, so results repeat bit for bit. Not yet run on
- * a device (docs/KERNELS.md). */
+ * order. f32 data: bf16 operands reach them as f32 copies staged by the
+ * launchers (backend.c, mb_stage). Written to be simple and correct, not
+ * fast: the scan's forward is a thread per (batch row, head) and its
+ * backward a thread per (batch row, group), each walking its chunks with its
+ * own scratch in device memory; no atomics, so results repeat bit for bit.
+ * Not yet run on a device (docs/KERNELS.md). */
 #include "kernels/cuda/common.cuh"
 #include "kernels/mamba_seq.h"
 

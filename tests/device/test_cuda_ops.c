@@ -1398,10 +1398,11 @@ static void test_attention(dtype_t dt)
 
 /* ---- Mamba2 mixer (f32) ------------------------------------------------------------------ */
 
-/* a device copy of host f32 values */
-static tensor_t dup_dev(const float *h, int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3)
+/* a device copy of host f32 values, stored as dt (values already rounded to it) */
+static tensor_t dup_dev(dtype_t dt, const float *h, int ndim, int64_t d0, int64_t d1, int64_t d2,
+                        int64_t d3)
 {
-    tensor_t t = dnew(DT_F32, ndim, d0, d1, d2, d3);
+    tensor_t t = dnew(dt, ndim, d0, d1, d2, d3);
     dput(&t, h);
     return t;
 }
@@ -1430,25 +1431,31 @@ static double vs_ref(const tensor_t *t, const double *ref, int64_t n)
 /* Forwards against the float64 references of tests/ref_mamba.h (the scan's
  * is the token-by-token recurrence); backwards against the CPU twin (cpu-err
  * "-"), whose gradients tests/test_kernels_mamba.c checks by finite
- * differences. */
-static void mamba_case(int64_t B, int64_t T, int64_t H, int64_t P, int64_t G, int64_t N,
-                       int64_t chunk, int64_t K, uint64_t seed)
+ * differences. dt: the activations and parameters (values rounded to it
+ * first, so that the f32 twin and the references see the same ones); gdt:
+ * the parameter gradients (dt or f32). The scan's states and the norm's
+ * rstd are f32 in every case. bf16: 1e-2 (the CUDA ops compute in f32 and
+ * round each bf16 output once); the scan's final state, f32 from the same
+ * inputs, keeps the f32 tolerance, the conv history (a copy of inputs) 0. */
+static void mamba_case(dtype_t dt, dtype_t gdt, int64_t B, int64_t T, int64_t H, int64_t P,
+                       int64_t G, int64_t N, int64_t chunk, int64_t K, uint64_t seed)
 {
     kt_rng_t r = {seed};
-    char sh[64];
+    char sh[64], dts[16];
+    snprintf(dts, sizeof dts, "%s%s", dtn(dt), gdt != dt ? "/f32g" : "");
     double ms = 0;
     snprintf(sh, sizeof sh, "B%lld T%lld H%lld P%lld G%lld N%lld L%lld", (long long)B, (long long)T,
              (long long)H, (long long)P, (long long)G, (long long)N, (long long)chunk);
     /* conv over the x, B, C channels */
     int64_t C = H * P + 2 * G * N, nx = B * T * C;
-    float *x = kt_rand(&r, nx, -1, 1), *w = kt_rand(&r, C * K, -1, 1), *bs = kt_rand(&r, C, -.5, .5);
+    float *x = rnd(&r, nx, -1, 1, dt), *w = rnd(&r, C * K, -1, 1, dt), *bs = rnd(&r, C, -.5, .5, dt);
     float *ho = kt_alloc(nx), *hst = kt_alloc(B * (K - 1) * C);
     conv_ctx_t cc = {.x = kt_to_d(x, nx), .w = kt_to_d(w, C * K), .bias = kt_to_d(bs, C), .B = B,
                      .T = T, .C = C, .K = K, .act = KERN_ACT_SILU};
     double *rc = kt_alloc_d(nx);
     ref_conv(rc, &cc);
-    tensor_t X = dup_dev(x, 3, B, T, C, 0), W = dup_dev(w, 2, C, K, 0, 0), Bs = dup_dev(bs, 1, C, 0, 0, 0);
-    tensor_t O = dnew(DT_F32, 3, B, T, C, 0), St = dup_dev(hst, 3, B, K - 1, C, 0);
+    tensor_t X = dup_dev(dt, x, 3, B, T, C, 0), W = dup_dev(dt, w, 2, C, K, 0, 0), Bs = dup_dev(dt, bs, 1, C, 0, 0, 0);
+    tensor_t O = dnew(dt, 3, B, T, C, 0), St = dup_dev(dt, hst, 3, B, K - 1, C, 0);
     tensor_t hX = hview(x, 3, B, T, C, 0), hW = hview(w, 2, C, K, 0, 0), hB = hview(bs, 1, C, 0, 0, 0);
     tensor_t hO = hview(ho, 3, B, T, C, 0), hSt = hview(hst, 3, B, K - 1, C, 0);
     dpoison(&O);
@@ -1456,55 +1463,57 @@ static void mamba_case(int64_t B, int64_t T, int64_t H, int64_t P, int64_t G, in
     kern_conv1d_causal_fwd(GS, &O, &St, &X, &W, &Bs, KERN_ACT_SILU);
     double eo = vs_ref(&O, rc, nx), est = vs_twin(&St, hst, B * (K - 1) * C);
     TIMED(ms, kern_conv1d_causal_fwd(GS, &O, NULL, &X, &W, &Bs, KERN_ACT_SILU));
-    row("conv1d_causal_fwd", "f32", sh, eo, relerr(ho, rc, nx), 1e-5, ms);
-    row("conv1d_causal state", "f32", sh, est, -1, 0, 0);
-    float *dout = kt_rand(&r, nx, -1, 1), *dx0 = kt_rand(&r, nx, -1, 1), *dw0 = kt_rand(&r, C * K, -1, 1);
-    float *db0 = kt_rand(&r, C, -1, 1), *hdx = kt_dup(dx0, nx), *hdw = kt_dup(dw0, C * K), *hdb = kt_dup(db0, C);
-    tensor_t dO = dup_dev(dout, 3, B, T, C, 0), dX = dup_dev(dx0, 3, B, T, C, 0);
-    tensor_t dW = dup_dev(dw0, 2, C, K, 0, 0), dB = dup_dev(db0, 1, C, 0, 0, 0);
+    row("conv1d_causal_fwd", dts, sh, eo, relerr(ho, rc, nx), tol_of(dt, 1e-5, 1e-2), ms);
+    row("conv1d_causal state", dts, sh, est, -1, 0, 0);
+    float *dout = rnd(&r, nx, -1, 1, dt), *dx0 = rnd(&r, nx, -1, 1, dt), *dw0 = rnd(&r, C * K, -1, 1, gdt);
+    float *db0 = rnd(&r, C, -1, 1, gdt), *hdx = kt_dup(dx0, nx), *hdw = kt_dup(dw0, C * K), *hdb = kt_dup(db0, C);
+    tensor_t dO = dup_dev(dt, dout, 3, B, T, C, 0), dX = dup_dev(dt, dx0, 3, B, T, C, 0);
+    tensor_t dW = dup_dev(gdt, dw0, 2, C, K, 0, 0), dB = dup_dev(gdt, db0, 1, C, 0, 0, 0);
     tensor_t hdO = hview(dout, 3, B, T, C, 0), hdX = hview(hdx, 3, B, T, C, 0);
     tensor_t hdW = hview(hdw, 2, C, K, 0, 0), hdB = hview(hdb, 1, C, 0, 0, 0);
     kern_conv1d_causal_bwd(HS, &hdX, &hdW, &hdB, &hdO, &hX, &hW, &hB, KERN_ACT_SILU);
     kern_conv1d_causal_bwd(GS, &dX, &dW, &dB, &dO, &X, &W, &Bs, KERN_ACT_SILU);
     double edx = vs_twin(&dX, hdx, nx), edw = vs_twin(&dW, hdw, C * K), edb = vs_twin(&dB, hdb, C);
     TIMED(ms, kern_conv1d_causal_bwd(GS, &dX, &dW, &dB, &dO, &X, &W, &Bs, KERN_ACT_SILU));
-    row("conv1d_causal_bwd", "f32", sh, maxd(edx, maxd(edw, edb)), -1, 1e-5, ms);
+    row("conv1d_causal_bwd", dts, sh, maxd(edx, maxd(edw, edb)), -1, tol_of(dt, 1e-5, 1e-2), ms);
 
     /* dt */
     int64_t nd = B * T * H;
-    float *raw = kt_rand(&r, nd, -4, 4), *dbias = kt_rand(&r, H, -1, 1), *hdt = kt_alloc(nd);
+    float *raw = rnd(&r, nd, -4, 4, dt), *dbias = rnd(&r, H, -1, 1, dt), *hdt = kt_alloc(nd);
     double *rdt = kt_alloc_d(nd);
     for (int64_t i = 0; i < nd; i++) rdt[i] = ref_dt((double)raw[i] + dbias[i % H], 0.3, 2.5);
-    tensor_t Rw = dup_dev(raw, 2, B * T, H, 0, 0), DB = dup_dev(dbias, 1, H, 0, 0, 0);
-    tensor_t Dt = dnew(DT_F32, 2, B * T, H, 0, 0);
+    tensor_t Rw = dup_dev(dt, raw, 2, B * T, H, 0, 0), DB = dup_dev(dt, dbias, 1, H, 0, 0, 0);
+    tensor_t Dt = dnew(dt, 2, B * T, H, 0, 0);
     tensor_t hRw = hview(raw, 2, B * T, H, 0, 0), hDB = hview(dbias, 1, H, 0, 0, 0), hDt = hview(hdt, 2, B * T, H, 0, 0);
     dpoison(&Dt);
     kern_ssm_dt_fwd(HS, &hDt, &hRw, &hDB, 0.3f, 2.5f);
     kern_ssm_dt_fwd(GS, &Dt, &Rw, &DB, 0.3f, 2.5f);
-    row("ssm_dt_fwd", "f32", sh, vs_ref(&Dt, rdt, nd), relerr(hdt, rdt, nd), 1e-6, 0);
-    float *ddt = kt_rand(&r, nd, -1, 1), *dr0 = kt_rand(&r, nd, -1, 1), *hdr = kt_dup(dr0, nd);
-    float *dbb0 = kt_rand(&r, H, -1, 1), *hdbb = kt_dup(dbb0, H);
-    tensor_t dDt = dup_dev(ddt, 2, B * T, H, 0, 0), dR = dup_dev(dr0, 2, B * T, H, 0, 0);
-    tensor_t dDB = dup_dev(dbb0, 1, H, 0, 0, 0);
+    row("ssm_dt_fwd", dts, sh, vs_ref(&Dt, rdt, nd), relerr(hdt, rdt, nd), tol_of(dt, 1e-6, 1e-2),
+        0);
+    float *ddt = rnd(&r, nd, -1, 1, dt), *dr0 = rnd(&r, nd, -1, 1, dt), *hdr = kt_dup(dr0, nd);
+    float *dbb0 = rnd(&r, H, -1, 1, gdt), *hdbb = kt_dup(dbb0, H);
+    tensor_t dDt = dup_dev(dt, ddt, 2, B * T, H, 0, 0), dR = dup_dev(dt, dr0, 2, B * T, H, 0, 0);
+    tensor_t dDB = dup_dev(gdt, dbb0, 1, H, 0, 0, 0);
     tensor_t hdDt = hview(ddt, 2, B * T, H, 0, 0), hdR = hview(hdr, 2, B * T, H, 0, 0), hdDB = hview(hdbb, 1, H, 0, 0, 0);
     kern_ssm_dt_bwd(HS, &hdR, &hdDB, &hdDt, &hRw, &hDB, 0.3f, 2.5f);
     kern_ssm_dt_bwd(GS, &dR, &dDB, &dDt, &Rw, &DB, 0.3f, 2.5f);
-    row("ssm_dt_bwd", "f32", sh, maxd(vs_twin(&dR, hdr, nd), vs_twin(&dDB, hdbb, H)), -1, 1e-6, 0);
+    row("ssm_dt_bwd", dts, sh, maxd(vs_twin(&dR, hdr, nd), vs_twin(&dDB, hdbb, H)), -1,
+        tol_of(dt, 1e-6, 1e-2), 0);
 
     /* the scan */
     int64_t ny = B * T * H * P, nb = B * T * G * N, nc = (T + chunk - 1) / chunk, ns = B * H * P * N;
-    float *sx = kt_rand(&r, ny, -1, 1), *sdt = kt_rand(&r, nd, 0.05, 0.8), *sa = kt_rand(&r, H, -1, 1);
-    float *sb = kt_rand(&r, nb, -1, 1), *sc = kt_rand(&r, nb, -1, 1), *sd = kt_rand(&r, H, -1, 1);
+    float *sx = rnd(&r, ny, -1, 1, dt), *sdt = rnd(&r, nd, 0.05, 0.8, dt), *sa = rnd(&r, H, -1, 1, dt);
+    float *sb = rnd(&r, nb, -1, 1, dt), *sc = rnd(&r, nb, -1, 1, dt), *sd = rnd(&r, H, -1, 1, dt);
     float *hy = kt_alloc(ny), *hcs = kt_alloc(nc * ns), *hs = kt_alloc(ns);
     ssd_ctx_t c = {.x = kt_to_d(sx, ny), .dt = kt_to_d(sdt, nd), .A_log = kt_to_d(sa, H),
                    .Bm = kt_to_d(sb, nb), .Cm = kt_to_d(sc, nb), .D = kt_to_d(sd, H), .B = B,
                    .T = T, .H = H, .P = P, .G = G, .N = N};
     double *ry = kt_alloc_d(ny), *rs = kt_alloc_d(ns);
     ref_ssd(ry, rs, &c);
-    tensor_t SX = dup_dev(sx, 4, B, T, H, P), SDt = dup_dev(sdt, 3, B, T, H, 0), SA = dup_dev(sa, 1, H, 0, 0, 0);
-    tensor_t SB = dup_dev(sb, 4, B, T, G, N), SC = dup_dev(sc, 4, B, T, G, N), SD = dup_dev(sd, 1, H, 0, 0, 0);
-    tensor_t Y = dnew(DT_F32, 4, B, T, H, P), CS = dnew(DT_F32, 1, nc * ns, 0, 0, 0);
-    tensor_t S = dup_dev(hs, 1, ns, 0, 0, 0);
+    tensor_t SX = dup_dev(dt, sx, 4, B, T, H, P), SDt = dup_dev(dt, sdt, 3, B, T, H, 0), SA = dup_dev(dt, sa, 1, H, 0, 0, 0);
+    tensor_t SB = dup_dev(dt, sb, 4, B, T, G, N), SC = dup_dev(dt, sc, 4, B, T, G, N), SD = dup_dev(dt, sd, 1, H, 0, 0, 0);
+    tensor_t Y = dnew(dt, 4, B, T, H, P), CS = dnew(DT_F32, 1, nc * ns, 0, 0, 0);
+    tensor_t S = dup_dev(DT_F32, hs, 1, ns, 0, 0, 0);
     tensor_t hSX = hview(sx, 4, B, T, H, P), hSDt = hview(sdt, 3, B, T, H, 0), hSA = hview(sa, 1, H, 0, 0, 0);
     tensor_t hSB = hview(sb, 4, B, T, G, N), hSC = hview(sc, 4, B, T, G, N), hSD = hview(sd, 1, H, 0, 0, 0);
     tensor_t hY = hview(hy, 4, B, T, H, P), hCS = hview(hcs, 1, nc * ns, 0, 0, 0), hS = hview(hs, 1, ns, 0, 0, 0);
@@ -1513,16 +1522,17 @@ static void mamba_case(int64_t B, int64_t T, int64_t H, int64_t P, int64_t G, in
     kern_ssd_scan_fwd(GS, &Y, &CS, &S, &SX, &SDt, &SA, &SB, &SC, &SD, chunk);
     double ey = vs_ref(&Y, ry, ny), es = vs_ref(&S, rs, ns);
     TIMED(ms, kern_ssd_scan_fwd(GS, &Y, &CS, NULL, &SX, &SDt, &SA, &SB, &SC, &SD, chunk));
-    row("ssd_scan_fwd y", "f32", sh, ey, relerr(hy, ry, ny), 2e-5, ms);
-    row("ssd_scan_fwd state", "f32", sh, es, relerr(hs, rs, ns), 2e-5, 0);
+    row("ssd_scan_fwd y", dts, sh, ey, relerr(hy, ry, ny), tol_of(dt, 2e-5, 1e-2), ms);
+    row("ssd_scan_fwd state", dts, sh, es, relerr(hs, rs, ns), 2e-5, 0);
     float *g0[6], *hg[6];
     int64_t gn[6] = {ny, nd, H, nb, nb, H};
-    for (int i = 0; i < 6; i++) hg[i] = kt_dup(g0[i] = kt_rand(&r, gn[i], -1, 1), gn[i]);
-    float *sdy = kt_rand(&r, ny, -1, 1);
-    tensor_t SdY = dup_dev(sdy, 4, B, T, H, P), hSdY = hview(sdy, 4, B, T, H, P);
-    tensor_t G0 = dup_dev(g0[0], 4, B, T, H, P), G1 = dup_dev(g0[1], 3, B, T, H, 0);
-    tensor_t G2 = dup_dev(g0[2], 1, H, 0, 0, 0), G3 = dup_dev(g0[3], 4, B, T, G, N);
-    tensor_t G4 = dup_dev(g0[4], 4, B, T, G, N), G5 = dup_dev(g0[5], 1, H, 0, 0, 0);
+    dtype_t gdts[6] = {dt, dt, gdt, dt, dt, gdt}; /* dA_log and dD are parameter gradients */
+    for (int i = 0; i < 6; i++) hg[i] = kt_dup(g0[i] = rnd(&r, gn[i], -1, 1, gdts[i]), gn[i]);
+    float *sdy = rnd(&r, ny, -1, 1, dt);
+    tensor_t SdY = dup_dev(dt, sdy, 4, B, T, H, P), hSdY = hview(sdy, 4, B, T, H, P);
+    tensor_t G0 = dup_dev(dt, g0[0], 4, B, T, H, P), G1 = dup_dev(dt, g0[1], 3, B, T, H, 0);
+    tensor_t G2 = dup_dev(gdt, g0[2], 1, H, 0, 0, 0), G3 = dup_dev(dt, g0[3], 4, B, T, G, N);
+    tensor_t G4 = dup_dev(dt, g0[4], 4, B, T, G, N), G5 = dup_dev(gdt, g0[5], 1, H, 0, 0, 0);
     tensor_t H0 = hview(hg[0], 4, B, T, H, P), H1 = hview(hg[1], 3, B, T, H, 0);
     tensor_t H2 = hview(hg[2], 1, H, 0, 0, 0), H3 = hview(hg[3], 4, B, T, G, N);
     tensor_t H4 = hview(hg[4], 4, B, T, G, N), H5 = hview(hg[5], 1, H, 0, 0, 0);
@@ -1535,36 +1545,37 @@ static void mamba_case(int64_t B, int64_t T, int64_t H, int64_t P, int64_t G, in
     for (int i = 0; i < 6; i++) eg = maxd(eg, vs_twin(gt[i], hg[i], gn[i]));
     TIMED(ms, kern_ssd_scan_bwd(GS, &G0, &G1, &G2, &G3, &G4, &G5, &SdY, &SX, &SDt, &SA, &SB, &SC,
                                 &SD, &CS, chunk));
-    row("ssd_scan_bwd", "f32", sh, eg, -1, 2e-5, ms);
+    row("ssd_scan_bwd", dts, sh, eg, -1, tol_of(dt, 2e-5, 1e-2), ms);
 
     /* the gated norm over the heads' outputs */
     int64_t nn = B * T, Cn = H * P;
-    float *z = kt_rand(&r, nn * Cn, -3, 3), *gw = kt_rand(&r, Cn, 0.5, 1.5);
+    float *z = rnd(&r, nn * Cn, -3, 3, dt), *gw = rnd(&r, Cn, 0.5, 1.5, dt);
     float *hgo = kt_alloc(nn * Cn), *hgr = kt_alloc(nn * G);
     gn_ctx_t gc = {.y = kt_to_d(sx, nn * Cn), .z = kt_to_d(z, nn * Cn), .w = kt_to_d(gw, Cn),
                    .N = nn, .C = Cn, .G = G, .eps = 1e-5};
     double *rg = kt_alloc_d(nn * Cn);
     ref_gnorm(rg, &gc);
-    tensor_t GY = dup_dev(sx, 2, nn, Cn, 0, 0), GZ = dup_dev(z, 2, nn, Cn, 0, 0), GW = dup_dev(gw, 1, Cn, 0, 0, 0);
-    tensor_t GO = dnew(DT_F32, 2, nn, Cn, 0, 0), GR = dnew(DT_F32, 2, nn, G, 0, 0);
+    tensor_t GY = dup_dev(dt, sx, 2, nn, Cn, 0, 0), GZ = dup_dev(dt, z, 2, nn, Cn, 0, 0), GW = dup_dev(dt, gw, 1, Cn, 0, 0, 0);
+    tensor_t GO = dnew(dt, 2, nn, Cn, 0, 0), GR = dnew(DT_F32, 2, nn, G, 0, 0);
     tensor_t hGY = hview(sx, 2, nn, Cn, 0, 0), hGZ = hview(z, 2, nn, Cn, 0, 0), hGW = hview(gw, 1, Cn, 0, 0, 0);
     tensor_t hGO = hview(hgo, 2, nn, Cn, 0, 0), hGR = hview(hgr, 2, nn, G, 0, 0);
     dpoison(&GO), dpoison(&GR);
     kern_gated_rmsnorm_fwd(HS, &hGO, &hGR, &hGY, &hGZ, &hGW, G, 1e-5f);
     kern_gated_rmsnorm_fwd(GS, &GO, &GR, &GY, &GZ, &GW, G, 1e-5f);
-    row("gated_rmsnorm_fwd", "f32", sh, vs_ref(&GO, rg, nn * Cn), relerr(hgo, rg, nn * Cn), 1e-5, 0);
-    float *gdo = kt_rand(&r, nn * Cn, -1, 1), *gdy0 = kt_rand(&r, nn * Cn, -1, 1), *gdz0 = kt_rand(&r, nn * Cn, -1, 1);
-    float *gdw0 = kt_rand(&r, Cn, -1, 1), *hgdy = kt_dup(gdy0, nn * Cn), *hgdz = kt_dup(gdz0, nn * Cn);
+    row("gated_rmsnorm_fwd", dts, sh, vs_ref(&GO, rg, nn * Cn), relerr(hgo, rg, nn * Cn),
+        tol_of(dt, 1e-5, 1e-2), 0);
+    float *gdo = rnd(&r, nn * Cn, -1, 1, dt), *gdy0 = rnd(&r, nn * Cn, -1, 1, dt), *gdz0 = rnd(&r, nn * Cn, -1, 1, dt);
+    float *gdw0 = rnd(&r, Cn, -1, 1, gdt), *hgdy = kt_dup(gdy0, nn * Cn), *hgdz = kt_dup(gdz0, nn * Cn);
     float *hgdw = kt_dup(gdw0, Cn);
-    tensor_t GdO = dup_dev(gdo, 2, nn, Cn, 0, 0), GdY = dup_dev(gdy0, 2, nn, Cn, 0, 0);
-    tensor_t GdZ = dup_dev(gdz0, 2, nn, Cn, 0, 0), GdW = dup_dev(gdw0, 1, Cn, 0, 0, 0);
+    tensor_t GdO = dup_dev(dt, gdo, 2, nn, Cn, 0, 0), GdY = dup_dev(dt, gdy0, 2, nn, Cn, 0, 0);
+    tensor_t GdZ = dup_dev(dt, gdz0, 2, nn, Cn, 0, 0), GdW = dup_dev(gdt, gdw0, 1, Cn, 0, 0, 0);
     tensor_t hGdO = hview(gdo, 2, nn, Cn, 0, 0), hGdY = hview(hgdy, 2, nn, Cn, 0, 0);
     tensor_t hGdZ = hview(hgdz, 2, nn, Cn, 0, 0), hGdW = hview(hgdw, 1, Cn, 0, 0, 0);
     kern_gated_rmsnorm_bwd(HS, &hGdY, &hGdZ, &hGdW, &hGdO, &hGY, &hGZ, &hGW, &hGR, G);
     kern_gated_rmsnorm_bwd(GS, &GdY, &GdZ, &GdW, &GdO, &GY, &GZ, &GW, &GR, G);
-    row("gated_rmsnorm_bwd", "f32", sh,
+    row("gated_rmsnorm_bwd", dts, sh,
         maxd(vs_twin(&GdY, hgdy, nn * Cn), maxd(vs_twin(&GdZ, hgdz, nn * Cn), vs_twin(&GdW, hgdw, Cn))),
-        -1, 1e-5, 0);
+        -1, tol_of(dt, 1e-5, 1e-2), 0);
 
     tensor_t *dev[] = {&X, &W, &Bs, &O, &St, &dO, &dX, &dW, &dB, &Rw, &DB, &Dt, &dDt, &dR, &dDB,
                        &SX, &SDt, &SA, &SB, &SC, &SD, &Y, &CS, &S, &SdY, &G0, &G1, &G2, &G3, &G4,
@@ -1580,10 +1591,10 @@ static void mamba_case(int64_t B, int64_t T, int64_t H, int64_t P, int64_t G, in
     for (size_t i = 0; i < sizeof hd / sizeof hd[0]; i++) free(hd[i]);
 }
 
-static void test_mamba(void)
+static void test_mamba(dtype_t dt, dtype_t gdt)
 {
-    mamba_case(2, 9, 4, 3, 2, 5, 4, 4, 91);
-    if (!quick) mamba_case(2, 200, 8, 16, 2, 16, 64, 4, 92);
+    mamba_case(dt, gdt, 2, 9, 4, 3, 2, 5, 4, 4, 91);
+    if (!quick) mamba_case(dt, gdt, 2, 200, 8, 16, 2, 16, 64, 4, 92);
 }
 
 /* ---- cross-entropy ------------------------------------------------------------------------ */
@@ -1941,7 +1952,10 @@ int main(int argc, char **argv)
         if (want("xent")) test_xent(dt);
         if (want("moe") || want("grouped") || want("sigmoid")) test_moe(dt);
     }
-    if (want("mamba") || want("ssd") || want("conv1d")) test_mamba();
+    if (want("mamba") || want("ssd") || want("conv1d")) {
+        test_mamba(DT_F32, DT_F32);
+        if (!on_cpu) test_mamba(DT_BF16, DT_BF16), test_mamba(DT_BF16, DT_F32);
+    }
     if (want("copy")) test_copy();
     if (want("reduce")) test_reductions();
     if (want("adamw")) {
