@@ -6,7 +6,8 @@
  * fast: the scan's forward is a thread per (batch row, head) and its
  * backward a thread per (batch row, group), each walking its chunks with its
  * own scratch in device memory; no atomics, so results repeat bit for bit.
- * Not yet run on a device (docs/KERNELS.md). */
+ * The f32 path ran on an H200 on 3 Dec (bench/RESULTS.md); the bf16 staging
+ * has not yet (docs/KERNELS.md). */
 #include "kernels/cuda/common.cuh"
 #include "kernels/mamba_seq.h"
 
