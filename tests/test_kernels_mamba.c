@@ -8,6 +8,15 @@
  * pre-filled so that accumulation (+=) is checked too. */
 #include "tests/ref_mamba.h"
 
+/* n uniform values in [-1, 1) as doubles (the float draw is freed) */
+static double *rand_d(kt_rng_t *rng, int64_t n)
+{
+    float *f = kt_rand(rng, n, -1, 1);
+    double *d = kt_to_d(f, n);
+    free(f);
+    return d;
+}
+
 /* ---- causal conv1d ---------------------------------------------------------------- */
 
 static double conv_loss(void *arg)
@@ -30,8 +39,9 @@ static void conv_case(kt_rng_t *rng, int64_t B, int64_t T, int64_t C, int64_t K,
     tensor_t X = tensor_3d(x, DT_F32, B, T, C), W = tensor_2d(w, DT_F32, C, K);
     tensor_t Bt = bias ? tensor_1d(bs, DT_F32, C) : (tensor_t){0}, O = tensor_3d(out, DT_F32, B, T, C);
     kern_conv1d_causal_fwd(kern_stream_host(), &O, NULL, &X, &W, bias ? &Bt : NULL, act);
+    float *r = kt_rand(rng, n, -1, 1);
     conv_ctx_t c = {.x = kt_to_d(x, n), .w = kt_to_d(w, C * K), .bias = bias ? kt_to_d(bs, C) : NULL,
-                    .R = kt_to_d(kt_rand(rng, n, -1, 1), n), .B = B, .T = T, .C = C, .K = K,
+                    .R = kt_to_d(r, n), .B = B, .T = T, .C = C, .K = K,
                     .act = act};
     double *ref = kt_alloc_d(n);
     ref_conv(ref, &c);
@@ -70,7 +80,7 @@ static void conv_case(kt_rng_t *rng, int64_t B, int64_t T, int64_t C, int64_t K,
     kt_fd_check("conv1d dx", c.x, n, dx, dx0, conv_loss, &c, 60, 1e-4, rng);
     kt_fd_check("conv1d dw", c.w, C * K, dw, dw0, conv_loss, &c, 60, 1e-4, rng);
     if (bias) kt_fd_check("conv1d dbias", c.bias, C, db, db0, conv_loss, &c, 60, 1e-4, rng);
-    free(x), free(w), free(bs), free(out), free(piece), free(state), free(dout);
+    free(x), free(w), free(bs), free(out), free(piece), free(state), free(dout), free(r);
     free(dx0), free(dx), free(dw0), free(dw), free(db0), free(db), free(ref);
     free(c.x), free(c.w), free(c.bias), free(c.R);
 }
@@ -118,7 +128,7 @@ static void test_ssm_dt(void)
     tensor_t Dt = tensor_2d(dt, DT_F32, N, H);
     kern_ssm_dt_fwd(kern_stream_host(), &Dt, &Rw, &Bs, lo, hi);
     dt_ctx_t c = {.raw = kt_to_d(raw, N * H), .bias = kt_to_d(bias, H),
-                  .R = kt_to_d(kt_rand(&rng, N * H, -1, 1), N * H), .N = N, .H = H, .lo = lo,
+                  .R = rand_d(&rng, N * H), .N = N, .H = H, .lo = lo,
                   .hi = hi};
     double *ref = kt_alloc_d(N * H);
     int clamped = 0;
@@ -207,10 +217,11 @@ static void ssd_case(kt_rng_t *rng, int64_t B, int64_t T, int64_t H, int64_t P, 
     tensor_t ST = tensor_1d(st, DT_F32, ns);
     kern_ssd_scan_fwd(kern_stream_host(), &Y, &CS, &ST, &t.x, &t.dt, &t.A, &t.Bm, &t.Cm, &t.D,
                       chunk);
+    float *r = kt_rand(rng, ny, -1, 1);
     ssd_ctx_t c = {.x = kt_to_d(in.x, ny), .dt = kt_to_d(in.dt, B * T * H),
                    .A_log = kt_to_d(in.A_log, H), .Bm = kt_to_d(in.Bm, B * T * G * N),
                    .Cm = kt_to_d(in.Cm, B * T * G * N), .D = kt_to_d(in.D, H),
-                   .R = kt_to_d(kt_rand(rng, ny, -1, 1), ny), .B = B, .T = T, .H = H, .P = P,
+                   .R = kt_to_d(r, ny), .B = B, .T = T, .H = H, .P = P,
                    .G = G, .N = N};
     double *ref = kt_alloc_d(ny), *ref_st = kt_alloc_d(ns);
     ref_ssd(ref, ref_st, &c);
@@ -241,7 +252,7 @@ static void ssd_case(kt_rng_t *rng, int64_t B, int64_t T, int64_t H, int64_t P, 
         kt_fd_check(what, xs[i], gn[i], g[i], g0[i], ssd_loss, &c, 40, 1e-4, rng);
     }
     for (int i = 0; i < 6; i++) free(g0[i]), free(g[i]), free(xs[i]);
-    free(y), free(cst), free(st), free(dy), free(ref), free(ref_st), free(c.R);
+    free(y), free(cst), free(st), free(dy), free(ref), free(ref_st), free(c.R), free(r);
     ssd_free(&in);
 }
 
@@ -359,7 +370,7 @@ static void test_gated_rmsnorm(void)
     tensor_t O = tensor_2d(out, DT_F32, N, C), Rs = tensor_2d(rstd, DT_F32, N, G);
     kern_gated_rmsnorm_fwd(kern_stream_host(), &O, &Rs, &Y, &Z, &W, G, eps);
     gn_ctx_t c = {.y = kt_to_d(y, N * C), .z = kt_to_d(z, N * C), .w = kt_to_d(w, C),
-                  .R = kt_to_d(kt_rand(&rng, N * C, -1, 1), N * C), .N = N, .C = C, .G = G,
+                  .R = rand_d(&rng, N * C), .N = N, .C = C, .G = G,
                   .eps = eps};
     double *ref = kt_alloc_d(N * C);
     ref_gnorm(ref, &c);
