@@ -35,24 +35,10 @@ static char dir[256];
 static int fixture(void)
 {
     if (dir[0]) return 0;
-    snprintf(dir, sizeof dir, "/tmp/test_cp_equiv.XXXXXX");
-    if (!mkdtemp(dir)) return -1;
+    if (test_equiv_data_dir(dir, sizeof dir, "test_cp_equiv")) return -1;
     char p[512];
-    snprintf(p, sizeof p, "%s/data", dir);
-    mkdir(p, 0755);
-    snprintf(p, sizeof p, "%s/data/tokens.txt", dir);
-    FILE *f = fopen(p, "w");
-    if (!f) return -1;
-    uint64_t x = 12345;
-    for (int i = 0; i < 4000; i++) {
-        x = (x * 1103515245u + 12345u) % 2147483648u;
-        int t = i % 48;
-        if (x % 10 == 0) t = (int)(x / 65536 % 200);
-        fprintf(f, "%d ", t);
-    }
-    fclose(f);
     snprintf(p, sizeof p, "%s/job.yaml", dir);
-    f = fopen(p, "w");
+    FILE *f = fopen(p, "w");
     if (!f) return -1;
     fprintf(f, "model: {layers: 4, hidden: 64, heads: 4, kv_heads: 2, ffn: 128, vocab: 256, init_std: 0.02}\n"
                "data: {dir: %s/data, seq_len: 16, split: 0.1}\n"

@@ -42,24 +42,9 @@ static char job[300];
 static int fixture(void)
 {
     if (dir[0]) return 0;
-    snprintf(dir, sizeof dir, "/tmp/test_reference.XXXXXX");
-    if (!mkdtemp(dir)) return -1;
-    char p[512];
-    snprintf(p, sizeof p, "%s/data", dir);
-    mkdir(p, 0755);
-    snprintf(p, sizeof p, "%s/data/tokens.txt", dir);
-    FILE *f = fopen(p, "w");
-    if (!f) return -1;
-    uint64_t x = 12345;
-    for (int i = 0; i < 4000; i++) {
-        x = (x * 1103515245u + 12345u) % 2147483648u;
-        int t = i % 48;
-        if (x % 10 == 0) t = (int)(x / 65536 % 200);
-        fprintf(f, "%d ", t);
-    }
-    fclose(f);
+    if (test_equiv_data_dir(dir, sizeof dir, "test_reference")) return -1;
     snprintf(job, sizeof job, "%s/job.yaml", dir);
-    f = fopen(job, "w");
+    FILE *f = fopen(job, "w");
     if (!f) return -1;
     /* 8 sequences of 16 a step: one process 4 microbatches of 2 */
     fprintf(f,

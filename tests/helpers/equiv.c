@@ -3,7 +3,9 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include "ckpt/hf.h"
 #include "model/model.h"
@@ -30,6 +32,26 @@ int test_equiv_run(const char *dir, const char *job, const char *name, const cha
         if (system(cmd)) {}
     }
     return rc;
+}
+
+int test_equiv_data_dir(char *dir, size_t cap, const char *name)
+{
+    snprintf(dir, cap, "/tmp/%s.XXXXXX", name);
+    if (!mkdtemp(dir)) return -1;
+    char p[512];
+    snprintf(p, sizeof p, "%s/data", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/data/tokens.txt", dir);
+    FILE *f = fopen(p, "w");
+    if (!f) return -1;
+    uint64_t x = 12345;
+    for (int i = 0; i < 4000; i++) {
+        x = (x * 1103515245u + 12345u) % 2147483648u;
+        int t = i % 48;
+        if (x % 10 == 0) t = (int)(x / 65536 % 200);
+        fprintf(f, "%d ", t);
+    }
+    return fclose(f) ? -1 : 0;
 }
 
 int test_equiv_remove(const char *dir)

@@ -2,9 +2,12 @@
  * overrides into a directory of its own (metrics JSONL, the final HF
  * export, the log), and the comparison of two such runs: per-step losses,
  * validation losses and every exported parameter. tests/test_dist_equiv.c
- * (dense layouts) and tests/test_moe_equiv.c (expert layouts) use it. */
+ * (dense layouts), tests/test_moe_equiv.c (expert layouts), tests/test_cp_equiv.c
+ * and tests/test_reference.c use it. */
 #ifndef BT_TESTS_EQUIV_H
 #define BT_TESTS_EQUIV_H
+
+#include <stddef.h>
 
 typedef struct {
     double loss_rel, val_rel, param_abs; /* largest relative / absolute differences */
@@ -26,6 +29,12 @@ int test_equiv_compare(const char *dir, const char *name, const char *ref, int n
  * runs NAME and REF (under DIR) into *param_abs; -1 when either does not
  * load or they hold other tensors. */
 int test_equiv_params(const char *dir, const char *name, const char *ref, double *param_abs);
+
+/* A fresh directory /tmp/NAME.XXXXXX into dir (cap bytes) holding
+ * data/tokens.txt: 4000 ids of a fixed generator (mostly i % 48, one in ten
+ * below 200), the token stream the layout-equivalence jobs train on. 0, or
+ * -1 when it cannot be made. */
+int test_equiv_data_dir(char *dir, size_t cap, const char *name);
 
 /* rm -rf DIR (nothing when DIR is ""): the exit status. */
 int test_equiv_remove(const char *dir);
