@@ -64,6 +64,13 @@ static void kern_req_grad_dtype(const char *op, const char *name, const tensor_t
                  dtype_name(dt));
 }
 
+/* A small parameter that a model may keep in f32 under a lower compute
+ * dtype (model.h, keep_f32): the compute dtype or f32, as a gradient. */
+static void kern_req_param_dtype(const char *op, const char *name, const tensor_t *t, dtype_t dt)
+{
+    kern_req_grad_dtype(op, name, t, dt);
+}
+
 static void kern_req_numel(const char *op, const char *name, const tensor_t *t, int64_t n)
 {
     if (tensor_numel(t) != n)
@@ -1188,7 +1195,7 @@ static void kern_dt_check(kern_stream_t *s, const char *op, const tensor_t *raw,
 {
     kern_req(s, op, "raw", raw);
     kern_req(s, op, "bias", bias);
-    kern_req_dtype(op, "bias", bias, raw->dtype);
+    kern_req_param_dtype(op, "bias", bias, raw->dtype);
     kern_req_numel(op, "bias", bias, tensor_cols(raw));
     if (!(lo <= hi)) BT_PANIC("%s: limits [%g, %g] are empty", op, (double)lo, (double)hi);
 }
@@ -1235,7 +1242,7 @@ static void kern_ssd_check(kern_stream_t *s, const char *op, const tensor_t *x, 
     kern_req_ndim(op, "Bm", Bm, 4);
     dtype_t d = x->dtype;
     kern_req_dtype(op, "dt", dt, d);
-    kern_req_dtype(op, "A_log", A_log, d);
+    kern_req_param_dtype(op, "A_log", A_log, d);
     kern_req_dtype(op, "Bm", Bm, d);
     kern_req_dtype(op, "Cm", Cm, d);
     int64_t B = x->shape[0], T = x->shape[1], H = x->shape[2], G = Bm->shape[2];
@@ -1247,7 +1254,7 @@ static void kern_ssd_check(kern_stream_t *s, const char *op, const tensor_t *x, 
     kern_req_same_shape(op, "Cm", Cm, "Bm", Bm);
     if (D) {
         kern_req(s, op, "D", D);
-        kern_req_dtype(op, "D", D, d);
+        kern_req_param_dtype(op, "D", D, d);
         kern_req_numel(op, "D", D, H);
     }
     if (chunk < 1) BT_PANIC("%s: chunk size %lld < 1", op, (long long)chunk);
@@ -1325,7 +1332,7 @@ static void kern_gnorm_check(kern_stream_t *s, const char *op, const tensor_t *y
     kern_req(s, op, "w", w);
     kern_req(s, op, "rstd", rstd);
     kern_req_dtype(op, "z", z, y->dtype);
-    kern_req_dtype(op, "w", w, y->dtype);
+    kern_req_param_dtype(op, "w", w, y->dtype);
     kern_req_dtype(op, "rstd", rstd, DT_F32);
     kern_req_same_shape(op, "z", z, "y", y);
     int64_t C = tensor_cols(y);

@@ -274,7 +274,10 @@ void kern_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, const
  * bias, softplus and limits; the chunked SSD scan with the D skip; the gated,
  * grouped RMSNorm (docs/KERNELS.md, "Mamba2 mixer"). Tokens are [B,T,...]
  * rows (batch-major); everything is in the compute dtype except the scan's
- * chunk and decode states and the norm's rstd (f32). KERN_OP_MAMBA: f32 on
+ * chunk and decode states and the norm's rstd (f32), and the mixer's small
+ * parameters: dt's bias, A_log, D and the gated norm's weight are the
+ * compute dtype or f32 (a bf16 model keeps them in f32, model/mamba.c), as
+ * parameter gradients are. KERN_OP_MAMBA: f32 on
  * cpu, fenced and cuda, and bf16 on cuda (kernels/cuda/mamba.cu: f32 kernels
  * on f32 copies of the bf16 operands, kernels/cuda/backend.c). */
 

@@ -44,6 +44,10 @@ int model_layout_add(model_layout_t *lb, const char *name, int ndim, int64_t d0,
 int model_layout_add_nd(model_layout_t *lb, const char *name, int ndim, const int64_t *shape,
                         int split_dim, int64_t unit);
 
+/* Marks tensor ix (an index model_layout_add* returned) as kept in f32
+ * under any compute dtype (model_param_t keep_f32). */
+void model_layout_keep_f32(model_layout_t *lb, int ix);
+
 /* A stacked expert tensor (MODEL_STACK_MARK) of global shape[ndim], split
  * along dimension 0 over the EP group (group SHARD_GROUP_EP even at
  * ep_size 1, which marks it as an expert's: MODEL_PARAM_IS_EXPERT). */

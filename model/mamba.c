@@ -138,6 +138,13 @@ static void mb_layout(model_layout_t *lb, const model_config_t *c, const char *p
     ADD(MB_ALOG, "A_log", 1, d.H, 0, 0, 1);
     ADD(MB_D, "D", 1, d.H, 0, 0, 1);
     ADD(MB_NORM, "norm.weight", 1, d.I, 0, 0, d.I / d.G); /* whole groups */
+    /* f32 under a bf16 compute dtype: only the mixer's own ops read these,
+     * in f32 (kernels/kernels.h, "Mamba2 mixer"), and a bf16 A_log moves
+     * every decay exp(dt A) (transformers under autocast reads them all in
+     * f32; the Mamba convention keeps A_log and D out of weight decay, as
+     * the 1-D rule of the optimizer does) */
+    const int keep[4] = {MB_DTB, MB_ALOG, MB_D, MB_NORM};
+    for (int i = 0; i < 4; i++) model_layout_keep_f32(lb, sub->ix[keep[i]]);
     ADD(MB_OUT, "out_proj.weight", 2, C, d.I, 1, d.P);
     if (pb) ADD(MB_OUTB, "out_proj.bias", 1, C, 0, -1, 1);
 #undef ADD

@@ -55,6 +55,16 @@ int model_layout_add_nd(model_layout_t *lb, const char *name, int ndim, const in
     return lb->n++;
 }
 
+void model_layout_keep_f32(model_layout_t *lb, int ix)
+{
+    if (lb->out) lb->out[ix].keep_f32 = true;
+}
+
+dtype_t model_param_dtype(const model_param_t *p, dtype_t compute)
+{
+    return p->keep_f32 ? DT_F32 : compute;
+}
+
 int model_layout_add_experts(model_layout_t *lb, const char *name, int ndim,
                              const int64_t *shape)
 {
@@ -189,12 +199,14 @@ static bt_status_t place_check(const model_t *m)
 }
 
 /* Bytes of a block carving views of dtype dt for every parameter (in
- * doubles: an absurd config gives an absurd size, never a wrapped one). */
-static double carve_bytes(const model_param_t *views, int n, dtype_t dt)
+ * doubles: an absurd config gives an absurd size, never a wrapped one);
+ * per_param: each view in model_param_dtype(view, dt) instead. */
+static double carve_bytes(const model_param_t *views, int n, dtype_t dt, bool per_param)
 {
-    double off = 0, es = (double)dtype_size(dt);
+    double off = 0;
     for (int i = 0; i < n; i++) {
         off = ceil(off / MODEL_VIEW_ALIGN) * MODEL_VIEW_ALIGN;
+        double es = (double)dtype_size(per_param ? model_param_dtype(&views[i], dt) : dt);
         double numel = 1;
         for (int d = 0; d < views[i].t.ndim; d++) numel *= (double)views[i].t.shape[d];
         off += numel * es;
@@ -202,15 +214,17 @@ static double carve_bytes(const model_param_t *views, int n, dtype_t dt)
     return ceil(off / MODEL_VIEW_ALIGN) * MODEL_VIEW_ALIGN;
 }
 
-/* Carves views of dtype dt out of base for every parameter; returns bytes
- * (the caller checked carve_bytes fits). */
-static size_t carve(model_param_t *views, int n, void *base, dtype_t dt, device_t dev)
+/* Carves views of dtype dt (per_param: carve_bytes) out of base for every
+ * parameter; returns bytes (the caller checked carve_bytes fits). */
+static size_t carve(model_param_t *views, int n, void *base, dtype_t dt, bool per_param,
+                    device_t dev)
 {
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         off = (off + MODEL_VIEW_ALIGN - 1) / MODEL_VIEW_ALIGN * MODEL_VIEW_ALIGN;
         tensor_t *t = &views[i].t;
-        *t = tensor_make(base ? (char *)base + off : NULL, dt, dev, t->ndim, t->shape);
+        dtype_t vdt = per_param ? model_param_dtype(&views[i], dt) : dt;
+        *t = tensor_make(base ? (char *)base + off : NULL, vdt, dev, t->ndim, t->shape);
         off += tensor_nbytes(t);
     }
     return (off + MODEL_VIEW_ALIGN - 1) / MODEL_VIEW_ALIGN * MODEL_VIEW_ALIGN;
@@ -264,18 +278,18 @@ bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stag
                                &m->final_norm, &m->lm_head);
     if ((st = place_check(m)) != BT_OK) goto fail;
     if ((st = kern_stream_create(place->dev, &m->stream)) != BT_OK) goto fail;
-    double want = carve_bytes(m->params, m->n_params, place->param_dtype);
+    double want = carve_bytes(m->params, m->n_params, place->param_dtype, true);
     if (want >= MODEL_BYTES_MAX) {
         log_error("model: %.3g bytes of parameters cannot be allocated", want);
         st = BT_ERR_NOMEM;
         goto fail;
     }
-    m->param_bytes = carve(m->params, m->n_params, NULL, place->param_dtype, place->dev);
+    m->param_bytes = carve(m->params, m->n_params, NULL, place->param_dtype, true, place->dev);
     if ((st = kern_mem_alloc(place->dev, m->param_bytes, &m->param_mem)) != BT_OK) {
         log_error("model: cannot allocate %zu bytes of parameters", m->param_bytes);
         goto fail;
     }
-    carve(m->params, m->n_params, m->param_mem, place->param_dtype, place->dev);
+    carve(m->params, m->n_params, m->param_mem, place->param_dtype, true, place->dev);
     tensor_t all = bytes_view(m->param_mem, m->param_bytes, place->dev);
     kern_zero(m->stream, &all);
     if (place->param_dtype != DT_F32) {
@@ -285,11 +299,16 @@ bt_status_t model_create_on(const model_config_t *cfg, const model_stage_t *stag
             goto fail;
         }
         memcpy(m->masters, m->params, (size_t)m->n_params * sizeof *m->masters);
-        m->master_bytes = carve(m->masters, m->n_params, NULL, DT_F32, place->dev);
+        m->master_bytes = carve(m->masters, m->n_params, NULL, DT_F32, false, place->dev);
         if ((st = kern_mem_alloc(place->dev, m->master_bytes, &m->master_mem)) != BT_OK) goto fail;
-        carve(m->masters, m->n_params, m->master_mem, DT_F32, place->dev);
+        carve(m->masters, m->n_params, m->master_mem, DT_F32, false, place->dev);
         tensor_t mall = bytes_view(m->master_mem, m->master_bytes, place->dev);
         kern_zero(m->stream, &mall);
+        /* an f32 parameter is its own master: the optimizer updates it in
+         * place (no copy to write) and checkpoints read it, so a second
+         * f32 view would go stale (its few bytes in master_mem stay unused) */
+        for (int i = 0; i < m->n_params; i++)
+            if (m->params[i].t.dtype == DT_F32) m->masters[i].t = m->params[i].t;
     }
     for (int i = 0; i < m->n_params; i++) {
         m->grads[i] = m->params[i];
@@ -453,7 +472,7 @@ void model_mem_estimate_par(const model_config_t *cfg, const model_stage_t *stag
     }
     m.n_params = layout_build(cfg, &m.stage, &m.par, m.params, m.subs, &m.n_subs, &m.embed,
                               &m.final_norm, &m.lm_head);
-    out->params = carve_bytes(m.params, m.n_params, DT_F32);
+    out->params = carve_bytes(m.params, m.n_params, DT_F32, false);
     for (int i = 0; i < m.n_params; i++) {
         double local = 1, whole = 1;
         for (int d = 0; d < m.params[i].spec.ndim; d++) {
@@ -649,13 +668,13 @@ bt_status_t model_param_write(model_t *m, int i, const float *host)
 bt_status_t model_grads_alloc(model_t *m)
 {
     if (m->grad_mem) return BT_OK;
-    m->grad_bytes = carve(m->grads, m->n_params, NULL, m->place.grad_dtype, m->place.dev);
+    m->grad_bytes = carve(m->grads, m->n_params, NULL, m->place.grad_dtype, false, m->place.dev);
     if (kern_mem_alloc(m->place.dev, m->grad_bytes, &m->grad_mem) != BT_OK) {
         log_error("model: cannot allocate gradients for %d tensors (%zu bytes)", m->n_params,
                   m->grad_bytes);
         return BT_ERR_NOMEM;
     }
-    carve(m->grads, m->n_params, m->grad_mem, m->place.grad_dtype, m->place.dev);
+    carve(m->grads, m->n_params, m->grad_mem, m->place.grad_dtype, false, m->place.dev);
     model_grads_zero(m);
     return kern_stream_sync(m->stream);
 }

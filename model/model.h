@@ -147,7 +147,17 @@ typedef struct {
      * TP rank after backward, and the gradient norm counts them once
      * (model_grads_sumsq_unique). */
     shard_spec_t spec;
+    /* Kept in f32 whatever the compute dtype (model_param_dtype): a small
+     * parameter that only the f32 arithmetic of a kind's own ops reads, and
+     * that rounding to bf16 would move (the Mamba2 mixer's A_log, D,
+     * dt_bias and gated-norm weight). Under a bf16 compute dtype its view in
+     * param_mem is f32 and is its own master (masters[i] aliases params[i]);
+     * its gradient stays in place.grad_dtype like every other. */
+    bool         keep_f32;
 } model_param_t;
+
+/* The dtype parameter p is stored in when the kernels compute in `compute`. */
+dtype_t model_param_dtype(const model_param_t *p, dtype_t compute);
 
 /* One sublayer of one layer: a pre-norm residual block of some kind. */
 typedef struct {
@@ -203,7 +213,8 @@ typedef struct model {
     /* When the parameters are not f32 (a bf16 compute copy): their f32
      * masters, carved the same way, which loading and initialisation write
      * exactly and the optimizer updates (writing the copy in the same pass);
-     * else NULL, the parameters being their own masters. */
+     * else NULL, the parameters being their own masters. A keep_f32
+     * parameter's master is the parameter itself (the same view). */
     void            *master_mem;
     model_param_t   *masters;    /* [n_params] or NULL */
     size_t           param_bytes, grad_bytes, master_bytes;

@@ -572,11 +572,62 @@ static void test_model_mem_estimate(void)
     CHECK(model_config_validate(&c) == BT_ERR_INVALID);
 }
 
+/* The parameters a bf16 model keeps in f32 (model.h keep_f32): on the
+ * NemotronH fixture exactly each Mamba2 mixer's dt_bias, A_log, D and gated
+ * norm weight (3 Mamba2 layers: 12), whole or as a TP share, and only those
+ * change dtype under bf16; an f32 model on the host carves every view f32
+ * with no masters. */
+static bool keeps_f32_name(const char *n)
+{
+    static const char *suffix[] = {".mixer.dt_bias", ".mixer.A_log", ".mixer.D",
+                                   ".mixer.norm.weight"};
+    size_t len = strlen(n);
+    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
+        size_t k = strlen(suffix[i]);
+        if (len > k && !strcmp(n + len - k, suffix[i])) return true;
+    }
+    return false;
+}
+
+static void test_model_keep_f32(void)
+{
+    model_config_t c;
+    REQUIRE(ckpt_hf_config_load("tests/fixtures/nemotronh", &c) == BT_OK);
+    for (int tp = 1; tp <= 2; tp++) {
+        model_parallel_t par = {.tp_rank = tp - 1, .tp_size = tp};
+        int n = model_layout_tp(&c, NULL, &par, NULL);
+        model_param_t *ps = calloc((size_t)n, sizeof *ps);
+        REQUIRE(ps && model_layout_tp(&c, NULL, &par, ps) == n);
+        int kept = 0, wrong = 0;
+        for (int i = 0; i < n; i++) {
+            bool want = keeps_f32_name(ps[i].name);
+            kept += ps[i].keep_f32;
+            wrong += ps[i].keep_f32 != want;
+            wrong += model_param_dtype(&ps[i], DT_BF16) != (want ? DT_F32 : DT_BF16);
+            wrong += model_param_dtype(&ps[i], DT_F32) != DT_F32;
+            CHECK_MSG(ps[i].keep_f32 == want, "tp %d: %s keep_f32 %d", tp, ps[i].name,
+                      (int)ps[i].keep_f32);
+        }
+        CHECK_MSG(kept == 12 && wrong == 0, "tp %d: %d kept in f32 (want 12), %d wrong", tp, kept,
+                  wrong);
+        free(ps);
+    }
+    model_t *m = NULL;
+    REQUIRE(model_create(&c, NULL, &m) == BT_OK);
+    int kept = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        kept += m->params[i].keep_f32;
+        CHECK(m->params[i].t.dtype == DT_F32);
+    }
+    CHECK(kept == 12 && !m->masters && !m->master_mem);
+    model_destroy(m);
+}
+
 int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_model_block_layout, test_model_stage_init,
              test_model_positions_and_errors, test_model_head_chunks,
              test_model_hybrid_blocks, test_model_forward_only_arena, test_model_decode_arena,
              test_model_fenced_device_catches_host_access,
-             test_model_mem_estimate);
+             test_model_mem_estimate, test_model_keep_f32);
 }

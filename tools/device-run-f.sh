@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device call of 3 Dec 2026 (session 7, call F), the binaries of call E
 # (build/h1x/e): what call E's time limits cut short.
-#   - the Mamba2 op rows alone (test_cuda_ops mamba: f32, bf16, bf16/f32g)
+#   - the Mamba2 op rows alone (test_cuda_ops mamba: f32, bf16, bf16/f32g, bf16/f32g/f32p)
 #   - tools/device-mamba.sh at a size baton's simple scan finishes in time
 #     (2 layers, hidden 1024, T 1024, one row, 6 steps)
 #   - bench/bench_moe.sh on the machine's quiet CPU cores, with the pack's

@@ -1132,7 +1132,8 @@ static void cuda_op_grouped_linear_bwd(kern_stream_t *s, tensor_t *dx, tensor_t 
  * converted back to bf16 after it when the kernel writes it, so every sum is
  * the kernels' own (f32 data, double sums) and each bf16 output is rounded
  * once. f32 operands (the scan's chunk and decode states, the norm's rstd,
- * f32 gradients) are used in place. The kernel's own scratch comes first in
+ * f32 gradients, the parameters a bf16 model keeps in f32: dt's bias,
+ * A_log, D, the norm's weight) are used in place. The kernel's own scratch comes first in
  * the same allocation. */
 #define MB_STAGE_MAX 16
 

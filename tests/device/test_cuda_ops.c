@@ -1433,16 +1433,17 @@ static double vs_ref(const tensor_t *t, const double *ref, int64_t n)
  * "-"), whose gradients tests/test_kernels_mamba.c checks by finite
  * differences. dt: the activations and parameters (values rounded to it
  * first, so that the f32 twin and the references see the same ones); gdt:
- * the parameter gradients (dt or f32). The scan's states and the norm's
- * rstd are f32 in every case. bf16: 1e-2 (the CUDA ops compute in f32 and
+ * the parameter gradients (dt or f32); pdt: dt's bias, A_log, D and the
+ * norm's weight (dt, or f32 as a bf16 model keeps them, model/mamba.c).
+ * The scan's states and the norm's rstd are f32 in every case. bf16: 1e-2 (the CUDA ops compute in f32 and
  * round each bf16 output once); the scan's final state, f32 from the same
  * inputs, keeps the f32 tolerance, the conv history (a copy of inputs) 0. */
-static void mamba_case(dtype_t dt, dtype_t gdt, int64_t B, int64_t T, int64_t H, int64_t P,
+static void mamba_case(dtype_t dt, dtype_t gdt, dtype_t pdt, int64_t B, int64_t T, int64_t H, int64_t P,
                        int64_t G, int64_t N, int64_t chunk, int64_t K, uint64_t seed)
 {
     kt_rng_t r = {seed};
-    char sh[64], dts[16];
-    snprintf(dts, sizeof dts, "%s%s", dtn(dt), gdt != dt ? "/f32g" : "");
+    char sh[64], dts[24];
+    snprintf(dts, sizeof dts, "%s%s%s", dtn(dt), gdt != dt ? "/f32g" : "", pdt != dt ? "/f32p" : "");
     double ms = 0;
     snprintf(sh, sizeof sh, "B%lld T%lld H%lld P%lld G%lld N%lld L%lld", (long long)B, (long long)T,
              (long long)H, (long long)P, (long long)G, (long long)N, (long long)chunk);
@@ -1479,10 +1480,10 @@ static void mamba_case(dtype_t dt, dtype_t gdt, int64_t B, int64_t T, int64_t H,
 
     /* dt */
     int64_t nd = B * T * H;
-    float *raw = rnd(&r, nd, -4, 4, dt), *dbias = rnd(&r, H, -1, 1, dt), *hdt = kt_alloc(nd);
+    float *raw = rnd(&r, nd, -4, 4, dt), *dbias = rnd(&r, H, -1, 1, pdt), *hdt = kt_alloc(nd);
     double *rdt = kt_alloc_d(nd);
     for (int64_t i = 0; i < nd; i++) rdt[i] = ref_dt((double)raw[i] + dbias[i % H], 0.3, 2.5);
-    tensor_t Rw = dup_dev(dt, raw, 2, B * T, H, 0, 0), DB = dup_dev(dt, dbias, 1, H, 0, 0, 0);
+    tensor_t Rw = dup_dev(dt, raw, 2, B * T, H, 0, 0), DB = dup_dev(pdt, dbias, 1, H, 0, 0, 0);
     tensor_t Dt = dnew(dt, 2, B * T, H, 0, 0);
     tensor_t hRw = hview(raw, 2, B * T, H, 0, 0), hDB = hview(dbias, 1, H, 0, 0, 0), hDt = hview(hdt, 2, B * T, H, 0, 0);
     dpoison(&Dt);
@@ -1502,16 +1503,16 @@ static void mamba_case(dtype_t dt, dtype_t gdt, int64_t B, int64_t T, int64_t H,
 
     /* the scan */
     int64_t ny = B * T * H * P, nb = B * T * G * N, nc = (T + chunk - 1) / chunk, ns = B * H * P * N;
-    float *sx = rnd(&r, ny, -1, 1, dt), *sdt = rnd(&r, nd, 0.05, 0.8, dt), *sa = rnd(&r, H, -1, 1, dt);
-    float *sb = rnd(&r, nb, -1, 1, dt), *sc = rnd(&r, nb, -1, 1, dt), *sd = rnd(&r, H, -1, 1, dt);
+    float *sx = rnd(&r, ny, -1, 1, dt), *sdt = rnd(&r, nd, 0.05, 0.8, dt), *sa = rnd(&r, H, -1, 1, pdt);
+    float *sb = rnd(&r, nb, -1, 1, dt), *sc = rnd(&r, nb, -1, 1, dt), *sd = rnd(&r, H, -1, 1, pdt);
     float *hy = kt_alloc(ny), *hcs = kt_alloc(nc * ns), *hs = kt_alloc(ns);
     ssd_ctx_t c = {.x = kt_to_d(sx, ny), .dt = kt_to_d(sdt, nd), .A_log = kt_to_d(sa, H),
                    .Bm = kt_to_d(sb, nb), .Cm = kt_to_d(sc, nb), .D = kt_to_d(sd, H), .B = B,
                    .T = T, .H = H, .P = P, .G = G, .N = N};
     double *ry = kt_alloc_d(ny), *rs = kt_alloc_d(ns);
     ref_ssd(ry, rs, &c);
-    tensor_t SX = dup_dev(dt, sx, 4, B, T, H, P), SDt = dup_dev(dt, sdt, 3, B, T, H, 0), SA = dup_dev(dt, sa, 1, H, 0, 0, 0);
-    tensor_t SB = dup_dev(dt, sb, 4, B, T, G, N), SC = dup_dev(dt, sc, 4, B, T, G, N), SD = dup_dev(dt, sd, 1, H, 0, 0, 0);
+    tensor_t SX = dup_dev(dt, sx, 4, B, T, H, P), SDt = dup_dev(dt, sdt, 3, B, T, H, 0), SA = dup_dev(pdt, sa, 1, H, 0, 0, 0);
+    tensor_t SB = dup_dev(dt, sb, 4, B, T, G, N), SC = dup_dev(dt, sc, 4, B, T, G, N), SD = dup_dev(pdt, sd, 1, H, 0, 0, 0);
     tensor_t Y = dnew(dt, 4, B, T, H, P), CS = dnew(DT_F32, 1, nc * ns, 0, 0, 0);
     tensor_t S = dup_dev(DT_F32, hs, 1, ns, 0, 0, 0);
     tensor_t hSX = hview(sx, 4, B, T, H, P), hSDt = hview(sdt, 3, B, T, H, 0), hSA = hview(sa, 1, H, 0, 0, 0);
@@ -1549,13 +1550,13 @@ static void mamba_case(dtype_t dt, dtype_t gdt, int64_t B, int64_t T, int64_t H,
 
     /* the gated norm over the heads' outputs */
     int64_t nn = B * T, Cn = H * P;
-    float *z = rnd(&r, nn * Cn, -3, 3, dt), *gw = rnd(&r, Cn, 0.5, 1.5, dt);
+    float *z = rnd(&r, nn * Cn, -3, 3, dt), *gw = rnd(&r, Cn, 0.5, 1.5, pdt);
     float *hgo = kt_alloc(nn * Cn), *hgr = kt_alloc(nn * G);
     gn_ctx_t gc = {.y = kt_to_d(sx, nn * Cn), .z = kt_to_d(z, nn * Cn), .w = kt_to_d(gw, Cn),
                    .N = nn, .C = Cn, .G = G, .eps = 1e-5};
     double *rg = kt_alloc_d(nn * Cn);
     ref_gnorm(rg, &gc);
-    tensor_t GY = dup_dev(dt, sx, 2, nn, Cn, 0, 0), GZ = dup_dev(dt, z, 2, nn, Cn, 0, 0), GW = dup_dev(dt, gw, 1, Cn, 0, 0, 0);
+    tensor_t GY = dup_dev(dt, sx, 2, nn, Cn, 0, 0), GZ = dup_dev(dt, z, 2, nn, Cn, 0, 0), GW = dup_dev(pdt, gw, 1, Cn, 0, 0, 0);
     tensor_t GO = dnew(dt, 2, nn, Cn, 0, 0), GR = dnew(DT_F32, 2, nn, G, 0, 0);
     tensor_t hGY = hview(sx, 2, nn, Cn, 0, 0), hGZ = hview(z, 2, nn, Cn, 0, 0), hGW = hview(gw, 1, Cn, 0, 0, 0);
     tensor_t hGO = hview(hgo, 2, nn, Cn, 0, 0), hGR = hview(hgr, 2, nn, G, 0, 0);
@@ -1591,10 +1592,10 @@ static void mamba_case(dtype_t dt, dtype_t gdt, int64_t B, int64_t T, int64_t H,
     for (size_t i = 0; i < sizeof hd / sizeof hd[0]; i++) free(hd[i]);
 }
 
-static void test_mamba(dtype_t dt, dtype_t gdt)
+static void test_mamba(dtype_t dt, dtype_t gdt, dtype_t pdt)
 {
-    mamba_case(dt, gdt, 2, 9, 4, 3, 2, 5, 4, 4, 91);
-    if (!quick) mamba_case(dt, gdt, 2, 200, 8, 16, 2, 16, 64, 4, 92);
+    mamba_case(dt, gdt, pdt, 2, 9, 4, 3, 2, 5, 4, 4, 91);
+    if (!quick) mamba_case(dt, gdt, pdt, 2, 200, 8, 16, 2, 16, 64, 4, 92);
 }
 
 /* ---- cross-entropy ------------------------------------------------------------------------ */
@@ -1953,8 +1954,10 @@ int main(int argc, char **argv)
         if (want("moe") || want("grouped") || want("sigmoid")) test_moe(dt);
     }
     if (want("mamba") || want("ssd") || want("conv1d")) {
-        test_mamba(DT_F32, DT_F32);
-        if (!on_cpu) test_mamba(DT_BF16, DT_BF16), test_mamba(DT_BF16, DT_F32);
+        test_mamba(DT_F32, DT_F32, DT_F32);
+        if (!on_cpu)
+            test_mamba(DT_BF16, DT_BF16, DT_BF16), test_mamba(DT_BF16, DT_F32, DT_BF16),
+                test_mamba(DT_BF16, DT_F32, DT_F32); /* as a bf16 model runs them */
     }
     if (want("copy")) test_copy();
     if (want("reduce")) test_reductions();
