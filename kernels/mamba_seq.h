@@ -1,7 +1,7 @@
 /* The Mamba2 mixer's sequence ops (kernels.h, "Mamba2 mixer") as one unit
- * of work each, shared by the CPU backend (kernels/cpu/mamba.c: a pool task
- * per unit) and the CUDA one (kernels/cuda/mamba.cu: a thread per unit), so
- * that both run one algorithm. f32 data, sums in double, in a fixed order;
+ * of work each, run by the CPU backend (kernels/cpu/mamba.c: a pool task per
+ * unit); the CUDA kernels (kernels/cuda/mamba.cu) share the small elementwise
+ * helpers (dt, silu) and are checked against these. f32 data, sums in double, in a fixed order;
  * every unit writes only its own outputs, and scratch comes from the caller
  * (no allocation, no library call that a device lacks).
  *
