@@ -837,14 +837,24 @@ static bool field_is_set(const job_t *job, const char *name)
     return fi >= 0 && job->origin[fi].set;
 }
 
+/* The fields model.hf decides (or that mean nothing beside it): a job may
+ * not set them with model.hf, and job_write_yaml writes them as comments. */
+static const char *const shape_fields[] = {
+    "model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.ffn",
+    "model.vocab", "model.rope_theta", "model.norm_eps", "model.tie_embeddings",
+    "model.init_std", "model.init_seed"};
+
+static bool is_shape_field(const char *name)
+{
+    for (size_t i = 0; i < sizeof shape_fields / sizeof shape_fields[0]; i++)
+        if (!strcmp(shape_fields[i], name)) return true;
+    return false;
+}
+
 /* Fill the model dimensions from model.hf: a Hugging Face directory's
  * config.json or a GGUF file's metadata (ckpt/model_source.h reads it). */
 static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
 {
-    static const char *const shape_fields[] = {
-        "model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.ffn",
-        "model.vocab", "model.rope_theta", "model.norm_eps", "model.tie_embeddings",
-        "model.init_std", "model.init_seed"};
     for (size_t i = 0; i < sizeof shape_fields / sizeof shape_fields[0]; i++)
         if (field_is_set(job, shape_fields[i]))
             return vfail(job, shape_fields[i], err, errlen,
@@ -1152,7 +1162,10 @@ void job_write_yaml(const job_t *job, FILE *f)
         } else {
             section[0] = '\0';
         }
-        fprintf(f, "%s: ", key);
+        /* what model.hf decided is shown, not set: loading the file back
+         * reads it from model.hf again (a field set beside it is refused) */
+        bool derived = job->model.hf[0] && is_shape_field(fd->name);
+        fprintf(f, "%s%s: ", derived ? "# " : "", key);
         const char *base = (const char *)job + fd->off;
         int count = fd->count_off ? *(const int *)((const char *)job + fd->count_off) : 0;
         switch (fd->type) {
@@ -1185,7 +1198,7 @@ void job_write_yaml(const job_t *job, FILE *f)
         default:
             BT_PANIC("field type %d", (int)fd->type);
         }
-        fputc('\n', f);
+        fputs(derived ? "  (from model.hf)\n" : "\n", f);
     }
 }
 

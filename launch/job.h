@@ -221,7 +221,9 @@ int job_stage_layers(const job_t *job, int64_t *out, int max);
 const char *job_xport_name(job_xport_t x);
 const char *job_edge_name(job_edge_t e);
 /* The job as YAML, every field with its value (defaults, file and overrides
- * applied): what a run directory records as job.yaml, loadable again. */
+ * applied): what a run directory records as job.yaml, loadable again. With
+ * model.hf the dimensions it decides are written as comments ("# layers: 6
+ * (from model.hf)"), so that loading the file reads them from model.hf. */
 void        job_write_yaml(const job_t *job, FILE *f);
 /* Whether field `name` was set by the job file or an override (not a default). */
 bool        job_field_set(const job_t *job, const char *name);

@@ -474,6 +474,30 @@ static void test_job_write_roundtrip(void)
     free(yb);
 }
 
+/* An HF-config job (NemotronH: no RoPE, rope_theta 0 from its config)
+ * written and loaded back validates to the same dimensions and writes the
+ * same text: what model.hf decided comes back from model.hf. */
+static void test_job_write_roundtrip_hf(void)
+{
+    static job_t a, b;
+    REQUIRE(job_load_string("h.yaml", "model: {hf: tests/fixtures/nemotronh}\ndata: {dir: x, seq_len: 16}\n", &a,
+                            err, sizeof err) == BT_OK);
+    CHECK_MSG(job_validate(&a, err, sizeof err) == BT_OK, "%s", err);
+    REQUIRE(a.model.rope_theta == 0 && a.model.layers == 6);
+    char *ya = yaml_of(&a);
+    REQUIRE(ya);
+    CHECK_MSG(strstr(ya, "  # rope_theta: 0  (from model.hf)\n") &&
+              strstr(ya, "  # layers: 6  (from model.hf)\n"), "%s", ya);
+    CHECK_MSG(job_load_string("h2.yaml", ya, &b, err, sizeof err) == BT_OK, "%s", err);
+    CHECK_MSG(job_validate(&b, err, sizeof err) == BT_OK, "%s", err);
+    char *yb = yaml_of(&b);
+    CHECK(yb && !strcmp(ya, yb));
+    CHECK(b.model.layers == 6 && b.model.hidden == a.model.hidden && b.model.rope_theta == 0 &&
+          b.model.vocab == a.model.vocab && b.model.seq == a.model.seq);
+    free(ya);
+    free(yb);
+}
+
 /* train.global_batch fixes the sequences per step; each layout's
  * microbatches are derived, and what cannot split is an error naming it. */
 static void test_job_global_batch(void)
@@ -580,7 +604,7 @@ static void test_job_rank_devices(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_job_global_batch, test_job_write_roundtrip, test_job_parse_all_sections, test_job_defaults_and_derived,
+    TEST_RUN(argc, argv, test_job_global_batch, test_job_write_roundtrip, test_job_write_roundtrip_hf, test_job_parse_all_sections, test_job_defaults_and_derived,
              test_job_unknown_key, test_job_wrong_type, test_job_out_of_range,
              test_job_integer_range, test_job_input_limits,
              test_job_model_shape_rules, test_job_parallel_rules, test_job_overrides,
