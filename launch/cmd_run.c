@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "base/log.h"
@@ -126,6 +127,19 @@ static bt_status_t saver_start(saver_t *w, const job_t *job, const char *const *
     return BT_OK;
 }
 
+/* --resume DIR names a checkpoint that is not there (or holds none): said
+ * once, with the directory looked in (absolute), before anything starts. */
+static bool resume_check(const char *what)
+{
+    char dir[CKPT_PATH_MAX], err[1024], cwd[JOB_PATH_MAX];
+    if (run_ckpt_find(what, NULL, dir, sizeof dir, err, sizeof err) == BT_OK) return false;
+    if (what[0] != '/' && getcwd(cwd, sizeof cwd))
+        fprintf(stderr, "baton run: --resume: %s (looked at %s/%s)\n", err, cwd, what);
+    else
+        fprintf(stderr, "baton run: --resume: %s\n", err);
+    return true;
+}
+
 /* --resume: parameters, optimizer state and position from the checkpoint. */
 static bt_status_t resume_load(const job_t *job, const char *what, model_t *m, train_t *t,
                                const ckpt_items_t *items, train_position_t *pos)
@@ -176,11 +190,15 @@ int cmd_run(int argc, char **argv)
         } else if (!strcmp(argv[i], "--quiet")) {
             quiet = true;
         } else if (!strcmp(argv[i], "--resume")) {
-            /* its value, when given, is `latest` or a directory (a job file is neither) */
+            /* its value, when given, is `latest` or a checkpoint directory:
+             * the next word unless it is an option, or the job file (an
+             * existing file while no job file came yet); a directory that
+             * does not exist is taken as the value, to be reported missing */
             resume = true;
             struct stat sb;
-            if (i + 1 < argc && (!strcmp(argv[i + 1], "latest") ||
-                                 (stat(argv[i + 1], &sb) == 0 && S_ISDIR(sb.st_mode))))
+            const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+            bool is_file = next && stat(next, &sb) == 0 && !S_ISDIR(sb.st_mode);
+            if (next && next[0] != '-' && (!strcmp(next, "latest") || job_path || !is_file))
                 resume_what = argv[++i];
         } else if (!strncmp(argv[i], "--resume=", 9)) {
             resume = true;
@@ -204,6 +222,8 @@ int cmd_run(int argc, char **argv)
     for (int i = 0; i < n_sets; i++)
         if (job_override(&job, sets[i], err, sizeof err)) goto bad_job;
     if (job_validate(&job, err, sizeof err) || run_split_resolve(&job, err, sizeof err)) goto bad_job;
+    if (resume && resume_what && strcmp(resume_what, "latest") && resume_check(resume_what))
+        return 1; /* before a run directory or a process exists */
     /* --quiet: nothing but warnings and errors from here on, in this process
      * and in the workers (unless BATON_LOG says otherwise) */
     if (quiet && !getenv("BATON_LOG")) {

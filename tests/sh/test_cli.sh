@@ -79,3 +79,24 @@ BATON_PROGRESS_SECONDS=0 "$BATON" eval --model tests/fixtures/llama --ids tests/
     --window 8 --json > "$tmp/ev.json" 2> "$tmp/ev.err"
 n=$(grep -c '^baton eval: window [0-9]*/[0-9]*, [0-9]* positions scored, loss so far [0-9.]*, [0-9]* tok/s, ETA [0-9]* s$' "$tmp/ev.err")
 [ "$n" -ge 2 ] && grep -q '"loss"' "$tmp/ev.json" && pass cli_eval_progress || fail cli_eval_progress "$n lines: $(head -3 "$tmp/ev.err")"
+
+# --resume at a checkpoint that is not there: said as such, with where it
+# looked (the absolute path of a relative one), before a run directory
+# exists; the value may come before or after the job file
+runs_before=$(ls "$tmp/runs" 2>/dev/null | wc -l)
+"$BATON" run "$tmp/job.yaml" --resume "$tmp/nockpt" > /dev/null 2> "$tmp/e8"; rc=$?
+"$BATON" run --resume "$tmp/nockpt" "$tmp/job.yaml" > /dev/null 2> "$tmp/e9"; rc9=$?
+abs_baton=$(realpath "$BATON")
+(cd "$tmp" && "$abs_baton" run job.yaml --resume nockpt > /dev/null 2> "$tmp/e10")
+mkdir -p "$tmp/emptyckpt"
+"$BATON" run "$tmp/job.yaml" --resume "$tmp/emptyckpt" > /dev/null 2> "$tmp/e11"
+want="^baton run: --resume: $tmp/nockpt: no such checkpoint (No such file or directory)\$"
+if [ "$rc" = 1 ] && [ "$rc9" = 1 ] && grep -q "$want" "$tmp/e8" && grep -q "$want" "$tmp/e9" &&
+   grep -q "^baton run: --resume: nockpt: no such checkpoint .* (looked at $(cd "$tmp" && pwd -P)/nockpt)\$" "$tmp/e10" &&
+   grep -q "^baton run: --resume: $tmp/emptyckpt holds no committed checkpoint" "$tmp/e11" &&
+   ! grep -q 'unexpected argument' "$tmp/e8" "$tmp/e9" "$tmp/e10" &&
+   [ "$(ls "$tmp/runs" 2>/dev/null | wc -l)" = "$runs_before" ]; then
+    pass cli_resume_missing
+else
+    fail cli_resume_missing "rc $rc/$rc9: $(cat "$tmp/e8" "$tmp/e9" "$tmp/e10" "$tmp/e11")"
+fi
