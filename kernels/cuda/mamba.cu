@@ -301,6 +301,17 @@ __device__ void mb_mm(float (&acc)[4][4], mb_smem &sm, int64_t k0, int64_t k1, F
     }
 }
 
+/* acc += the tile (rows r0.., columns c0..) of U V^T over k < K, U and V
+ * given by row: fu(l, k), fv(s, k), rows past len read as 0 */
+template <class FU, class FV>
+__device__ void mb_mm_rows(float (&acc)[4][4], mb_smem &sm, int64_t K, int64_t r0, int64_t c0,
+                           int64_t len, FU fu, FV fv)
+{
+    mb_mm<true, true>(
+        acc, sm, 0, K, [&](int i, int64_t k) { return r0 + i < len ? fu(r0 + i, k) : 0.f; },
+        [&](int64_t k, int j) { return c0 + j < len ? fv(c0 + j, k) : 0.f; });
+}
+
 __device__ __forceinline__ void mb_zero(float (&acc)[4][4])
 {
 #pragma unroll
@@ -417,15 +428,9 @@ __global__ void __launch_bounds__(MB_NT) k_ssd_cb(mb_ssd_t a, float *CB)
     if (st > lt) return;
     float acc[4][4];
     mb_zero(acc);
-    mb_mm<true, true>(acc, sm, 0, d.N,
-                      [&](int i, int64_t n) {
-                          int64_t l = lt * MB_TS + i;
-                          return l < len ? a.Cm[d.bi(b, t0 + l, g, n)] : 0.f;
-                      },
-                      [&](int64_t n, int j) {
-                          int64_t s = st * MB_TS + j;
-                          return s < len ? a.Bm[d.bi(b, t0 + s, g, n)] : 0.f;
-                      });
+    mb_mm_rows(acc, sm, d.N, lt * MB_TS, st * MB_TS, len,
+               [&](int64_t l, int64_t n) { return a.Cm[d.bi(b, t0 + l, g, n)]; },
+               [&](int64_t s, int64_t n) { return a.Bm[d.bi(b, t0 + s, g, n)]; });
     mb_each(acc, [&](int i, int j, float v) {
         int64_t l = lt * MB_TS + i, s = st * MB_TS + j;
         if (l < len && s < len) CB[(bcg * d.L + l) * d.L + s] = v;
@@ -624,15 +629,9 @@ __global__ void __launch_bounds__(MB_NT) k_ssd_dyx(mb_ssd_t a, mb_ssd_scr s)
     }
     float acc[4][4];
     mb_zero(acc);
-    mb_mm<true, true>(acc, sm, 0, d.P,
-                      [&](int i, int64_t p) {
-                          int64_t l = lt * MB_TS + i;
-                          return l < len ? a.dy[d.xi(b, t0 + l, h, p)] : 0.f;
-                      },
-                      [&](int64_t p, int j) {
-                          int64_t s_ = st * MB_TS + j;
-                          return s_ < len ? a.x[d.xi(b, t0 + s_, h, p)] : 0.f;
-                      });
+    mb_mm_rows(acc, sm, d.P, lt * MB_TS, st * MB_TS, len,
+               [&](int64_t l, int64_t p) { return a.dy[d.xi(b, t0 + l, h, p)]; },
+               [&](int64_t s_, int64_t p) { return a.x[d.xi(b, t0 + s_, h, p)]; });
     mb_each(acc, [&](int i, int j, float &v) {
         int64_t l = lt * MB_TS + i, s_ = st * MB_TS + j;
         v = l < len && s_ <= l ? v * expf(csc[l] - csc[s_]) * a.dt[d.ti(b, t0 + s_, h)] : 0.f;
