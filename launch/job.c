@@ -55,6 +55,8 @@ _Static_assert(sizeof decay_names / sizeof decay_names[0] == JOB_DECAY_COUNT, "d
 static const char *const handoff_names[] = {"auto", "ipc", "off"};
 static const char *const cp_mode_names[] = {"allgather", "ring"};
 _Static_assert(sizeof cp_mode_names / sizeof cp_mode_names[0] == JOB_CP_MODE_COUNT, "cp_mode_names");
+static const char *const cp_exchange_names[] = {"auto", "messages", "collective"};
+_Static_assert(sizeof cp_exchange_names / sizeof cp_exchange_names[0] == JOB_CPX_COUNT, "cp_exchange_names");
 static const char *const coll_names[] = {"auto", "host", "nccl"}; /* coll_backend_name's */
 _Static_assert(sizeof coll_names / sizeof coll_names[0] == COLL_BACKEND_COUNT, "coll_names");
 _Static_assert(sizeof handoff_names / sizeof handoff_names[0] == JOB_HANDOFF_COUNT, "handoff_names");
@@ -118,6 +120,7 @@ static const field_t fields[] = {
     INT("parallel.dp", parallel.dp, 1, 1 << 20),
     INT("parallel.cp", parallel.cp, 1, 1024),
     ENUM("parallel.cp_mode", parallel.cp_mode, cp_mode_names),
+    ENUM("parallel.cp_exchange", parallel.cp_exchange, cp_exchange_names),
     INT("parallel.ep", parallel.ep, 1, 256),
     {"parallel.split", F_INT_LIST, OFF(parallel.split), 1, 4096, NULL, 0, JOB_MAX_STAGES,
      OFF(parallel.n_split)},

@@ -42,6 +42,10 @@ typedef enum { JOB_XPORT_AUTO = 0, JOB_XPORT_INPROC, JOB_XPORT_TCP, JOB_XPORT_UC
 typedef enum { JOB_SCHED_1F1B = 0, JOB_SCHED_INTERLEAVED, JOB_SCHED_COUNT } job_schedule_t;
 /* parallel.cp_mode: how context-parallel attention moves K and V (docs/PARALLEL.md) */
 typedef enum { JOB_CP_ALLGATHER = 0, JOB_CP_RING, JOB_CP_MODE_COUNT } job_cp_mode_t;
+/* parallel.cp_exchange: what carries the ring's blocks: auto (messages on
+ * the cpu, the collective backend elsewhere), messages between stage
+ * actors (train/cp_ring.h), or the CP group's communicator */
+typedef enum { JOB_CPX_AUTO = 0, JOB_CPX_MESSAGES, JOB_CPX_COLLECTIVE, JOB_CPX_COUNT } job_cp_exchange_t;
 /* Where the linear warmup starts: 0, or min_lr (= lr * min_lr/lr). */
 typedef enum { JOB_WARMUP_FROM_ZERO = 0, JOB_WARMUP_FROM_MIN, JOB_WARMUP_FROM_COUNT } job_warmup_from_t;
 /* Which parameters get weight decay: matrices (ndim >= 2: linear weights and
@@ -104,6 +108,7 @@ typedef struct {
     int64_t tp, pp, dp;
     int64_t cp;                       /* context parallelism: each sequence over cp ranks (1: none) */
     job_cp_mode_t cp_mode;            /* parallel.cp_mode: allgather | ring */
+    job_cp_exchange_t cp_exchange;    /* parallel.cp_exchange: auto | messages | collective */
     int64_t ep;                       /* expert parallelism: folded over tp x dp (1: none) */
     int64_t split[JOB_MAX_STAGES];    /* layers per pipeline stage (virtual stages included) */
     int     n_split;                  /* 0: even split */

@@ -429,6 +429,25 @@ bad:
     return BT_ERR_CORRUPT;
 }
 
+/* Whether the CP ring's blocks travel as stage-actor messages
+ * (parallel.cp_exchange; auto: on the cpu, docs/PARALLEL.md "Ring mode"). */
+static bool cp_msgs(worker_t *w)
+{
+    if (w->g.cp <= 1 || !w->g.cp_ring || w->n_members[GRAPH_GROUP_CP] != w->g.cp) return false;
+    job_cp_exchange_t x = w->job.parallel.cp_exchange;
+    if (x != JOB_CPX_AUTO) return x == JOB_CPX_MESSAGES;
+    model_place_t place;
+    return run_model_place(&w->job, &place) == BT_OK && device_is_host(place.dev);
+}
+
+/* The rank of the CP group member `d` places after this one (d = 1: the
+ * next in the ring, d = -1: the previous). */
+static int cp_peer(const worker_t *w, int d)
+{
+    int n = w->n_members[GRAPH_GROUP_CP];
+    return w->members[GRAPH_GROUP_CP][(w->me[GRAPH_GROUP_CP] + n + d) % n];
+}
+
 static bt_status_t links_connect(worker_t *w, const book_t *b)
 {
     const job_t *job = &w->job;
@@ -451,6 +470,20 @@ static bt_status_t links_connect(worker_t *w, const book_t *b)
                                                       job_xport_name(job->transport[JOB_EDGE_PIPELINE]));
             if (st) return st;
         }
+    }
+    /* CP ring neighbours, when the ring's blocks are stage-actor messages:
+     * the pipeline's transport, as activations */
+    for (int i = 0; i < 2 && cp_msgs(w); i++) {
+        int q = cp_peer(w, i ? -1 : 1);
+        if (q <= w->rank || done[q]) continue;
+        done[q] = true;
+        if (!b->card[q]) {
+            log_error("rank %d: the book has no card of rank %d", w->rank, q);
+            return BT_ERR_CORRUPT;
+        }
+        bt_status_t st = actor_router_connect_str(w->rt, (uint32_t)q, b->card[q],
+                                                  job_xport_name(job->transport[JOB_EDGE_PIPELINE]));
+        if (st) return st;
     }
     for (int k = 0; k < GRAPH_GROUP_COUNT; k++) {
         if (!w->comm[k]) continue;
@@ -639,6 +672,8 @@ static bt_status_t actors_start(worker_t *w)
         .data = data ? ACTOR_ADDR(w->rank, GRAPH_SLOT_DATA) : 0,
         .tp_rank = c.tp, .tp_size = g->tp, .dp_rank = c.dp, .dp_size = g->dp,
         .cp_rank = c.cp, .cp_size = g->cp,
+        .cp_msgs = cp_msgs(w), .cp_ranks = w->members[GRAPH_GROUP_CP],
+        .cp_timeout_s = w->job.launch.step_timeout,
         .eval_rows = w->eval_rows, .eval_pad = g->moe && g->ep > 1,
         /* a CP rank holds T / cp tokens of every row (model/cp_attn.h) */
         .exporter = c.dp == 0 && c.cp == 0 && c.tp == 0, .B = g->micro_batch, .T = g->seq_len / g->cp,
@@ -663,6 +698,10 @@ static bt_status_t actors_start(worker_t *w)
             sc.prev[k] = ACTOR_ADDR(r, GRAPH_SLOT_STAGE);
             sc.handoff_prev[k] = handoff_edge(w, r);
         }
+    }
+    if (sc.cp_msgs) {
+        sc.cp_next = ACTOR_ADDR(cp_peer(w, 1), GRAPH_SLOT_STAGE);
+        sc.cp_prev = ACTOR_ADDR(cp_peer(w, -1), GRAPH_SLOT_STAGE);
     }
     if ((st = stage_actor_init(&w->stage, &sc))) return st;
     w->stage_inited = true;

@@ -82,7 +82,8 @@ bt_status_t model_cp_scatter_sum(model_t *m, tensor_t *local, tensor_t *ranks,
 }
 
 bt_status_t model_cp_ring_start(model_t *m, model_cp_ring_t *x, int n, tensor_t *const *recv,
-                                const tensor_t *const *send, const char *what, int layer)
+                                const tensor_t *const *send, const char *what, int layer,
+                                uint32_t phase, int ring_step, uint32_t what0)
 {
     int cp = m->par.cp_size, me = m->par.cp_rank, next = (me + 1) % cp, prev = (me + cp - 1) % cp;
     coll_comm_t *comm = m->par.cp_comm;
@@ -91,6 +92,23 @@ bt_status_t model_cp_ring_start(model_t *m, model_cp_ring_t *x, int n, tensor_t 
         BT_PANIC("model_cp_ring_start: %d tensors (1 or 2), cp %d", n, cp);
     x->n = n;
     bt_status_t st = kern_stream_sync(m->stream); /* send is written by queued kernels */
+    if (m->par.cp_msgs) { /* the stage actor's CP_BLOCK messages */
+        x->msgs = true;
+        for (int i = 0; i < n && st == BT_OK; i++) {
+            if (tensor_numel(send[i]) != tensor_numel(recv[i]) || send[i]->dtype != recv[i]->dtype)
+                BT_PANIC("model_cp_ring_start: send %s and recv %s differ", kern_shape_str(send[i]).s,
+                         kern_shape_str(recv[i]).s);
+            x->recv[i] = *recv[i];
+            x->tag[i] = (model_cp_tag_t){.layer = layer, .phase = phase,
+                                         .ring_step = (uint32_t)ring_step, .what = what0 + (uint32_t)i};
+            st = m->par.cp_msgs->send(m->par.cp_msgs_arg, m, &x->tag[i], send[i]);
+        }
+        if (st != BT_OK) {
+            memset(x, 0, sizeof *x);
+            return cp_fail(m, "ring send", what, layer, st);
+        }
+        return BT_OK;
+    }
     bool direct = model_coll_direct(m, comm);
     if (st == BT_OK && !direct) {
         size_t at = 0;
@@ -134,6 +152,14 @@ bt_status_t model_cp_ring_start(model_t *m, model_cp_ring_t *x, int n, tensor_t 
 bt_status_t model_cp_ring_wait(model_t *m, model_cp_ring_t *x, const char *what, int layer)
 {
     bt_status_t st = BT_OK;
+    if (x->msgs) {
+        for (int i = 0; i < x->n && st == BT_OK; i++)
+            st = m->par.cp_msgs->recv(m->par.cp_msgs_arg, m, &x->tag[i], &x->recv[i]);
+        x->n = 0;
+        x->msgs = false;
+        if (st != BT_OK) return cp_fail(m, "ring receive", what, layer, st);
+        return BT_OK;
+    }
     for (int i = 0; i < x->n; i++) {
         if (!x->req[i]) continue;
         bt_status_t s = coll_wait(m->par.cp_comm, x->req[i]);
@@ -242,7 +268,8 @@ bt_status_t model_cp_attn_fwd(model_t *m, void *scratch, tensor_t *out, tensor_t
         tensor_t *rk = &w.kb[i % 2], *rv = &w.vb[i % 2];
         if (i + 1 < cp &&
             (st = model_cp_ring_start(m, &x, 2, (tensor_t *[]){rk, rv},
-                                      (const tensor_t *[]){ck, cv}, "the K/V block", layer)))
+                                      (const tensor_t *[]){ck, cv}, "the K/V block", layer,
+                                      MODEL_CP_FWD, i, MODEL_CP_K)))
             return st;
         /* the block in hand while the next one travels */
         cp_attn_ring_fwd(s, out, lse, &w.po, &w.pl, q, ck, cv, scale, cp, me, src);
@@ -287,7 +314,8 @@ bt_status_t model_cp_attn_bwd(model_t *m, void *scratch, tensor_t *dq, tensor_t 
         tensor_t *gk = &w.kb[2 + i % 2], *gv = &w.vb[2 + i % 2];
         if (i + 1 < cp &&
             (st = model_cp_ring_start(m, &xkv, 2, (tensor_t *[]){rk, rv},
-                                      (const tensor_t *[]){ck, cv}, "the K/V block", layer)))
+                                      (const tensor_t *[]){ck, cv}, "the K/V block", layer,
+                                      MODEL_CP_BWD, i, MODEL_CP_K)))
             return st;
         /* this rank's share of block src's dK, dV, while the next block and
          * the previous accumulators travel */
@@ -303,7 +331,8 @@ bt_status_t model_cp_attn_bwd(model_t *m, void *scratch, tensor_t *dq, tensor_t 
          * ours arrive whole: straight into dk, dv */
         tensor_t *tk = i + 1 < cp ? in_k : dk, *tv = i + 1 < cp ? in_v : dv;
         if ((st = model_cp_ring_start(m, &xg, 2, (tensor_t *[]){tk, tv},
-                                      (const tensor_t *[]){gk, gv}, "the dK/dV block", layer)))
+                                      (const tensor_t *[]){gk, gv}, "the dK/dV block", layer,
+                                      MODEL_CP_BWD, i, MODEL_CP_DK)))
             return st;
         if (i + 1 < cp) {
             if ((st = model_cp_ring_wait(m, &xkv, "the K/V block", layer))) return st;

@@ -114,6 +114,12 @@ typedef struct {
     int          cp_rank, cp_size;
     coll_comm_t *cp_comm;          /* the CP group (rank cp_rank of cp_size); NULL at cp_size <= 1 */
     bool         cp_ring;
+    /* Ring mode over actor messages (model/cp_xchg.h model_cp_msg_ops_t,
+     * train/cp_ring.h): set, the ring's blocks go through these callbacks
+     * (the stage actor's CP_BLOCK messages) instead of cp_comm. NULL: the
+     * communicator's send/receive. */
+    const struct model_cp_msg_ops *cp_msgs;
+    void        *cp_msgs_arg;
     /* Sequence parallelism inside TP (docs/PARALLEL.md): the residual stream
      * and the norms of a microbatch's N tokens are sharded over the TP group
      * (near-even row ranges, model_sp_rows); all-gather before the

@@ -129,6 +129,20 @@ static void test_cp4_ring(void)
 {
     cp_check("cp4_ring", "--set parallel.cp=4 --set parallel.cp_mode=ring", 2);
 }
+/* The ring rows above and below pass their blocks as stage-actor messages
+ * (parallel.cp_exchange auto: messages on the cpu, train/cp_ring.h); these
+ * two keep the CP communicator's send/receive covered. */
+static void test_cp4_ring_collective(void)
+{
+    cp_check("cp4_ring_collective",
+             "--set parallel.cp=4 --set parallel.cp_mode=ring --set parallel.cp_exchange=collective", 2);
+}
+static void test_mla_cp2_tp2_ring_collective(void)
+{
+    cp_check_model("mla_cp2_tp2_ring_collective", "deepseek_v2_lite",
+                   "--set parallel.cp=2 --set parallel.tp=2 --set parallel.cp_mode=ring "
+                   "--set parallel.cp_exchange=collective", 2);
+}
 static void test_cp2_tp2_allgather(void)
 {
     cp_check("cp2_tp2_allgather", "--set parallel.cp=2 --set parallel.tp=2", 2);
@@ -346,6 +360,7 @@ int main(int argc, char **argv)
 {
     setenv("BATON_STEP_TIMEOUT", "30", 0); /* a hang fails in 30 s, not 300 */
     TEST_RUN(argc, argv, test_cp2_allgather, test_cp2_ring, test_cp4_allgather, test_cp4_ring,
+             test_cp4_ring_collective, test_mla_cp2_tp2_ring_collective,
              test_cp2_tp2_allgather, test_cp2_tp2_ring, test_cp2_pp2_ring,
              test_cp2_pp2_allgather_tied, test_cp2_dp2_zero1_ring, test_mla_cp2_allgather,
              test_mla_cp2_ring, test_mla_cp4_allgather, test_mla_cp4_ring,

@@ -477,6 +477,10 @@ static void bodies_fill(msg_body_t *b, msg_type_t t)
         b->expert = (msg_expert_t){.call = 9000000000ull, .layer = 3, .phase = EXPERT_BWD,
                                    .rows = 64, .rows_in = 0, .status = -5};
         break;
+    case MSG_CP_BLOCK:
+        b->cp_block = (msg_cp_block_t){.chunk = 1, .layer = 26, .phase = CP_BLOCK_BWD,
+                                       .ring_step = 3, .what = CP_BLOCK_DV};
+        break;
     default: BT_PANIC("type %d", (int)t);
     }
 }

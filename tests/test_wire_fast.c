@@ -223,6 +223,18 @@ static void rnd_body(uint32_t type, msg_body_t *b, bool valid)
             if (b->expert.rows_in < 0) b->expert.rows_in = -(b->expert.rows_in + 1);
         }
         break;
+    case MSG_CP_BLOCK:
+        b->cp_block = (msg_cp_block_t){.chunk = (uint32_t)rnd_u64(), .layer = (int32_t)rnd_i64(),
+                                       .phase = (uint32_t)rnd_u64(), .ring_step = (uint32_t)rnd_u64(),
+                                       .what = (uint32_t)rnd_u64()};
+        if (valid) {
+            b->cp_block.chunk %= 1024;
+            b->cp_block.ring_step %= 1024;
+            b->cp_block.phase = CP_BLOCK_FWD + (uint32_t)rnd_below(2);
+            b->cp_block.what = CP_BLOCK_K + (uint32_t)rnd_below(4);
+            if (b->cp_block.layer < 0) b->cp_block.layer = -(b->cp_block.layer + 1);
+        }
+        break;
     default:
         break;
     }

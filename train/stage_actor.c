@@ -240,6 +240,18 @@ bt_status_t stage_actor_init(stage_actor_t *s, const stage_actor_config_t *cfg)
             cp_attn_positions(s->cp_pos, cfg->B, cfg->T / 2, s->cfg.cp_size, s->cfg.cp_rank);
         }
     }
+    if (!st && s->cfg.cp_size > 1 && cfg->cp_msgs) { /* the ring's blocks as CP_BLOCK messages */
+        cp_ring_config_t rc = {.stage = &s->a, .rank = cfg->rank, .cp_rank = cfg->cp_rank,
+                               .cp_size = cfg->cp_size, .cp_ranks = cfg->cp_ranks,
+                               .next = cfg->cp_next, .prev = cfg->cp_prev,
+                               .timeout_s = cfg->cp_timeout_s > 0 ? cfg->cp_timeout_s : 300};
+        st = cp_ring_init(&s->cp_ring, &rc);
+        s->cp_ring_on = st == BT_OK;
+        for (int k = 0; k < V && !st; k++) {
+            cfg->chunks[k]->par.cp_msgs = &cp_ring_ops;
+            cfg->chunks[k]->par.cp_msgs_arg = &s->cp_ring;
+        }
+    }
     if (!st) st = pass_alloc(&s->train, M, V, pipe_ops_per_stage(&cfg->pipe), false);
     if (!st) st = pass_alloc(&s->eval, E, V, E * V, true);
     if (!st) st = pipe_schedule_build(&cfg->pipe, cfg->pp_rank, s->train.ops);
@@ -307,6 +319,11 @@ void stage_actor_fini(stage_actor_t *s)
     free(s->acts);
     free(s->load);
     free(s->cp_pos);
+    if (s->cp_ring_on) {
+        for (int k = 0; k < s->cfg.pipe.vpp; k++)
+            if (s->cfg.chunks[k]) s->cfg.chunks[k]->par.cp_msgs = NULL;
+        cp_ring_fini(&s->cp_ring);
+    }
     pass_free(&s->train);
     pass_free(&s->eval);
     export_bufs_free(s);
@@ -409,7 +426,13 @@ static void stage_start(actor_t *self)
     actor_timer_start(self, &s->hb, s->cfg.heartbeat_s, s->cfg.heartbeat_s, stage_on_timer);
 }
 
-static void stage_stop(actor_t *self) { inputs_release((stage_actor_t *)self); }
+static void stage_stop(actor_t *self)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    /* a compute job waiting for a ring block gives up now */
+    if (s->cp_ring_on) cp_ring_fail(&s->cp_ring, BT_ERR_CANCELED, "this rank's stage is stopping");
+    inputs_release(s);
+}
 
 /* ---- compute jobs (worker thread) ----------------------------------------- */
 
@@ -472,6 +495,9 @@ static bt_status_t job_op_run(void *arg)
     /* this arena's last output may still be on its way to the host */
     kern_stream_wait(m->stream, s->ev_copied[j->arena]);
     if (fwd && s->cur->eval) test_slow_eval();
+    if (s->cp_ring_on) /* the tag of the op's ring blocks */
+        cp_ring_context(&s->cp_ring, s->cur->eval ? STAGE_EVAL_STEP : j->step, j->op.mb,
+                        (uint32_t)j->op.chunk);
     if (st == BT_OK && fwd)
         st = model_stage_forward_at(m, a, &j->batch, in, j->dloss, out,
                                     m->stage.has_head ? &j->loss : NULL);
@@ -935,6 +961,11 @@ static actor_ret_t stage_on_work_done(actor_t *self, actor_msg_t *m)
         if (st && st != BT_ERR_BUSY) fail(s, st, "pipeline send");
         return ACTOR_DONE;
     }
+    if (m->sys.work.tag == CP_RING_JOB_SEND) { /* a ring block from the compute thread */
+        if (!s->cp_ring_on) BT_PANIC("stage of rank %d: a CP block without a CP ring", s->cfg.rank);
+        cp_ring_send(&s->cp_ring, m->sys.work.arg);
+        return ACTOR_DONE;
+    }
     if (m->sys.work.tag == EXPERT_JOB_ROUTED) { /* the op's sparse layer hands its rows over */
         if (!s->cfg.experts) BT_PANIC("stage of rank %d: expert rows routed without an expert group", s->cfg.rank);
         /* a failure is the op's: its layer returns it */
@@ -1063,6 +1094,17 @@ static actor_ret_t stage_on_expert_done(actor_t *self, actor_msg_t *m)
     if (m->env.src != s->cfg.experts || !expert_actor_done(&s->exp_call, m))
         log_error("rank %d: EXPERT_DONE from %#x ignored", s->cfg.rank, m->env.src);
     return ACTOR_DONE;
+}
+
+static actor_ret_t stage_on_cp_block(actor_t *self, actor_msg_t *m)
+{
+    stage_actor_t *s = (stage_actor_t *)self;
+    if (!s->cp_ring_on) {
+        log_error("rank %d: CP_BLOCK from %#x, but this stage runs no CP ring over messages; dropped",
+                  s->cfg.rank, m->env.src);
+        return ACTOR_DONE;
+    }
+    return cp_ring_on_block(&s->cp_ring, m);
 }
 
 static actor_ret_t stage_on_release(actor_t *self, actor_msg_t *m)
@@ -1370,6 +1412,11 @@ static actor_ret_t stage_on_error(actor_t *self, actor_msg_t *m)
         actor_router_stop_request(s->cfg.rt, (bt_status_t)r->status);
         return ACTOR_DONE;
     }
+    if (s->cp_ring_on && cp_ring_is_peer(&s->cp_ring, (int)r->peer)) {
+        char why[200];
+        snprintf(why, sizeof why, "rank %u failed (%.60s: %.100s)", r->peer, r->where, r->text);
+        cp_ring_fail(&s->cp_ring, (bt_status_t)r->status, why);
+    }
     report(s, (bt_status_t)r->status, r->peer, r->where, r->text);
     return ACTOR_DONE;
 }
@@ -1385,6 +1432,7 @@ const actor_class_t stage_actor_class = {
         [MSG_DATA_BATCH] = stage_on_data,
         [MSG_RELEASE] = stage_on_release,
         [MSG_EXPERT_DONE] = stage_on_expert_done,
+        [MSG_CP_BLOCK] = stage_on_cp_block,
         [ACTOR_SYS_WORK_DONE] = stage_on_work_done,
     },
     .start = stage_start,

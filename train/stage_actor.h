@@ -58,6 +58,7 @@
 
 #include "actors/router.h"
 #include "actors/worker.h"
+#include "train/cp_ring.h"
 #include "train/handoff.h"
 #include "train/dist_optim.h"
 #include "model/model.h"
@@ -97,6 +98,14 @@ typedef struct {
      * T * cp_size; the data actor sends them, the stage gives the model
      * their positions ({0 or 1}: none) */
     int             cp_rank, cp_size;
+    /* ring mode over messages (train/cp_ring.h): the chunks' ring blocks
+     * go to the stage actor cp_next and come from cp_prev as CP_BLOCK
+     * messages; cp_ranks [cp_size] names the group in errors; a wait
+     * longer than cp_timeout_s fails. false: the model's own exchange */
+    bool            cp_msgs;
+    actor_addr_t    cp_next, cp_prev;
+    const int      *cp_ranks;
+    double          cp_timeout_s;
     int64_t         eval_rows;                 /* rows of the evaluation set (0: none) */
     bool            eval_pad;                  /* every dp rank runs as many evaluation
                                                 * microbatches as dp rank 0, the missing
@@ -180,6 +189,8 @@ typedef struct {
     handoff_map_t        ho_map;        /* the neighbours' buffers mapped here (compute thread) */
     _Atomic(stage_snap_t *) snap_spare; /* the last checkpoint's host block, for the next */
     struct expert_call  *exp_call;      /* a sparse layer's rows with the expert group */
+    bool                 cp_ring_on;    /* cfg.cp_msgs: cp_ring is set up */
+    cp_ring_t            cp_ring;       /* the CP ring's mailbox (train/cp_ring.h) */
     /* what the op walk waits for (hang reports: each heartbeat says it):
      * the input message of the op due, set when advance() stops for it */
     uint32_t             wait_type;     /* MSG_DATA_BATCH / ACTIVATION / ACT_GRAD; 0: none */

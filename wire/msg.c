@@ -371,6 +371,11 @@ static const msg_field_t expert_fields[] = {
     MF(msg_expert_t, phase, MF_U32), MF(msg_expert_t, rows, MF_I64),
     MF(msg_expert_t, rows_in, MF_I64), MF(msg_expert_t, status, MF_I32),
 };
+static const msg_field_t cp_block_fields[] = {
+    MF(msg_cp_block_t, chunk, MF_U32), MF(msg_cp_block_t, layer, MF_I32),
+    MF(msg_cp_block_t, phase, MF_U32), MF(msg_cp_block_t, ring_step, MF_U32),
+    MF(msg_cp_block_t, what, MF_U32),
+};
 /* global_shape and start are arrays of ndim entries, handled by hand below */
 static const msg_field_t ckpt_shard_fields[] = {
     MF(msg_ckpt_shard_t, name, MF_STR), MF(msg_ckpt_shard_t, ckpt_step, MF_I64),
@@ -402,6 +407,7 @@ MSG_SIMPLE_CODEC(ckpt_piece, ckpt_piece_fields, 0)
 MSG_SIMPLE_CODEC(ckpt_ctl, ckpt_ctl_fields, 0)
 MSG_SIMPLE_CODEC(ckpt_fetch, ckpt_fetch_fields, 0)
 MSG_SIMPLE_CODEC(expert, expert_fields, 0)
+MSG_SIMPLE_CODEC(cp_block, cp_block_fields, 0)
 
 /* The checks beyond the field table, shared by the tree decoders and the
  * raw ones (err may be NULL). */
@@ -501,6 +507,19 @@ static bt_status_t msg_expert_check(const void *body, wire_err_t *err)
     return BT_OK;
 }
 
+static bt_status_t msg_cp_block_check(const void *body, wire_err_t *err)
+{
+    const msg_cp_block_t *b = body;
+    if (b->what < CP_BLOCK_K || b->what > CP_BLOCK_DV)
+        return wire_err_set(err, "CP_BLOCK: unknown tensor %u", b->what);
+    if (b->phase != CP_BLOCK_FWD && b->phase != CP_BLOCK_BWD)
+        return wire_err_set(err, "CP_BLOCK: unknown phase %u", b->phase);
+    if (b->layer < 0 || b->ring_step >= 1024 || b->chunk >= 1024)
+        return wire_err_set(err, "CP_BLOCK: layer %d, ring step %u, chunk %u out of range",
+                            (int)b->layer, b->ring_step, b->chunk);
+    return BT_OK;
+}
+
 /* Types whose body is exactly their field table (+ an optional check). */
 #define MSG_TABLE_DECODE(name, fields, NAME, check)                                            \
     static bt_status_t msg_##name##_decode(const msgpack_object *meta, void *body, wire_err_t *err) \
@@ -528,6 +547,7 @@ MSG_TABLE_DECODE(ckpt_ctl, ckpt_ctl_fields, "CKPT_CTL", msg_ckpt_ctl_check)
 MSG_TABLE_DECODE(ckpt_fetch, ckpt_fetch_fields, "CKPT_FETCH", msg_ckpt_fetch_check)
 MSG_TABLE_DECODE(expert_tokens, expert_fields, "EXPERT_TOKENS", msg_expert_check)
 MSG_TABLE_DECODE(expert_done, expert_fields, "EXPERT_DONE", msg_expert_check)
+MSG_TABLE_DECODE(cp_block, cp_block_fields, "CP_BLOCK", msg_cp_block_check)
 #define msg_expert_tokens_encode msg_expert_encode
 #define msg_expert_done_encode msg_expert_encode
 
@@ -601,6 +621,7 @@ const msg_type_info_t msg_types[MSG_TYPE_COUNT] = {
     MSG_INFO(CKPT_FETCH, ckpt_fetch, msg_ckpt_fetch_t),
     MSG_INFO(EXPERT_TOKENS, expert_tokens, msg_expert_t),
     MSG_INFO(EXPERT_DONE, expert_done, msg_expert_t),
+    MSG_INFO(CP_BLOCK, cp_block, msg_cp_block_t),
 };
 _Static_assert(sizeof msg_types / sizeof msg_types[0] == MSG_TYPE_COUNT, "one msg_types entry per msg_type_t");
 
@@ -631,6 +652,7 @@ static const msg_field_table_t msg_field_tables[MSG_TYPE_COUNT] = {
     [MSG_CKPT_FETCH] = {ckpt_fetch_fields, NF(ckpt_fetch_fields), true, msg_ckpt_fetch_check},
     [MSG_EXPERT_TOKENS] = {expert_fields, NF(expert_fields), true, msg_expert_check},
     [MSG_EXPERT_DONE] = {expert_fields, NF(expert_fields), true, msg_expert_check},
+    [MSG_CP_BLOCK] = {cp_block_fields, NF(cp_block_fields), true, msg_cp_block_check},
 };
 _Static_assert(sizeof msg_field_tables / sizeof msg_field_tables[0] == MSG_TYPE_COUNT, "field tables");
 

@@ -34,6 +34,7 @@ typedef enum {
     MSG_CKPT_FETCH,    /* resume: bytes of a shard file another rank holds */
     MSG_EXPERT_TOKENS, /* stage -> its expert group: a sparse layer's routed rows are ready */
     MSG_EXPERT_DONE,   /* expert group -> stage: the experts' results are back */
+    MSG_CP_BLOCK,      /* CP ring: a K, V, dK or dV block, stage of CP rank r -> r + 1 */
     MSG_TYPE_COUNT,
 } msg_type_t;
 
@@ -186,6 +187,23 @@ typedef struct {
     int32_t  status;
 } msg_expert_t;
 
+/* CP_BLOCK (train/cp_ring.h, docs/PARALLEL.md "Ring mode"): one block of
+ * the context-parallel ring, from the stage actor of CP rank r to that of
+ * r + 1: tensor "k", "v", "dk" or "dv" (by `what`), the sender's view of
+ * it with its own head size ([B, 2L, H, D]). Its tag is the envelope's step
+ * and microbatch and the fields: the model chunk (virtual stage index of
+ * the rank), the layer, the pass (CP_BLOCK_FWD / CP_BLOCK_BWD) and the ring
+ * step of that pass. */
+enum { CP_BLOCK_K = 1, CP_BLOCK_V = 2, CP_BLOCK_DK = 3, CP_BLOCK_DV = 4 };
+enum { CP_BLOCK_FWD = 1, CP_BLOCK_BWD = 2 };
+typedef struct {
+    uint32_t chunk;
+    int32_t  layer;
+    uint32_t phase;
+    uint32_t ring_step;
+    uint32_t what;
+} msg_cp_block_t;
+
 /* Storage for any body; decode into this when the type is not known yet. */
 typedef union {
     msg_ping_t         ping;
@@ -204,6 +222,7 @@ typedef union {
     msg_ckpt_ctl_t     ckpt_ctl;
     msg_ckpt_fetch_t   ckpt_fetch;
     msg_expert_t       expert;
+    msg_cp_block_t     cp_block;
 } msg_body_t;
 
 typedef bt_status_t (*msg_encode_fn)(msgpack_packer *pk, const void *body);

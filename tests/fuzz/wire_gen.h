@@ -185,6 +185,13 @@ static inline void wire_gen_message(const uint8_t *in, size_t n, wire_env_t *env
         body->expert.rows_in = (int64_t)(wire_gen_u64(&s) >> 1);
         body->expert.status = (int32_t)wire_gen_u64(&s);
         break;
+    case MSG_CP_BLOCK:
+        body->cp_block.chunk = (uint32_t)(wire_gen_u64(&s) % 1024);
+        body->cp_block.layer = (int32_t)(wire_gen_u64(&s) >> 33);
+        body->cp_block.phase = CP_BLOCK_FWD + (uint32_t)(wire_gen_u64(&s) % 2);
+        body->cp_block.ring_step = (uint32_t)(wire_gen_u64(&s) % 1024);
+        body->cp_block.what = CP_BLOCK_K + (uint32_t)(wire_gen_u64(&s) % 4);
+        break;
     default:
         break;
     }
