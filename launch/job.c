@@ -891,11 +891,6 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
                          "ranks, but layer %lld of %s mixes with a kind that has no context-parallel "
                          "path (only attention and MLA have one): use cp=1", (long long)p->cp,
                          (long long)l, job->model.hf);
-    if (moe && p->cp > 1 && cfg.moe.aux_loss_coef > 0)
-        return vfail(job, "parallel.cp", err, errlen, "%s trains with the router's load-balancing "
-                     "loss (router_aux_loss_coef %g), which pools the whole sequence's routing, but "
-                     "a CP rank routes only its chunks: use cp=1, or turn output_router_logits off",
-                     job->model.hf, cfg.moe.aux_loss_coef);
     if (moe && p->tp > 1 && cfg.moe.capacity_factor > 0)
         return vfail(job, "parallel.tp", err, errlen, "%s has capacity_factor %g, which keeps each "
                      "expert's first choices over all rows, but each TP rank dispatches only its "
@@ -910,11 +905,6 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
         return vfail(job, "parallel.zero1", err, errlen, "ZeRO-1 shards one flat block over dp, "
                      "but with ep > 1 or tp > 1 the experts of %s reduce over their own "
                      "expert-data-parallel group: use zero1=false", job->model.hf);
-    if (moe && job->parallel.pp > 1 && cfg.moe.aux_loss_coef > 0)
-        return vfail(job, "parallel.pp", err, errlen, "%s trains with the router's load-balancing "
-                     "loss (router_aux_loss_coef %g), which pools every sparse layer in one stage: "
-                     "use pp=1, or turn output_router_logits off", job->model.hf,
-                     cfg.moe.aux_loss_coef);
     job_model_t *m = &job->model;
     m->layers = cfg.num_layers;
     m->hidden = cfg.hidden_size;

@@ -119,25 +119,31 @@ struct model_kind {
     void (*flops)(const model_config_t *c, int64_t T, model_flops_t *f);
     const kern_op_t *ops; /* kernel ops it calls, checked with kern_supports */
     int              n_ops;
-    /* A term the kind adds to the stage's loss, over all its sublayers of one
-     * forward (the router's load-balancing loss), or NULL (most kinds; a kind
-     * with one has shared state, which r->shared points to in both calls).
-     * loss_begin runs before the stage's first sublayer (it resets what the
-     * sublayers accumulate there); loss_end after the last: *value = the
-     * term for this forward, its coefficient applied, and the backward that
-     * follows adds the gradient of grad_weight * value (0: none follows).
-     * The caller adds value times the forward's scored positions to the loss
-     * sum (model_loss_t.aux_sum), so that a mean over positions gets the
-     * term once per forward, weighted by its positions, as transformers'
-     * per-sequence loss = cross-entropy + coefficient * term pools. */
-    bt_status_t (*loss_begin)(model_run_t *r);
-    bt_status_t (*loss_end)(model_run_t *r, double grad_weight, double *value);
 };
 
 extern const model_kind_t model_kind_attention;
 extern const model_kind_t model_kind_mla;
 extern const model_kind_t model_kind_mlp;
 extern const model_kind_t model_kind_moe;
+
+/* The router's load-balancing loss (model/moe.c), the one loss term that
+ * spans stages and CP ranks; shared is the moe kind's state in the arena
+ * (r->shared; NULL on a stage without sparse layers). aux_begin runs before
+ * the stage's first sublayer (the layers' sums start over); aux_end after
+ * the last: carry[model_aux_len(m, false)] holds the sums of the stages
+ * before (ignored on the first) and gets this stage's added; on the stage
+ * with the head *value = the term of this forward, its coefficient
+ * applied, and grad[model_aux_len(m, true)] its gradient per expert for a
+ * backward whose loss weight is dloss per scored position (scored: this
+ * rank's). aux_grad hands that gradient to this stage's routers before its
+ * backward. The caller adds value times this rank's scored positions to
+ * the loss sum (model_loss_t.aux_sum), so that a mean over positions gets
+ * the term once per forward, weighted by its positions, as transformers'
+ * per-sequence loss = cross-entropy + coefficient * term pools. */
+bt_status_t model_moe_aux_begin(model_run_t *r);
+bt_status_t model_moe_aux_end(model_run_t *r, double *carry, double *grad, float dloss,
+                              int64_t scored, double *value);
+bt_status_t model_moe_aux_grad(model_run_t *r, const double *grad);
 extern const model_kind_t model_kind_mamba2;
 
 /* The kind of a mixer / feed-forward enum value (NULL for NONE). */

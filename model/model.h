@@ -300,7 +300,7 @@ typedef struct {
     double  loss_sum; /* sum of per-position NLL (nats) over scored positions, plus aux_sum */
     int64_t n_scored; /* number of scored positions (targets != -100) */
     /* of loss_sum: the kinds' auxiliary terms (the router's load-balancing
-     * loss, model/kind.h loss_end) times n_scored; 0 without any */
+     * loss, model/kind.h model_moe_aux_end) times n_scored; 0 without any */
     double  aux_sum;
 } model_loss_t;
 
@@ -501,6 +501,22 @@ tensor_t    model_acts_x_in(model_acts_t *a, int64_t B, int64_t T);
 tensor_t    model_acts_x_out(model_acts_t *a);
 tensor_t    model_acts_dx_out(model_acts_t *a);
 tensor_t    model_acts_dx_in(model_acts_t *a);
+
+/* The router's load-balancing loss across pipeline stages (model/moe.c,
+ * docs/PARALLEL.md): it pools every sparse layer of the model, so each
+ * stage hands the next the sums so far with the activation, and the
+ * stage with the head hands the global gradient per expert back with the
+ * activation gradient. model_aux_len(m, false) doubles travel forward
+ * (per expert top-k counts, per expert probability sums, rows, scored
+ * positions), model_aux_len(m, true) backward (per expert); 0: the model
+ * has no such term and nothing travels. model_acts_aux(a, false) is read
+ * by a forward of a stage without the embedding (fill it with what the
+ * previous stage sent) and holds the sums to send on after every forward;
+ * model_acts_aux(a, true) is written by the forward of the stage with the
+ * head and read by every backward (fill it with what the next stage sent
+ * on a stage without the head; it is what to send on). */
+int64_t     model_aux_len(const model_t *m, bool grad);
+double     *model_acts_aux(model_acts_t *a, bool grad);
 
 /* Forward of m's stage on one microbatch; loss is filled when the stage has
  * a head (else NULL). dloss: per-scored-position weight of the loss

@@ -31,11 +31,15 @@
  * whose top-K holds expert e and P_e the sum of its probabilities over all
  * of them, aux = E * sum_e (c_e / R) (P_e / R). The counts carry no gradient
  * (a top-K mask), so d aux / d probs[row, e] = E c_e / R^2 on every row of
- * every sparse layer: loss_end computes that vector once the forward has
- * seen all layers and each router's backward adds it (kern_moe_route_bwd's
- * dprobs). Because c_e spans the sparse layers of the whole model, the term
- * needs them all in one stage with the head (pipeline parallelism is
- * refused while it is on).
+ * every sparse layer. Each stage keeps its layers' sums (c_e, P_e) apart,
+ * sums each over the CP group (a CP rank routes only its chunks of every
+ * sequence) and adds them, in layer order, to what the previous stage sent
+ * (model_moe_aux_end; under TP every rank routes every row, so nothing is
+ * summed there); the stage with the head forms the loss from the model's
+ * sums and the gradient vector, which goes back with the activation
+ * gradient and which every stage's routers add (model_moe_aux_grad, then
+ * kern_moe_route_bwd's dprobs). One path for every layout: with pp = 1 and
+ * cp = 1 there is nothing to receive or sum.
  *
  * Expert parallelism (model.h model_parallel_t, docs/PARALLEL.md): this
  * rank holds experts [ep_rank * El, (ep_rank + 1) * El), El = E / ep. After
@@ -341,23 +345,25 @@ static void scratch_views(const model_run_t *r, tensor_t *v)
     regions_view(r->m, r->scratch, reg, S_COUNT, v);
 }
 
-/* shared per arena: the load-balancing statistics of one forward, counts[E]
- * and psum[E] (f32, summed over the sparse layers), and aux_grad[E], the
- * gradient the routers' backward adds to every row's probabilities */
-enum { SH_COUNTS = 0, SH_PSUM, SH_GRAD, SH_COUNT };
+/* shared per arena: the load-balancing statistics of one forward, for each
+ * of the stage's L sparse layers its counts[E] and psum[E] (f32), then
+ * aux_grad[E], the gradient the routers' backward adds to every row's
+ * probabilities: 2L + 1 vectors of E */
+static int moe_stage_subs(const model_t *m);
 
 static double moe_shared_bytes(const model_t *m, int64_t T)
 {
     (void)T;
-    return SH_COUNT * model_align_d((double)m->cfg.moe.n_experts * 4);
+    return (2.0 * moe_stage_subs(m) + 1) * model_align_d((double)m->cfg.moe.n_experts * 4);
 }
 
-static void shared_views(const model_t *m, void *shared, tensor_t *v)
+/* vector i of the shared state: layer l's counts at 2l, its psum at 2l + 1,
+ * the gradient at 2L */
+static tensor_t shared_vec(const model_t *m, void *shared, int i)
 {
     int64_t E = m->cfg.moe.n_experts;
-    size_t one = model_align((size_t)E * 4);
-    for (int i = 0; i < SH_COUNT; i++)
-        v[i] = tensor_make((char *)shared + (size_t)i * one, DT_F32, m->place.dev, 1, &E);
+    return tensor_make((char *)shared + (size_t)i * model_align((size_t)E * 4), DT_F32,
+                       m->place.dev, 1, &E);
 }
 
 static int moe_sparse_layers(const model_config_t *c)
@@ -377,60 +383,124 @@ static int moe_stage_subs(const model_t *m)
 static bt_status_t moe_shared_init(const model_t *m, int64_t T, void *shared)
 {
     (void)T;
-    const model_moe_config_t *e = &m->cfg.moe;
-    if (e->aux_loss_coef > 0 &&
-        (!m->stage.has_head || moe_stage_subs(m) != moe_sparse_layers(&m->cfg))) {
-        log_error("model: router_aux_loss_coef=%g with output_router_logits: the load-balancing "
-                  "loss counts the experts' tokens over every sparse layer of the model, so it "
-                  "needs all of them in the stage with the head, but stage [%d,%d) holds %d of "
-                  "%d%s; use parallel.pp: 1, or set output_router_logits to false",
-                  e->aux_loss_coef, m->stage.first_layer, m->stage.last_layer,
-                  moe_stage_subs(m), moe_sparse_layers(&m->cfg),
-                  m->stage.has_head ? "" : " and not the head");
-        return BT_ERR_UNSUPPORTED;
+    for (int i = 0; i <= 2 * moe_stage_subs(m); i++) {
+        tensor_t v = shared_vec(m, shared, i);
+        kern_zero(m->stream, &v);
     }
-    tensor_t v[SH_COUNT];
-    shared_views(m, shared, v);
-    for (int i = 0; i < SH_COUNT; i++) kern_zero(m->stream, &v[i]);
     return kern_stream_sync(m->stream);
 }
 
-/* ---- forward and backward ------------------------------------------------------------- */
+/* ---- the load-balancing loss over stages and CP ranks -------------------------------- */
 
-static bt_status_t moe_loss_begin(model_run_t *r)
+int64_t model_aux_len(const model_t *m, bool grad)
 {
-    if (r->m->cfg.moe.aux_loss_coef <= 0) return BT_OK;
-    tensor_t v[SH_COUNT];
-    shared_views(r->m, r->shared, v);
-    for (int i = 0; i < SH_COUNT; i++) kern_zero(r->s, &v[i]);
+    if (m->cfg.moe.aux_loss_coef <= 0 || moe_sparse_layers(&m->cfg) == 0) return 0;
+    return grad ? m->cfg.moe.n_experts : 2 * m->cfg.moe.n_experts + 2;
+}
+
+bt_status_t model_moe_aux_begin(model_run_t *r)
+{
+    if (!r->shared) return BT_OK;
+    for (int i = 0; i < 2 * moe_stage_subs(r->m); i++) {
+        tensor_t v = shared_vec(r->m, r->shared, i);
+        kern_zero(r->s, &v);
+    }
     return BT_OK;
 }
 
-/* aux = E sum_e (c_e / R)(P_e / R) over the R = sparse layers x N rows of
- * this forward; aux_grad[e] = grad_weight * coef * E c_e / R^2 */
-static bt_status_t moe_loss_end(model_run_t *r, double grad_weight, double *value)
+/* v[n] summed over the CP group: directly where the collective takes host
+ * memory, else through a device buffer (NCCL) */
+static bt_status_t cp_sum(model_t *m, double *v, int64_t n)
 {
-    const model_t *m = r->m;
-    const model_moe_config_t *e = &m->cfg.moe;
-    *value = 0;
-    if (e->aux_loss_coef <= 0) return BT_OK;
-    int64_t E = e->n_experts;
-    tensor_t v[SH_COUNT];
-    shared_views(m, r->shared, v);
-    float *h = malloc((size_t)(3 * E) * sizeof *h);
-    if (!h) return BT_ERR_NOMEM;
-    kern_download(r->s, h, &v[SH_COUNTS]);
-    kern_download(r->s, h + E, &v[SH_PSUM]);
-    bt_status_t st = kern_stream_sync(r->s);
-    if (st == BT_OK) {
-        double R = (double)moe_stage_subs(m) * (double)r->N, aux = 0;
-        for (int64_t i = 0; i < E; i++) aux += ((double)h[i] / R) * ((double)h[E + i] / R);
-        *value = e->aux_loss_coef * (double)E * aux;
-        for (int64_t i = 0; i < E; i++)
-            h[2 * E + i] = (float)(grad_weight * e->aux_loss_coef * (double)E * (double)h[i] / (R * R));
-        kern_upload(r->s, &v[SH_GRAD], h + 2 * E);
-        st = kern_stream_sync(r->s);
+    coll_comm_t *c = m->par.cp_comm;
+    bt_status_t st;
+    if (c->mem_devices & (1u << DEV_CPU)) {
+        st = coll_all_reduce(c, v, (size_t)n, DT_F64, COLL_SUM);
+    } else {
+        void *d = NULL;
+        if ((st = kern_mem_alloc(m->place.dev, (size_t)n * sizeof *v, &d)) != BT_OK) return st;
+        tensor_t t = tensor_make(d, DT_F64, m->place.dev, 1, &n);
+        kern_upload(m->stream, &t, v);
+        if ((st = kern_stream_sync(m->stream)) == BT_OK &&
+            (st = coll_all_reduce(c, d, (size_t)n, DT_F64, COLL_SUM)) == BT_OK) {
+            kern_download(m->stream, v, &t);
+            st = kern_stream_sync(m->stream);
+        }
+        kern_mem_free(m->place.dev, d);
     }
+    if (st != BT_OK)
+        log_error("model: CP all-reduce of the router's load-balancing sums failed (CP rank %d of "
+                  "%d): %s", m->par.cp_rank, m->par.cp_size, bt_status_str(st));
+    return st;
+}
+
+/* carry[2E + 2] = (counts[E], psum[E], rows, scored) summed over every
+ * sparse layer up to this stage's last and over the CP group: the previous
+ * stage's (none on the first) plus this stage's layers in order, each
+ * layer's sums over the CP group first. With the head: aux = E sum_e (c_e /
+ * R)(P_e / R) with R = rows (sparse layers x the microbatch's tokens), and
+ * grad[e] = dloss * S * coef * E c_e / R^2 with S the microbatch's scored
+ * positions (the weight of the term in the loss the caller sums). */
+bt_status_t model_moe_aux_end(model_run_t *r, double *carry, double *grad, float dloss,
+                              int64_t scored, double *value)
+{
+    model_t *m = r->m;
+    const model_moe_config_t *e = &m->cfg.moe;
+    int64_t E = e->n_experts;
+    int L = r->shared ? moe_stage_subs(m) : 0;
+    int64_t n = 2 * (int64_t)L * E + 2;
+    *value = 0;
+    float *h = malloc((size_t)(n > 1 ? n : 1) * sizeof *h);
+    double *loc = calloc((size_t)n, sizeof *loc);
+    bt_status_t st = h && loc ? BT_OK : BT_ERR_NOMEM;
+    for (int i = 0; st == BT_OK && i < 2 * L; i++) {
+        tensor_t v = shared_vec(m, r->shared, i);
+        kern_download(r->s, h + (size_t)i * (size_t)E, &v);
+    }
+    if (st == BT_OK && L > 0) st = kern_stream_sync(r->s);
+    if (st == BT_OK) {
+        for (int64_t i = 0; i < 2 * L * E; i++) loc[i] = h[i];
+        loc[n - 2] = (double)L * (double)r->N;
+        loc[n - 1] = (double)scored;
+        if (m->par.cp_size > 1 && (L > 0 || m->stage.has_head)) st = cp_sum(m, loc, n);
+    }
+    if (st == BT_OK) {
+        if (m->stage.has_embedding) memset(carry, 0, (size_t)(2 * E + 2) * sizeof *carry);
+        for (int l = 0; l < L; l++)
+            for (int64_t i = 0; i < 2 * E; i++) carry[i] += loc[2 * l * E + i];
+        carry[2 * E] += loc[n - 2];
+        carry[2 * E + 1] += loc[n - 1];
+    }
+    if (st == BT_OK && m->stage.has_head) {
+        double R = carry[2 * E], S = carry[2 * E + 1], aux = 0;
+        if (!(R > 0)) {
+            log_error("model: the router's load-balancing loss reached the head with no routed "
+                      "rows (stage [%d,%d)): the previous stage sent no sums",
+                      m->stage.first_layer, m->stage.last_layer);
+            st = BT_ERR_INVALID;
+        } else {
+            for (int64_t i = 0; i < E; i++) aux += (carry[i] / R) * (carry[E + i] / R);
+            *value = e->aux_loss_coef * (double)E * aux;
+            for (int64_t i = 0; i < E; i++)
+                grad[i] = (double)dloss * S * e->aux_loss_coef * (double)E * carry[i] / (R * R);
+        }
+    }
+    free(h);
+    free(loc);
+    return st;
+}
+
+bt_status_t model_moe_aux_grad(model_run_t *r, const double *grad)
+{
+    if (!r->shared) return BT_OK;
+    const model_t *m = r->m;
+    int64_t E = m->cfg.moe.n_experts;
+    float *h = malloc((size_t)E * sizeof *h);
+    if (!h) return BT_ERR_NOMEM;
+    for (int64_t i = 0; i < E; i++) h[i] = (float)grad[i];
+    tensor_t v = shared_vec(m, r->shared, 2 * moe_stage_subs(m));
+    kern_upload(r->s, &v, h);
+    bt_status_t st = kern_stream_sync(r->s);
     free(h);
     return st;
 }
@@ -962,10 +1032,9 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         (st = group_reselect(m, &v[R_WEIGHTS], &v[R_EXPERTS], &v[R_PROBS])) != BT_OK)
         return st;
     if (moe_routed_scale(e) != 1.0f) kern_scale(s, &v[R_WEIGHTS], moe_routed_scale(e));
-    if (e->aux_loss_coef > 0) {
-        tensor_t sh[SH_COUNT];
-        shared_views(m, r->shared, sh);
-        kern_moe_route_stats(s, &sh[SH_COUNTS], &sh[SH_PSUM], &v[R_PROBS], &v[R_EXPERTS]);
+    if (e->aux_loss_coef > 0) { /* this layer's sums for the load-balancing loss */
+        tensor_t cnt = shared_vec(m, r->shared, 2 * li), psum = shared_vec(m, r->shared, 2 * li + 1);
+        kern_moe_route_stats(s, &cnt, &psum, &v[R_PROBS], &v[R_EXPERTS]);
     }
     if (r->training) {
         tensor_t load = model_moe_load_view(m, li, 0), scratch = model_moe_load_view(m, li, 1);
@@ -1168,11 +1237,11 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
         kern_add(s, dln, dln, &d[S_DEXP]);
     }
     /* the router: its weights' gradient and the load-balancing loss's */
-    tensor_t sh[SH_COUNT];
-    if (e->aux_loss_coef > 0) shared_views(m, r->shared, sh);
+    tensor_t aux_grad = {0};
+    if (e->aux_loss_coef > 0) aux_grad = shared_vec(m, r->shared, 2 * moe_stage_subs(m));
     if (moe_routed_scale(e) != 1.0f) kern_scale(s, &d[S_DW], moe_routed_scale(e));
     kern_zero(s, &d[S_DLOGITS]);
-    kern_moe_route_bwd(s, &d[S_DLOGITS], &d[S_DW], e->aux_loss_coef > 0 ? &sh[SH_GRAD] : NULL,
+    kern_moe_route_bwd(s, &d[S_DLOGITS], &d[S_DW], e->aux_loss_coef > 0 ? &aux_grad : NULL,
                        &v[R_PROBS], &v[R_EXPERTS], e->norm_topk);
     kern_linear_bwd(s, dln, model_sub_grad(m, sub, X_ROUTER), NULL, &d[S_DLOGITS], ln,
                     model_sub_param(m, sub, X_ROUTER));
@@ -1210,6 +1279,4 @@ const model_kind_t model_kind_moe = {
     .flops = moe_flops,
     .ops = moe_ops,
     .n_ops = (int)(sizeof moe_ops / sizeof moe_ops[0]),
-    .loss_begin = moe_loss_begin,
-    .loss_end = moe_loss_end,
 };

@@ -81,6 +81,8 @@ struct model_acts {
     void               *shared[MODEL_MAX_KINDS];
     int                 n_shared;
     /* host */
+    double  *aux;        /* the load-balancing carry: forward sums, then the gradient
+                          * (model_aux_len), or NULL */
     int32_t *h_pos;      /* [N] */
     float   *h_losses;   /* [N] */
 };
@@ -324,7 +326,9 @@ static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, int mode, model
     a->cache = calloc((size_t)S + 1, sizeof *a->cache);
     a->h_pos = fits ? malloc((size_t)(B * T) * sizeof *a->h_pos) : NULL;
     a->h_losses = fits ? malloc((size_t)(B * T) * sizeof *a->h_losses) : NULL;
-    if (!a->saved_off || !a->cache || !a->h_pos || !a->h_losses) {
+    int64_t n_aux = model_aux_len(m, false) + model_aux_len(m, true);
+    a->aux = n_aux ? calloc((size_t)n_aux, sizeof *a->aux) : NULL;
+    if (!a->saved_off || !a->cache || !a->h_pos || !a->h_losses || (n_aux && !a->aux)) {
         if (saved_d && !fits)
             log_error("model: cannot allocate %.3g bytes of activations for B=%lld T=%lld",
                       p.total, (long long)B, (long long)T);
@@ -490,7 +494,14 @@ void model_acts_destroy(model_acts_t *a)
     free(a->h_pos);
     free(a->saved_off);
     free(a->cache);
+    free(a->aux);
     free(a);
+}
+
+double *model_acts_aux(model_acts_t *a, bool grad)
+{
+    if (!a->aux) return NULL;
+    return grad ? a->aux + model_aux_len(a->m, false) : a->aux;
 }
 
 tensor_t model_acts_x_in(model_acts_t *a, int64_t B, int64_t T)
@@ -781,11 +792,9 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
     if (r.sp) model_sp_rows(m, N, &s0, &sn);
     tensor_t tmp = stack_view(m, a->tmp, 0, N, C);
     float eps = (float)c->rms_norm_eps;
-    for (int i = 0; i < a->n_shared; i++) /* the kinds' loss terms start over */
-        if (a->shared_kind[i]->loss_begin) {
-            r.shared = a->shared[i];
-            if ((st = a->shared_kind[i]->loss_begin(&r)) != BT_OK) return st;
-        }
+    bool aux_on = model_aux_len(m, false) > 0; /* the router's loss term starts over */
+    r.shared = shared_of(a, &model_kind_moe);
+    if (aux_on && (st = model_moe_aux_begin(&r)) != BT_OK) return st;
     for (int k = 0; k < m->n_subs; k++) {
         const model_sub_t *sub = &m->subs[k];
         tensor_t ln = ln_whole(m, a, k, N);
@@ -809,18 +818,14 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
                              : model_sp_gather(m, &xo, "the stage output", -1)) != BT_OK)
             return st;
     }
-    /* each loss term enters once per forward, weighted by its scored
-     * positions (model/kind.h, loss_end) */
+    /* the router's loss term enters once per forward, weighted by its
+     * scored positions (model/kind.h, model_moe_aux_end) */
     int64_t scored = st_->has_head ? model_count_scored(b->targets, N) : 0;
     double aux = 0;
-    for (int i = 0; i < a->n_shared; i++)
-        if (a->shared_kind[i]->loss_end) {
-            double v = 0;
-            r.shared = a->shared[i];
-            if ((st = a->shared_kind[i]->loss_end(&r, (double)dloss * (double)scored, &v)))
-                return st;
-            aux += v;
-        }
+    r.shared = shared_of(a, &model_kind_moe);
+    if (aux_on && (st = model_moe_aux_end(&r, a->aux, a->aux + model_aux_len(m, false), dloss,
+                                          scored, &aux)) != BT_OK)
+        return st;
     if (st_->has_head && (st = head_forward(m, a, b, dloss, loss)) != BT_OK) return st;
     if (st_->has_head) {
         loss->aux_sum = aux * (double)loss->n_scored;
@@ -916,6 +921,10 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
     }
     a->grad_ready = false; /* a failed collective leaves partial gradients */
     bt_status_t st;
+    r.shared = shared_of(a, &model_kind_moe);
+    if (model_aux_len(m, false) > 0 &&
+        (st = model_moe_aux_grad(&r, a->aux + model_aux_len(m, false))) != BT_OK)
+        return st;
     for (int k = m->n_subs - 1; k >= 0; k--) {
         const model_sub_t *sub = &m->subs[k];
         tensor_t ln = ln_whole(m, a, k, N);

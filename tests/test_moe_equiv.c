@@ -2,8 +2,8 @@
  * as real processes (`baton run` spawning `baton worker`s over tcp) against
  * the single-process run of the same global batch, on the fixture MoE
  * models (tests/fixtures/qwen2_moe: 8 experts, a shared expert and a dense
- * layer; mixtral: 4 experts and the router's load-balancing loss, which
- * refuses pp > 1). Per-step losses to 1e-5 relative, the final parameters
+ * layer; mixtral: 4 experts and the router's load-balancing loss, pooled
+ * over pipeline stages and CP ranks as the one process pools it). Per-step losses to 1e-5 relative, the final parameters
  * (the HF export the driver gathers) to 1e-5 absolute, validation losses
  * (evaluation passes after steps 2, 4, 5; with dp = 4 and two evaluation
  * microbatches two ranks run padding ones) to 1e-5, and step 1's tokens per
@@ -168,6 +168,16 @@ static const ep_layout_t layouts[] = {
     {"qwen_cp2_ep2", "qwen2_moe", "qwen", "--set parallel.cp=2 --set parallel.ep=2", 2, false},
     {"qwen_cp2_dp2_ep4", "qwen2_moe", "qwen", "--set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=4 --set train.grad_accum=1", 2, false},
     {"bias_cp2_dp2_ep2_edp2", "bias", "bias", "--set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=2 --set train.grad_accum=1", 2, false},
+    /* mixtral's load-balancing loss pooled over stages and CP ranks: the
+     * sums travel forward with the activations, the gradient per expert
+     * back (model_aux_len). dp=2 ep=2 at lr 1e-4 as mixtral_dp4_ep4: at
+     * 1e-2 the same layout without pp ends 1.8e-4 away in the parameters
+     * as well (losses 1.5e-6), with pp exactly as far */
+    {"mixtral_pp2", "mixtral", "mixtral", "--set parallel.pp=2", 2, false},
+    {"mixtral_pp2_dp2_ep2", "mixtral", "mixtral", "--set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2", 4, true},
+    {"mixtral_cp2_ep2", "mixtral", "mixtral", "--set parallel.cp=2 --set parallel.ep=2", 2, false},
+    {"mixtral_pp2_cp2_ep2", "mixtral", "mixtral", "--set parallel.pp=2 --set parallel.cp=2 --set parallel.ep=2", 2, false},
+    {"mixtral_tp2_pp2_ep2", "mixtral", "mixtral", "--set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2", 2, false},
 };
 
 /* Each case by name, so that `test_moe_equiv NAME` runs one. */
@@ -192,7 +202,12 @@ CASE(16, test_bias_tp2_pp2_ep2)
 CASE(17, test_qwen_cp2_ep2)
 CASE(18, test_qwen_cp2_dp2_ep4)
 CASE(19, test_bias_cp2_dp2_ep2_edp2)
-_Static_assert(sizeof layouts / sizeof layouts[0] == 20, "one CASE per layout");
+CASE(20, test_mixtral_pp2)
+CASE(21, test_mixtral_pp2_dp2_ep2)
+CASE(22, test_mixtral_cp2_ep2)
+CASE(23, test_mixtral_pp2_cp2_ep2)
+CASE(24, test_mixtral_tp2_pp2_ep2)
+_Static_assert(sizeof layouts / sizeof layouts[0] == 25, "one CASE per layout");
 
 /* The biases moved the routing: from step 2 on, the bias runs' tokens per
  * expert differ from those of the same layout without balancing, and they
@@ -281,5 +296,7 @@ int main(int argc, char **argv)
              test_qwen_tp2_pp2_dp2_ep2_edp2, test_qwen_pp2_dp4_ep4, test_mixtral_dp4_ep4,
              test_mixtral_tp2_dp2_ep2_edp2, test_bias_dp4_ep2_edp2, test_bias_tp2_pp2_ep2,
              test_qwen_cp2_ep2, test_qwen_cp2_dp2_ep4, test_bias_cp2_dp2_ep2_edp2,
+             test_mixtral_pp2, test_mixtral_pp2_dp2_ep2, test_mixtral_cp2_ep2,
+             test_mixtral_pp2_cp2_ep2, test_mixtral_tp2_pp2_ep2,
              test_bias_moves_routing, test_detects_difference, test_cleanup);
 }

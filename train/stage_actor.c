@@ -143,6 +143,12 @@ struct stage_job {
     model_acts_t  *acts;
     model_batch_t  batch;
     const void    *x_in, *dx_out; /* host: message payloads in the activation dtype */
+    /* the router's load-balancing carry (model_aux_len doubles, "aux" with
+     * the activation, "daux" with its gradient): what came in, and where
+     * the outgoing message holds it; NULL when none */
+    const double  *aux_in;
+    double        *aux_out;
+    int64_t        aux_n;
     actor_msg_t   *out;         /* sent on completion (ACTIVATION / ACT_GRAD) */
     model_loss_t   loss;
     int64_t        step;
@@ -498,12 +504,15 @@ static bt_status_t job_op_run(void *arg)
     if (s->cp_ring_on) /* the tag of the op's ring blocks */
         cp_ring_context(&s->cp_ring, s->cur->eval ? STAGE_EVAL_STEP : j->step, j->op.mb,
                         (uint32_t)j->op.chunk);
+    if (j->aux_in) memcpy(model_acts_aux(a, !fwd), j->aux_in, (size_t)j->aux_n * sizeof *j->aux_in);
     if (st == BT_OK && fwd)
         st = model_stage_forward_at(m, a, &j->batch, in, j->dloss, out,
                                     m->stage.has_head ? &j->loss : NULL);
     else if (st == BT_OK)
         st = model_stage_backward_at(m, a, in, out);
     moe_xlog_trace(s, m, j);
+    if (st == BT_OK && j->aux_out)
+        memcpy(j->aux_out, model_acts_aux(a, !fwd), (size_t)j->aux_n * sizeof *j->aux_out);
     if (st && j->ho_taken) { /* nothing goes out: the buffer is ours again */
         handoff_release(&s->ho_pool, j->ho_out_d.slot, j->ho_out_d.gen);
         j->ho_taken = false;
@@ -745,6 +754,21 @@ static bool pipe_input(stage_actor_t *s, stage_job_t *j, actor_msg_t *m, const c
         fail(s, BT_ERR_INVALID, text);
         return false;
     }
+    /* the router's load-balancing sums (forward) or gradient (backward) */
+    bool grad = j->op.kind != PIPE_OP_FWD;
+    int64_t na = model_aux_len(mod, grad);
+    const char *aux = grad ? "daux" : "aux";
+    tensor_t *at = na ? actor_msg_tensor(m, aux) : NULL;
+    if (na && (!at || at->dtype != DT_F64 || at->ndim != 1 || at->shape[0] != na)) {
+        char text[200];
+        snprintf(text, sizeof text, "%s from rank %u: %s (the router's load-balancing %s, [%lld] f64)",
+                 aux, actor_addr_rank(m->env.src), at ? "wrong shape or dtype" : "missing",
+                 grad ? "gradient" : "sums", (long long)na);
+        fail(s, BT_ERR_INVALID, text);
+        return false;
+    }
+    j->aux_in = at ? at->data : NULL;
+    j->aux_n = na;
     j->out_shape[0] = sh[0];
     if (!handed) {
         if (j->op.kind == PIPE_OP_FWD) j->x_in = t->data;
@@ -767,6 +791,16 @@ static bool pipe_output(stage_actor_t *s, stage_job_t *j, uint32_t type, const c
         j->out->env.step = s->cur->eval ? STAGE_EVAL_STEP : s->step;
         j->out->env.mb = j->op.mb;
     }
+    /* the router's load-balancing sums or gradient travel with it */
+    int64_t na = model_aux_len(mod, type != MSG_ACTIVATION);
+    tensor_t *at = j->out && na ? actor_msg_tensor_new(j->out, type == MSG_ACTIVATION ? "aux" : "daux",
+                                                       DT_F64, 1, &na) : NULL;
+    if (na && j->out && !at) {
+        actor_msg_free(j->out);
+        j->out = NULL;
+    }
+    j->aux_out = at ? at->data : NULL;
+    j->aux_n = na;
     if (j->out && hand) {
         j->ho_out = true;
         return true;
