@@ -196,8 +196,10 @@ struct kern_backend {
                             ct_t *experts);
     void (*moe_route_reselect)(kern_stream_t *s, tensor_t *weights, tensor_t *experts,
                                ct_t *probs, ct_t *bias, bool norm);
+    /* caps NULL: the one capacity (< 0: none); else caps[E] i32 per expert */
     void (*moe_permute_fwd)(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
-                            tensor_t *routed, ct_t *x, ct_t *experts, int64_t capacity);
+                            tensor_t *routed, ct_t *x, ct_t *experts, int64_t capacity,
+                            ct_t *caps);
     void (*moe_permute_bwd)(kern_stream_t *s, tensor_t *dx, ct_t *dxp, ct_t *slot);
     void (*moe_combine_fwd)(kern_stream_t *s, tensor_t *y, ct_t *yp, ct_t *slot, ct_t *weights);
     void (*moe_combine_bwd)(kern_stream_t *s, tensor_t *dyp, tensor_t *dweights, ct_t *dy, ct_t *yp,

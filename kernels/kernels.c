@@ -933,9 +933,9 @@ void kern_moe_route_reselect(kern_stream_t *s, tensor_t *weights, tensor_t *expe
         ->moe_route_reselect(s, weights, experts, probs, bias, norm);
 }
 
-void kern_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
-                          tensor_t *routed, const tensor_t *x, const tensor_t *experts,
-                          int64_t capacity)
+static void permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
+                        tensor_t *routed, const tensor_t *x, const tensor_t *experts,
+                        int64_t capacity, const tensor_t *caps)
 {
     const char *op = "kern_moe_permute_fwd";
     kern_req(s, op, "xp", xp);
@@ -953,8 +953,28 @@ void kern_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor
     kern_req_dtype(op, "routed", routed, DT_I32);
     if (tensor_numel(sizes) < 1) BT_PANIC("%s: sizes %s holds no expert", op, kern_shape_str(sizes).s);
     kern_req_numel(op, "routed", routed, tensor_numel(sizes));
+    if (caps) {
+        kern_req(s, op, "caps", caps);
+        kern_req_dtype(op, "caps", caps, DT_I32);
+        kern_req_numel(op, "caps", caps, tensor_numel(sizes));
+    }
     kern_compute(s, op, KERN_OP_MOE_PERMUTE, x->dtype)
-        ->moe_permute_fwd(s, xp, slot, sizes, routed, x, experts, capacity);
+        ->moe_permute_fwd(s, xp, slot, sizes, routed, x, experts, capacity, caps);
+}
+
+void kern_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
+                          tensor_t *routed, const tensor_t *x, const tensor_t *experts,
+                          int64_t capacity)
+{
+    permute_fwd(s, xp, slot, sizes, routed, x, experts, capacity, NULL);
+}
+
+void kern_moe_permute_fwd_caps(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
+                               tensor_t *routed, const tensor_t *x, const tensor_t *experts,
+                               const tensor_t *caps)
+{
+    if (!caps) BT_PANIC("kern_moe_permute_fwd_caps: caps is NULL");
+    permute_fwd(s, xp, slot, sizes, routed, x, experts, -1, caps);
 }
 
 /* slot[N,K] i32 for N rows; returns K. */

@@ -232,6 +232,13 @@ void kern_moe_route_stats(kern_stream_t *s, tensor_t *counts, tensor_t *psum,
 void kern_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
                           tensor_t *routed, const tensor_t *x, const tensor_t *experts,
                           int64_t capacity);
+/* The same with a capacity per expert: caps[E] i32 (each >= 0) on the
+ * stream's device, expert e keeping the first min(routed[e], caps[e]) of its
+ * choices (a share of a microbatch whose budget was worked out over all of
+ * it, model/moe.c). */
+void kern_moe_permute_fwd_caps(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
+                               tensor_t *routed, const tensor_t *x, const tensor_t *experts,
+                               const tensor_t *caps);
 /* dx[N,C] += the sum over k of dxp[slot[n,k]] (dropped choices add nothing). */
 void kern_moe_permute_bwd(kern_stream_t *s, tensor_t *dx, const tensor_t *dxp,
                           const tensor_t *slot);

@@ -891,16 +891,6 @@ static bt_status_t hf_config_read(job_t *job, char *err, size_t errlen)
                          "ranks, but layer %lld of %s mixes with a kind that has no context-parallel "
                          "path (only attention and MLA have one): use cp=1", (long long)p->cp,
                          (long long)l, job->model.hf);
-    if (moe && p->tp > 1 && cfg.moe.capacity_factor > 0)
-        return vfail(job, "parallel.tp", err, errlen, "%s has capacity_factor %g, which keeps each "
-                     "expert's first choices over all rows, but each TP rank dispatches only its "
-                     "share: use tp=1 or capacity_factor 0", job->model.hf,
-                     cfg.moe.capacity_factor);
-    if (moe && p->cp > 1 && cfg.moe.capacity_factor > 0)
-        return vfail(job, "parallel.cp", err, errlen, "%s has capacity_factor %g, which keeps each "
-                     "expert's first choices over all of a microbatch's tokens, but a CP rank "
-                     "routes only its chunks: use cp=1 or capacity_factor 0", job->model.hf,
-                     cfg.moe.capacity_factor);
     if (moe && p->zero1 && (p->ep > 1 || p->tp > 1))
         return vfail(job, "parallel.zero1", err, errlen, "ZeRO-1 shards one flat block over dp, "
                      "but with ep > 1 or tp > 1 the experts of %s reduce over their own "

@@ -21,9 +21,12 @@
  *
  * Dropless by default: every choice reaches its expert. With
  * capacity_factor > 0 an expert keeps at most ceil(factor * N * K / E) of
- * one forward's choices (the first in token order); the dropped ones add
- * nothing (the token keeps its other experts and its residual) and are
- * counted in m->moe_dropped.
+ * one forward's choices (the first in token order; N the microbatch's
+ * tokens, every CP rank's); the dropped ones add nothing (the token keeps
+ * its other experts and its residual) and are counted in m->moe_dropped,
+ * each rank its own. A rank that dispatches only part of the microbatch
+ * (TP, CP) gets each expert's share of that budget in token order first
+ * (moe_caps).
  *
  * The router's load-balancing loss (aux_loss_coef > 0) is transformers'
  * load_balancing_loss_func over the router logits of every sparse layer of
@@ -56,9 +59,7 @@
  * only its near-even share of the rows (so the EP group's members all hold
  * different tokens), and the combined rows, the input gradients of the
  * routed path and the routing-weight gradients are all-gathered over the
- * TP group; the shared expert runs replicated on every row. A capacity
- * factor keeps the first choices in token order over all rows, which no
- * TP rank sees alone: it is refused under TP. */
+ * TP group; the shared expert runs replicated on every row. */
 #include "model/kind.h"
 
 #include "base/clock.h"
@@ -151,11 +152,6 @@ static bt_status_t moe_validate(const model_config_t *c, int tp)
     X_REQUIRE(isfinite(e->capacity_factor) && e->capacity_factor >= 0,
               "model config: capacity_factor=%g must be a finite number >= 0 (0: dropless)",
               e->capacity_factor);
-    X_REQUIRE(tp == 1 || e->capacity_factor == 0,
-              "model: capacity_factor=%g under tp_size=%d: a capacity keeps each expert's first "
-              "choices in token order over all rows, but under tensor parallelism each TP rank "
-              "dispatches only its share of them; use parallel.tp: 1 or capacity_factor 0",
-              e->capacity_factor, tp);
 #undef X_REQUIRE
     return BT_OK;
 }
@@ -204,7 +200,7 @@ enum { R_PROBS = 0, R_WEIGHTS, R_EXPERTS, R_SLOT, R_SIZES, R_ROUTED, R_RSIZES, R
  * gradients (S_XP, S_YR, S_DYR, S_DXR: the EP exchanges' other ends;
  * S_DEXP: under TP, the routed path's input gradient before its gather) */
 enum { S_LOGITS = 0, S_TMP, S_XP, S_YR, S_DYP, S_DYR, S_DH, S_DG, S_DU, S_DXR, S_DXP, S_DW,
-       S_DLOGITS, S_DEXP, S_DSO, S_DSH, S_DSG, S_DSU, S_DSGL, S_COUNT };
+       S_DLOGITS, S_DEXP, S_DSO, S_DSH, S_DSG, S_DSU, S_DSGL, S_CAPS, S_COUNT };
 
 typedef struct {
     dtype_t dt;         /* DT_COUNT: the activation dtype */
@@ -287,6 +283,10 @@ static void moe_regions(const model_t *m, double N, double Ncap, region_t *saved
         scratch[S_DSG] = (region_t){A, Ns, Fs};
         scratch[S_DSU] = (region_t){A, Ns, Fs};
         scratch[S_DSGL] = (region_t){A, Ns, 1};
+        /* a capacity over rows this rank dispatches only part of: each
+         * expert's budget for them (moe_caps) */
+        bool split = m->par.tp_size > 1 || m->par.cp_size > 1;
+        scratch[S_CAPS] = (region_t){DT_I32, e->capacity_factor > 0 && split ? 1 : 0, E};
     }
 }
 
@@ -999,6 +999,108 @@ drain:
     return st;
 }
 
+/* v[n] of every CP rank, rank order, into all[cp * n]: directly where the
+ * collective takes host memory, else through a device buffer */
+static bt_status_t cp_gather(model_t *m, double *all, const double *v, int64_t n)
+{
+    coll_comm_t *c = m->par.cp_comm;
+    int cp = m->par.cp_size;
+    size_t *counts = malloc((size_t)cp * sizeof *counts);
+    if (!counts) return BT_ERR_NOMEM;
+    for (int i = 0; i < cp; i++) counts[i] = (size_t)n;
+    bt_status_t st;
+    if (c->mem_devices & (1u << DEV_CPU)) {
+        st = coll_all_gather(c, all, v, counts, DT_F64);
+    } else {
+        void *d = NULL;
+        int64_t tot = (int64_t)cp * n;
+        if ((st = kern_mem_alloc(m->place.dev, (size_t)(tot + n) * sizeof *v, &d)) == BT_OK) {
+            tensor_t t = tensor_make(d, DT_F64, m->place.dev, 1, &tot);
+            tensor_t mine = tensor_make((double *)d + tot, DT_F64, m->place.dev, 1, &n);
+            kern_upload(m->stream, &mine, v);
+            if ((st = kern_stream_sync(m->stream)) == BT_OK &&
+                (st = coll_all_gather(c, t.data, mine.data, counts, DT_F64)) == BT_OK) {
+                kern_download(m->stream, all, &t);
+                st = kern_stream_sync(m->stream);
+            }
+            kern_mem_free(m->place.dev, d);
+        }
+    }
+    free(counts);
+    return st;
+}
+
+/* A capacity keeps each expert's first cap choices in token order over the
+ * whole microbatch, but this rank dispatches only some of its rows: its TP
+ * share [n0, ...) of the rows it holds, and under CP those are chunks r and
+ * 2cp-1-r of every sequence. Since the rank's rows keep the global order
+ * among themselves, the choices of expert e it keeps are the first ones of
+ * its own in that order, as many as caps[e]:
+ *  - the rows this CP rank holds keep, of expert e, kept_e = the sum over
+ *    its segments (one chunk of one sequence, in order) of clamp(cap -
+ *    before, 0, count), with before the choices of e in every segment of
+ *    the microbatch ahead of it (every CP rank's counts per segment,
+ *    all-gathered); without CP kept_e = min(cap, count_e);
+ *  - this TP rank's rows start after prefix_e choices of e (every TP rank
+ *    routed every row), so caps[e] = max(0, kept_e - prefix_e).
+ * experts: the [N, K] choices of the rows this rank holds. */
+static bt_status_t moe_caps(model_run_t *r, const tensor_t *experts, int64_t cap, int64_t n0,
+                            tensor_t *caps, int layer)
+{
+    model_t *m = r->m;
+    int64_t N = r->N, K = m->cfg.moe.top_k, E = m->cfg.moe.n_experts;
+    int cp = m->par.cp_size > 1 ? m->par.cp_size : 1, me = cp > 1 ? m->par.cp_rank : 0;
+    int64_t segs = cp > 1 ? 2 * r->B : 1, seg_rows = N / segs; /* a chunk of one sequence */
+    int32_t *ex = malloc((size_t)(N * K) * sizeof *ex), *hc = malloc((size_t)E * sizeof *hc);
+    double *cnt = calloc((size_t)(segs * E), sizeof *cnt);
+    double *all = cp > 1 ? malloc((size_t)(cp * segs * E) * sizeof *all) : cnt;
+    int64_t *kept = calloc((size_t)(2 * E), sizeof *kept), *prefix = kept ? kept + E : NULL;
+    bt_status_t st = ex && hc && cnt && all && kept ? BT_OK : BT_ERR_NOMEM;
+    if (st == BT_OK && N > 0) {
+        kern_download(r->s, ex, experts);
+        st = kern_stream_sync(r->s);
+    }
+    for (int64_t i = 0; st == BT_OK && i < N * K; i++) {
+        int32_t x = ex[i];
+        if (x < 0 || x >= E) continue; /* the kernels drop an invalid choice */
+        cnt[(i / K) / seg_rows * E + x] += 1;
+        if (i / K < n0) prefix[x]++;
+    }
+    if (st == BT_OK && cp > 1) st = cp_gather(m, all, cnt, segs * E);
+    if (st != BT_OK) {
+        log_error("model: the capacity's counts of layer %d could not be gathered (CP rank %d of "
+                  "%d): %s", layer, me, cp, bt_status_str(st));
+    } else {
+        /* segment (rank q, s): sequence s / 2, chunk q (s even) or 2cp-1-q
+         * (s odd); its place in the microbatch's token order */
+        for (int64_t s = 0; s < segs; s++) {
+            int64_t key = cp > 1 ? (s / 2) * 2 * cp + (s % 2 ? 2 * cp - 1 - me : me) : 0;
+            for (int64_t x = 0; x < E; x++) {
+                double before = 0;
+                for (int q = 0; q < cp; q++)
+                    for (int64_t t = 0; t < segs; t++) {
+                        int64_t kt = cp > 1 ? (t / 2) * 2 * cp + (t % 2 ? 2 * cp - 1 - q : q) : 0;
+                        if (kt < key) before += all[((int64_t)q * segs + t) * E + x];
+                    }
+                double left = (double)cap - before, c = cnt[s * E + x];
+                kept[x] += (int64_t)(left <= 0 ? 0 : left < c ? left : c);
+            }
+        }
+        for (int64_t x = 0; x < E; x++) {
+            int64_t c = kept[x] - prefix[x];
+            hc[x] = (int32_t)(c > 0 ? c : 0);
+        }
+        kern_upload(r->s, caps, hc);
+        st = kern_stream_sync(r->s);
+    }
+    free(ex);
+    free(hc);
+    if (all != cnt) free(all);
+    free(cnt);
+    free(kept);
+    return st;
+}
+
 static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *saved,
                                const tensor_t *ln, tensor_t *y)
 {
@@ -1044,10 +1146,14 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
     int64_t n0, n;
     my_rows(m, N, &n0, &n);
     int64_t cap = -1;
-    if (e->capacity_factor > 0) {
-        double c = ceil(e->capacity_factor * (double)N * (double)K / (double)E);
-        cap = c < (double)(N * K) ? (int64_t)c : N * K;
+    bool split = m->par.tp_size > 1 || m->par.cp_size > 1;
+    if (e->capacity_factor > 0) { /* over the whole microbatch: every CP rank's rows */
+        double Ng = (double)N * (double)(m->par.cp_size > 1 ? m->par.cp_size : 1);
+        double c = ceil(e->capacity_factor * Ng * (double)K / (double)E);
+        cap = c < Ng * (double)K ? (int64_t)c : (int64_t)(Ng * (double)K);
     }
+    if (cap >= 0 && split && (st = moe_caps(r, &v[R_EXPERTS], cap, n0, &sc[S_CAPS], sub->layer)))
+        return st;
     int Q = moe_chunks(m);
     chunk_t c[MOE_CHUNKS];
     chunks_make(m, v, n0, n, Q, c);
@@ -1056,7 +1162,11 @@ static bt_status_t moe_forward(model_run_t *r, const model_sub_t *sub, void *sav
         if (c[q].n > 0) {
             tensor_t lnr = rows_of(ln, c[q].r0, c[q].n), ex = rows_of(&v[R_EXPERTS], c[q].r0, c[q].n);
             tensor_t xq = rows_of(&xp, c[q].x0, c[q].n * K);
-            kern_moe_permute_fwd(s, &xq, &c[q].slot, &c[q].sizes, &c[q].routed, &lnr, &ex, cap);
+            if (cap >= 0 && split)
+                kern_moe_permute_fwd_caps(s, &xq, &c[q].slot, &c[q].sizes, &c[q].routed, &lnr, &ex,
+                                          &sc[S_CAPS]);
+            else
+                kern_moe_permute_fwd(s, &xq, &c[q].slot, &c[q].sizes, &c[q].routed, &lnr, &ex, cap);
         } else {
             kern_zero(s, &c[q].sizes);
             kern_zero(s, &c[q].routed);

@@ -288,6 +288,57 @@ static void permute_case(kt_rng_t *rng, int64_t N, int64_t C, int64_t K, int64_t
     free(dx0), free(dx), free(c.x), free(c.R);
 }
 
+/* A capacity per expert (kern_moe_permute_fwd_caps): expert e keeps its
+ * first caps[e] choices in row order, as the reference walks them; with
+ * every cap equal it is the one-capacity call, bit for bit. */
+static void test_moe_permute_caps(void)
+{
+    kt_rng_t rng = {29};
+    enum { N = 23, C = 5, K = 2, E = 4, M = N * K };
+    int32_t ex[M], slot[M], slot1[M], sizes[E], routed[E], sizes1[E], routed1[E];
+    for (int64_t n = 0; n < N; n++) { /* two distinct experts per row */
+        ex[n * K] = (int32_t)kt_int(&rng, E);
+        ex[n * K + 1] = (int32_t)((ex[n * K] + 1 + kt_int(&rng, E - 1)) % E);
+    }
+    float *x = kt_rand(&rng, N * C, -1, 1), *xp = kt_rand(&rng, M * C, 5, 6), *xp1 = kt_dup(xp, M * C);
+    int32_t caps[E] = {0, 3, 1000, 7};
+    tensor_t X = tensor_2d(x, DT_F32, N, C), XP = tensor_2d(xp, DT_F32, M, C);
+    tensor_t Ex = tensor_2d(ex, DT_I32, N, K), S = tensor_2d(slot, DT_I32, N, K);
+    tensor_t Sz = tensor_1d(sizes, DT_I32, E), Rt = tensor_1d(routed, DT_I32, E);
+    tensor_t Cp = tensor_1d(caps, DT_I32, E);
+    kern_moe_permute_fwd_caps(kern_stream_host(), &XP, &S, &Sz, &Rt, &X, &Ex, &Cp);
+    int64_t row = 0, bad = 0, dropped = 0;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t seen = 0;
+        for (int64_t i = 0; i < M; i++) {
+            if (ex[i] != e) continue;
+            bool keep = seen++ < caps[e];
+            if (!keep) {
+                bad += slot[i] != -1;
+                dropped++;
+                continue;
+            }
+            bad += slot[i] != row;
+            bad += memcmp(xp + row * C, x + (i / K) * C, (size_t)C * sizeof *x) != 0;
+            row++;
+        }
+        bad += routed[e] != seen || sizes[e] != (seen > caps[e] ? caps[e] : seen);
+    }
+    for (int64_t i = row * C; i < M * C; i++) bad += xp[i] != 0.0f;
+    CHECK_MSG(bad == 0, "per-expert caps: %lld slots, rows or counts differ", (long long)bad);
+    CHECK_MSG(routed[0] > 0 && dropped >= routed[0], "expert 0 (cap 0) among %lld dropped of %d",
+              (long long)dropped, routed[0]);
+    /* all caps 3: the same bits as capacity 3 */
+    for (int e = 0; e < E; e++) caps[e] = 3;
+    tensor_t XP1 = tensor_2d(xp1, DT_F32, M, C), S1 = tensor_2d(slot1, DT_I32, N, K);
+    tensor_t Sz1 = tensor_1d(sizes1, DT_I32, E), Rt1 = tensor_1d(routed1, DT_I32, E);
+    kern_moe_permute_fwd_caps(kern_stream_host(), &XP, &S, &Sz, &Rt, &X, &Ex, &Cp);
+    kern_moe_permute_fwd(kern_stream_host(), &XP1, &S1, &Sz1, &Rt1, &X, &Ex, 3);
+    CHECK(!memcmp(xp, xp1, sizeof(float) * M * C) && !memcmp(slot, slot1, sizeof slot) &&
+          !memcmp(sizes, sizes1, sizeof sizes) && !memcmp(routed, routed1, sizeof routed));
+    free(x), free(xp), free(xp1);
+}
+
 static void test_moe_permute(void)
 {
     kt_rng_t rng = {23};
@@ -551,6 +602,6 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_moe_route_fwd_bwd, test_moe_route_ties, test_moe_route_reselect,
              test_moe_route_stats,
-             test_moe_permute, test_moe_combine, test_moe_sigmoid_gate, test_grouped_linear, test_grouped_linear_threads,
+             test_moe_permute, test_moe_permute_caps, test_moe_combine, test_moe_sigmoid_gate, test_grouped_linear, test_grouped_linear_threads,
              test_moe_misuse_panics);
 }

@@ -74,7 +74,35 @@ static int fixture(void)
         st = ckpt_hf_save(m, p);
     }
     model_destroy(m);
+    /* the capacity fixture: qwen2_moe whose experts keep at most their
+     * share of the choices (capacity_factor 1) */
+    m = NULL;
+    snprintf(p, sizeof p, "%s/cap", dir);
+    if (!st) st = ckpt_hf_load("tests/fixtures/qwen2_moe", NULL, &m);
+    if (!st) {
+        m->cfg.moe.capacity_factor = 1.0;
+        st = ckpt_hf_save(m, p);
+    }
+    model_destroy(m);
     return st ? -1 : 0;
+}
+
+/* Run `name`'s moe_dropped of steps 1..5 into d[5]; how many steps had one. */
+static int drops_load(const char *name, long long *d)
+{
+    char p[512], line[8192];
+    snprintf(p, sizeof p, "%s/%s/m.jsonl", dir, name);
+    FILE *f = fopen(p, "r");
+    int n = 0, step;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *a = strstr(line, "\"moe_dropped\": ");
+        if (a && sscanf(line, "{\"step\": %d,", &step) == 1 && step >= 1 && step <= 5) {
+            d[step - 1] = atoll(a + 15);
+            n++;
+        }
+    }
+    if (f) fclose(f);
+    return n;
 }
 
 /* Step 1's expert_tokens text of run `name` ({"0": [...], ...}), or "". */
@@ -124,7 +152,7 @@ static void layout_check(const ep_layout_t *L)
     REQUIRE(fixture() == 0);
     int lr = L->tiny_lr ? 2 : strstr(L->sets, "parallel.tp=") || strstr(L->sets, "parallel.cp=");
     char ref[96], model[300];
-    if (!strcmp(L->model, "tied") || !strcmp(L->model, "bias"))
+    if (!strcmp(L->model, "tied") || !strcmp(L->model, "bias") || !strcmp(L->model, "cap"))
         snprintf(model, sizeof model, "%s/%s", dir, L->model);
     else snprintf(model, sizeof model, "tests/fixtures/%s", L->model);
     REQUIRE(reference(model, L->tag, L->ga, lr, ref, sizeof ref) == 0);
@@ -142,6 +170,13 @@ static void layout_check(const ep_layout_t *L)
     CHECK(d.val_rel <= 1e-5);
     CHECK(d.param_abs <= 1e-5);
     CHECK_MSG(la[0] && !strcmp(la, lb), "step 1 tokens per expert: %s, one process %s", la, lb);
+    if (!strcmp(L->model, "cap")) { /* the one process drops, and every layout the same */
+        long long da[5] = {0}, db[5] = {0};
+        CHECK(drops_load(L->name, da) == 5 && drops_load(ref, db) == 5);
+        printf("  %-24s dropped per step %lld %lld %lld %lld %lld (one process %lld %lld %lld %lld %lld)\n",
+               L->name, da[0], da[1], da[2], da[3], da[4], db[0], db[1], db[2], db[3], db[4]);
+        for (int i = 0; i < 5; i++) CHECK(db[i] > 0 && da[i] == db[i]);
+    }
 }
 
 static const ep_layout_t layouts[] = {
@@ -178,6 +213,12 @@ static const ep_layout_t layouts[] = {
     {"mixtral_cp2_ep2", "mixtral", "mixtral", "--set parallel.cp=2 --set parallel.ep=2", 2, false},
     {"mixtral_pp2_cp2_ep2", "mixtral", "mixtral", "--set parallel.pp=2 --set parallel.cp=2 --set parallel.ep=2", 2, false},
     {"mixtral_tp2_pp2_ep2", "mixtral", "mixtral", "--set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2", 2, false},
+    /* a capacity factor: each expert's budget over the whole microbatch,
+     * split in token order over the TP ranks' rows and the CP ranks' chunks */
+    {"cap_tp2", "cap", "cap", "--set parallel.tp=2", 2, false},
+    {"cap_cp2", "cap", "cap", "--set parallel.cp=2", 2, false},
+    {"cap_tp2_cp2_ep2", "cap", "cap", "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=2", 2, false},
+    {"cap_cp2_dp2_ep4", "cap", "cap", "--set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=4 --set train.grad_accum=1", 2, false},
 };
 
 /* Each case by name, so that `test_moe_equiv NAME` runs one. */
@@ -207,7 +248,11 @@ CASE(21, test_mixtral_pp2_dp2_ep2)
 CASE(22, test_mixtral_cp2_ep2)
 CASE(23, test_mixtral_pp2_cp2_ep2)
 CASE(24, test_mixtral_tp2_pp2_ep2)
-_Static_assert(sizeof layouts / sizeof layouts[0] == 25, "one CASE per layout");
+CASE(25, test_cap_tp2)
+CASE(26, test_cap_cp2)
+CASE(27, test_cap_tp2_cp2_ep2)
+CASE(28, test_cap_cp2_dp2_ep4)
+_Static_assert(sizeof layouts / sizeof layouts[0] == 29, "one CASE per layout");
 
 /* The biases moved the routing: from step 2 on, the bias runs' tokens per
  * expert differ from those of the same layout without balancing, and they
@@ -297,6 +342,7 @@ int main(int argc, char **argv)
              test_mixtral_tp2_dp2_ep2_edp2, test_bias_dp4_ep2_edp2, test_bias_tp2_pp2_ep2,
              test_qwen_cp2_ep2, test_qwen_cp2_dp2_ep4, test_bias_cp2_dp2_ep2_edp2,
              test_mixtral_pp2, test_mixtral_pp2_dp2_ep2, test_mixtral_cp2_ep2,
-             test_mixtral_pp2_cp2_ep2, test_mixtral_tp2_pp2_ep2,
+             test_mixtral_pp2_cp2_ep2, test_mixtral_tp2_pp2_ep2, test_cap_tp2, test_cap_cp2,
+             test_cap_tp2_cp2_ep2, test_cap_cp2_dp2_ep4,
              test_bias_moves_routing, test_detects_difference, test_cleanup);
 }

@@ -952,9 +952,10 @@ static void metrics_send(stage_actor_t *s)
                 trace_counter(s->a.addr, trace_intern(name), s->load[i * s->load_cols + e], now);
             }
     }
-    /* what the capacity dropped: each TP rank 0 its own microbatches'
-     * (a capacity factor under TP is refused), the driver sums them */
-    if (!s->cur->eval && s->dropped >= 0 && s->cfg.tp_rank == 0) {
+    /* what the capacity dropped: every rank its own share (a TP rank
+     * dispatches part of each microbatch's rows, a CP rank holds part of
+     * its tokens), the driver sums them */
+    if (!s->cur->eval && s->dropped >= 0) {
         tensor_t *t = actor_msg_tensor_new(m, "moe_dropped", DT_I64, 1, &one);
         if (!t) {
             actor_msg_free(m);

@@ -459,11 +459,12 @@ static void cpu_op_moe_route_stats(kern_stream_t *s, tensor_t *counts, tensor_t 
 }
 
 static void cpu_op_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
-                                   tensor_t *routed, ct_t *x, ct_t *experts, int64_t capacity)
+                                   tensor_t *routed, ct_t *x, ct_t *experts, int64_t capacity,
+                                   ct_t *caps)
 {
     cpu_moe_permute_fwd(xp->data, slot->data, sizes->data, routed->data, x->data, experts->data,
                         tensor_rows(x), tensor_cols(x), experts->shape[1], tensor_numel(sizes),
-                        capacity);
+                        capacity, caps ? caps->data : NULL);
 }
 
 static void cpu_op_moe_permute_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dxp, ct_t *slot)

@@ -198,7 +198,8 @@ void cpu_moe_permute_fwd(float *xp,              /* [N*K,C] */
                          int32_t *routed,        /* [E] */
                          const float *x,         /* [N,C] */
                          const int32_t *experts, /* [N,K] */
-                         int64_t N, int64_t C, int64_t K, int64_t E, int64_t capacity);
+                         int64_t N, int64_t C, int64_t K, int64_t E, int64_t capacity,
+                         const int32_t *caps);   /* [E], or NULL: capacity for all */
 void cpu_moe_permute_bwd(float *dx,           /* [N,C] += */
                          const float *dxp,    /* [N*K,C] */
                          const int32_t *slot, /* [N,K] */

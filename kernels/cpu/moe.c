@@ -129,7 +129,7 @@ void cpu_moe_route_stats(float *counts, float *psum, const float *probs, const i
 
 void cpu_moe_permute_fwd(float *xp, int32_t *slot, int32_t *sizes, int32_t *routed,
                          const float *x, const int32_t *experts, int64_t N, int64_t C, int64_t K,
-                         int64_t E, int64_t capacity)
+                         int64_t E, int64_t capacity, const int32_t *caps)
 {
     /* off[e]: expert e's first row; fill[e]: its choices seen so far */
     int64_t *off = calloc((size_t)(2 * E), sizeof *off), *fill = off + E;
@@ -141,7 +141,9 @@ void cpu_moe_permute_fwd(float *xp, int32_t *slot, int32_t *sizes, int32_t *rout
     }
     int64_t total = 0;
     for (int64_t e = 0; e < E; e++) {
-        sizes[e] = capacity >= 0 && routed[e] > capacity ? (int32_t)capacity : routed[e];
+        int64_t cap = caps ? caps[e] : capacity;
+        if (caps && cap < 0) BT_PANIC("kern_moe_permute_fwd: caps[%lld] = %lld < 0", (long long)e, (long long)cap);
+        sizes[e] = cap >= 0 && routed[e] > cap ? (int32_t)cap : routed[e];
         off[e] = total;
         total += sizes[e];
     }

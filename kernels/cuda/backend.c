@@ -965,7 +965,7 @@ static void cuda_op_moe_route_stats(kern_stream_t *s, tensor_t *counts, tensor_t
 
 static void cuda_op_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot,
                                     tensor_t *sizes, tensor_t *routed, ct_t *x, ct_t *experts,
-                                    int64_t capacity)
+                                    int64_t capacity, ct_t *caps)
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_moe_permute_fwd";
@@ -974,7 +974,7 @@ static void cuda_op_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *sl
                  cuda_moe_permute_fwd(cs->st, xp->data, slot->data, sizes->data, routed->data,
                                       x->data, experts->data, x->dtype, tensor_rows(x),
                                       tensor_cols(x), experts->shape[1], tensor_numel(sizes),
-                                      capacity));
+                                      capacity, caps ? (const int32_t *)caps->data : NULL));
 }
 
 static void cuda_op_moe_permute_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dxp, ct_t *slot)

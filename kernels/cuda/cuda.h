@@ -164,7 +164,8 @@ cudaError_t cuda_moe_route_stats(cudaStream_t st, float *counts, float *psum, co
                                  const int32_t *experts, int64_t N, int64_t E, int64_t K);
 cudaError_t cuda_moe_permute_fwd(cudaStream_t st, void *xp, int32_t *slot, int32_t *sizes,
                                  int32_t *routed, const void *x, const int32_t *experts, dtype_t dt,
-                                 int64_t N, int64_t C, int64_t K, int64_t E, int64_t capacity);
+                                 int64_t N, int64_t C, int64_t K, int64_t E, int64_t capacity,
+                                 const int32_t *caps);
 cudaError_t cuda_moe_permute_bwd(cudaStream_t st, void *dx, const void *dxp, const int32_t *slot,
                                  dtype_t dt, int64_t N, int64_t C, int64_t K);
 cudaError_t cuda_moe_combine_fwd(cudaStream_t st, void *y, const void *yp, const int32_t *slot,

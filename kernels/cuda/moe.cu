@@ -166,14 +166,14 @@ extern "C" cudaError_t cuda_moe_route_stats(cudaStream_t st, float *counts, floa
 
 /* one thread per expert: its routed choices and the rows it keeps */
 __global__ void k_permute_count(int32_t *sizes, int32_t *routed, const int32_t *experts,
-                                int64_t NK, int64_t E, int64_t capacity)
+                                int64_t NK, int64_t E, int64_t capacity, const int32_t *caps)
 {
     GS_LOOP(e, E)
     {
-        int64_t c = 0;
+        int64_t c = 0, cap = caps ? (int64_t)caps[e] : capacity;
         for (int64_t i = 0; i < NK; i++) c += experts[i] == e;
         routed[e] = (int32_t)c;
-        sizes[e] = (int32_t)(capacity >= 0 && c > capacity ? capacity : c);
+        sizes[e] = (int32_t)(cap >= 0 && c > cap ? cap : c);
     }
 }
 
@@ -230,12 +230,13 @@ __global__ void k_permute_bwd(T *dx, const T *dxp, const int32_t *slot, int64_t 
 extern "C" cudaError_t cuda_moe_permute_fwd(cudaStream_t st, void *xp, int32_t *slot,
                                             int32_t *sizes, int32_t *routed, const void *x,
                                             const int32_t *experts, dtype_t dt, int64_t N,
-                                            int64_t C, int64_t K, int64_t E, int64_t capacity)
+                                            int64_t C, int64_t K, int64_t E, int64_t capacity,
+                                            const int32_t *caps)
 {
     int64_t NK = N * K;
     cudaError_t e = cudaMemsetAsync(xp, 0, (size_t)(NK * C) * dtype_size(dt), st);
     if (e != cudaSuccess) return e;
-    k_permute_count<<<cu_blocks(E, 64), 64, 0, st>>>(sizes, routed, experts, NK, E, capacity);
+    k_permute_count<<<cu_blocks(E, 64), 64, 0, st>>>(sizes, routed, experts, NK, E, capacity, caps);
     if (NK > 0) {
         k_permute_invalid<<<cu_blocks(NK, 256), 256, 0, st>>>(slot, experts, NK, E);
         k_permute_slots<<<cu_blocks(E, 64), 64, 0, st>>>(slot, sizes, experts, NK, E);

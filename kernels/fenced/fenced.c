@@ -311,9 +311,9 @@ static void f_moe_route_stats(kern_stream_t *s, tensor_t *counts, tensor_t *psum
     FENCED(cpu->moe_route_stats(s, counts, psum, probs, experts));
 }
 static void f_moe_permute_fwd(kern_stream_t *s, tensor_t *xp, tensor_t *slot, tensor_t *sizes,
-                              tensor_t *routed, ct_t *x, ct_t *experts, int64_t capacity)
+                              tensor_t *routed, ct_t *x, ct_t *experts, int64_t capacity, ct_t *caps)
 {
-    FENCED(cpu->moe_permute_fwd(s, xp, slot, sizes, routed, x, experts, capacity));
+    FENCED(cpu->moe_permute_fwd(s, xp, slot, sizes, routed, x, experts, capacity, caps));
 }
 static void f_moe_permute_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dxp, ct_t *slot)
 {
