@@ -1721,26 +1721,54 @@ int driver_eval(const char *model_dir, const char *layout, const char *device, c
     }
     /* A job for the workers: the model, the layout, microbatches of 4 rows
      * of T tokens (data.dir is required by the schema; eval-only workers
-     * never read it). */
+     * never read it). What the user's options decide is set as overrides
+     * labelled with the option (job_override_as), so that an error names
+     * the option, not a position in this generated text; the workers get
+     * the same text and overrides. */
     char *text = NULL;
     int n = asprintf(&text,
-                     "model: {hf: \"%s\"}\n"
-                     "data: {dir: \"%s\", seq_len: %lld, split: 0}\n"
-                     "train: {steps: 1, micro_batch: 4, grad_accum: %lld}\n"
-                     "parallel: {tp: %lld, pp: %lld, dp: %lld, cp: %lld, ep: %lld}\n"
-                     "device: \"%s\"\ndtype: \"%s\"\n",
-                     model_dir, model_dir, (long long)T, (long long)pp, (long long)tp, (long long)pp,
-                     (long long)dp, (long long)cp, (long long)ep, device, dtype);
+                     "data: {dir: \"%s\", split: 0}\n"
+                     "train: {steps: 1, micro_batch: 4}\n",
+                     model_dir);
     if (n < 0) return 1;
+    char o_model[JOB_PATH_MAX + 16], o_layout[300], o_ids[64], o_device[96], o_dtype[96];
+    snprintf(o_model, sizeof o_model, "--model %s", model_dir);
+    snprintf(o_layout, sizeof o_layout, "--layout %s", layout);
+    snprintf(o_ids, sizeof o_ids, "--ids (rows of %lld tokens)", (long long)T);
+    snprintf(o_device, sizeof o_device, "--device %s", device);
+    snprintf(o_dtype, sizeof o_dtype, "--dtype %s", dtype);
+    static char sets[10][JOB_PATH_MAX + 32];
+    const char *set_ptrs[10], *labels[10];
+    int n_sets = 0;
+#define EVAL_SET(label, ...)                                                                       \
+    do {                                                                                           \
+        snprintf(sets[n_sets], sizeof sets[n_sets], __VA_ARGS__);                                  \
+        set_ptrs[n_sets] = sets[n_sets];                                                           \
+        labels[n_sets++] = label;                                                                  \
+    } while (0)
+    EVAL_SET(o_model, "model.hf=\"%s\"", model_dir);
+    EVAL_SET(o_ids, "data.seq_len=%lld", (long long)T);
+    EVAL_SET(o_layout, "train.grad_accum=%lld", (long long)pp);
+    EVAL_SET(o_layout, "parallel.tp=%lld", (long long)tp);
+    EVAL_SET(o_layout, "parallel.pp=%lld", (long long)pp);
+    EVAL_SET(o_layout, "parallel.dp=%lld", (long long)dp);
+    EVAL_SET(o_layout, "parallel.cp=%lld", (long long)cp);
+    EVAL_SET(o_layout, "parallel.ep=%lld", (long long)ep);
+    EVAL_SET(o_device, "device=\"%s\"", device);
+    EVAL_SET(o_dtype, "dtype=\"%s\"", dtype);
+#undef EVAL_SET
     static job_t job;
     char err[JOB_ERR_MAX];
-    if (job_load_string("--layout", text, &job, err, sizeof err) || job_validate(&job, err, sizeof err)) {
+    bt_status_t st = job_load_string("baton eval", text, &job, err, sizeof err);
+    for (int i = 0; i < n_sets && !st; i++)
+        st = job_override_as(&job, set_ptrs[i], labels[i], err, sizeof err);
+    if (st || job_validate(&job, err, sizeof err)) {
         fprintf(stderr, "baton eval: %s\n", err);
         free(text);
         return 1;
     }
     driver_eval_t ev = {.ids = ids, .targets = targets, .rows = rows};
-    int rc = driver_main(&job, text, (size_t)n, NULL, 0, true, &ev, NULL, NULL);
+    int rc = driver_main(&job, text, (size_t)n, set_ptrs, n_sets, true, &ev, NULL, NULL);
     free(text);
     if (rc == 0) {
         *loss = ev.loss;

@@ -274,6 +274,7 @@ void job_defaults(job_t *job)
 typedef struct {
     const char *file;     /* job file name, NULL for an override */
     const char *override; /* the --set text */
+    const char *option;   /* or the command-line option that set the field (job_override_as) */
     int line, col;        /* 1-based */
 } where_t;
 
@@ -281,7 +282,9 @@ static void where_fmt(char *err, size_t errlen, const where_t *w, const char *fi
                       const char *fmt, va_list ap)
 {
     int n;
-    if (w->override && strlen(w->override) > 80) /* keep the reason in the message */
+    if (w->option)
+        n = snprintf(err, errlen, "%s: %s: ", w->option, field);
+    else if (w->override && strlen(w->override) > 80) /* keep the reason in the message */
         n = snprintf(err, errlen, "--set %.60s...(%zu bytes): %s: ", w->override,
                      strlen(w->override), field);
     else if (w->override)
@@ -726,9 +729,22 @@ close_file:
     return st;
 }
 
+/* field fi set by an override: its value text, or the option that set it */
+static void origin_override(job_t *job, int fi, const char *value, const char *option)
+{
+    job->origin[fi] = (job_origin_t){.set = true, .from_override = true, .as_option = option != NULL};
+    snprintf(job->origin[fi].value, sizeof job->origin[fi].value, "%s", option ? option : value);
+}
+
 bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t errlen)
 {
-    where_t w = {.file = job->path, .override = assignment};
+    return job_override_as(job, assignment, NULL, err, errlen);
+}
+
+bt_status_t job_override_as(job_t *job, const char *assignment, const char *option, char *err,
+                            size_t errlen)
+{
+    where_t w = {.file = job->path, .override = assignment, .option = option};
     const char *eq = strchr(assignment, '=');
     char name[128];
     if (!eq || eq == assignment || (size_t)(eq - assignment) >= sizeof name)
@@ -754,8 +770,7 @@ bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t e
         if (vlen >= fields[fi].cap)
             return fail_at(err, errlen, &w, name, "string longer than %zu bytes", fields[fi].cap - 1);
         memcpy((char *)job + fields[fi].off, value, vlen + 1);
-        job->origin[fi] = (job_origin_t){.set = true, .from_override = true};
-        snprintf(job->origin[fi].value, sizeof job->origin[fi].value, "%s", value);
+        origin_override(job, fi, value, option);
         return BT_OK;
     }
 
@@ -780,10 +795,7 @@ bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t e
     } else {
         st = field_set(job, fi, &doc, root, &w, err, errlen);
     }
-    if (st == BT_OK) {
-        job->origin[fi] = (job_origin_t){.set = true, .from_override = true};
-        snprintf(job->origin[fi].value, sizeof job->origin[fi].value, "%s", value);
-    }
+    if (st == BT_OK) origin_override(job, fi, value, option);
 out_doc:
     yaml_document_delete(&doc);
 out_parser:
@@ -800,8 +812,10 @@ static bt_status_t vfail_va(const job_t *job, const char *field, char *err, size
     if (fi < 0) BT_PANIC("validation names unknown field %s", field);
     const job_origin_t *o = &job->origin[fi];
     where_t w = {.file = job->path};
-    char ov[160];
-    if (o->set && o->from_override) {
+    char ov[200];
+    if (o->set && o->as_option) {
+        w.option = o->value;
+    } else if (o->set && o->from_override) {
         snprintf(ov, sizeof ov, "%s=%s", field, o->value);
         w.override = ov;
     } else if (o->set) {

@@ -154,7 +154,8 @@ typedef struct {
     bool set;
     int  line, col;
     bool from_override;
-    char value[64];   /* an override's value text (truncated), for messages */
+    bool as_option;   /* set by job_override_as: value is the option's text */
+    char value[128];  /* an override's value text (truncated), for messages */
 } job_origin_t;
 
 /* How ranks start on hosts other than `local` (launch/ssh.h), and how the
@@ -209,6 +210,13 @@ bt_status_t job_load_buffer(const char *name, const char *yaml, size_t len, job_
                             char *err, size_t errlen);
 /* One "section.key=value" override. */
 bt_status_t job_override(job_t *job, const char *assignment, char *err, size_t errlen);
+/* The same for a job a command builds from its own options (baton eval
+ * --layout): every message about the field, now or from job_validate and
+ * job_error, begins with `option` (the option as the user gave it, e.g.
+ * "--layout tp=3,pp=1,dp=1: parallel.tp: ...") instead of a file position
+ * or "--set". */
+bt_status_t job_override_as(job_t *job, const char *assignment, const char *option, char *err,
+                            size_t errlen);
 /* Cross-field checks; reads model.hf's config.json when set. */
 bt_status_t job_validate(job_t *job, char *err, size_t errlen);
 

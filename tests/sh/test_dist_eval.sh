@@ -32,13 +32,18 @@ check qwen2_moe pp=2,dp=2,ep=2
 check qwen2_moe cp=2,ep=2
 
 out=$("$BATON" eval --model $FIX/llama --ids $FIX/llama/ids.txt --layout tp=3 2>&1); rc=$?
-[ $rc -ne 0 ] && grep -q "tp 3 does not divide 4 attention heads" <<<"$out" && pass eval_layout_bad_tp \
+# errors name the option given (not a position in the job eval generates)
+[ $rc -ne 0 ] && grep -q "^baton eval: --layout tp=3: parallel.tp: tp 3 does not divide 4 attention heads$" <<<"$out" &&
+    ! grep -q -- "--layout:" <<<"$out" && pass eval_layout_bad_tp \
     || fail eval_layout_bad_tp "rc $rc: $out"
+out=$("$BATON" eval --model $FIX/llama --ids $FIX/llama/ids.txt --layout tp=5000 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "^baton eval: --layout tp=5000: parallel.tp: 5000 is out of range \[1, 4096\]$" <<<"$out" \
+    && pass eval_layout_out_of_range || fail eval_layout_out_of_range "rc $rc: $out"
 out=$("$BATON" eval --model $FIX/llama --ids $FIX/llama/ids.txt --layout pp=two 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "expected tp=N,pp=N,dp=N" <<<"$out" && pass eval_layout_bad_syntax \
     || fail eval_layout_bad_syntax "rc $rc: $out"
 out=$("$BATON" eval --model $FIX/qwen2_moe --ids $FIX/qwen2_moe/ids.txt --layout ep=2 2>&1); rc=$?
-[ $rc -ne 0 ] && grep -q "parallel.ep: ep 2 must divide tp x cp x dp = 1" <<<"$out" && pass eval_layout_bad_ep \
+[ $rc -ne 0 ] && grep -q "^baton eval: --layout ep=2: parallel.ep: ep 2 must divide tp x cp x dp = 1" <<<"$out" && pass eval_layout_bad_ep \
     || fail eval_layout_bad_ep "rc $rc: $out"
 # a config.json with a huge vocabulary: refused before any worker starts,
 # with every rank's share counted (2 ranks x 4 GiB of embedding + the
@@ -48,7 +53,7 @@ mkdir "$tmp/huge" && cp $FIX/llama/config.json $FIX/llama/model.safetensors "$tm
 sed -i 's/"vocab_size": 256/"vocab_size": 16777216/' "$tmp/huge/config.json"
 out=$( (cap_vm; BATON_MEM_LIMIT=2G timeout 60 "$BATON" eval --model "$tmp/huge" --ids $FIX/llama/ids.txt \
       --layout pp=2 --json) 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "model.hf: the job needs about [0-9.]* GiB of memory in 2 processes" <<<"$out" &&
+[ $rc -eq 1 ] && grep -q -- "--model $tmp/huge: model.hf: the job needs about [0-9.]* GiB of memory in 2 processes" <<<"$out" &&
     grep -q "more than the 2.00 GiB available (BATON_MEM_LIMIT=2G); [0-9]*% of it is for vocab_size 16777216 x hidden_size 64 in model.hf's config" <<<"$out" &&
     ! grep -q "rank 0 (pid" <<<"$out" && pass eval_layout_mem_refused || fail eval_layout_mem_refused "rc $rc: $out"
 exit 0
