@@ -119,7 +119,8 @@ typedef struct {
     const uint8_t  *secret;
     size_t          secret_len;
     const char     *listen_addr;   /* NULL -> 127.0.0.1:0 (inproc: generated name) */
-    unsigned        timeout_ms;    /* no progress for this long fails the call; 0 -> 30000 */
+    unsigned        timeout_ms;    /* no progress for this long fails the call; 0 -> 30000
+                                      (a worker's: launch.collective_timeout) */
     unsigned        connect_ms;    /* handshake and mesh set-up deadline; 0 -> 120000. Long,
                                     * because a peer still loading its model answers a
                                     * handshake late. */

@@ -145,6 +145,7 @@ static const field_t fields[] = {
     FLT("launch.heartbeat_timeout", launch.heartbeat_timeout, 0.1, 86400),
     FLT("launch.heartbeat_interval", launch.heartbeat_interval, 0.05, 3600),
     FLT("launch.step_timeout", launch.step_timeout, 0.1, 1e7),
+    FLT("launch.collective_timeout", launch.collective_timeout, 0.001, 86400),
     INT("restart.max", restart.max, 0, 1000),
     INT("restart.host_failures", restart.host_failures, 0, 1000),
     STR("device", device),
@@ -257,6 +258,7 @@ void job_defaults(job_t *job)
     job->launch.heartbeat_interval = 1;
     job->restart.host_failures = 2;
     job->launch.step_timeout = 300;
+    job->launch.collective_timeout = 30;
     snprintf(job->device, sizeof job->device, "cpu");
     job->dtype = JOB_DTYPE_FP32;
     job->checkpoint.keep = 3;

@@ -169,6 +169,8 @@ typedef struct {
     double heartbeat_timeout;      /* launch.heartbeat_timeout: seconds of silence (5) */
     double heartbeat_interval;     /* launch.heartbeat_interval: seconds between a rank's (1) */
     double step_timeout;           /* launch.step_timeout: seconds for one step (300) */
+    double collective_timeout;     /* launch.collective_timeout: seconds a collective may go
+                                      without progress before it fails (30) */
 } job_launch_t;
 
 typedef struct {

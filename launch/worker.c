@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,7 +305,8 @@ static bt_status_t colls_open(worker_t *w, const char *job_id)
             .kind = edge_kind(&w->job, k == GRAPH_GROUP_TP || k == GRAPH_GROUP_CP
                                            ? JOB_EDGE_TENSOR_PARALLEL : JOB_EDGE_DATA_PARALLEL),
             .job_id = job_id, .secret = w->secret, .secret_len = sizeof w->secret,
-            .timeout_ms = 30000, .device = device, .listen_addr = listen,
+            .timeout_ms = (unsigned)ceil(w->job.launch.collective_timeout * 1000.0),
+            .device = device, .listen_addr = listen,
         };
         bt_status_t st = coll_open(ops, &cfg, &w->comm[k], w->coll_addr[k], XPORT_LISTEN_ADDR_MAX);
         if (st) {

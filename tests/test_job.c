@@ -498,6 +498,23 @@ static void test_job_write_roundtrip_hf(void)
     free(yb);
 }
 
+/* launch.collective_timeout: 30 s unless set; a positive number of
+ * seconds, 0 and negatives refused naming the field and the range. */
+static void test_job_collective_timeout(void)
+{
+    static job_t job;
+    REQUIRE(job_load_string("c.yaml", "data: {dir: x}\n", &job, err, sizeof err) == BT_OK);
+    CHECK(job.launch.collective_timeout == 30 && job.launch.step_timeout == 300);
+    CHECK(job_override(&job, "launch.collective_timeout=2.5", err, sizeof err) == BT_OK &&
+          job.launch.collective_timeout == 2.5);
+    CHECK(job_override(&job, "launch.collective_timeout=0", err, sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "launch.collective_timeout: 0 is out of range [0.001, 86400]"), "%s", err);
+    CHECK(job_load_string("c.yaml", "data: {dir: x}\nlaunch: {collective_timeout: -1}\n", &job, err,
+                          sizeof err) == BT_ERR_INVALID);
+    CHECK_MSG(strstr(err, "c.yaml:2:") && strstr(err, "launch.collective_timeout: -1 is out of range"),
+              "%s", err);
+}
+
 /* train.global_batch fixes the sequences per step; each layout's
  * microbatches are derived, and what cannot split is an error naming it. */
 static void test_job_global_batch(void)
@@ -604,7 +621,7 @@ static void test_job_rank_devices(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_job_global_batch, test_job_write_roundtrip, test_job_write_roundtrip_hf, test_job_parse_all_sections, test_job_defaults_and_derived,
+    TEST_RUN(argc, argv, test_job_global_batch, test_job_write_roundtrip, test_job_write_roundtrip_hf, test_job_collective_timeout, test_job_parse_all_sections, test_job_defaults_and_derived,
              test_job_unknown_key, test_job_wrong_type, test_job_out_of_range,
              test_job_integer_range, test_job_input_limits,
              test_job_model_shape_rules, test_job_parallel_rules, test_job_overrides,

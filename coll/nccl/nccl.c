@@ -11,7 +11,7 @@
  * communicator, polls the events of the calls in flight (in start order)
  * and the communicator's asynchronous error: an event that completes
  * completes its call; an asynchronous error, a failed event, or a call
- * older than the step timeout (coll_config_t.timeout_ms, counted from its
+ * older than the collective timeout (coll_config_t.timeout_ms, counted from its
  * start, so it includes the work queued before it on its stream) fails
  * every call in flight and every later one at once, then aborts the
  * communicator with ncclCommAbort, so that no rank stays blocked in a
@@ -203,8 +203,9 @@ static void *watchdog_main(void *arg)
                 snprintf(why, sizeof why, "CUDA: %s", cudaGetErrorString(e));
                 nccl_fail(c, BT_ERR_DEVICE, coll_kind_name(r->kind), r->seq, why);
             } else if (clock_now_ns() - r->t0_ns > (uint64_t)c->timeout_ms * 1000000ull) {
-                snprintf(why, sizeof why, "not finished after the step timeout of %u ms (a peer "
-                                          "is dead, stuck or issued another collective)",
+                snprintf(why, sizeof why, "not finished after the collective timeout of %u ms "
+                                          "(launch.collective_timeout; a peer is dead, stuck or "
+                                          "issued another collective)",
                          c->timeout_ms);
                 nccl_fail(c, BT_ERR_PEER_TIMEOUT, coll_kind_name(r->kind), r->seq, why);
             }

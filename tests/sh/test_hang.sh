@@ -63,6 +63,18 @@ has coll coll_names_call "^  collective dp0 #4 all_reduce of $((params * 4)) byt
 has coll coll_missing_state "^    missing rank 1 (pid [0-9]*, host local, tp=0 dp=1 pp=0): computing (a job of step 3, [0-9.]* s so far), in no collective; last sent DATA_BATCH (step 3 microbatch 1) to rank 1 [0-9.]* s ago; last handled DATA_BATCH (step 3 microbatch 1) from rank 1"
 has coll coll_arrived_state "^    rank 0 (pid [0-9]*, host local, tp=0 dp=0 pp=0): waits [0-9.]* s in dp0 #4 all_reduce"
 
+# launch.collective_timeout below the step timeout: the waiting rank's
+# collective gives up first and names the call
+job "dp: 2"
+# (3 s: a rank that is only slow to arrive, under a sanitizer on a loaded
+# machine, must not trip it in steps 1 and 2)
+coll_to=$(scaled 3)
+sed -i "s/^launch: {step_timeout: $step_to}\$/launch: {step_timeout: $step_to, collective_timeout: $coll_to}/" "$tmp/job.yaml"
+sed -i "s/^launch: {step_timeout: $step_to, /launch: {step_timeout: $(scaled 60), /" "$tmp/job.yaml"
+hang colltimeout BATON_TEST_COLL_STALL=dp0:1:4
+has colltimeout coll_timeout_own "coll dp0 rank 0: all_reduce #4 made no progress for ${coll_to}000 ms (a peer is dead or stuck)"
+if grep -q "step watchdog" "$tmp/colltimeout.out"; then fail coll_timeout_first "the step watchdog fired"; else pass coll_timeout_first; fi
+
 job "pp: 2"
 hang pipe BATON_TEST_HOLD_ACTIVATION=3@0
 has pipe pipe_waiter "^  pipeline: rank 1 (pid [0-9]*, host local, tp=0 dp=0 pp=1) waits [0-9.]* s for the ACTIVATION of step 3 microbatch 0 (virtual stage 1) from rank 0$"
