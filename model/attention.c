@@ -9,6 +9,7 @@
  * replicated and added once after the all-reduce. The input gradient is a
  * partial sum over the ranks' heads and is all-reduced here. */
 #include "model/kind.h"
+#include "model/require.h"
 
 #include "base/log.h"
 #include "model/cp_xchg.h"
@@ -41,52 +42,45 @@ static bt_status_t attn_validate(const model_config_t *c, int tp)
 {
     const model_attn_config_t *a = &c->attn;
     const model_rope_t *r = &a->rope;
-#define A_REQUIRE(cond, ...)                                                                       \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            log_error(__VA_ARGS__);                                                                \
-            return BT_ERR_INVALID;                                                                 \
-        }                                                                                          \
-    } while (0)
-    A_REQUIRE(a->num_heads > 0 && a->num_heads <= MODEL_MAX_HEADS,
-              "model config: num_attention_heads=%lld must be in [1, %d]", (long long)a->num_heads,
-              MODEL_MAX_HEADS);
-    A_REQUIRE(a->num_kv_heads > 0 && a->num_heads % a->num_kv_heads == 0,
-              "model config: num_key_value_heads=%lld must divide num_attention_heads=%lld",
-              (long long)a->num_kv_heads, (long long)a->num_heads);
-    A_REQUIRE(a->head_dim > 0 && a->head_dim % 2 == 0 && a->head_dim <= MODEL_MAX_HEAD_DIM,
-              "model config: head_dim=%lld must be even and in [2, %d]", (long long)a->head_dim,
-              MODEL_MAX_HEAD_DIM);
-    A_REQUIRE(a->sliding_window >= 0, "model config: sliding_window=%lld must be >= 0",
-              (long long)a->sliding_window);
-    A_REQUIRE((unsigned)r->kind < MODEL_ROPE_COUNT, "model config: unknown rope kind %d",
-              (int)r->kind);
-    A_REQUIRE(r->kind != MODEL_ROPE_YARN,
-              "model config: rope_type 'yarn' is implemented for DeepseekV2's MLA only");
+    MODEL_REQUIRE(a->num_heads > 0 && a->num_heads <= MODEL_MAX_HEADS,
+                  "model config: num_attention_heads=%lld must be in [1, %d]",
+                  (long long)a->num_heads, MODEL_MAX_HEADS);
+    MODEL_REQUIRE(a->num_kv_heads > 0 && a->num_heads % a->num_kv_heads == 0,
+                  "model config: num_key_value_heads=%lld must divide num_attention_heads=%lld",
+                  (long long)a->num_kv_heads, (long long)a->num_heads);
+    MODEL_REQUIRE(a->head_dim > 0 && a->head_dim % 2 == 0 && a->head_dim <= MODEL_MAX_HEAD_DIM,
+                  "model config: head_dim=%lld must be even and in [2, %d]", (long long)a->head_dim,
+                  MODEL_MAX_HEAD_DIM);
+    MODEL_REQUIRE(a->sliding_window >= 0, "model config: sliding_window=%lld must be >= 0",
+                  (long long)a->sliding_window);
+    MODEL_REQUIRE((unsigned)r->kind < MODEL_ROPE_COUNT, "model config: unknown rope kind %d",
+                  (int)r->kind);
+    MODEL_REQUIRE(r->kind != MODEL_ROPE_YARN,
+                  "model config: rope_type 'yarn' is implemented for DeepseekV2's MLA only");
     if (r->kind != MODEL_ROPE_NONE)
-        A_REQUIRE(r->theta > 0, "model config: rope_theta=%g must be > 0", r->theta);
+        MODEL_REQUIRE(r->theta > 0, "model config: rope_theta=%g must be > 0", r->theta);
     if (r->kind != MODEL_ROPE_DEFAULT && r->kind != MODEL_ROPE_NONE)
-        A_REQUIRE(r->factor > 0, "model config: rope factor=%g must be > 0", r->factor);
+        MODEL_REQUIRE(r->factor > 0, "model config: rope factor=%g must be > 0", r->factor);
     if (r->kind == MODEL_ROPE_LLAMA3) {
-        A_REQUIRE(r->high_freq_factor > r->low_freq_factor && r->low_freq_factor > 0,
-                  "model config: llama3 rope needs high_freq_factor > low_freq_factor > 0 "
-                  "(got %g, %g)",
-                  r->high_freq_factor, r->low_freq_factor);
-        A_REQUIRE(r->original_max_position > 0,
-                  "model config: llama3 rope original_max_position_embeddings=%lld",
-                  (long long)r->original_max_position);
+        MODEL_REQUIRE(r->high_freq_factor > r->low_freq_factor && r->low_freq_factor > 0,
+                      "model config: llama3 rope needs high_freq_factor > low_freq_factor > 0 "
+                      "(got %g, %g)",
+                      r->high_freq_factor, r->low_freq_factor);
+        MODEL_REQUIRE(r->original_max_position > 0,
+                      "model config: llama3 rope original_max_position_embeddings=%lld",
+                      (long long)r->original_max_position);
     }
     if (tp > 1) {
-        A_REQUIRE(a->num_heads % tp == 0,
-                  "model: tp_size=%d does not divide num_attention_heads=%lld", tp,
-                  (long long)a->num_heads);
-        A_REQUIRE(a->num_kv_heads % tp == 0,
-                  "model: tp_size=%d does not divide num_key_value_heads=%lld (each TP rank must "
-                  "hold whole KV-head groups; KV-head replication is not implemented)",
-                  tp, (long long)a->num_kv_heads);
+        MODEL_REQUIRE(a->num_heads % tp == 0,
+                      "model: tp_size=%d does not divide num_attention_heads=%lld", tp,
+                      (long long)a->num_heads);
+        MODEL_REQUIRE(
+            a->num_kv_heads % tp == 0,
+            "model: tp_size=%d does not divide num_key_value_heads=%lld (each TP rank must "
+            "hold whole KV-head groups; KV-head replication is not implemented)",
+            tp, (long long)a->num_kv_heads);
     }
     return BT_OK;
-#undef A_REQUIRE
 }
 
 static void attn_layout(model_layout_t *lb, const model_config_t *c, const char *prefix,

@@ -26,6 +26,7 @@
  * of the input gradient in backward, as an MLP; nothing else is
  * exchanged). */
 #include "model/kind.h"
+#include "model/require.h"
 
 #include "base/log.h"
 
@@ -64,44 +65,38 @@ static mb_dims_t mb_dims(const model_t *m) { return mb_dims_tp(&m->cfg, m->par.t
 static bt_status_t mb_validate(const model_config_t *c, int tp)
 {
     const model_mamba_config_t *a = &c->mamba;
-#define MB_REQUIRE(cond, ...)                                                                      \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            log_error(__VA_ARGS__);                                                                \
-            return BT_ERR_INVALID;                                                                 \
-        }                                                                                          \
-    } while (0)
-    MB_REQUIRE(a->num_heads > 0 && a->num_heads <= MODEL_MAX_HEADS,
-               "model config: mamba_num_heads=%lld must be in [1, %d]", (long long)a->num_heads,
-               MODEL_MAX_HEADS);
-    MB_REQUIRE(a->head_dim > 0 && a->head_dim <= MODEL_MAX_HEAD_DIM,
-               "model config: mamba_head_dim=%lld must be in [1, %d]", (long long)a->head_dim,
-               MODEL_MAX_HEAD_DIM);
-    MB_REQUIRE(a->num_heads * a->head_dim <= MODEL_MAX_FFN,
-               "model config: mamba_num_heads x mamba_head_dim = %lld exceeds %d",
-               (long long)(a->num_heads * a->head_dim), MODEL_MAX_FFN);
-    MB_REQUIRE(a->n_groups > 0 && a->num_heads % a->n_groups == 0,
-               "model config: n_groups=%lld must divide mamba_num_heads=%lld",
-               (long long)a->n_groups, (long long)a->num_heads);
-    MB_REQUIRE(a->state_size > 0 && a->state_size <= MODEL_MAX_HEAD_DIM,
-               "model config: ssm_state_size=%lld must be in [1, %d]", (long long)a->state_size,
-               MODEL_MAX_HEAD_DIM);
-    MB_REQUIRE(a->conv_kernel >= 1 && a->conv_kernel <= 65,
-               "model config: conv_kernel=%lld must be in [1, 65]", (long long)a->conv_kernel);
-    MB_REQUIRE(a->chunk_size >= 1 && a->chunk_size <= (1 << 16),
-               "model config: chunk_size=%lld must be in [1, 65536]", (long long)a->chunk_size);
-    MB_REQUIRE(a->dt_min >= 0 && a->dt_min <= a->dt_max,
-               "model config: the dt limits [%g, %g] (time_step_min, time_step_max) are empty or "
-               "negative", a->dt_min, a->dt_max);
-    MB_REQUIRE(a->norm_eps > 0 && a->norm_eps < 1,
-               "model config: the Mamba2 norm's layer_norm_epsilon=%g is out of range",
-               a->norm_eps);
-    MB_REQUIRE(tp >= 1 && a->n_groups % tp == 0,
-               "model: tp_size=%d must divide the Mamba2 mixer's n_groups=%lld (its heads and "
-               "groups are split together, each group whole on one rank)", tp,
-               (long long)a->n_groups);
+    MODEL_REQUIRE(a->num_heads > 0 && a->num_heads <= MODEL_MAX_HEADS,
+                  "model config: mamba_num_heads=%lld must be in [1, %d]", (long long)a->num_heads,
+                  MODEL_MAX_HEADS);
+    MODEL_REQUIRE(a->head_dim > 0 && a->head_dim <= MODEL_MAX_HEAD_DIM,
+                  "model config: mamba_head_dim=%lld must be in [1, %d]", (long long)a->head_dim,
+                  MODEL_MAX_HEAD_DIM);
+    MODEL_REQUIRE(a->num_heads * a->head_dim <= MODEL_MAX_FFN,
+                  "model config: mamba_num_heads x mamba_head_dim = %lld exceeds %d",
+                  (long long)(a->num_heads * a->head_dim), MODEL_MAX_FFN);
+    MODEL_REQUIRE(a->n_groups > 0 && a->num_heads % a->n_groups == 0,
+                  "model config: n_groups=%lld must divide mamba_num_heads=%lld",
+                  (long long)a->n_groups, (long long)a->num_heads);
+    MODEL_REQUIRE(a->state_size > 0 && a->state_size <= MODEL_MAX_HEAD_DIM,
+                  "model config: ssm_state_size=%lld must be in [1, %d]", (long long)a->state_size,
+                  MODEL_MAX_HEAD_DIM);
+    MODEL_REQUIRE(a->conv_kernel >= 1 && a->conv_kernel <= 65,
+                  "model config: conv_kernel=%lld must be in [1, 65]", (long long)a->conv_kernel);
+    MODEL_REQUIRE(a->chunk_size >= 1 && a->chunk_size <= (1 << 16),
+                  "model config: chunk_size=%lld must be in [1, 65536]", (long long)a->chunk_size);
+    MODEL_REQUIRE(
+        a->dt_min >= 0 && a->dt_min <= a->dt_max,
+        "model config: the dt limits [%g, %g] (time_step_min, time_step_max) are empty or "
+        "negative",
+        a->dt_min, a->dt_max);
+    MODEL_REQUIRE(a->norm_eps > 0 && a->norm_eps < 1,
+                  "model config: the Mamba2 norm's layer_norm_epsilon=%g is out of range",
+                  a->norm_eps);
+    MODEL_REQUIRE(tp >= 1 && a->n_groups % tp == 0,
+                  "model: tp_size=%d must divide the Mamba2 mixer's n_groups=%lld (its heads and "
+                  "groups are split together, each group whole on one rank)",
+                  tp, (long long)a->n_groups);
     return BT_OK;
-#undef MB_REQUIRE
 }
 
 static void mb_layout(model_layout_t *lb, const model_config_t *c, const char *prefix,

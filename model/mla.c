@@ -32,6 +32,7 @@
  * every rank; with q_proj the input gradient of q's part is all-reduced
  * instead. */
 #include "model/kind.h"
+#include "model/require.h"
 
 #include "base/log.h"
 #include "model/cp_xchg.h"
@@ -94,49 +95,46 @@ static bt_status_t mla_validate(const model_config_t *c, int tp)
 {
     const model_mla_config_t *a = &c->mla;
     const model_rope_t *r = &a->rope;
-#define M_REQUIRE(cond, ...)                                                                       \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            log_error(__VA_ARGS__);                                                                \
-            return BT_ERR_INVALID;                                                                 \
-        }                                                                                          \
-    } while (0)
-    M_REQUIRE(a->num_heads > 0 && a->num_heads <= MODEL_MAX_HEADS,
-              "model config: num_attention_heads=%lld must be in [1, %d]", (long long)a->num_heads,
-              MODEL_MAX_HEADS);
-    M_REQUIRE(a->qk_nope_dim > 0 && a->qk_nope_dim <= MODEL_MAX_HEAD_DIM,
-              "model config: qk_nope_head_dim=%lld must be in [1, %d]", (long long)a->qk_nope_dim,
-              MODEL_MAX_HEAD_DIM);
-    M_REQUIRE(a->qk_rope_dim > 0 && a->qk_rope_dim % 2 == 0 && a->qk_rope_dim <= MODEL_MAX_HEAD_DIM,
-              "model config: qk_rope_head_dim=%lld must be even and in [2, %d]",
-              (long long)a->qk_rope_dim, MODEL_MAX_HEAD_DIM);
-    M_REQUIRE(a->v_head_dim > 0 && a->v_head_dim <= MODEL_MAX_HEAD_DIM,
-              "model config: v_head_dim=%lld must be in [1, %d]", (long long)a->v_head_dim,
-              MODEL_MAX_HEAD_DIM);
-    M_REQUIRE(a->kv_lora_rank > 0 && a->kv_lora_rank <= MODEL_MAX_HIDDEN,
-              "model config: kv_lora_rank=%lld must be in [1, %d]", (long long)a->kv_lora_rank,
-              MODEL_MAX_HIDDEN);
-    M_REQUIRE(a->q_lora_rank >= 0 && a->q_lora_rank <= MODEL_MAX_HIDDEN,
-              "model config: q_lora_rank=%lld must be null or in [1, %d]",
-              (long long)a->q_lora_rank, MODEL_MAX_HIDDEN);
-    M_REQUIRE(r->kind == MODEL_ROPE_DEFAULT || r->kind == MODEL_ROPE_YARN,
-              "model config: MLA supports rope_type default or yarn (got kind %d)", (int)r->kind);
-    M_REQUIRE(r->theta > 0, "model config: rope_theta=%g must be > 0", r->theta);
+    MODEL_REQUIRE(a->num_heads > 0 && a->num_heads <= MODEL_MAX_HEADS,
+                  "model config: num_attention_heads=%lld must be in [1, %d]",
+                  (long long)a->num_heads, MODEL_MAX_HEADS);
+    MODEL_REQUIRE(a->qk_nope_dim > 0 && a->qk_nope_dim <= MODEL_MAX_HEAD_DIM,
+                  "model config: qk_nope_head_dim=%lld must be in [1, %d]",
+                  (long long)a->qk_nope_dim, MODEL_MAX_HEAD_DIM);
+    MODEL_REQUIRE(a->qk_rope_dim > 0 && a->qk_rope_dim % 2 == 0 &&
+                      a->qk_rope_dim <= MODEL_MAX_HEAD_DIM,
+                  "model config: qk_rope_head_dim=%lld must be even and in [2, %d]",
+                  (long long)a->qk_rope_dim, MODEL_MAX_HEAD_DIM);
+    MODEL_REQUIRE(a->v_head_dim > 0 && a->v_head_dim <= MODEL_MAX_HEAD_DIM,
+                  "model config: v_head_dim=%lld must be in [1, %d]", (long long)a->v_head_dim,
+                  MODEL_MAX_HEAD_DIM);
+    MODEL_REQUIRE(a->kv_lora_rank > 0 && a->kv_lora_rank <= MODEL_MAX_HIDDEN,
+                  "model config: kv_lora_rank=%lld must be in [1, %d]", (long long)a->kv_lora_rank,
+                  MODEL_MAX_HIDDEN);
+    MODEL_REQUIRE(a->q_lora_rank >= 0 && a->q_lora_rank <= MODEL_MAX_HIDDEN,
+                  "model config: q_lora_rank=%lld must be null or in [1, %d]",
+                  (long long)a->q_lora_rank, MODEL_MAX_HIDDEN);
+    MODEL_REQUIRE(r->kind == MODEL_ROPE_DEFAULT || r->kind == MODEL_ROPE_YARN,
+                  "model config: MLA supports rope_type default or yarn (got kind %d)",
+                  (int)r->kind);
+    MODEL_REQUIRE(r->theta > 0, "model config: rope_theta=%g must be > 0", r->theta);
     if (r->kind == MODEL_ROPE_YARN) {
-        M_REQUIRE(r->factor > 0, "model config: rope_scaling.factor=%g must be > 0", r->factor);
-        M_REQUIRE(r->original_max_position > 0,
-                  "model config: rope_scaling.original_max_position_embeddings=%lld must be > 0",
-                  (long long)r->original_max_position);
-        M_REQUIRE(r->beta_fast > 0 && r->beta_slow > 0,
-                  "model config: rope_scaling.beta_fast=%g and beta_slow=%g must be > 0",
-                  r->beta_fast, r->beta_slow);
+        MODEL_REQUIRE(r->factor > 0, "model config: rope_scaling.factor=%g must be > 0", r->factor);
+        MODEL_REQUIRE(
+            r->original_max_position > 0,
+            "model config: rope_scaling.original_max_position_embeddings=%lld must be > 0",
+            (long long)r->original_max_position);
+        MODEL_REQUIRE(r->beta_fast > 0 && r->beta_slow > 0,
+                      "model config: rope_scaling.beta_fast=%g and beta_slow=%g must be > 0",
+                      r->beta_fast, r->beta_slow);
     }
     if (tp > 1)
-        M_REQUIRE(a->num_heads % tp == 0,
-                  "model: tp_size=%d does not divide num_attention_heads=%lld (MLA splits whole "
-                  "heads)", tp, (long long)a->num_heads);
+        MODEL_REQUIRE(
+            a->num_heads % tp == 0,
+            "model: tp_size=%d does not divide num_attention_heads=%lld (MLA splits whole "
+            "heads)",
+            tp, (long long)a->num_heads);
     return BT_OK;
-#undef M_REQUIRE
 }
 
 static void mla_layout(model_layout_t *lb, const model_config_t *c, const char *prefix,
