@@ -153,6 +153,8 @@ struct kern_backend {
                         float eps);
     void (*rmsnorm_bwd)(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout, ct_t *x, ct_t *w,
                         ct_t *rstd);
+    void (*add_rmsnorm_fwd)(kern_stream_t *s, tensor_t *xout, tensor_t *ln, tensor_t *rstd, ct_t *x,
+                            ct_t *y, ct_t *w, float eps);
 
     /* x, out as [BT, H, D]; tables [P, D/2] */
     void (*rope_fwd)(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *cos, ct_t *sin, ct_t *pos);

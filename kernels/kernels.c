@@ -399,6 +399,33 @@ void kern_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, const ten
     kern_compute(s, op, KERN_OP_RMSNORM, out->dtype)->rmsnorm_fwd(s, out, rstd, x, w, eps);
 }
 
+void kern_add_rmsnorm_fwd(kern_stream_t *s, tensor_t *xout, tensor_t *ln, tensor_t *rstd,
+                          const tensor_t *x, const tensor_t *y, const tensor_t *w, float eps)
+{
+    const char *op = "kern_add_rmsnorm_fwd";
+    kern_req(s, op, "xout", xout);
+    kern_req(s, op, "ln", ln);
+    kern_req(s, op, "rstd", rstd);
+    kern_req(s, op, "x", x);
+    kern_req(s, op, "y", y);
+    kern_req(s, op, "w", w);
+    kern_req_same_shape(op, "x", x, "xout", xout);
+    kern_req_same_shape(op, "y", y, "xout", xout);
+    kern_req_same_shape(op, "ln", ln, "xout", xout);
+    kern_req_dtype(op, "x", x, xout->dtype);
+    kern_req_dtype(op, "y", y, xout->dtype);
+    kern_req_dtype(op, "ln", ln, xout->dtype);
+    kern_req_dtype(op, "w", w, xout->dtype);
+    kern_req_dtype(op, "rstd", rstd, DT_F32);
+    int64_t N = tensor_rows(xout), C = tensor_cols(xout);
+    kern_req_numel(op, "w", w, C);
+    kern_req_numel(op, "rstd", rstd, N);
+    if (ln->data && (ln->data == xout->data || ln->data == x->data || ln->data == y->data))
+        BT_PANIC("%s: ln aliases xout, x or y", op);
+    kern_compute(s, op, KERN_OP_RMSNORM, xout->dtype)
+        ->add_rmsnorm_fwd(s, xout, ln, rstd, x, y, w, eps);
+}
+
 void kern_rmsnorm_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, const tensor_t *dout,
                       const tensor_t *x, const tensor_t *w, const tensor_t *rstd)
 {

@@ -124,6 +124,13 @@ void kern_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd, const ten
                       const tensor_t *w, float eps);
 void kern_rmsnorm_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, const tensor_t *dout,
                       const tensor_t *x, const tensor_t *w, const tensor_t *rstd);
+/* The residual add and the next norm in one pass: xout[N,C] = x + y, then
+ * ln = xout * rstd * w as kern_rmsnorm_fwd of xout. The bits of kern_add
+ * followed by kern_rmsnorm_fwd on every backend: xout is rounded to its
+ * dtype before the norm reads it. xout may alias x or y; ln may not alias
+ * xout, x or y. */
+void kern_add_rmsnorm_fwd(kern_stream_t *s, tensor_t *xout, tensor_t *ln, tensor_t *rstd,
+                          const tensor_t *x, const tensor_t *y, const tensor_t *w, float eps);
 
 /* ---- rotary embeddings (HF "rotate_half" convention) ------------------ */
 

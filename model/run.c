@@ -7,6 +7,9 @@
  *   x[s+1]        = x[s] + kind_s(ln[s])
  *   head          = rmsnorm(x[S]) -> lm_head -> cross-entropy, in row chunks
  *
+ * Each residual add runs with the norm after it (kern_add_rmsnorm_fwd: x[s+1]
+ * and ln[s+1], or the head's final norm, in one pass).
+ *
  * Everything lives in one device allocation per arena; the host keeps only
  * its inputs (ids, targets, positions) and the losses it downloads. The head
  * runs in row chunks so that the [N, vocab] logits never exist whole, and
@@ -616,12 +619,13 @@ static bt_status_t head_xent(model_t *m, model_acts_t *a, tensor_t *losses, tens
     return BT_OK;
 }
 
-/* Final norm, lm_head and cross-entropy over row chunks. With dloss > 0 the
+/* Final norm, lm_head and cross-entropy over row chunks (normed: the final
+ * norm already ran, fused with the last residual add). With dloss > 0 the
  * lm_head gradient and d(final norm output) (dlnf) are computed too; with
  * TP each rank adds its vocabulary slice's share to dlnf, summed once at the
  * end. */
 static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t *b, float dloss,
-                                model_loss_t *loss)
+                                bool normed, model_loss_t *loss)
 {
     kern_stream_t *s = m->stream;
     const model_config_t *c = &m->cfg;
@@ -632,7 +636,7 @@ static bt_status_t head_forward(model_t *m, model_acts_t *a, const model_batch_t
     int64_t s0 = 0, sn = N;
     if (sp) model_sp_rows(m, N, &s0, &sn);
     bt_status_t st;
-    if (sn > 0) { /* under SP this rank's rows, then all of them gathered */
+    if (sn > 0 && !normed) { /* under SP this rank's rows, then all of them gathered */
         tensor_t xl = x_rows(m, a, m->n_subs, N, s0, sn), lnl = rows_of(&lnf, s0, sn);
         tensor_t rstdl = f32_view(m, a->rstdf + s0, 1, &sn);
         kern_rmsnorm_fwd(s, &lnl, &rstdl, &xl, P(m, m->final_norm), (float)c->rms_norm_eps);
@@ -801,13 +805,28 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
         tensor_t rstd = f32_view(m, a->rstd + ln_slot(a, k) * N + s0, 1, &sn);
         tensor_t xl = x_rows(m, a, k, N, s0, sn), xnl = x_rows(m, a, k + 1, N, s0, sn);
         tensor_t lnl = ln_rows(m, a, k, N, s0, sn), tmpl = rows_of(&tmp, s0, sn);
-        if (sn > 0) kern_rmsnorm_fwd(s, &lnl, &rstd, &xl, P(m, sub->norm), eps);
+        /* sublayer 0's norm; every later one ran with the residual add before it */
+        if (k == 0 && sn > 0) kern_rmsnorm_fwd(s, &lnl, &rstd, &xl, P(m, sub->norm), eps);
         if (r.sp && (st = ln_gather(m, a, k, N, s0, sn, sub->layer)) != BT_OK) return st;
         r.shared = shared_of(a, sub->kind);
         r.cache = a->decode ? a->cache[k] : NULL;
         if ((st = sub->kind->forward(&r, sub, (char *)a->saved + a->saved_off[k], &ln, &tmp)))
             return st;
-        if (sn > 0) kern_add(s, &xnl, &xl, &tmpl);
+        if (sn <= 0) continue;
+        /* the residual add and the next norm (the next sublayer's, or the
+         * head's final norm) in one pass: kern_add + kern_rmsnorm_fwd's bits */
+        if (k + 1 < m->n_subs) {
+            tensor_t lnn = ln_rows(m, a, k + 1, N, s0, sn);
+            tensor_t rstdn = f32_view(m, a->rstd + ln_slot(a, k + 1) * N + s0, 1, &sn);
+            kern_add_rmsnorm_fwd(s, &xnl, &lnn, &rstdn, &xl, &tmpl, P(m, m->subs[k + 1].norm),
+                                 eps);
+        } else if (st_->has_head) {
+            tensor_t lnf = stack_view(m, a->lnf, 0, N, C), lnfl = rows_of(&lnf, s0, sn);
+            tensor_t rstdf = f32_view(m, a->rstdf + s0, 1, &sn);
+            kern_add_rmsnorm_fwd(s, &xnl, &lnfl, &rstdf, &xl, &tmpl, P(m, m->final_norm), eps);
+        } else {
+            kern_add(s, &xnl, &xl, &tmpl);
+        }
     }
     /* a stage's output leaves whole */
     if (r.sp && !st_->has_head) {
@@ -826,7 +845,8 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
     if (aux_on && (st = model_moe_aux_end(&r, a->aux, a->aux + model_aux_len(m, false), dloss,
                                           scored, &aux)) != BT_OK)
         return st;
-    if (st_->has_head && (st = head_forward(m, a, b, dloss, loss)) != BT_OK) return st;
+    if (st_->has_head && (st = head_forward(m, a, b, dloss, m->n_subs > 0, loss)) != BT_OK)
+        return st;
     if (st_->has_head) {
         loss->aux_sum = aux * (double)loss->n_scored;
         loss->loss_sum += loss->aux_sum;

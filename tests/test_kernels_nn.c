@@ -1,4 +1,4 @@
-/* Embedding, RMSNorm, RoPE, SwiGLU and squared ReLU: forward against float64 references,
+/* Embedding, RMSNorm (and the fused residual add + RMSNorm), RoPE, SwiGLU and squared ReLU: forward against float64 references,
  * backward against central differences of a float64 scalar loss
  * sum(out * R), with gradient buffers pre-filled so that accumulation (+=) is
  * checked too. */
@@ -126,6 +126,59 @@ static void test_rmsnorm_fwd_bwd(void)
     kern_rmsnorm_fwd(kern_stream_host(), &O, &R, &X, &W, 1e-6f);
     kt_close("rmsnorm small", o, ref, 4, 1e-5);
     free(c.x), free(c.w);
+}
+
+/* The fused residual add + norm: the bits of kern_add then kern_rmsnorm_fwd
+ * (also with xout in place over x and over y), and both against a float64
+ * reference of the sum and its norm. */
+static void test_add_rmsnorm_fwd(void)
+{
+    kt_rng_t rng = {12};
+    const int64_t shapes[][2] = {{1, 1}, {3, 7}, {17, 33}, {4, 768}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t N = shapes[s][0], C = shapes[s][1], n = N * C;
+        float eps = 1e-5f;
+        float *x = kt_rand(&rng, n, -2, 2), *y = kt_rand(&rng, n, -2, 2);
+        float *w = kt_rand(&rng, C, 0.5, 1.5);
+        float *xa = kt_alloc(n), *la = kt_alloc(n), *ra = kt_alloc(N);
+        float *xb = kt_alloc(n), *lb = kt_alloc(n), *rb = kt_alloc(N);
+        tensor_t X = tensor_2d(x, DT_F32, N, C), Y = tensor_2d(y, DT_F32, N, C);
+        tensor_t W = tensor_1d(w, DT_F32, C);
+        tensor_t XA = tensor_2d(xa, DT_F32, N, C), LA = tensor_2d(la, DT_F32, N, C);
+        tensor_t RA = tensor_1d(ra, DT_F32, N);
+        tensor_t XB = tensor_2d(xb, DT_F32, N, C), LB = tensor_2d(lb, DT_F32, N, C);
+        tensor_t RB = tensor_1d(rb, DT_F32, N);
+        kern_add(kern_stream_host(), &XA, &X, &Y);
+        kern_rmsnorm_fwd(kern_stream_host(), &LA, &RA, &XA, &W, eps);
+        kern_add_rmsnorm_fwd(kern_stream_host(), &XB, &LB, &RB, &X, &Y, &W, eps);
+        size_t nb = (size_t)n * sizeof(float);
+        CHECK_MSG(memcmp(xa, xb, nb) == 0, "add_rmsnorm xout differs from kern_add (N%lld C%lld)",
+                  (long long)N, (long long)C);
+        CHECK_MSG(memcmp(la, lb, nb) == 0, "add_rmsnorm ln differs from add + rmsnorm (N%lld C%lld)",
+                  (long long)N, (long long)C);
+        CHECK_MSG(memcmp(ra, rb, (size_t)N * sizeof(float)) == 0,
+                  "add_rmsnorm rstd differs from add + rmsnorm (N%lld C%lld)", (long long)N,
+                  (long long)C);
+        /* in place: xout over x, then over y */
+        float *xi = kt_dup(x, n), *yi = kt_dup(y, n);
+        tensor_t XI = tensor_2d(xi, DT_F32, N, C), YI = tensor_2d(yi, DT_F32, N, C);
+        kern_add_rmsnorm_fwd(kern_stream_host(), &XI, &LB, &RB, &XI, &Y, &W, eps);
+        CHECK_MSG(memcmp(xi, xa, nb) == 0 && memcmp(lb, la, nb) == 0,
+                  "add_rmsnorm in place over x differs (N%lld C%lld)", (long long)N, (long long)C);
+        kern_add_rmsnorm_fwd(kern_stream_host(), &YI, &LB, &RB, &X, &YI, &W, eps);
+        CHECK_MSG(memcmp(yi, xa, nb) == 0 && memcmp(lb, la, nb) == 0,
+                  "add_rmsnorm in place over y differs (N%lld C%lld)", (long long)N, (long long)C);
+        /* float64: the exact sum, and the norm of the exact sum */
+        double *sum = kt_alloc_d(n), *ref = kt_alloc_d(n), *rref = kt_alloc_d(N);
+        for (int64_t i = 0; i < n; i++) sum[i] = (double)x[i] + (double)y[i];
+        rms_ctx_t c = {sum, kt_to_d(w, C), NULL, N, C, eps};
+        ref_rmsnorm(ref, rref, &c);
+        kt_close("add_rmsnorm xout", xb, sum, n, 1e-7);
+        kt_close("add_rmsnorm ln", la, ref, n, 1e-6);
+        kt_close("add_rmsnorm rstd", ra, rref, N, 1e-6);
+        free(x), free(y), free(w), free(xa), free(la), free(ra), free(xb), free(lb), free(rb);
+        free(xi), free(yi), free(sum), free(ref), free(rref), free(c.w);
+    }
 }
 
 /* ---- RoPE ------------------------------------------------------------------ */
@@ -295,6 +348,7 @@ static void test_relu2_fwd_bwd(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_embedding_fwd_bwd_shards, test_rmsnorm_fwd_bwd, test_rope_fwd_bwd,
+    TEST_RUN(argc, argv, test_embedding_fwd_bwd_shards, test_rmsnorm_fwd_bwd, test_add_rmsnorm_fwd,
+             test_rope_fwd_bwd,
              test_rope_position_out_of_table_panics, test_swiglu_fwd_bwd, test_relu2_fwd_bwd);
 }

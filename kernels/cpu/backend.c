@@ -303,6 +303,13 @@ static void cpu_op_rmsnorm_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_
                     rstd->data, tensor_rows(x), tensor_cols(x));
 }
 
+static void cpu_op_add_rmsnorm_fwd(kern_stream_t *s, tensor_t *xout, tensor_t *ln, tensor_t *rstd,
+                                   ct_t *x, ct_t *y, ct_t *w, float eps)
+{
+    cpu_add_rmsnorm_fwd(xout->data, ln->data, rstd->data, x->data, y->data, w->data,
+                        tensor_rows(xout), tensor_cols(xout), eps);
+}
+
 /* x as [BT, H, D] */
 static void rope_dims(ct_t *x, ct_t *cos, int64_t *BT, int64_t *H, int64_t *D, int64_t *P)
 {
@@ -641,6 +648,7 @@ const kern_backend_t kern_cpu_backend = {
     .embedding_bwd = cpu_op_embedding_bwd,
     .rmsnorm_fwd = cpu_op_rmsnorm_fwd,
     .rmsnorm_bwd = cpu_op_rmsnorm_bwd,
+    .add_rmsnorm_fwd = cpu_op_add_rmsnorm_fwd,
     .rope_fwd = cpu_op_rope_fwd,
     .rope_bwd = cpu_op_rope_bwd,
     .attention_fwd = cpu_op_attention_fwd,

@@ -103,6 +103,14 @@ void cpu_rmsnorm_bwd(float *dx,         /* [N,C] or NULL, += */
                      const float *w,    /* [C] */
                      const float *rstd, /* [N] */
                      int64_t N, int64_t C);
+/* xout = x + y (may alias either), then cpu_rmsnorm_fwd of xout */
+void cpu_add_rmsnorm_fwd(float *xout,    /* [N,C] */
+                         float *out,     /* [N,C] */
+                         float *rstd,    /* [N] */
+                         const float *x, /* [N,C] */
+                         const float *y, /* [N,C] */
+                         const float *w, /* [C] */
+                         int64_t N, int64_t C, float eps);
 
 /* rope.c */
 void cpu_rope_fwd(float *out,         /* [BT,H,D], may alias x */

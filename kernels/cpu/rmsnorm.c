@@ -24,6 +24,21 @@ void cpu_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, in
     }
 }
 
+/* cpu_add_rmsnorm_fwd: the sum is formed and stored first, then read back
+ * by the norm row by row exactly as cpu_rmsnorm_fwd reads its input, so the bits are
+ * those of cpu_add followed by cpu_rmsnorm_fwd (xout may alias x or y: each
+ * element is read before it is written). */
+void cpu_add_rmsnorm_fwd(float *xout, float *out, float *rstd, const float *x, const float *y,
+                         const float *w, int64_t N, int64_t C, float eps)
+{
+    for (int64_t n = 0; n < N; n++) {
+        const float *xr = x + n * C, *yr = y + n * C;
+        float *xo = xout + n * C;
+        for (int64_t c = 0; c < C; c++) xo[c] = xr[c] + yr[c];
+        cpu_rmsnorm_fwd(out + n * C, rstd + n, xo, w, 1, C, eps); /* the row still in cache */
+    }
+}
+
 /* y_c = w_c x_c r with r = (mean(x^2)+eps)^-1/2, so
  * dx_c = r w_c dy_c - (r^3 / C) x_c sum_j(w_j dy_j x_j);  dw_c = sum_n dy_c x_c r. */
 void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,

@@ -704,6 +704,18 @@ static void cuda_op_rmsnorm_fwd(kern_stream_t *s, tensor_t *out, tensor_t *rstd,
                                   tensor_rows(x), tensor_cols(x), eps));
 }
 
+static void cuda_op_add_rmsnorm_fwd(kern_stream_t *s, tensor_t *xout, tensor_t *ln, tensor_t *rstd,
+                                    ct_t *x, ct_t *y, ct_t *w, float eps)
+{
+    cuda_stream_t *cs = cs_of(s);
+    const char *op = "kern_add_rmsnorm_fwd";
+    if (cs_enter(cs, op))
+        cs_check(cs, op,
+                 cuda_add_rmsnorm_fwd(cs->st, xout->data, ln->data, rstd->data, x->data, y->data,
+                                      w->data, xout->dtype, tensor_rows(xout), tensor_cols(xout),
+                                      eps));
+}
+
 static void cuda_op_rmsnorm_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *dout, ct_t *x,
                                 ct_t *w, ct_t *rstd)
 {
@@ -1433,6 +1445,7 @@ const kern_backend_t kern_cuda_backend = {
     .embedding_bwd = cuda_op_embedding_bwd,
     .rmsnorm_fwd = cuda_op_rmsnorm_fwd,
     .rmsnorm_bwd = cuda_op_rmsnorm_bwd,
+    .add_rmsnorm_fwd = cuda_op_add_rmsnorm_fwd,
     .rope_fwd = cuda_op_rope_fwd,
     .rope_bwd = cuda_op_rope_bwd,
     .attention_fwd = cuda_op_attention_fwd,

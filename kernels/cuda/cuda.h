@@ -106,6 +106,11 @@ cudaError_t cuda_embedding_bwd(cudaStream_t st, void *dtable, dtype_t dtable_dt,
 
 cudaError_t cuda_rmsnorm_fwd(cudaStream_t st, void *out, float *rstd, const void *x,
                              const void *w, dtype_t dt, int64_t N, int64_t C, float eps);
+/* xout = x + y (may alias either), then cuda_rmsnorm_fwd of xout into out:
+ * the bits of cuda_add followed by cuda_rmsnorm_fwd */
+cudaError_t cuda_add_rmsnorm_fwd(cudaStream_t st, void *xout, void *out, float *rstd,
+                                 const void *x, const void *y, const void *w, dtype_t dt,
+                                 int64_t N, int64_t C, float eps);
 /* dx (dt) += ...; dw (dw_dt: f32 or dt) += sum over rows, deterministic */
 size_t cuda_rmsnorm_bwd_scratch(int64_t N, int64_t C);
 cudaError_t cuda_rmsnorm_bwd(cudaStream_t st, void *dx, void *dw, dtype_t dw_dt,

@@ -221,6 +221,11 @@ static void f_rmsnorm_bwd(kern_stream_t *s, tensor_t *dx, tensor_t *dw, ct_t *do
 {
     FENCED(cpu->rmsnorm_bwd(s, dx, dw, dout, x, w, rstd));
 }
+static void f_add_rmsnorm_fwd(kern_stream_t *s, tensor_t *xout, tensor_t *ln, tensor_t *rstd,
+                              ct_t *x, ct_t *y, ct_t *w, float eps)
+{
+    FENCED(cpu->add_rmsnorm_fwd(s, xout, ln, rstd, x, y, w, eps));
+}
 static void f_rope_fwd(kern_stream_t *s, tensor_t *out, ct_t *x, ct_t *cos, ct_t *sin, ct_t *pos)
 {
     FENCED(cpu->rope_fwd(s, out, x, cos, sin, pos));
@@ -432,6 +437,7 @@ const kern_backend_t kern_fenced_backend = {
     .embedding_bwd = f_embedding_bwd,
     .rmsnorm_fwd = f_rmsnorm_fwd,
     .rmsnorm_bwd = f_rmsnorm_bwd,
+    .add_rmsnorm_fwd = f_add_rmsnorm_fwd,
     .rope_fwd = f_rope_fwd,
     .rope_bwd = f_rope_bwd,
     .attention_fwd = f_attention_fwd,

@@ -728,6 +728,119 @@ static void test_rmsnorm(dtype_t dt, dtype_t gdt)
     }
 }
 
+/* Elements where a and b differ bit for bit (as the f32 values dget gives:
+ * bf16 -> f32 is exact), NaNs with the same bits counting as equal. */
+static double nbits_differ(const float *a, const float *b, int64_t n)
+{
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += memcmp(&a[i], &b[i], sizeof *a) != 0;
+    return (double)d;
+}
+
+/* The fused residual add + norm (kern_add_rmsnorm_fwd). Rows: xout, ln and
+ * rstd against float64 references (the sum as the op defines it: the f32
+ * sum rounded to dt, then the norm of that in float64); "add_rmsnorm bits":
+ * elements of xout, ln and rstd where the fused op differs from kern_add +
+ * kern_rmsnorm_fwd on the same device (tolerance 0; its ms is the two ops',
+ * the ln row's the fused op's), and the same for xout in place over x
+ * ("inplace") and for x and y at an odd element offset ("unal": the vector
+ * norm with element loads of x and y). The CPU column compares the CPU twin
+ * the same way. */
+static void test_add_rmsnorm(dtype_t dt)
+{
+    /* C 2304 (bf16) and 4096 (f32): more than 8 vectors a lane, the tail
+     * read back from xout */
+    static const int64_t shapes[][2] = {{1, 1}, {3, 7}, {64, 576}, {256, 768}, {100, 2304},
+                                        {64, 4096}};
+    kt_rng_t r = {19};
+    const char *dts = dtn(dt);
+    for (int si = 0; si < (quick ? 3 : 6); si++) {
+        int64_t N = shapes[si][0], C = shapes[si][1], n = N * C;
+        float eps = 1e-5f;
+        float *x = rnd(&r, n, -2, 2, dt), *y = rnd(&r, n, -2, 2, dt);
+        float *w = rnd(&r, C, 0.5, 1.5, dt);
+        double *rsum = kt_alloc_d(n), *rln = kt_alloc_d(n), *rrstd = kt_alloc_d(N);
+        for (int64_t i = 0; i < n; i++) rsum[i] = round_to(x[i] + y[i], dt);
+        {
+            double *wd = kt_to_d(w, C);
+            rms_ctx_t c = {N, C, eps, rsum, wd, NULL};
+            ref_rms_fwd(rln, rrstd, &c);
+            free(wd);
+        }
+        /* x and y sit 1 element into buffers one element longer, for "unal" */
+        tensor_t bx = dnew(dt, 1, n + 1, 0, 0, 0), by = dnew(dt, 1, n + 1, 0, 0, 0);
+        tensor_t tx = dnew(dt, 2, N, C, 0, 0), ty = dnew(dt, 2, N, C, 0, 0);
+        tensor_t tw = dnew(dt, 1, C, 0, 0, 0);
+        tensor_t txo = dnew(dt, 2, N, C, 0, 0), tln = dnew(dt, 2, N, C, 0, 0);
+        tensor_t tr = dnew(DT_F32, 1, N, 0, 0, 0);
+        tensor_t txo2 = dnew(dt, 2, N, C, 0, 0), tln2 = dnew(dt, 2, N, C, 0, 0);
+        tensor_t tr2 = dnew(DT_F32, 1, N, 0, 0, 0);
+        tensor_t ux = off_view(&bx, 1, n), uy = off_view(&by, 1, n);
+        ux = tensor_make(ux.data, dt, DEV, 2, (int64_t[]){N, C});
+        uy = tensor_make(uy.data, dt, DEV, 2, (int64_t[]){N, C});
+        dput(&tx, x), dput(&ty, y), dput(&tw, w), dput(&ux, x), dput(&uy, y);
+        dpoison(&txo), dpoison(&tln), dpoison(&tr), dpoison(&txo2), dpoison(&tln2), dpoison(&tr2);
+        float *g_xo = kt_alloc(n), *g_ln = kt_alloc(n), *g_r = kt_alloc(N);
+        float *h_xo = kt_alloc(n), *h_ln = kt_alloc(n), *h_r = kt_alloc(N);
+        char sh[32];
+        snprintf(sh, sizeof sh, "N%lld C%lld", (long long)N, (long long)C);
+        double ms = 0, ms2 = 0;
+
+        /* the two ops on the device, then the fused one */
+        kern_add(GS, &txo2, &tx, &ty);
+        kern_rmsnorm_fwd(GS, &tln2, &tr2, &txo2, &tw, eps);
+        kern_add_rmsnorm_fwd(GS, &txo, &tln, &tr, &tx, &ty, &tw, eps);
+        dget(g_xo, &txo), dget(g_ln, &tln), dget(g_r, &tr);
+        dget(h_xo, &txo2), dget(h_ln, &tln2), dget(h_r, &tr2);
+        double bits = nbits_differ(g_xo, h_xo, n) + nbits_differ(g_ln, h_ln, n) +
+                      nbits_differ(g_r, h_r, N);
+        double e_xo = relerr(g_xo, rsum, n), e_ln = relerr(g_ln, rln, n), e_r = relerr(g_r, rrstd, N);
+
+        /* the CPU twin: the fused op and the two ops on the host */
+        float *c_xo = kt_alloc(n), *c_ln = kt_alloc(n), *c_r = kt_alloc(N);
+        float *c_xo2 = kt_alloc(n), *c_ln2 = kt_alloc(n), *c_r2 = kt_alloc(N);
+        tensor_t hx = hview(x, 2, N, C, 0, 0), hy = hview(y, 2, N, C, 0, 0);
+        tensor_t hw = hview(w, 1, C, 0, 0, 0);
+        tensor_t hxo = hview(c_xo, 2, N, C, 0, 0), hln = hview(c_ln, 2, N, C, 0, 0);
+        tensor_t hr = hview(c_r, 1, N, 0, 0, 0);
+        tensor_t hxo2 = hview(c_xo2, 2, N, C, 0, 0), hln2 = hview(c_ln2, 2, N, C, 0, 0);
+        tensor_t hr2 = hview(c_r2, 1, N, 0, 0, 0);
+        kern_add_rmsnorm_fwd(HS, &hxo, &hln, &hr, &hx, &hy, &hw, eps);
+        kern_add(HS, &hxo2, &hx, &hy);
+        kern_rmsnorm_fwd(HS, &hln2, &hr2, &hxo2, &hw, eps);
+        double cbits = nbits_differ(c_xo, c_xo2, n) + nbits_differ(c_ln, c_ln2, n) +
+                       nbits_differ(c_r, c_r2, N);
+
+        TIMED(ms, kern_add_rmsnorm_fwd(GS, &txo, &tln, &tr, &tx, &ty, &tw, eps));
+        TIMED(ms2, kern_add(GS, &txo2, &tx, &ty); kern_rmsnorm_fwd(GS, &tln2, &tr2, &txo2, &tw, eps));
+        /* the CPU twin's xout is the f32 sum: against the bf16-rounded one it is off by the rounding */
+        row("add_rmsnorm xout", dts, sh, e_xo, dt == DT_F32 ? relerr(c_xo, rsum, n) : -1, 1e-7, ms);
+        row("add_rmsnorm ln", dts, sh, e_ln, relerr(c_ln, rln, n), tol_of(dt, 1e-5, 1e-2), ms);
+        row("add_rmsnorm rstd", dts, sh, e_r, dt == DT_F32 ? relerr(c_r, rrstd, N) : -1, 1e-5, ms);
+        row("add_rmsnorm bits", dts, sh, bits, cbits, 0, ms2);
+
+        /* in place over x: xout = x */
+        dpoison(&tln), dpoison(&tr);
+        kern_add_rmsnorm_fwd(GS, &tx, &tln, &tr, &tx, &ty, &tw, eps);
+        dget(g_xo, &tx), dget(g_ln, &tln), dget(g_r, &tr);
+        bits = nbits_differ(g_xo, h_xo, n) + nbits_differ(g_ln, h_ln, n) + nbits_differ(g_r, h_r, N);
+        row("add_rmsnorm inplace", dts, sh, bits, -1, 0, 0);
+
+        /* x and y unaligned, the outputs aligned */
+        dpoison(&txo), dpoison(&tln), dpoison(&tr);
+        kern_add_rmsnorm_fwd(GS, &txo, &tln, &tr, &ux, &uy, &tw, eps);
+        dget(g_xo, &txo), dget(g_ln, &tln), dget(g_r, &tr);
+        bits = nbits_differ(g_xo, h_xo, n) + nbits_differ(g_ln, h_ln, n) + nbits_differ(g_r, h_r, N);
+        row("add_rmsnorm unal", dts, sh, bits, -1, 0, 0);
+
+        dfree(&bx), dfree(&by), dfree(&tx), dfree(&ty), dfree(&tw), dfree(&txo), dfree(&tln);
+        dfree(&tr), dfree(&txo2), dfree(&tln2), dfree(&tr2);
+        free(x), free(y), free(w), free(rsum), free(rln), free(rrstd);
+        free(g_xo), free(g_ln), free(g_r), free(h_xo), free(h_ln), free(h_r);
+        free(c_xo), free(c_ln), free(c_r), free(c_xo2), free(c_ln2), free(c_r2);
+    }
+}
+
 /* ---- RoPE, SwiGLU ---------------------------------------------------------------------- */
 
 static void test_rope(dtype_t dt)
@@ -1946,6 +2059,7 @@ int main(int argc, char **argv)
         if (want("embedding") && dt == DT_BF16) test_embedding(dt, DT_F32);
         if (want("rmsnorm")) test_rmsnorm(dt, dt);
         if (want("rmsnorm") && dt == DT_BF16) test_rmsnorm(dt, DT_F32);
+        if (want("add_rmsnorm")) test_add_rmsnorm(dt);
         if (want("rope")) test_rope(dt);
         if (want("swiglu")) test_swiglu(dt);
         if (want("attention")) test_attention(dt);
