@@ -348,17 +348,22 @@ static void scratch_views(const model_run_t *r, tensor_t *v)
 /* shared per arena: the load-balancing statistics of one forward, for each
  * of the stage's L sparse layers its counts[E] and psum[E] (f32), then
  * aux_grad[E], the gradient the routers' backward adds to every row's
- * probabilities: 2L + 1 vectors of E */
-static int moe_stage_subs(const model_t *m);
+ * probabilities. The state is sized for the whole model's sparse layers M
+ * (2M + 1 vectors of E, aux_grad at 2M), not the stage's: the cost model
+ * (model/cost.c) takes a kind's shared state as one per stage, whatever the
+ * stage holds, and a few E-vectors more per stage keep it exact. */
+static int moe_sparse_layers(const model_config_t *c);
+
+static int moe_grad_vec(const model_t *m) { return 2 * moe_sparse_layers(&m->cfg); }
 
 static double moe_shared_bytes(const model_t *m, int64_t T)
 {
     (void)T;
-    return (2.0 * moe_stage_subs(m) + 1) * model_align_d((double)m->cfg.moe.n_experts * 4);
+    return (moe_grad_vec(m) + 1.0) * model_align_d((double)m->cfg.moe.n_experts * 4);
 }
 
 /* vector i of the shared state: layer l's counts at 2l, its psum at 2l + 1,
- * the gradient at 2L */
+ * the gradient at 2M (moe_grad_vec) */
 static tensor_t shared_vec(const model_t *m, void *shared, int i)
 {
     int64_t E = m->cfg.moe.n_experts;
@@ -383,7 +388,7 @@ static int moe_stage_subs(const model_t *m)
 static bt_status_t moe_shared_init(const model_t *m, int64_t T, void *shared)
 {
     (void)T;
-    for (int i = 0; i <= 2 * moe_stage_subs(m); i++) {
+    for (int i = 0; i <= moe_grad_vec(m); i++) {
         tensor_t v = shared_vec(m, shared, i);
         kern_zero(m->stream, &v);
     }
@@ -498,7 +503,7 @@ bt_status_t model_moe_aux_grad(model_run_t *r, const double *grad)
     float *h = malloc((size_t)E * sizeof *h);
     if (!h) return BT_ERR_NOMEM;
     for (int64_t i = 0; i < E; i++) h[i] = (float)grad[i];
-    tensor_t v = shared_vec(m, r->shared, 2 * moe_stage_subs(m));
+    tensor_t v = shared_vec(m, r->shared, moe_grad_vec(m));
     kern_upload(r->s, &v, h);
     bt_status_t st = kern_stream_sync(r->s);
     free(h);
@@ -1348,7 +1353,7 @@ static bt_status_t moe_backward(model_run_t *r, const model_sub_t *sub, void *sa
     }
     /* the router: its weights' gradient and the load-balancing loss's */
     tensor_t aux_grad = {0};
-    if (e->aux_loss_coef > 0) aux_grad = shared_vec(m, r->shared, 2 * moe_stage_subs(m));
+    if (e->aux_loss_coef > 0) aux_grad = shared_vec(m, r->shared, moe_grad_vec(m));
     if (moe_routed_scale(e) != 1.0f) kern_scale(s, &d[S_DW], moe_routed_scale(e));
     kern_zero(s, &d[S_DLOGITS]);
     kern_moe_route_bwd(s, &d[S_DLOGITS], &d[S_DW], e->aux_loss_coef > 0 ? &aux_grad : NULL,
