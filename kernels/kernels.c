@@ -111,6 +111,11 @@ static const kern_backend_t *kern_compute(kern_stream_t *s, const char *op, kern
 
 void kern_cpu_set_threads(int n) { cpu_pool_set_threads(n); }
 
+void kern_host_parallel(int64_t n_tasks, void (*fn)(void *arg, int64_t task), void *arg)
+{
+    if (n_tasks > 0) cpu_pool_run(n_tasks, fn, arg);
+}
+
 /* ---- dense algebra -------------------------------------------------------- */
 
 double kern_peak_flops(device_t dev, dtype_t dt)

@@ -33,6 +33,11 @@
  * (cores / local ranks). Process-wide. Results are bit-identical for every
  * thread count. BATON_CPU_THREADS, when set, overrides every request. */
 void kern_cpu_set_threads(int n);
+/* Host work in n_tasks pieces on the same pool: fn(arg, task) for every
+ * task in [0, n_tasks), on as many threads as kern_cpu_set_threads allows;
+ * returns when all are done. The tasks must touch disjoint memory, so
+ * that what they compute never depends on the thread count. */
+void kern_host_parallel(int64_t n_tasks, void (*fn)(void *arg, int64_t task), void *arg);
 /* The fp32 FLOP/s of this process's CPU products, measured now (about
  * 0.12 s of 512-cubed products on the backend's threads): the peak that
  * a CPU run's MFU is reported against. 0 when it cannot be measured. */

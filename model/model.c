@@ -709,6 +709,28 @@ static double model_rng_uniform(uint64_t s, uint64_t k)
     return ((double)(model_rng_at(s, k) >> 11) + 0.5) / 9007199254740992.0;
 }
 
+/* one tensor's normal draws, in pieces of INIT_PIECE elements on the host
+ * pool: element k's value depends on (seed, its global index) only */
+enum { INIT_PIECE = 1 << 16 };
+typedef struct {
+    float *h;
+    const shard_spec_t *spec;
+    uint64_t s;
+    int64_t n;
+    float std;
+} init_job_t;
+
+static void init_piece(void *arg, int64_t piece)
+{
+    const init_job_t *j = arg;
+    int64_t k0 = piece * INIT_PIECE, k1 = k0 + INIT_PIECE < j->n ? k0 + INIT_PIECE : j->n;
+    for (int64_t k = k0; k < k1; k++) {
+        uint64_t g = (uint64_t)shard_global_index(j->spec, k);
+        double u1 = model_rng_uniform(j->s, 2 * g), u2 = model_rng_uniform(j->s, 2 * g + 1);
+        j->h[k] = (float)(j->std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
 bt_status_t model_init_random(model_t *m, uint64_t seed, float std)
 {
     for (int i = 0; i < m->n_params; i++) {
@@ -721,17 +743,16 @@ bt_status_t model_init_random(model_t *m, uint64_t seed, float std)
         bool is_bias = len > 5 && !strcmp(p->name + len - 5, ".bias");
         /* Seed per tensor by name so that a stage initializes its layers
          * exactly as the whole model would; element j of the HF tensor uses
-         * draws 2j and 2j+1, so a TP piece gets its slice of the same values. */
+         * draws 2j and 2j+1, so a TP piece gets its slice of the same values.
+         * A 1.1B model is 2.2G draws with a log and a cos each: a minute on
+         * one core, hence the pool. */
         uint64_t s = seed;
         for (size_t k = 0; k < len; k++) s = (s ^ (uint8_t)p->name[k]) * 0x100000001b3ull;
-        for (int64_t k = 0; k < n; k++) {
-            if (is_norm) h[k] = 1.0f;
-            else if (is_bias) h[k] = 0.0f;
-            else {
-                uint64_t g = (uint64_t)shard_global_index(&p->spec, k);
-                double u1 = model_rng_uniform(s, 2 * g), u2 = model_rng_uniform(s, 2 * g + 1);
-                h[k] = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-            }
+        if (is_norm || is_bias) {
+            for (int64_t k = 0; k < n; k++) h[k] = is_norm ? 1.0f : 0.0f;
+        } else {
+            init_job_t j = {.h = h, .spec = &p->spec, .s = s, .n = n, .std = std};
+            kern_host_parallel((n + INIT_PIECE - 1) / INIT_PIECE, init_piece, &j);
         }
         bt_status_t st = model_param_write(m, i, h);
         free(h);

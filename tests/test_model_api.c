@@ -112,6 +112,35 @@ static void test_model_stage_init(void)
     CHECK(model_create(&c, NULL, &m) == BT_ERR_INVALID);
 }
 
+/* the random init runs in pieces on the host pool: a tensor of several
+ * pieces (vocab 3000 x 64 = 3 pieces of 65536 draws) gets the same bits on
+ * one thread and on three, and a TP shard its slice of them */
+static void test_model_init_threads(void)
+{
+    model_config_t c = cfg_small();
+    c.vocab_size = 3000;
+    c.hidden_size = 64;
+    c.attn.head_dim = 16;
+    model_t *a = NULL, *b = NULL;
+    REQUIRE(model_create(&c, NULL, &a) == BT_OK);
+    REQUIRE(model_create(&c, NULL, &b) == BT_OK);
+    kern_cpu_set_threads(1);
+    REQUIRE(model_init_random(a, 11, 0.02f) == BT_OK);
+    kern_cpu_set_threads(3);
+    REQUIRE(model_init_random(b, 11, 0.02f) == BT_OK);
+    kern_cpu_set_threads(0);
+    int e = a->embed;
+    CHECK(tensor_numel(&a->params[e].t) > 2 * 65536);
+    for (int i = 0; i < a->n_params; i++)
+        CHECK(memcmp(a->params[i].t.data, b->params[i].t.data, tensor_nbytes(&a->params[i].t)) == 0);
+    /* not all one value: the pieces past the first were drawn */
+    const float *w = a->params[e].t.data;
+    int64_t ne = tensor_numel(&a->params[e].t);
+    CHECK(w[ne - 1] != 0.0f && w[ne - 1] != w[ne - 2] && w[70000] != w[0]);
+    model_destroy(a);
+    model_destroy(b);
+}
+
 static void test_model_positions_and_errors(void)
 {
     model_config_t c = cfg_small();
@@ -625,7 +654,7 @@ static void test_model_keep_f32(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_model_block_layout, test_model_stage_init,
+    TEST_RUN(argc, argv, test_model_block_layout, test_model_stage_init, test_model_init_threads,
              test_model_positions_and_errors, test_model_head_chunks,
              test_model_hybrid_blocks, test_model_forward_only_arena, test_model_decode_arena,
              test_model_fenced_device_catches_host_access,
