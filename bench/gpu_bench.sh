@@ -229,7 +229,10 @@ measure_baton() { # NAME JOB ATTN-VARIANT
     n=$(wc -l < "$st")
     med=$(awk '{ print $1 * 1000 }' "$st" | median)
     tps=$(awk -v m="$med" 'NR == 1 { printf "%.1f", $2 / (m / 1000) }' "$st")
-    held=$(sed -n 's/.*held at most \([0-9]*\) bytes.*/\1/p' "$log" | tail -1)
+    # the held count of the last step's metrics line (kern_mem_peak), else the
+    # exit log line of BATON_CUDA_MEM_REPORT (which --quiet may keep back)
+    held=$(grep '"loss"' "$met" | tail -1 | sed -n 's/.*"device_mem_peak_bytes": *\[\([0-9]*\).*/\1/p')
+    [ -n "$held" ] || held=$(sed -n 's/.*held at most \([0-9]*\) bytes.*/\1/p' "$log" | tail -1)
     skipped=$(grep '"loss"' "$met" | tail -1 | sed -n 's/.*"skipped_steps": *\([0-9]*\).*/\1/p')
     RES[$name.$impl.tps]=$tps; RES[$name.$impl.ms]=$med; RES[$name.$impl.n]=$n
     RES[$name.$impl.mem]=${held:-nan}; RES[$name.$impl.smi]=$(smi_rise "$work/smi_${impl}_$name" "$base")
