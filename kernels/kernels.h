@@ -39,8 +39,9 @@ void kern_cpu_set_threads(int n);
  * that what they compute never depends on the thread count. */
 void kern_host_parallel(int64_t n_tasks, void (*fn)(void *arg, int64_t task), void *arg);
 /* The fp32 FLOP/s of this process's CPU products, measured now (about
- * 0.12 s of 512-cubed products on the backend's threads): the peak that
- * a CPU run's MFU is reported against. 0 when it cannot be measured. */
+ * 0.12 s: every thread of the backend's pool running its own 512-cubed
+ * products at once, summed): the peak that a CPU run's MFU is reported
+ * against. 0 when it cannot be measured. */
 double kern_cpu_peak_flops(void);
 /* The product rate of dev in dtype dt, measured now: on cpu and fenced
  * kern_cpu_peak_flops; elsewhere the best of five rounds of ten

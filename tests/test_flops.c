@@ -1,6 +1,7 @@
 /* The MFU numerator (model/flops.h) against counts made by hand for the
  * rows of issue 13's table: every product written out per layer, nothing
  * taken from the code under test. docs/PERFORMANCE.md has the derivation. */
+#include "kernels/kernels.h"
 #include "model/flops.h"
 #include "model/model.h"
 #include "tests/test.h"
@@ -122,8 +123,21 @@ static void test_flops_shape_rules(void)
     CHECK(isnan(model_mfu(1e9, 1e5, 0)));
 }
 
+/* the CPU peak MFU divides by: measured with one thread and with three
+ * (three tasks on however many cores there are), a positive finite rate
+ * each time; its size is the host's, so nothing more is asserted */
+static void test_flops_cpu_peak(void)
+{
+    for (int t = 1; t <= 3; t += 2) {
+        kern_cpu_set_threads(t);
+        double p = kern_cpu_peak_flops();
+        CHECK(p > 1e8 && p < 1e15);
+    }
+    kern_cpu_set_threads(0);
+}
+
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_flops_llama_134m, test_flops_llama_1b, test_flops_smollm2_tied_head,
+    TEST_RUN(argc, argv, test_flops_cpu_peak, test_flops_llama_134m, test_flops_llama_1b, test_flops_smollm2_tied_head,
              test_flops_shape_rules);
 }
