@@ -4,6 +4,7 @@
 
 #include "base/log.h"
 #include "model/kind.h"
+#include "model/require.h"
 
 #include <stddef.h>
 #include <string.h>
@@ -86,32 +87,24 @@ bt_status_t model_config_kinds_validate(const model_config_t *c, int tp_size)
 
 bt_status_t model_config_validate(const model_config_t *c)
 {
-#define CFG_REQUIRE(cond, ...)                                                                     \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            log_error(__VA_ARGS__);                                                                \
-            return BT_ERR_INVALID;                                                                 \
-        }                                                                                          \
-    } while (0)
-    CFG_REQUIRE((unsigned)c->arch < MODEL_ARCH_COUNT, "model config: unknown architecture %d",
-                (int)c->arch);
-    CFG_REQUIRE(c->vocab_size > 0, "model config: vocab_size=%lld must be > 0",
-                (long long)c->vocab_size);
-    CFG_REQUIRE(c->vocab_size <= INT32_MAX, "model config: vocab_size=%lld too large",
-                (long long)c->vocab_size);
+    MODEL_REQUIRE((unsigned)c->arch < MODEL_ARCH_COUNT, "model config: unknown architecture %d",
+                  (int)c->arch);
+    MODEL_REQUIRE(c->vocab_size > 0, "model config: vocab_size=%lld must be > 0",
+                  (long long)c->vocab_size);
+    MODEL_REQUIRE(c->vocab_size <= INT32_MAX, "model config: vocab_size=%lld too large",
+                  (long long)c->vocab_size);
     /* Upper bounds far above any real model keep every shape product inside
      * int64 (and exact in a double): vocab x hidden <= 2^51. */
-    CFG_REQUIRE(c->hidden_size > 0 && c->hidden_size <= MODEL_MAX_HIDDEN,
-                "model config: hidden_size=%lld must be in [1, %d]", (long long)c->hidden_size,
-                MODEL_MAX_HIDDEN);
-    CFG_REQUIRE(c->num_layers > 0 && c->num_layers <= MODEL_MAX_LAYERS,
-                "model config: num_hidden_layers=%lld outside [1, %d]", (long long)c->num_layers,
-                MODEL_MAX_LAYERS);
-    CFG_REQUIRE(c->max_position_embeddings > 0,
-                "model config: max_position_embeddings=%lld must be > 0",
-                (long long)c->max_position_embeddings);
-    CFG_REQUIRE(c->rms_norm_eps > 0 && c->rms_norm_eps < 1,
-                "model config: rms_norm_eps=%g out of range", c->rms_norm_eps);
+    MODEL_REQUIRE(c->hidden_size > 0 && c->hidden_size <= MODEL_MAX_HIDDEN,
+                  "model config: hidden_size=%lld must be in [1, %d]", (long long)c->hidden_size,
+                  MODEL_MAX_HIDDEN);
+    MODEL_REQUIRE(c->num_layers > 0 && c->num_layers <= MODEL_MAX_LAYERS,
+                  "model config: num_hidden_layers=%lld outside [1, %d]", (long long)c->num_layers,
+                  MODEL_MAX_LAYERS);
+    MODEL_REQUIRE(c->max_position_embeddings > 0,
+                  "model config: max_position_embeddings=%lld must be > 0",
+                  (long long)c->max_position_embeddings);
+    MODEL_REQUIRE(c->rms_norm_eps > 0 && c->rms_norm_eps < 1,
+                  "model config: rms_norm_eps=%g out of range", c->rms_norm_eps);
     return model_config_kinds_validate(c, 1);
-#undef CFG_REQUIRE
 }

@@ -66,6 +66,7 @@
 #include "base/log.h"
 #include "model/arch.h"
 #include "model/model_int.h"
+#include "model/require.h"
 
 #include <limits.h>
 #include <math.h>
@@ -93,66 +94,59 @@ static const char *moe_field(const model_config_t *c, int which)
 static bt_status_t moe_validate(const model_config_t *c, int tp)
 {
     const model_moe_config_t *e = &c->moe;
-#define X_REQUIRE(cond, ...)                                                                       \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            log_error(__VA_ARGS__);                                                                \
-            return BT_ERR_INVALID;                                                                 \
-        }                                                                                          \
-    } while (0)
-    X_REQUIRE(e->n_experts >= 1 && e->n_experts <= MODEL_MAX_EXPERTS,
-              "model config: %s=%lld must be in [1, %d]", moe_field(c, 0),
-              (long long)e->n_experts, MODEL_MAX_EXPERTS);
-    X_REQUIRE(e->top_k >= 1 && e->top_k <= e->n_experts,
-              "model config: num_experts_per_tok=%lld must be in [1, %s=%lld]",
-              (long long)e->top_k, moe_field(c, 0), (long long)e->n_experts);
-    X_REQUIRE(e->expert_ffn >= 1 && e->expert_ffn <= MODEL_MAX_FFN,
-              "model config: %s=%lld (the experts' width) must be in [1, %d]", moe_field(c, 1),
-              (long long)e->expert_ffn, MODEL_MAX_FFN);
+    MODEL_REQUIRE(e->n_experts >= 1 && e->n_experts <= MODEL_MAX_EXPERTS,
+                  "model config: %s=%lld must be in [1, %d]", moe_field(c, 0),
+                  (long long)e->n_experts, MODEL_MAX_EXPERTS);
+    MODEL_REQUIRE(e->top_k >= 1 && e->top_k <= e->n_experts,
+                  "model config: num_experts_per_tok=%lld must be in [1, %s=%lld]",
+                  (long long)e->top_k, moe_field(c, 0), (long long)e->n_experts);
+    MODEL_REQUIRE(e->expert_ffn >= 1 && e->expert_ffn <= MODEL_MAX_FFN,
+                  "model config: %s=%lld (the experts' width) must be in [1, %d]", moe_field(c, 1),
+                  (long long)e->expert_ffn, MODEL_MAX_FFN);
     /* every expert's matrices together: [E * F, C] stays far inside int64
      * (2^44 elements) as the dense bounds keep [F, C] */
-    X_REQUIRE((double)e->n_experts * (double)e->expert_ffn <= (double)MODEL_MAX_FFN * 4,
-              "model config: %s=%lld x %s=%lld experts' rows exceed %d", moe_field(c, 0),
-              (long long)e->n_experts, moe_field(c, 1), (long long)e->expert_ffn,
-              MODEL_MAX_FFN * 4);
-    X_REQUIRE(e->shared_ffn >= 0 && e->shared_ffn <= MODEL_MAX_FFN,
-              "model config: %s=%lld must be in [0, %d]",
-              c->arch == MODEL_ARCH_DEEPSEEK_V2 ? "n_shared_experts x moe_intermediate_size"
-                                                 : "shared_expert_intermediate_size",
-              (long long)e->shared_ffn, MODEL_MAX_FFN);
-    X_REQUIRE(isfinite(e->routed_scale) && e->routed_scale >= 0,
-              "model config: routed_scaling_factor=%g must be a finite number > 0",
-              e->routed_scale);
+    MODEL_REQUIRE((double)e->n_experts * (double)e->expert_ffn <= (double)MODEL_MAX_FFN * 4,
+                  "model config: %s=%lld x %s=%lld experts' rows exceed %d", moe_field(c, 0),
+                  (long long)e->n_experts, moe_field(c, 1), (long long)e->expert_ffn,
+                  MODEL_MAX_FFN * 4);
+    MODEL_REQUIRE(e->shared_ffn >= 0 && e->shared_ffn <= MODEL_MAX_FFN,
+                  "model config: %s=%lld must be in [0, %d]",
+                  c->arch == MODEL_ARCH_DEEPSEEK_V2 ? "n_shared_experts x moe_intermediate_size"
+                                                     : "shared_expert_intermediate_size",
+                  (long long)e->shared_ffn, MODEL_MAX_FFN);
+    MODEL_REQUIRE(isfinite(e->routed_scale) && e->routed_scale >= 0,
+                  "model config: routed_scaling_factor=%g must be a finite number > 0",
+                  e->routed_scale);
     if (e->router == MODEL_ROUTER_SOFTMAX_GROUP_TOPK) {
-        X_REQUIRE(e->n_group >= 1 && e->n_experts % e->n_group == 0,
-                  "model config: n_group=%lld must divide %s=%lld (topk_method "
-                  "group_limited_greedy)", (long long)e->n_group, moe_field(c, 0),
-                  (long long)e->n_experts);
-        X_REQUIRE(e->topk_group >= 1 && e->topk_group <= e->n_group,
-                  "model config: topk_group=%lld must be in [1, n_group=%lld]",
-                  (long long)e->topk_group, (long long)e->n_group);
-        X_REQUIRE(e->top_k <= e->topk_group * (e->n_experts / e->n_group),
-                  "model config: num_experts_per_tok=%lld exceeds the %lld experts of topk_group="
-                  "%lld groups", (long long)e->top_k,
-                  (long long)(e->topk_group * (e->n_experts / e->n_group)),
-                  (long long)e->topk_group);
-        X_REQUIRE(e->bias_rate == 0,
-                  "model config: router_bias_update_rate=%g with topk_method "
-                  "group_limited_greedy is not supported (the selection bias applies to greedy "
-                  "top-k only)", e->bias_rate);
+        MODEL_REQUIRE(e->n_group >= 1 && e->n_experts % e->n_group == 0,
+                      "model config: n_group=%lld must divide %s=%lld (topk_method "
+                      "group_limited_greedy)", (long long)e->n_group, moe_field(c, 0),
+                      (long long)e->n_experts);
+        MODEL_REQUIRE(e->topk_group >= 1 && e->topk_group <= e->n_group,
+                      "model config: topk_group=%lld must be in [1, n_group=%lld]",
+                      (long long)e->topk_group, (long long)e->n_group);
+        MODEL_REQUIRE(e->top_k <= e->topk_group * (e->n_experts / e->n_group),
+                      "model config: num_experts_per_tok=%lld exceeds the %lld experts of "
+                      "topk_group=%lld groups",
+                      (long long)e->top_k,
+                      (long long)(e->topk_group * (e->n_experts / e->n_group)),
+                      (long long)e->topk_group);
+        MODEL_REQUIRE(e->bias_rate == 0,
+                      "model config: router_bias_update_rate=%g with topk_method "
+                      "group_limited_greedy is not supported (the selection bias applies to greedy "
+                      "top-k only)", e->bias_rate);
     }
-    X_REQUIRE((unsigned)e->router < MODEL_ROUTER_COUNT,
-              "model config: unknown router type %d (known: softmax top-k)", (int)e->router);
-    X_REQUIRE(isfinite(e->aux_loss_coef) && e->aux_loss_coef >= 0,
-              "model config: router_aux_loss_coef=%g must be a finite number >= 0",
-              e->aux_loss_coef);
-    X_REQUIRE(isfinite(e->bias_rate) && e->bias_rate >= 0,
-              "model config: router_bias_update_rate=%g must be a finite number >= 0 (0: off)",
-              e->bias_rate);
-    X_REQUIRE(isfinite(e->capacity_factor) && e->capacity_factor >= 0,
-              "model config: capacity_factor=%g must be a finite number >= 0 (0: dropless)",
-              e->capacity_factor);
-#undef X_REQUIRE
+    MODEL_REQUIRE((unsigned)e->router < MODEL_ROUTER_COUNT,
+                  "model config: unknown router type %d (known: softmax top-k)", (int)e->router);
+    MODEL_REQUIRE(isfinite(e->aux_loss_coef) && e->aux_loss_coef >= 0,
+                  "model config: router_aux_loss_coef=%g must be a finite number >= 0",
+                  e->aux_loss_coef);
+    MODEL_REQUIRE(isfinite(e->bias_rate) && e->bias_rate >= 0,
+                  "model config: router_bias_update_rate=%g must be a finite number >= 0 (0: off)",
+                  e->bias_rate);
+    MODEL_REQUIRE(isfinite(e->capacity_factor) && e->capacity_factor >= 0,
+                  "model config: capacity_factor=%g must be a finite number >= 0 (0: dropless)",
+                  e->capacity_factor);
     return BT_OK;
 }
 
