@@ -450,9 +450,22 @@ static int cp_peer(const worker_t *w, int d)
     return w->members[GRAPH_GROUP_CP][(w->me[GRAPH_GROUP_CP] + n + d) % n];
 }
 
+/* A stage-actor link to rank q over the pipeline's transport, made by the
+ * lower rank of the pair and once per peer (done[] marks it). */
+static bt_status_t link_connect(worker_t *w, const book_t *b, bool *done, int q)
+{
+    if (q <= w->rank || done[q]) return BT_OK;
+    done[q] = true;
+    if (!b->card[q]) {
+        log_error("rank %d: the book has no card of rank %d", w->rank, q);
+        return BT_ERR_CORRUPT;
+    }
+    return actor_router_connect_str(w->rt, (uint32_t)q, b->card[q],
+                                    job_xport_name(w->job.transport[JOB_EDGE_PIPELINE]));
+}
+
 static bt_status_t links_connect(worker_t *w, const book_t *b)
 {
-    const job_t *job = &w->job;
     graph_coord_t c = graph_coord(&w->g, w->rank);
     bool done[GRAPH_MAX_WORLD] = {0};
     /* pipeline neighbors: the lower rank of each pair connects */
@@ -461,30 +474,14 @@ static bt_status_t links_connect(worker_t *w, const book_t *b)
         int nb[2] = {v > 0 ? graph_vstage_rank(&w->g, v - 1, w->rank) : -1,
                      v + 1 < w->g.n_vstages ? graph_vstage_rank(&w->g, v + 1, w->rank) : -1};
         for (int i = 0; i < 2; i++) {
-            int q = nb[i];
-            if (q <= w->rank || done[q]) continue;
-            done[q] = true;
-            if (!b->card[q]) {
-                log_error("rank %d: the book has no card of rank %d", w->rank, q);
-                return BT_ERR_CORRUPT;
-            }
-            bt_status_t st = actor_router_connect_str(w->rt, (uint32_t)q, b->card[q],
-                                                      job_xport_name(job->transport[JOB_EDGE_PIPELINE]));
+            bt_status_t st = link_connect(w, b, done, nb[i]);
             if (st) return st;
         }
     }
     /* CP ring neighbours, when the ring's blocks are stage-actor messages:
      * the pipeline's transport, as activations */
     for (int i = 0; i < 2 && cp_msgs(w); i++) {
-        int q = cp_peer(w, i ? -1 : 1);
-        if (q <= w->rank || done[q]) continue;
-        done[q] = true;
-        if (!b->card[q]) {
-            log_error("rank %d: the book has no card of rank %d", w->rank, q);
-            return BT_ERR_CORRUPT;
-        }
-        bt_status_t st = actor_router_connect_str(w->rt, (uint32_t)q, b->card[q],
-                                                  job_xport_name(job->transport[JOB_EDGE_PIPELINE]));
+        bt_status_t st = link_connect(w, b, done, cp_peer(w, i ? -1 : 1));
         if (st) return st;
     }
     for (int k = 0; k < GRAPH_GROUP_COUNT; k++) {
