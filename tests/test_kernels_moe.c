@@ -225,6 +225,38 @@ static double permute_loss(void *arg)
     return loss;
 }
 
+/* The permutation's reference: experts in order, each expert's choices in
+ * row order, expert e keeping its first caps[e] (caps NULL: capacity, < 0
+ * for all); the count of slots, permuted rows, sizes and routed counts that
+ * differ from it (rows past the kept ones must be zero), and the drops. */
+static int64_t permute_ref_bad(const int32_t *ex, const int32_t *slot, const int32_t *sizes,
+                               const int32_t *routed, const float *xp, const float *x, int64_t M,
+                               int64_t C, int64_t K, int64_t E, const int32_t *caps,
+                               int64_t capacity, int64_t *dropped)
+{
+    int64_t row = 0, bad = 0;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t cap = caps ? caps[e] : capacity, seen = 0;
+        for (int64_t i = 0; i < M; i++) {
+            if (ex[i] != e) continue;
+            bool keep = cap < 0 || seen < cap;
+            seen++;
+            if (!keep) {
+                bad += slot[i] != -1;
+                (*dropped)++;
+                continue;
+            }
+            bad += slot[i] != row;
+            bad += memcmp(xp + row * C, x + (i / K) * C, (size_t)C * sizeof *x) != 0;
+            row++;
+        }
+        bad += routed[e] != seen;
+        bad += sizes[e] != (cap >= 0 && seen > cap ? cap : seen);
+    }
+    for (int64_t i = row * C; i < M * C; i++) bad += xp[i] != 0.0f;
+    return bad;
+}
+
 static void permute_case(kt_rng_t *rng, int64_t N, int64_t C, int64_t K, int64_t E,
                          int64_t capacity)
 {
@@ -251,28 +283,9 @@ static void permute_case(kt_rng_t *rng, int64_t N, int64_t C, int64_t K, int64_t
     tensor_t Sz = tensor_1d(sizes, DT_I32, E), Rt = tensor_1d(routed, DT_I32, E);
     kern_moe_permute_fwd(kern_stream_host(), &XP, &S, &Sz, &Rt, &X, &Ex, capacity);
 
-    /* reference: experts in order, each expert's choices in row order */
-    int64_t *fill = calloc((size_t)E, sizeof *fill), row = 0, bad = 0, dropped = 0;
-    for (int64_t e = 0; e < E; e++) {
-        int64_t seen = 0;
-        for (int64_t i = 0; i < M; i++) {
-            if (ex[i] != e) continue;
-            bool keep = capacity < 0 || seen < capacity;
-            seen++;
-            if (!keep) {
-                bad += slot[i] != -1;
-                dropped++;
-                continue;
-            }
-            bad += slot[i] != row;
-            bad += memcmp(xp + row * C, x + (i / K) * C, (size_t)C * sizeof *x) != 0;
-            row++;
-        }
-        bad += routed[e] != seen;
-        bad += sizes[e] != (capacity >= 0 && seen > capacity ? capacity : seen);
-        fill[e] = seen;
-    }
-    for (int64_t i = row * C; i < M * C; i++) bad += xp[i] != 0.0f;
+    int64_t dropped = 0;
+    int64_t bad = permute_ref_bad(ex, slot, sizes, routed, xp, x, M, C, K, E, NULL, capacity,
+                                  &dropped);
     CHECK_MSG(bad == 0, "%s: %lld slots, rows or counts differ from the reference", what,
               (long long)bad);
     CHECK_MSG(capacity >= 0 || dropped == 0, "%s: dropless dropped %lld", what, (long long)dropped);
@@ -284,7 +297,7 @@ static void permute_case(kt_rng_t *rng, int64_t N, int64_t C, int64_t K, int64_t
     kern_moe_permute_bwd(kern_stream_host(), &dX, &dXP, &S);
     permute_ctx_t c = {kt_to_d(x, N * C), kt_to_d(dxp, M * C), slot, N, C, K};
     kt_fd_check(what, c.x, N * C, dx, dx0, permute_loss, &c, 300, 1e-6, rng);
-    free(ex), free(slot), free(x), free(xp), free(sizes), free(routed), free(fill), free(dxp);
+    free(ex), free(slot), free(x), free(xp), free(sizes), free(routed), free(dxp);
     free(dx0), free(dx), free(c.x), free(c.R);
 }
 
@@ -307,24 +320,8 @@ static void test_moe_permute_caps(void)
     tensor_t Sz = tensor_1d(sizes, DT_I32, E), Rt = tensor_1d(routed, DT_I32, E);
     tensor_t Cp = tensor_1d(caps, DT_I32, E);
     kern_moe_permute_fwd_caps(kern_stream_host(), &XP, &S, &Sz, &Rt, &X, &Ex, &Cp);
-    int64_t row = 0, bad = 0, dropped = 0;
-    for (int64_t e = 0; e < E; e++) {
-        int64_t seen = 0;
-        for (int64_t i = 0; i < M; i++) {
-            if (ex[i] != e) continue;
-            bool keep = seen++ < caps[e];
-            if (!keep) {
-                bad += slot[i] != -1;
-                dropped++;
-                continue;
-            }
-            bad += slot[i] != row;
-            bad += memcmp(xp + row * C, x + (i / K) * C, (size_t)C * sizeof *x) != 0;
-            row++;
-        }
-        bad += routed[e] != seen || sizes[e] != (seen > caps[e] ? caps[e] : seen);
-    }
-    for (int64_t i = row * C; i < M * C; i++) bad += xp[i] != 0.0f;
+    int64_t dropped = 0;
+    int64_t bad = permute_ref_bad(ex, slot, sizes, routed, xp, x, M, C, K, E, caps, -1, &dropped);
     CHECK_MSG(bad == 0, "per-expert caps: %lld slots, rows or counts differ", (long long)bad);
     CHECK_MSG(routed[0] > 0 && dropped >= routed[0], "expert 0 (cap 0) among %lld dropped of %d",
               (long long)dropped, routed[0]);
