@@ -475,6 +475,36 @@ __device__ __forceinline__ void tc_load(uint16_t *sm, const uint16_t *g, int64_t
     }
 }
 
+/* tc_load through cp.async (16 bytes a copy, zero-filled past T): the copies
+ * land while the block computes; tc_async_commit closes a group of them and
+ * tc_async_wait<N> waits until at most N groups are still in flight */
+template <int DIM, int ROWS>
+__device__ __forceinline__ void tc_load_async(uint16_t *sm, const uint16_t *g, int64_t b,
+                                              int64_t r0, int64_t T, int64_t h, int64_t H)
+{
+    constexpr int LD = DIM + TC_PAD, VEC = DIM / 8;
+    for (int idx = threadIdx.x; idx < ROWS * VEC; idx += TC_WARPS * 32) {
+        int r = idx / VEC, c8 = idx % VEC;
+        int64_t t = r0 + r;
+        const uint16_t *src = t < T ? g + ((b * T + t) * H + h) * DIM + c8 * 8 : g;
+        uint32_t dst = (uint32_t)__cvta_generic_to_shared(sm + r * LD + c8 * 8);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                     "r"(t < T ? 16 : 0)
+                     : "memory");
+    }
+}
+
+__device__ __forceinline__ void tc_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void tc_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 /* One block: 64 query rows of one (batch, head), 4 warps of 16 rows; the
  * scores, probabilities and output of a warp's rows stay in registers
  * (FlashAttention-2's layout): S = Q K^T by mma, the online softmax on the
@@ -719,8 +749,10 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
 {
     constexpr int LDK = D + TC_PAD, LDV = DV + TC_PAD, NQ = TC_BQ2 / 8;
     extern __shared__ __align__(16) uint16_t tc_sm[];
-    uint16_t *Ks = tc_sm, *Vs = Ks + TC_BK * LDK, *Qs = Vs + TC_BK * LDV, *dOs = Qs + TC_BQ2 * LDK;
-    uint16_t *dSs = dOs + TC_BQ2 * LDV; /* [TC_BK][TC_LDS] when DQ */
+    /* Q and dO tiles twice: the next step's copies land in one pair while
+     * the block works on the other */
+    uint16_t *Ks = tc_sm, *Vs = Ks + TC_BK * LDK, *Qb = Vs + TC_BK * LDV, *dOb = Qb + 2 * TC_BQ2 * LDK;
+    uint16_t *dSs = dOb + 2 * TC_BQ2 * LDV; /* [TC_BK][TC_LDS] when DQ */
     float *lse_s = (float *)(dSs + (DQ ? TC_BK * TC_LDS : 0)), *delta_s = lse_s + TC_BQ2;
     const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = (int64_t)blockIdx.x * TC_BK;
     const int64_t group = s.Hq / s.Hkv;
@@ -738,17 +770,33 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     for (int t = 0; t < DV / 8; t++) dva[t][0] = dva[t][1] = dva[t][2] = dva[t][3] = 0.0f;
     int64_t i_start = 0;
     if (s.causal && k0 > s.q_offset) i_start = (k0 - s.q_offset) / TC_BQ2 * TC_BQ2;
-    for (int64_t gh = 0; gh < group; gh++) {
-        const int64_t h = hk * group + gh;
-        for (int64_t q0 = i_start; q0 < s.Tq; q0 += TC_BQ2) {
-            __syncthreads();
-            tc_load<D, TC_BQ2>(Qs, q, b, q0, s.Tq, h, s.Hq);
-            tc_load<DV, TC_BQ2>(dOs, dout, b, q0, s.Tq, h, s.Hq);
+    /* the steps: the group's query heads in turn, each over its query tiles
+     * from i_start; step n's Q and dO tiles are copied during step n - 1 */
+    const int64_t nq = i_start < s.Tq ? (s.Tq - i_start + TC_BQ2 - 1) / TC_BQ2 : 0;
+    const int64_t steps = group * nq;
+    if (steps > 0) {
+        tc_load_async<D, TC_BQ2>(Qb, q, b, i_start, s.Tq, hk * group, s.Hq);
+        tc_load_async<DV, TC_BQ2>(dOb, dout, b, i_start, s.Tq, hk * group, s.Hq);
+    }
+    tc_async_commit();
+    for (int64_t step = 0; step < steps; step++) {
+        {
+            const int64_t h = hk * group + step / nq, q0 = i_start + step % nq * TC_BQ2;
+            uint16_t *Qs = Qb + (step & 1) * TC_BQ2 * LDK, *dOs = dOb + (step & 1) * TC_BQ2 * LDV;
+            __syncthreads(); /* every warp is done with the other pair and with lse_s, dSs */
+            if (step + 1 < steps) {
+                const int64_t n = step + 1, hn = hk * group + n / nq;
+                const int64_t qn = i_start + n % nq * TC_BQ2;
+                tc_load_async<D, TC_BQ2>(Qb + (n & 1) * TC_BQ2 * LDK, q, b, qn, s.Tq, hn, s.Hq);
+                tc_load_async<DV, TC_BQ2>(dOb + (n & 1) * TC_BQ2 * LDV, dout, b, qn, s.Tq, hn, s.Hq);
+            }
+            tc_async_commit();
             for (int r = threadIdx.x; r < TC_BQ2; r += TC_WARPS * 32) {
                 int64_t i = q0 + r;
                 lse_s[r] = i < s.Tq ? lse[(b * s.Hq + h) * s.Tq + i] * 1.4426950408889634f : 0.0f;
                 delta_s[r] = i < s.Tq ? delta[(b * s.Hq + h) * s.Tq + i] : 0.0f;
             }
+            tc_async_wait<1>(); /* this step's pair is in (the next one may still fly) */
             __syncthreads();
             float pt[NQ][4], dpt[NQ][4];
             tc_mma_ab<D, NQ>(pt, Ks, LDK, warp * 16, Qs, LDK, mi, mr);    /* S^T */
@@ -981,7 +1029,8 @@ static cudaError_t tc_bwd_launch_s(cudaStream_t st, void *dq, void *dk, void *dv
     /* the fast path folds dQ into the dK/dV kernel when both are wanted */
     const bool fused = !SPLIT && dq && (dk || dv);
     if (dk || dv) {
-        size_t smem = 2 * (TC_BK * LDK + TC_BK * LDV + TC_BQ2 * LDK + TC_BQ2 * LDV) + 8 * TC_BQ2;
+        /* K, V, two Q and two dO tiles (bf16), lse and delta (f32) */
+        size_t smem = 2 * (TC_BK * LDK + TC_BK * LDV + 2 * TC_BQ2 * LDK + 2 * TC_BQ2 * LDV) + 8 * TC_BQ2;
         dim3 grid((unsigned)((sh->Tk + TC_BK - 1) / TC_BK), (unsigned)sh->Hkv, (unsigned)sh->B);
         if (fused) {
             float *acc = (float *)((char *)(void *)delta + dq_acc_offset(sh));
