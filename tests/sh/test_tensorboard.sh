@@ -69,10 +69,14 @@ same("val/loss", val, "val_loss")
 assert n >= 1 + 7 * 12 + 2 * 2, n
 print("records", n, "tags", len(tags))
 PY
-# a flipped byte in a record is a data loss the reader reports
+# a flipped byte in a record is a data loss the reader reports (every bit of
+# byte 200 inverted: writing a fixed 0xff there changed nothing when the
+# byte, part of a record's wall time, already was 0xff)
 f=$(ls "$run"/tensorboard/events.out.tfevents.*)
 cp "$f" "$tmp/bad.tfevents"
-printf '\xff' | dd of="$tmp/bad.tfevents" bs=1 seek=200 conv=notrunc status=none
+b=$(od -An -tu1 -j200 -N1 "$tmp/bad.tfevents" | tr -d ' ')
+printf "\\$(printf '%03o' $(( 255 - b )))" | dd of="$tmp/bad.tfevents" bs=1 seek=200 conv=notrunc status=none
+cmp -s "$f" "$tmp/bad.tfevents" && fail tensorboard_crc_checked "byte 200 of the copy did not change"
 "$venv/bin/python" - "$tmp/bad.tfevents" <<'PY' && pass tensorboard_crc_checked || fail tensorboard_crc_checked "a corrupt file read cleanly"
 import sys
 from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
