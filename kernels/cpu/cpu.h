@@ -29,8 +29,6 @@ void   cpu_vsilu_mul_bwd(float *dgate, float *dup, const float *dout, const floa
 typedef void (*cpu_task_fn)(void *arg, int64_t task);
 void cpu_pool_set_threads(int n);
 int  cpu_pool_threads(void);
-/* the most threads kern_cpu_peak_flops measures at once */
-enum { CPU_PEAK_TASKS_MAX = 256 };
 void cpu_pool_run(int64_t n_tasks, cpu_task_fn fn, void *arg);
 
 /* matmul.c (OpenBLAS, one thread per call; large products tiled over the

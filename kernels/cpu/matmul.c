@@ -154,8 +154,8 @@ void cpu_grouped_linear_bwd(float *dx, float *dw, const float *dout, const float
  * one BLAS call at a time, for about 30 ms */
 enum { PEAK_N = 512 };
 typedef struct {
-    float *buf; /* 3 x PEAK_N^2 per task */
-    int64_t calls[CPU_PEAK_TASKS_MAX];
+    float *buf;     /* 3 x PEAK_N^2 per task */
+    int64_t *calls; /* per task */
 } peak_job_t;
 
 static void peak_task(void *arg, int64_t task)
@@ -181,10 +181,10 @@ double kern_cpu_peak_flops(void)
      * its training reached 152). Total products over the wall time, best of
      * four rounds. */
     int T = cpu_pool_threads();
-    if (T > CPU_PEAK_TASKS_MAX) T = CPU_PEAK_TASKS_MAX;
-    peak_job_t j = {.buf = malloc(sizeof(float) * 3 * PEAK_N * PEAK_N * (size_t)T)};
+    peak_job_t j = {.buf = malloc(sizeof(float) * 3 * PEAK_N * PEAK_N * (size_t)T),
+                    .calls = calloc((size_t)T, sizeof(int64_t))};
     double best = 0;
-    if (j.buf) {
+    if (j.buf && j.calls) {
         for (size_t i = 0; i < (size_t)3 * PEAK_N * PEAK_N * (size_t)T; i++)
             j.buf[i] = (float)(i % 7) * 0.25f;
         for (int round = 0; round < 4; round++) {
@@ -197,5 +197,6 @@ double kern_cpu_peak_flops(void)
         }
     }
     free(j.buf);
+    free(j.calls);
     return best;
 }
