@@ -138,6 +138,6 @@ static void test_flops_cpu_peak(void)
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_flops_cpu_peak, test_flops_llama_134m, test_flops_llama_1b, test_flops_smollm2_tied_head,
-             test_flops_shape_rules);
+    TEST_RUN(argc, argv, test_flops_cpu_peak, test_flops_llama_134m, test_flops_llama_1b,
+             test_flops_smollm2_tied_head, test_flops_shape_rules);
 }

@@ -114,7 +114,7 @@ static void test_model_stage_init(void)
 
 /* the random init runs in pieces on the host pool: a tensor of several
  * pieces (vocab 3000 x 64 = 3 pieces of 65536 draws) gets the same bits on
- * one thread and on three, and a TP shard its slice of them */
+ * one thread and on three */
 static void test_model_init_threads(void)
 {
     model_config_t c = cfg_small();
