@@ -780,75 +780,73 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     }
     tc_async_commit();
     for (int64_t step = 0; step < steps; step++) {
-        {
-            const int64_t h = hk * group + step / nq, q0 = i_start + step % nq * TC_BQ2;
-            uint16_t *Qs = Qb + (step & 1) * TC_BQ2 * LDK, *dOs = dOb + (step & 1) * TC_BQ2 * LDV;
-            __syncthreads(); /* every warp is done with the other pair and with lse_s, dSs */
-            if (step + 1 < steps) {
-                const int64_t n = step + 1, hn = hk * group + n / nq;
-                const int64_t qn = i_start + n % nq * TC_BQ2;
-                tc_load_async<D, TC_BQ2>(Qb + (n & 1) * TC_BQ2 * LDK, q, b, qn, s.Tq, hn, s.Hq);
-                tc_load_async<DV, TC_BQ2>(dOb + (n & 1) * TC_BQ2 * LDV, dout, b, qn, s.Tq, hn, s.Hq);
+        const int64_t h = hk * group + step / nq, q0 = i_start + step % nq * TC_BQ2;
+        uint16_t *Qs = Qb + (step & 1) * TC_BQ2 * LDK, *dOs = dOb + (step & 1) * TC_BQ2 * LDV;
+        __syncthreads(); /* every warp is done with the other pair and with lse_s, dSs */
+        if (step + 1 < steps) {
+            const int64_t n = step + 1, hn = hk * group + n / nq;
+            const int64_t qn = i_start + n % nq * TC_BQ2;
+            tc_load_async<D, TC_BQ2>(Qb + (n & 1) * TC_BQ2 * LDK, q, b, qn, s.Tq, hn, s.Hq);
+            tc_load_async<DV, TC_BQ2>(dOb + (n & 1) * TC_BQ2 * LDV, dout, b, qn, s.Tq, hn, s.Hq);
+        }
+        tc_async_commit();
+        for (int r = threadIdx.x; r < TC_BQ2; r += TC_WARPS * 32) {
+            int64_t i = q0 + r;
+            lse_s[r] = i < s.Tq ? lse[(b * s.Hq + h) * s.Tq + i] * 1.4426950408889634f : 0.0f;
+            delta_s[r] = i < s.Tq ? delta[(b * s.Hq + h) * s.Tq + i] : 0.0f;
+        }
+        tc_async_wait<1>(); /* this step's pair is in (the next one may still fly) */
+        __syncthreads();
+        float pt[NQ][4], dpt[NQ][4];
+        tc_mma_ab<D, NQ>(pt, Ks, LDK, warp * 16, Qs, LDK, mi, mr);    /* S^T */
+        tc_mma_ab<DV, NQ>(dpt, Vs, LDV, warp * 16, dOs, LDV, mi, mr); /* dP^T */
+#pragma unroll
+        for (int t = 0; t < NQ; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int col = t * 8 + 2 * c + (e & 1);
+                int64_t i = q0 + col, j = e < 2 ? j0 : j1;
+                bool ok = i < s.Tq && j < s.Tk && j < at_limit(s, i);
+                float p = ok ? exp2f(pt[t][e] * sl2 - lse_s[col]) : 0.0f;
+                pt[t][e] = p;
+                dpt[t][e] = p * (dpt[t][e] - delta_s[col]);
             }
-            tc_async_commit();
-            for (int r = threadIdx.x; r < TC_BQ2; r += TC_WARPS * 32) {
-                int64_t i = q0 + r;
-                lse_s[r] = i < s.Tq ? lse[(b * s.Hq + h) * s.Tq + i] * 1.4426950408889634f : 0.0f;
-                delta_s[r] = i < s.Tq ? delta[(b * s.Hq + h) * s.Tq + i] : 0.0f;
+        tc_mma_cb<TC_BQ2 / 16, DV / 8, SPLIT>(dva, pt, dOs, LDV, mi, mr); /* dV += P^T dO */
+        tc_mma_cb<TC_BQ2 / 16, D / 8, SPLIT>(dka, dpt, Qs, LDK, mi, mr);  /* dK += dS^T Q */
+        if constexpr (DQ) {
+#pragma unroll
+            for (int t = 0; t < NQ; t++) {
+                int col = t * 8 + 2 * c;
+                *(uint32_t *)(dSs + (warp * 16 + g) * TC_LDS + col) = tc_pack(dpt[t][0], dpt[t][1]);
+                *(uint32_t *)(dSs + (warp * 16 + g + 8) * TC_LDS + col) = tc_pack(dpt[t][2], dpt[t][3]);
             }
-            tc_async_wait<1>(); /* this step's pair is in (the next one may still fly) */
             __syncthreads();
-            float pt[NQ][4], dpt[NQ][4];
-            tc_mma_ab<D, NQ>(pt, Ks, LDK, warp * 16, Qs, LDK, mi, mr);    /* S^T */
-            tc_mma_ab<DV, NQ>(dpt, Vs, LDV, warp * 16, dOs, LDV, mi, mr); /* dP^T */
+            const int mt = warp & 1, n0 = (warp >> 1) * (D / 2);
+            float acc[D / 16][4];
 #pragma unroll
-            for (int t = 0; t < NQ; t++)
+            for (int t = 0; t < D / 16; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int col = t * 8 + 2 * c + (e & 1);
-                    int64_t i = q0 + col, j = e < 2 ? j0 : j1;
-                    bool ok = i < s.Tq && j < s.Tk && j < at_limit(s, i);
-                    float p = ok ? exp2f(pt[t][e] * sl2 - lse_s[col]) : 0.0f;
-                    pt[t][e] = p;
-                    dpt[t][e] = p * (dpt[t][e] - delta_s[col]);
+            for (int kk = 0; kk < TC_BK / 16; kk++) {
+                uint32_t a[4]; /* dS rows mt*16.., keys kk*16..: dS^T read transposed */
+                tc_ldsm4_t(a, dSs + (kk * 16 + (mi >> 1) * 8 + mr) * TC_LDS + mt * 16 + (mi & 1) * 8);
+#pragma unroll
+                for (int np = 0; np < D / 32; np++) {
+                    uint32_t bb[4];
+                    tc_ldbt(bb, Ks, LDK, kk * 16, n0 + np * 16, mi, mr);
+                    tc_mma(acc[2 * np], a, bb[0], bb[1]);
+                    tc_mma(acc[2 * np + 1], a, bb[2], bb[3]);
                 }
-            tc_mma_cb<TC_BQ2 / 16, DV / 8, SPLIT>(dva, pt, dOs, LDV, mi, mr); /* dV += P^T dO */
-            tc_mma_cb<TC_BQ2 / 16, D / 8, SPLIT>(dka, dpt, Qs, LDK, mi, mr);  /* dK += dS^T Q */
-            if constexpr (DQ) {
+            }
+            const int64_t qi0 = q0 + mt * 16 + g, qi1 = qi0 + 8;
 #pragma unroll
-                for (int t = 0; t < NQ; t++) {
-                    int col = t * 8 + 2 * c;
-                    *(uint32_t *)(dSs + (warp * 16 + g) * TC_LDS + col) = tc_pack(dpt[t][0], dpt[t][1]);
-                    *(uint32_t *)(dSs + (warp * 16 + g + 8) * TC_LDS + col) = tc_pack(dpt[t][2], dpt[t][3]);
-                }
-                __syncthreads();
-                const int mt = warp & 1, n0 = (warp >> 1) * (D / 2);
-                float acc[D / 16][4];
-#pragma unroll
-                for (int t = 0; t < D / 16; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
-#pragma unroll
-                for (int kk = 0; kk < TC_BK / 16; kk++) {
-                    uint32_t a[4]; /* dS rows mt*16.., keys kk*16..: dS^T read transposed */
-                    tc_ldsm4_t(a, dSs + (kk * 16 + (mi >> 1) * 8 + mr) * TC_LDS + mt * 16 + (mi & 1) * 8);
-#pragma unroll
-                    for (int np = 0; np < D / 32; np++) {
-                        uint32_t bb[4];
-                        tc_ldbt(bb, Ks, LDK, kk * 16, n0 + np * 16, mi, mr);
-                        tc_mma(acc[2 * np], a, bb[0], bb[1]);
-                        tc_mma(acc[2 * np + 1], a, bb[2], bb[3]);
-                    }
-                }
-                const int64_t qi0 = q0 + mt * 16 + g, qi1 = qi0 + 8;
-#pragma unroll
-                for (int t = 0; t < D / 16; t++) {
-                    int col = n0 + t * 8 + 2 * c;
-                    if (qi0 < s.Tq)
-                        atomicAdd((float2 *)(dq_acc + ((b * s.Tq + qi0) * s.Hq + h) * D + col),
-                                  make_float2(s.scale * acc[t][0], s.scale * acc[t][1]));
-                    if (qi1 < s.Tq)
-                        atomicAdd((float2 *)(dq_acc + ((b * s.Tq + qi1) * s.Hq + h) * D + col),
-                                  make_float2(s.scale * acc[t][2], s.scale * acc[t][3]));
-                }
+            for (int t = 0; t < D / 16; t++) {
+                int col = n0 + t * 8 + 2 * c;
+                if (qi0 < s.Tq)
+                    atomicAdd((float2 *)(dq_acc + ((b * s.Tq + qi0) * s.Hq + h) * D + col),
+                              make_float2(s.scale * acc[t][0], s.scale * acc[t][1]));
+                if (qi1 < s.Tq)
+                    atomicAdd((float2 *)(dq_acc + ((b * s.Tq + qi1) * s.Hq + h) * D + col),
+                              make_float2(s.scale * acc[t][2], s.scale * acc[t][3]));
             }
         }
     }
