@@ -225,9 +225,12 @@ bt_status_t ssh_probe(const job_t *job, const char *run_dir, char *err, size_t e
 extern char **environ;
 
 /* " K='V'..." for this process's BATON_* settings (BATON_LOG, the CPU
- * threads, the timeouts, test hooks) and UCX_* ones (UCX reads them as its
- * library loads; a ThreadSanitizer build needs UCX_MEM_EVENTS=no): ssh
- * carries no environment, so they go on the agent's command line. Never
+ * threads, the timeouts, test hooks), UCX_* ones (UCX reads them as its
+ * library loads; a ThreadSanitizer build needs UCX_MEM_EVENTS=no) and
+ * OPENBLAS_* ones (OPENBLAS_CORETYPE picks the CPU kernels, and with them
+ * the bits of every product: a rank started without it computes with
+ * another kernel than the ranks beside the driver): ssh carries no
+ * environment, so they go on the agent's command line. Never
  * BATON_SECRET_*, nor the listen address each agent finds for itself. */
 static void forwarded_env(char *out, size_t cap)
 {
@@ -235,7 +238,8 @@ static void forwarded_env(char *out, size_t cap)
     out[0] = 0;
     for (char **e = environ; *e; e++) {
         const char *eq = strchr(*e, '=');
-        if ((strncmp(*e, "BATON_", 6) && strncmp(*e, "UCX_", 4)) || !eq || !strncmp(*e, "BATON_SECRET_", 13) ||
+        if ((strncmp(*e, "BATON_", 6) && strncmp(*e, "UCX_", 4) && strncmp(*e, "OPENBLAS_", 9)) ||
+            !eq || !strncmp(*e, "BATON_SECRET_", 13) ||
             !strncmp(*e, "BATON_LISTEN_HOST=", 18))
             continue;
         bool plain = true;

@@ -110,6 +110,8 @@ int test_equiv_compare(const char *dir, const char *name, const char *ref, int n
     return test_equiv_params(dir, name, ref, &d->param_abs);
 }
 
+double test_equiv_param_bound(double lr) { return lr / 20; }
+
 int test_equiv_params(const char *dir, const char *name, const char *ref, double *param_abs)
 {
     *param_abs = 0;

@@ -30,6 +30,18 @@ int test_equiv_compare(const char *dir, const char *name, const char *ref, int n
  * load or they hold other tensors. */
 int test_equiv_params(const char *dir, const char *name, const char *ref, double *param_abs);
 
+/* The bound on test_equiv_params' difference for runs at peak learning
+ * rate lr: lr / 20. AdamW moves an element by about lr a step whatever its
+ * gradient's size (m/sqrt(v)), so the exports differ wherever f32
+ * summation-order noise meets a gradient near AdamW's eps (1e-8): the
+ * update lr g/(|g| + eps) then moves by up to lr |dg| / eps. That noise
+ * depends on the BLAS kernels: layouts within 1e-5 of one process with
+ * OpenBLAS's own choice on a Zen 5 host reached 1.3e-5 at lr 1e-3 and
+ * 2.1e-5 at lr 1e-2 with OPENBLAS_CORETYPE=Haswell on the same host. An
+ * element whose update went another way in any step is off by about
+ * 2 lr: 40 times the bound. Losses (1e-5 relative) stay the tight check. */
+double test_equiv_param_bound(double lr);
+
 /* A fresh directory /tmp/NAME.XXXXXX into dir (cap bytes) holding
  * data/tokens.txt: 4000 ids of a fixed generator (mostly i % 48, one in ten
  * below 200), the token stream the layout-equivalence jobs train on. 0, or
