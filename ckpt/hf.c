@@ -22,7 +22,8 @@ static const char *const hf_model_types[] = {
     [MODEL_ARCH_LLAMA] = "llama",     [MODEL_ARCH_MISTRAL] = "mistral",
     [MODEL_ARCH_QWEN2] = "qwen2",     [MODEL_ARCH_MIXTRAL] = "mixtral",
     [MODEL_ARCH_QWEN2_MOE] = "qwen2_moe", [MODEL_ARCH_NEMOTRON_H] = "nemotron_h",
-    [MODEL_ARCH_DEEPSEEK_V2] = "deepseek_v2",
+    [MODEL_ARCH_DEEPSEEK_V2] = "deepseek_v2", [MODEL_ARCH_QWEN3] = "qwen3",
+    [MODEL_ARCH_QWEN3_MOE] = "qwen3_moe",
 };
 _Static_assert(sizeof hf_model_types / sizeof hf_model_types[0] == MODEL_ARCH_COUNT,
                "model_type per arch");
@@ -177,8 +178,20 @@ check_partial:
     return BT_OK;
 }
 
+/* "A, B, C": every architecture's class (classes) or model_type, for errors */
+static const char *arch_list(bool classes, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < MODEL_ARCH_COUNT && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "",
+                              classes ? model_arch_name((model_arch_t)i) : hf_model_types[i]);
+    return buf;
+}
+
 static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
 {
+    char list[512];
     json_t *archs = json_object_get(c->root, "architectures");
     const char *name = NULL;
     if (archs && json_is_array(archs) && json_array_size(archs) > 0) {
@@ -198,10 +211,8 @@ static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
                 *arch = (model_arch_t)i;
                 return BT_OK;
             }
-        log_error("%s: architectures[0]='%s' is not supported (supported: LlamaForCausalLM, "
-                  "MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, "
-                  "NemotronHForCausalLM, DeepseekV2ForCausalLM)",
-                  c->what, name);
+        log_error("%s: architectures[0]='%s' is not supported (supported: %s)", c->what, name,
+                  arch_list(true, list, sizeof list));
         return BT_ERR_UNSUPPORTED;
     }
     json_t *mt = json_object_get(c->root, "model_type");
@@ -211,8 +222,8 @@ static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
                 *arch = (model_arch_t)i;
                 return BT_OK;
             }
-        log_error("%s: model_type='%s' is not supported (supported: llama, mistral, qwen2, "
-                  "mixtral, qwen2_moe, nemotron_h, deepseek_v2)", c->what, json_string_value(mt));
+        log_error("%s: model_type='%s' is not supported (supported: %s)", c->what,
+                  json_string_value(mt), arch_list(false, list, sizeof list));
         return BT_ERR_UNSUPPORTED;
     }
     log_error("%s: neither 'architectures' nor 'model_type' names the model class", c->what);
@@ -220,8 +231,9 @@ static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
 }
 
 /* Sliding window: Mistral and Mixtral apply sliding_window (when set) to
- * every layer; Qwen2 and Qwen2-MoE only when use_sliding_window, to the layers layer_types marks
- * "sliding_attention" (or, in older configs, layers >= max_window_layers).
+ * every layer; Qwen3-MoE to every layer when use_sliding_window; Qwen2,
+ * Qwen2-MoE and Qwen3 only when use_sliding_window, to the layers layer_types
+ * marks "sliding_attention" (or, in older configs, layers >= max_window_layers).
  * We do not implement the window: cfg->sliding_window records it and
  * sequences longer than it are rejected. */
 static bt_status_t cfg_sliding(const hf_cfg_t *c, model_arch_t arch, int64_t layers,
@@ -232,7 +244,12 @@ static bt_status_t cfg_sliding(const hf_cfg_t *c, model_arch_t arch, int64_t lay
     *out = 0;
     if (arch == MODEL_ARCH_LLAMA || arch == MODEL_ARCH_DEEPSEEK_V2) return BT_OK;
     if ((st = cfg_int(c, c->root, "sliding_window", 0, &w)) != BT_OK) return st;
-    if (arch == MODEL_ARCH_QWEN2 || arch == MODEL_ARCH_QWEN2_MOE) {
+    if (arch == MODEL_ARCH_QWEN3_MOE) {
+        bool use = false;
+        if ((st = cfg_bool(c, c->root, "use_sliding_window", false, &use)) != BT_OK) return st;
+        if (!use) w = 0;
+    } else if (arch == MODEL_ARCH_QWEN2 || arch == MODEL_ARCH_QWEN2_MOE ||
+               arch == MODEL_ARCH_QWEN3) {
         bool use = false;
         if ((st = cfg_bool(c, c->root, "use_sliding_window", false, &use)) != BT_OK) return st;
         bool any = false;
@@ -277,10 +294,32 @@ static bt_status_t cfg_only(const hf_cfg_t *c, const char *key, const char *only
     return BT_ERR_UNSUPPORTED;
 }
 
-/* Routed experts: Mixtral's every layer; Qwen2-MoE's layer l when l is not
- * in mlp_only_layers and (l + 1) % decoder_sparse_step == 0 (the others are
- * dense MLPs of intermediate_size), as transformers builds them. Defaults
- * are transformers'. capacity_factor is baton's own key (0: dropless, what
+/* An integer field transformers reads under either of two keys (a config
+ * class's attribute_map: Mixtral's and Qwen3-MoE's num_experts is their
+ * num_local_experts); both present must agree. */
+static bt_status_t cfg_int_alias(const hf_cfg_t *c, const char *key, const char *alias,
+                                 int64_t def, int64_t *out)
+{
+    int64_t a, b;
+    bt_status_t st;
+    if ((st = cfg_int(c, c->root, key, def, &a)) != BT_OK ||
+        (st = cfg_int(c, c->root, alias, a, &b)) != BT_OK)
+        return st;
+    json_t *k = json_object_get(c->root, key);
+    if (k && !json_is_null(k) && a != b) {
+        log_error("%s: %s=%lld and %s=%lld disagree (transformers reads them as one field)",
+                  c->what, key, (long long)a, alias, (long long)b);
+        return BT_ERR_INVALID;
+    }
+    *out = b;
+    return BT_OK;
+}
+
+/* Routed experts: Mixtral's every layer; Qwen2-MoE's and Qwen3-MoE's layer l
+ * when l is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0
+ * (the others are dense MLPs of intermediate_size), as transformers builds
+ * them; Qwen3-MoE has no shared expert, and with num_experts 0 every layer
+ * is dense. Defaults are transformers'. capacity_factor is baton's own key (0: dropless, what
  * transformers computes), and so is router_bias_update_rate (0: no
  * selection bias). */
 static bt_status_t cfg_moe(const hf_cfg_t *c, model_config_t *m)
@@ -288,12 +327,16 @@ static bt_status_t cfg_moe(const hf_cfg_t *c, model_config_t *m)
     json_t *root = c->root;
     model_moe_config_t *e = &m->moe;
     bt_status_t st;
-    bool mixtral = m->arch == MODEL_ARCH_MIXTRAL, output_router_logits = false;
+    bool mixtral = m->arch == MODEL_ARCH_MIXTRAL, qwen3 = m->arch == MODEL_ARCH_QWEN3_MOE;
+    bool output_router_logits = false;
     double coef = 0;
     e->router = MODEL_ROUTER_SOFTMAX_TOPK;
-    if ((st = cfg_int(c, root, mixtral ? "num_local_experts" : "num_experts", mixtral ? 8 : 60,
-                      &e->n_experts)) != BT_OK ||
-        (st = cfg_int(c, root, "num_experts_per_tok", mixtral ? 2 : 4, &e->top_k)) != BT_OK ||
+    if ((st = mixtral || qwen3
+                  ? cfg_int_alias(c, "num_local_experts", "num_experts", mixtral ? 8 : 128,
+                                  &e->n_experts)
+                  : cfg_int(c, root, "num_experts", 60, &e->n_experts)) != BT_OK ||
+        (st = cfg_int(c, root, "num_experts_per_tok", mixtral ? 2 : qwen3 ? 8 : 4, &e->top_k)) !=
+            BT_OK ||
         (st = cfg_num(c, root, "router_aux_loss_coef", 0.001, false, &coef)) != BT_OK ||
         (st = cfg_bool(c, root, "output_router_logits", false, &output_router_logits)) != BT_OK ||
         (st = cfg_num(c, root, "capacity_factor", 0, false, &e->capacity_factor)) != BT_OK ||
@@ -316,13 +359,24 @@ static bt_status_t cfg_moe(const hf_cfg_t *c, model_config_t *m)
         return BT_OK;
     }
     int64_t step = 1;
-    if ((st = cfg_int(c, root, "moe_intermediate_size", 1408, &e->expert_ffn)) != BT_OK ||
-        (st = cfg_int(c, root, "shared_expert_intermediate_size", 5632, &e->shared_ffn)) !=
+    if ((st = cfg_int(c, root, "moe_intermediate_size", qwen3 ? 768 : 1408, &e->expert_ffn)) !=
             BT_OK ||
+        (st = cfg_int(c, root, "shared_expert_intermediate_size", qwen3 ? 0 : 5632,
+                      &e->shared_ffn)) != BT_OK ||
         (st = cfg_bool(c, root, "norm_topk_prob", false, &e->norm_topk)) != BT_OK ||
         (st = cfg_int(c, root, "decoder_sparse_step", 1, &step)) != BT_OK)
         return st;
-    if (e->shared_ffn <= 0) {
+    if (e->n_experts < 0) {
+        log_error("%s: num_experts=%lld must be >= 0 (0: every layer a dense MLP)", c->what,
+                  (long long)e->n_experts);
+        return BT_ERR_INVALID;
+    }
+    if (qwen3) {
+        if (e->shared_ffn != 0)
+            log_warn("%s: shared_expert_intermediate_size=%lld is ignored (Qwen3-MoE has no "
+                     "shared expert, as in transformers)", c->what, (long long)e->shared_ffn);
+        e->shared_ffn = 0;
+    } else if (e->shared_ffn <= 0) {
         log_error("%s: shared_expert_intermediate_size=%lld is not supported (a Qwen2-MoE shared "
                   "expert of width 0 still has a gate tensor; baton needs width >= 1)", c->what,
                   (long long)e->shared_ffn);
@@ -352,7 +406,7 @@ static bt_status_t cfg_moe(const hf_cfg_t *c, model_config_t *m)
         }
     }
     for (int64_t l = 0; l < m->num_layers && l < MODEL_MAX_LAYERS; l++) {
-        bool sparse = !dense[l] && (l + 1) % step == 0;
+        bool sparse = !dense[l] && e->n_experts > 0 && (l + 1) % step == 0;
         m->blocks[l] = (model_block_t){.mixer = MODEL_MIXER_ATTENTION,
                                        .ffn = sparse ? MODEL_FFN_MOE : MODEL_FFN_DENSE};
     }
@@ -648,8 +702,9 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
         st = BT_ERR_INVALID;
         goto free_root;
     }
-    if ((st = cfg_int(&c, root, "head_dim", m.hidden_size / m.attn.num_heads, &m.attn.head_dim)) !=
-        BT_OK)
+    /* Qwen3Config's own default is 128; the others' hidden / heads */
+    int64_t head_dim = m.arch == MODEL_ARCH_QWEN3 ? 128 : m.hidden_size / m.attn.num_heads;
+    if ((st = cfg_int(&c, root, "head_dim", head_dim, &m.attn.head_dim)) != BT_OK)
         goto free_root;
     /* every layer of these architectures: attention, then the dense MLP */
     model_config_blocks_uniform(&m, MODEL_MIXER_ATTENTION, MODEL_FFN_DENSE);
@@ -685,6 +740,14 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
             log_warn("%s: attention_bias/mlp_bias are ignored by %s (as transformers does)",
                      what, model_arch_name(m.arch));
         break;
+    case MODEL_ARCH_QWEN3: /* attention_bias on q/k/v/o, no MLP bias; q/k normed per head */
+    case MODEL_ARCH_QWEN3_MOE:
+        m.attn.qkv_bias = m.attn.o_bias = attn_bias;
+        m.attn.qk_norm = true;
+        if (mlp_bias)
+            log_warn("%s: mlp_bias is ignored by %s (as transformers does)", what,
+                     model_arch_name(m.arch));
+        break;
     case MODEL_ARCH_DEEPSEEK_V2:
         if (attn_bias || mlp_bias) {
             log_error("%s: %s=true is not supported for DeepseekV2ForCausalLM (baton's MLA and "
@@ -698,7 +761,8 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
     default:
         BT_PANIC("unhandled arch %d", (int)m.arch);
     }
-    if ((m.arch == MODEL_ARCH_MIXTRAL || m.arch == MODEL_ARCH_QWEN2_MOE) &&
+    if ((m.arch == MODEL_ARCH_MIXTRAL || m.arch == MODEL_ARCH_QWEN2_MOE ||
+         m.arch == MODEL_ARCH_QWEN3_MOE) &&
         (st = cfg_moe(&c, &m)) != BT_OK)
         goto free_root;
     if ((st = cfg_rope(&c, m.arch, m.max_position_embeddings, &m.attn.rope)) != BT_OK)
@@ -1184,7 +1248,7 @@ bt_status_t ckpt_hf_load_part(const char *dir, const model_stage_t *stage,
 static void hf_moe_json(json_t *j, const model_config_t *c)
 {
     const model_moe_config_t *e = &c->moe;
-    bool mixtral = c->arch == MODEL_ARCH_MIXTRAL;
+    bool mixtral = c->arch == MODEL_ARCH_MIXTRAL, qwen3 = c->arch == MODEL_ARCH_QWEN3_MOE;
     json_object_set_new(j, mixtral ? "num_local_experts" : "num_experts",
                         json_integer(e->n_experts));
     json_object_set_new(j, "num_experts_per_tok", json_integer(e->top_k));
@@ -1193,9 +1257,11 @@ static void hf_moe_json(json_t *j, const model_config_t *c)
         json_object_set_new(j, "router_jitter_noise", json_real(0.0));
     } else {
         json_object_set_new(j, "moe_intermediate_size", json_integer(e->expert_ffn));
-        json_object_set_new(j, "shared_expert_intermediate_size", json_integer(e->shared_ffn));
+        if (!qwen3) {
+            json_object_set_new(j, "shared_expert_intermediate_size", json_integer(e->shared_ffn));
+            json_object_set_new(j, "qkv_bias", json_boolean(c->attn.qkv_bias));
+        }
         json_object_set_new(j, "norm_topk_prob", json_boolean(e->norm_topk));
-        json_object_set_new(j, "qkv_bias", json_boolean(c->attn.qkv_bias));
         json_object_set_new(j, "decoder_sparse_step", json_integer(1));
         json_t *dense = json_array();
         for (int64_t l = 0; l < c->num_layers; l++)
@@ -1311,11 +1377,15 @@ static json_t *hf_config_json(const model_config_t *c)
         json_object_set_new(j, "attention_bias", json_boolean(c->attn.qkv_bias));
         json_object_set_new(j, "mlp_bias", json_boolean(c->mlp.bias));
     }
+    if (c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE)
+        json_object_set_new(j, "attention_bias", json_boolean(c->attn.qkv_bias));
     if (c->arch == MODEL_ARCH_MISTRAL || c->arch == MODEL_ARCH_MIXTRAL)
         json_object_set_new(j, "sliding_window",
                             c->attn.sliding_window ? json_integer(c->attn.sliding_window)
                                                    : json_null());
-    if (c->arch == MODEL_ARCH_MIXTRAL || c->arch == MODEL_ARCH_QWEN2_MOE) hf_moe_json(j, c);
+    if (c->arch == MODEL_ARCH_MIXTRAL || c->arch == MODEL_ARCH_QWEN2_MOE ||
+        c->arch == MODEL_ARCH_QWEN3_MOE)
+        hf_moe_json(j, c);
     if (c->arch == MODEL_ARCH_DEEPSEEK_V2) hf_deepseek_json(j, c);
     const model_rope_t *rope = c->arch == MODEL_ARCH_DEEPSEEK_V2 ? &c->mla.rope : &c->attn.rope;
     json_object_set_new(j, "rope_theta", json_real(rope->theta));

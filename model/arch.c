@@ -3,7 +3,7 @@
 
 #include <stddef.h>
 
-/* Llama, Mistral and Qwen2 share every name; they differ in their configs
+/* Llama, Mistral, Qwen2 and Qwen3 share every name; they differ in their configs
  * (biases, sliding windows), which ckpt/hf.c reads. Mixtral and Qwen2-MoE
  * name their routed experts as transformers' checkpoints do (one tensor per
  * expert; transformers 5 fuses them in memory and cuts them again on save). */
@@ -38,6 +38,10 @@ static const model_arch_info_t model_archs[] = {
                                 .ffn_prefix = "mlp", .moe_router = "gate",
                                 .expert_proj = {"gate_proj", "up_proj", "down_proj"},
                                 .shared_expert = "shared_experts"},
+    [MODEL_ARCH_QWEN3] = {.hf_class = "Qwen3ForCausalLM", LLAMA_NAMES, .ffn_prefix = "mlp"},
+    [MODEL_ARCH_QWEN3_MOE] = {.hf_class = "Qwen3MoeForCausalLM", LLAMA_NAMES, .ffn_prefix = "mlp",
+                              .moe_router = "gate",
+                              .expert_proj = {"gate_proj", "up_proj", "down_proj"}},
 };
 _Static_assert(sizeof model_archs / sizeof model_archs[0] == MODEL_ARCH_COUNT,
                "one entry per architecture");

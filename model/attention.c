@@ -1,13 +1,17 @@
 /* Grouped-query attention with rotary embeddings (MODEL_MIXER_ATTENTION):
- * Llama, Mistral, Qwen2.
+ * Llama, Mistral, Qwen2, Qwen3.
  *
- *   q, k, v = ln Wq^T (+bq), ln Wk^T (+bk), ln Wv^T (+bv); rope(q), rope(k)
- *   y = attention(q, k, v) Wo^T (+bo)
+ *   q, k, v = ln Wq^T (+bq), ln Wk^T (+bk), ln Wv^T (+bv)
+ *   q, k    = rmsnorm(q; wqn), rmsnorm(k; wkn) over each head's D channels
+ *             (qk_norm: Qwen3's q_norm, k_norm)
+ *   rope(q), rope(k);  y = attention(q, k, v) Wo^T (+bo)
  *
  * TP (Megatron): q/k/v (and their biases) column-parallel by whole heads,
  * each rank holding whole KV-head groups; o row-parallel, its bias
  * replicated and added once after the all-reduce. The input gradient is a
- * partial sum over the ranks' heads and is all-reduced here. */
+ * partial sum over the ranks' heads and is all-reduced here. The per-head
+ * norm weights are replicated; each rank's gradient of them is its heads'
+ * share, summed over the group after the backward (grad_tp_partial). */
 #include "model/kind.h"
 #include "model/require.h"
 
@@ -19,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { A_Q = 0, A_K, A_V, A_O, A_QB, A_KB, A_VB, A_OB, A_SLOTS };
+enum { A_Q = 0, A_K, A_V, A_O, A_QB, A_KB, A_VB, A_OB, A_QN, A_KN, A_SLOTS };
 _Static_assert(A_SLOTS <= MODEL_SUB_SLOTS, "attention slots fit a sublayer");
 
 /* This TP rank's dimensions. */
@@ -103,12 +107,20 @@ static void attn_layout(model_layout_t *lb, const model_config_t *c, const char 
     if (a->qkv_bias) ADD(A_VB, "v_proj.bias", 1, Ckv, 0, 0);
     ADD(A_O, "o_proj.weight", 2, C, Cq, 1);
     if (a->o_bias) ADD(A_OB, "o_proj.bias", 1, C, 0, -1);
+    if (a->qk_norm) {
+        ADD(A_QN, "q_norm.weight", 1, D, 0, -1);
+        model_layout_grad_tp_partial(lb, sub->ix[A_QN]);
+        ADD(A_KN, "k_norm.weight", 1, D, 0, -1);
+        model_layout_grad_tp_partial(lb, sub->ix[A_KN]);
+    }
 #undef ADD
 }
 
-/* saved: q [N,Cq] k v [N,Ckv] att [N,Cq] (activation dtype), lse [B,Hq,T] f32 */
+/* saved: q [N,Cq] k v [N,Ckv] att [N,Cq] (activation dtype), lse [B,Hq,T] f32;
+ * with qk_norm also the norms' inputs qp [N,Cq] kp [N,Ckv] (activation
+ * dtype) and their rstd [N*Hq], [N*Hkv] f32 */
 typedef struct {
-    size_t q, k, v, att, lse, total;
+    size_t q, k, v, att, lse, qp, kp, qr, kr, total;
 } attn_saved_t;
 
 static attn_saved_t attn_saved_layout(const model_t *m, int64_t B, int64_t T)
@@ -121,7 +133,14 @@ static attn_saved_t attn_saved_layout(const model_t *m, int64_t B, int64_t T)
     s.v = s.k + model_align(N * (size_t)d.Ckv * es);
     s.att = s.v + model_align(N * (size_t)d.Ckv * es);
     s.lse = s.att + model_align(N * (size_t)d.Cq * es);
-    s.total = s.lse + model_align((size_t)(B * d.Hq * T) * sizeof(float));
+    s.qp = s.lse + model_align((size_t)(B * d.Hq * T) * sizeof(float));
+    s.total = s.qp;
+    if (m->cfg.attn.qk_norm) {
+        s.kp = s.qp + model_align(N * (size_t)d.Cq * es);
+        s.qr = s.kp + model_align(N * (size_t)d.Ckv * es);
+        s.kr = s.qr + model_align(N * (size_t)d.Hq * sizeof(float));
+        s.total = s.kr + model_align(N * (size_t)d.Hkv * sizeof(float));
+    }
     return s;
 }
 
@@ -129,8 +148,12 @@ static double attn_saved_bytes(const model_t *m, int64_t B, int64_t T)
 {
     attn_dims_t d = attn_dims(m);
     double N = (double)B * (double)T, es = (double)dtype_size(m->place.act_dtype);
-    return 2 * model_align_d(N * (double)d.Cq * es) + 2 * model_align_d(N * (double)d.Ckv * es) +
-           model_align_d((double)B * (double)d.Hq * (double)T * 4);
+    double b = 2 * model_align_d(N * (double)d.Cq * es) + 2 * model_align_d(N * (double)d.Ckv * es) +
+               model_align_d((double)B * (double)d.Hq * (double)T * 4);
+    if (m->cfg.attn.qk_norm)
+        b += model_align_d(N * (double)d.Cq * es) + model_align_d(N * (double)d.Ckv * es) +
+             model_align_d(N * (double)d.Hq * 4) + model_align_d(N * (double)d.Hkv * 4);
+    return b;
 }
 
 /* scratch: datt dq dqr [N,Cq], dk dkr dv [N,Ckv], then context parallelism's
@@ -221,6 +244,7 @@ static bt_status_t attn_shared_init(const model_t *m, int64_t T, void *shared)
 /* The views of one sublayer's saved region. */
 typedef struct {
     tensor_t q, k, v, att, q4, k4, v4, att4, lse;
+    tensor_t qp, kp, qr, kr; /* qk_norm: the norms' inputs and rstd */
 } attn_views_t;
 
 static attn_views_t attn_views(const model_run_t *r, void *saved)
@@ -240,6 +264,12 @@ static attn_views_t attn_views(const model_run_t *r, void *saved)
     v.att4 = model_act_view(m, saved, L.att, 4, (int64_t[]){r->B, r->T, d.Hq, d.D});
     v.lse = tensor_make((char *)saved + L.lse, DT_F32, m->place.dev, 3,
                         (int64_t[]){r->B, d.Hq, r->T});
+    if (m->cfg.attn.qk_norm) {
+        v.qp = model_act_view(m, saved, L.qp, 2, (int64_t[]){N, d.Cq});
+        v.kp = model_act_view(m, saved, L.kp, 2, (int64_t[]){N, d.Ckv});
+        v.qr = tensor_make((char *)saved + L.qr, DT_F32, m->place.dev, 1, (int64_t[]){N * d.Hq});
+        v.kr = tensor_make((char *)saved + L.kr, DT_F32, m->place.dev, 1, (int64_t[]){N * d.Hkv});
+    }
     return v;
 }
 
@@ -259,6 +289,14 @@ static char *attn_cp_base(const model_run_t *r, const attn_dims_t *d)
     return (char *)r->scratch + 3 * bq + 3 * bkv;
 }
 
+/* [N, H*D] seen as [N*H, D]: one row per head and position (the per-head
+ * norms of qk_norm). */
+static tensor_t heads_rows(const tensor_t *t, int64_t D)
+{
+    int64_t shape[2] = {tensor_numel(t) / D, D};
+    return tensor_reshape(t, 2, shape);
+}
+
 static bt_status_t attn_forward(model_run_t *r, const model_sub_t *sub, void *saved,
                                 const tensor_t *ln, tensor_t *y)
 {
@@ -269,9 +307,19 @@ static bt_status_t attn_forward(model_run_t *r, const model_sub_t *sub, void *sa
     tensor_t cos, sin;
     rope_tables(m, r->T_cap, r->shared, &cos, &sin);
     float scale = 1.0f / sqrtf((float)d.D);
-    kern_linear_fwd(s, &v.q, ln, model_sub_param(m, sub, A_Q), model_sub_param(m, sub, A_QB));
-    kern_linear_fwd(s, &v.k, ln, model_sub_param(m, sub, A_K), model_sub_param(m, sub, A_KB));
+    bool qkn = m->cfg.attn.qk_norm;
+    kern_linear_fwd(s, qkn ? &v.qp : &v.q, ln, model_sub_param(m, sub, A_Q),
+                    model_sub_param(m, sub, A_QB));
+    kern_linear_fwd(s, qkn ? &v.kp : &v.k, ln, model_sub_param(m, sub, A_K),
+                    model_sub_param(m, sub, A_KB));
     kern_linear_fwd(s, &v.v, ln, model_sub_param(m, sub, A_V), model_sub_param(m, sub, A_VB));
+    if (qkn) { /* every head's D channels a row of its own */
+        float eps = (float)m->cfg.rms_norm_eps;
+        tensor_t q2 = heads_rows(&v.q, d.D), k2 = heads_rows(&v.k, d.D);
+        tensor_t qp2 = heads_rows(&v.qp, d.D), kp2 = heads_rows(&v.kp, d.D);
+        kern_rmsnorm_fwd(s, &q2, &v.qr, &qp2, model_sub_param(m, sub, A_QN), eps);
+        kern_rmsnorm_fwd(s, &k2, &v.kr, &kp2, model_sub_param(m, sub, A_KN), eps);
+    }
     if (m->cfg.attn.rope.kind != MODEL_ROPE_NONE) {
         kern_rope_fwd(s, &v.q4, &v.q4, &cos, &sin, r->pos);
         kern_rope_fwd(s, &v.k4, &v.k4, &cos, &sin, r->pos);
@@ -335,9 +383,25 @@ static bt_status_t attn_backward(model_run_t *r, const model_sub_t *sub, void *s
         kern_copy(s, &dqr4, &dq4);
         kern_copy(s, &dkr4, &dk4);
     }
-    kern_linear_bwd_set(s, dln, model_sub_grad(m, sub, A_Q), model_sub_grad(m, sub, A_QB), &dqr,
+    const tensor_t *dqp = &dqr, *dkp = &dkr;
+    tensor_t dq = model_act_view(m, sc, bq, 2, (int64_t[]){N, d.Cq});
+    tensor_t dk = model_act_view(m, sc, 3 * bq, 2, (int64_t[]){N, d.Ckv});
+    if (m->cfg.attn.qk_norm) { /* through the per-head norms, into dq, dk (free again) */
+        tensor_t dq2 = heads_rows(&dq, d.D), dk2 = heads_rows(&dk, d.D);
+        tensor_t dqr2 = heads_rows(&dqr, d.D), dkr2 = heads_rows(&dkr, d.D);
+        tensor_t qp2 = heads_rows(&v.qp, d.D), kp2 = heads_rows(&v.kp, d.D);
+        kern_zero(s, &dq);
+        kern_zero(s, &dk);
+        kern_rmsnorm_bwd(s, &dq2, model_sub_grad(m, sub, A_QN), &dqr2, &qp2,
+                         model_sub_param(m, sub, A_QN), &v.qr);
+        kern_rmsnorm_bwd(s, &dk2, model_sub_grad(m, sub, A_KN), &dkr2, &kp2,
+                         model_sub_param(m, sub, A_KN), &v.kr);
+        dqp = &dq;
+        dkp = &dk;
+    }
+    kern_linear_bwd_set(s, dln, model_sub_grad(m, sub, A_Q), model_sub_grad(m, sub, A_QB), dqp,
                         ln, model_sub_param(m, sub, A_Q));
-    kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_K), model_sub_grad(m, sub, A_KB), &dkr, ln,
+    kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_K), model_sub_grad(m, sub, A_KB), dkp, ln,
                     model_sub_param(m, sub, A_K));
     kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_V), model_sub_grad(m, sub, A_VB), &dv, ln,
                     model_sub_param(m, sub, A_V));
@@ -359,7 +423,7 @@ static void attn_flops(const model_config_t *c, int64_t T, model_flops_t *f)
 }
 
 static const kern_op_t attn_ops[] = {KERN_OP_LINEAR, KERN_OP_ROPE, KERN_OP_ATTENTION,
-                                     KERN_OP_MATMUL, KERN_OP_ELEMENTWISE};
+                                     KERN_OP_MATMUL, KERN_OP_ELEMENTWISE, KERN_OP_RMSNORM};
 
 const model_kind_t model_kind_attention = {
     .name = "attention",

@@ -34,6 +34,9 @@ typedef enum {
     MODEL_ARCH_NEMOTRON_H, /* hybrid: each layer one Mamba2 mixer, attention or relu2 MLP */
     MODEL_ARCH_DEEPSEEK_V2, /* MLA + first_k_dense_replace dense MLPs, then routed experts with
                              * ungated shared experts */
+    MODEL_ARCH_QWEN3,       /* Qwen2's stack without q/k/v biases, q and k RMS-normed per head */
+    MODEL_ARCH_QWEN3_MOE,   /* Qwen3's attention + routed experts (no shared expert), or a dense
+                             * MLP */
     MODEL_ARCH_COUNT,
 } model_arch_t;
 
@@ -88,6 +91,9 @@ typedef struct {
     int64_t      sliding_window; /* 0: none; else sequences longer are rejected */
     bool         qkv_bias;       /* q/k/v_proj have a bias (Qwen2, Llama attention_bias) */
     bool         o_bias;         /* o_proj has a bias (Llama attention_bias) */
+    /* q and k RMS-normed over each head's D channels before RoPE, one weight
+     * [D] each shared by all heads (q_norm, k_norm; Qwen3), eps rms_norm_eps */
+    bool         qk_norm;
     model_rope_t rope;
 } model_attn_config_t;
 

@@ -47,6 +47,9 @@ int model_layout_add_nd(model_layout_t *lb, const char *name, int ndim, const in
 /* Marks tensor ix (an index model_layout_add* returned) as kept in f32
  * under any compute dtype (model_param_t keep_f32). */
 void model_layout_keep_f32(model_layout_t *lb, int ix);
+/* Marks tensor ix (replicated: split_dim -1) as one whose gradient each TP
+ * rank computes only its share of (model_param_t grad_tp_partial). */
+void model_layout_grad_tp_partial(model_layout_t *lb, int ix);
 
 /* A stacked expert tensor (MODEL_STACK_MARK) of global shape[ndim], split
  * along dimension 0 over the EP group (group SHARD_GROUP_EP even at

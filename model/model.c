@@ -60,6 +60,14 @@ void model_layout_keep_f32(model_layout_t *lb, int ix)
     if (lb->out) lb->out[ix].keep_f32 = true;
 }
 
+void model_layout_grad_tp_partial(model_layout_t *lb, int ix)
+{
+    if (!lb->out) return;
+    if (lb->out[ix].spec.group != SHARD_GROUP_NONE)
+        BT_PANIC("model_layout_grad_tp_partial: %s is split, not replicated", lb->out[ix].name);
+    lb->out[ix].grad_tp_partial = true;
+}
+
 dtype_t model_param_dtype(const model_param_t *p, dtype_t compute)
 {
     return p->keep_f32 ? DT_F32 : compute;

@@ -160,6 +160,11 @@ typedef struct {
      * param_mem is f32 and is its own master (masters[i] aliases params[i]);
      * its gradient stays in place.grad_dtype like every other. */
     bool         keep_f32;
+    /* Whole on every TP rank, but a backward's gradient is only this rank's
+     * share (a weight every head shares, fed by this rank's heads: Qwen3's
+     * q_norm and k_norm); the backward sums the shares over the TP group so
+     * that the gradients come out bit-identical on every rank again. */
+    bool         grad_tp_partial;
 } model_param_t;
 
 /* The dtype parameter p is stored in when the kernels compute in `compute`. */

@@ -65,7 +65,7 @@ struct model_acts {
     void    *ones;       /* [N] of 1 */
     void    *tmp, *dres, *dln;    /* [N, C] */
     void    *scratch;    /* the largest kind scratch */
-    void    *spnorm;     /* sequence parallelism: [2, S+1, C] norm-gradient stash and sum */
+    void    *partial;    /* TP-partial gradients (grad_partial): [2, their elements] stash and sum */
     /* sequence parallelism in a training arena (compact): x holds only the
      * stage input whole; the residual at boundaries 1..S and the norm
      * outputs keep this TP rank's rows (xl [S, R, C], ln [S, R, C], R =
@@ -151,6 +151,83 @@ static void *shared_of(const model_acts_t *a, const model_kind_t *k)
     return NULL;
 }
 
+/* ---- TP-partial gradients ------------------------------------------------------ */
+
+/* The parameters whose gradient one backward leaves as this TP rank's share
+ * only: under sequence parallelism (sp) the norm weights (each rank's rows),
+ * and under any TP those a kind marked grad_tp_partial (Qwen3's q_norm and
+ * k_norm, fed by this rank's heads). grad_partial_begin sets what they
+ * accumulated so far aside and zeroes them; grad_partial_end sums this
+ * backward's shares over the TP group (one all-reduce of them all) and adds
+ * what was set aside back, so they come out bit-identical on every rank. */
+static bool grad_partial(const model_t *m, int i, bool sp)
+{
+    if (m->par.tp_size <= 1) return false;
+    if (m->params[i].grad_tp_partial) return true;
+    if (!sp) return false;
+    if (m->stage.has_head && i == m->final_norm) return true;
+    for (int k = 0; k < m->n_subs; k++)
+        if (m->subs[k].norm == i) return true;
+    return false;
+}
+
+static double grad_partial_numel(const model_t *m, bool sp)
+{
+    double n = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (grad_partial(m, i, sp)) n += (double)shard_numel(&m->params[i].spec);
+    return n;
+}
+
+/* elements [at, at + n) of half 0 (set aside) or 1 (the sums) */
+static tensor_t grad_partial_slot(model_t *m, model_acts_t *a, int half, int64_t at, int64_t n,
+                                  bool sp)
+{
+    size_t es = dtype_size(m->place.grad_dtype);
+    size_t one = (size_t)grad_partial_numel(m, sp) * 8;
+    return tensor_make((char *)a->partial + (size_t)half * one + (size_t)at * es,
+                       m->place.grad_dtype, m->place.dev, 1, &n);
+}
+
+static void grad_partial_begin(model_t *m, model_acts_t *a, bool sp)
+{
+    int64_t at = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        if (!grad_partial(m, i, sp)) continue;
+        tensor_t *g = &m->grads[i].t;
+        int64_t n = tensor_numel(g);
+        tensor_t keep = grad_partial_slot(m, a, 0, at, n, sp), flat = tensor_reshape(g, 1, &n);
+        kern_copy(m->stream, &keep, &flat);
+        kern_zero(m->stream, g);
+        at += n;
+    }
+}
+
+static bt_status_t grad_partial_end(model_t *m, model_acts_t *a, bool sp)
+{
+    int64_t at = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        if (!grad_partial(m, i, sp)) continue;
+        int64_t n = tensor_numel(&m->grads[i].t);
+        tensor_t sum = grad_partial_slot(m, a, 1, at, n, sp), flat = tensor_reshape(&m->grads[i].t, 1, &n);
+        kern_copy(m->stream, &sum, &flat);
+        at += n;
+    }
+    tensor_t all = grad_partial_slot(m, a, 1, 0, at, sp);
+    bt_status_t st = model_tp_sum(m, &all, "the TP-partial gradients (norm weights)", -1);
+    if (st != BT_OK) return st;
+    at = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        if (!grad_partial(m, i, sp)) continue;
+        int64_t n = tensor_numel(&m->grads[i].t);
+        tensor_t sum = grad_partial_slot(m, a, 1, at, n, sp), keep = grad_partial_slot(m, a, 0, at, n, sp);
+        tensor_t flat = tensor_reshape(&m->grads[i].t, 1, &n);
+        kern_add(m->stream, &flat, &sum, &keep);
+        at += n;
+    }
+    return BT_OK;
+}
+
 /* ---- the arena ---------------------------------------------------------------- */
 
 /* Where every region of an arena for B x T goes: byte offsets and the
@@ -161,7 +238,7 @@ typedef struct {
     double  total;
     int64_t head_chunk;
     bool    fwd_only, decode;
-    double  x, ln, rstd, saved, ids, tg, pos, ones, tmp, dres, dln, scratch, spnorm, xl, lnw, xo;
+    double  x, ln, rstd, saved, ids, tg, pos, ones, tmp, dres, dln, scratch, partial, xl, lnw, xo;
     bool    compact;
     double  lnf, dlnf, rstdf, logits, dlogits, losses, vmax, vsum;
     const model_kind_t *shared_kind[MODEL_MAX_KINDS];
@@ -275,10 +352,10 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, int mode, acts_pla
     p->dres = take(&off, grads * NC);
     p->dln = take(&off, grads * NC);
     p->scratch = take(&off, scratch);
-    /* sequence parallelism: the norm weights' gradients of one backward are
-     * partial sums over this rank's rows; their earlier value and the
-     * reduction's buffer, [S + 1, C] each in the gradient dtype */
-    p->spnorm = take(&off, grads * (m->par.sp && m->par.tp_size > 1 ? 2.0 * (S + 1) * C * 8 : 0));
+    /* the gradients one backward leaves as this TP rank's share
+     * (grad_partial): their earlier value and the reduction's buffer, in the
+     * gradient dtype (8 bytes an element at most) */
+    p->partial = take(&off, grads * 2.0 * grad_partial_numel(m, m->par.sp && m->par.tp_size > 1) * 8);
     if (m->stage.has_head) {
         p->lnf = take(&off, NC);
         p->dlnf = take(&off, grads * NC);
@@ -376,7 +453,7 @@ static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, int mode, model
     a->dres = AT(p.dres);
     a->dln = AT(p.dln);
     a->scratch = AT(p.scratch);
-    a->spnorm = AT(p.spnorm);
+    a->partial = AT(p.partial);
     if (m->stage.has_head) {
         a->lnf = AT(p.lnf);
         a->dlnf = AT(p.dlnf);
@@ -857,59 +934,6 @@ bt_status_t model_stage_forward(model_t *m, model_acts_t *a, const model_batch_t
     return BT_OK;
 }
 
-/* Sequence parallelism: the norm weights' gradients of a backward are each
- * TP rank's rows' share. sp_norms_begin sets the ones accumulated so far
- * aside and zeroes them; sp_norms_end sums this backward's shares over the
- * TP group (one all-reduce) and adds what was set aside back. */
-static int sp_norm_ix(const model_t *m, int i)
-{
-    return i < m->n_subs ? m->subs[i].norm : m->stage.has_head ? m->final_norm : -1;
-}
-
-static tensor_t sp_norm_slot(model_t *m, model_acts_t *a, int half, int i, const tensor_t *g)
-{
-    int64_t C = m->cfg.hidden_size;
-    size_t es = dtype_size(g->dtype), one = (size_t)(m->n_subs + 1) * (size_t)C * 8;
-    return tensor_make((char *)a->spnorm + (size_t)half * one + (size_t)i * (size_t)C * es,
-                       g->dtype, g->device, 1, &C);
-}
-
-static void sp_norms_begin(model_t *m, model_acts_t *a)
-{
-    for (int i = 0; i <= m->n_subs; i++) {
-        int ix = sp_norm_ix(m, i);
-        if (ix < 0) continue;
-        tensor_t *g = G(m, ix), keep = sp_norm_slot(m, a, 0, i, g);
-        kern_copy(m->stream, &keep, g);
-        kern_zero(m->stream, g);
-    }
-}
-
-static bt_status_t sp_norms_end(model_t *m, model_acts_t *a)
-{
-    int64_t C = m->cfg.hidden_size, S1 = m->n_subs + 1;
-    const tensor_t *g0 = NULL;
-    for (int i = 0; i <= m->n_subs; i++) {
-        int ix = sp_norm_ix(m, i);
-        if (ix < 0) continue;
-        tensor_t *g = G(m, ix), sum = sp_norm_slot(m, a, 1, i, g);
-        g0 = g;
-        kern_copy(m->stream, &sum, g);
-    }
-    if (!g0) return BT_OK;
-    tensor_t all = sp_norm_slot(m, a, 1, 0, g0);
-    all = tensor_make(all.data, all.dtype, all.device, 1, (int64_t[]){S1 * C});
-    bt_status_t st = model_tp_sum(m, &all, "the norm weights' gradients", -1);
-    if (st != BT_OK) return st;
-    for (int i = 0; i <= m->n_subs; i++) {
-        int ix = sp_norm_ix(m, i);
-        if (ix < 0) continue;
-        tensor_t *g = G(m, ix), sum = sp_norm_slot(m, a, 1, i, g), keep = sp_norm_slot(m, a, 0, i, g);
-        kern_add(m->stream, g, &sum, &keep);
-    }
-    return BT_OK;
-}
-
 bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
 {
     const model_stage_t *st_ = &m->stage;
@@ -926,10 +950,9 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
      * this TP rank's rows; the residual gradient gathered whole for each
      * sublayer (its dy), whose dln is right on those rows */
     int64_t s0 = 0, sn = N;
-    if (r.sp) {
-        model_sp_rows(m, N, &s0, &sn);
-        sp_norms_begin(m, a);
-    }
+    if (r.sp) model_sp_rows(m, N, &s0, &sn);
+    bool partial = grad_partial_numel(m, r.sp) > 0;
+    if (partial) grad_partial_begin(m, a, r.sp);
     tensor_t dresl = rows_of(&dres, s0, sn), dlnl = rows_of(&dln, s0, sn);
     if (st_->has_head) {
         tensor_t dlnf = stack_view(m, a->dlnf, 0, N, C), rstdf = f32_view(m, a->rstdf + s0, 1, &sn);
@@ -960,10 +983,9 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
             return st;
         if (sn > 0) kern_rmsnorm_bwd(s, &dresl, G(m, sub->norm), &dlnl, &xl, P(m, sub->norm), &rstd);
     }
-    if (r.sp) { /* whole again: the embedding's backward, or the stage's input gradient */
-        if ((st = model_sp_gather(m, &dres, "the input gradient", -1)) != BT_OK) return st;
-        if ((st = sp_norms_end(m, a)) != BT_OK) return st;
-    }
+    /* whole again: the embedding's backward, or the stage's input gradient */
+    if (r.sp && (st = model_sp_gather(m, &dres, "the input gradient", -1)) != BT_OK) return st;
+    if (partial && (st = grad_partial_end(m, a, r.sp)) != BT_OK) return st;
     if (st_->has_embedding) {
         tensor_t ids = i32_view(m, a->ids, N);
         kern_embedding_bwd(s, G(m, m->embed), &dres, &ids, m->vocab_start);

@@ -3,7 +3,7 @@
  * worker`s over tcp): cp in {2, 4}, the all-gather and the ring mode, and
  * CP combined with TP, PP and DP (ZeRO-1). Per-step losses (metrics JSONL)
  * must match the one-process run to 1e-5 relative, the validation losses
- * to 1e-5 and the final parameters (HF export) to 1e-5 absolute: the
+ * to 1e-5 and the final parameters (HF export) to lr / 20 absolute: the
  * dense matrix's bounds (tests/test_dist_equiv.c).
  *
  * Each CP rank holds chunks r and 2cp-1-r of every sequence (data actor,
@@ -111,7 +111,7 @@ static void cp_check_model(const char *name, const char *model, const char *sets
            d.val_rel, d.param_abs);
     CHECK(d.loss_rel <= 1e-5);
     CHECK(d.val_rel <= 1e-5);
-    CHECK(d.param_abs <= 1e-5);
+    CHECK(d.param_abs <= test_equiv_param_bound(lr == lr_tiny ? 1e-4 : 1e-3));
 }
 
 static void cp_check(const char *name, const char *sets, int ga)
@@ -238,7 +238,7 @@ static void sp_check(const char *name, const char *model, const char *sets, int 
            d.loss_rel, d.val_rel, d.param_abs);
     CHECK(d.loss_rel <= 1e-5);
     CHECK(d.val_rel <= 1e-5);
-    CHECK(d.param_abs <= 1e-5);
+    CHECK(d.param_abs <= test_equiv_param_bound(model && !strcmp(model, "deepseek_v2") ? 1e-4 : 1e-3));
 }
 
 static void test_sp_tp2(void) { sp_check("sp_tp2", NULL, "--set parallel.tp=2", 2); }
@@ -283,6 +283,19 @@ static void test_sp_mla_q_lora_tp2_cp4_ring(void)
     sp_check("sp_mla_q_lora_tp2_cp4_ring", full,
              "--set parallel.tp=2 --set parallel.cp=4 --set parallel.cp_mode=ring", 2);
 }
+/* Qwen3's per-head q/k norms (tests/fixtures/qwen3, tied embeddings): their
+ * weights' gradients are each TP rank's heads' share, summed over the TP
+ * group after the backward in one reduction with the norms' of sequence
+ * parallelism; CP splits their rows like any other */
+static void test_sp_qwen3_tp2_cp2_ring(void)
+{
+    sp_check("sp_qwen3_tp2_cp2_ring", "qwen3",
+             "--set parallel.tp=2 --set parallel.cp=2 --set parallel.cp_mode=ring", 2);
+}
+static void test_qwen3_tp2_pp2(void)
+{
+    cp_check_model("qwen3_tp2_pp2", "qwen3", "--set parallel.tp=2 --set parallel.pp=2", 2);
+}
 /* rows that do not split evenly: micro_batch 1 x seq 15 = 15 tokens, 8 and 7
  * a TP rank; against TP without sequence parallelism alone */
 static void test_sp_uneven_rows(void)
@@ -300,7 +313,7 @@ static void test_sp_uneven_rows(void)
            d.loss_rel, d.val_rel, d.param_abs);
     CHECK(d.loss_rel <= 1e-5);
     CHECK(d.val_rel <= 1e-5);
-    CHECK(d.param_abs <= 1e-5);
+    CHECK(d.param_abs <= test_equiv_param_bound(1e-3));
 }
 
 /* Rank 0's activation estimate (KiB) of `baton graph` on the dense job. */
@@ -371,5 +384,6 @@ int main(int argc, char **argv)
              test_sp_tp2_cp4_allgather,
              test_sp_mla_tp2_cp2_ring, test_sp_mla_tp2_cp2_ep2_allgather,
              test_sp_mla_q_lora_tp2_cp2_pp2_allgather,
-             test_sp_mla_q_lora_tp2_cp4_ring, test_sp_uneven_rows, test_sp_memory, test_cp_bad_seq, test_cleanup);
+             test_sp_mla_q_lora_tp2_cp4_ring, test_sp_qwen3_tp2_cp2_ring, test_qwen3_tp2_pp2,
+             test_sp_uneven_rows, test_sp_memory, test_cp_bad_seq, test_cleanup);
 }

@@ -59,6 +59,26 @@ static void test_hf_config_fields(void)
     CHECK(c.arch == MODEL_ARCH_QWEN2 && c.attn.qkv_bias && !c.attn.o_bias && c.attn.sliding_window == 0);
     CHECK(c.attn.num_heads == 6 && c.attn.num_kv_heads == 2 && c.rms_norm_eps == 1e-5);
 
+    json_t *j0;
+    /* Qwen3: per-head q/k norms, no biases unless attention_bias (then q/k/v/o);
+     * head_dim absent is Qwen3Config's 128, not hidden / heads */
+    REQUIRE(ckpt_hf_config_load(FIX "qwen3", &c) == BT_OK);
+    CHECK(c.arch == MODEL_ARCH_QWEN3 && c.attn.qk_norm && !c.attn.qkv_bias && !c.attn.o_bias);
+    CHECK(c.attn.head_dim == 16 && c.hidden_size == 48 && c.tie_word_embeddings);
+    REQUIRE(cfg_with("qwen3", "attention_bias", "true", &c) == BT_OK);
+    CHECK(c.attn.qkv_bias && c.attn.o_bias);
+    REQUIRE(cfg_with("qwen3", "head_dim", NULL, &c) == BT_OK);
+    CHECK(c.attn.head_dim == 128);
+    REQUIRE(ckpt_hf_config_load(FIX "qwen2", &c) == BT_OK);
+    CHECK(!c.attn.qk_norm);
+    j0 = cfg_base("qwen3");
+    json_object_set_new(j0, "use_sliding_window", json_true());
+    json_object_set_new(j0, "sliding_window", json_integer(16));
+    json_object_set_new(j0, "layer_types",
+                        json_pack("[sss]", "full_attention", "sliding_attention", "full_attention"));
+    REQUIRE(cfg_parse(j0, &c) == BT_OK);
+    CHECK(c.attn.sliding_window == 16);
+
     /* legacy spellings: rope_theta + rope_scaling with "type" */
     json_t *j = cfg_base("llama");
     json_object_del(j, "rope_parameters");
@@ -254,6 +274,8 @@ static void test_hf_export_roundtrip(void)
     roundtrip("llama_tied_llama3");
     roundtrip("mistral");
     roundtrip("qwen2_bf16");
+    roundtrip("qwen3");
+    roundtrip("qwen3_moe");
 }
 
 int main(int argc, char **argv)

@@ -198,6 +198,12 @@ static void test_hf_llama_sharded(void) { fixture_check("llama_sharded"); }
 static void test_hf_mixtral(void) { fixture_check("mixtral"); }
 static void test_hf_qwen2_moe(void) { fixture_check("qwen2_moe"); }
 static void test_hf_qwen2_moe_norm(void) { fixture_check("qwen2_moe_norm"); }
+/* Qwen3: q and k RMS-normed per head before RoPE (q_norm, k_norm), head_dim
+ * 16 x 4 heads != hidden 48, tied embeddings; Qwen3-MoE: the same attention
+ * with its biases on, routed experts without a shared expert, a dense layer,
+ * the router's aux loss */
+static void test_hf_qwen3(void) { fixture_check("qwen3"); }
+static void test_hf_qwen3_moe(void) { fixture_check("qwen3_moe"); }
 /* NemotronH (tools/gen_nemotronh_fixtures.py): Mamba2 mixers, attention
  * without RoPE and relu2 MLPs, one block per layer */
 static void test_hf_nemotronh(void) { fixture_check("nemotronh"); }
@@ -356,7 +362,7 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_hf_llama, test_hf_llama_tied_llama3, test_hf_mistral, test_hf_qwen2,
              test_hf_llama_f16, test_hf_qwen2_bf16, test_hf_llama_sharded, test_hf_mixtral,
-             test_hf_qwen2_moe, test_hf_qwen2_moe_norm, test_hf_nemotronh, test_hf_nemotronh_bias,
+             test_hf_qwen2_moe, test_hf_qwen2_moe_norm, test_hf_qwen3, test_hf_qwen3_moe, test_hf_nemotronh, test_hf_nemotronh_bias,
              test_hf_deepseek_v2_lite, test_hf_deepseek_v2, test_hf_padded_batch,
              test_hf_stages, test_hf_stages_tied);
 }

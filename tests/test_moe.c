@@ -177,7 +177,7 @@ static void test_moe_config_errors(void)
                    "num_local_experts=0 must be in [1, 4096]");
     config_refused(mixtral_base, "\"num_local_experts\": 5000", BT_ERR_INVALID,
                    "num_local_experts=5000");
-    config_refused(qwen_base, "\"num_experts\": 0", BT_ERR_INVALID, "num_experts=0");
+    config_refused(qwen_base, "\"num_experts\": -1", BT_ERR_INVALID, "num_experts=-1 must be >= 0");
     config_refused(qwen_base, "\"num_experts\": 4096, \"moe_intermediate_size\": 8192", BT_ERR_INVALID,
                    "num_experts=4096 x moe_intermediate_size=8192 experts' rows exceed 16777216");
     config_refused(qwen_base, "\"num_experts_per_tok\": 0", BT_ERR_INVALID,
@@ -221,6 +221,57 @@ static void test_moe_config_errors(void)
     CHECK(st == BT_ERR_INVALID && st_tp == BT_OK && st_tp_ok == BT_OK);
     CHECK_MSG(strstr(msg, "unknown router type"), "%s", msg);
     free(msg);
+}
+
+/* Qwen3-MoE: transformers reads num_experts as num_local_experts (and
+ * saves it so); no shared expert; num_experts 0 (as in Qwen2-MoE) makes
+ * every layer dense */
+static void test_moe_config_qwen3(void)
+{
+    model_config_t c;
+    REQUIRE(ckpt_hf_config_load(FIX "qwen3_moe", &c) == BT_OK);
+    CHECK(c.arch == MODEL_ARCH_QWEN3_MOE && c.attn.qkv_bias && c.attn.o_bias && c.attn.qk_norm);
+    CHECK(c.moe.n_experts == 6 && c.moe.top_k == 2 && c.moe.expert_ffn == 20);
+    CHECK(c.moe.shared_ffn == 0 && c.moe.norm_topk && c.moe.aux_loss_coef == 0.02);
+    CHECK(c.attn.head_dim == 16 && c.mlp.intermediate_size == 56);
+    CHECK(c.blocks[0].ffn == MODEL_FFN_MOE && c.blocks[1].ffn == MODEL_FFN_DENSE &&
+          c.blocks[2].ffn == MODEL_FFN_MOE);
+    static const char base[] =
+        "\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 64, \"hidden_size\": 16, "
+        "\"intermediate_size\": 24, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8";
+    char text[1024];
+    /* the spelling of Qwen's own configs */
+    snprintf(text, sizeof text, "{%s, \"num_experts\": 5}", base);
+    REQUIRE(ckpt_hf_config_parse(text, strlen(text), "moe.json", &c) == BT_OK);
+    CHECK(c.moe.n_experts == 5 && c.attn.head_dim == 8 && !c.attn.qkv_bias && c.attn.qk_norm);
+    CHECK(c.blocks[0].ffn == MODEL_FFN_MOE && c.blocks[1].ffn == MODEL_FFN_MOE);
+    snprintf(text, sizeof text, "{%s, \"num_experts\": 5, \"num_local_experts\": 5}", base);
+    REQUIRE(ckpt_hf_config_parse(text, strlen(text), "moe.json", &c) == BT_OK);
+    CHECK(c.moe.n_experts == 5);
+    config_refused(base, "\"num_experts\": 5, \"num_local_experts\": 4", BT_ERR_INVALID,
+                   "num_local_experts=4 and num_experts=5 disagree");
+    /* transformers' defaults: 128 experts */
+    snprintf(text, sizeof text, "{%s}", base);
+    REQUIRE(ckpt_hf_config_parse(text, strlen(text), "moe.json", &c) == BT_OK);
+    CHECK(c.moe.n_experts == 128);
+    snprintf(text, sizeof text, "{%s, \"num_experts\": 0}", base);
+    REQUIRE(ckpt_hf_config_parse(text, strlen(text), "moe.json", &c) == BT_OK);
+    CHECK(c.blocks[0].ffn == MODEL_FFN_DENSE && c.blocks[1].ffn == MODEL_FFN_DENSE);
+    /* a sliding window applies to every layer when used */
+    snprintf(text, sizeof text, "{%s, \"use_sliding_window\": true, \"sliding_window\": 32}", base);
+    REQUIRE(ckpt_hf_config_parse(text, strlen(text), "moe.json", &c) == BT_OK);
+    CHECK(c.attn.sliding_window == 32);
+    snprintf(text, sizeof text, "{%s, \"use_sliding_window\": false, \"sliding_window\": 32}", base);
+    REQUIRE(ckpt_hf_config_parse(text, strlen(text), "moe.json", &c) == BT_OK);
+    CHECK(c.attn.sliding_window == 0);
+    /* Mixtral reads num_experts as its num_local_experts too */
+    snprintf(text, sizeof text,
+             "{\"architectures\": [\"MixtralForCausalLM\"], \"vocab_size\": 64, \"hidden_size\": 16, "
+             "\"intermediate_size\": 24, \"num_hidden_layers\": 2, \"num_attention_heads\": 2, "
+             "\"num_experts\": 3, \"num_experts_per_tok\": 2}");
+    REQUIRE(ckpt_hf_config_parse(text, strlen(text), "moe.json", &c) == BT_OK);
+    CHECK(c.moe.n_experts == 3);
 }
 
 /* ---- capacity --------------------------------------------------------------------- */
@@ -664,7 +715,8 @@ out:
 
 int main(int argc, char **argv)
 {
-    TEST_RUN(argc, argv, test_moe_config_fields, test_moe_config_errors, test_moe_capacity,
+    TEST_RUN(argc, argv, test_moe_config_fields, test_moe_config_errors, test_moe_config_qwen3,
+             test_moe_capacity,
              test_moe_export_roundtrip, test_moe_stages, test_moe_fenced, test_moe_decode,
              test_moe_mem_estimate, test_moe_flops, test_moe_train_matches_torch);
 }

@@ -4,7 +4,7 @@
  * models (tests/fixtures/qwen2_moe: 8 experts, a shared expert and a dense
  * layer; mixtral: 4 experts and the router's load-balancing loss, pooled
  * over pipeline stages and CP ranks as the one process pools it). Per-step losses to 1e-5 relative, the final parameters
- * (the HF export the driver gathers) to 1e-5 absolute, validation losses
+ * (the HF export the driver gathers) to lr / 20 absolute, validation losses
  * (evaluation passes after steps 2, 4, 5; with dp = 4 and two evaluation
  * microbatches two ranks run padding ones) to 1e-5, and step 1's tokens per
  * expert (metrics expert_tokens) exactly, the bounds of the dense matrix
@@ -168,7 +168,7 @@ static void layout_check(const ep_layout_t *L)
            L->name, d.loss_rel, d.val_rel, d.param_abs, la);
     CHECK(d.loss_rel <= 1e-5);
     CHECK(d.val_rel <= 1e-5);
-    CHECK(d.param_abs <= 1e-5);
+    CHECK(d.param_abs <= test_equiv_param_bound(lr == 2 ? 1e-4 : lr == 1 ? 1e-3 : 1e-2));
     CHECK_MSG(la[0] && !strcmp(la, lb), "step 1 tokens per expert: %s, one process %s", la, lb);
     if (!strcmp(L->model, "cap")) { /* the one process drops, and every layout the same */
         long long da[5] = {0}, db[5] = {0};
@@ -219,6 +219,11 @@ static const ep_layout_t layouts[] = {
     {"cap_cp2", "cap", "cap", "--set parallel.cp=2", 2, false},
     {"cap_tp2_cp2_ep2", "cap", "cap", "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=2", 2, false},
     {"cap_cp2_dp2_ep4", "cap", "cap", "--set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=4 --set train.grad_accum=1", 2, false},
+    /* Qwen3-MoE (tests/fixtures/qwen3_moe): per-head q/k norms whose
+     * gradients TP sums after the backward, no shared expert, a dense
+     * layer, the aux loss carried across stages and CP ranks */
+    {"qwen3_tp2_pp2_ep2", "qwen3_moe", "qwen3", "--set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2", 2, false},
+    {"qwen3_tp2_cp2_ep2", "qwen3_moe", "qwen3", "--set parallel.tp=2 --set parallel.cp=2 --set parallel.ep=2", 2, false},
 };
 
 /* Each case by name, so that `test_moe_equiv NAME` runs one. */
@@ -252,7 +257,9 @@ CASE(25, test_cap_tp2)
 CASE(26, test_cap_cp2)
 CASE(27, test_cap_tp2_cp2_ep2)
 CASE(28, test_cap_cp2_dp2_ep4)
-_Static_assert(sizeof layouts / sizeof layouts[0] == 29, "one CASE per layout");
+CASE(29, test_qwen3_tp2_pp2_ep2)
+CASE(30, test_qwen3_tp2_cp2_ep2)
+_Static_assert(sizeof layouts / sizeof layouts[0] == 31, "one CASE per layout");
 
 /* The biases moved the routing: from step 2 on, the bias runs' tokens per
  * expert differ from those of the same layout without balancing, and they
@@ -344,5 +351,6 @@ int main(int argc, char **argv)
              test_mixtral_pp2, test_mixtral_pp2_dp2_ep2, test_mixtral_cp2_ep2,
              test_mixtral_pp2_cp2_ep2, test_mixtral_tp2_pp2_ep2, test_cap_tp2, test_cap_cp2,
              test_cap_tp2_cp2_ep2, test_cap_cp2_dp2_ep4,
-             test_bias_moves_routing, test_detects_difference, test_cleanup);
+             test_qwen3_tp2_pp2_ep2, test_qwen3_tp2_cp2_ep2, test_bias_moves_routing,
+             test_detects_difference, test_cleanup);
 }

@@ -18,7 +18,11 @@ Everything runs on CPU in float32 with fixed seeds. f16/bf16 fixtures store half
 precision weights; their references are computed from those weights converted to f32
 (exactly what the C loader does).
 
-Usage: python3 tools/gen_fixtures.py [OUTDIR]   (default tests/fixtures)
+Usage: python3 tools/gen_fixtures.py [OUTDIR [NAME...]]   (default tests/fixtures, every
+fixture; NAMEs: only those, so that adding one leaves the others' bytes as they are)
+
+The fixtures up to llama_sharded were written with transformers 5.24.0 and torch
+2.15.0, qwen3 with transformers 5.25.0 and torch 2.15.0 (all CPU, float32).
 """
 import json
 import math
@@ -27,9 +31,10 @@ import shutil
 import sys
 
 import torch
+import transformers
 from safetensors.torch import save_file
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 LENS = [20, 13, 7]
 
@@ -74,6 +79,14 @@ def fixture_specs():
          LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
                      **common), torch.float32, "40KB"),
+        # q_norm/k_norm per head, head_dim * heads (64) != hidden (48), GQA,
+        # tied embeddings as Qwen3's small models have
+        ("qwen3", Qwen3ForCausalLM,
+         Qwen3Config(hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     tie_word_embeddings=True,
+                     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                     **common), torch.float32, None),
     ]
 
 
@@ -191,10 +204,14 @@ def text_fixture(outdir, name="llama"):
 
 def main():
     outdir = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
+    only = set(sys.argv[2:])
     torch.set_num_threads(1)
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     for idx, spec in enumerate(fixture_specs()):
-        build(outdir, idx, *spec)
-    text_fixture(outdir)
+        if not only or spec[0] in only:
+            build(outdir, idx, *spec)
+    if not only or "text" in only:
+        text_fixture(outdir)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,12 @@ Fixtures:
   qwen2_moe_norm   Qwen2MoeForCausalLM, 6 experts, top-3, norm_topk_prob on,
                    decoder_sparse_step 2 (layers 1 and 3 sparse), aux loss
                    0.02, tied embeddings
+  qwen3_moe        Qwen3MoeForCausalLM (transformers 5.25.0): q_norm/k_norm, attention
+                   biases on (q/k/v/o), 6 experts, top-2, norm_topk_prob on, no shared
+                   expert, mlp_only_layers [1], aux loss 0.02, head_dim 16 != 32 / 4
 
-Usage: python3 tools/gen_moe_fixtures.py [OUTDIR]   (default tests/fixtures)
+Usage: python3 tools/gen_moe_fixtures.py [OUTDIR [NAME...]]   (default tests/fixtures, every
+fixture; NAMEs: only those)
 """
 import json
 import math
@@ -48,7 +52,8 @@ import torch
 import transformers
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_fixtures import LENS, make_sequences  # noqa: E402
@@ -80,6 +85,13 @@ def fixture_specs():
                         num_experts_per_tok=3, norm_topk_prob=True, decoder_sparse_step=2,
                         mlp_only_layers=[], output_router_logits=True,
                         router_aux_loss_coef=0.02, tie_word_embeddings=True, **common)),
+        ("qwen3_moe", Qwen3MoeForCausalLM,
+         Qwen3MoeConfig(hidden_size=32, intermediate_size=56, moe_intermediate_size=20,
+                        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, num_experts=6, num_experts_per_tok=2, norm_topk_prob=True,
+                        decoder_sparse_step=1, mlp_only_layers=[1], output_router_logits=True,
+                        router_aux_loss_coef=0.02, attention_bias=True,
+                        tie_word_embeddings=False, **common)),
     ]
 
 
@@ -234,9 +246,11 @@ def build(outdir, idx, name, cls, cfg):
 def main():
     outdir = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
     torch.set_num_threads(1)
+    only = set(sys.argv[2:])
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     for idx, spec in enumerate(fixture_specs()):
-        build(outdir, idx, *spec)
+        if not only or spec[0] in only:
+            build(outdir, idx, *spec)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ done
 # 4. generation: transformers' greedy ids (EOS ignored), the KV cache against
 # recomputing the prefix (greedy and sampled); the fixtures borrow the llama
 # fixture's byte-level tokenizer (the same 256-id vocabulary)
-for name in mixtral qwen2_moe qwen2_moe_norm; do
+for name in mixtral qwen2_moe qwen2_moe_norm qwen3_moe; do
     d=$tmp/gen_$name; mkdir -p "$d"
     ln -s "$PWD"/tests/fixtures/$name/config.json "$PWD"/tests/fixtures/$name/model.safetensors "$d"/
     ln -s "$PWD"/tests/fixtures/llama/tokenizer.json "$d"/
