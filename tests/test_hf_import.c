@@ -41,6 +41,17 @@ static bt_status_t cfg_with(const char *fixture, const char *key, const char *va
     return cfg_parse(j, out);
 }
 
+/* `fixture`'s config with use_sliding_window on, sliding_window 16 and
+ * layer_types `types` (a JSON list, taken) */
+static bt_status_t cfg_window16(const char *fixture, json_t *types, model_config_t *out)
+{
+    json_t *j = cfg_base(fixture);
+    json_object_set_new(j, "use_sliding_window", json_true());
+    json_object_set_new(j, "sliding_window", json_integer(16));
+    json_object_set_new(j, "layer_types", types);
+    return cfg_parse(j, out);
+}
+
 static void test_hf_config_fields(void)
 {
     model_config_t c;
@@ -59,7 +70,6 @@ static void test_hf_config_fields(void)
     CHECK(c.arch == MODEL_ARCH_QWEN2 && c.attn.qkv_bias && !c.attn.o_bias && c.attn.sliding_window == 0);
     CHECK(c.attn.num_heads == 6 && c.attn.num_kv_heads == 2 && c.rms_norm_eps == 1e-5);
 
-    json_t *j0;
     /* Qwen3: per-head q/k norms, no biases unless attention_bias (then q/k/v/o);
      * head_dim absent is Qwen3Config's 128, not hidden / heads */
     REQUIRE(ckpt_hf_config_load(FIX "qwen3", &c) == BT_OK);
@@ -71,12 +81,9 @@ static void test_hf_config_fields(void)
     CHECK(c.attn.head_dim == 128);
     REQUIRE(ckpt_hf_config_load(FIX "qwen2", &c) == BT_OK);
     CHECK(!c.attn.qk_norm);
-    j0 = cfg_base("qwen3");
-    json_object_set_new(j0, "use_sliding_window", json_true());
-    json_object_set_new(j0, "sliding_window", json_integer(16));
-    json_object_set_new(j0, "layer_types",
-                        json_pack("[sss]", "full_attention", "sliding_attention", "full_attention"));
-    REQUIRE(cfg_parse(j0, &c) == BT_OK);
+    REQUIRE(cfg_window16(
+                "qwen3", json_pack("[sss]", "full_attention", "sliding_attention", "full_attention"),
+                &c) == BT_OK);
     CHECK(c.attn.sliding_window == 16);
 
     /* legacy spellings: rope_theta + rope_scaling with "type" */
@@ -108,12 +115,9 @@ static void test_hf_config_fields(void)
     REQUIRE(cfg_with("qwen2", "architectures", NULL, &c) == BT_OK);
     CHECK(c.arch == MODEL_ARCH_QWEN2);
     /* Qwen2 sliding window only when used */
-    j = cfg_base("qwen2");
-    json_object_set_new(j, "use_sliding_window", json_true());
-    json_object_set_new(j, "sliding_window", json_integer(16));
-    json_object_set_new(j, "layer_types",
-                        json_pack("[sss]", "full_attention", "full_attention", "sliding_attention"));
-    REQUIRE(cfg_parse(j, &c) == BT_OK);
+    REQUIRE(cfg_window16(
+                "qwen2", json_pack("[sss]", "full_attention", "full_attention", "sliding_attention"),
+                &c) == BT_OK);
     CHECK(c.attn.sliding_window == 16);
 }
 
