@@ -209,7 +209,8 @@ static bt_status_t grad_partial_end(model_t *m, model_acts_t *a, bool sp)
     for (int i = 0; i < m->n_params; i++) {
         if (!grad_partial(m, i, sp)) continue;
         int64_t n = tensor_numel(&m->grads[i].t);
-        tensor_t sum = grad_partial_slot(m, a, 1, at, n, sp), flat = tensor_reshape(&m->grads[i].t, 1, &n);
+        tensor_t sum = grad_partial_slot(m, a, 1, at, n, sp);
+        tensor_t flat = tensor_reshape(&m->grads[i].t, 1, &n);
         kern_copy(m->stream, &sum, &flat);
         at += n;
     }
@@ -220,7 +221,8 @@ static bt_status_t grad_partial_end(model_t *m, model_acts_t *a, bool sp)
     for (int i = 0; i < m->n_params; i++) {
         if (!grad_partial(m, i, sp)) continue;
         int64_t n = tensor_numel(&m->grads[i].t);
-        tensor_t sum = grad_partial_slot(m, a, 1, at, n, sp), keep = grad_partial_slot(m, a, 0, at, n, sp);
+        tensor_t sum = grad_partial_slot(m, a, 1, at, n, sp);
+        tensor_t keep = grad_partial_slot(m, a, 0, at, n, sp);
         tensor_t flat = tensor_reshape(&m->grads[i].t, 1, &n);
         kern_add(m->stream, &flat, &sum, &keep);
         at += n;
@@ -355,7 +357,8 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, int mode, acts_pla
     /* the gradients one backward leaves as this TP rank's share
      * (grad_partial): their earlier value and the reduction's buffer, in the
      * gradient dtype (8 bytes an element at most) */
-    p->partial = take(&off, grads * 2.0 * grad_partial_numel(m, m->par.sp && m->par.tp_size > 1) * 8);
+    p->partial =
+        take(&off, grads * 2.0 * grad_partial_numel(m, m->par.sp && m->par.tp_size > 1) * 8);
     if (m->stage.has_head) {
         p->lnf = take(&off, NC);
         p->dlnf = take(&off, grads * NC);
