@@ -56,7 +56,9 @@ for t in tests/sh/*.sh "$BUILD"/tests/test_*; do
     [ -e "$t" ] || continue
     name=$(basename "$t"); name=${name%.sh}
     [ -n "$FILTER" ] && [[ "$name" != *"$FILTER"* ]] && continue
-    log=$logdir/$name.log
+    # a shell test's log keeps its .sh: test_moe, test_flops and test_handoff
+    # are both a binary and a script, and one log would overwrite the other
+    log=$logdir/$name.log; [[ "$t" == *.sh ]] && log=$logdir/$name.sh.log
     start=$(date +%s)
     if [ -n "$SAN" ]; then sandir=$logdir/$name.san; rm -rf "$sandir"; mkdir -p "$sandir"; san_env "$PWD/$sandir"; fi
     if [[ "$t" == *.sh ]]; then timeout -k 10 "$TIMEOUT" bash "$t" >"$log" 2>&1; rc=$?
