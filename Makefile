@@ -179,7 +179,7 @@ run: deps
 # libFuzzer: every tests/fuzz/fuzz_X.c becomes build/fuzz/fuzz_X, linked
 # against the library sources built with clang and the fuzzer sanitizers.
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -I. -MMD -MP -fsanitize=fuzzer-no-link,address,undefined \
-               $(if $(filter 1,$(HAVE_UCX)),-DBT_HAVE_UCX=1)
+               $(if $(filter 1,$(HAVE_UCX)),-DBT_HAVE_UCX=1) $(shell pkg-config --cflags cairo 2>/dev/null)
 fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 build/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)

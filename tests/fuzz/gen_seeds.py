@@ -270,6 +270,14 @@ def gen_hf_config():
             "num_experts_per_tok": 2, "moe_intermediate_size": 32,
             "shared_expert_intermediate_size": 48, "decoder_sparse_step": 2,
             "mlp_only_layers": [0], "capacity_factor": 1.25, "output_router_logits": True},
+        "qwen3_model_type_window.json": {
+            "architectures": None, "model_type": "qwen3", "head_dim": None,
+            "attention_bias": True, "use_sliding_window": True, "sliding_window": 16,
+            "max_window_layers": 1},
+        "qwen3_moe_both_expert_keys.json": {
+            "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4, "num_local_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True,
+            "mlp_only_layers": [1], "use_sliding_window": True, "sliding_window": 32},
     }
     for name, change in variants.items():
         c = dict(base)
