@@ -13,8 +13,10 @@
 #include "base/log.h"
 #include "base/file.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -88,7 +90,11 @@ typedef struct {
     size_t n;
 } tok_pattern_t;
 
-typedef enum { PRE_SPLIT, PRE_BYTELEVEL, PRE_DIGITS } tok_pre_kind_t;
+typedef enum { PRE_SPLIT, PRE_BYTELEVEL, PRE_DIGITS, PRE_METASPACE } tok_pre_kind_t;
+
+/* Metaspace (PRE_METASPACE) and the SentencePiece-style decoders: when the
+ * replacement is put in front of a piece */
+typedef enum { PREPEND_NEVER = 0, PREPEND_ALWAYS, PREPEND_FIRST } tok_prepend_t;
 
 typedef struct {
     tok_pre_kind_t kind;
@@ -96,7 +102,21 @@ typedef struct {
     int use_regex;         /* PRE_BYTELEVEL */
     int add_prefix_space;  /* PRE_BYTELEVEL */
     int individual;        /* PRE_DIGITS */
+    uint8_t *repl;         /* PRE_METASPACE: what spaces become ("\u2581") */
+    size_t repl_len;
+    tok_prepend_t prepend; /* PRE_METASPACE: the replacement put in front */
+    int split;             /* PRE_METASPACE: a piece at each replacement */
 } tok_pre_t;
+
+/* One normalizer step, in order: NFC, Prepend(a) (to a non-empty string),
+ * Replace(a -> b) (every occurrence, left to right) */
+typedef enum { NORM_NFC, NORM_PREPEND, NORM_REPLACE } tok_norm_kind_t;
+
+typedef struct {
+    tok_norm_kind_t kind;
+    uint8_t *a, *b;
+    size_t la, lb;
+} tok_norm_t;
 
 typedef struct {
     uint8_t *content;
@@ -111,6 +131,7 @@ typedef struct {
     uint32_t len;
     int present;
     int raw; /* vocab string outside the byte-level alphabet, kept as UTF-8 */
+    int fallback_byte; /* sp: a "<0xXX>" byte token's byte + 1, else 0 */
 } tok_token_t;
 
 struct tok {
@@ -126,9 +147,23 @@ struct tok {
     uint32_t *added_by_byte[256];
     uint32_t n_added_by_byte[256];
 
-    int nfc;
+    tok_norm_t *norm;
+    size_t n_norm;
     tok_pre_t *pre;
     size_t n_pre;
+
+    /* SentencePiece style (sp): vocab strings are UTF-8 as they stand
+     * ("\u2581the"), a piece starts as one symbol per character, a
+     * character outside the vocab becomes its bytes' "<0xXX>" tokens
+     * (byte_fallback) or unk; decoding turns the replacement into spaces
+     * and may strip the first one (dec_strip) */
+    int sp;
+    int byte_fallback;
+    int32_t fallback_id[256]; /* "<0xXX>" token of each byte, -1 if none */
+    uint8_t *dec_repl;        /* the decoder's replacement ("\u2581"), NULL: none */
+    size_t dec_repl_len;
+    int dec_strip;            /* leading spaces the decoder strips */
+    int dec_byte_fallback;    /* the decoder turns "<0xXX>" into its byte (ByteFallback) */
 
     int ignore_merges;
     int64_t unk;
@@ -720,8 +755,34 @@ static bt_status_t tok_bpe_piece(tok_t *tok, tok_bpe_scratch_t *w, const uint8_t
      * as HF's BPE does */
     size_t m = 0;
     int last_unk = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n;) {
+        /* byte-level: one symbol a byte; sp: one a character, or its bytes'
+         * fallback tokens when the vocab lacks it and has all of those */
+        size_t len = 1, fb = 0;
         int32_t id = tok->byte_id[s[i]];
+        if (tok->sp) {
+            uni_utf8_decode(s + i, n - i, &len);
+            if (!len) len = 1;
+            int64_t v = tok_vocab_find(tok, s + i, len);
+            id = (int32_t)v;
+            if (v < 0 && tok->byte_fallback) {
+                fb = len;
+                for (size_t k = 0; k < len; k++)
+                    if (tok->fallback_id[s[i + k]] < 0) fb = 0;
+            }
+        }
+        if (fb) {
+            for (size_t k = 0; k < fb; k++) {
+                w->id[m] = (uint32_t)tok->fallback_id[s[i + k]];
+                w->prev[m] = (int32_t)m - 1;
+                w->next[m] = (int32_t)m + 1;
+                m++;
+            }
+            last_unk = 0;
+            i += len;
+            continue;
+        }
+        i += len;
         if (id < 0) {
             if (tok->unk < 0 || (tok->fuse_unk && last_unk)) continue;
             id = (int32_t)tok->unk;
@@ -771,6 +832,10 @@ typedef struct {
     tok_bpe_scratch_t w;
     tok_ids_t out;
     bt_status_t st;
+    /* the segment being pre-tokenized starts the input (no added token
+     * before it), at gap_start: Metaspace's prepend_scheme "first" */
+    int at_start;
+    const uint8_t *gap_start;
 } tok_enc_t;
 
 static void tok_pre_run(tok_enc_t *e, size_t step, const uint8_t *s, size_t n);
@@ -803,6 +868,72 @@ static void tok_pre_split(tok_enc_t *e, size_t step, const tok_pattern_t *p, con
     tok_pre_emit(e, step + 1, s + gap, n - gap);
 }
 
+/* Every occurrence of a[0..la) in s[0..n) replaced by b[0..lb), after an
+ * optional prefix: a malloc'd string in *out (NULL when out of memory). */
+static uint8_t *tok_replace(const uint8_t *s, size_t n, const uint8_t *a, size_t la,
+                            const uint8_t *b, size_t lb, const uint8_t *pre, size_t lp,
+                            size_t *out_len)
+{
+    size_t hits = 0;
+    for (size_t i = 0; la && i + la <= n;)
+        if (!memcmp(s + i, a, la)) {
+            hits++;
+            i += la;
+        } else {
+            i++;
+        }
+    size_t cap = lp + n + hits * lb + 1;
+    uint8_t *o = malloc(cap);
+    if (!o) return NULL;
+    memcpy(o, pre, lp);
+    size_t k = lp;
+    for (size_t i = 0; i < n;)
+        if (la && i + la <= n && !memcmp(s + i, a, la)) {
+            memcpy(o + k, b, lb);
+            k += lb;
+            i += la;
+        } else {
+            o[k++] = s[i++];
+        }
+    *out_len = k;
+    return o;
+}
+
+/* Metaspace: spaces become the replacement, which goes in front as the
+ * prepend scheme says (not twice); with split, a piece starts at every
+ * replacement (HF's MergedWithNext). */
+static void tok_pre_metaspace(tok_enc_t *e, size_t step, const tok_pre_t *p, const uint8_t *s,
+                              size_t n)
+{
+    const uint8_t *r = p->repl;
+    size_t lr = p->repl_len;
+    int front = p->prepend == PREPEND_ALWAYS ||
+                (p->prepend == PREPEND_FIRST && e->at_start && s == e->gap_start);
+    size_t tn;
+    uint8_t *t = tok_replace(s, n, (const uint8_t *)" ", 1, r, lr, r, front ? lr : 0, &tn);
+    if (!t) {
+        e->st = BT_ERR_NOMEM;
+        return;
+    }
+    const uint8_t *v = t;
+    if (front && tn >= 2 * lr && !memcmp(t + lr, r, lr)) { /* it began with one already */
+        v += lr;
+        tn -= lr;
+    }
+    if (!p->split) {
+        tok_pre_emit(e, step + 1, v, tn);
+    } else {
+        size_t start = 0;
+        for (size_t i = lr; i + lr <= tn; i++)
+            if (!memcmp(v + i, r, lr)) {
+                tok_pre_emit(e, step + 1, v + start, i - start);
+                start = i;
+            }
+        tok_pre_emit(e, step + 1, v + start, tn - start);
+    }
+    free(t);
+}
+
 static void tok_pre_run(tok_enc_t *e, size_t step, const uint8_t *s, size_t n)
 {
     const tok_pre_t *p = &e->tok->pre[step];
@@ -827,6 +958,9 @@ static void tok_pre_run(tok_enc_t *e, size_t step, const uint8_t *s, size_t n)
         } else {
             tok_pre_emit(e, step + 1, s, n);
         }
+        return;
+    case PRE_METASPACE:
+        tok_pre_metaspace(e, step, p, s, n);
         return;
     case PRE_DIGITS: {
         /* HF's Digits uses Rust's char::is_numeric, not the regex \p{N} */
@@ -891,6 +1025,7 @@ static void tok_split_added(tok_enc_t *e, const uint8_t *s, size_t n, int normal
 {
     const tok_t *tok = e->tok;
     size_t seg = 0, i = 0;
+    int outer_start = normalized ? e->at_start : 1;
     while (i < n && e->st == BT_OK) {
         int64_t a = tok->n_added_by_byte[s[i]] ? tok_added_at(tok, s, n, i, normalized) : -1;
         if (a < 0) {
@@ -901,11 +1036,19 @@ static void tok_split_added(tok_enc_t *e, const uint8_t *s, size_t n, int normal
         size_t start = t->lstrip ? tok_space_before(s, seg, i) : i;
         size_t end = i + t->len;
         if (t->rstrip) end += tok_run(s, n, end, C_S, C_S, 0, NULL);
-        if (start > seg) gap(e, s + seg, start - seg);
+        if (start > seg) {
+            e->at_start = outer_start && seg == 0;
+            e->gap_start = s + seg;
+            gap(e, s + seg, start - seg);
+        }
         tok_ids_push(&e->out, t->id);
         seg = i = end;
     }
-    if (n > seg && e->st == BT_OK) gap(e, s + seg, n - seg);
+    if (n > seg && e->st == BT_OK) {
+        e->at_start = outer_start && seg == 0;
+        e->gap_start = s + seg;
+        gap(e, s + seg, n - seg);
+    }
 }
 
 static void tok_gap_pretokenize(tok_enc_t *e, const uint8_t *s, size_t n)
@@ -913,14 +1056,45 @@ static void tok_gap_pretokenize(tok_enc_t *e, const uint8_t *s, size_t n)
     tok_pre_emit(e, 0, s, n);
 }
 
+/* s[0..n) through the normalizer's steps into a malloc'd *out; nonzero
+ * when out of memory. */
+static int tok_normalize(const tok_t *tok, const uint8_t *s, size_t n, uint8_t **out,
+                         size_t *out_len)
+{
+    uint8_t *cur = malloc(n ? n : 1);
+    if (!cur) return -1;
+    memcpy(cur, s, n);
+    size_t cn = n;
+    for (size_t k = 0; k < tok->n_norm; k++) {
+        const tok_norm_t *q = &tok->norm[k];
+        uint8_t *nx = NULL;
+        size_t nn = 0;
+        if (q->kind == NORM_NFC) {
+            if (uni_nfc(cur, cn, &nx, &nn)) nx = NULL;
+        } else if (q->kind == NORM_PREPEND) {
+            if (!cn) continue; /* HF prepends to a non-empty string only */
+            nx = tok_replace(cur, cn, NULL, 0, NULL, 0, q->a, q->la, &nn);
+        } else {
+            nx = tok_replace(cur, cn, q->a, q->la, q->b, q->lb, NULL, 0, &nn);
+        }
+        free(cur);
+        if (!nx) return -1;
+        cur = nx;
+        cn = nn;
+    }
+    *out = cur;
+    *out_len = cn;
+    return 0;
+}
+
 /* A segment free of non-normalized added tokens: normalize it, then split
  * it on the normalized added tokens (HF's two passes). */
 static void tok_gap_normalize(tok_enc_t *e, const uint8_t *s, size_t n)
 {
-    if (e->tok->nfc) {
+    if (e->tok->n_norm) {
         uint8_t *norm;
         size_t nn;
-        if (uni_nfc(s, n, &norm, &nn)) {
+        if (tok_normalize(e->tok, s, n, &norm, &nn)) {
             e->st = BT_ERR_NOMEM;
             return;
         }
@@ -967,9 +1141,29 @@ bt_status_t tok_decode(const tok_t *tok, const uint32_t *ids, size_t n, char **t
     if (!out) return BT_ERR_NOMEM;
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
-        memcpy(out + o, tok->tokens[ids[i]].bytes, tok->tokens[ids[i]].len);
-        o += tok->tokens[ids[i]].len;
+        const tok_token_t *t = &tok->tokens[ids[i]];
+        if (t->fallback_byte && tok->dec_byte_fallback) { /* "<0xXX>" is its byte */
+            out[o++] = (char)(t->fallback_byte - 1);
+        } else if (tok->sp && tok->dec_repl) { /* sp: the replacement is a space again */
+            size_t dl;
+            uint8_t *d = tok_replace(t->bytes, t->len, tok->dec_repl, tok->dec_repl_len,
+                                     (const uint8_t *)" ", 1, NULL, 0, &dl);
+            if (!d) {
+                free(out);
+                return BT_ERR_NOMEM;
+            }
+            memcpy(out + o, d, dl); /* never longer: a replacement is >= 1 byte */
+            o += dl;
+            free(d);
+        } else {
+            memcpy(out + o, t->bytes, t->len);
+            o += t->len;
+        }
     }
+    size_t strip = 0;
+    while (strip < (size_t)tok->dec_strip && strip < o && out[strip] == ' ') strip++;
+    if (strip) memmove(out, out + strip, o - strip);
+    o -= strip;
     out[o] = '\0';
     *text = out;
     *len = o;
@@ -1009,6 +1203,8 @@ static int tok_pattern_covers(const tok_pattern_t *p)
 
 size_t tok_safe_cut(const tok_t *tok, const char *text, size_t len, size_t want)
 {
+    /* SentencePiece style: a prepended replacement starts every segment */
+    if (tok->sp) return len;
     int covered = 0;
     for (size_t i = 0; i < tok->n_pre; i++) {
         const tok_pre_t *p = &tok->pre[i];
@@ -1047,7 +1243,16 @@ void tok_free(tok_t *tok)
     for (size_t i = 0; i < tok->n_added; i++) free(tok->added[i].content);
     free(tok->added);
     for (int b = 0; b < 256; b++) free(tok->added_by_byte[b]);
-    for (size_t i = 0; i < tok->n_pre; i++) tok_pattern_free(&tok->pre[i].pat);
+    for (size_t i = 0; i < tok->n_pre; i++) {
+        tok_pattern_free(&tok->pre[i].pat);
+        free(tok->pre[i].repl);
+    }
+    for (size_t i = 0; i < tok->n_norm; i++) {
+        free(tok->norm[i].a);
+        free(tok->norm[i].b);
+    }
+    free(tok->norm);
+    free(tok->dec_repl);
     free(tok->pre);
     free(tok->cache.slots);
     free(tok->cache.keys);
@@ -1067,13 +1272,47 @@ static int tok_json_true(json_t *o, const char *key, int dflt)
     return v && json_is_boolean(v) ? json_is_true(v) : dflt;
 }
 
+static bt_status_t tok_norm_add(tok_t *tok, tok_norm_kind_t kind, const char *a, const char *b)
+{
+    tok_norm_t *v = realloc(tok->norm, (tok->n_norm + 1) * sizeof *v);
+    if (!v) return BT_ERR_NOMEM;
+    tok->norm = v;
+    tok_norm_t q = {.kind = kind};
+    q.la = a ? strlen(a) : 0;
+    q.lb = b ? strlen(b) : 0;
+    q.a = a ? (uint8_t *)strdup(a) : NULL;
+    q.b = b ? (uint8_t *)strdup(b) : NULL;
+    if ((a && !q.a) || (b && !q.b)) {
+        free(q.a);
+        free(q.b);
+        return BT_ERR_NOMEM;
+    }
+    tok->norm[tok->n_norm++] = q;
+    return BT_OK;
+}
+
 static bt_status_t tok_load_normalizer(tok_t *tok, json_t *norm, const char *path)
 {
     if (!norm || json_is_null(norm)) return BT_OK;
     const char *t = tok_json_type(norm);
-    if (!strcmp(t, "NFC")) {
-        tok->nfc = 1;
-        return BT_OK;
+    if (!strcmp(t, "NFC")) return tok_norm_add(tok, NORM_NFC, NULL, NULL);
+    if (!strcmp(t, "Prepend")) {
+        const char *a = json_string_value(json_object_get(norm, "prepend"));
+        if (!a) {
+            log_error("%s: Prepend normalizer without a 'prepend' string", path);
+            return BT_ERR_INVALID;
+        }
+        return tok_norm_add(tok, NORM_PREPEND, a, NULL);
+    }
+    if (!strcmp(t, "Replace")) {
+        const char *a = json_string_value(json_object_get(json_object_get(norm, "pattern"), "String"));
+        const char *b = json_string_value(json_object_get(norm, "content"));
+        if (!a || !*a || !b) {
+            log_error("%s: Replace normalizer: only a non-empty String pattern and a content "
+                      "string are supported (no Regex)", path);
+            return BT_ERR_UNSUPPORTED;
+        }
+        return tok_norm_add(tok, NORM_REPLACE, a, b);
     }
     if (!strcmp(t, "Sequence")) {
         json_t *list = json_object_get(norm, "normalizers");
@@ -1085,7 +1324,8 @@ static bt_status_t tok_load_normalizer(tok_t *tok, json_t *norm, const char *pat
         }
         return BT_OK;
     }
-    log_error("%s: normalizer '%s' is not supported (supported: none, NFC)", path, t);
+    log_error("%s: normalizer '%s' is not supported (supported: none, NFC, Prepend, Replace of a "
+              "String, Sequence of these)", path, t);
     return BT_ERR_UNSUPPORTED;
 }
 
@@ -1119,6 +1359,33 @@ static bt_status_t tok_load_pre(tok_t *tok, json_t *pre, const char *path)
         p.add_prefix_space = tok_json_true(pre, "add_prefix_space", 1);
         p.use_regex = tok_json_true(pre, "use_regex", 1);
         if (p.use_regex && (st = tok_pattern_compile(tok_gpt2_pattern, &p.pat)) != BT_OK) return st;
+    } else if (!strcmp(t, "Metaspace")) {
+        if (!tok->sp) {
+            log_error("%s: a Metaspace pre-tokenizer needs its decoder (Metaspace, or Replace / "
+                      "ByteFallback / Fuse / Strip)", path);
+            return BT_ERR_UNSUPPORTED;
+        }
+        const char *r = json_string_value(json_object_get(pre, "replacement"));
+        const char *scheme = json_string_value(json_object_get(pre, "prepend_scheme"));
+        p.kind = PRE_METASPACE;
+        p.split = tok_json_true(pre, "split", 1);
+        if (!scheme) p.prepend = tok_json_true(pre, "add_prefix_space", 1) ? PREPEND_ALWAYS
+                                                                           : PREPEND_NEVER;
+        else if (!strcmp(scheme, "always")) p.prepend = PREPEND_ALWAYS;
+        else if (!strcmp(scheme, "first")) p.prepend = PREPEND_FIRST;
+        else if (!strcmp(scheme, "never")) p.prepend = PREPEND_NEVER;
+        else {
+            log_error("%s: Metaspace prepend_scheme '%s' is not supported (always, first, never)",
+                      path, scheme);
+            return BT_ERR_UNSUPPORTED;
+        }
+        if (!r || !*r) {
+            log_error("%s: Metaspace pre-tokenizer without a replacement", path);
+            return BT_ERR_INVALID;
+        }
+        p.repl = (uint8_t *)strdup(r);
+        if (!p.repl) return BT_ERR_NOMEM;
+        p.repl_len = strlen(r);
     } else if (!strcmp(t, "Digits")) {
         p.kind = PRE_DIGITS;
         p.individual = tok_json_true(pre, "individual_digits", 0);
@@ -1154,11 +1421,14 @@ static bt_status_t tok_load_pre(tok_t *tok, json_t *pre, const char *path)
         }
     } else {
         log_error("%s: pre-tokenizer '%s' is not supported (supported: ByteLevel, Split, Digits, "
-                  "Sequence)", path, t);
+                  "Metaspace, Sequence)", path, t);
         return BT_ERR_UNSUPPORTED;
     }
     st = tok_pre_add(tok, p);
-    if (st != BT_OK) tok_pattern_free(&p.pat);
+    if (st != BT_OK) {
+        tok_pattern_free(&p.pat);
+        free(p.repl);
+    }
     return st;
 }
 
@@ -1259,8 +1529,11 @@ static bt_status_t tok_load_model(tok_t *tok, json_t *model, const char *path)
             return BT_ERR_UNSUPPORTED;
         }
     }
-    if (tok_json_true(model, "byte_fallback", 0)) {
-        log_error("%s: BPE byte_fallback is not supported (byte-level BPE needs none)", path);
+    tok->byte_fallback = tok_json_true(model, "byte_fallback", 0);
+    if (tok->byte_fallback && !tok->sp) {
+        log_error("%s: BPE byte_fallback with a byte-level decoder is not supported (it belongs "
+                  "to SentencePiece-style tokenizers: a Metaspace or Replace/ByteFallback decoder)",
+                  path);
         return BT_ERR_UNSUPPORTED;
     }
     tok->ignore_merges = tok_json_true(model, "ignore_merges", 0);
@@ -1283,6 +1556,16 @@ static bt_status_t tok_load_model(tok_t *tok, json_t *model, const char *path)
             return BT_ERR_INVALID;
         }
         size_t kl = strlen(key), bl;
+        if (tok->sp) { /* the vocab string as it stands; "<0xXX>" also stands for its byte */
+            bt_status_t st = tok_set_token(tok, (uint32_t)id, (const uint8_t *)key, kl);
+            if (st != BT_OK) return st;
+            unsigned x;
+            char tail;
+            if (kl == 6 && !strncmp(key, "<0x", 3) && sscanf(key + 3, "%2X%c", &x, &tail) == 2 &&
+                tail == '>' && isxdigit((unsigned char)key[3]) && isxdigit((unsigned char)key[4]))
+                tok->tokens[id].fallback_byte = (int)x + 1;
+            continue;
+        }
         uint8_t *buf = malloc(kl + 1);
         if (!buf) return BT_ERR_NOMEM;
         int mapped = tok_unmap_bytes(key, kl, cp_to_byte, buf, &bl);
@@ -1300,7 +1583,11 @@ static bt_status_t tok_load_model(tok_t *tok, json_t *model, const char *path)
         uint8_t c = (uint8_t)b;
         int64_t id = tok_vocab_find(tok, &c, 1);
         tok->byte_id[b] = (int32_t)id;
+        tok->fallback_id[b] = -1;
     }
+    for (uint32_t id = 0; id < tok->n_tokens; id++)
+        if (tok->tokens[id].fallback_byte && tok->fallback_id[tok->tokens[id].fallback_byte - 1] < 0)
+            tok->fallback_id[tok->tokens[id].fallback_byte - 1] = (int32_t)id;
     const char *unk = json_string_value(json_object_get(model, "unk_token"));
     tok->unk = -1;
     if (unk) {
@@ -1412,13 +1699,13 @@ static bt_status_t tok_load_added(tok_t *tok, json_t *added, const char *path)
  * bytes. Decoding keeps the token's original text. */
 static bt_status_t tok_normalize_added(tok_t *tok)
 {
-    if (!tok->nfc) return BT_OK;
+    if (!tok->n_norm) return BT_OK;
     for (size_t i = 0; i < tok->n_added; i++) {
         tok_added_t *t = &tok->added[i];
         if (!t->normalized) continue;
         uint8_t *norm;
         size_t nn;
-        if (uni_nfc(t->content, t->len, &norm, &nn)) return BT_ERR_NOMEM;
+        if (tok_normalize(tok, t->content, t->len, &norm, &nn)) return BT_ERR_NOMEM;
         if (nn == t->len && !memcmp(norm, t->content, nn)) {
             free(norm);
             continue;
@@ -1440,6 +1727,89 @@ static bt_status_t tok_normalize_added(tok_t *tok)
             qsort_r(tok->added_by_byte[b], tok->n_added_by_byte[b], sizeof(uint32_t),
                     tok_added_cmp_len, tok);
     return BT_OK;
+}
+
+static bt_status_t tok_dec_repl(tok_t *tok, const char *r, const char *path)
+{
+    if (!r || !*r) {
+        log_error("%s: decoder without a replacement string", path);
+        return BT_ERR_INVALID;
+    }
+    if (tok->dec_repl && strcmp((const char *)tok->dec_repl, r)) {
+        log_error("%s: decoder replaces both '%s' and '%s'", path, (const char *)tok->dec_repl, r);
+        return BT_ERR_UNSUPPORTED;
+    }
+    free(tok->dec_repl);
+    tok->dec_repl = (uint8_t *)strdup(r);
+    if (!tok->dec_repl) return BT_ERR_NOMEM;
+    tok->dec_repl_len = strlen(r);
+    return BT_OK;
+}
+
+/* The decoder, which also says how vocab strings read: ByteLevel (or none)
+ * for byte-level BPE; Metaspace, or a Sequence of Replace(String -> " "),
+ * ByteFallback, Fuse and Strip(" ", n, 0), for SentencePiece-style BPE
+ * (tok->sp, set here before the model loads). */
+static bt_status_t tok_load_decoder(tok_t *tok, json_t *dec, const char *path)
+{
+    if (!dec || json_is_null(dec)) return BT_OK;
+    const char *t = tok_json_type(dec);
+    if (!strcmp(t, "ByteLevel")) {
+        if (tok->sp) {
+            log_error("%s: a ByteLevel decoder beside SentencePiece-style ones", path);
+            return BT_ERR_UNSUPPORTED;
+        }
+        return BT_OK;
+    }
+    if (!strcmp(t, "Metaspace")) {
+        tok->sp = 1;
+        const char *scheme = json_string_value(json_object_get(dec, "prepend_scheme"));
+        int front = scheme ? strcmp(scheme, "never") != 0 : tok_json_true(dec, "add_prefix_space", 1);
+        if (front) tok->dec_strip = 1;
+        return tok_dec_repl(tok, json_string_value(json_object_get(dec, "replacement")), path);
+    }
+    if (!strcmp(t, "Sequence")) {
+        json_t *list = json_object_get(dec, "decoders");
+        size_t i;
+        json_t *v;
+        json_array_foreach(list, i, v) {
+            const char *k = tok_json_type(v);
+            bt_status_t st = BT_OK;
+            if (!strcmp(k, "Replace")) {
+                const char *a = json_string_value(json_object_get(json_object_get(v, "pattern"), "String"));
+                const char *b = json_string_value(json_object_get(v, "content"));
+                if (!b || strcmp(b, " ")) {
+                    log_error("%s: Replace decoder to '%s' is not supported (only to a space)",
+                              path, b ? b : "?");
+                    return BT_ERR_UNSUPPORTED;
+                }
+                tok->sp = 1;
+                st = tok_dec_repl(tok, a, path);
+            } else if (!strcmp(k, "Strip")) {
+                const char *c = json_string_value(json_object_get(v, "content"));
+                json_int_t start = json_integer_value(json_object_get(v, "start"));
+                json_int_t stop = json_integer_value(json_object_get(v, "stop"));
+                if (!c || strcmp(c, " ") || stop != 0 || start < 0 || start > 8) {
+                    log_error("%s: Strip decoder: only spaces from the start are supported", path);
+                    return BT_ERR_UNSUPPORTED;
+                }
+                tok->dec_strip = (int)start;
+                tok->sp = 1;
+            } else if (!strcmp(k, "ByteFallback") || !strcmp(k, "Fuse")) {
+                if (!strcmp(k, "ByteFallback")) tok->dec_byte_fallback = 1;
+                tok->sp = 1;
+            } else {
+                log_error("%s: decoder '%s' in a Sequence is not supported (Replace, ByteFallback, "
+                          "Fuse, Strip)", path, k);
+                return BT_ERR_UNSUPPORTED;
+            }
+            if (st != BT_OK) return st;
+        }
+        return BT_OK;
+    }
+    log_error("%s: decoder '%s' is not supported (ByteLevel, Metaspace, or a Sequence of Replace, "
+              "ByteFallback, Fuse and Strip)", path, t);
+    return BT_ERR_UNSUPPORTED;
 }
 
 /* json_path names the source in errors; with a real path, a
@@ -1504,6 +1874,8 @@ static bt_status_t tok_load_buffer(const char *buf, size_t len, const char *json
         st = BT_ERR_NOMEM;
         goto fail_tok;
     }
+    if ((st = tok_load_decoder(tok, json_object_get(root, "decoder"), json_path)) != BT_OK)
+        goto fail_tok;
     if ((st = tok_load_model(tok, model, json_path)) != BT_OK) goto fail_tok;
     if ((st = tok_load_added(tok, added, json_path)) != BT_OK) goto fail_tok;
     if ((st = tok_load_normalizer(tok, json_object_get(root, "normalizer"), json_path)) != BT_OK)
@@ -1511,12 +1883,6 @@ static bt_status_t tok_load_buffer(const char *buf, size_t len, const char *json
     if ((st = tok_load_pre(tok, json_object_get(root, "pre_tokenizer"), json_path)) != BT_OK)
         goto fail_tok;
     if ((st = tok_normalize_added(tok)) != BT_OK) goto fail_tok;
-    json_t *dec = json_object_get(root, "decoder");
-    if (dec && !json_is_null(dec) && strcmp(tok_json_type(dec), "ByteLevel")) {
-        log_error("%s: decoder '%s' is not supported (only ByteLevel)", json_path, tok_json_type(dec));
-        st = BT_ERR_UNSUPPORTED;
-        goto fail_tok;
-    }
     tok_find_special(tok, root, beside_config ? json_path : NULL);
     json_decref(root);
     *out = tok;

@@ -1,25 +1,31 @@
-/* Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json.
+/* BPE tokenizer loaded from a Hugging Face tokenizer.json: byte-level
+ * (GPT-2, Llama-3, Qwen2) or SentencePiece-style (Llama-2, Mistral: "\u2581"
+ * for spaces, byte fallback to "<0xXX>" tokens).
  *
  * Produces the ids that HF `tokenizers` produces for
  * `tok.encode(text, add_special_tokens=False)` (no BOS/EOS is added; callers
  * that want them use tok_special()). Supported (docs/DATA.md has the matrix):
  *   model          BPE with vocab + merges ("a b" strings or [a, b] lists),
- *                  ignore_merges, unk_token/fuse_unk; not dropout,
- *                  continuing_subword_prefix, end_of_word_suffix, byte_fallback
+ *                  ignore_merges, unk_token/fuse_unk, byte_fallback (with a
+ *                  SentencePiece-style decoder); not dropout,
+ *                  continuing_subword_prefix, end_of_word_suffix
  *   added tokens   matched before pre-tokenization, leftmost-longest: those
  *                  with normalized=false on the raw text, the others on the
  *                  normalized text; lstrip/rstrip honoured, single_word refused
- *   normalizer     none, NFC (also inside a Sequence)
+ *   normalizer     none, NFC, Prepend, Replace of a String (also in a Sequence)
  *   pre-tokenizer  ByteLevel (add_prefix_space, use_regex with the GPT-2
  *                  pattern), Split (Isolated, not inverted) with a Regex made
  *                  of the branches used by GPT-2 / Llama-3 / Qwen2 patterns or
- *                  a String, Digits, Sequence of these
- *   decoder        ByteLevel (or none)
+ *                  a String, Digits, Metaspace, Sequence of these
+ *   decoder        ByteLevel (or none); Metaspace, or a Sequence of Replace
+ *                  (to a space), ByteFallback, Fuse, Strip
  * Anything else is refused at load time with an error naming it.
  *
  * Text is UTF-8; invalid bytes are not an error: each such byte is a piece
  * character of its own that is neither letter, number nor space, so
- * decode(encode(x)) == x holds for every byte string.
+ * decode(encode(x)) == x holds for every byte string (byte-level without
+ * NFC or a prefix space; SentencePiece style with a ByteFallback decoder,
+ * for text without "\u2581" and no added token but at its end).
  *
  * A tok_t is not thread-safe: tok_encode updates a word cache. Use one per
  * thread (loading is cheap next to training). */

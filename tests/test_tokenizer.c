@@ -1,7 +1,11 @@
 /* Tokenizer against Hugging Face `tokenizers` ids.
  *
- * Fixtures (tools/gen_tok_fixtures.py): three small byte-level BPEs trained
- * on the Austen corpus in GPT-2, Llama-3 and Qwen2 styles, and the ids HF
+ * Fixtures (tools/gen_tok_fixtures.py): small byte-level BPEs trained on
+ * the Austen corpus in GPT-2, Llama-3, Qwen2 and StarCoder (digits, prefix
+ * space) styles, two SentencePiece-style BPEs (llama2: Prepend + Replace
+ * normalizer, no pre-tokenizer, byte fallback, the Replace / ByteFallback /
+ * Fuse / Strip decoder; metaspace: the Metaspace pre-tokenizer prepending
+ * at the input's start only, and its decoder), and the ids HF
  * gives for tests/fixtures/tok/sample.txt (our own text: digits, unicode,
  * CRLF, tabs, emoji, special tokens), for the first 200 kB of the held-out
  * Austen text, and SHA-256 digests of the ids of the whole train and val
@@ -18,7 +22,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *const styles[] = {"gpt2", "llama3", "qwen2", "digits_prefix"};
+static const char *const styles[] = {"gpt2", "llama3", "qwen2", "digits_prefix", "llama2",
+                                     "metaspace"};
+/* SentencePiece-style BPEs (byte fallback, the replacement for spaces) */
+static int style_sp(const char *style)
+{
+    return !strcmp(style, "llama2") || !strcmp(style, "metaspace");
+}
 /* styles whose decode(encode(x)) is x: no NFC, no prefix space */
 static int style_roundtrips(const char *style)
 {
@@ -102,6 +112,16 @@ static void check_text(const char *style, const char *text, size_t len, const ch
     CHECK(got && tok_decode(tok, got, n_got, &back, &blen) == BT_OK);
     /* decode(encode(x)) == x except where NFC or a prefix space changed the text */
     if (back && style_roundtrips(style)) CHECK(blen == len && !memcmp(back, text, len));
+    /* the SentencePiece decoders: what HF decodes the sample's ids to */
+    if (back && style_sp(style) && strstr(ids_path, "/sample.ids")) {
+        char dp[256];
+        snprintf(dp, sizeof dp, "tests/fixtures/tok/%s/sample.decoded.txt", style);
+        size_t dl;
+        char *want_text = read_all(dp, &dl);
+        CHECK_MSG(want_text && dl == blen && !memcmp(want_text, back, dl),
+                  "%s: decode differs from HF's (%zu vs %zu bytes)", what, blen, dl);
+        free(want_text);
+    }
     free(back);
     free(got);
     free(want);
@@ -128,6 +148,8 @@ static void test_sample_gpt2(void) { check_sample("gpt2"); }
 static void test_sample_llama3(void) { check_sample("llama3"); }
 static void test_sample_qwen2(void) { check_sample("qwen2"); }
 static void test_sample_digits_prefix(void) { check_sample("digits_prefix"); }
+static void test_sample_llama2(void) { check_sample("llama2"); }
+static void test_sample_metaspace(void) { check_sample("metaspace"); }
 
 static int corpus_ready(void)
 {
@@ -203,6 +225,8 @@ static void test_corpus_gpt2(void) { check_corpus("gpt2"); }
 static void test_corpus_llama3(void) { check_corpus("llama3"); }
 static void test_corpus_qwen2(void) { check_corpus("qwen2"); }
 static void test_corpus_digits_prefix(void) { check_corpus("digits_prefix"); }
+static void test_corpus_llama2(void) { check_corpus("llama2"); }
+static void test_corpus_metaspace(void) { check_corpus("metaspace"); }
 
 /* Bytes that are not UTF-8 still round-trip (each is its own character). */
 static void test_invalid_utf8_roundtrip(void)
@@ -257,7 +281,10 @@ static void test_safe_cut_equivalence(void)
             cuts++;
         }
         /* add_prefix_space would put a space before every piece: no cuts there */
-        if (strcmp(styles[s], "digits_prefix")) CHECK_MSG(cuts > 20, "%s: only %zu pieces", styles[s], cuts);
+        /* no safe cut: a prefix space (digits_prefix) or a prepended
+         * replacement (SentencePiece) starts every piece */
+        if (strcmp(styles[s], "digits_prefix") && !style_sp(styles[s]))
+            CHECK_MSG(cuts > 20, "%s: only %zu pieces", styles[s], cuts);
         else CHECK_MSG(cuts == 1, "%s: cut into %zu pieces", styles[s], cuts);
         CHECK(n_cat <= 2 * (n_whole + 1) && ids_compare(tok, styles[s], cat, n_cat, whole, n_whole));
         free(cat);
@@ -532,5 +559,7 @@ int main(int argc, char **argv)
              test_invalid_utf8_roundtrip,
              test_random_bytes_roundtrip, test_safe_cut_equivalence,
              test_sample_gpt2, test_sample_llama3, test_sample_qwen2, test_sample_digits_prefix,
-             test_corpus_gpt2, test_corpus_llama3, test_corpus_qwen2, test_corpus_digits_prefix);
+             test_corpus_gpt2, test_corpus_llama3, test_corpus_qwen2, test_corpus_digits_prefix,
+             test_sample_llama2, test_sample_metaspace, test_corpus_llama2,
+             test_corpus_metaspace);
 }

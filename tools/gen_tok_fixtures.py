@@ -91,8 +91,67 @@ def style_digits_prefix():
     return tok, 2048, ["<|endoftext|>", "<s>"], []
 
 
+SP = "\u2581"  # SentencePiece's space
+SP_SPECIALS = ["<unk>", "<s>", "</s>"]
+
+
+def style_llama2():
+    """SentencePiece BPE as transformers converts Llama 2 / Mistral v0.1 /
+    TinyLlama: Prepend + Replace normalizer, no pre-tokenizer (the whole
+    segment is one BPE word), byte fallback to "<0xXX>" tokens, and the
+    Replace / ByteFallback / Fuse / Strip decoder. Trained with a Metaspace
+    pre-tokenizer (words), which sp_finish() then removes."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SP, prepend_scheme="always",
+                                                 split=True)
+    tok.decoder = decoders.Sequence([decoders.Replace(SP, " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    # specials between segments: the legacy normalizer prepends to each
+    return tok, 2000, SP_SPECIALS + ["<|endoftext|>"], []
+
+
+def style_metaspace():
+    """SentencePiece BPE as newer conversions write it (Mistral v0.3,
+    Llama 2 with legacy=false): a Metaspace pre-tokenizer that prepends only
+    at the start of the input, no split, and the Metaspace decoder."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SP, prepend_scheme="always",
+                                                 split=True)
+    tok.decoder = decoders.Metaspace(replacement=SP, prepend_scheme="first", split=False)
+    return tok, 1500, SP_SPECIALS + ["<|im_start|>", "<|im_end|>"], [("<tool>", False)]
+
+
+def sp_finish(name, path):
+    """The byte-fallback tokens "<0x00>".."<0xFF>" put into the vocab after
+    the specials (ids 3.., as Llama's), the other ids moved up; then the
+    style's own normalizer / pre-tokenizer in place of the training one."""
+    j = json.load(open(path, encoding="utf-8"))
+    vocab = j["model"]["vocab"]
+    n_spec = len(SP_SPECIALS)
+    new = {}
+    for k, v in vocab.items():
+        new[k] = v if v < n_spec else v + 256
+    for b in range(256):
+        new["<0x%02X>" % b] = n_spec + b
+    j["model"]["vocab"] = new
+    for a in j["added_tokens"]:
+        if a["id"] >= n_spec:
+            a["id"] += 256
+    if name == "llama2":
+        j["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": SP},
+            {"type": "Replace", "pattern": {"String": " "}, "content": SP}]}
+        j["pre_tokenizer"] = None
+    else:
+        j["normalizer"] = None
+        j["pre_tokenizer"] = {"type": "Metaspace", "replacement": SP, "prepend_scheme": "first",
+                              "split": False}
+    json.dump(j, open(path, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
+
+
 STYLES = {"gpt2": style_gpt2, "llama3": style_llama3, "qwen2": style_qwen2,
-          "digits_prefix": style_digits_prefix}
+          "digits_prefix": style_digits_prefix, "llama2": style_llama2,
+          "metaspace": style_metaspace}
 
 
 def sample_text():
@@ -198,30 +257,43 @@ def main():
     train = open(train_path, encoding="utf-8").read()
     val = open(os.path.join(AUSTEN, "val.txt"), encoding="utf-8").read()
     os.makedirs(FIX, exist_ok=True)
-    sample = sample_text()
-    with open(os.path.join(FIX, "sample.txt"), "w", encoding="utf-8", newline="") as f:
-        f.write(sample)
+    # the committed texts stay as they are once written (another Python's
+    # Unicode tables would give another pool, and the older styles' ids are
+    # of these texts)
+    sample_path, uni_path = os.path.join(FIX, "sample.txt"), os.path.join(FIX, "unicode.txt")
+    if not os.path.exists(sample_path):
+        with open(sample_path, "w", encoding="utf-8", newline="") as f:
+            f.write(sample_text())
+    sample = open(sample_path, encoding="utf-8", newline="").read()
     pool = unicode_pool()
-    uni = unicode_text(pool, 7, 3000)
     uni_train = os.path.join(tempfile.mkdtemp(), "unicode_train.txt")
     with open(uni_train, "w", encoding="utf-8") as f:
         f.write(unicode_text(pool, 8, 60000))
-    with open(os.path.join(FIX, "unicode.txt"), "w", encoding="utf-8", newline="") as f:
-        f.write(uni)
+    if not os.path.exists(uni_path):
+        with open(uni_path, "w", encoding="utf-8", newline="") as f:
+            f.write(unicode_text(pool, 7, 3000))
+    uni = open(uni_path, encoding="utf-8", newline="").read()
     val_head = val.encode("utf-8")[:VAL_SLICE].decode("utf-8", "ignore")
     for name in sys.argv[1:] or STYLES:
         tok, vocab, specials, added = STYLES[name]()
         # gpt2 learns from Austen alone; the others also from the unicode pool
         files = [train_path] if name == "gpt2" else [train_path, uni_train]
-        trainer = trainers.BpeTrainer(vocab_size=vocab, min_frequency=2, show_progress=False,
-                                      special_tokens=specials,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        sp = name in ("llama2", "metaspace")
+        # SentencePiece styles: an alphabet of the 150 most frequent
+        # characters, so that the rest go through the byte fallback
+        trainer = (trainers.BpeTrainer(vocab_size=vocab, min_frequency=2, show_progress=False,
+                                       special_tokens=specials, limit_alphabet=150) if sp else
+                   trainers.BpeTrainer(vocab_size=vocab, min_frequency=2, show_progress=False,
+                                       special_tokens=specials,
+                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
         tok.train(files, trainer)
         if added:
             tok.add_tokens([AddedToken(a, special=False, normalized=norm) for a, norm in added])
         d = os.path.join(FIX, name)
         os.makedirs(d, exist_ok=True)
         tok.save(os.path.join(d, "tokenizer.json"))
+        if sp:
+            sp_finish(name, os.path.join(d, "tokenizer.json"))
         if name == "gpt2":
             # the older "a b" string form of merges, as GPT-2's own file has
             path = os.path.join(d, "tokenizer.json")
@@ -235,6 +307,10 @@ def main():
         open(os.path.join(d, "unicode.ids"), "wb").write(ids_u16(enc(uni)))
         v_ids = enc(val_head)
         open(os.path.join(d, "val_head.ids"), "wb").write(ids_u16(v_ids))
+        if sp:  # what HF's decoder makes of the sample's ids (valid UTF-8 throughout)
+            with open(os.path.join(d, "sample.decoded.txt"), "w", encoding="utf-8",
+                      newline="") as f:
+                f.write(tok.decode(s_ids, skip_special_tokens=False))
         corpus = {"val_head_bytes": len(val_head.encode("utf-8"))}
         for part, text in (("train", train), ("val", val)):
             ids = enc(text)

@@ -311,6 +311,8 @@ def tok_cut(path, n_merges):
         j = json.load(f)
     vocab, merges = j["model"]["vocab"], j["model"]["merges"]
     keep = {t for t in vocab if t in byte_chars()}
+    # SentencePiece style: its space and byte-fallback tokens too
+    keep |= {t for t in vocab if t == "\u2581" or (len(t) == 6 and t.startswith("<0x"))}
     added = {a["content"] for a in j["added_tokens"]}
     keep |= added & set(vocab)
     chosen = []
@@ -337,7 +339,7 @@ def gen_tokenizer():
         with open(os.path.join(FIX, path), "rb") as f:
             put("tokenizer", name, f.read(), lim)
     text = "\0It's 1234 caf\u00e9  \n\n<|endoftext|> don't <|im_start|>x"
-    for name in ("gpt2", "llama3", "qwen2", "digits_prefix"):
+    for name in ("gpt2", "llama3", "qwen2", "digits_prefix", "llama2", "metaspace"):
         cut = tok_cut(os.path.join(FIX, "tok", name, "tokenizer.json"), 40)
         put("tokenizer", name + ".json", cut, lim)
         put("tokenizer", name + "_text", cut + text, lim)
