@@ -885,7 +885,7 @@ static uint8_t *tok_replace(const uint8_t *s, size_t n, const uint8_t *a, size_t
     size_t cap = lp + n + hits * lb + 1;
     uint8_t *o = malloc(cap);
     if (!o) return NULL;
-    memcpy(o, pre, lp);
+    if (lp) memcpy(o, pre, lp);
     size_t k = lp;
     for (size_t i = 0; i < n;)
         if (la && i + la <= n && !memcmp(s + i, a, la)) {
@@ -1063,7 +1063,7 @@ static int tok_normalize(const tok_t *tok, const uint8_t *s, size_t n, uint8_t *
 {
     uint8_t *cur = malloc(n ? n : 1);
     if (!cur) return -1;
-    memcpy(cur, s, n);
+    if (n) memcpy(cur, s, n);
     size_t cn = n;
     for (size_t k = 0; k < tok->n_norm; k++) {
         const tok_norm_t *q = &tok->norm[k];
