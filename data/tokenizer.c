@@ -1305,7 +1305,8 @@ static bt_status_t tok_load_normalizer(tok_t *tok, json_t *norm, const char *pat
         return tok_norm_add(tok, NORM_PREPEND, a, NULL);
     }
     if (!strcmp(t, "Replace")) {
-        const char *a = json_string_value(json_object_get(json_object_get(norm, "pattern"), "String"));
+        json_t *pat = json_object_get(norm, "pattern");
+        const char *a = json_string_value(json_object_get(pat, "String"));
         const char *b = json_string_value(json_object_get(norm, "content"));
         if (!a || !*a || !b) {
             log_error("%s: Replace normalizer: only a non-empty String pattern and a content "
@@ -1585,9 +1586,10 @@ static bt_status_t tok_load_model(tok_t *tok, json_t *model, const char *path)
         tok->byte_id[b] = (int32_t)id;
         tok->fallback_id[b] = -1;
     }
-    for (uint32_t id = 0; id < tok->n_tokens; id++)
-        if (tok->tokens[id].fallback_byte && tok->fallback_id[tok->tokens[id].fallback_byte - 1] < 0)
-            tok->fallback_id[tok->tokens[id].fallback_byte - 1] = (int32_t)id;
+    for (uint32_t id = 0; id < tok->n_tokens; id++) {
+        int fb = tok->tokens[id].fallback_byte - 1;
+        if (fb >= 0 && tok->fallback_id[fb] < 0) tok->fallback_id[fb] = (int32_t)id;
+    }
     const char *unk = json_string_value(json_object_get(model, "unk_token"));
     tok->unk = -1;
     if (unk) {
@@ -1764,7 +1766,8 @@ static bt_status_t tok_load_decoder(tok_t *tok, json_t *dec, const char *path)
     if (!strcmp(t, "Metaspace")) {
         tok->sp = 1;
         const char *scheme = json_string_value(json_object_get(dec, "prepend_scheme"));
-        int front = scheme ? strcmp(scheme, "never") != 0 : tok_json_true(dec, "add_prefix_space", 1);
+        int front = scheme ? strcmp(scheme, "never") != 0
+                           : tok_json_true(dec, "add_prefix_space", 1);
         if (front) tok->dec_strip = 1;
         return tok_dec_repl(tok, json_string_value(json_object_get(dec, "replacement")), path);
     }
@@ -1776,7 +1779,8 @@ static bt_status_t tok_load_decoder(tok_t *tok, json_t *dec, const char *path)
             const char *k = tok_json_type(v);
             bt_status_t st = BT_OK;
             if (!strcmp(k, "Replace")) {
-                const char *a = json_string_value(json_object_get(json_object_get(v, "pattern"), "String"));
+                json_t *pat = json_object_get(v, "pattern");
+                const char *a = json_string_value(json_object_get(pat, "String"));
                 const char *b = json_string_value(json_object_get(v, "content"));
                 if (!b || strcmp(b, " ")) {
                     log_error("%s: Replace decoder to '%s' is not supported (only to a space)",

@@ -4,8 +4,9 @@
  * {1, 2}, ZeRO-1 on/off, tied embeddings, a 3-stage uneven split and the
  * interleaved schedule with 2 virtual stages. Per-step losses
  * (metrics JSONL) must match to 1e-5 relative and the final parameters
- * (HF export gathered by the driver) to lr / 20 absolute (test_equiv_param_bound), and the validation
- * losses (forward-only evaluation passes after steps 2, 4, 5) to 1e-5.
+ * (HF export gathered by the driver) to lr / 20 absolute
+ * (test_equiv_param_bound), and the validation losses (forward-only
+ * evaluation passes after steps 2, 4, 5) to 1e-5.
  *
  * The reference for a layout with dp replicas of M microbatches is the
  * single-process run with grad_accum = dp * M (the global batch; the data

@@ -362,7 +362,8 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_hf_llama, test_hf_llama_tied_llama3, test_hf_mistral, test_hf_qwen2,
              test_hf_llama_f16, test_hf_qwen2_bf16, test_hf_llama_sharded, test_hf_mixtral,
-             test_hf_qwen2_moe, test_hf_qwen2_moe_norm, test_hf_qwen3, test_hf_qwen3_moe, test_hf_nemotronh, test_hf_nemotronh_bias,
+             test_hf_qwen2_moe, test_hf_qwen2_moe_norm, test_hf_qwen3, test_hf_qwen3_moe,
+             test_hf_nemotronh, test_hf_nemotronh_bias,
              test_hf_deepseek_v2_lite, test_hf_deepseek_v2, test_hf_padded_batch,
              test_hf_stages, test_hf_stages_tied);
 }
