@@ -23,7 +23,7 @@ static const char *const hf_model_types[] = {
     [MODEL_ARCH_QWEN2] = "qwen2",     [MODEL_ARCH_MIXTRAL] = "mixtral",
     [MODEL_ARCH_QWEN2_MOE] = "qwen2_moe", [MODEL_ARCH_NEMOTRON_H] = "nemotron_h",
     [MODEL_ARCH_DEEPSEEK_V2] = "deepseek_v2", [MODEL_ARCH_QWEN3] = "qwen3",
-    [MODEL_ARCH_QWEN3_MOE] = "qwen3_moe",
+    [MODEL_ARCH_QWEN3_MOE] = "qwen3_moe", [MODEL_ARCH_PHI3] = "phi3",
 };
 _Static_assert(sizeof hf_model_types / sizeof hf_model_types[0] == MODEL_ARCH_COUNT,
                "model_type per arch");
@@ -230,7 +230,7 @@ static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
     return BT_ERR_INVALID;
 }
 
-/* Sliding window: Mistral and Mixtral apply sliding_window (when set) to
+/* Sliding window: Mistral, Mixtral and Phi-3 apply sliding_window (when set) to
  * every layer; Qwen3-MoE to every layer when use_sliding_window; Qwen2,
  * Qwen2-MoE and Qwen3 only when use_sliding_window, to the layers layer_types
  * marks "sliding_attention" (or, in older configs, layers >= max_window_layers).
@@ -725,8 +725,9 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
         m.attn.qkv_bias = m.attn.o_bias = attn_bias;
         m.mlp.bias = mlp_bias;
         break;
-    case MODEL_ARCH_MISTRAL: /* transformers' Mistral and Mixtral have no biases at all */
+    case MODEL_ARCH_MISTRAL: /* transformers' Mistral, Mixtral and Phi-3 have no biases at all */
     case MODEL_ARCH_MIXTRAL:
+    case MODEL_ARCH_PHI3:
     case MODEL_ARCH_QWEN2:   /* q/k/v biases always, no o/MLP bias */
         m.attn.qkv_bias = m.arch == MODEL_ARCH_QWEN2;
         if (attn_bias || mlp_bias)
@@ -774,6 +775,12 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
     if ((st = cfg_num(&c, root, "attention_dropout", 0, false, &drop)) != BT_OK) goto free_root;
     if (drop != 0)
         log_warn("%s: attention_dropout=%g is ignored (no dropout is applied)", what, drop);
+    static const char *const other_drops[] = {"resid_pdrop", "embd_pdrop"}; /* Phi-3's */
+    for (size_t k = 0; k < 2; k++) {
+        if ((st = cfg_num(&c, root, other_drops[k], 0, false, &drop)) != BT_OK) goto free_root;
+        if (drop != 0)
+            log_warn("%s: %s=%g is ignored (no dropout is applied)", what, other_drops[k], drop);
+    }
     /* model_config_validate logs the offending field */
     if ((st = model_config_validate(&m)) != BT_OK) goto free_root;
     *out = m;
@@ -1379,7 +1386,7 @@ static json_t *hf_config_json(const model_config_t *c)
     }
     if (c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE)
         json_object_set_new(j, "attention_bias", json_boolean(c->attn.qkv_bias));
-    if (c->arch == MODEL_ARCH_MISTRAL || c->arch == MODEL_ARCH_MIXTRAL)
+    if (c->arch == MODEL_ARCH_MISTRAL || c->arch == MODEL_ARCH_MIXTRAL || c->arch == MODEL_ARCH_PHI3)
         json_object_set_new(j, "sliding_window",
                             c->attn.sliding_window ? json_integer(c->attn.sliding_window)
                                                    : json_null());

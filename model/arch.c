@@ -42,6 +42,8 @@ static const model_arch_info_t model_archs[] = {
     [MODEL_ARCH_QWEN3_MOE] = {.hf_class = "Qwen3MoeForCausalLM", LLAMA_NAMES, .ffn_prefix = "mlp",
                               .moe_router = "gate",
                               .expert_proj = {"gate_proj", "up_proj", "down_proj"}},
+    [MODEL_ARCH_PHI3] = {.hf_class = "Phi3ForCausalLM", LLAMA_NAMES, .ffn_prefix = "mlp",
+                         .fused_qkv = "qkv_proj", .fused_gate_up = "gate_up_proj"},
 };
 _Static_assert(sizeof model_archs / sizeof model_archs[0] == MODEL_ARCH_COUNT,
                "one entry per architecture");

@@ -27,6 +27,12 @@ typedef struct {
     const char *shared_expert;     /* "shared_expert" */
     const char *shared_expert_gate; /* "shared_expert_gate"; NULL: the shared expert is added
                                      * ungated (DeepSeek-V2's shared_experts) */
+    /* Fused projections (Phi-3): q, k, v as row parts 0, 1, 2 of
+     * "<fused_qkv>.weight" under the mixer prefix, gate and up as parts 0, 1
+     * of "<fused_gate_up>.weight" under the feed-forward prefix; NULL: the
+     * separate q/k/v_proj and gate/up_proj */
+    const char *fused_qkv;     /* "qkv_proj" */
+    const char *fused_gate_up; /* "gate_up_proj" */
 } model_arch_info_t;
 
 const model_arch_info_t *model_arch_info(model_arch_t arch);

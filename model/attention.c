@@ -15,6 +15,8 @@
 #include "model/kind.h"
 #include "model/require.h"
 
+#include "model/arch.h"
+
 #include "base/log.h"
 #include "model/cp_xchg.h"
 
@@ -99,12 +101,25 @@ static void attn_layout(model_layout_t *lb, const model_config_t *c, const char 
         snprintf(n, sizeof n, "%s.%s", prefix, suffix);                                            \
         sub->ix[slot] = model_layout_add(lb, n, ndim, d0, d1, dim, D);                             \
     } while (0)
-    ADD(A_Q, "q_proj.weight", 2, Cq, C, 0);
-    if (a->qkv_bias) ADD(A_QB, "q_proj.bias", 1, Cq, 0, 0);
-    ADD(A_K, "k_proj.weight", 2, Ckv, C, 0);
-    if (a->qkv_bias) ADD(A_KB, "k_proj.bias", 1, Ckv, 0, 0);
-    ADD(A_V, "v_proj.weight", 2, Ckv, C, 0);
-    if (a->qkv_bias) ADD(A_VB, "v_proj.bias", 1, Ckv, 0, 0);
+    /* q, k, v (and their biases) of their own, or row parts 0, 1, 2 of the
+     * architecture's fused tensor (Phi-3's qkv_proj: model.h MODEL_PART_MARK),
+     * each TP-split by heads all the same */
+    const char *fused = model_arch_info(c->arch)->fused_qkv;
+    static const char *const own[3] = {"q_proj", "k_proj", "v_proj"};
+    const int w_slot[3] = {A_Q, A_K, A_V}, b_slot[3] = {A_QB, A_KB, A_VB};
+    const int64_t rows[3] = {Cq, Ckv, Ckv};
+    for (int i = 0; i < 3; i++) {
+        char w[64], b[64];
+        if (fused) {
+            snprintf(w, sizeof w, "%s.weight%c%d", fused, MODEL_PART_MARK, i);
+            snprintf(b, sizeof b, "%s.bias%c%d", fused, MODEL_PART_MARK, i);
+        } else {
+            snprintf(w, sizeof w, "%s.weight", own[i]);
+            snprintf(b, sizeof b, "%s.bias", own[i]);
+        }
+        ADD(w_slot[i], w, 2, rows[i], C, 0);
+        if (a->qkv_bias) ADD(b_slot[i], b, 1, rows[i], 0, 0);
+    }
     ADD(A_O, "o_proj.weight", 2, C, Cq, 1);
     if (a->o_bias) ADD(A_OB, "o_proj.bias", 1, C, 0, -1);
     if (a->qk_norm) {

@@ -37,6 +37,8 @@ typedef enum {
     MODEL_ARCH_QWEN3,       /* Qwen2's stack without q/k/v biases, q and k RMS-normed per head */
     MODEL_ARCH_QWEN3_MOE,   /* Qwen3's attention + routed experts (no shared expert), or a dense
                              * MLP */
+    MODEL_ARCH_PHI3,        /* Llama's stack with q/k/v in one qkv_proj and gate/up in one
+                             * gate_up_proj (row parts, model.h MODEL_PART_MARK) */
     MODEL_ARCH_COUNT,
 } model_arch_t;
 

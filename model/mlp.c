@@ -10,6 +10,7 @@
 #include "model/kind.h"
 
 #include "base/log.h"
+#include "model/arch.h"
 
 #include <stdio.h>
 
@@ -48,12 +49,26 @@ static void mlp_layout(model_layout_t *lb, const model_config_t *c, const char *
         snprintf(n, sizeof n, "%s.%s", prefix, suffix);                                            \
         sub->ix[slot] = model_layout_add(lb, n, ndim, d0, d1, dim, 1);                             \
     } while (0)
-    if (c->mlp.act == MODEL_MLP_SWIGLU) {
-        ADD(M_GATE, "gate_proj.weight", 2, F, C, 0);
-        if (b) ADD(M_GB, "gate_proj.bias", 1, F, 0, 0);
+    /* gate and up of their own, or row parts 0, 1 of the architecture's
+     * fused tensor (Phi-3's gate_up_proj: model.h MODEL_PART_MARK) */
+    const char *fused = c->mlp.act == MODEL_MLP_SWIGLU ? model_arch_info(c->arch)->fused_gate_up
+                                                       : NULL;
+    char w[2][64], bn[2][64];
+    for (int i = 0; i < 2; i++) {
+        if (fused) {
+            snprintf(w[i], sizeof w[i], "%s.weight%c%d", fused, MODEL_PART_MARK, i);
+            snprintf(bn[i], sizeof bn[i], "%s.bias%c%d", fused, MODEL_PART_MARK, i);
+        } else {
+            snprintf(w[i], sizeof w[i], "%s.weight", i ? "up_proj" : "gate_proj");
+            snprintf(bn[i], sizeof bn[i], "%s.bias", i ? "up_proj" : "gate_proj");
+        }
     }
-    ADD(M_UP, "up_proj.weight", 2, F, C, 0);
-    if (b) ADD(M_UB, "up_proj.bias", 1, F, 0, 0);
+    if (c->mlp.act == MODEL_MLP_SWIGLU) {
+        ADD(M_GATE, w[0], 2, F, C, 0);
+        if (b) ADD(M_GB, bn[0], 1, F, 0, 0);
+    }
+    ADD(M_UP, w[1], 2, F, C, 0);
+    if (b) ADD(M_UB, bn[1], 1, F, 0, 0);
     ADD(M_DOWN, "down_proj.weight", 2, C, F, 1);
     if (b) ADD(M_DB, "down_proj.bias", 1, C, 0, -1);
 #undef ADD

@@ -297,6 +297,12 @@ static void test_qwen3_tp2_pp2(void)
 {
     cp_check_model("qwen3_tp2_pp2", "qwen3", "--set parallel.tp=2 --set parallel.pp=2", 2);
 }
+/* Phi-3's fused qkv_proj / gate_up_proj (row parts split by TP one by one) */
+static void test_phi3_tp2_cp2_ring(void)
+{
+    cp_check_model("phi3_tp2_cp2_ring", "phi3",
+                   "--set parallel.tp=2 --set parallel.cp=2 --set parallel.cp_mode=ring", 2);
+}
 /* rows that do not split evenly: micro_batch 1 x seq 15 = 15 tokens, 8 and 7
  * a TP rank; against TP without sequence parallelism alone */
 static void test_sp_uneven_rows(void)
@@ -386,5 +392,5 @@ int main(int argc, char **argv)
              test_sp_mla_tp2_cp2_ring, test_sp_mla_tp2_cp2_ep2_allgather,
              test_sp_mla_q_lora_tp2_cp2_pp2_allgather,
              test_sp_mla_q_lora_tp2_cp4_ring, test_sp_qwen3_tp2_cp2_ring, test_qwen3_tp2_pp2,
-             test_sp_uneven_rows, test_sp_memory, test_cp_bad_seq, test_cleanup);
+             test_phi3_tp2_cp2_ring, test_sp_uneven_rows, test_sp_memory, test_cp_bad_seq, test_cleanup);
 }

@@ -86,6 +86,21 @@ static void test_hf_config_fields(void)
                 &c) == BT_OK);
     CHECK(c.attn.sliding_window == 16);
 
+    /* Phi-3: the fused tensors are row parts of the model's q/k/v and gate/up */
+    REQUIRE(ckpt_hf_config_load(FIX "phi3", &c) == BT_OK);
+    CHECK(c.arch == MODEL_ARCH_PHI3 && c.attn.sliding_window == 47 && !c.attn.qkv_bias);
+    model_t *phi = NULL;
+    REQUIRE(ckpt_hf_load(FIX "phi3", NULL, &phi) == BT_OK);
+    CHECK(model_param_find(phi, "model.layers.0.self_attn.qkv_proj.weight#2") >= 0 &&
+          model_param_find(phi, "model.layers.1.mlp.gate_up_proj.weight#1") >= 0 &&
+          model_param_find(phi, "model.layers.0.self_attn.q_proj.weight") < 0);
+    model_destroy(phi);
+    /* its longrope (the 128k models) is refused by name */
+    REQUIRE(cfg_with("phi3", "rope_parameters",
+                     "{\"rope_type\": \"longrope\", \"rope_theta\": 10000.0, \"short_factor\": [1.0], "
+                     "\"long_factor\": [1.0]}",
+                     &c) == BT_ERR_UNSUPPORTED);
+
     /* legacy spellings: rope_theta + rope_scaling with "type" */
     json_t *j = cfg_base("llama");
     json_object_del(j, "rope_parameters");
@@ -280,6 +295,7 @@ static void test_hf_export_roundtrip(void)
     roundtrip("qwen2_bf16");
     roundtrip("qwen3");
     roundtrip("qwen3_moe");
+    roundtrip("phi3");
 }
 
 int main(int argc, char **argv)

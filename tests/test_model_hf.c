@@ -204,6 +204,8 @@ static void test_hf_qwen2_moe_norm(void) { fixture_check("qwen2_moe_norm"); }
  * the router's aux loss */
 static void test_hf_qwen3(void) { fixture_check("qwen3"); }
 static void test_hf_qwen3_moe(void) { fixture_check("qwen3_moe"); }
+/* Phi-3: q/k/v as row parts of one qkv_proj, gate/up of one gate_up_proj */
+static void test_hf_phi3(void) { fixture_check("phi3"); }
 /* NemotronH (tools/gen_nemotronh_fixtures.py): Mamba2 mixers, attention
  * without RoPE and relu2 MLPs, one block per layer */
 static void test_hf_nemotronh(void) { fixture_check("nemotronh"); }
@@ -363,7 +365,7 @@ int main(int argc, char **argv)
     TEST_RUN(argc, argv, test_hf_llama, test_hf_llama_tied_llama3, test_hf_mistral, test_hf_qwen2,
              test_hf_llama_f16, test_hf_qwen2_bf16, test_hf_llama_sharded, test_hf_mixtral,
              test_hf_qwen2_moe, test_hf_qwen2_moe_norm, test_hf_qwen3, test_hf_qwen3_moe,
-             test_hf_nemotronh, test_hf_nemotronh_bias,
+             test_hf_phi3, test_hf_nemotronh, test_hf_nemotronh_bias,
              test_hf_deepseek_v2_lite, test_hf_deepseek_v2, test_hf_padded_batch,
              test_hf_stages, test_hf_stages_tied);
 }

@@ -443,6 +443,9 @@ static void test_tp_mistral(void) { tp_equivalence("mistral", FIX "mistral", 2, 
 /* the per-head q/k norm weights: replicated, each rank's gradient its heads'
  * share until the backward sums them (bit-identical afterwards, checked) */
 static void test_tp_qwen3(void) { tp_equivalence("qwen3", FIX "qwen3", 2, true); }
+/* the fused qkv_proj and gate_up_proj: each row part split by its own heads
+ * or rows (q 6 heads, k and v 2 each; gate and up 64 rows each) */
+static void test_tp_phi3(void) { tp_equivalence("phi3", FIX "phi3", 2, true); }
 /* whole model only: the staged half runs two stages by hand without the
  * router's aux-loss carry between them, which the training driver passes
  * (Qwen3-MoE under TP and PP with its aux loss: tests/test_moe_equiv.c) */
@@ -671,5 +674,6 @@ int main(int argc, char **argv)
              test_tp_mistral, test_tp4_llama_mha, test_tp_deepseek_v2_lite,
              test_tp4_deepseek_v2, test_tp3_uneven_vocab,
              test_tp2_tied_all_biases_uneven_vocab, test_tp_dead_peer,
-             test_tp_nemotronh, test_tp_nemotronh_bias, test_tp_qwen3, test_tp_qwen3_moe);
+             test_tp_nemotronh, test_tp_nemotronh_bias, test_tp_qwen3, test_tp_qwen3_moe,
+             test_tp_phi3);
 }

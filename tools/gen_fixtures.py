@@ -22,7 +22,7 @@ Usage: python3 tools/gen_fixtures.py [OUTDIR [NAME...]]   (default tests/fixture
 fixture; NAMEs: only those, so that adding one leaves the others' bytes as they are)
 
 The fixtures up to llama_sharded were written with transformers 5.24.0 and torch
-2.15.0, qwen3 with transformers 5.25.0 and torch 2.15.0 (all CPU, float32).
+2.15.0, qwen3 and phi3 with transformers 5.25.0 and torch 2.15.0 (all CPU, float32).
 """
 import json
 import math
@@ -34,7 +34,8 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 LENS = [20, 13, 7]
 
@@ -87,6 +88,14 @@ def fixture_specs():
                      tie_word_embeddings=True,
                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
                      **common), torch.float32, None),
+        # q/k/v in one qkv_proj and gate/up in one gate_up_proj, GQA 6/2, a
+        # sliding window longer than the fixtures' sequences (as Phi-3-mini-4k's
+        # 2047), pad_token_id inside the vocabulary
+        ("phi3", Phi3ForCausalLM,
+         Phi3Config(hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=6, num_key_value_heads=2, sliding_window=47,
+                    tie_word_embeddings=False, pad_token_id=0, original_max_position_embeddings=64,
+                    resid_pdrop=0.0, embd_pdrop=0.0, **common), torch.float32, None),
     ]
 
 
