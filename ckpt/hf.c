@@ -234,14 +234,16 @@ static bt_status_t cfg_arch(const hf_cfg_t *c, model_arch_t *arch)
  * every layer; Qwen3-MoE to every layer when use_sliding_window; Qwen2,
  * Qwen2-MoE and Qwen3 only when use_sliding_window, to the layers layer_types
  * marks "sliding_attention" (or, in older configs, layers >= max_window_layers).
- * We do not implement the window: cfg->sliding_window records it and
- * sequences longer than it are rejected. */
-static bt_status_t cfg_sliding(const hf_cfg_t *c, model_arch_t arch, int64_t layers,
-                               int64_t *out)
+ * cfg->attn.sliding_window holds the window, each layer's block whether it
+ * applies there (model/attention.c). */
+static bt_status_t cfg_sliding(const hf_cfg_t *c, model_config_t *m)
 {
     bt_status_t st;
-    int64_t w = 0;
-    *out = 0;
+    int64_t w = 0, layers = m->num_layers;
+    model_arch_t arch = m->arch;
+    bool slide[MODEL_MAX_LAYERS];
+    for (int64_t l = 0; l < MODEL_MAX_LAYERS; l++) slide[l] = true;
+    m->attn.sliding_window = 0;
     if (arch == MODEL_ARCH_LLAMA || arch == MODEL_ARCH_DEEPSEEK_V2) return BT_OK;
     if ((st = cfg_int(c, c->root, "sliding_window", 0, &w)) != BT_OK) return st;
     if (arch == MODEL_ARCH_QWEN3_MOE) {
@@ -257,8 +259,14 @@ static bt_status_t cfg_sliding(const hf_cfg_t *c, model_arch_t arch, int64_t lay
         if (lt && json_is_array(lt)) {
             size_t i;
             json_t *e;
+            if ((int64_t)json_array_size(lt) != layers) {
+                log_error("%s: layer_types has %zu entries for num_hidden_layers=%lld", c->what,
+                          json_array_size(lt), (long long)layers);
+                return BT_ERR_INVALID;
+            }
             json_array_foreach(lt, i, e) {
                 const char *s = json_is_string(e) ? json_string_value(e) : "";
+                if (i < MODEL_MAX_LAYERS) slide[i] = !strcmp(s, "sliding_attention");
                 if (!strcmp(s, "sliding_attention")) any = true;
                 else if (strcmp(s, "full_attention")) {
                     log_error("%s: layer_types[%zu]='%s' is not supported", c->what, i, s);
@@ -269,6 +277,7 @@ static bt_status_t cfg_sliding(const hf_cfg_t *c, model_arch_t arch, int64_t lay
             int64_t mwl;
             if ((st = cfg_int(c, c->root, "max_window_layers", 0, &mwl)) != BT_OK) return st;
             any = mwl < layers;
+            for (int64_t l = 0; l < layers && l < MODEL_MAX_LAYERS; l++) slide[l] = l >= mwl;
         }
         if (!use || !any) w = 0;
     }
@@ -276,7 +285,8 @@ static bt_status_t cfg_sliding(const hf_cfg_t *c, model_arch_t arch, int64_t lay
         log_error("%s: sliding_window=%lld must be >= 0", c->what, (long long)w);
         return BT_ERR_INVALID;
     }
-    *out = w;
+    m->attn.sliding_window = w;
+    for (int64_t l = 0; l < layers && l < MODEL_MAX_LAYERS; l++) m->blocks[l].sliding = w > 0 && slide[l];
     return BT_OK;
 }
 
@@ -769,8 +779,7 @@ bt_status_t ckpt_hf_config_parse(const char *text, size_t len, const char *what,
     if ((st = cfg_rope(&c, m.arch, m.max_position_embeddings, &m.attn.rope)) != BT_OK)
         goto free_root;
     if (m.arch == MODEL_ARCH_DEEPSEEK_V2) m.mla.rope = m.attn.rope; /* MLA's, over qk_rope_head_dim */
-    if ((st = cfg_sliding(&c, m.arch, m.num_layers, &m.attn.sliding_window)) != BT_OK)
-        goto free_root;
+    if ((st = cfg_sliding(&c, &m)) != BT_OK) goto free_root;
     double drop = 0;
     if ((st = cfg_num(&c, root, "attention_dropout", 0, false, &drop)) != BT_OK) goto free_root;
     if (drop != 0)

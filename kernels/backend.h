@@ -81,6 +81,9 @@ typedef struct {
     float scale;
     bool causal;
     int64_t q_offset;
+    /* sliding window (causal only): query i (absolute q_offset + i) sees
+     * keys j with q_offset + i - window < j <= q_offset + i; 0: no window */
+    int64_t window;
 } kern_attn_shape_t;
 
 typedef const tensor_t ct_t; /* shorthand for the input tensors below */

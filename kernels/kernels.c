@@ -580,12 +580,32 @@ static kern_attn_shape_t kern_attn_check(kern_stream_t *s, const char *op, const
     return sh;
 }
 
+/* A sliding window needs the causal mask over the whole key range: the
+ * queries are the last Tq of the Tk keys (self-attention, or decoding with
+ * the cache before them). */
+static void kern_attn_window(const char *op, kern_attn_shape_t *sh, int64_t window)
+{
+    if (window < 0 || (window > 0 && (!sh->causal || sh->q_offset + sh->Tq != sh->Tk)))
+        BT_PANIC("%s: sliding window %lld needs causal attention with q_offset + Tq == Tk "
+                 "(got causal %d, q_offset %lld, Tq %lld, Tk %lld)", op, (long long)window,
+                 (int)sh->causal, (long long)sh->q_offset, (long long)sh->Tq, (long long)sh->Tk);
+    sh->window = window;
+}
+
 void kern_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, const tensor_t *q,
                         const tensor_t *k, const tensor_t *v, float scale, bool causal,
                         int64_t q_offset)
 {
+    kern_attention_fwd_window(s, out, lse, q, k, v, scale, causal, q_offset, 0);
+}
+
+void kern_attention_fwd_window(kern_stream_t *s, tensor_t *out, tensor_t *lse, const tensor_t *q,
+                               const tensor_t *k, const tensor_t *v, float scale, bool causal,
+                               int64_t q_offset, int64_t window)
+{
     const char *op = "kern_attention_fwd";
     kern_attn_shape_t sh = kern_attn_check(s, op, q, k, v, out, lse, scale, causal, q_offset);
+    kern_attn_window(op, &sh, window);
     kern_compute(s, op, KERN_OP_ATTENTION, q->dtype)->attention_fwd(s, out, lse, q, k, v, &sh);
 }
 
@@ -615,9 +635,10 @@ void kern_attention_merge(kern_stream_t *s, tensor_t *out, tensor_t *lse,
 static void attention_bwd(kern_stream_t *s, const char *op, bool set, tensor_t *dq, tensor_t *dk,
                           tensor_t *dv, const tensor_t *dout, const tensor_t *q, const tensor_t *k,
                           const tensor_t *v, const tensor_t *out, const tensor_t *lse, float scale,
-                          bool causal, int64_t q_offset)
+                          bool causal, int64_t q_offset, int64_t window)
 {
     kern_attn_shape_t sh = kern_attn_check(s, op, q, k, v, out, lse, scale, causal, q_offset);
+    kern_attn_window(op, &sh, window);
     kern_req(s, op, "dout", dout);
     kern_req_same_shape(op, "dout", dout, "out", out);
     kern_req_dtype(op, "dout", dout, q->dtype);
@@ -654,7 +675,7 @@ void kern_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *
                         bool causal, int64_t q_offset)
 {
     attention_bwd(s, "kern_attention_bwd", false, dq, dk, dv, dout, q, k, v, out, lse, scale,
-                  causal, q_offset);
+                  causal, q_offset, 0);
 }
 
 void kern_attention_bwd_set(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
@@ -663,7 +684,16 @@ void kern_attention_bwd_set(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor
                             float scale, bool causal, int64_t q_offset)
 {
     attention_bwd(s, "kern_attention_bwd_set", true, dq, dk, dv, dout, q, k, v, out, lse, scale,
-                  causal, q_offset);
+                  causal, q_offset, 0);
+}
+
+void kern_attention_bwd_set_window(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
+                                   const tensor_t *dout, const tensor_t *q, const tensor_t *k,
+                                   const tensor_t *v, const tensor_t *out, const tensor_t *lse,
+                                   float scale, bool causal, int64_t q_offset, int64_t window)
+{
+    attention_bwd(s, "kern_attention_bwd_set", true, dq, dk, dv, dout, q, k, v, out, lse, scale,
+                  causal, q_offset, window);
 }
 
 /* ---- MLP ------------------------------------------------------------------ */

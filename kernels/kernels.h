@@ -182,6 +182,19 @@ void kern_attention_bwd_set(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor
                             const tensor_t *dout, const tensor_t *q, const tensor_t *k,
                             const tensor_t *v, const tensor_t *out, const tensor_t *lse,
                             float scale, bool causal, int64_t q_offset);
+/* The same under a sliding window (window > 0; 0: none): query i
+ * (absolute q_offset + i) sees keys j with q_offset + i - window < j <=
+ * q_offset + i, as transformers' sliding-window causal mask. Causal only,
+ * with the queries the last Tq of the Tk keys (q_offset + Tq == Tk). On the
+ * CPU and fenced backends; the CUDA kernels do not take a window (the model
+ * refuses such a layer on a GPU before it runs). */
+void kern_attention_fwd_window(kern_stream_t *s, tensor_t *out, tensor_t *lse, const tensor_t *q,
+                               const tensor_t *k, const tensor_t *v, float scale, bool causal,
+                               int64_t q_offset, int64_t window);
+void kern_attention_bwd_set_window(kern_stream_t *s, tensor_t *dq, tensor_t *dk, tensor_t *dv,
+                                   const tensor_t *dout, const tensor_t *q, const tensor_t *k,
+                                   const tensor_t *v, const tensor_t *out, const tensor_t *lse,
+                                   float scale, bool causal, int64_t q_offset, int64_t window);
 
 /* ---- MLP ---------------------------------------------------------------- */
 

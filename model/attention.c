@@ -221,13 +221,26 @@ static void rope_tables(const model_t *m, int64_t T, void *shared, tensor_t *cos
     *sin = tensor_make((char *)shared + bytes, DT_F32, m->place.dev, 2, shape);
 }
 
+/* The sliding window of layer l's attention, 0 when it has none. */
+static int64_t attn_window(const model_t *m, int layer)
+{
+    return layer >= 0 && layer < MODEL_MAX_LAYERS && m->cfg.blocks[layer].sliding
+               ? m->cfg.attn.sliding_window
+               : 0;
+}
+
 static bt_status_t attn_shared_init(const model_t *m, int64_t T, void *shared)
 {
     const model_attn_config_t *c = &m->cfg.attn;
-    if (c->sliding_window > 0 && T > c->sliding_window) {
+    bool slides = false;
+    for (int k = 0; k < m->n_subs; k++)
+        slides |= m->subs[k].kind == &model_kind_attention && attn_window(m, m->subs[k].layer) > 0;
+    if (slides && T > c->sliding_window && (m->place.dev.kind == DEV_CUDA || m->par.cp_size > 1)) {
         log_error("model: sequence length %lld exceeds sliding_window=%lld; sliding-window "
-                  "attention is not implemented (shorten the window/--window)",
-                  (long long)T, (long long)c->sliding_window);
+                  "attention runs on the CPU backend without context parallelism only (%s)",
+                  (long long)T, (long long)c->sliding_window,
+                  m->place.dev.kind == DEV_CUDA ? "the CUDA kernels take no window"
+                                                : "the CP exchanges do not cut keys to it");
         return BT_ERR_UNSUPPORTED;
     }
     if (c->rope.kind == MODEL_ROPE_NONE) return BT_OK; /* the tables are never read */
@@ -342,13 +355,15 @@ static bt_status_t attn_forward(model_run_t *r, const model_sub_t *sub, void *sa
     if (r->cache) { /* decoding: attend over every cached position and these */
         tensor_t k4, v4;
         model_kv_cache_append(r, &v.k, &v.v, d.Hkv, d.D, d.D, &k4, &v4);
-        kern_attention_fwd(s, &v.att4, &v.lse, &v.q4, &k4, &v4, scale, true, r->pos0);
+        kern_attention_fwd_window(s, &v.att4, &v.lse, &v.q4, &k4, &v4, scale, true, r->pos0,
+                                  attn_window(m, sub->layer));
     } else if (m->par.cp_size > 1) {
         bt_status_t st = model_cp_attn_fwd(m, attn_cp_base(r, &d), &v.att4, &v.lse, &v.q4, &v.k4,
                                            &v.v4, scale, sub->layer);
         if (st != BT_OK) return st;
     } else {
-        kern_attention_fwd(s, &v.att4, &v.lse, &v.q4, &v.k4, &v.v4, scale, true, 0);
+        kern_attention_fwd_window(s, &v.att4, &v.lse, &v.q4, &v.k4, &v.v4, scale, true, 0,
+                                  attn_window(m, sub->layer));
     }
     return model_row_parallel_fwd(r, y, &v.att, model_sub_param(m, sub, A_O),
                                   model_sub_param(m, sub, A_OB), "o_proj output", sub->layer);
@@ -388,8 +403,8 @@ static bt_status_t attn_backward(model_run_t *r, const model_sub_t *sub, void *s
                                            &v.k4, &v.v4, &v.att4, &v.lse, scale, sub->layer);
         if (st != BT_OK) return st;
     } else {
-        kern_attention_bwd_set(s, &dq4, &dk4, &dv4, &datt4, &v.q4, &v.k4, &v.v4, &v.att4, &v.lse,
-                               scale, true, 0);
+        kern_attention_bwd_set_window(s, &dq4, &dk4, &dv4, &datt4, &v.q4, &v.k4, &v.v4, &v.att4,
+                                      &v.lse, scale, true, 0, attn_window(m, sub->layer));
     }
     if (m->cfg.attn.rope.kind != MODEL_ROPE_NONE) {
         kern_rope_bwd_set(s, &dqr4, &dq4, &cos, &sin, r->pos);
@@ -427,7 +442,8 @@ static bt_status_t attn_backward(model_run_t *r, const model_sub_t *sub, void *s
  * Scores and values under the causal mask: query t meets t + 1 keys, T/2 on
  * average (the convention drops the exact count's +1/2), D multiply-adds
  * each in q.k and in p.v, for each of the Hq heads: Cq * T. A sliding
- * window never cuts this: sequences longer than it are refused. */
+ * window's saving (a query meets at most window keys) is not taken off:
+ * the count is the full causal one, as the MFU convention (docs) states. */
 static void attn_flops(const model_config_t *c, int64_t T, model_flops_t *f)
 {
     const model_attn_config_t *a = &c->attn;

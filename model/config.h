@@ -58,8 +58,9 @@ typedef enum {
 } model_ffn_kind_t;
 
 typedef struct {
-    uint8_t mixer; /* model_mixer_kind_t */
-    uint8_t ffn;   /* model_ffn_kind_t */
+    uint8_t mixer;   /* model_mixer_kind_t */
+    uint8_t ffn;     /* model_ffn_kind_t */
+    uint8_t sliding; /* attention under attn.sliding_window (a "sliding_attention" layer) */
 } model_block_t;
 
 typedef enum {
@@ -90,7 +91,8 @@ typedef struct {
     int64_t      num_heads;      /* Hq */
     int64_t      num_kv_heads;   /* Hkv, Hq % Hkv == 0 */
     int64_t      head_dim;       /* D (may differ from hidden / Hq) */
-    int64_t      sliding_window; /* 0: none; else sequences longer are rejected */
+    int64_t      sliding_window; /* 0: none; else the window of the layers whose block has
+                                  * sliding set */
     bool         qkv_bias;       /* q/k/v_proj have a bias (Qwen2, Llama attention_bias) */
     bool         o_bias;         /* o_proj has a bias (Llama attention_bias) */
     /* q and k RMS-normed over each head's D channels before RoPE, one weight

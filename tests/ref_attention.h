@@ -14,6 +14,7 @@ typedef struct {
     int64_t B, Tq, Tk, Hq, Hkv, D, Dv;
     bool    causal;
     int64_t q_offset;
+    int64_t window; /* causal only: keys j > q_offset + i - window; 0: none */
 } attn_shape_t;
 
 typedef struct {
@@ -28,6 +29,13 @@ static inline int64_t ref_limit(const attn_shape_t *s, int64_t i)
     return s->q_offset + i + 1 < s->Tk ? s->q_offset + i + 1 : s->Tk;
 }
 
+/* the first key query i sees (a sliding window's oldest) */
+static inline int64_t ref_first(const attn_shape_t *s, int64_t i)
+{
+    int64_t lo = s->causal && s->window > 0 ? s->q_offset + i + 1 - s->window : 0;
+    return lo > 0 ? lo : 0;
+}
+
 #define QI(b, i, h, d) ((((b) * s->Tq + (i)) * s->Hq + (h)) * s->D + (d))
 #define KI(b, j, h, d) ((((b) * s->Tk + (j)) * s->Hkv + (h)) * s->D + (d))
 #define VI(b, j, h, d) ((((b) * s->Tk + (j)) * s->Hkv + (h)) * s->Dv + (d))
@@ -38,17 +46,17 @@ static inline double ref_probs(double *probs, const attn_ctx_t *c, int64_t b, in
                                int64_t h)
 {
     const attn_shape_t *s = &c->s;
-    int64_t kvh = h / (s->Hq / s->Hkv), lim = ref_limit(s, i);
+    int64_t kvh = h / (s->Hq / s->Hkv), lim = ref_limit(s, i), lo = ref_first(s, i);
     double m = -INFINITY;
-    for (int64_t j = 0; j < lim; j++) {
+    for (int64_t j = lo; j < lim; j++) {
         double d = 0;
         for (int64_t e = 0; e < s->D; e++) d += c->q[QI(b, i, h, e)] * c->k[KI(b, j, kvh, e)];
         probs[j] = c->scale * d;
         m = probs[j] > m ? probs[j] : m;
     }
     double z = 0;
-    for (int64_t j = 0; j < lim; j++) z += (probs[j] = exp(probs[j] - m));
-    for (int64_t j = 0; j < s->Tk; j++) probs[j] = j < lim ? probs[j] / z : 0;
+    for (int64_t j = lo; j < lim; j++) z += (probs[j] = exp(probs[j] - m));
+    for (int64_t j = 0; j < s->Tk; j++) probs[j] = j >= lo && j < lim ? probs[j] / z : 0;
     return m + log(z);
 }
 

@@ -20,7 +20,7 @@ static void cp_case(bool ring, int cp, int64_t B, int64_t T, int64_t Hq, int64_t
                     uint64_t seed)
 {
     kt_rng_t rng = {seed};
-    attn_shape_t s = {B, T, T, Hq, Hkv, D, Dv, true, 0};
+    attn_shape_t s = {B, T, T, Hq, Hkv, D, Dv, true, 0, 0};
     int64_t nq = B * T * Hq * D, nk = B * T * Hkv * D, nv = B * T * Hkv * Dv;
     int64_t no = B * T * Hq * Dv, nl = B * Hq * T, L = T / (2 * cp), Tl = 2 * L;
     float scale = (float)(1.0 / sqrt((double)D));

@@ -374,6 +374,27 @@ static void test_cp_bad_seq(void)
     CHECK(strstr(out, "2 x cp = 6") != NULL);
 }
 
+/* Sliding-window attention: a window shorter than the sequence (16) trains
+ * as one process and under TP (tests/test_model_hf, test_model_tp), but the
+ * CP exchanges do not cut the keys to it: refused before training, naming
+ * why, never a silently different model. */
+static void test_cp_sliding_window_refused(void)
+{
+    REQUIRE(fixture() == 0);
+    REQUIRE(run("window_one", "mistral_window", "--set train.steps=2", 1) == 0);
+    int rc = run("window_cp2", "mistral_window", "--set parallel.cp=2 --set train.steps=2", 1);
+    CHECK(rc != 0);
+    char p[512], out[8192] = "";
+    snprintf(p, sizeof p, "%s/window_cp2/log", dir);
+    FILE *f = fopen(p, "re");
+    REQUIRE(f != NULL);
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    fclose(f);
+    CHECK_MSG(strstr(out, "sliding_window=6") && strstr(out, "without context parallelism"),
+              "log: %s", out);
+}
+
 static void test_cleanup(void) { CHECK(test_equiv_remove(dir) == 0); }
 
 int main(int argc, char **argv)
@@ -392,5 +413,6 @@ int main(int argc, char **argv)
              test_sp_mla_tp2_cp2_ring, test_sp_mla_tp2_cp2_ep2_allgather,
              test_sp_mla_q_lora_tp2_cp2_pp2_allgather,
              test_sp_mla_q_lora_tp2_cp4_ring, test_sp_qwen3_tp2_cp2_ring, test_qwen3_tp2_pp2,
-             test_phi3_tp2_cp2_ring, test_sp_uneven_rows, test_sp_memory, test_cp_bad_seq, test_cleanup);
+             test_phi3_tp2_cp2_ring, test_sp_uneven_rows, test_sp_memory, test_cp_bad_seq,
+             test_cp_sliding_window_refused, test_cleanup);
 }

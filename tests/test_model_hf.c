@@ -206,6 +206,10 @@ static void test_hf_qwen3(void) { fixture_check("qwen3"); }
 static void test_hf_qwen3_moe(void) { fixture_check("qwen3_moe"); }
 /* Phi-3: q/k/v as row parts of one qkv_proj, gate/up of one gate_up_proj */
 static void test_hf_phi3(void) { fixture_check("phi3"); }
+/* sliding windows shorter than the sequences: every layer's (Mistral, 6),
+ * layers 1 and 2 of 3 only (Qwen2 max_window_layers 1, window 5) */
+static void test_hf_mistral_window(void) { fixture_check("mistral_window"); }
+static void test_hf_qwen2_window(void) { fixture_check("qwen2_window"); }
 /* NemotronH (tools/gen_nemotronh_fixtures.py): Mamba2 mixers, attention
  * without RoPE and relu2 MLPs, one block per layer */
 static void test_hf_nemotronh(void) { fixture_check("nemotronh"); }
@@ -365,7 +369,7 @@ int main(int argc, char **argv)
     TEST_RUN(argc, argv, test_hf_llama, test_hf_llama_tied_llama3, test_hf_mistral, test_hf_qwen2,
              test_hf_llama_f16, test_hf_qwen2_bf16, test_hf_llama_sharded, test_hf_mixtral,
              test_hf_qwen2_moe, test_hf_qwen2_moe_norm, test_hf_qwen3, test_hf_qwen3_moe,
-             test_hf_phi3, test_hf_nemotronh, test_hf_nemotronh_bias,
+             test_hf_phi3, test_hf_mistral_window, test_hf_qwen2_window, test_hf_nemotronh, test_hf_nemotronh_bias,
              test_hf_deepseek_v2_lite, test_hf_deepseek_v2, test_hf_padded_batch,
              test_hf_stages, test_hf_stages_tied);
 }

@@ -446,6 +446,8 @@ static void test_tp_qwen3(void) { tp_equivalence("qwen3", FIX "qwen3", 2, true);
 /* the fused qkv_proj and gate_up_proj: each row part split by its own heads
  * or rows (q 6 heads, k and v 2 each; gate and up 64 rows each) */
 static void test_tp_phi3(void) { tp_equivalence("phi3", FIX "phi3", 2, true); }
+/* a sliding window on the last two of three layers, across two stages */
+static void test_tp_qwen2_window(void) { tp_equivalence("qwen2_window", FIX "qwen2_window", 2, true); }
 /* whole model only: the staged half runs two stages by hand without the
  * router's aux-loss carry between them, which the training driver passes
  * (Qwen3-MoE under TP and PP with its aux loss: tests/test_moe_equiv.c) */
@@ -675,5 +677,5 @@ int main(int argc, char **argv)
              test_tp4_deepseek_v2, test_tp3_uneven_vocab,
              test_tp2_tied_all_biases_uneven_vocab, test_tp_dead_peer,
              test_tp_nemotronh, test_tp_nemotronh_bias, test_tp_qwen3, test_tp_qwen3_moe,
-             test_tp_phi3);
+             test_tp_phi3, test_tp_qwen2_window);
 }

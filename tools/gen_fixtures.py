@@ -22,7 +22,7 @@ Usage: python3 tools/gen_fixtures.py [OUTDIR [NAME...]]   (default tests/fixture
 fixture; NAMEs: only those, so that adding one leaves the others' bytes as they are)
 
 The fixtures up to llama_sharded were written with transformers 5.24.0 and torch
-2.15.0, qwen3 and phi3 with transformers 5.25.0 and torch 2.15.0 (all CPU, float32).
+2.15.0, qwen3, phi3, mistral_window and qwen2_window with transformers 5.25.0 and torch 2.15.0 (all CPU, float32).
 """
 import json
 import math
@@ -96,6 +96,17 @@ def fixture_specs():
                     num_attention_heads=6, num_key_value_heads=2, sliding_window=47,
                     tie_word_embeddings=False, pad_token_id=0, original_max_position_embeddings=64,
                     resid_pdrop=0.0, embd_pdrop=0.0, **common), torch.float32, None),
+        # sliding windows shorter than the sequences (20, 13, 7 tokens): every
+        # layer's (Mistral), and only layers >= max_window_layers (Qwen2)
+        ("mistral_window", MistralForCausalLM,
+         MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, sliding_window=6,
+                       tie_word_embeddings=False, **common), torch.float32, None),
+        ("qwen2_window", Qwen2ForCausalLM,
+         Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+                     sliding_window=5, max_window_layers=1, tie_word_embeddings=False,
+                     **common), torch.float32, None),
     ]
 
 

@@ -53,6 +53,15 @@ static int64_t cpu_attn_limit(const kern_attn_shape_t *s, int64_t i)
     return lim < s->Tk ? lim : s->Tk;
 }
 
+/* The first key query row i sees: 0, or under a sliding window the oldest
+ * of the window's keys. */
+static int64_t cpu_attn_first(const kern_attn_shape_t *s, int64_t i)
+{
+    if (!s->causal || s->window <= 0) return 0;
+    int64_t lo = s->q_offset + i + 1 - s->window;
+    return lo > 0 ? lo : 0;
+}
+
 static float *cpu_attn_scratch(int64_t n, const char *op)
 {
     float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
@@ -76,10 +85,11 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
                               nk, false, true, s->scale, 0.0f);
                 for (int64_t r = 0; r < nq; r++) {
                     float *row = sc + r * nk;
-                    int64_t lim = cpu_attn_limit(s, i0 + r);
-                    float max = cpu_vmax(row, lim);
-                    double sum = cpu_vexp_sum(row, row, lim, max);
-                    cpu_vscale(row, lim, (float)(1.0 / sum));
+                    int64_t lim = cpu_attn_limit(s, i0 + r), lo = cpu_attn_first(s, i0 + r);
+                    float max = cpu_vmax(row + lo, lim - lo);
+                    double sum = cpu_vexp_sum(row + lo, row + lo, lim - lo, max);
+                    cpu_vscale(row + lo, lim - lo, (float)(1.0 / sum));
+                    for (int64_t j = 0; j < lo; j++) row[j] = 0.0f;
                     for (int64_t j = lim; j < nk; j++) row[j] = 0.0f;
                     lse_bh[i0 + r] = max + (float)log(sum);
                 }
@@ -113,9 +123,10 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
                               s->scale, 0.0f);
                 for (int64_t r = 0; r < nq; r++) {
                     float *row = p + r * nk;
-                    int64_t lim = cpu_attn_limit(s, i0 + r);
+                    int64_t lim = cpu_attn_limit(s, i0 + r), lo = cpu_attn_first(s, i0 + r);
                     float l = lse_bh[i0 + r];
-                    cpu_vexp_sum(row, row, lim, l);
+                    cpu_vexp_sum(row + lo, row + lo, lim - lo, l);
+                    for (int64_t j = 0; j < lo; j++) row[j] = 0.0f;
                     for (int64_t j = lim; j < nk; j++) row[j] = 0.0f;
                 }
                 if (dv)

@@ -757,11 +757,22 @@ static void cuda_op_rope_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *c
                   set ? 2 : 1);
 }
 
+/* The kernels take no sliding window: one that cuts some query's keys
+ * (Tk > window) is a caller error here (model/attention.c refuses such a
+ * layer on a GPU before it runs). */
+static void cuda_attn_no_window(const char *op, const kern_attn_shape_t *sh)
+{
+    if (sh->window > 0 && sh->Tk > sh->window)
+        BT_PANIC("%s: a sliding window of %lld over %lld keys is not implemented on CUDA", op,
+                 (long long)sh->window, (long long)sh->Tk);
+}
+
 static void cuda_op_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *q, ct_t *k,
                                   ct_t *v, const kern_attn_shape_t *sh)
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_attention_fwd";
+    cuda_attn_no_window(op, sh);
     if (cs_enter(cs, op))
         cs_check(cs, op,
                  cuda_attn_fwd(cs->st, out->data, lse->data, q->data, k->data, v->data, q->dtype,
@@ -786,6 +797,7 @@ static void cuda_op_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, 
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_attention_bwd";
+    cuda_attn_no_window(op, sh);
     if ((!dq && !dk && !dv) || !cs_enter(cs, op)) return;
     void *scr = cs_scratch(cs, op, cuda_attn_bwd_scratch(sh));
     if (scr)

@@ -1476,23 +1476,23 @@ static void test_attention_merge(dtype_t dt)
 static void test_attention(dtype_t dt)
 {
     static const attn_shape_t shapes[] = {
-        {1, 1, 1, 1, 1, 1, 1, true, 0},       {2, 3, 3, 2, 1, 4, 4, true, 0},
-        {1, 7, 7, 3, 1, 8, 5, true, 0},       {2, 17, 17, 4, 1, 8, 8, false, 0},
-        {1, 5, 12, 4, 2, 6, 6, true, 7},      {1, 33, 40, 4, 4, 16, 16, true, 3},
-        {1, 70, 90, 2, 1, 32, 16, false, 0},  /* end of the quick set */
-        {1, 300, 300, 4, 2, 16, 12, true, 0}, {2, 130, 200, 2, 1, 8, 8, true, 70},
-        {1, 65, 65, 3, 3, 64, 64, true, 0},   {1, 129, 129, 1, 1, 32, 32, false, 0},
-        {1, 100, 100, 8, 2, 64, 64, true, 0}, {1, 77, 77, 4, 2, 128, 128, true, 0},
-        {1, 70, 90, 2, 1, 192, 128, true, 20}, {2, 96, 96, 4, 1, 64, 64, true, 0},
-        {1, 200, 333, 4, 4, 128, 128, false, 0}, {1, 1000, 1000, 4, 1, 64, 64, true, 0},
-        {1, 1024, 1024, 4, 1, 128, 128, true, 0},
+        {1, 1, 1, 1, 1, 1, 1, true, 0, 0},       {2, 3, 3, 2, 1, 4, 4, true, 0, 0},
+        {1, 7, 7, 3, 1, 8, 5, true, 0, 0},       {2, 17, 17, 4, 1, 8, 8, false, 0, 0},
+        {1, 5, 12, 4, 2, 6, 6, true, 7, 0},      {1, 33, 40, 4, 4, 16, 16, true, 3, 0},
+        {1, 70, 90, 2, 1, 32, 16, false, 0, 0},  /* end of the quick set */
+        {1, 300, 300, 4, 2, 16, 12, true, 0, 0}, {2, 130, 200, 2, 1, 8, 8, true, 70, 0},
+        {1, 65, 65, 3, 3, 64, 64, true, 0, 0},   {1, 129, 129, 1, 1, 32, 32, false, 0, 0},
+        {1, 100, 100, 8, 2, 64, 64, true, 0, 0}, {1, 77, 77, 4, 2, 128, 128, true, 0, 0},
+        {1, 70, 90, 2, 1, 192, 128, true, 20, 0}, {2, 96, 96, 4, 1, 64, 64, true, 0, 0},
+        {1, 200, 333, 4, 4, 128, 128, false, 0, 0}, {1, 1000, 1000, 4, 1, 64, 64, true, 0, 0},
+        {1, 1024, 1024, 4, 1, 128, 128, true, 0, 0},
     };
     int n = quick ? 7 : (int)(sizeof shapes / sizeof shapes[0]);
     for (int i = 0; i < n; i++) {
         /* the tensor-core path where it applies, and the SIMT path on the same shape */
         kern_attn_shape_t ks = {shapes[i].B, shapes[i].Tq, shapes[i].Tk, shapes[i].Hq,
                                 shapes[i].Hkv, shapes[i].D, shapes[i].Dv, 1.0f, shapes[i].causal,
-                                shapes[i].q_offset};
+                                shapes[i].q_offset, 0};
         if (shapes[i].Tq * shapes[i].Tk > 1000 * 1000 && quick) continue;
         cuda_attn_set_path(CUDA_ATTN_AUTO);
         bool tc = DEV.kind == DEV_CUDA && cuda_attn_uses_tc(&ks, dt);

@@ -79,3 +79,16 @@ bad max_new --model $F/hf --prompt hi --max-new 0
 out=$("$BATON" generate --model $F/hf --prompt hi --max-new 1000 2>"$tmp/err")
 if [ $? -eq 1 ] && grep -q "exceeds the model's 256 positions" "$tmp/err"; then pass generate_too_long
 else fail generate_too_long "$(cat "$tmp/err")"; fi
+
+# sliding windows while decoding (mistral_window: 6 keys a query in every
+# layer; qwen2_window: in layers 1 and 2): 30 new tokens, past the window,
+# with the KV cache equal to recomputing the whole prefix each step
+for name in mistral_window qwen2_window; do
+    d=$tmp/gen_$name; mkdir -p "$d"
+    ln -s "$PWD"/tests/fixtures/$name/config.json "$PWD"/tests/fixtures/$name/model.safetensors "$d"/
+    ln -s "$PWD"/tests/fixtures/llama/tokenizer.json "$d"/
+    c1=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 30 --ignore-eos --json 2>&1)
+    c0=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 30 --ignore-eos --json --no-cache 2>&1)
+    if [[ "$c1" == *'"ids": ['[0-9]* ]] && [ "$c1" = "$c0" ]; then pass "generate_window_cache_$name"
+    else fail "generate_window_cache_$name" "cache: $c1 | recompute: $c0"; fi
+done
