@@ -1283,7 +1283,6 @@ static void hf_moe_json(json_t *j, const model_config_t *c)
         for (int64_t l = 0; l < c->num_layers; l++)
             if (c->blocks[l].ffn != MODEL_FFN_MOE) json_array_append_new(dense, json_integer(l));
         json_object_set_new(j, "mlp_only_layers", dense);
-        json_object_set_new(j, "use_sliding_window", json_false());
     }
     /* the coefficient baton trained with: 0 when the loss was off */
     json_object_set_new(j, "router_aux_loss_coef", json_real(e->aux_loss_coef));
@@ -1399,6 +1398,23 @@ static json_t *hf_config_json(const model_config_t *c)
         json_object_set_new(j, "sliding_window",
                             c->attn.sliding_window ? json_integer(c->attn.sliding_window)
                                                    : json_null());
+    if (c->arch == MODEL_ARCH_QWEN2 || c->arch == MODEL_ARCH_QWEN2_MOE ||
+        c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE) {
+        /* the window and the layers it applies to, as the reader takes them */
+        bool w = c->attn.sliding_window > 0;
+        json_object_set_new(j, "use_sliding_window", json_boolean(w));
+        json_object_set_new(j, "sliding_window", w ? json_integer(c->attn.sliding_window)
+                                                   : json_null());
+        if (c->arch != MODEL_ARCH_QWEN3_MOE) {
+            json_t *types = json_array();
+            for (int64_t l = 0; l < c->num_layers; l++)
+                json_array_append_new(types, json_string(w && c->blocks[l].sliding
+                                                             ? "sliding_attention"
+                                                             : "full_attention"));
+            json_object_set_new(j, "layer_types", types);
+            json_object_set_new(j, "max_window_layers", json_integer(c->num_layers));
+        }
+    }
     if (c->arch == MODEL_ARCH_MIXTRAL || c->arch == MODEL_ARCH_QWEN2_MOE ||
         c->arch == MODEL_ARCH_QWEN3_MOE)
         hf_moe_json(j, c);

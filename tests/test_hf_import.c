@@ -296,6 +296,8 @@ static void test_hf_export_roundtrip(void)
     roundtrip("qwen3");
     roundtrip("qwen3_moe");
     roundtrip("phi3");
+    roundtrip("qwen2_window");
+    roundtrip("mistral_window");
 }
 
 int main(int argc, char **argv)
