@@ -92,13 +92,19 @@ done
 up=0
 # a node's slurmd registers within a second on a quiet machine; under the
 # whole suite's load it has been seen still "unk" after 30 s, so wait up to 90
-for _ in $(seq 1 "$(scaled 900)"); do
-    [ "$(sinfo -h -N -o '%N %t' 2>/dev/null | grep -c idle)" -eq 2 ] && { up=1; break; }
+# s of wall time. Each sinfo is bounded too: one that cannot reach slurmctld
+# waits out its message timeout, and 900 of those once ran past the test
+# runner's 600 s (a sanitizer run of the whole suite): a hang, not a result.
+deadline=$(( $(date +%s) + $(scaled 90) ))
+while [ "$(date +%s)" -lt "$deadline" ]; do
+    n=$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null | grep -c idle)
+    [ "${n:-0}" -eq 2 ] && { up=1; break; }
     sleep 0.1
 done
 if [ "$up" -eq 1 ]; then pass slurm_cluster_up
 else
-    fail slurm_cluster_up "$(sinfo -N 2>&1 | tail -n 3) $(tail -n 3 "$tmp/slurmctld.log" "$tmp"/slurmd-bt*.log 2>&1)"
+    fail slurm_cluster_up "$(timeout 10 sinfo -N 2>&1 | tail -n 3) $(tail -n 5 "$tmp/slurmctld.out" \
+        "$tmp/slurmctld.log" "$tmp"/slurmd-bt*.out "$tmp"/slurmd-bt*.log 2>&1)"
     exit 0
 fi
 
