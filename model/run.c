@@ -66,6 +66,9 @@ struct model_acts {
     void    *tmp, *dres, *dln;    /* [N, C] */
     void    *scratch;    /* the largest kind scratch */
     void    *partial;    /* TP-partial gradients (grad_partial): [2, their elements] stash and sum */
+    int     *partial_ix; /* training arena: those parameters' indices, in order */
+    int      n_partial;
+    int64_t  partial_elems; /* their elements together */
     /* sequence parallelism in a training arena (compact): x holds only the
      * stage input whole; the residual at boundaries 1..S and the norm
      * outputs keep this TP rank's rows (xl [S, R, C], ln [S, R, C], R =
@@ -159,73 +162,84 @@ static void *shared_of(const model_acts_t *a, const model_kind_t *k)
  * k_norm, fed by this rank's heads). grad_partial_begin sets what they
  * accumulated so far aside and zeroes them; grad_partial_end sums this
  * backward's shares over the TP group (one all-reduce of them all) and adds
- * what was set aside back, so they come out bit-identical on every rank. */
-static bool grad_partial(const model_t *m, int i, bool sp)
+ * what was set aside back, so they come out bit-identical on every rank.
+ *
+ * grad_partial_list writes their indices in parameter order into ix (NULL:
+ * count only) and their elements together into *elems; -1 when out of
+ * memory. A training arena keeps the list (partial_ix). */
+static int grad_partial_list(const model_t *m, bool sp, int *ix, int64_t *elems)
 {
-    if (m->par.tp_size <= 1) return false;
-    if (m->params[i].grad_tp_partial) return true;
-    if (!sp) return false;
-    if (m->stage.has_head && i == m->final_norm) return true;
-    for (int k = 0; k < m->n_subs; k++)
-        if (m->subs[k].norm == i) return true;
-    return false;
-}
-
-static double grad_partial_numel(const model_t *m, bool sp)
-{
-    double n = 0;
-    for (int i = 0; i < m->n_params; i++)
-        if (grad_partial(m, i, sp)) n += (double)shard_numel(&m->params[i].spec);
+    *elems = 0;
+    if (m->par.tp_size <= 1 || m->n_params <= 0) return 0;
+    bool *mark = calloc((size_t)m->n_params, sizeof *mark);
+    if (!mark) return -1;
+    for (int i = 0; i < m->n_params; i++) mark[i] = m->params[i].grad_tp_partial;
+    if (sp) {
+        for (int k = 0; k < m->n_subs; k++)
+            if (m->subs[k].norm >= 0) mark[m->subs[k].norm] = true;
+        if (m->stage.has_head && m->final_norm >= 0) mark[m->final_norm] = true;
+    }
+    int n = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        if (!mark[i]) continue;
+        if (ix) ix[n] = i;
+        n++;
+        *elems += shard_numel(&m->params[i].spec);
+    }
+    free(mark);
     return n;
 }
 
-/* elements [at, at + n) of half 0 (set aside) or 1 (the sums) */
-static tensor_t grad_partial_slot(model_t *m, model_acts_t *a, int half, int64_t at, int64_t n,
-                                  bool sp)
+/* elements [at, at + n) of half 0 (set aside) or 1 (the sums); a half is
+ * sized for 8 bytes an element (acts_plan) */
+static tensor_t grad_partial_slot(model_t *m, model_acts_t *a, int half, int64_t at, int64_t n)
 {
-    size_t es = dtype_size(m->place.grad_dtype);
-    size_t one = (size_t)grad_partial_numel(m, sp) * 8;
+    size_t es = dtype_size(m->place.grad_dtype), one = (size_t)a->partial_elems * 8;
     return tensor_make((char *)a->partial + (size_t)half * one + (size_t)at * es,
                        m->place.grad_dtype, m->place.dev, 1, &n);
 }
 
-static void grad_partial_begin(model_t *m, model_acts_t *a, bool sp)
+/* parameter k of the list as a flat gradient, and the element it starts at */
+static tensor_t grad_partial_flat(model_t *m, const model_acts_t *a, int k, int64_t *at)
+{
+    tensor_t *g = &m->grads[a->partial_ix[k]].t;
+    int64_t n = tensor_numel(g);
+    tensor_t flat = tensor_reshape(g, 1, &n);
+    *at += n;
+    return flat;
+}
+
+static void grad_partial_begin(model_t *m, model_acts_t *a)
 {
     int64_t at = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        if (!grad_partial(m, i, sp)) continue;
-        tensor_t *g = &m->grads[i].t;
-        int64_t n = tensor_numel(g);
-        tensor_t keep = grad_partial_slot(m, a, 0, at, n, sp), flat = tensor_reshape(g, 1, &n);
+    for (int k = 0; k < a->n_partial; k++) {
+        int64_t from = at;
+        tensor_t flat = grad_partial_flat(m, a, k, &at);
+        tensor_t keep = grad_partial_slot(m, a, 0, from, at - from);
         kern_copy(m->stream, &keep, &flat);
-        kern_zero(m->stream, g);
-        at += n;
+        kern_zero(m->stream, &flat);
     }
 }
 
-static bt_status_t grad_partial_end(model_t *m, model_acts_t *a, bool sp)
+static bt_status_t grad_partial_end(model_t *m, model_acts_t *a)
 {
     int64_t at = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        if (!grad_partial(m, i, sp)) continue;
-        int64_t n = tensor_numel(&m->grads[i].t);
-        tensor_t sum = grad_partial_slot(m, a, 1, at, n, sp);
-        tensor_t flat = tensor_reshape(&m->grads[i].t, 1, &n);
+    for (int k = 0; k < a->n_partial; k++) {
+        int64_t from = at;
+        tensor_t flat = grad_partial_flat(m, a, k, &at);
+        tensor_t sum = grad_partial_slot(m, a, 1, from, at - from);
         kern_copy(m->stream, &sum, &flat);
-        at += n;
     }
-    tensor_t all = grad_partial_slot(m, a, 1, 0, at, sp);
+    tensor_t all = grad_partial_slot(m, a, 1, 0, at);
     bt_status_t st = model_tp_sum(m, &all, "the TP-partial gradients (norm weights)", -1);
     if (st != BT_OK) return st;
     at = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        if (!grad_partial(m, i, sp)) continue;
-        int64_t n = tensor_numel(&m->grads[i].t);
-        tensor_t sum = grad_partial_slot(m, a, 1, at, n, sp);
-        tensor_t keep = grad_partial_slot(m, a, 0, at, n, sp);
-        tensor_t flat = tensor_reshape(&m->grads[i].t, 1, &n);
+    for (int k = 0; k < a->n_partial; k++) {
+        int64_t from = at;
+        tensor_t flat = grad_partial_flat(m, a, k, &at);
+        tensor_t sum = grad_partial_slot(m, a, 1, from, at - from);
+        tensor_t keep = grad_partial_slot(m, a, 0, from, at - from);
         kern_add(m->stream, &flat, &sum, &keep);
-        at += n;
     }
     return BT_OK;
 }
@@ -357,8 +371,9 @@ static void acts_plan(const model_t *m, int64_t B, int64_t T, int mode, acts_pla
     /* the gradients one backward leaves as this TP rank's share
      * (grad_partial): their earlier value and the reduction's buffer, in the
      * gradient dtype (8 bytes an element at most) */
-    p->partial =
-        take(&off, grads * 2.0 * grad_partial_numel(m, m->par.sp && m->par.tp_size > 1) * 8);
+    int64_t partial_elems = 0;
+    if (grads) grad_partial_list(m, m->par.sp && m->par.tp_size > 1, NULL, &partial_elems);
+    p->partial = take(&off, grads * 2.0 * (double)partial_elems * 8);
     if (m->stage.has_head) {
         p->lnf = take(&off, NC);
         p->dlnf = take(&off, grads * NC);
@@ -411,7 +426,13 @@ static bt_status_t acts_create(model_t *m, int64_t B, int64_t T, int mode, model
     a->h_losses = fits ? malloc((size_t)(B * T) * sizeof *a->h_losses) : NULL;
     int64_t n_aux = model_aux_len(m, false) + model_aux_len(m, true);
     a->aux = n_aux ? calloc((size_t)n_aux, sizeof *a->aux) : NULL;
-    if (!a->saved_off || !a->cache || !a->h_pos || !a->h_losses || (n_aux && !a->aux)) {
+    /* a training arena's TP-partial gradients (the plan sized their region) */
+    bool sp_train = m->par.sp && m->par.tp_size > 1;
+    int n_partial = a->fwd_only ? 0 : grad_partial_list(m, sp_train, NULL, &a->partial_elems);
+    if (n_partial > 0 && (a->partial_ix = malloc((size_t)n_partial * sizeof *a->partial_ix)))
+        a->n_partial = grad_partial_list(m, sp_train, a->partial_ix, &a->partial_elems);
+    if (!a->saved_off || !a->cache || !a->h_pos || !a->h_losses || (n_aux && !a->aux) ||
+        n_partial < 0 || (n_partial > 0 && !a->partial_ix)) {
         if (saved_d && !fits)
             log_error("model: cannot allocate %.3g bytes of activations for B=%lld T=%lld",
                       p.total, (long long)B, (long long)T);
@@ -578,6 +599,7 @@ void model_acts_destroy(model_acts_t *a)
     free(a->saved_off);
     free(a->cache);
     free(a->aux);
+    free(a->partial_ix);
     free(a);
 }
 
@@ -954,8 +976,8 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
      * sublayer (its dy), whose dln is right on those rows */
     int64_t s0 = 0, sn = N;
     if (r.sp) model_sp_rows(m, N, &s0, &sn);
-    bool partial = grad_partial_numel(m, r.sp) > 0;
-    if (partial) grad_partial_begin(m, a, r.sp);
+    bool partial = a->n_partial > 0;
+    if (partial) grad_partial_begin(m, a);
     tensor_t dresl = rows_of(&dres, s0, sn), dlnl = rows_of(&dln, s0, sn);
     if (st_->has_head) {
         tensor_t dlnf = stack_view(m, a->dlnf, 0, N, C), rstdf = f32_view(m, a->rstdf + s0, 1, &sn);
@@ -988,7 +1010,7 @@ bt_status_t model_stage_backward(model_t *m, model_acts_t *a)
     }
     /* whole again: the embedding's backward, or the stage's input gradient */
     if (r.sp && (st = model_sp_gather(m, &dres, "the input gradient", -1)) != BT_OK) return st;
-    if (partial && (st = grad_partial_end(m, a, r.sp)) != BT_OK) return st;
+    if (partial && (st = grad_partial_end(m, a)) != BT_OK) return st;
     if (st_->has_embedding) {
         tensor_t ids = i32_view(m, a->ids, N);
         kern_embedding_bwd(s, G(m, m->embed), &dres, &ids, m->vocab_start);
