@@ -110,13 +110,8 @@ static void attn_layout(model_layout_t *lb, const model_config_t *c, const char 
     const int64_t rows[3] = {Cq, Ckv, Ckv};
     for (int i = 0; i < 3; i++) {
         char w[64], b[64];
-        if (fused) {
-            snprintf(w, sizeof w, "%s.weight%c%d", fused, MODEL_PART_MARK, i);
-            snprintf(b, sizeof b, "%s.bias%c%d", fused, MODEL_PART_MARK, i);
-        } else {
-            snprintf(w, sizeof w, "%s.weight", own[i]);
-            snprintf(b, sizeof b, "%s.bias", own[i]);
-        }
+        model_layout_proj_name(w, sizeof w, fused, i, own[i], "weight");
+        model_layout_proj_name(b, sizeof b, fused, i, own[i], "bias");
         ADD(w_slot[i], w, 2, rows[i], C, 0);
         if (a->qkv_bias) ADD(b_slot[i], b, 1, rows[i], 0, 0);
     }
@@ -414,8 +409,8 @@ static bt_status_t attn_backward(model_run_t *r, const model_sub_t *sub, void *s
         kern_copy(s, &dkr4, &dk4);
     }
     const tensor_t *dqp = &dqr, *dkp = &dkr;
-    tensor_t dq = model_act_view(m, sc, bq, 2, (int64_t[]){N, d.Cq});
-    tensor_t dk = model_act_view(m, sc, 3 * bq, 2, (int64_t[]){N, d.Ckv});
+    tensor_t dq = tensor_reshape(&dq4, 2, (int64_t[]){N, d.Cq});
+    tensor_t dk = tensor_reshape(&dk4, 2, (int64_t[]){N, d.Ckv});
     if (m->cfg.attn.qk_norm) { /* through the per-head norms, into dq, dk (free again) */
         tensor_t dq2 = heads_rows(&dq, d.D), dk2 = heads_rows(&dk, d.D);
         tensor_t dqr2 = heads_rows(&dqr, d.D), dkr2 = heads_rows(&dkr, d.D);

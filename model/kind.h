@@ -47,6 +47,13 @@ int model_layout_add_nd(model_layout_t *lb, const char *name, int ndim, const in
 /* Marks tensor ix (an index model_layout_add* returned) as kept in f32
  * under any compute dtype (model_param_t keep_f32). */
 void model_layout_keep_f32(model_layout_t *lb, int ix);
+/* out[cap] = "<own>.<what>", or with fused set "<fused>.<what>#<part>" (row
+ * part `part` of the architecture's fused tensor, model.h MODEL_PART_MARK):
+ * the suffix of a projection's tensor that some architectures fuse
+ * (Phi-3's qkv_proj, gate_up_proj); what is "weight" or "bias". */
+void model_layout_proj_name(char *out, size_t cap, const char *fused, int part, const char *own,
+                            const char *what);
+
 /* Marks tensor ix (replicated: split_dim -1) as one whose gradient each TP
  * rank computes only its share of (model_param_t grad_tp_partial). */
 void model_layout_grad_tp_partial(model_layout_t *lb, int ix);

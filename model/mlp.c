@@ -55,13 +55,9 @@ static void mlp_layout(model_layout_t *lb, const model_config_t *c, const char *
                                                        : NULL;
     char w[2][64], bn[2][64];
     for (int i = 0; i < 2; i++) {
-        if (fused) {
-            snprintf(w[i], sizeof w[i], "%s.weight%c%d", fused, MODEL_PART_MARK, i);
-            snprintf(bn[i], sizeof bn[i], "%s.bias%c%d", fused, MODEL_PART_MARK, i);
-        } else {
-            snprintf(w[i], sizeof w[i], "%s.weight", i ? "up_proj" : "gate_proj");
-            snprintf(bn[i], sizeof bn[i], "%s.bias", i ? "up_proj" : "gate_proj");
-        }
+        const char *own = i ? "up_proj" : "gate_proj";
+        model_layout_proj_name(w[i], sizeof w[i], fused, i, own, "weight");
+        model_layout_proj_name(bn[i], sizeof bn[i], fused, i, own, "bias");
     }
     if (c->mlp.act == MODEL_MLP_SWIGLU) {
         ADD(M_GATE, w[0], 2, F, C, 0);

@@ -60,6 +60,13 @@ void model_layout_keep_f32(model_layout_t *lb, int ix)
     if (lb->out) lb->out[ix].keep_f32 = true;
 }
 
+void model_layout_proj_name(char *out, size_t cap, const char *fused, int part, const char *own,
+                            const char *what)
+{
+    if (fused) snprintf(out, cap, "%s.%s%c%d", fused, what, MODEL_PART_MARK, part);
+    else snprintf(out, cap, "%s.%s", own, what);
+}
+
 void model_layout_grad_tp_partial(model_layout_t *lb, int ix)
 {
     if (!lb->out) return;
