@@ -246,14 +246,15 @@ static bt_status_t cfg_sliding(const hf_cfg_t *c, model_config_t *m)
     m->attn.sliding_window = 0;
     if (arch == MODEL_ARCH_LLAMA || arch == MODEL_ARCH_DEEPSEEK_V2) return BT_OK;
     if ((st = cfg_int(c, c->root, "sliding_window", 0, &w)) != BT_OK) return st;
+    bool use = false;
+    if ((arch == MODEL_ARCH_QWEN2 || arch == MODEL_ARCH_QWEN2_MOE || arch == MODEL_ARCH_QWEN3 ||
+         arch == MODEL_ARCH_QWEN3_MOE) &&
+        (st = cfg_bool(c, c->root, "use_sliding_window", false, &use)) != BT_OK)
+        return st;
     if (arch == MODEL_ARCH_QWEN3_MOE) {
-        bool use = false;
-        if ((st = cfg_bool(c, c->root, "use_sliding_window", false, &use)) != BT_OK) return st;
         if (!use) w = 0;
     } else if (arch == MODEL_ARCH_QWEN2 || arch == MODEL_ARCH_QWEN2_MOE ||
                arch == MODEL_ARCH_QWEN3) {
-        bool use = false;
-        if ((st = cfg_bool(c, c->root, "use_sliding_window", false, &use)) != BT_OK) return st;
         bool any = false;
         json_t *lt = json_object_get(c->root, "layer_types");
         if (lt && json_is_array(lt)) {
