@@ -727,6 +727,15 @@ static void tok_bpe_try_pair(const tok_t *tok, tok_bpe_scratch_t *w, size_t *hn,
                                                 .merged = m->merged});
 }
 
+/* Symbol *m of a piece's initial list: id, linked to its neighbours. */
+static inline void tok_bpe_symbol(tok_bpe_scratch_t *w, size_t *m, uint32_t id)
+{
+    w->id[*m] = id;
+    w->prev[*m] = (int32_t)*m - 1;
+    w->next[*m] = (int32_t)*m + 1;
+    (*m)++;
+}
+
 /* BPE of one piece (raw bytes) appended to out. */
 static bt_status_t tok_bpe_piece(tok_t *tok, tok_bpe_scratch_t *w, const uint8_t *s, size_t n,
                                  tok_ids_t *out)
@@ -772,12 +781,8 @@ static bt_status_t tok_bpe_piece(tok_t *tok, tok_bpe_scratch_t *w, const uint8_t
             }
         }
         if (fb) {
-            for (size_t k = 0; k < fb; k++) {
-                w->id[m] = (uint32_t)tok->fallback_id[s[i + k]];
-                w->prev[m] = (int32_t)m - 1;
-                w->next[m] = (int32_t)m + 1;
-                m++;
-            }
+            for (size_t k = 0; k < fb; k++)
+                tok_bpe_symbol(w, &m, (uint32_t)tok->fallback_id[s[i + k]]);
             last_unk = 0;
             i += len;
             continue;
@@ -790,10 +795,7 @@ static bt_status_t tok_bpe_piece(tok_t *tok, tok_bpe_scratch_t *w, const uint8_t
         } else {
             last_unk = 0;
         }
-        w->id[m] = (uint32_t)id;
-        w->prev[m] = (int32_t)m - 1;
-        w->next[m] = (int32_t)m + 1;
-        m++;
+        tok_bpe_symbol(w, &m, (uint32_t)id);
     }
     if (m) w->next[m - 1] = -1;
     size_t hn = 0;
@@ -868,34 +870,35 @@ static void tok_pre_split(tok_enc_t *e, size_t step, const tok_pattern_t *p, con
     tok_pre_emit(e, step + 1, s + gap, n - gap);
 }
 
-/* Every occurrence of a[0..la) in s[0..n) replaced by b[0..lb), after an
- * optional prefix: a malloc'd string in *out (NULL when out of memory). */
+/* s[0..n) into o (NULL: only count) with every occurrence of a[0..la)
+ * (left to right, none when la is 0) replaced by b[0..lb); the length. */
+static size_t tok_replace_into(uint8_t *o, const uint8_t *s, size_t n, const uint8_t *a,
+                               size_t la, const uint8_t *b, size_t lb)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n;)
+        if (la && i + la <= n && !memcmp(s + i, a, la)) {
+            if (o) memcpy(o + k, b, lb);
+            k += lb;
+            i += la;
+        } else {
+            if (o) o[k] = s[i];
+            k++;
+            i++;
+        }
+    return k;
+}
+
+/* The same after a prefix pre[0..lp), into a malloc'd string (NULL when
+ * out of memory). */
 static uint8_t *tok_replace(const uint8_t *s, size_t n, const uint8_t *a, size_t la,
                             const uint8_t *b, size_t lb, const uint8_t *pre, size_t lp,
                             size_t *out_len)
 {
-    size_t hits = 0;
-    for (size_t i = 0; la && i + la <= n;)
-        if (!memcmp(s + i, a, la)) {
-            hits++;
-            i += la;
-        } else {
-            i++;
-        }
-    size_t cap = lp + n + hits * lb + 1;
-    uint8_t *o = malloc(cap);
+    uint8_t *o = malloc(lp + tok_replace_into(NULL, s, n, a, la, b, lb) + 1);
     if (!o) return NULL;
     if (lp) memcpy(o, pre, lp);
-    size_t k = lp;
-    for (size_t i = 0; i < n;)
-        if (la && i + la <= n && !memcmp(s + i, a, la)) {
-            memcpy(o + k, b, lb);
-            k += lb;
-            i += la;
-        } else {
-            o[k++] = s[i++];
-        }
-    *out_len = k;
+    *out_len = lp + tok_replace_into(o + lp, s, n, a, la, b, lb);
     return o;
 }
 
@@ -907,8 +910,9 @@ static void tok_pre_metaspace(tok_enc_t *e, size_t step, const tok_pre_t *p, con
 {
     const uint8_t *r = p->repl;
     size_t lr = p->repl_len;
-    int front = p->prepend == PREPEND_ALWAYS ||
-                (p->prepend == PREPEND_FIRST && e->at_start && s == e->gap_start);
+    int front = (p->prepend == PREPEND_ALWAYS ||
+                 (p->prepend == PREPEND_FIRST && e->at_start && s == e->gap_start)) &&
+                s[0] != ' ' && !(n >= lr && !memcmp(s, r, lr)); /* not when one begins it */
     size_t tn;
     uint8_t *t = tok_replace(s, n, (const uint8_t *)" ", 1, r, lr, r, front ? lr : 0, &tn);
     if (!t) {
@@ -916,10 +920,6 @@ static void tok_pre_metaspace(tok_enc_t *e, size_t step, const tok_pre_t *p, con
         return;
     }
     const uint8_t *v = t;
-    if (front && tn >= 2 * lr && !memcmp(t + lr, r, lr)) { /* it began with one already */
-        v += lr;
-        tn -= lr;
-    }
     if (!p->split) {
         tok_pre_emit(e, step + 1, v, tn);
     } else {
@@ -1145,16 +1145,9 @@ bt_status_t tok_decode(const tok_t *tok, const uint32_t *ids, size_t n, char **t
         if (t->fallback_byte && tok->dec_byte_fallback) { /* "<0xXX>" is its byte */
             out[o++] = (char)(t->fallback_byte - 1);
         } else if (tok->sp && tok->dec_repl) { /* sp: the replacement is a space again */
-            size_t dl;
-            uint8_t *d = tok_replace(t->bytes, t->len, tok->dec_repl, tok->dec_repl_len,
-                                     (const uint8_t *)" ", 1, NULL, 0, &dl);
-            if (!d) {
-                free(out);
-                return BT_ERR_NOMEM;
-            }
-            memcpy(out + o, d, dl); /* never longer: a replacement is >= 1 byte */
-            o += dl;
-            free(d);
+            /* never longer than the token: a replacement is at least one byte */
+            o += tok_replace_into((uint8_t *)out + o, t->bytes, t->len, tok->dec_repl,
+                                  tok->dec_repl_len, (const uint8_t *)" ", 1);
         } else {
             memcpy(out + o, t->bytes, t->len);
             o += t->len;
