@@ -13,7 +13,6 @@
 #include "base/log.h"
 #include "base/file.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -1323,6 +1322,23 @@ static bt_status_t tok_load_normalizer(tok_t *tok, json_t *norm, const char *pat
     return BT_ERR_UNSUPPORTED;
 }
 
+/* A Metaspace pre-tokenizer's or decoder's prepend_scheme, or the older
+ * add_prefix_space (true: always). */
+static bt_status_t tok_prepend_scheme(json_t *o, const char *path, tok_prepend_t *out)
+{
+    const char *scheme = json_string_value(json_object_get(o, "prepend_scheme"));
+    if (!scheme) *out = tok_json_true(o, "add_prefix_space", 1) ? PREPEND_ALWAYS : PREPEND_NEVER;
+    else if (!strcmp(scheme, "always")) *out = PREPEND_ALWAYS;
+    else if (!strcmp(scheme, "first")) *out = PREPEND_FIRST;
+    else if (!strcmp(scheme, "never")) *out = PREPEND_NEVER;
+    else {
+        log_error("%s: Metaspace prepend_scheme '%s' is not supported (always, first, never)",
+                  path, scheme);
+        return BT_ERR_UNSUPPORTED;
+    }
+    return BT_OK;
+}
+
 static bt_status_t tok_pre_add(tok_t *tok, tok_pre_t p)
 {
     tok_pre_t *v = realloc(tok->pre, (tok->n_pre + 1) * sizeof *v);
@@ -1360,19 +1376,9 @@ static bt_status_t tok_load_pre(tok_t *tok, json_t *pre, const char *path)
             return BT_ERR_UNSUPPORTED;
         }
         const char *r = json_string_value(json_object_get(pre, "replacement"));
-        const char *scheme = json_string_value(json_object_get(pre, "prepend_scheme"));
         p.kind = PRE_METASPACE;
         p.split = tok_json_true(pre, "split", 1);
-        if (!scheme) p.prepend = tok_json_true(pre, "add_prefix_space", 1) ? PREPEND_ALWAYS
-                                                                           : PREPEND_NEVER;
-        else if (!strcmp(scheme, "always")) p.prepend = PREPEND_ALWAYS;
-        else if (!strcmp(scheme, "first")) p.prepend = PREPEND_FIRST;
-        else if (!strcmp(scheme, "never")) p.prepend = PREPEND_NEVER;
-        else {
-            log_error("%s: Metaspace prepend_scheme '%s' is not supported (always, first, never)",
-                      path, scheme);
-            return BT_ERR_UNSUPPORTED;
-        }
+        if ((st = tok_prepend_scheme(pre, path, &p.prepend)) != BT_OK) return st;
         if (!r || !*r) {
             log_error("%s: Metaspace pre-tokenizer without a replacement", path);
             return BT_ERR_INVALID;
@@ -1503,6 +1509,12 @@ static void tok_find_special(tok_t *tok, json_t *root, const char *json_path)
         tok->special.bos = tok_lookup_text(tok, bos_names[i]);
 }
 
+/* An upper-case hexadecimal digit's value, else -1. */
+static int tok_hex_upper(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
 static bt_status_t tok_load_model(tok_t *tok, json_t *model, const char *path)
 {
     const char *type = json_string_value(json_object_get(model, "type"));
@@ -1553,11 +1565,11 @@ static bt_status_t tok_load_model(tok_t *tok, json_t *model, const char *path)
         if (tok->sp) { /* the vocab string as it stands; "<0xXX>" also stands for its byte */
             bt_status_t st = tok_set_token(tok, (uint32_t)id, (const uint8_t *)key, kl);
             if (st != BT_OK) return st;
-            unsigned x;
-            char tail;
-            if (kl == 6 && !strncmp(key, "<0x", 3) && sscanf(key + 3, "%2X%c", &x, &tail) == 2 &&
-                tail == '>' && isxdigit((unsigned char)key[3]) && isxdigit((unsigned char)key[4]))
-                tok->tokens[id].fallback_byte = (int)x + 1;
+            /* HF spells them "<0x%02X>": upper-case hex only */
+            int hi = kl == 6 ? tok_hex_upper(key[3]) : -1;
+            int lo = kl == 6 ? tok_hex_upper(key[4]) : -1;
+            if (hi >= 0 && lo >= 0 && !strncmp(key, "<0x", 3) && key[5] == '>')
+                tok->tokens[id].fallback_byte = hi * 16 + lo + 1;
             continue;
         }
         uint8_t *buf = malloc(kl + 1);
@@ -1758,10 +1770,10 @@ static bt_status_t tok_load_decoder(tok_t *tok, json_t *dec, const char *path)
     }
     if (!strcmp(t, "Metaspace")) {
         tok->sp = 1;
-        const char *scheme = json_string_value(json_object_get(dec, "prepend_scheme"));
-        int front = scheme ? strcmp(scheme, "never") != 0
-                           : tok_json_true(dec, "add_prefix_space", 1);
-        if (front) tok->dec_strip = 1;
+        tok_prepend_t front;
+        bt_status_t st = tok_prepend_scheme(dec, path, &front);
+        if (st != BT_OK) return st;
+        if (front != PREPEND_NEVER) tok->dec_strip = 1;
         return tok_dec_repl(tok, json_string_value(json_object_get(dec, "replacement")), path);
     }
     if (!strcmp(t, "Sequence")) {
