@@ -22,3 +22,12 @@ cap_vm() { [[ "${BUILD:-build}" == *san-* ]] || ulimit -v 4000000; }
 # sanitizer builds; 1 when unset), rounded up: for bounds on elapsed time
 scaled() { awk -v n="$1" -v k="${BATON_TEST_TIME_SCALE:-1}" \
     'BEGIN { k += 0; if (!(k >= 1)) k = 1; v = n * k; r = int(v); if (r < v) r++; print r }'; }
+# borrow_tokenizer SRC DIR: DIR holds the HF model SRC's config.json and
+# model.safetensors (links) beside the llama fixture's byte-level
+# tokenizer.json (the fixtures all have its 256-id vocabulary), so that
+# generate and eval --text run on a fixture that has no tokenizer of its own
+borrow_tokenizer() {
+    mkdir -p "$2"
+    ln -s "$PWD/$1/config.json" "$PWD/$1/model.safetensors" "$2"/
+    ln -s "$PWD"/tests/fixtures/llama/tokenizer.json "$2"/
+}

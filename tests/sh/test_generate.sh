@@ -30,9 +30,8 @@ done <$F/generate.tsv
 for fx in llama qwen2 mistral llama_tied_llama3 qwen2_bf16 gguf_model/hf; do
     d=tests/fixtures/$fx
     if [ ! -f $d/tokenizer.json ]; then
-        d=$tmp/${fx//\//_}; mkdir -p "$d"
-        ln -s "$PWD"/tests/fixtures/$fx/config.json "$PWD"/tests/fixtures/$fx/model.safetensors "$d"/
-        ln -s "$PWD"/tests/fixtures/llama/tokenizer.json "$d"/
+        d=$tmp/${fx//\//_}
+        borrow_tokenizer tests/fixtures/$fx "$d"
     fi
     for mode in "" "--temperature 2 --seed 5"; do
         # shellcheck disable=SC2086
@@ -84,9 +83,8 @@ else fail generate_too_long "$(cat "$tmp/err")"; fi
 # layer; qwen2_window: in layers 1 and 2): 30 new tokens, past the window,
 # with the KV cache equal to recomputing the whole prefix each step
 for name in mistral_window qwen2_window; do
-    d=$tmp/gen_$name; mkdir -p "$d"
-    ln -s "$PWD"/tests/fixtures/$name/config.json "$PWD"/tests/fixtures/$name/model.safetensors "$d"/
-    ln -s "$PWD"/tests/fixtures/llama/tokenizer.json "$d"/
+    d=$tmp/gen_$name
+    borrow_tokenizer tests/fixtures/$name "$d"
     c1=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 30 --ignore-eos --json 2>&1)
     c0=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 30 --ignore-eos --json --no-cache 2>&1)
     if [[ "$c1" == *'"ids": ['[0-9]* ]] && [ "$c1" = "$c0" ]; then pass "generate_window_cache_$name"

@@ -125,9 +125,8 @@ done
 # recomputing the prefix (greedy and sampled); the fixtures borrow the llama
 # fixture's byte-level tokenizer (the same 256-id vocabulary)
 for name in mixtral qwen2_moe qwen2_moe_norm qwen3_moe; do
-    d=$tmp/gen_$name; mkdir -p "$d"
-    ln -s "$PWD"/tests/fixtures/$name/config.json "$PWD"/tests/fixtures/$name/model.safetensors "$d"/
-    ln -s "$PWD"/tests/fixtures/llama/tokenizer.json "$d"/
+    d=$tmp/gen_$name
+    borrow_tokenizer tests/fixtures/$name "$d"
     want=$(tr -d '\n' < tests/fixtures/$name/generate.json | sed 's/.*"ids": \[\([^]]*\)\].*/\1/')
     got=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 20 --ignore-eos --json 2>&1)
     ids=$(sed 's/.*"ids": \[\([^]]*\)\].*/\1/' <<<"$got")

@@ -25,9 +25,8 @@ for name in nemotronh nemotronh_bias; do
             && pass "nemotronh_eval_${name}_$dev" \
             || fail "nemotronh_eval_${name}_$dev" "$out | want loss $want_loss grad_norm $want_gn"
     done
-    d=$tmp/gen_$name; mkdir -p "$d"
-    ln -s "$PWD/$fx/config.json" "$PWD/$fx/model.safetensors" "$d"/
-    ln -s "$PWD"/tests/fixtures/llama/tokenizer.json "$d"/
+    d=$tmp/gen_$name
+    borrow_tokenizer "$fx" "$d"
     want=$(tr -d '\n' < "$fx/generate.json" | sed 's/.*"ids": \[\([^]]*\)\].*/\1/')
     got=$("$BATON" generate --model "$d" --prompt "abc d" --max-new 20 --ignore-eos --json 2>/dev/null)
     ids=$(sed 's/.*"ids": \[\([^]]*\)\].*/\1/' <<<"$got")
