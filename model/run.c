@@ -209,27 +209,26 @@ static tensor_t grad_partial_flat(model_t *m, const model_acts_t *a, int k, int6
     return flat;
 }
 
-static void grad_partial_begin(model_t *m, model_acts_t *a)
+/* every listed gradient copied into its slot of half `half`; with zero, the
+ * gradients zeroed after (set aside for a new backward's shares) */
+static int64_t grad_partial_copy(model_t *m, model_acts_t *a, int half, bool zero)
 {
     int64_t at = 0;
     for (int k = 0; k < a->n_partial; k++) {
         int64_t from = at;
         tensor_t flat = grad_partial_flat(m, a, k, &at);
-        tensor_t keep = grad_partial_slot(m, a, 0, from, at - from);
-        kern_copy(m->stream, &keep, &flat);
-        kern_zero(m->stream, &flat);
+        tensor_t slot = grad_partial_slot(m, a, half, from, at - from);
+        kern_copy(m->stream, &slot, &flat);
+        if (zero) kern_zero(m->stream, &flat);
     }
+    return at;
 }
+
+static void grad_partial_begin(model_t *m, model_acts_t *a) { grad_partial_copy(m, a, 0, true); }
 
 static bt_status_t grad_partial_end(model_t *m, model_acts_t *a)
 {
-    int64_t at = 0;
-    for (int k = 0; k < a->n_partial; k++) {
-        int64_t from = at;
-        tensor_t flat = grad_partial_flat(m, a, k, &at);
-        tensor_t sum = grad_partial_slot(m, a, 1, from, at - from);
-        kern_copy(m->stream, &sum, &flat);
-    }
+    int64_t at = grad_partial_copy(m, a, 1, false);
     tensor_t all = grad_partial_slot(m, a, 1, 0, at);
     bt_status_t st = model_tp_sum(m, &all, "the TP-partial gradients (norm weights)", -1);
     if (st != BT_OK) return st;
