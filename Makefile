@@ -59,9 +59,17 @@ NVCCFLAGS ?= -O3 -std=c++17 -arch=sm_90 -I. -Werror all-warnings \
              -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC -MMD -MP
 CUDA_OBJ := $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CUDA_C_SRC:%.c=$(BUILD)/obj/%.o)
 CUDA_LIB := $(BUILD)/libbaton_cuda.so
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++ -ldl
 $(CUDA_C_SRC:%.c=$(BUILD)/obj/%.o): CFLAGS += -DBT_HAVE_CUDA=1 -fPIC -isystem $(CUDA_HOME)/include
 DEVICE_BIN := $(BUILD)/device/test_cuda_ops
+# cuDNN attention (kernels/cuda/dnn.cu) with the cuDNN frontend's headers,
+# which make deps fetches (tools/fetch-cudnn-frontend.sh); without them the
+# file builds to a stub that declines every call. cuDNN itself is opened at
+# run time (dlopen), never linked.
+CUDNN_FE := $(wildcard third_party/cudnn-frontend/include/cudnn_frontend.h)
+$(BUILD)/obj/kernels/cuda/dnn.o: NVCCFLAGS += -isystem $(CUDA_HOME)/include \
+    $(if $(CUDNN_FE),-DBT_HAVE_CUDNN_FE=1 -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING \
+    -DCUDNN_FRONTEND_SKIP_JSON_LIB -isystem third_party/cudnn-frontend/include)
 # The nccl collective backend (coll/nccl/): its own shared object beside the
 # CUDA one, loaded by coll/backend.c on first use for the same reason, built
 # where NCCL's header sits next to nvcc's (or in /usr/include).
@@ -171,6 +179,7 @@ test-faults: deps
 
 deps:
 	@tools/install-deps.sh $(PKGS)
+	@tools/fetch-cudnn-frontend.sh
 
 run: deps
 	@$(MAKE) --no-print-directory $(BUILD)/baton

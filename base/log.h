@@ -13,6 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef __cplusplus /* kernels/cuda/dnn.cu logs too */
+extern "C" {
+#define BT_NORETURN [[noreturn]]
+#else
+#define BT_NORETURN _Noreturn
+#endif
+
 typedef enum { LOG_ERROR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG } log_level_t;
 
 /* The tag is a plain buffer: set it while the process has one thread (at
@@ -23,8 +30,12 @@ void log_set_level(log_level_t level);
 int  log_enabled(log_level_t level);
 void log_write(log_level_t level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-_Noreturn void log_panic(const char *file, int line, const char *fmt, ...)
+BT_NORETURN void log_panic(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+#ifdef __cplusplus
+}
+#endif
 
 #define log_error(...) log_write(LOG_ERROR, __FILE__, __LINE__, __VA_ARGS__)
 #define log_warn(...)  log_write(LOG_WARN,  __FILE__, __LINE__, __VA_ARGS__)

@@ -35,7 +35,8 @@
 # its own kernel, bit-for-bit repeatable), fast is BATON_CUDA_ATTN=fast (both rounded
 # to bf16 once and dQ added by atomics inside the dK/dV kernel, as cuDNN's and
 # FlashAttention-2's kernels that torch calls do); the table has a line and ratios
-# for each (impl "baton" and "b-fast").
+# for each (impl "baton" and "b-fast"); cudnn is BATON_CUDA_ATTN=cudnn (cuDNN's fused
+# SDPA graphs, the attention torch calls, where cuDNN takes the shape; impl "b-dnn").
 # Environment: ROWS (llama134m llama1b smollm2), ATTN (precise fast), WARMUP (5), STEPS (20), BUILD (build),
 # OUT (the device tool's, else /tmp/gpu_bench), PYTHON (python3), RUN_TIMEOUT (240 s
 # a run), BUDGET (560 s for everything: a run that cannot start 20 s before it is
@@ -203,7 +204,7 @@ fi
 
 # ---- the rows -----------------------------------------------------------------------
 declare -A RES
-impl_of() { [ "$1" = fast ] && echo b-fast || echo baton; }
+impl_of() { case $1 in fast) echo b-fast ;; cudnn) echo b-dnn ;; *) echo baton ;; esac; }
 measure_baton() { # NAME JOB ATTN-VARIANT
     local impl; impl=$(impl_of "$3")
     local name=$1 job=$2 lim log=$work/${impl}_$1.log met=$work/${impl}_$1.jsonl base=0 rc
@@ -211,7 +212,7 @@ measure_baton() { # NAME JOB ATTN-VARIANT
     [ $have_smi = 1 ] && base=$(smi_used)
     start_smi "$work/smi_${impl}_$name"
     local t0=$SECONDS attn_env=BATON_CUDA_ATTN=
-    [ "$3" = fast ] && attn_env=BATON_CUDA_ATTN=fast
+    case $3 in fast | cudnn) attn_env=BATON_CUDA_ATTN=$3 ;; esac
     env "$attn_env" timeout -k 10 "$lim" "$BATON" run "$job" --quiet --set metrics.file="$met" > "$log" 2>&1
     rc=$?
     stop_smi
@@ -304,7 +305,8 @@ table() {
                     "$(ratio "${RES[$name.$im.smi]:-}" "${RES[$name.torch.smi]:-}")"
             done
         done
-        echo "ratiop, ratiof: baton (precise attention) / torch and b-fast (BATON_CUDA_ATTN=fast) / torch"
+        echo "ratiop, ratiof, ratioc: baton (precise attention), b-fast (BATON_CUDA_ATTN=fast) and b-dnn"
+        echo "  (BATON_CUDA_ATTN=cudnn: cuDNN's SDPA graphs, kernels/cuda/dnn.cu), each / torch"
         echo "  (tokens/s above 1: baton faster; step ms and memory below 1: baton better)"
         echo "mem (own): baton's count of the device memory it held at most (kernels/cuda/held.c: cudaMalloc"
         echo "  blocks, stream scratch, cuBLASLt workspaces) / torch.cuda.max_memory_allocated; reserved:"

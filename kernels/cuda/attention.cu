@@ -48,10 +48,21 @@ extern "C" cuda_attn_path_t cuda_attn_get_path(void)
 {
     if (attn_path_env < 0) {
         const char *e = getenv("BATON_CUDA_ATTN");
-        attn_path_env = !e ? 0 : !strcmp(e, "simt") ? 1 : !strcmp(e, "fast") ? 2 : 0;
+        attn_path_env = !e                    ? 0
+                        : !strcmp(e, "simt")  ? 1
+                        : !strcmp(e, "fast")  ? 2
+                        : !strcmp(e, "cudnn") ? 3
+                                              : 0;
     }
-    return attn_path_env == 1 ? CUDA_ATTN_SIMT : attn_path_env == 2 ? CUDA_ATTN_FAST
-                                                                    : attn_path_forced;
+    return attn_path_env ? (cuda_attn_path_t)attn_path_env : attn_path_forced;
+}
+
+/* P and dS rounded to bf16 once: the fast path, and the cuDNN path's own
+ * kernels for what cuDNN declines */
+static bool attn_fast(void)
+{
+    cuda_attn_path_t p = cuda_attn_get_path();
+    return p == CUDA_ATTN_FAST || p == CUDA_ATTN_CUDNN;
 }
 
 /* the keys query row i sees */
@@ -956,7 +967,7 @@ template <int D, int DV>
 static cudaError_t tc_launch(cudaStream_t st, void *out, float *lse, const void *q, const void *k,
                              const void *v, const kern_attn_shape_t *sh)
 {
-    if (cuda_attn_get_path() == CUDA_ATTN_FAST)
+    if (attn_fast())
         return tc_launch_s<D, DV, false>(st, out, lse, q, k, v, sh);
     return tc_launch_s<D, DV, true>(st, out, lse, q, k, v, sh);
 }
@@ -1066,7 +1077,7 @@ static cudaError_t tc_bwd_launch(cudaStream_t st, void *dq, void *dk, void *dv, 
                                  const void *q, const void *k, const void *v, const float *lse,
                                  const float *delta, const kern_attn_shape_t *sh, bool set)
 {
-    if (cuda_attn_get_path() == CUDA_ATTN_FAST)
+    if (attn_fast())
         return tc_bwd_launch_s<D, DV, false>(st, dq, dk, dv, dout, q, k, v, lse, delta, sh, set);
     return tc_bwd_launch_s<D, DV, true>(st, dq, dk, dv, dout, q, k, v, lse, delta, sh, set);
 }
@@ -1106,7 +1117,7 @@ extern "C" cudaError_t cuda_attn_fwd(cudaStream_t st, void *out, float *lse, con
 extern "C" size_t cuda_attn_bwd_scratch(const kern_attn_shape_t *sh)
 {
     size_t n = (size_t)(sh->B * sh->Hq * sh->Tq) * sizeof(float);
-    if (cuda_attn_get_path() == CUDA_ATTN_FAST) /* and the fused backward's dQ accumulator */
+    if (attn_fast()) /* and the fused backward's dQ accumulator */
         n = dq_acc_offset(sh) + (size_t)(sh->B * sh->Tq * sh->Hq * sh->D) * sizeof(float);
     return n;
 }

@@ -54,6 +54,8 @@ typedef struct {
     cuda_mapped_t *dev;  /* its device address */
     unsigned flags_seen; /* flag words already reported */
     const char *last_op; /* the op queued last, to name asynchronous failures */
+    cuda_dnn_t *dnn;     /* cuDNN attention (BATON_CUDA_ATTN=cudnn), made on first use */
+    bool dnn_tried;
 } cuda_stream_t;
 
 typedef struct {
@@ -354,6 +356,7 @@ static void cuda_stream_destroy(kern_stream_t *s)
     cuda_stream_t *cs = cs_of(s);
     cudaSetDevice(s->dev.index);
     cudaStreamSynchronize(cs->st);
+    cuda_dnn_destroy(cs->dnn);
     cuda_held_remove(cs->scratch);
     cuda_held_remove(cs->ws);
     if (cs->scratch) cudaFree(cs->scratch);
@@ -767,16 +770,68 @@ static void cuda_attn_no_window(const char *op, const kern_attn_shape_t *sh)
                  (long long)sh->window, (long long)sh->Tk);
 }
 
+typedef struct {
+    cuda_stream_t *cs;
+    const char *op;
+} cuda_dnn_ctx_t;
+
+static void *cuda_dnn_ws(void *ctx, size_t n)
+{
+    cuda_dnn_ctx_t *c = ctx;
+    return cs_scratch(c->cs, c->op, n);
+}
+
+/* The stream's cuDNN attention when BATON_CUDA_ATTN=cudnn asks for it and
+ * cuDNN can be used; NULL otherwise (said once per stream). */
+static cuda_dnn_t *cs_dnn(cuda_stream_t *cs)
+{
+    if (cuda_attn_get_path() != CUDA_ATTN_CUDNN) return NULL;
+    if (!cs->dnn_tried) {
+        cs->dnn_tried = true;
+        char why[256] = "";
+        if (!cuda_dnn_create(&cs->dnn, why, sizeof why))
+            log_warn("cuda:%d: BATON_CUDA_ATTN=cudnn, but %s; baton's attention kernels run",
+                     cs->base.dev.index, why);
+    }
+    return cs->dnn;
+}
+
+/* true when cuDNN ran the call (or failed it, the stream's error set);
+ * false when the caller's kernels are to run it */
+static bool cuda_dnn_took(cuda_stream_t *cs, const char *op, int rc, const char *why)
+{
+    if (rc == CUDA_DNN_DONE) {
+        cs->last_op = op;
+        return true;
+    }
+    if (rc == CUDA_DNN_FAILED) {
+        cs->last_op = op;
+        kern_stream_fail(&cs->base, op, why);
+        return true;
+    }
+    return false;
+}
+
 static void cuda_op_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse, ct_t *q, ct_t *k,
                                   ct_t *v, const kern_attn_shape_t *sh)
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_attention_fwd";
+    if (!cs_enter(cs, op)) return;
+    cuda_dnn_t *dnn = cs_dnn(cs);
+    if (dnn) {
+        char why[256] = "";
+        cuda_dnn_ctx_t c = {cs, op};
+        if (cuda_dnn_took(cs, op,
+                          cuda_dnn_attn_fwd(dnn, cs->st, out->data, lse->data, q->data, k->data,
+                                            v->data, q->dtype, sh, cuda_dnn_ws, &c, why,
+                                            sizeof why),
+                          why))
+            return;
+    }
     cuda_attn_no_window(op, sh);
-    if (cs_enter(cs, op))
-        cs_check(cs, op,
-                 cuda_attn_fwd(cs->st, out->data, lse->data, q->data, k->data, v->data, q->dtype,
-                               sh));
+    cs_check(cs, op,
+             cuda_attn_fwd(cs->st, out->data, lse->data, q->data, k->data, v->data, q->dtype, sh));
 }
 
 static void cuda_op_attention_merge(kern_stream_t *s, tensor_t *out, tensor_t *lse,
@@ -797,8 +852,21 @@ static void cuda_op_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, 
 {
     cuda_stream_t *cs = cs_of(s);
     const char *op = "kern_attention_bwd";
-    cuda_attn_no_window(op, sh);
     if ((!dq && !dk && !dv) || !cs_enter(cs, op)) return;
+    cuda_dnn_t *dnn = set ? cs_dnn(cs) : NULL; /* cuDNN writes; it does not accumulate */
+    if (dnn) {
+        char why[256] = "";
+        cuda_dnn_ctx_t c = {cs, op};
+        if (cuda_dnn_took(cs, op,
+                          cuda_dnn_attn_bwd(dnn, cs->st, dq ? dq->data : NULL,
+                                            dk ? dk->data : NULL, dv ? dv->data : NULL,
+                                            dout->data, q->data, k->data, v->data, out->data,
+                                            lse->data, q->dtype, sh, cuda_dnn_ws, &c, why,
+                                            sizeof why),
+                          why))
+            return;
+    }
+    cuda_attn_no_window(op, sh);
     void *scr = cs_scratch(cs, op, cuda_attn_bwd_scratch(sh));
     if (scr)
         cs_check(cs, op,

@@ -192,9 +192,15 @@ cudaError_t cuda_sigmoid_gate_bwd(cudaStream_t st, void *dx, void *dgate, const 
  * bf16 hi + lo parts), the same kernels with them rounded to bf16 once, as
  * cuDNN and FlashAttention do (CUDA_ATTN_FAST: half the tensor-core work of
  * those products, about four times the error), or the fp32 SIMT kernels for
- * everything (CUDA_ATTN_SIMT). BATON_CUDA_ATTN=simt or =fast sets the path
- * for the process. */
-typedef enum { CUDA_ATTN_AUTO = 0, CUDA_ATTN_SIMT = 1, CUDA_ATTN_FAST = 2 } cuda_attn_path_t;
+ * everything (CUDA_ATTN_SIMT), or cuDNN's fused SDPA graphs where cuDNN is
+ * present and takes the shape, the fast path elsewhere (CUDA_ATTN_CUDNN).
+ * BATON_CUDA_ATTN=simt, =fast or =cudnn sets the path for the process. */
+typedef enum {
+    CUDA_ATTN_AUTO = 0,
+    CUDA_ATTN_SIMT = 1,
+    CUDA_ATTN_FAST = 2,
+    CUDA_ATTN_CUDNN = 3, /* cuDNN's SDPA (dnn.cu) where it takes the call, else the fast path */
+} cuda_attn_path_t;
 void cuda_attn_set_path(cuda_attn_path_t p);
 cuda_attn_path_t cuda_attn_get_path(void);
 /* Whether the tensor-core forward takes this shape and dtype (the
@@ -219,6 +225,33 @@ cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *dv, const v
                           const void *q, const void *k, const void *v, const void *out,
                           const float *lse, dtype_t dt, const kern_attn_shape_t *sh,
                           void *scratch, bool set);
+
+/* ---- cuDNN attention (dnn.cu) ------------------------------------------------ */
+
+/* One per stream: a cuDNN handle and the SDPA graphs built for the shapes it
+ * ran. Create fails (false, why[] says so) where libcudnn.so.9 cannot be
+ * opened, is older than 9.0, or the build lacked the frontend's headers. */
+typedef struct cuda_dnn cuda_dnn_t;
+bool cuda_dnn_create(cuda_dnn_t **out, char *why, size_t cap);
+void cuda_dnn_destroy(cuda_dnn_t *d);
+/* What a call did: ran it (DONE), left it to the caller's kernels with the
+ * reason in why[] (DECLINED: dtype, mask offset, a shape cuDNN does not
+ * support), or failed (FAILED, why[] says how; the stream's work is unsafe). */
+enum { CUDA_DNN_DONE = 0, CUDA_DNN_DECLINED = 1, CUDA_DNN_FAILED = 2 };
+/* cuDNN's workspace of n bytes, stream-ordered like the launchers' scratch */
+typedef void *(*cuda_dnn_ws_fn)(void *ctx, size_t n);
+/* kern_attention_fwd: out[B,Tq,Hq,Dv], lse[B,Hq,Tq] f32 written */
+int cuda_dnn_attn_fwd(cuda_dnn_t *d, cudaStream_t st, void *out, float *lse, const void *q,
+                      const void *k, const void *v, dtype_t dt, const kern_attn_shape_t *sh,
+                      cuda_dnn_ws_fn ws_fn, void *ws_ctx, char *why, size_t cap);
+/* kern_attention_bwd_set: dq, dk, dv all written (declined when one is NULL) */
+int cuda_dnn_attn_bwd(cuda_dnn_t *d, cudaStream_t st, void *dq, void *dk, void *dv,
+                      const void *dout, const void *q, const void *k, const void *v,
+                      const void *out, const float *lse, dtype_t dt, const kern_attn_shape_t *sh,
+                      cuda_dnn_ws_fn ws_fn, void *ws_ctx, char *why, size_t cap);
+
+/* how many calls cuDNN has run in this process (the op table's check) */
+int64_t cuda_dnn_done_count(void);
 
 /* ---- cuBLASLt (blas.c) ---------------------------------------------------- */
 

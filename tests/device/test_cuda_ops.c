@@ -1330,15 +1330,17 @@ static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint6
     dput(&tdq, dq0), dput(&tdk, dk0), dput(&tdv, dv0);
     dpoison(&to), dpoison(&tl);
 
-    char sh[80];
-    snprintf(sh, sizeof sh, "B%lld T%lld/%lld H%lld/%lld D%lld/%lld %s%s%lld", (long long)s->B,
-             (long long)s->Tq, (long long)s->Tk, (long long)s->Hq, (long long)s->Hkv,
-             (long long)s->D, (long long)s->Dv, s->causal ? "c" : "nc", s->q_offset ? " off" : "",
-             (long long)s->q_offset);
+    char sh[96];
+    snprintf(sh, sizeof sh, "B%lld T%lld/%lld H%lld/%lld D%lld/%lld %s%s%lld%s%lld",
+             (long long)s->B, (long long)s->Tq, (long long)s->Tk, (long long)s->Hq,
+             (long long)s->Hkv, (long long)s->D, (long long)s->Dv, s->causal ? "c" : "nc",
+             s->q_offset ? " off" : "", (long long)s->q_offset, s->window ? " w" : "",
+             (long long)s->window);
     char dts[24];
     snprintf(dts, sizeof dts, "%s %s", dtn(dt), path);
 
-    kern_attention_fwd(GS, &to, &tl, &tq, &tk, &tv, scale, s->causal, s->q_offset);
+    const int64_t W = s->window; /* windowed cases: forward and the _set backward only */
+    kern_attention_fwd_window(GS, &to, &tl, &tq, &tk, &tv, scale, s->causal, s->q_offset, W);
     dget(got, &to);
     double e_out = relerr(got, rout, no);
     dget(got, &tl);
@@ -1351,14 +1353,17 @@ static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint6
     tensor_t hl = hview(cl, 3, s->B, s->Hq, s->Tq, 0), hdo = hview(dout, 4, s->B, s->Tq, s->Hq, s->Dv);
     tensor_t hdq = hview(cdq, 4, s->B, s->Tq, s->Hq, s->D), hdk = hview(cdk, 4, s->B, s->Tk, s->Hkv, s->D);
     tensor_t hdv = hview(cdv, 4, s->B, s->Tk, s->Hkv, s->Dv);
-    kern_attention_fwd(HS, &ho, &hl, &hq, &hk, &hv, scale, s->causal, s->q_offset);
+    kern_attention_fwd_window(HS, &ho, &hl, &hq, &hk, &hv, scale, s->causal, s->q_offset, W);
     double ms = 0;
-    TIMED(ms, kern_attention_fwd(GS, &to, &tl, &tq, &tk, &tv, scale, s->causal, s->q_offset));
+    TIMED(ms, kern_attention_fwd_window(GS, &to, &tl, &tq, &tk, &tv, scale, s->causal,
+                                        s->q_offset, W));
     const double ats = attn_tol_scale;
     row("attention_fwd out", dts, sh, e_out, relerr(co, rout, no), tol_of(dt, 2e-5, 1e-2 * ats), ms);
     row("attention_fwd lse", dts, sh, e_lse, relerr(cl, rlse, nl), tol_of(dt, 2e-5, 1e-3 * ats), ms);
 
     /* backward from the CUDA forward's out and lse */
+    double tb = tol_of(dt, 5e-5, 2e-2 * ats);
+    if (!W) {
     kern_attention_bwd(GS, &tdq, &tdk, &tdv, &tdo, &tq, &tk, &tv, &to, &tl, scale, s->causal,
                        s->q_offset);
     kern_attention_bwd(HS, &hdq, &hdk, &hdv, &hdo, &hq, &hk, &hv, &ho, &hl, scale, s->causal,
@@ -1371,10 +1376,10 @@ static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint6
     double e_dv = relerr(got, rdv, nv);
     TIMED(ms, kern_attention_bwd(GS, &tdq, &tdk, &tdv, &tdo, &tq, &tk, &tv, &to, &tl, scale,
                                  s->causal, s->q_offset));
-    double tb = tol_of(dt, 5e-5, 2e-2 * ats);
     row("attention_bwd dq", dts, sh, e_dq, relerr(cdq, rdq, nq), tb, ms);
     row("attention_bwd dk", dts, sh, e_dk, relerr(cdk, rdk, nk), tb, ms);
     row("attention_bwd dv", dts, sh, e_dv, relerr(cdv, rdv, nv), tb, ms);
+    }
     { /* overwriting dq, dk, dv into NaNs. bf16 tolerance 3e-2 on the gradient's own
        * scale: the backward reads the forward's bf16 out (rowsum(dO * O)), and dq
        * of B1 T100 H8/2 D64 c read 2.01e-2 against its own maximum on the H200
@@ -1388,10 +1393,10 @@ static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint6
         tensor_t sk4 = hview(nkh, 4, s->B, s->Tk, s->Hkv, s->D);
         tensor_t sv4 = hview(nvh, 4, s->B, s->Tk, s->Hkv, s->Dv);
         dpoison(&tdq), dpoison(&tdk), dpoison(&tdv);
-        kern_attention_bwd_set(GS, &tdq, &tdk, &tdv, &tdo, &tq, &tk, &tv, &to, &tl, scale,
-                               s->causal, s->q_offset);
-        kern_attention_bwd_set(HS, &sq4, &sk4, &sv4, &hdo, &hq, &hk, &hv, &ho, &hl, scale,
-                               s->causal, s->q_offset);
+        kern_attention_bwd_set_window(GS, &tdq, &tdk, &tdv, &tdo, &tq, &tk, &tv, &to, &tl,
+                                      scale, s->causal, s->q_offset, W);
+        kern_attention_bwd_set_window(HS, &sq4, &sk4, &sv4, &hdo, &hq, &hk, &hv, &ho, &hl,
+                                      scale, s->causal, s->q_offset, W);
         dget(got, &tdq);
         row("attention_bwd_set dq", dts, sh, relerr(got, sq, nq), relerr(nqh, sq, nq), ts, 0);
         dget(got, &tdk);
@@ -1402,7 +1407,7 @@ static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint6
     }
 
     /* NULL gradients skipped: only dv, which must match the full call's dv increment */
-    if (!quick && dt == DT_F32) {
+    if (!quick && dt == DT_F32 && !W) {
         dput(&tdv, dv0);
         kern_attention_bwd(GS, NULL, NULL, &tdv, &tdo, &tq, &tk, &tv, &to, &tl, scale, s->causal,
                            s->q_offset);
@@ -1410,7 +1415,7 @@ static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint6
         row("attention_bwd dv only", dts, sh, relerr(got, rdv, nv), -1, tb, 0);
     }
 
-    if (nq * s->Tk <= 4096 && dt == DT_F32) {
+    if (nq * s->Tk <= 4096 && dt == DT_F32 && !W) {
         /* the reference's gradients against central differences */
         double *fq = kt_alloc_d(nq), *fk = kt_alloc_d(nk), *fv = kt_alloc_d(nv);
         ref_attn_bwd(fq, fk, fv, rout, &c);
@@ -1432,6 +1437,41 @@ static void attn_case(const attn_shape_t *s, dtype_t dt, const char *path, uint6
     free(c.q), free(c.k), free(c.v), free(c.R), free(rout), free(rlse), free(rdq), free(rdk),
         free(rdv);
     free(co), free(cl), free(cdq), free(cdk), free(cdv);
+}
+
+/* attn_case on the cuDNN path (bf16, cuDNN's own rounding: the fast path's
+ * tolerances). Where cuDNN declines a shape (its head dims must be multiples
+ * of 8) the fast kernels run it; where libcudnn opens, the common head dims
+ * must have gone to cuDNN: forward and the _set backward, two calls. */
+static bool cudnn_have(void)
+{
+    static int have = -1;
+    if (have < 0) {
+        cuda_dnn_t *d = NULL;
+        char why[256] = "";
+        have = cuda_dnn_create(&d, why, sizeof why);
+        if (!have) printf("# cuDNN attention not available: %s\n", why);
+        cuda_dnn_destroy(d);
+    }
+    return have;
+}
+
+static void attn_cudnn_case(const attn_shape_t *s, uint64_t seed)
+{
+    cuda_attn_set_path(CUDA_ATTN_CUDNN);
+    attn_tol_scale = 4.0;
+    int64_t before = cuda_dnn_done_count();
+    attn_case(s, DT_BF16, "cudnn", seed);
+    int64_t ran = cuda_dnn_done_count() - before;
+    attn_tol_scale = 1.0;
+    cuda_attn_set_path(CUDA_ATTN_AUTO);
+    bool common = s->D == s->Dv && (s->D == 64 || s->D == 128);
+    printf("# cudnn ran %lld of the calls of B%lld T%lld/%lld D%lld/%lld w%lld\n", (long long)ran,
+           (long long)s->B, (long long)s->Tq, (long long)s->Tk, (long long)s->D, (long long)s->Dv,
+           (long long)s->window);
+    if (cudnn_have() && common) /* 1 (failing) when cuDNN did not take both calls */
+        row("attention cudnn ran", "bf16", "forward and backward_set", ran < 2 ? 1.0 : 0.0, -1, 0,
+            0);
 }
 
 /* kern_attention_merge against a float64 merge of the same values (one
@@ -1506,7 +1546,17 @@ static void test_attention(dtype_t dt)
             attn_case(&shapes[i], dt, "simt", 100 + (uint64_t)i);
             cuda_attn_set_path(CUDA_ATTN_AUTO);
         }
+        if (DEV.kind == DEV_CUDA && dt == DT_BF16) attn_cudnn_case(&shapes[i], 100 + (uint64_t)i);
     }
+    if (DEV.kind != DEV_CUDA || dt != DT_BF16 || !cudnn_have()) return;
+    /* sliding windows, which only cuDNN takes on CUDA (and the q offset
+     * such a call has: queries the last Tq of the keys) */
+    static const attn_shape_t win[] = {
+        {1, 64, 64, 4, 2, 64, 64, true, 0, 16},       {2, 300, 300, 4, 1, 64, 64, true, 0, 128},
+        {1, 96, 160, 2, 1, 128, 128, true, 64, 50},   {1, 1024, 1024, 8, 2, 64, 64, true, 0, 256},
+    };
+    for (int i = 0; i < (int)(sizeof win / sizeof win[0]); i++)
+        attn_cudnn_case(&win[i], 300 + (uint64_t)i);
 }
 
 /* ---- Mamba2 mixer (f32) ------------------------------------------------------------------ */
