@@ -106,6 +106,9 @@ struct kern_backend {
     /* sets that peak back to max(peak, what is held now): a measurement's
      * own buffers do not count (kern_peak_flops) */
     void (*mem_peak_restore)(int index, size_t peak);
+    /* whether attention_fwd/bwd take a sliding window that cuts keys, at
+     * this dtype; false with the reason in why[]. NULL where they always do. */
+    bool (*attention_window)(dtype_t dt, char *why, size_t cap);
     /* memory another process of this host can map (kernels/device.h,
      * kern_ipc_*): has_ipc false and functions that answer
      * BT_ERR_UNSUPPORTED where the device has none */

@@ -202,6 +202,16 @@ bool kern_ipc_supported(device_t dev)
     return be && be->has_ipc;
 }
 
+bool kern_attention_window_supported(device_t dev, dtype_t dt, char *why, size_t cap)
+{
+    const kern_backend_t *be = backend_of(dev.kind);
+    if (!be) {
+        snprintf(why, cap, "no backend for the device");
+        return false;
+    }
+    return !be->attention_window || be->attention_window(dt, why, cap);
+}
+
 bt_status_t kern_ipc_alloc(device_t dev, size_t nbytes, void **out, kern_ipc_handle_t *h)
 {
     memset(h, 0, sizeof *h);

@@ -111,6 +111,10 @@ typedef struct {
 } kern_ipc_handle_t;
 
 bool        kern_ipc_supported(device_t dev);
+/* Whether dev's attention takes a sliding window that cuts some query's keys
+ * at dtype dt (the CPU backends always; CUDA through cuDNN only, under
+ * BATON_CUDA_ATTN=cudnn); false with the reason in why[]. */
+bool        kern_attention_window_supported(device_t dev, dtype_t dt, char *why, size_t cap);
 bt_status_t kern_ipc_alloc(device_t dev, size_t nbytes, void **out, kern_ipc_handle_t *h);
 void        kern_ipc_free(device_t dev, void *p, size_t nbytes, const kern_ipc_handle_t *h);
 /* Maps another process's allocation of at least nbytes. */

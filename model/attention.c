@@ -230,12 +230,16 @@ static bt_status_t attn_shared_init(const model_t *m, int64_t T, void *shared)
     bool slides = false;
     for (int k = 0; k < m->n_subs; k++)
         slides |= m->subs[k].kind == &model_kind_attention && attn_window(m, m->subs[k].layer) > 0;
-    if (slides && T > c->sliding_window && (m->place.dev.kind == DEV_CUDA || m->par.cp_size > 1)) {
-        log_error("model: sequence length %lld exceeds sliding_window=%lld; sliding-window "
-                  "attention runs on the CPU backend without context parallelism only (%s)",
+    char why[256] = "";
+    if (slides && T > c->sliding_window &&
+        (m->par.cp_size > 1 ||
+         !kern_attention_window_supported(m->place.dev, m->place.act_dtype, why, sizeof why))) {
+        log_error("model: sequence length %lld exceeds sliding_window=%lld, and sliding-window "
+                  "attention %s",
                   (long long)T, (long long)c->sliding_window,
-                  m->place.dev.kind == DEV_CUDA ? "the CUDA kernels take no window"
-                                                : "the CP exchanges do not cut keys to it");
+                  m->par.cp_size > 1 ? "does not run under context parallelism (the CP exchanges "
+                                       "do not cut keys to it)"
+                                     : why);
         return BT_ERR_UNSUPPORTED;
     }
     if (c->rope.kind == MODEL_ROPE_NONE) return BT_OK; /* the tables are never read */

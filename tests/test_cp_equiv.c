@@ -391,7 +391,7 @@ static void test_cp_sliding_window_refused(void)
     size_t n = fread(out, 1, sizeof out - 1, f);
     out[n] = 0;
     fclose(f);
-    CHECK_MSG(strstr(out, "sliding_window=6") && strstr(out, "without context parallelism"),
+    CHECK_MSG(strstr(out, "sliding_window=6") && strstr(out, "does not run under context parallelism"),
               "log: %s", out);
 }
 

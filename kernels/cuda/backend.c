@@ -760,14 +760,35 @@ static void cuda_op_rope_bwd(kern_stream_t *s, tensor_t *dx, ct_t *dout, ct_t *c
                   set ? 2 : 1);
 }
 
-/* The kernels take no sliding window: one that cuts some query's keys
- * (Tk > window) is a caller error here (model/attention.c refuses such a
- * layer on a GPU before it runs). */
-static void cuda_attn_no_window(const char *op, const kern_attn_shape_t *sh)
+/* baton's kernels take no sliding window: one that cuts some query's keys
+ * (Tk > window) runs through cuDNN only; where cuDNN declined it, the
+ * stream fails naming the op (model/attention.c asks
+ * kern_attention_window_supported before it runs such a layer). */
+static bool cuda_attn_no_window(cuda_stream_t *cs, const char *op, const kern_attn_shape_t *sh,
+                                const char *dnn_why)
 {
-    if (sh->window > 0 && sh->Tk > sh->window)
-        BT_PANIC("%s: a sliding window of %lld over %lld keys is not implemented on CUDA", op,
-                 (long long)sh->window, (long long)sh->Tk);
+    if (sh->window <= 0 || sh->Tk <= sh->window) return true;
+    char d[384];
+    snprintf(d, sizeof d, "a sliding window of %lld over %lld keys runs through cuDNN only (%s)",
+             (long long)sh->window, (long long)sh->Tk,
+             dnn_why && dnn_why[0] ? dnn_why : "BATON_CUDA_ATTN=cudnn is not set");
+    cs->last_op = op;
+    kern_stream_fail(&cs->base, op, d);
+    return false;
+}
+
+static bool cuda_attention_window(dtype_t dt, char *why, size_t cap)
+{
+    if (cuda_attn_get_path() != CUDA_ATTN_CUDNN) {
+        snprintf(why, cap, "baton's CUDA attention kernels take no window; cuDNN's do "
+                           "(BATON_CUDA_ATTN=cudnn)");
+        return false;
+    }
+    if (dt != DT_BF16 && dt != DT_F16) {
+        snprintf(why, cap, "cuDNN's attention takes bf16 or f16, not %s", dtype_name(dt));
+        return false;
+    }
+    return cuda_dnn_usable(why, cap);
 }
 
 typedef struct {
@@ -819,8 +840,8 @@ static void cuda_op_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse
     const char *op = "kern_attention_fwd";
     if (!cs_enter(cs, op)) return;
     cuda_dnn_t *dnn = cs_dnn(cs);
+    char why[256] = "";
     if (dnn) {
-        char why[256] = "";
         cuda_dnn_ctx_t c = {cs, op};
         if (cuda_dnn_took(cs, op,
                           cuda_dnn_attn_fwd(dnn, cs->st, out->data, lse->data, q->data, k->data,
@@ -829,7 +850,7 @@ static void cuda_op_attention_fwd(kern_stream_t *s, tensor_t *out, tensor_t *lse
                           why))
             return;
     }
-    cuda_attn_no_window(op, sh);
+    if (!cuda_attn_no_window(cs, op, sh, why)) return;
     cs_check(cs, op,
              cuda_attn_fwd(cs->st, out->data, lse->data, q->data, k->data, v->data, q->dtype, sh));
 }
@@ -854,8 +875,8 @@ static void cuda_op_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, 
     const char *op = "kern_attention_bwd";
     if ((!dq && !dk && !dv) || !cs_enter(cs, op)) return;
     cuda_dnn_t *dnn = set ? cs_dnn(cs) : NULL; /* cuDNN writes; it does not accumulate */
+    char why[256] = "";
     if (dnn) {
-        char why[256] = "";
         cuda_dnn_ctx_t c = {cs, op};
         if (cuda_dnn_took(cs, op,
                           cuda_dnn_attn_bwd(dnn, cs->st, dq ? dq->data : NULL,
@@ -866,7 +887,7 @@ static void cuda_op_attention_bwd(kern_stream_t *s, tensor_t *dq, tensor_t *dk, 
                           why))
             return;
     }
-    cuda_attn_no_window(op, sh);
+    if (!cuda_attn_no_window(cs, op, sh, why)) return;
     void *scr = cs_scratch(cs, op, cuda_attn_bwd_scratch(sh));
     if (scr)
         cs_check(cs, op,
@@ -1491,6 +1512,7 @@ const kern_backend_t kern_cuda_backend = {
     .mem_free = cuda_mem_free,
     .mem_peak = cuda_held_peak,
     .mem_peak_restore = cuda_held_peak_restore,
+    .attention_window = cuda_attention_window,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .has_ipc = true,

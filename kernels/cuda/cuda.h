@@ -233,6 +233,8 @@ cudaError_t cuda_attn_bwd(cudaStream_t st, void *dq, void *dk, void *dv, const v
  * opened, is older than 9.0, or the build lacked the frontend's headers. */
 typedef struct cuda_dnn cuda_dnn_t;
 bool cuda_dnn_create(cuda_dnn_t **out, char *why, size_t cap);
+/* whether libcudnn.so.9 (9.0 or newer) opens, without making a handle */
+bool cuda_dnn_usable(char *why, size_t cap);
 void cuda_dnn_destroy(cuda_dnn_t *d);
 /* What a call did: ran it (DONE), left it to the caller's kernels with the
  * reason in why[] (DECLINED: dtype, mask offset, a shape cuDNN does not

@@ -102,9 +102,8 @@ struct cuda_dnn {
     std::vector<dnn_entry> cache;
 };
 
-extern "C" bool cuda_dnn_create(cuda_dnn_t **out, char *why, size_t cap)
+extern "C" bool cuda_dnn_usable(char *why, size_t cap)
 {
-    *out = nullptr;
     std::string w;
     try {
         if (!dnn_open_lib(w)) {
@@ -116,6 +115,19 @@ extern "C" bool cuda_dnn_create(cuda_dnn_t **out, char *why, size_t cap)
             set_why(why, cap, "cuDNN " + std::to_string(v) + " is older than 9.0");
             return false;
         }
+        return true;
+    } catch (const std::exception &e) {
+        set_why(why, cap, std::string("cuDNN: ") + e.what());
+        return false;
+    }
+}
+
+extern "C" bool cuda_dnn_create(cuda_dnn_t **out, char *why, size_t cap)
+{
+    *out = nullptr;
+    if (!cuda_dnn_usable(why, cap)) return false;
+    try {
+        int64_t v = (int64_t)fe::detail::get_backend_version();
         cuda_dnn_t *d = new cuda_dnn_t;
         cudnnStatus_t st = fe::detail::create_handle(&d->h);
         if (st != CUDNN_STATUS_SUCCESS) {
@@ -364,6 +376,13 @@ extern "C" bool cuda_dnn_create(cuda_dnn_t **out, char *why, size_t cap)
 }
 
 extern "C" void cuda_dnn_destroy(cuda_dnn_t *d) { (void)d; }
+
+extern "C" bool cuda_dnn_usable(char *why, size_t cap)
+{
+    if (why && cap)
+        snprintf(why, cap, "built without the cuDNN frontend headers (make deps fetches them)");
+    return false;
+}
 
 extern "C" int cuda_dnn_attn_fwd(cuda_dnn_t *d, cudaStream_t st, void *out, float *lse,
                                  const void *q, const void *k, const void *v, dtype_t dt,
