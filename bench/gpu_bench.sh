@@ -37,7 +37,9 @@
 # FlashAttention-2's kernels that torch calls do); the table has a line and ratios
 # for each (impl "baton" and "b-fast"); cudnn is BATON_CUDA_ATTN=cudnn (cuDNN's fused
 # SDPA graphs, the attention torch calls, where cuDNN takes the shape; impl "b-dnn").
-# Environment: ROWS (llama134m llama1b smollm2), ATTN (precise fast), WARMUP (5), STEPS (20), BUILD (build),
+# Environment: ROWS (llama134m llama1b smollm2), ATTN (precise fast), TORCH_ATTN (sdpa: the
+# reference's attn_implementation; causal_sdpa calls SDPA with is_causal and no mask, see
+# gpu_bench_torch.py), WARMUP (5), STEPS (20), BUILD (build),
 # OUT (the device tool's, else /tmp/gpu_bench), PYTHON (python3), RUN_TIMEOUT (240 s
 # a run), BUDGET (560 s for everything: a run that cannot start 20 s before it is
 # skipped, and said so), MB_LLAMA134M (32), MB_LLAMA1B (8), MB_SMOLLM2 (16).
@@ -49,6 +51,7 @@ cd "$ROOT"
 QUICK=${QUICK:-0}
 ROWS=${ROWS:-llama134m llama1b smollm2}
 ATTN=${ATTN:-precise fast}
+TORCH_ATTN=${TORCH_ATTN:-sdpa}
 WARMUP=${WARMUP:-5}
 STEPS=${STEPS:-20}
 BUILD=${BUILD:-build}
@@ -253,7 +256,7 @@ measure_torch() { # NAME
     [ "$QUICK" = 1 ] && extra+=(--device cpu --no-compile)
     timeout -k 10 "$lim" "$PY" "$TORCH_PY" train --layers "$R_L" --hidden "$R_C" --heads "$R_H" \
         --kv-heads "$R_KV" --ffn "$R_F" --vocab "$R_V" --seq "$R_T" --batch "$R_B" \
-        --rope-theta "$R_THETA" --warmup "$WARMUP" --steps "$STEPS" "${extra[@]}" \
+        --rope-theta "$R_THETA" --warmup "$WARMUP" --steps "$STEPS" --attn "$TORCH_ATTN" "${extra[@]}" \
         > "$work/torch_$name.out" 2> "$log"
     rc=$?
     stop_smi

@@ -98,9 +98,34 @@ def cmd_peak(a):
     return 0
 
 
+def register_causal_sdpa():
+    """--attn causal_sdpa: transformers' sdpa path, but the attention call always
+    says is_causal=True and gets no mask tensor. Under torch.compile transformers
+    (5.17) hands SDPA a materialised [B,1,T,T] mask instead of is_causal, and a
+    masked SDPA computes the whole T x T square: this variant shows torch with its
+    attention's causal half only."""
+    import torch.nn.functional as F
+    from transformers import AttentionInterface
+
+    def causal_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                    **kwargs):
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                             enable_gqa=query.shape[1] != key.shape[1])
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("causal_sdpa", causal_sdpa)
+    try:  # no mask is built for it (None is what sdpa_mask returns when it may skip)
+        from transformers import AttentionMaskInterface
+        AttentionMaskInterface.register("causal_sdpa", lambda *args, **kwargs: None)
+    except ImportError:
+        pass
+
+
 def cmd_train(a):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+    if a.attn == "causal_sdpa":
+        register_causal_sdpa()
     dev = a.device
     if dev == "cuda" and not torch.cuda.is_available():
         log("train: no CUDA device")
@@ -277,7 +302,8 @@ def main():
     t.add_argument("--warmup", type=int, default=5)
     t.add_argument("--steps", type=int, default=20)
     t.add_argument("--seed", type=int, default=1234)
-    t.add_argument("--attn", default="sdpa", help="transformers attn_implementation")
+    t.add_argument("--attn", default="sdpa", help="transformers attn_implementation, or "
+                   "causal_sdpa (SDPA told is_causal, no mask tensor)")
     t.add_argument("--no-compile", dest="compile", action="store_false")
     t.add_argument("--device", default="cuda")
     t.add_argument("--profile", type=int, default=0, help="steps under torch.profiler after the timed ones")
