@@ -5,19 +5,17 @@
 # table once more (cudnn only, torch beside it) as a second sample of the ratios.
 set -u
 B=${B:-build/h1x/l}
-tar -C $B -xJf $B/devpack.tar.xz
 BUILD=$B; . tools/device-lib.sh
-S=$OUT/summary.txt
 P=/tmp/m-prof; G=/tmp/m-bench; mkdir -p $P $G
 a=$SECONDS
 ATTN=cudnn OUT=$P BUILD=$B LIMIT=240 bench/gpu_profile/run.sh > $P/run.txt 2>&1
-echo "profile: rc=$? $((SECONDS - a)) s" | tee -a $S
-grep -E "cupti|kernel records|torch under|peak" $P/summary.txt | tee -a $S
-head -45 $P/baton_summary.txt | tee -a $S
+sum "profile: rc=$? $((SECONDS - a)) s"
+grep -E "cupti|kernel records|torch under|peak" $P/summary.txt | tee -a $OUT/summary.txt
+head -45 $P/baton_summary.txt | tee -a $OUT/summary.txt
 tar -C $P -czf $OUT/prof.tar.gz .
 a=$SECONDS
 OUT=$G BUILD=$B ATTN=cudnn BUDGET=$((580 - SECONDS)) bench/gpu_bench.sh > $G/run.txt 2>&1
-echo "gpu_bench: rc=$? $((SECONDS - a)) s" | tee -a $S
-cat $G/table.txt | head -20 | tee -a $S
+sum "gpu_bench: rc=$? $((SECONDS - a)) s"
+cat $G/table.txt | head -20 | tee -a $OUT/summary.txt
 tar -C $G -czf $OUT/bench.tar.gz .
-echo "end: $SECONDS s" | tee -a $S
+sum "end: $SECONDS s"

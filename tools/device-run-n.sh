@@ -6,14 +6,12 @@
 # path beside it (binaries of call L).
 set -u
 B=${B:-build/h1x/l}
-tar -C $B -xJf $B/devpack.tar.xz
 BUILD=$B; . tools/device-lib.sh
-S=$OUT/summary.txt
 G=/tmp/n-bench; mkdir -p $G
 a=$SECONDS
 OUT=$G BUILD=$B ATTN=cudnn TORCH_ATTN=causal_sdpa BUDGET=540 bench/gpu_bench.sh > $G/run.txt 2>&1
-echo "gpu_bench (torch causal_sdpa): rc=$? $((SECONDS - a)) s" | tee -a $S
-grep -E "torch:" $G/run.txt | head -5 | tee -a $S
-cat $G/table.txt | head -20 | tee -a $S
+sum "gpu_bench (torch causal_sdpa): rc=$? $((SECONDS - a)) s"
+grep -E "torch:" $G/run.txt | head -5 | tee -a $OUT/summary.txt
+cat $G/table.txt | head -20 | tee -a $OUT/summary.txt
 tar -C $G -czf $OUT/bench.tar.gz .
-echo "end: $SECONDS s" | tee -a $S
+sum "end: $SECONDS s"

@@ -24,7 +24,9 @@
  * bits vary between runs, as on the own kernels' fast path.
  *
  * Graphs are built once per shape (a build costs milliseconds to seconds)
- * and kept per stream; a declined shape is remembered too and reported once. */
+ * and kept per stream, at most DNN_MAX_GRAPHS; a declined shape is
+ * remembered too and reported once. Decoding steps (one query row, a new key
+ * count each) are left to baton's kernels. */
 #include "kernels/cuda/cuda.h"
 
 #include "base/log.h"
@@ -40,7 +42,9 @@
 
 #include <cudnn_frontend.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -67,13 +71,13 @@ struct dnn_entry {
     int64_t ws;
 };
 
-std::string dnn_lib_why; /* why libcudnn could not be opened, once tried */
-bool dnn_lib_tried;
+std::once_flag dnn_lib_once;
+std::string dnn_lib_why; /* why libcudnn could not be opened, written once */
 
+/* streams of several threads may ask at once: the library is opened once */
 bool dnn_open_lib(std::string &why)
 {
-    if (!dnn_lib_tried) {
-        dnn_lib_tried = true;
+    std::call_once(dnn_lib_once, [] {
         void *h = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
         if (!h) {
             const char *e = dlerror();
@@ -81,7 +85,7 @@ bool dnn_open_lib(std::string &why)
         } else {
             cudnn_frontend::cudnn_dlhandle = h;
         }
-    }
+    });
     why = dnn_lib_why;
     return cudnn_frontend::cudnn_dlhandle != nullptr;
 }
@@ -91,7 +95,13 @@ void set_why(char *why, size_t cap, const std::string &s)
     if (why && cap) snprintf(why, cap, "%s", s.c_str());
 }
 
-int64_t dnn_done; /* calls cuDNN ran, for the op table's check */
+std::atomic<int64_t> dnn_done; /* calls cuDNN ran, for the op table's check */
+
+/* Graphs kept per stream: each costs a build (milliseconds to seconds) and
+ * some host memory, so a stream whose shapes keep changing (decoding with a
+ * growing key count) stops building new ones and leaves those to baton's
+ * kernels. */
+constexpr size_t DNN_MAX_GRAPHS = 64;
 
 } // namespace
 
@@ -254,7 +264,8 @@ static std::shared_ptr<fe::graph::Graph> dnn_build(cuda_dnn_t *d, const dnn_key 
     return g;
 }
 
-/* the cached graph of this call, built on first use; NULL when declined */
+/* the cached graph of this call, built on first use (its g NULL when cuDNN
+ * declined the shape); NULL when the stream holds its most graphs */
 static dnn_entry *dnn_lookup(cuda_dnn_t *d, int bwd, dtype_t dt, const kern_attn_shape_t *sh,
                              std::string &why)
 {
@@ -271,6 +282,10 @@ static dnn_entry *dnn_lookup(cuda_dnn_t *d, int bwd, dtype_t dt, const kern_attn
             if (!en.g) why = "declined before";
             return &en;
         }
+    if (d->cache.size() >= DNN_MAX_GRAPHS) {
+        why = "this stream already holds " + std::to_string(DNN_MAX_GRAPHS) + " attention graphs";
+        return nullptr;
+    }
     dnn_entry en;
     en.key = k;
     en.ws = 0;
@@ -301,10 +316,14 @@ static int dnn_run(cuda_dnn_t *d, cudaStream_t st, int bwd, dtype_t dt,
         set_why(why, cap, "a causal query offset other than 0 or Tk - Tq");
         return CUDA_DNN_DECLINED;
     }
+    if (sh->Tq == 1) { /* a decoding step: a graph per key count would be built */
+        set_why(why, cap, "one query row (decoding)");
+        return CUDA_DNN_DECLINED;
+    }
     try {
         std::string w;
         dnn_entry *en = dnn_lookup(d, bwd, dt, sh, w);
-        if (!en->g) {
+        if (!en || !en->g) {
             set_why(why, cap, w);
             return CUDA_DNN_DECLINED;
         }
