@@ -30,14 +30,14 @@
 # the GPU's used memory rose over its level before the run (nvidia-smi sampled
 # every ~0.1 s: the whole process, CUDA context included).
 #
-# baton runs each row once per ATTN variant (default "precise fast"): precise is the
+# baton runs each row once per ATTN variant (default "precise cudnn"): precise is the
 # default attention (probabilities and score gradients as bf16 hi + lo parts, dQ in
 # its own kernel, bit-for-bit repeatable), fast is BATON_CUDA_ATTN=fast (both rounded
 # to bf16 once and dQ added by atomics inside the dK/dV kernel, as cuDNN's and
 # FlashAttention-2's kernels that torch calls do); the table has a line and ratios
 # for each (impl "baton" and "b-fast"); cudnn is BATON_CUDA_ATTN=cudnn (cuDNN's fused
 # SDPA graphs, the attention torch calls, where cuDNN takes the shape; impl "b-dnn").
-# Environment: ROWS (llama134m llama1b smollm2), ATTN (precise fast), TORCH_ATTN (sdpa: the
+# Environment: ROWS (llama134m llama1b smollm2), ATTN (precise cudnn; also fast), TORCH_ATTN (sdpa: the
 # reference's attn_implementation; causal_sdpa calls SDPA with is_causal and no mask, see
 # gpu_bench_torch.py), WARMUP (5), STEPS (20), BUILD (build),
 # OUT (the device tool's, else /tmp/gpu_bench), PYTHON (python3), RUN_TIMEOUT (240 s
@@ -50,7 +50,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 QUICK=${QUICK:-0}
 ROWS=${ROWS:-llama134m llama1b smollm2}
-ATTN=${ATTN:-precise fast}
+ATTN=${ATTN:-precise cudnn}
 TORCH_ATTN=${TORCH_ATTN:-sdpa}
 WARMUP=${WARMUP:-5}
 STEPS=${STEPS:-20}
