@@ -164,9 +164,18 @@ const gguf_tensor_t *gguf_tensor_find(const gguf_t *g, const char *name);
  * fastest). BT_ERR_UNSUPPORTED (logged) for a type we cannot dequantize. */
 bt_status_t gguf_tensor_to_f32(const gguf_t *g, const gguf_tensor_t *t, float *out);
 
-/* ---- llama architecture -> Hugging Face -----------------------------------
- * Fields named as in a transformers LlamaConfig (config.json). */
+/* ---- llama, qwen2 and qwen3 architectures -> Hugging Face -------------------
+ * Fields named as in a transformers LlamaConfig (config.json); the metadata
+ * keys below are spelled with the file's architecture as their prefix
+ * ("llama.block_count", "qwen2.block_count"). */
+typedef enum {
+    GGUF_ARCH_LLAMA = 0, /* LlamaForCausalLM (Mistral files too); Q/K rows permuted */
+    GGUF_ARCH_QWEN2,     /* Qwen2ForCausalLM: q/k/v biases; rows as HF stores them */
+    GGUF_ARCH_QWEN3,     /* Qwen3ForCausalLM: per-head q/k norms; rows as HF stores them */
+} gguf_arch_t;
+
 typedef struct {
+    gguf_arch_t arch;                /* general.architecture */
     int64_t vocab_size;              /* length of tokenizer.ggml.tokens, else llama.vocab_size */
     int64_t hidden_size;             /* llama.embedding_length */
     int64_t intermediate_size;       /* llama.feed_forward_length */
@@ -186,7 +195,7 @@ typedef struct {
     int64_t unk_token_id;
 } gguf_llama_config_t;
 
-/* Fills cfg from a general.architecture == "llama" file. Missing required
+/* Fills cfg from a general.architecture llama, qwen2 or qwen3 file. Missing required
  * keys, inconsistent values and unsupported RoPE scaling are logged errors
  * (BT_ERR_INVALID / BT_ERR_UNSUPPORTED). */
 bt_status_t gguf_llama_config(const gguf_t *g, gguf_llama_config_t *cfg);

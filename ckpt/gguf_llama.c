@@ -18,16 +18,41 @@
 
 /* ---- config ------------------------------------------------------------------ */
 
-static bt_status_t need_i64(const gguf_t *g, const char *key, int64_t min, int64_t *out)
+static const struct {
+    const char *name; /* general.architecture, and the prefix of its keys */
+    gguf_arch_t arch;
+} gguf_archs[] = {
+    {"llama", GGUF_ARCH_LLAMA},
+    {"qwen2", GGUF_ARCH_QWEN2},
+    {"qwen3", GGUF_ARCH_QWEN3},
+};
+
+static const char *arch_name(gguf_arch_t a)
 {
-    bt_status_t st = gguf_get_i64(g, key, out);
+    for (size_t i = 0; i < sizeof gguf_archs / sizeof gguf_archs[0]; i++)
+        if (gguf_archs[i].arch == a) return gguf_archs[i].name;
+    return "?";
+}
+
+/* "<arch>.<suffix>" in buf */
+static const char *akey(char *buf, size_t cap, gguf_arch_t a, const char *suffix)
+{
+    snprintf(buf, cap, "%s.%s", arch_name(a), suffix);
+    return buf;
+}
+
+static bt_status_t need_i64(const gguf_t *g, gguf_arch_t a, const char *suffix, int64_t min,
+                            int64_t *out)
+{
+    char key[96];
+    bt_status_t st = gguf_get_i64(g, akey(key, sizeof key, a, suffix), out);
     if (st == BT_ERR_NOT_FOUND) {
-        log_error("gguf: %s: llama metadata '%s' is missing", g->path, key);
+        log_error("gguf: %s: metadata '%s' is missing", g->path, key);
         return BT_ERR_INVALID;
     }
     if (st != BT_OK) return st;
     if (*out < min) {
-        log_error("gguf: %s: llama metadata '%s' = %" PRId64 " is below %" PRId64, g->path, key, *out, min);
+        log_error("gguf: %s: metadata '%s' = %" PRId64 " is below %" PRId64, g->path, key, *out, min);
         return BT_ERR_INVALID;
     }
     return BT_OK;
@@ -44,6 +69,14 @@ static bt_status_t opt_i64(const gguf_t *g, const char *key, int64_t dflt, int64
     return st;
 }
 
+/* the same, for "<arch>.<suffix>" */
+static bt_status_t opt_ai64(const gguf_t *g, gguf_arch_t a, const char *suffix, int64_t dflt,
+                            int64_t *out)
+{
+    char key[96];
+    return opt_i64(g, akey(key, sizeof key, a, suffix), dflt, out);
+}
+
 bt_status_t gguf_llama_config(const gguf_t *g, gguf_llama_config_t *cfg)
 {
     gguf_llama_config_t c = {0};
@@ -53,48 +86,56 @@ bt_status_t gguf_llama_config(const gguf_t *g, gguf_llama_config_t *cfg)
         if (st == BT_ERR_NOT_FOUND) log_error("gguf: %s: general.architecture is missing", g->path);
         return BT_ERR_INVALID;
     }
-    if (!gguf_str_eq(arch, "llama")) {
-        log_error("gguf: %s: architecture '%.*s' is not supported (only llama; a qwen2moe or "
-                  "mixtral model loads from its Hugging Face directory)", g->path,
-                  (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    bool known = false;
+    for (size_t i = 0; i < sizeof gguf_archs / sizeof gguf_archs[0] && !known; i++)
+        if (gguf_str_eq(arch, gguf_archs[i].name)) c.arch = gguf_archs[i].arch, known = true;
+    if (!known) {
+        log_error("gguf: %s: architecture '%.*s' is not supported (llama, qwen2, qwen3; a "
+                  "qwen2moe, qwen3moe or mixtral model loads from its Hugging Face directory)",
+                  g->path, (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         return BT_ERR_UNSUPPORTED;
     }
+    const gguf_arch_t a = c.arch;
+    char key[96];
     /* Mixtral is a llama GGUF with experts: blk.N.ffn_gate_inp (the router) and
      * the stacked blk.N.ffn_{gate,up,down}_exps. Not read yet: refused by name
      * rather than loaded as a dense model whose MLP tensors are missing. */
     int64_t experts = 0;
-    if ((st = opt_i64(g, "llama.expert_count", 0, &experts)) != BT_OK) return st;
+    if ((st = opt_ai64(g, a, "expert_count", 0, &experts)) != BT_OK) return st;
     if (experts > 0 || gguf_tensor_find(g, "blk.0.ffn_gate_inp.weight")) {
-        log_error("gguf: %s: llama.expert_count=%" PRId64 " (tensor blk.0.ffn_gate_inp.weight %s): "
+        log_error("gguf: %s: %s=%" PRId64 " (tensor blk.0.ffn_gate_inp.weight %s): "
                   "mixture-of-experts GGUF files (Mixtral) are not supported yet; load the model "
-                  "from its Hugging Face directory", g->path, experts,
-                  gguf_tensor_find(g, "blk.0.ffn_gate_inp.weight") ? "present" : "absent");
+                  "from its Hugging Face directory", g->path, akey(key, sizeof key, a, "expert_count"),
+                  experts, gguf_tensor_find(g, "blk.0.ffn_gate_inp.weight") ? "present" : "absent");
         return BT_ERR_UNSUPPORTED;
     }
-    if ((st = need_i64(g, "llama.block_count", 1, &c.num_hidden_layers)) != BT_OK) return st;
-    if ((st = need_i64(g, "llama.embedding_length", 1, &c.hidden_size)) != BT_OK) return st;
-    if ((st = need_i64(g, "llama.feed_forward_length", 1, &c.intermediate_size)) != BT_OK) return st;
-    if ((st = need_i64(g, "llama.attention.head_count", 1, &c.num_attention_heads)) != BT_OK) return st;
-    if ((st = need_i64(g, "llama.context_length", 1, &c.max_position_embeddings)) != BT_OK) return st;
-    if ((st = opt_i64(g, "llama.attention.head_count_kv", c.num_attention_heads,
-                      &c.num_key_value_heads)) != BT_OK)
+    if ((st = need_i64(g, a, "block_count", 1, &c.num_hidden_layers)) != BT_OK) return st;
+    if ((st = need_i64(g, a, "embedding_length", 1, &c.hidden_size)) != BT_OK) return st;
+    if ((st = need_i64(g, a, "feed_forward_length", 1, &c.intermediate_size)) != BT_OK) return st;
+    if ((st = need_i64(g, a, "attention.head_count", 1, &c.num_attention_heads)) != BT_OK) return st;
+    if ((st = need_i64(g, a, "context_length", 1, &c.max_position_embeddings)) != BT_OK) return st;
+    if ((st = opt_ai64(g, a, "attention.head_count_kv", c.num_attention_heads,
+                       &c.num_key_value_heads)) != BT_OK)
         return st;
     if (c.num_key_value_heads < 1 || c.num_attention_heads % c.num_key_value_heads != 0) {
         log_error("gguf: %s: head_count %" PRId64 " is not a multiple of head_count_kv %" PRId64,
                   g->path, c.num_attention_heads, c.num_key_value_heads);
         return BT_ERR_INVALID;
     }
-    if (c.hidden_size % c.num_attention_heads != 0 &&
-        gguf_kv_find(g, "llama.attention.key_length") == NULL) {
+    /* without attention.key_length: hidden / heads, or Qwen3Config's own 128
+     * (as transformers reads such a file) */
+    if (a != GGUF_ARCH_QWEN3 && c.hidden_size % c.num_attention_heads != 0 &&
+        gguf_kv_find(g, akey(key, sizeof key, a, "attention.key_length")) == NULL) {
         log_error("gguf: %s: embedding_length %" PRId64 " is not a multiple of head_count %" PRId64,
                   g->path, c.hidden_size, c.num_attention_heads);
         return BT_ERR_INVALID;
     }
-    if ((st = opt_i64(g, "llama.attention.key_length", c.hidden_size / c.num_attention_heads,
-                      &c.head_dim)) != BT_OK)
+    if ((st = opt_ai64(g, a, "attention.key_length",
+                       a == GGUF_ARCH_QWEN3 ? 128 : c.hidden_size / c.num_attention_heads,
+                       &c.head_dim)) != BT_OK)
         return st;
     int64_t v_len;
-    if ((st = opt_i64(g, "llama.attention.value_length", c.head_dim, &v_len)) != BT_OK) return st;
+    if ((st = opt_ai64(g, a, "attention.value_length", c.head_dim, &v_len)) != BT_OK) return st;
     if (c.head_dim < 2 || c.head_dim % 2 != 0 || v_len != c.head_dim) {
         log_error("gguf: %s: head dimension %" PRId64 " (value %" PRId64 ") is not even or K/V differ",
                   g->path, c.head_dim, v_len);
@@ -102,23 +143,23 @@ bt_status_t gguf_llama_config(const gguf_t *g, gguf_llama_config_t *cfg)
     }
 
     int64_t rot;
-    if ((st = opt_i64(g, "llama.rope.dimension_count", c.head_dim, &rot)) != BT_OK) return st;
+    if ((st = opt_ai64(g, a, "rope.dimension_count", c.head_dim, &rot)) != BT_OK) return st;
     if (rot != c.head_dim) {
-        log_error("gguf: %s: llama.rope.dimension_count %" PRId64 " != head dimension %" PRId64
-                  " (partial rotary embeddings are not supported)", g->path, rot, c.head_dim);
+        log_error("gguf: %s: %s %" PRId64 " != head dimension %" PRId64
+                  " (partial rotary embeddings are not supported)", g->path,
+                  akey(key, sizeof key, a, "rope.dimension_count"), rot, c.head_dim);
         return BT_ERR_UNSUPPORTED;
     }
 
-    st = gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &c.rms_norm_eps);
-    if (st == BT_ERR_NOT_FOUND)
-        log_error("gguf: %s: llama metadata 'llama.attention.layer_norm_rms_epsilon' is missing", g->path);
+    st = gguf_get_f64(g, akey(key, sizeof key, a, "attention.layer_norm_rms_epsilon"), &c.rms_norm_eps);
+    if (st == BT_ERR_NOT_FOUND) log_error("gguf: %s: metadata '%s' is missing", g->path, key);
     if (st != BT_OK) return BT_ERR_INVALID;
     c.rope_theta = 10000.0;
-    st = gguf_get_f64(g, "llama.rope.freq_base", &c.rope_theta);
+    st = gguf_get_f64(g, akey(key, sizeof key, a, "rope.freq_base"), &c.rope_theta);
     if (st != BT_OK && st != BT_ERR_NOT_FOUND) return st;
 
     gguf_str_t scaling;
-    st = gguf_get_str(g, "llama.rope.scaling.type", &scaling);
+    st = gguf_get_str(g, akey(key, sizeof key, a, "rope.scaling.type"), &scaling);
     if (st != BT_OK && st != BT_ERR_NOT_FOUND) return st;
     if (st == BT_OK && !gguf_str_eq(scaling, "none")) {
         if (!gguf_str_eq(scaling, "linear")) {
@@ -126,9 +167,10 @@ bt_status_t gguf_llama_config(const gguf_t *g, gguf_llama_config_t *cfg)
                       (int)(scaling.len > 64 ? 64 : scaling.len), scaling.ptr);
             return BT_ERR_UNSUPPORTED;
         }
-        if (gguf_get_f64(g, "llama.rope.scaling.factor", &c.rope_linear_factor) != BT_OK ||
+        if (gguf_get_f64(g, akey(key, sizeof key, a, "rope.scaling.factor"), &c.rope_linear_factor) !=
+                BT_OK ||
             !(c.rope_linear_factor > 0)) {
-            log_error("gguf: %s: linear RoPE scaling without a positive llama.rope.scaling.factor", g->path);
+            log_error("gguf: %s: linear RoPE scaling without a positive %s", g->path, key);
             return BT_ERR_INVALID;
         }
     }
@@ -144,7 +186,7 @@ bt_status_t gguf_llama_config(const gguf_t *g, gguf_llama_config_t *cfg)
     if (st == BT_OK) {
         c.vocab_size = (int64_t)tokens->arr.n;
     } else if (st == BT_ERR_NOT_FOUND) {
-        if ((st = need_i64(g, "llama.vocab_size", 1, &c.vocab_size)) != BT_OK) return st;
+        if ((st = need_i64(g, a, "vocab_size", 1, &c.vocab_size)) != BT_OK) return st;
     } else {
         return st;
     }
@@ -157,6 +199,11 @@ bt_status_t gguf_llama_config(const gguf_t *g, gguf_llama_config_t *cfg)
     }
     c.tie_word_embeddings = gguf_tensor_find(g, "output.weight") == NULL;
     c.attention_bias = gguf_tensor_find(g, "blk.0.attn_q.bias") != NULL;
+    if (a == GGUF_ARCH_QWEN2 && !c.attention_bias) {
+        log_error("gguf: %s: a qwen2 file without blk.0.attn_q.bias (Qwen2's q/k/v projections "
+                  "always have biases)", g->path);
+        return BT_ERR_INVALID;
+    }
 
     if ((st = opt_i64(g, "tokenizer.ggml.bos_token_id", -1, &c.bos_token_id)) != BT_OK) return st;
     if ((st = opt_i64(g, "tokenizer.ggml.eos_token_id", -1, &c.eos_token_id)) != BT_OK) return st;
@@ -177,10 +224,15 @@ bt_status_t gguf_llama_config_json(const gguf_llama_config_t *c, char **out_text
     json_t *scaling = c->rope_linear_factor > 0
         ? json_pack("{s:s, s:f}", "rope_type", "linear", "factor", c->rope_linear_factor)
         : json_null();
+    static const char *const hf_class[] = {[GGUF_ARCH_LLAMA] = "LlamaForCausalLM",
+                                           [GGUF_ARCH_QWEN2] = "Qwen2ForCausalLM",
+                                           [GGUF_ARCH_QWEN3] = "Qwen3ForCausalLM"};
+    /* Qwen2's biases are implied by its model type (its config has no attention_bias) */
+    bool attn_bias = c->arch != GGUF_ARCH_QWEN2 && c->attention_bias;
     json_t *j = json_pack(
         "{s:[s], s:s, s:b, s:f, s:o, s:o, s:I, s:s, s:I, s:I, s:I, s:b, s:I, s:I, s:I,"
         " s:o, s:f, s:o, s:f, s:o, s:b, s:o, s:I}",
-        "architectures", "LlamaForCausalLM", "model_type", "llama", "attention_bias", c->attention_bias,
+        "architectures", hf_class[c->arch], "model_type", arch_name(c->arch), "attention_bias", attn_bias,
         "attention_dropout", 0.0, "bos_token_id", token_id_json(c->bos_token_id), "eos_token_id",
         token_id_json(c->eos_token_id), "head_dim", (json_int_t)c->head_dim, "hidden_act", "silu",
         "hidden_size", (json_int_t)c->hidden_size, "intermediate_size", (json_int_t)c->intermediate_size,
@@ -191,6 +243,11 @@ bt_status_t gguf_llama_config_json(const gguf_llama_config_t *c, char **out_text
         "rope_parameters", rope, "rope_theta", c->rope_theta, "rope_scaling", scaling,
         "tie_word_embeddings", c->tie_word_embeddings, "unk_token_id", token_id_json(c->unk_token_id),
         "vocab_size", (json_int_t)c->vocab_size);
+    if (j && c->arch != GGUF_ARCH_LLAMA) { /* GGUF keeps no sliding window for these */
+        json_object_set_new(j, "use_sliding_window", json_false());
+        json_object_set_new(j, "sliding_window", json_null());
+        json_object_set_new(j, "max_window_layers", json_integer((json_int_t)c->num_hidden_layers));
+    }
     char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(17)) : NULL;
     json_decref(j);
     if (!text) {
@@ -221,6 +278,8 @@ static const struct {
     {"ffn_gate.weight",    "mlp.gate_proj.weight",            GGUF_PERMUTE_NONE},
     {"ffn_up.weight",      "mlp.up_proj.weight",              GGUF_PERMUTE_NONE},
     {"ffn_down.weight",    "mlp.down_proj.weight",            GGUF_PERMUTE_NONE},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight",         GGUF_PERMUTE_NONE},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight",         GGUF_PERMUTE_NONE},
 };
 
 static const struct {
@@ -287,7 +346,10 @@ bt_status_t gguf_llama_tensor_to_hf_f32(const gguf_t *g, const gguf_llama_config
     char hf[256];
     gguf_permute_t perm;
     bt_status_t st = gguf_llama_tensor_name(t->name, hf, sizeof hf, &perm);
-    if (st != BT_OK || perm == GGUF_PERMUTE_NONE) return gguf_tensor_to_f32(g, t, out);
+    /* llama.cpp permutes Q/K rows for its llama architecture only; qwen2 and
+     * qwen3 rotate halves as HF does and keep HF's rows */
+    if (st != BT_OK || perm == GGUF_PERMUTE_NONE || cfg->arch != GGUF_ARCH_LLAMA)
+        return gguf_tensor_to_f32(g, t, out);
 
     int64_t n_head = perm == GGUF_PERMUTE_Q ? cfg->num_attention_heads : cfg->num_key_value_heads;
     int64_t rows = t->n_dims >= 2 ? t->ne[1] : t->ne[0];
@@ -406,6 +468,19 @@ static const char *const pre_digits_then_gpt2[] = {
     "smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b",
 };
 static const char *const pre_gpt2[] = {"default", "gpt2", "gpt-2", "mpt", "olmo", "jais"};
+/* Those that split by a regex of their own first (a Split, isolated), then
+ * spell bytes (ByteLevel without its regex), as transformers' GGUF loader
+ * builds them: Llama 3's (digits in runs of up to three) and Qwen2's (single
+ * digits). The patterns are those of the models' own tokenizer.json. */
+static const char pre_llama3_regex[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char pre_qwen2_regex[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char *const pre_llama3[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+                                         "pixtral", "midm-2.0", "lfm2", "dbrx", "smaug-bpe"};
+static const char *const pre_qwen2[] = {"qwen2", "deepseek-r1-qwen", "megrez"};
 
 static bool pre_in(gguf_str_t pre, const char *const *list, size_t n)
 {
@@ -425,6 +500,14 @@ static json_t *pre_tokenizer_json(const gguf_t *g, bt_status_t *st)
     if (pre_in(pre, pre_digits_then_gpt2, sizeof pre_digits_then_gpt2 / sizeof pre_digits_then_gpt2[0]))
         return json_pack("{s:s, s:[{s:s, s:b}, o]}", "type", "Sequence", "pretokenizers", "type",
                          "Digits", "individual_digits", 1, byte_level_json(false));
+    const char *re = pre_in(pre, pre_llama3, sizeof pre_llama3 / sizeof pre_llama3[0]) ? pre_llama3_regex
+                     : pre_in(pre, pre_qwen2, sizeof pre_qwen2 / sizeof pre_qwen2[0])   ? pre_qwen2_regex
+                                                                                        : NULL;
+    if (re)
+        return json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b, s:b, s:b}]}", "type",
+                         "Sequence", "pretokenizers", "type", "Split", "pattern", "Regex", re,
+                         "behavior", "Isolated", "invert", 0, "type", "ByteLevel",
+                         "add_prefix_space", 0, "trim_offsets", 1, "use_regex", 0);
     log_error("gguf: %s: tokenizer.ggml.pre '%.*s' is not supported (see docs/GGUF.md for the list)",
               g->path, (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
     *st = BT_ERR_UNSUPPORTED;

@@ -5,6 +5,15 @@ pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1${2:+: $2}"; }
 # field NAME TEXT: the first number after "NAME": in TEXT (JSON output)
 field() { sed -n "s/.*\"$1\": *\([-0-9.eE+]*\).*/\1/p" <<<"$2" | head -1; }
+# rel_close A B TOL: |A - B| <= TOL |B| (false when either is empty)
+rel_close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d;
+    m = b < 0 ? -b : b; exit !(a != "" && b != "" && d <= t * m) }'; }
+# same_eval NAME GOT WANT: PASS when two `baton eval --json` lines (or an
+# expected.json) have the same token count and loss and ppl within 1e-5
+same_eval() {
+    if [ "$(field tokens "$2")" = "$(field tokens "$3")" ] && rel_close "$(field loss "$2")" "$(field loss "$3")" 1e-5 \
+        && rel_close "$(field ppl "$2")" "$(field ppl "$3")" 1e-5; then pass "$1"; else fail "$1" "got $2 want $3"; fi
+}
 # lcg_tokens SEED N PERIOD EVERY VOCAB: N token ids on one line, a ramp
 # 0..PERIOD-1 repeated, where a linear congruential draw picks about one in
 # EVERY to be a pseudo-random id below VOCAB instead: learnable, and the same

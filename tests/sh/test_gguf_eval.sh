@@ -9,12 +9,6 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 expected() { cat "$F/expected_$1.json"; }
-close() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d;
-    m = b < 0 ? -b : b; exit !(a != "" && b != "" && d <= t * m) }'; }
-same_eval() { # NAME GOT WANT
-    if [ "$(field tokens "$2")" = "$(field tokens "$3")" ] && close "$(field loss "$2")" "$(field loss "$3")" 1e-5 \
-        && close "$(field ppl "$2")" "$(field ppl "$3")" 1e-5; then pass "$1"; else fail "$1" "got $2 want $3"; fi
-}
 
 # 1. The GGUF file, its HF twin and transformers agree on the whole text (windows of 64).
 want=$(expected text_window64)
