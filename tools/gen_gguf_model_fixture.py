@@ -116,29 +116,40 @@ def encode(qt, x):
     return quants.quantize(x, qt), qt
 
 
-def write_gguf(path, toks, merges):
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_name("baton tiny gguf model")
-    w.add_block_count(L)
+def add_shape(w, layers, hidden, ffn, heads, kv_heads):
+    """The size keys of a tiny model (context 256)."""
+    w.add_block_count(layers)
     w.add_context_length(256)
-    w.add_embedding_length(C)
-    w.add_feed_forward_length(F)
-    w.add_head_count(H)
-    w.add_head_count_kv(KV)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(D)
-    w.add_vocab_size(len(toks))
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+
+
+def add_vocab(w, toks, merges, pre, unk=None):
+    """A gpt2 byte-level BPE vocabulary (train_vocab's), BOS 1, EOS = PAD 2, no BOS added."""
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(toks)
     w.add_token_types([3 if t in SPECIALS else 1 for t in toks])
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_pad_token_id(2)
-    w.add_unk_token_id(0)
+    if unk is not None:
+        w.add_unk_token_id(unk)
     w.add_add_bos_token(False)
+
+
+def write_gguf(path, toks, merges):
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("baton tiny gguf model")
+    add_shape(w, L, C, F, H, KV)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(D)
+    w.add_vocab_size(len(toks))
+    add_vocab(w, toks, merges, "smollm", unk=0)
 
     def rnd(*shape, s=0.15):
         return (RNG.standard_normal(shape) * s).astype(np.float32)
