@@ -82,10 +82,7 @@ def write(path, arch, spec, toks, merges):
             w.add_tensor(f"blk.{i}.attn_k_norm.weight", (1 + rnd(D, s=0.1)).astype(np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", (1 + rnd(C, s=0.1)).astype(np.float32))
     w.add_tensor("output_norm.weight", (1 + rnd(C, s=0.1)).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    base.finish(w)
 
 
 def main():

@@ -141,6 +141,14 @@ def add_vocab(w, toks, merges, pre, unk=None):
     w.add_add_bos_token(False)
 
 
+def finish(w):
+    """Writes what w holds and closes it."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_gguf(path, toks, merges):
     w = gguf.GGUFWriter(path, "llama")
     w.add_name("baton tiny gguf model")
@@ -174,10 +182,7 @@ def write_gguf(path, toks, merges):
             w.add_tensor(f"blk.{i}.{name}.weight", data, raw_dtype=raw)
         w.add_tensor(f"blk.{i}.ffn_norm.weight", (1 + rnd(C, s=0.1)).astype(np.float32))
     w.add_tensor("output_norm.weight", (1 + rnd(C, s=0.1)).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 def score(model, ids, window):
