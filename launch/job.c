@@ -1048,9 +1048,13 @@ bt_status_t job_validate(job_t *job, char *err, size_t errlen)
     if (m->heads % p->tp)
         return vfail(job, "parallel.tp", err, errlen, "tp %lld does not divide %lld attention heads",
                      (long long)p->tp, (long long)m->heads);
-    if (m->kv_heads % p->tp)
-        return vfail(job, "parallel.tp", err, errlen, "tp %lld does not divide %lld KV heads",
-                     (long long)p->tp, (long long)m->kv_heads);
+    /* more ranks than KV heads replicate them (model/attention.c): a multiple of them */
+    if (m->kv_heads >= p->tp ? m->kv_heads % p->tp : p->tp % m->kv_heads)
+        return vfail(job, "parallel.tp", err, errlen,
+                     "tp %lld %s %lld KV heads (each rank holds whole KV heads, or with more ranks "
+                     "than KV heads a multiple of them replicates each)", (long long)p->tp,
+                     m->kv_heads >= p->tp ? "does not divide" : "is not a multiple of",
+                     (long long)m->kv_heads);
     if (m->ffn % p->tp)
         return vfail(job, "parallel.tp", err, errlen, "tp %lld does not divide ffn %lld",
                      (long long)p->tp, (long long)m->ffn);

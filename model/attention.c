@@ -11,7 +11,15 @@
  * replicated and added once after the all-reduce. The input gradient is a
  * partial sum over the ranks' heads and is all-reduced here. The per-head
  * norm weights are replicated; each rank's gradient of them is its heads'
- * share, summed over the group after the backward (grad_tp_partial). */
+ * share, summed over the group after the backward (grad_tp_partial).
+ *
+ * More TP ranks than KV heads (tp a multiple of num_key_value_heads): KV
+ * heads are replicated, as Megatron does. k/v (and their biases) are then
+ * whole on every rank, and each rank computes only the one KV head its
+ * query heads use (rows [g D, (g+1) D) of the weights, g = rank / (tp /
+ * Hkv)); their gradients are that head's share from this rank's queries,
+ * summed over the group like the norms' (grad_tp_partial), so every replica
+ * ends the step with the full gradient. */
 #include "model/kind.h"
 #include "model/require.h"
 
@@ -31,17 +39,53 @@ _Static_assert(A_SLOTS <= MODEL_SUB_SLOTS, "attention slots fit a sublayer");
 /* This TP rank's dimensions. */
 typedef struct {
     int64_t Hq, Hkv, D, Cq, Ckv, half;
+    int64_t kv_head; /* replicated KV heads: the one this rank computes; else -1 */
 } attn_dims_t;
+
+/* whether tp ranks replicate the KV heads (more ranks than KV heads) */
+static bool attn_kv_replicated(const model_attn_config_t *a, int tp)
+{
+    return tp > 1 && a->num_kv_heads < tp;
+}
 
 static attn_dims_t attn_dims(const model_t *m)
 {
     const model_attn_config_t *a = &m->cfg.attn;
-    attn_dims_t d = {.Hq = a->num_heads / m->par.tp_size, .Hkv = a->num_kv_heads / m->par.tp_size,
-                     .D = a->head_dim};
+    int tp = m->par.tp_size;
+    bool rep = attn_kv_replicated(a, tp);
+    attn_dims_t d = {.Hq = a->num_heads / tp, .Hkv = rep ? 1 : a->num_kv_heads / tp,
+                     .D = a->head_dim, .kv_head = -1};
+    if (rep) d.kv_head = m->par.tp_rank / (tp / a->num_kv_heads);
     d.Cq = d.Hq * d.D;
     d.Ckv = d.Hkv * d.D;
     d.half = d.D / 2;
     return d;
+}
+
+/* The k/v weight or bias in `slot` as this rank uses it: the whole local
+ * tensor, or under replicated KV heads the rows of its one head. */
+static tensor_t kv_rows(const attn_dims_t *d, const tensor_t *t)
+{
+    return d->kv_head < 0 ? *t : tensor_narrow(t, d->kv_head * d->D, d->D);
+}
+
+/* kv_rows of a parameter and of its gradient (NULL stays NULL) */
+static const tensor_t *kv_param(const model_t *m, const model_sub_t *sub, int slot,
+                                const attn_dims_t *d, tensor_t *buf)
+{
+    const tensor_t *t = model_sub_param(m, sub, slot);
+    if (!t || d->kv_head < 0) return t;
+    *buf = kv_rows(d, t);
+    return buf;
+}
+
+static tensor_t *kv_grad(model_t *m, const model_sub_t *sub, int slot, const attn_dims_t *d,
+                         tensor_t *buf)
+{
+    tensor_t *t = model_sub_grad(m, sub, slot);
+    if (!t || d->kv_head < 0) return t;
+    *buf = kv_rows(d, t);
+    return buf;
 }
 
 static bt_status_t attn_validate(const model_config_t *c, int tp)
@@ -80,11 +124,23 @@ static bt_status_t attn_validate(const model_config_t *c, int tp)
         MODEL_REQUIRE(a->num_heads % tp == 0,
                       "model: tp_size=%d does not divide num_attention_heads=%lld", tp,
                       (long long)a->num_heads);
-        MODEL_REQUIRE(
-            a->num_kv_heads % tp == 0,
-            "model: tp_size=%d does not divide num_key_value_heads=%lld (each TP rank must "
-            "hold whole KV-head groups; KV-head replication is not implemented)",
-            tp, (long long)a->num_kv_heads);
+        if (attn_kv_replicated(a, tp)) {
+            MODEL_REQUIRE(tp % a->num_kv_heads == 0,
+                          "model: tp_size=%d is more than num_key_value_heads=%lld but not a "
+                          "multiple of it (replicated KV heads: each rank's query heads must "
+                          "share one KV head)",
+                          tp, (long long)a->num_kv_heads);
+            MODEL_REQUIRE(!model_arch_info(c->arch)->fused_qkv,
+                          "model: tp_size=%d is more than num_key_value_heads=%lld, and the "
+                          "fused qkv_proj of %s cannot replicate its KV heads",
+                          tp, (long long)a->num_kv_heads, model_arch_name(c->arch));
+        } else {
+            MODEL_REQUIRE(a->num_kv_heads % tp == 0,
+                          "model: tp_size=%d does not divide num_key_value_heads=%lld (each TP "
+                          "rank holds whole KV-head groups, or with more ranks than KV heads "
+                          "a multiple of them replicates each)",
+                          tp, (long long)a->num_kv_heads);
+        }
     }
     return BT_OK;
 }
@@ -108,12 +164,18 @@ static void attn_layout(model_layout_t *lb, const model_config_t *c, const char 
     static const char *const own[3] = {"q_proj", "k_proj", "v_proj"};
     const int w_slot[3] = {A_Q, A_K, A_V}, b_slot[3] = {A_QB, A_KB, A_VB};
     const int64_t rows[3] = {Cq, Ckv, Ckv};
+    const bool rep = attn_kv_replicated(a, lb->tp_size); /* k, v whole on every rank */
     for (int i = 0; i < 3; i++) {
         char w[64], b[64];
         model_layout_proj_name(w, sizeof w, fused, i, own[i], "weight");
         model_layout_proj_name(b, sizeof b, fused, i, own[i], "bias");
-        ADD(w_slot[i], w, 2, rows[i], C, 0);
-        if (a->qkv_bias) ADD(b_slot[i], b, 1, rows[i], 0, 0);
+        const int split = rep && i > 0 ? -1 : 0;
+        ADD(w_slot[i], w, 2, rows[i], C, split);
+        if (split < 0) model_layout_grad_tp_partial(lb, sub->ix[w_slot[i]]);
+        if (a->qkv_bias) {
+            ADD(b_slot[i], b, 1, rows[i], 0, split);
+            if (split < 0) model_layout_grad_tp_partial(lb, sub->ix[b_slot[i]]);
+        }
     }
     ADD(A_O, "o_proj.weight", 2, C, Cq, 1);
     if (a->o_bias) ADD(A_OB, "o_proj.bias", 1, C, 0, -1);
@@ -337,9 +399,10 @@ static bt_status_t attn_forward(model_run_t *r, const model_sub_t *sub, void *sa
     bool qkn = m->cfg.attn.qk_norm;
     kern_linear_fwd(s, qkn ? &v.qp : &v.q, ln, model_sub_param(m, sub, A_Q),
                     model_sub_param(m, sub, A_QB));
-    kern_linear_fwd(s, qkn ? &v.kp : &v.k, ln, model_sub_param(m, sub, A_K),
-                    model_sub_param(m, sub, A_KB));
-    kern_linear_fwd(s, &v.v, ln, model_sub_param(m, sub, A_V), model_sub_param(m, sub, A_VB));
+    tensor_t kw, kb, vw, vb; /* this rank's KV rows (replicated KV heads) */
+    kern_linear_fwd(s, qkn ? &v.kp : &v.k, ln, kv_param(m, sub, A_K, &d, &kw),
+                    kv_param(m, sub, A_KB, &d, &kb));
+    kern_linear_fwd(s, &v.v, ln, kv_param(m, sub, A_V, &d, &vw), kv_param(m, sub, A_VB, &d, &vb));
     if (qkn) { /* every head's D channels a row of its own */
         float eps = (float)m->cfg.rms_norm_eps;
         tensor_t q2 = heads_rows(&v.q, d.D), k2 = heads_rows(&v.k, d.D);
@@ -430,10 +493,11 @@ static bt_status_t attn_backward(model_run_t *r, const model_sub_t *sub, void *s
     }
     kern_linear_bwd_set(s, dln, model_sub_grad(m, sub, A_Q), model_sub_grad(m, sub, A_QB), dqp,
                         ln, model_sub_param(m, sub, A_Q));
-    kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_K), model_sub_grad(m, sub, A_KB), dkp, ln,
-                    model_sub_param(m, sub, A_K));
-    kern_linear_bwd(s, dln, model_sub_grad(m, sub, A_V), model_sub_grad(m, sub, A_VB), &dv, ln,
-                    model_sub_param(m, sub, A_V));
+    tensor_t kw, gkw, gkb, vw, gvw, gvb; /* this rank's KV rows (replicated KV heads) */
+    kern_linear_bwd(s, dln, kv_grad(m, sub, A_K, &d, &gkw), kv_grad(m, sub, A_KB, &d, &gkb), dkp,
+                    ln, kv_param(m, sub, A_K, &d, &kw));
+    kern_linear_bwd(s, dln, kv_grad(m, sub, A_V, &d, &gvw), kv_grad(m, sub, A_VB, &d, &gvb), &dv,
+                    ln, kv_param(m, sub, A_V, &d, &vw));
     return model_tp_input_sum(r, dln, "the attention input gradient", sub->layer);
 }
 

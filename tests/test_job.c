@@ -269,9 +269,19 @@ static void test_job_model_shape_rules(void)
 
 static void test_job_parallel_rules(void)
 {
-    /* tp must divide both head counts */
-    expect_error(BASE "model: {hidden: 64, heads: 4, kv_heads: 2}\nparallel:\n  tp: 4\n",
-                 "bad.yaml:4:3:", "parallel.tp", "4 does not divide 2 KV heads");
+    /* tp must divide the attention heads, and divide the KV heads or (replicating
+     * them) be a multiple of them */
+    expect_error(BASE "model: {hidden: 96, heads: 6, kv_heads: 2}\nparallel:\n  tp: 3\n",
+                 "bad.yaml:4:3:", "parallel.tp", "3 is not a multiple of 2 KV heads");
+    expect_error(BASE "model: {hidden: 96, heads: 12, kv_heads: 6}\nparallel:\n  tp: 4\n",
+                 "bad.yaml:4:3:", "parallel.tp", "4 does not divide 6 KV heads");
+    {
+        job_t ok;
+        char e[512];
+        REQUIRE(job_load_string("ok.yaml", BASE "model: {hidden: 64, heads: 4, kv_heads: 2}\n"
+                                               "parallel:\n  tp: 4\n", &ok, e, sizeof e) == BT_OK);
+        CHECK_MSG(job_validate(&ok, e, sizeof e) == BT_OK, "tp 4 over 2 KV heads: %s", e);
+    }
     expect_error(BASE "model: {hidden: 96, heads: 6, kv_heads: 6}\nparallel:\n  tp: 4\n",
                  "bad.yaml:4:3:", "parallel.tp", "6 attention heads");
     /* a split must cover every layer exactly: never a silently dropped one */
@@ -362,9 +372,9 @@ static void test_job_hf_config(void)
     /* pp 4 > 3 layers read from config.json */
     snprintf(yaml, sizeof yaml, "data: {dir: x, seq_len: 32}\nmodel:\n  hf: %s\nparallel: {pp: 4}\ntrain: {grad_accum: 4}\n", dir);
     expect_error(yaml, "bad.yaml:4:12:", "parallel.pp", "only 3 layers");
-    /* tp 4 does not divide 2 KV heads from config.json */
+    /* tp 3 is not a multiple of the 2 KV heads from config.json */
     snprintf(yaml, sizeof yaml, "data: {dir: x, seq_len: 32}\nmodel:\n  hf: %s\nparallel: {tp: 3}\n", dir);
-    expect_error(yaml, "parallel.tp", "does not divide 2 KV heads", NULL);
+    expect_error(yaml, "parallel.tp", "is not a multiple of 2 KV heads", NULL);
     /* shape keys conflict with hf */
     snprintf(yaml, sizeof yaml, "data: {dir: x, seq_len: 32}\nmodel:\n  hf: %s\n  layers: 2\n", dir);
     expect_error(yaml, "bad.yaml:4:3:", "model.layers", "model.hf");

@@ -453,6 +453,15 @@ static void test_tp_qwen2_window(void) { tp_equivalence("qwen2_window", FIX "qwe
  * (Qwen3-MoE under TP and PP with its aux loss: tests/test_moe_equiv.c) */
 static void test_tp_qwen3_moe(void) { tp_equivalence("qwen3_moe", FIX "qwen3_moe", 2, false); }
 static void test_tp4_llama_mha(void) { tp_equivalence("llama_f16", FIX "llama_f16", 4, true); }
+/* more TP ranks than KV heads: k/v replicated, each rank computing the one
+ * KV head its queries use, their gradients summed over the group (one KV
+ * head over 2 ranks; 2 KV heads over 4 ranks, also with Qwen3's q/k norms) */
+static void test_tp_kv_replicated_one_head(void)
+{
+    tp_equivalence("llama_tied_llama3", FIX "llama_tied_llama3", 2, true);
+}
+static void test_tp4_kv_replicated_llama(void) { tp_equivalence("llama", FIX "llama", 4, true); }
+static void test_tp4_kv_replicated_qwen3(void) { tp_equivalence("qwen3", FIX "qwen3", 4, true); }
 /* MLA by heads (q_proj / kv_b_proj by heads, the latent path replicated),
  * with DeepSeek-V2's experts */
 static void test_tp_deepseek_v2_lite(void)
@@ -596,8 +605,9 @@ static void test_tp_errors(void)
     coll_comm_t c2 = fake_comm(0, 2), c3 = fake_comm(1, 3);
     model_parallel_t p2 = {.tp_rank = 0, .tp_size = 2, .tp_comm = &c2};
     model_parallel_t p3 = {.tp_rank = 1, .tp_size = 3, .tp_comm = &c3};
-    /* llama_tied_llama3 has a single kv head */
-    expect_create_error(FIX "llama_tied_llama3", NULL, &p2, "num_key_value_heads=1");
+    /* qwen2: 6 heads, 2 KV heads: 3 ranks cannot each use one replicated KV head */
+    expect_create_error(FIX "qwen2", NULL, &p3, "not a multiple of it");
+    (void)p2;
     /* llama: 4 heads */
     expect_create_error(FIX "llama", NULL, &p3, "num_attention_heads=4");
     model_config_t cfg = cfg_tp3();
@@ -673,7 +683,8 @@ int main(int argc, char **argv)
 {
     TEST_RUN(argc, argv, test_tp_slices_and_metadata, test_tp_errors, test_tp_llama_gqa,
              test_tp_llama_sharded_index, test_tp_qwen2_bias, test_tp_qwen2_tied,
-             test_tp_mistral, test_tp4_llama_mha, test_tp_deepseek_v2_lite,
+             test_tp_mistral, test_tp4_llama_mha, test_tp_kv_replicated_one_head,
+             test_tp4_kv_replicated_llama, test_tp4_kv_replicated_qwen3, test_tp_deepseek_v2_lite,
              test_tp4_deepseek_v2, test_tp3_uneven_vocab,
              test_tp2_tied_all_biases_uneven_vocab, test_tp_dead_peer,
              test_tp_nemotronh, test_tp_nemotronh_bias, test_tp_qwen3, test_tp_qwen3_moe,
