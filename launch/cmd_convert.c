@@ -1,5 +1,10 @@
 /* baton convert --from SRC --to DIR [--format hf|native] [--tokenizer PATH]
  *
+ *   gguf -> hf        a GGUF file (llama, qwen2, qwen3) becomes a Hugging Face
+ *                     directory: config.json, model.safetensors (every tensor
+ *                     dequantized to f32, Q/K rows in HF's order) and tokenizer.json
+ *                     built from its tokenizer.ggml.* metadata, as `baton eval
+ *                     --model FILE.gguf` reads it
  *   native -> hf      a checkpoint (step directory or root) becomes a Hugging Face
  *                     directory: config.json (the checkpoint's model), model.safetensors
  *                     (every parameter, whole, in the checkpoint's dtype, assembled
@@ -24,7 +29,9 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/save.h"
+#include "ckpt/gguf.h"
 #include "ckpt/hf.h"
+#include "ckpt/model_source.h"
 #include "ckpt/native.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/store.h"
@@ -34,7 +41,7 @@ static void convert_usage(FILE *f)
 {
     fprintf(f, "usage: baton convert --from SRC --to DIR [--format hf|native] [--tokenizer PATH]\n"
                "       baton convert --from CKPT --to DIR --layout tp=N,pp=N[,split=A+B...]\n"
-               "  native checkpoint (step directory or root) -> Hugging Face directory (--format hf,\n"
+               "  native checkpoint (step directory or root) or GGUF file -> Hugging Face directory (--format hf,\n"
                "  the default for a checkpoint), or Hugging Face directory -> native checkpoint\n"
                "  directory (--format native, the default for an HF source); docs/CHECKPOINTS.md\n");
 }
@@ -45,6 +52,45 @@ static bool is_file(const char *dir, const char *name)
     snprintf(p, sizeof p, "%s/%s", dir, name);
     struct stat sb;
     return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* ---- gguf -> hf --------------------------------------------------------------- */
+
+/* whether path is a file that starts with the GGUF magic */
+static bool is_gguf(const char *path)
+{
+    FILE *f = fopen(path, "rbe");
+    if (!f) return false;
+    char magic[4] = {0};
+    bool yes = fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    fclose(f);
+    return yes;
+}
+
+static int gguf_export_hf(const char *from, const char *to)
+{
+    model_t *m = NULL;
+    if (ckpt_source_load(from, NULL, &m) != BT_OK) return 1;
+    bt_status_t st = ckpt_hf_save(m, to);
+    int64_t n = 0;
+    for (int i = 0; i < m->n_params; i++) n += tensor_numel(&m->params[i].t);
+    model_destroy(m);
+    if (st != BT_OK) return 1;
+    gguf_t *g = NULL;
+    char tok[4200];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", to);
+    if ((st = gguf_open(from, &g)) == BT_OK) {
+        st = gguf_tokenizer_write_json(g, tok);
+        gguf_close(g);
+    }
+    if (st != BT_OK) {
+        fprintf(stderr, "baton convert: %s: the weights are in %s, but its tokenizer could not be "
+                        "written\n", from, to);
+        return 1;
+    }
+    printf("%s -> %s: config.json, model.safetensors (%lld parameters, f32), tokenizer.json\n",
+           from, to, (long long)n);
+    return 0;
 }
 
 /* ---- native -> hf ------------------------------------------------------------- */
@@ -566,6 +612,15 @@ int cmd_convert(int argc, char **argv)
     if (!from || !to) {
         convert_usage(stderr);
         return 2;
+    }
+    if (is_gguf(from)) {
+        if ((format && strcmp(format, "hf")) || layout || tokenizer) {
+            fprintf(stderr, "baton convert: %s is a GGUF file: it converts to a Hugging Face "
+                            "directory (no --format native, --layout or --tokenizer; its own "
+                            "tokenizer is written)\n", from);
+            return 2;
+        }
+        return gguf_export_hf(from, to);
     }
     bool hf_src = is_file(from, "config.json");
     if (!format) format = hf_src || layout ? "native" : "hf";
