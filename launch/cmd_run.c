@@ -230,6 +230,15 @@ int cmd_run(int argc, char **argv)
         log_set_level(LOG_WARN);
         setenv("BATON_LOG", "warn", 1);
     }
+    /* attention: the CUDA attention path for this process and every worker it
+     * starts (they inherit the environment; ssh forwards BATON_*) */
+    const char *attn = job_attention_env(job.attention);
+    if (attn) {
+        const char *was = getenv("BATON_CUDA_ATTN");
+        if (was && strcmp(was, attn))
+            log_warn("attention: %s (the job's) replaces BATON_CUDA_ATTN=%s", attn, was);
+        setenv("BATON_CUDA_ATTN", attn, 1);
+    }
     if (job.parallel.tp * job.parallel.cp * job.parallel.pp * job.parallel.dp == 1 && !layout_supported(&job)) return 1;
     if (job.export.dir[0] && !run_export_tokenizer(&job)[0])
         log_warn("export.tokenizer: not set and model.hf has no tokenizer.json: the export "

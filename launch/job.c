@@ -50,6 +50,15 @@ static const char *const warmup_names[] = {"zero", "min_lr"};
 _Static_assert(sizeof warmup_names / sizeof warmup_names[0] == JOB_WARMUP_FROM_COUNT, "warmup_names");
 static const char *const dtype_names[] = {"fp32", "bf16"};
 _Static_assert(sizeof dtype_names / sizeof dtype_names[0] == JOB_DTYPE_COUNT, "dtype_names");
+static const char *const attention_names[] = {"default", "precise", "fast", "cudnn", "simt"};
+_Static_assert(sizeof attention_names / sizeof attention_names[0] == JOB_ATTN_COUNT,
+               "attention_names");
+
+const char *job_attention_env(job_attention_t a)
+{
+    return a > JOB_ATTN_DEFAULT && a < JOB_ATTN_COUNT ? attention_names[a] : NULL;
+}
+
 static const char *const decay_names[] = {"matrices", "all", "none"};
 _Static_assert(sizeof decay_names / sizeof decay_names[0] == JOB_DECAY_COUNT, "decay_names");
 static const char *const handoff_names[] = {"auto", "ipc", "off"};
@@ -150,6 +159,7 @@ static const field_t fields[] = {
     INT("restart.host_failures", restart.host_failures, 0, 1000),
     STR("device", device),
     ENUM("dtype", dtype, dtype_names),
+    ENUM("attention", attention, attention_names),
 
     STR("export.dir", export.dir),
     INT("export.every", export.every, 0, BIG),

@@ -54,6 +54,18 @@ typedef enum { JOB_DECAY_MATRICES = 0, JOB_DECAY_ALL, JOB_DECAY_NONE, JOB_DECAY_
 /* The precision a job computes in: fp32 everywhere, or bf16 weights and
  * activations with f32 gradients and f32 master weights in the optimizer. */
 typedef enum { JOB_DTYPE_FP32 = 0, JOB_DTYPE_BF16, JOB_DTYPE_COUNT } job_dtype_t;
+/* which CUDA attention kernels run (BATON_CUDA_ATTN, kernels/cuda/cuda.h);
+ * default: the environment's choice, else the precise kernels */
+typedef enum {
+    JOB_ATTN_DEFAULT = 0,
+    JOB_ATTN_PRECISE,
+    JOB_ATTN_FAST,
+    JOB_ATTN_CUDNN,
+    JOB_ATTN_SIMT,
+    JOB_ATTN_COUNT
+} job_attention_t;
+/* the BATON_CUDA_ATTN value of a, NULL for JOB_ATTN_DEFAULT */
+const char *job_attention_env(job_attention_t a);
 #define JOB_DEVICE_MAX 16
 /* How pipeline neighbours on one host pass activations: auto (through
  * shared device memory, train/handoff.h, when the device is a GPU), ipc
@@ -184,6 +196,7 @@ typedef struct {
     job_handoff_t    handoff;                /* transport.handoff */
     char             device[JOB_DEVICE_MAX]; /* "cpu", "cuda", "cuda:N", "fenced", "auto" */
     job_dtype_t      dtype;
+    job_attention_t  attention;
     char             hosts[JOB_MAX_HOSTS][JOB_HOST_MAX];
     int              n_hosts;
     job_launch_t     launch;

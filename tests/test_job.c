@@ -267,6 +267,17 @@ static void test_job_model_shape_rules(void)
     expect_error("train: {steps: 3}\n", "bad.yaml: data.dir", "required", NULL);
 }
 
+static void test_job_attention(void)
+{
+    job_t job;
+    REQUIRE(job_load_string("a.yaml", BASE "attention: cudnn\n", &job, err, sizeof err) == BT_OK);
+    CHECK(job_validate(&job, err, sizeof err) == BT_OK);
+    CHECK(job.attention == JOB_ATTN_CUDNN && !strcmp(job_attention_env(job.attention), "cudnn"));
+    REQUIRE(job_load_string("a.yaml", BASE, &job, err, sizeof err) == BT_OK);
+    CHECK(job.attention == JOB_ATTN_DEFAULT && job_attention_env(job.attention) == NULL);
+    expect_error(BASE "attention: cudnnn\n", "bad.yaml:2:12:", "attention", "cudnn");
+}
+
 static void test_job_parallel_rules(void)
 {
     /* tp must divide the attention heads, and divide the KV heads or (replicating
@@ -634,7 +645,7 @@ int main(int argc, char **argv)
     TEST_RUN(argc, argv, test_job_global_batch, test_job_write_roundtrip, test_job_write_roundtrip_hf, test_job_collective_timeout, test_job_parse_all_sections, test_job_defaults_and_derived,
              test_job_unknown_key, test_job_wrong_type, test_job_out_of_range,
              test_job_integer_range, test_job_input_limits,
-             test_job_model_shape_rules, test_job_parallel_rules, test_job_overrides,
+             test_job_model_shape_rules, test_job_parallel_rules, test_job_attention, test_job_overrides,
              test_job_hf_config, test_job_file_errors, test_job_schema_names,
              test_job_examples_valid, test_job_rank_devices);
 }

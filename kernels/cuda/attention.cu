@@ -34,6 +34,8 @@
  */
 #include "kernels/cuda/common.cuh"
 
+#include "base/log.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +55,9 @@ extern "C" cuda_attn_path_t cuda_attn_get_path(void)
                         : !strcmp(e, "fast")  ? 2
                         : !strcmp(e, "cudnn") ? 3
                                               : 0;
+        if (e && attn_path_env == 0 && strcmp(e, "precise") && strcmp(e, "default") && *e)
+            log_warn("BATON_CUDA_ATTN=%s is none of precise, fast, cudnn, simt: the precise "
+                     "kernels run", e);
     }
     return attn_path_env ? (cuda_attn_path_t)attn_path_env : attn_path_forced;
 }
